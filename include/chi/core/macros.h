@@ -1,0 +1,52 @@
+// Compile-target macros shared by host and device code.
+// Every header that may be reached from a GPU kernel marks its functions with
+// CHI_CROSS_FUN; under plain g++ the macros expand to nothing.
+#pragma once
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define CHI_CROSS_FUN __host__ __device__
+#define CHI_GPU_FUN __device__
+#define CHI_HOST_FUN __host__
+#define CHI_KERNEL __global__
+#else
+#define CHI_CROSS_FUN
+#define CHI_GPU_FUN
+#define CHI_HOST_FUN
+#define CHI_KERNEL
+#endif
+
+// True while compiling the device side of a CUDA or HIP translation unit.
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define CHI_IS_GPU 1
+#else
+#define CHI_IS_GPU 0
+#endif
+
+// Which GPU toolchain compiles this translation unit (0 when none).
+#if defined(__HIPCC__)
+#define CHI_GPU_HIP 1
+#define CHI_GPU_CUDA 0
+#elif defined(__CUDACC__)
+#define CHI_GPU_HIP 0
+#define CHI_GPU_CUDA 1
+#else
+#define CHI_GPU_HIP 0
+#define CHI_GPU_CUDA 0
+#endif
+
+#define CHI_INLINE inline __attribute__((always_inline))
+
+// Branch hints for checks that almost never fire on the hot path.
+#define CHI_LIKELY(x) __builtin_expect(!!(x), 1)
+#define CHI_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+// Documentation markers for task fields (seed 004): who writes the field.
+#define IN
+#define OUT
+#define INOUT
+#define TEMP
+
+namespace chi {
+/** Cache line size used to keep producer and consumer indices apart. */
+inline constexpr unsigned kCacheLine = 64;
+}  // namespace chi
