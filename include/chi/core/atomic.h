@@ -142,6 +142,15 @@ class Atomic {
   alignas(sizeof(T)) T value_;
 };
 
+/** Full (sequentially consistent) fence: orders a store before a later load (Dekker wake-ups). */
+CHI_CROSS_FUN inline void FenceSeqCst() {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  cuda::atomic_thread_fence(cuda::std::memory_order_seq_cst, cuda::thread_scope_system);
+#else
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
 /** Hint to the CPU or GPU that we are spinning. */
 CHI_CROSS_FUN inline void CpuRelax() {
 #if CHI_IS_GPU && CHI_GPU_CUDA

@@ -1,0 +1,113 @@
+// Tasks of the admin module (chimaera::admin): pool creation and destruction,
+// runtime stop, and the Monitor report. Method ids match chimaera_mod.yaml.
+#pragma once
+
+#include <string_view>  // names
+#include <vector>       // report contents
+
+#include "chi/core/fixed_string.h"   // names inside tasks
+#include "chi/core/ids.h"            // PoolId
+#include "chi/runtime/pool_manager.h"  // PoolStats
+#include "chi/runtime/worker.h"      // WorkerStats
+#include "chi/serialize/archive.h"   // report encoding
+#include "chi/task/task.h"           // Task
+#include "chi/task/task_buffer.h"    // params, report
+
+namespace chimaera::admin {
+
+/** Method ids (chimaera_mod.yaml). */
+struct Method {
+  static constexpr chi::MethodId kCreate = 0;
+  static constexpr chi::MethodId kMonitor = 9;
+  static constexpr chi::MethodId kCreatePool = 10;
+  static constexpr chi::MethodId kDestroyPool = 11;
+  static constexpr chi::MethodId kStopRuntime = 12;
+};
+
+/** Name under which the admin module registers. */
+inline constexpr std::string_view kModuleName = "chimaera_admin";
+/** Longest module or pool name a task carries. */
+inline constexpr chi::u32 kNameBytes = 64;
+
+/**
+ * Creates a pool (or finds it, with get_or_create_). Also the task every
+ * module's kCreate handler receives, once per container, to set itself up.
+ */
+struct CreatePoolTask : public chi::Task {
+  IN chi::FixedString<kNameBytes> module_name_;
+  IN chi::FixedString<kNameBytes> pool_name_;
+  INOUT chi::PoolId new_pool_id_;   ///< requested id (null = pick one); the pool's id on return
+  IN chi::u32 num_containers_ = 1;
+  IN chi::u32 get_or_create_ = 1;   ///< 1: an existing pool of that name is returned
+  IN chi::TaskBuffer params_;       ///< module-specific creation parameters
+
+  CreatePoolTask() = default;
+  CreatePoolTask(std::string_view module_name, std::string_view pool_name, chi::PoolId id,
+                 chi::u32 num_containers, bool get_or_create)
+      : module_name_(module_name), pool_name_(pool_name), new_pool_id_(id),
+        num_containers_(num_containers), get_or_create_(get_or_create ? 1 : 0) {}
+
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(module_name_, pool_name_, new_pool_id_, num_containers_, get_or_create_, params_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(new_pool_id_);
+  }
+};
+
+/** Destroys a pool after its in-flight tasks finish. */
+struct DestroyPoolTask : public chi::Task {
+  IN chi::PoolId target_;
+
+  DestroyPoolTask() = default;
+  explicit DestroyPoolTask(chi::PoolId target) : target_(target) {}
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(target_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &) {}
+};
+
+/** Asks the runtime to stop taking work and shut down. */
+struct StopRuntimeTask : public chi::Task {
+  template <typename Ar>
+  void SerializeIn(Ar &) {}
+  template <typename Ar>
+  void SerializeOut(Ar &) {}
+};
+
+/** Statistics of every worker and pool, as decoded from a MonitorTask. */
+struct MonitorReport {
+  std::vector<chi::WorkerStats> workers_;
+  std::vector<chi::PoolStats> pools_;
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(workers_, pools_);
+  }
+};
+
+/** Collects worker and pool statistics (encoded in report_). */
+struct MonitorTask : public chi::Task {
+  OUT chi::TaskBuffer report_;
+
+  template <typename Ar>
+  void SerializeIn(Ar &) {}
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(report_);
+  }
+  /** Decodes report_; an empty report on malformed bytes. */
+  MonitorReport Decode() const {
+    MonitorReport r;
+    chi::InputArchive in(report_.data(), report_.size());
+    in(r);
+    if (!in.ok()) r = MonitorReport();
+    return r;
+  }
+};
+
+}  // namespace chimaera::admin

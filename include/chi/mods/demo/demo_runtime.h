@@ -1,0 +1,116 @@
+// Runtime half of the demo module. Including this header in one translation
+// unit registers the module ("chimaera_demo") with the embedded runtime.
+#pragma once
+
+#include "chi/mods/demo/demo_client.h"      // subtasks use the client
+#include "chi/mods/demo/demo_tasks.h"       // task types
+#include "chi/module/module_manager.h"      // registration
+#include "chi/module/module_runtime.h"      // ModuleRuntime
+#include "chi/runtime/co_mutex.h"           // CoMutex
+#include "chi/runtime/co_rw_lock.h"         // CoRwLock
+#include "chi/runtime/worker.h"             // SleepFor, NowNs
+
+namespace chimaera::demo {
+
+/** One demo container. */
+class Runtime : public chi::ModuleRuntime<Runtime> {
+ public:
+  /** Nothing to set up; the pool's shape comes from the task. */
+  void Create(CreateTask &, chi::RunContext &) {}
+
+  void Custom(CustomTask &task, chi::RunContext &) {
+    task.visited_mask_ = container_id_ < 64 ? (1ull << container_id_) : 0;
+    task.visits_ = 1;
+  }
+
+  void GpuSubmit(GpuSubmitTask &task, chi::RunContext &) {
+    task.result_value_ = task.test_value_ * 2 + task.gpu_id_;
+  }
+
+  void WaitTest(WaitTestTask &task, chi::RunContext &) {
+    if (task.depth_ <= 1) {
+      task.current_depth_ = 1;
+      return;
+    }
+    Client self(pool_id_);
+    auto sub = self.AsyncWaitTest(chi::PoolQuery::DirectId(container_id_), task.depth_ - 1);
+    sub.Wait();  // suspends this fiber, not the worker
+    if (sub->GetReturnCode() != 0) {
+      task.SetError(static_cast<chi::ErrorCode>(sub->GetReturnCode()), sub->GetMessage());
+      return;
+    }
+    task.current_depth_ = sub->current_depth_ + 1;
+  }
+
+  void LargeOutput(LargeOutputTask &task, chi::RunContext &) {
+    if (task.size_ > chi::TaskBuffer::kMaxDecodeBytes) {
+      task.SetErrorf(chi::ErrorCode::kTooLarge, "LargeOutput of %llu bytes exceeds 1 GiB",
+                     static_cast<unsigned long long>(task.size_));
+      return;
+    }
+    if (!task.data_.Resize(task.size_)) {
+      task.SetError(chi::ErrorCode::kOutOfMemory, "LargeOutput allocation failed");
+      return;
+    }
+    char *d = task.data_.data();
+    for (chi::u64 i = 0; i < task.size_; ++i) d[i] = static_cast<char>(i % 256);
+  }
+
+  void LockHold(LockHoldTask &task, chi::RunContext &) {
+    Take(task.mode_);
+    task.start_ns_ = chi::NowNs();
+    const chi::u32 inside = inside_.FetchAdd(1) + 1;
+    task.max_inside_ = inside;
+    if (task.nested_ > 0) {  // a same-group subtask takes the same lock again
+      Client self(pool_id_);
+      auto sub = self.AsyncLockHold(chi::PoolQuery::DirectId(container_id_), task.mode_,
+                                    task.hold_ns_, task.nested_ - 1);
+      sub.Wait();
+      if (sub->max_inside_ > task.max_inside_) task.max_inside_ = sub->max_inside_;
+    }
+    chi::SleepFor(task.hold_ns_);
+    inside_.FetchSub(1);
+    task.end_ns_ = chi::NowNs();
+    Give(task.mode_);
+  }
+
+  void Count(CountTask &task, chi::RunContext &) { ++task.runs_; }
+
+  /** Dynamic(): hash the task's group onto a container (counted in via_monitor_). */
+  void Monitor(chi::MonitorMode mode, chi::MethodId method, chi::Task *task,
+               chi::RunContext &) override {
+    if (mode != chi::MonitorMode::kGlobalSchedule) return;
+    task->pool_query_ = chi::PoolQuery::DirectHash(task->task_node_.major_);
+    if (method == Method::kCustom) static_cast<CustomTask *>(task)->via_monitor_ = 1;
+  }
+
+  using Methods = chi::MethodList<
+      chi::Method<Method::kCreate, CreateTask, &Runtime::Create, "Create">,
+      chi::Method<Method::kCustom, CustomTask, &Runtime::Custom, "Custom">,
+      chi::Method<Method::kGpuSubmit, GpuSubmitTask, &Runtime::GpuSubmit, "GpuSubmit">,
+      chi::Method<Method::kWaitTest, WaitTestTask, &Runtime::WaitTest, "WaitTest">,
+      chi::Method<Method::kLargeOutput, LargeOutputTask, &Runtime::LargeOutput, "LargeOutput">,
+      chi::Method<Method::kLockHold, LockHoldTask, &Runtime::LockHold, "LockHold">,
+      chi::Method<Method::kCount, CountTask, &Runtime::Count, "Count">>;
+
+ private:
+  void Take(LockMode m) {
+    if (m == LockMode::kMutex) mutex_.Lock();
+    if (m == LockMode::kRead) rw_.ReadLock();
+    if (m == LockMode::kWrite) rw_.WriteLock();
+  }
+  void Give(LockMode m) {
+    if (m == LockMode::kMutex) mutex_.Unlock();
+    if (m == LockMode::kRead) rw_.ReadUnlock();
+    if (m == LockMode::kWrite) rw_.WriteUnlock();
+  }
+
+  chi::CoMutex mutex_;
+  chi::CoRwLock rw_;
+  chi::Atomic<chi::u32> inside_;  ///< LockHold tasks inside their critical section
+};
+
+/** Registers the demo module in every process that includes this header. */
+inline const bool kRegistered = chi::ModuleManager::Register<Runtime>(kModuleName);
+
+}  // namespace chimaera::demo

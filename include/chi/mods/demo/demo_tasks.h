@@ -1,0 +1,152 @@
+// Tasks of the demo module (chimaera::demo, the seed's MOD_NAME). Method ids
+// match chimaera_mod.yaml (a test checks they agree).
+#pragma once
+
+#include "chi/core/ids.h"                 // PoolId
+#include "chi/mods/admin/admin_tasks.h"   // CreatePoolTask (kCreate)
+#include "chi/task/task.h"                // Task
+#include "chi/task/task_buffer.h"         // payloads
+
+namespace chimaera::demo {
+
+/** Method ids (chimaera_mod.yaml). */
+struct Method {
+  static constexpr chi::MethodId kCreate = 0;
+  static constexpr chi::MethodId kCustom = 10;
+  static constexpr chi::MethodId kGpuSubmit = 11;
+  static constexpr chi::MethodId kWaitTest = 12;
+  static constexpr chi::MethodId kLargeOutput = 13;
+  static constexpr chi::MethodId kLockHold = 14;
+  static constexpr chi::MethodId kCount = 15;
+};
+
+/** Name under which the demo module registers. */
+inline constexpr std::string_view kModuleName = "chimaera_demo";
+
+/** Pools of this module are created through the admin task. */
+using CreateTask = chimaera::admin::CreatePoolTask;
+
+/** Echoes data_ back; records which containers ran it (a bit per container id < 64). */
+struct CustomTask : public chi::Task {
+  INOUT chi::TaskBuffer data_;
+  OUT chi::u64 visited_mask_ = 0;   ///< containers that ran the task
+  OUT chi::u32 visits_ = 0;         ///< how many containers ran it
+  OUT chi::u32 via_monitor_ = 0;    ///< 1 when Dynamic() was resolved by Monitor
+
+  CustomTask() = default;
+  explicit CustomTask(chi::TaskBuffer data) : data_(std::move(data)) {}
+
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(data_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(data_, visited_mask_, visits_, via_monitor_);
+  }
+  /** Broadcast/Range: data from the first replica, visits summed, masks merged. */
+  void Aggregate(const CustomTask &replica, chi::u32 index) {
+    if (index == 0) data_ = replica.data_;
+    visited_mask_ |= replica.visited_mask_;
+    visits_ += replica.visits_;
+    via_monitor_ |= replica.via_monitor_;
+  }
+};
+
+/** result_value_ = test_value_ * 2 + gpu_id_ on the CPU (x3 on the GPU handler). */
+struct GpuSubmitTask : public chi::Task {
+  IN chi::u32 gpu_id_ = 0;
+  IN chi::u32 test_value_ = 0;
+  OUT chi::u32 result_value_ = 0;
+
+  GpuSubmitTask() = default;
+  GpuSubmitTask(chi::u32 gpu_id, chi::u32 test_value) : gpu_id_(gpu_id), test_value_(test_value) {}
+
+  template <typename Ar>
+  CHI_CROSS_FUN void SerializeIn(Ar &ar) {
+    ar(gpu_id_, test_value_);
+  }
+  template <typename Ar>
+  CHI_CROSS_FUN void SerializeOut(Ar &ar) {
+    ar(result_value_);
+  }
+};
+
+/** Spawns a chain of subtasks `depth_` deep and waits on each; current_depth_ == depth_. */
+struct WaitTestTask : public chi::Task {
+  IN chi::u32 depth_ = 1;
+  OUT chi::u32 current_depth_ = 0;
+
+  WaitTestTask() = default;
+  explicit WaitTestTask(chi::u32 depth) : depth_(depth) {}
+
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(depth_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(current_depth_);
+  }
+};
+
+/** Produces size_ bytes with data_[i] = i % 256. */
+struct LargeOutputTask : public chi::Task {
+  IN chi::u64 size_ = 0;
+  OUT chi::TaskBuffer data_;
+
+  LargeOutputTask() = default;
+  explicit LargeOutputTask(chi::u64 size) : size_(size) {}
+
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(size_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(data_);
+  }
+};
+
+/** How a LockHoldTask takes the container's locks. */
+enum class LockMode : chi::u32 { kMutex = 0, kRead = 1, kWrite = 2 };
+
+/**
+ * Holds the container's CoMutex / CoRwLock for hold_ns_, optionally spawning
+ * `nested_` same-group subtasks that take the same lock (re-entry test).
+ */
+struct LockHoldTask : public chi::Task {
+  IN LockMode mode_ = LockMode::kMutex;
+  IN chi::u64 hold_ns_ = 0;
+  IN chi::u32 nested_ = 0;
+  OUT chi::u64 start_ns_ = 0;  ///< when the lock was granted (CLOCK_MONOTONIC)
+  OUT chi::u64 end_ns_ = 0;    ///< when it was released
+  OUT chi::u32 max_inside_ = 0;  ///< most holders seen inside at once
+
+  LockHoldTask() = default;
+  LockHoldTask(LockMode mode, chi::u64 hold_ns, chi::u32 nested)
+      : mode_(mode), hold_ns_(hold_ns), nested_(nested) {}
+
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(mode_, hold_ns_, nested_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(start_ns_, end_ns_, max_inside_);
+  }
+};
+
+/** Counts its own runs (meant to be TASK_PERIODIC). */
+struct CountTask : public chi::Task {
+  OUT chi::u64 runs_ = 0;
+
+  template <typename Ar>
+  void SerializeIn(Ar &) {}
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(runs_);
+  }
+};
+
+}  // namespace chimaera::demo

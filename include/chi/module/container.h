@@ -1,0 +1,69 @@
+// Container: one shard of a pool, living in the runtime. A module derives from
+// chi::ModuleRuntime (module_runtime.h), which implements these virtuals from a
+// compile-time list of methods, so no generated switch is ever written by hand.
+#pragma once
+
+#include <string>       // pool name
+#include <string_view>  // Init
+
+#include "chi/core/atomic.h"  // per-container counters
+#include "chi/core/ids.h"     // PoolId, ContainerId, MethodId
+#include "chi/core/types.h"   // u32, u64
+#include "chi/task/task.h"    // Task
+
+namespace chi {
+
+class RunContext;
+
+/** Scheduling phases a container may take part in (seed 004 Monitor modes). */
+enum class MonitorMode : u32 {
+  kLocalSchedule = 0,   ///< pick where on this node the task runs
+  kGlobalSchedule = 1,  ///< resolve PoolQuery::Dynamic() into a concrete query
+};
+
+/** Base of every runtime container; type-erased entry points used by workers. */
+class Container {
+ public:
+  virtual ~Container() = default;
+
+  /** Binds the container to its pool; called once by the PoolManager. */
+  void Init(PoolId pool_id, std::string_view pool_name, ContainerId container_id,
+            u32 num_containers) {
+    pool_id_ = pool_id;
+    pool_name_ = std::string(pool_name);
+    container_id_ = container_id;
+    num_containers_ = num_containers;
+  }
+
+  /** Runs `method` on `task` inside a task fiber. */
+  virtual void Run(MethodId method, Task *task, RunContext &rctx) = 0;
+  /** Scheduling hook; the default keeps the task where it is and leaves Dynamic as Local. */
+  virtual void Monitor(MonitorMode mode, MethodId method, Task *task, RunContext &rctx) {
+    (void)mode;
+    (void)method;
+    (void)task;
+    (void)rctx;
+  }
+  /** True when this module implements `method`. */
+  virtual bool HasMethod(MethodId method) const = 0;
+  /** A readable method name for messages ("Custom"), or "?" when unknown. */
+  virtual const char *MethodName(MethodId method) const = 0;
+
+  PoolId GetPoolId() const { return pool_id_; }
+  const std::string &GetPoolName() const { return pool_name_; }
+  ContainerId GetContainerId() const { return container_id_; }
+  u32 GetNumContainers() const { return num_containers_; }
+  /** Tasks this container has finished (for Monitor stats). */
+  u64 TasksDone() const { return tasks_done_.Load(MemOrder::kRelaxed); }
+  /** Counts a finished task (relaxed: a statistic, nothing synchronises on it). */
+  void CountDone() { tasks_done_.FetchAdd(1, MemOrder::kRelaxed); }
+
+ protected:
+  PoolId pool_id_;
+  std::string pool_name_;
+  ContainerId container_id_ = 0;
+  u32 num_containers_ = 1;
+  Atomic<u64> tasks_done_;
+};
+
+}  // namespace chi

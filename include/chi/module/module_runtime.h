@@ -1,0 +1,72 @@
+// Compile-time method tables for module runtimes. A module lists its methods
+// once (id, task type, handler, name) and ModuleRuntime generates Run,
+// HasMethod and MethodName by folding over that list: no switch per module,
+// no generated code.
+//
+//   class Runtime : public chi::ModuleRuntime<Runtime> {
+//    public:
+//     void Custom(CustomTask &task, chi::RunContext &rctx);
+//     using Methods = chi::MethodList<
+//         chi::Method<Method::kCustom, CustomTask, &Runtime::Custom, "Custom">>;
+//   };
+#pragma once
+
+#include <algorithm>  // std::copy_n for the name literal
+#include <cstddef>    // size_t
+
+#include "chi/core/status.h"       // ErrorCode::kUnknownMethod
+#include "chi/module/container.h"  // Container base
+#include "chi/task/task.h"         // Task
+
+namespace chi {
+
+/** A string literal usable as a template argument (method names). */
+template <size_t N>
+struct MethodLabel {
+  char text[N];
+  constexpr MethodLabel(const char (&s)[N]) { std::copy_n(s, N, text); }
+};
+
+/** One entry of a module's method table. */
+template <MethodId kId, typename TaskT, auto kHandler, MethodLabel kName>
+struct Method {
+  static constexpr MethodId kMethodId = kId;
+  using TaskType = TaskT;
+  static constexpr auto kRun = kHandler;
+  static constexpr const char *Name() { return kName.text; }
+};
+
+/** A module's whole method table; the fold expressions live here. */
+template <typename... Methods>
+struct MethodList {
+  /** Calls the handler registered for `method`; false when none is. */
+  template <typename Runtime>
+  static bool Dispatch(Runtime &self, MethodId method, Task *task, RunContext &rctx) {
+    return ((method == Methods::kMethodId
+                 ? ((self.*Methods::kRun)(static_cast<typename Methods::TaskType &>(*task), rctx),
+                    true)
+                 : false) ||
+            ...);
+  }
+  static constexpr bool Has(MethodId method) { return ((method == Methods::kMethodId) || ...); }
+  static constexpr const char *Name(MethodId method) {
+    const char *name = "?";
+    (void)((method == Methods::kMethodId ? (name = Methods::Name(), true) : false) || ...);
+    return name;
+  }
+};
+
+/** Implements Container's dispatch for Derived from Derived::Methods (a MethodList). */
+template <typename Derived>
+class ModuleRuntime : public Container {
+ public:
+  void Run(MethodId method, Task *task, RunContext &rctx) override {
+    if (!Derived::Methods::Dispatch(static_cast<Derived &>(*this), method, task, rctx)) {
+      task->SetError(ErrorCode::kUnknownMethod, "method not implemented by module");
+    }
+  }
+  bool HasMethod(MethodId method) const override { return Derived::Methods::Has(method); }
+  const char *MethodName(MethodId method) const override { return Derived::Methods::Name(method); }
+};
+
+}  // namespace chi

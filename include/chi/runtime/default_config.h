@@ -1,0 +1,81 @@
+// The default runtime configuration, config/chimaera_default.yaml, embedded as
+// a constant so the header-only library never needs the file at run time.
+// LoadServerConfig parses it exactly like a user's file. Invariant: the raw
+// string equals the YAML file byte for byte (checked by tests/test_config.cc).
+#pragma once
+
+namespace chi {
+
+/** Text of config/chimaera_default.yaml (edit the YAML file, then paste it here). */
+inline constexpr char kDefaultConfigYaml[] = R"CHI_YAML(# chi runtime configuration: the defaults every runtime starts from.
+# A runtime reads the file named by CHI_SERVER_CONF instead; any key left out
+# there keeps the value below. Unknown keys and bad values are errors.
+# This file is embedded byte for byte in include/chi/runtime/default_config.h;
+# tests/test_config.cc fails when the two differ.
+# Sizes are a byte count or a number with a k, m or g suffix (powers of 1024).
+
+# Worker threads of the runtime.
+workers:
+  # Threads that run low-latency lanes (client submissions); at least 1.
+  low_latency: 1
+  # Threads that run high-latency (long-running) lanes; may be 0.
+  # low_latency + high_latency is at most 256.
+  high_latency: 1
+
+# Task slots per queue lane, 2 .. 1048576; rounded up to a power of two.
+queue_depth: 1024
+
+# Lanes each worker polls, 1 .. 64.
+lanes_per_worker: 1
+
+# Stack size of each task fiber, 16k .. 16m.
+fiber_stack_size: 64k
+
+networking:
+  # TCP port of the runtime's ZeroMQ server, 1 .. 65535.
+  # The environment variable CHI_PORT overrides it.
+  port: 9413
+  # File listing the nodes, one host per line; blank lines and '#' comments
+  # are skipped and ranges such as node[01-04] are expanded.
+  # Empty: a single node.
+  hostfile: ""
+  # How a pure client reaches the runtime on its node: shm, ipc or tcp.
+  # The environment variable CHI_IPC_MODE overrides it.
+  ipc_mode: shm
+
+# The persistent GPU orchestrator kernel (used only in GPU builds).
+gpu:
+  # Thread blocks of the orchestrator kernel, 1 .. 65535.
+  blocks: 1
+  # Threads per block, 1 .. 1024.
+  threads_per_block: 32
+  # Task slots of each CPU-GPU queue, 1 .. 1048576.
+  queue_depth: 256
+
+# Shared-memory segments of a standalone runtime, each 64k .. 1024g.
+shm:
+  # Tasks shared by clients and the runtime.
+  main_size: 64m
+  # Data buffers that clients share with the runtime.
+  client_data_size: 256m
+  # Data the runtime shares with clients for its own use.
+  runtime_data_size: 64m
+
+# Pools created at start, in this order, after the admin pool. Each entry:
+#   mod_name:       module that implements the pool (required)
+#   pool_name:      unique name of the pool (required)
+#   pool_id:        unique "major.minor" id; not 0.0, not the admin pool 1.0
+#   pool_query:     where the pool is created (default local), e.g. local,
+#                   dynamic, broadcast, direct_id:0, range:0:4, physical:1
+#   num_containers: containers of the pool (default 1)
+# Example:
+# compose:
+#   - mod_name: chimaera_demo
+#     pool_name: demo_pool
+#     pool_id: "200.0"
+#     pool_query: local
+#     num_containers: 1
+compose: []
+)CHI_YAML";
+
+}  // namespace chi

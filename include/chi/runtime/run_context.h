@@ -1,0 +1,57 @@
+// RunContext: the runtime-private state of one executing task — its fiber, the
+// worker running it, its container and pool. Never in shared memory; the task
+// struct itself stays plain data. Also the thread-locals that tell Future::Wait
+// whether it runs inside a task fiber (yield) or on a plain thread (park).
+#pragma once
+
+#include <utility>  // std::move
+#include <vector>   // fan-out targets
+
+#include "chi/core/types.h"        // u32, u64
+#include "chi/runtime/fiber.h"     // ctx::fiber, FiberSanitizerState
+#include "chi/task/task.h"         // Task
+
+namespace chi {
+
+class Worker;
+class Container;
+struct PoolInfo;
+
+/** Everything a worker tracks for one task between start and completion. */
+class RunContext {
+ public:
+  /** What the worker should do with the task when its fiber returns control. */
+  enum class Kind : u32 { kRun, kFanOut };
+
+  Task *task_ = nullptr;            ///< the task being executed
+  Container *container_ = nullptr;  ///< target container (kRun)
+  PoolInfo *pool_ = nullptr;        ///< pool reference held while in flight
+  Worker *worker_ = nullptr;        ///< the worker that owns the fiber
+  Kind kind_ = Kind::kRun;
+  ctx::fiber fiber_;                ///< the task side while suspended
+  ctx::fiber sink_;                 ///< the worker side while the task runs
+  FiberSanitizerState san_;         ///< sanitizer view of this fiber's stack
+  bool finished_ = false;           ///< the fiber function returned
+  u32 next_minor_ = 1;              ///< TaskNode minor for the next subtask
+  u64 next_run_ns_ = 0;             ///< periodic tasks: when to run again
+  RunContext *next_ = nullptr;      ///< intrusive link (resume stack, free list)
+  std::vector<ContainerId> targets_;  ///< fan-out: containers that get a replica
+
+  /** Task side: switch back to the worker until someone resumes this fiber. */
+  inline void Yield();
+
+  /** The TaskNode for a subtask spawned by this task (same major, fresh minor). */
+  TaskNode NextChildNode() { return task_->task_node_.Child(next_minor_++); }
+  Worker *GetWorker() const { return worker_; }
+  Container *GetContainer() const { return container_; }
+};
+
+/** The task fiber running on this thread, or nullptr on a plain thread. */
+inline thread_local RunContext *tls_current_rctx = nullptr;
+/** The worker owning this thread, or nullptr on a client thread. */
+inline thread_local Worker *tls_current_worker = nullptr;
+
+/** The running task's context, or nullptr outside a runtime task. */
+inline RunContext *CurrentRunContext() { return tls_current_rctx; }
+
+}  // namespace chi

@@ -1,0 +1,167 @@
+// WorkOrchestrator: starts the workers, gives each its lane of the process
+// queue (low-latency workers serve the kLowLatency priority, high-latency ones
+// kHighLatency), and is where every task enters the runtime (Submit).
+// Client threads block when a lane is full (back-pressure); worker threads
+// never block on a lane, since they may be the only consumer of it.
+#pragma once
+
+#include <cstdlib>  // aligned_alloc/free for the queue region
+#include <memory>   // unique_ptr<Worker>
+#include <vector>   // workers
+
+#include "chi/core/status.h"           // Status
+#include "chi/queue/task_queue.h"      // TaskQueue, TaskLane
+#include "chi/runtime/pool_manager.h"  // PoolManager
+#include "chi/runtime/worker.h"        // Worker
+
+namespace chi {
+
+/** How many workers of each role, and their resources. */
+struct WorkerConfig {
+  u32 low_latency = 1;
+  u32 high_latency = 1;
+  u32 queue_depth = 1024;          ///< entries per lane
+  u64 stack_bytes = 64 * 1024;     ///< fiber stack size
+};
+
+/** Owns the worker threads and the process queue they serve. */
+class WorkOrchestrator {
+ public:
+  WorkOrchestrator() = default;
+  ~WorkOrchestrator() { Stop(); }
+  WorkOrchestrator(const WorkOrchestrator &) = delete;
+  WorkOrchestrator &operator=(const WorkOrchestrator &) = delete;
+
+  /** Creates the queue and workers and starts their threads. */
+  Status Start(const WorkerConfig &cfg, PoolManager *pools, NodeId node) {
+    if (cfg.low_latency == 0) {
+      return Status::Error(ErrorCode::kBadConfig, "workers.low_latency must be at least 1");
+    }
+    const u32 n = cfg.low_latency + cfg.high_latency;
+    queue_bytes_ = TaskQueue::BytesFor(n, cfg.queue_depth);
+    queue_mem_ = std::aligned_alloc(kCacheLine, (queue_bytes_ + kCacheLine - 1) / kCacheLine * kCacheLine);
+    if (queue_mem_ == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "process queue");
+    queue_ = TaskQueue::Create(queue_mem_, n, cfg.queue_depth);
+    for (u32 i = 0; i < n; ++i) {
+      const bool low = i < cfg.low_latency;
+      auto w = std::make_unique<Worker>(i, low ? WorkerRole::kLowLatency : WorkerRole::kHighLatency,
+                                        this, pools, node, cfg.stack_bytes);
+      TaskLane *lane = &queue_->GetLane(i, low ? QueuePriority::kLowLatency
+                                                : QueuePriority::kHighLatency);
+      w->AddLane(lane);
+      lanes_.push_back(lane);
+      (low ? low_ : high_).push_back(w.get());
+      workers_.push_back(std::move(w));
+    }
+    for (auto &w : workers_) w->Start();
+    accepting_.Store(1, MemOrder::kRelease);
+    return Status::Ok();
+  }
+
+  /** Refuses new tasks, lets workers drain their lanes, joins them and frees the queue. */
+  void Stop() {
+    if (workers_.empty()) return;
+    accepting_.Store(0, MemOrder::kRelease);
+    for (auto &w : workers_) w->RequestStop();
+    for (auto &w : workers_) w->Join();
+    workers_.clear();
+    low_.clear();
+    high_.clear();
+    lanes_.clear();
+    std::free(queue_mem_);
+    queue_mem_ = nullptr;
+    queue_ = nullptr;
+  }
+
+  /** True between Start and Stop. */
+  bool IsAccepting() const { return accepting_.Load(MemOrder::kAcquire) != 0; }
+
+  /**
+   * Hands a task to a worker. From a task fiber it stays on this worker (its
+   * subtasks run where the parent runs); from other threads lanes rotate.
+   * Returns false (task untouched) when the runtime no longer accepts work.
+   */
+  bool Submit(Task *t) {
+    if (CHI_UNLIKELY(!IsAccepting())) return false;
+    const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
+    Worker *me = tls_current_worker;
+    if (me != nullptr && me->GetRole() == (high ? WorkerRole::kHighLatency : WorkerRole::kLowLatency)) {
+      me->PushLocal(t);
+      return true;
+    }
+    thread_local u32 rotate = 0;
+    const std::vector<Worker *> &set = high ? high_ : low_;
+    SubmitTo(set[rotate++ % set.size()], t);
+    return true;
+  }
+
+  /** Hands replica `index` of a fan-out to a worker, spreading replicas over workers. */
+  void SubmitSpread(Task *t, u32 index) { SubmitTo(low_[index % low_.size()], t); }
+
+  /** Wakes every worker (e.g. so periodic tasks of a destroyed pool stop now). */
+  void WakeAll() {
+    for (auto &w : workers_) w->Wake();
+  }
+
+  /** Counters of every worker. */
+  std::vector<WorkerStats> Stats() const {
+    std::vector<WorkerStats> out;
+    for (const auto &w : workers_) out.push_back(w->Stats());
+    return out;
+  }
+  u32 NumWorkers() const { return static_cast<u32>(workers_.size()); }
+
+ private:
+  void SubmitTo(Worker *w, Task *t) {
+    TaskLane *lane = lanes_[w->GetId()];
+    Worker *me = tls_current_worker;
+    if (me != nullptr) {
+      // A worker never blocks on a lane: if it is full, the task runs here instead.
+      if (!lane->TryPush(reinterpret_cast<u64>(t))) {
+        me->PushLocal(t);
+        return;
+      }
+    } else {
+      lane->Push(reinterpret_cast<u64>(t));  // back-pressure: a client waits for room
+    }
+    w->Wake();
+  }
+
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<Worker *> low_;
+  std::vector<Worker *> high_;
+  std::vector<TaskLane *> lanes_;
+  void *queue_mem_ = nullptr;
+  u64 queue_bytes_ = 0;
+  TaskQueue *queue_ = nullptr;
+  Atomic<u32> accepting_;
+};
+
+// ---- Fan-out (Range / Broadcast), run inside the original task's fiber ----
+
+void Worker::FanOut(RunContext *r) {
+  Task *t = r->task_;
+  const u32 n = static_cast<u32>(r->targets_.size());
+  std::vector<Task *> replicas(n, nullptr);
+  for (u32 i = 0; i < n; ++i) {
+    Task *rep = t->ops_->clone(*t);
+    if (rep == nullptr) {
+      t->SetError(ErrorCode::kOutOfMemory, "no memory for a broadcast replica");
+      break;
+    }
+    rep->pool_query_ = PoolQuery::DirectId(r->targets_[i]);
+    rep->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET | TASK_PERIODIC);
+    rep->task_flags_.SetBits(TASK_REPLICA);
+    rep->task_node_ = r->NextChildNode();
+    rep->parent_ = t;
+    replicas[i] = rep;
+    orch_->SubmitSpread(rep, i);
+  }
+  for (u32 i = 0; i < n && replicas[i] != nullptr; ++i) WaitInFiber(replicas[i], r);
+  for (u32 i = 0; i < n && replicas[i] != nullptr; ++i) {
+    t->ops_->aggregate(*t, *replicas[i], i);
+    DeleteTask(replicas[i]);
+  }
+}
+
+}  // namespace chi

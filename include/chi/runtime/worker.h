@@ -1,0 +1,530 @@
+// Worker: one runtime thread. It polls its lanes (active set every pass, cold
+// set every kColdPollInterval passes), routes each new task to a container,
+// runs it on a pooled fiber, resumes fibers whose awaited event completed, and
+// parks on a futex when there is nothing to do.
+//
+// Hot path: lane pop -> PoolManager::Acquire -> ResolveQuery -> fiber start ->
+// Container::Run -> CompleteTask (flag + wake). Waits inside a task yield the
+// fiber (WaitInFiber); the completer pushes the waiter onto its worker's
+// resume stack, and only that worker ever resumes it.
+#pragma once
+
+#include <time.h>  // clock_gettime for timers
+
+#include <deque>    // overflow when a worker's own lane is full (overload only)
+#include <memory>   // unique_ptr for run contexts
+#include <thread>   // the worker thread
+#include <vector>   // lanes, timers
+
+#include "chi/core/atomic.h"            // parked word, resume stack
+#include "chi/core/futex.h"             // parking
+#include "chi/queue/task_queue.h"       // TaskLane
+#include "chi/runtime/fiber.h"          // StackPool, ctx::fiber
+#include "chi/runtime/pool_manager.h"   // PoolManager, PoolInfo
+#include "chi/runtime/router.h"         // ResolveQuery
+#include "chi/runtime/run_context.h"    // RunContext, thread-locals
+#include "chi/task/task_ops.h"          // CompleteTask, DeleteTask
+
+namespace chi {
+
+class WorkOrchestrator;
+
+/** What a worker serves (seed 004 roles; GPU-poller and network come later). */
+enum class WorkerRole : u32 { kLowLatency = 0, kHighLatency = 1, kGpuPoller = 2, kNetwork = 3 };
+
+/** A worker's counters for Monitor. */
+struct WorkerStats {
+  u32 id_ = 0;
+  WorkerRole role_ = WorkerRole::kLowLatency;
+  u64 tasks_done_ = 0;    ///< tasks completed on this worker
+  u64 queue_depth_ = 0;   ///< tasks waiting in its lanes right now
+  u64 blocked_ = 0;       ///< fibers suspended on an event
+  u64 parks_ = 0;         ///< times it went to sleep
+  u64 stacks_ = 0;        ///< fiber stacks mapped
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(id_, role_, tasks_done_, queue_depth_, blocked_, parks_, stacks_);
+  }
+};
+
+/** Monotonic nanoseconds. */
+inline u64 NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<u64>(ts.tv_sec) * 1000000000ull + static_cast<u64>(ts.tv_nsec);
+}
+
+/** A runtime worker thread and everything it owns. */
+class Worker {
+ public:
+  static constexpr u32 kIdleSpins = 2000;         ///< polls before parking (~tens of us)
+  static constexpr u32 kColdAfterEmptyPolls = 256;
+  static constexpr u32 kColdPollInterval = 16;
+  static constexpr u32 kPopBatch = 32;             ///< tasks taken from one lane per pass
+  static constexpr u64 kStopGraceNs = 5000000000ull;  ///< blocked fibers may delay exit this long
+
+  Worker(u32 id, WorkerRole role, WorkOrchestrator *orch, PoolManager *pools, NodeId node,
+         size_t stack_bytes)
+      : id_(id), role_(role), orch_(orch), pools_(pools), node_(node), stacks_(stack_bytes) {}
+  ~Worker() { Join(); }
+  Worker(const Worker &) = delete;
+  Worker &operator=(const Worker &) = delete;
+
+  /** Adds a lane to this worker's active set (before Start). */
+  void AddLane(TaskLane *lane) {
+    lane->SetTag(id_);
+    active_.push_back(LaneSlot{lane, 0});
+  }
+  /** Launches the thread. */
+  void Start() { thread_ = std::thread([this] { Loop(); }); }
+  /** Asks the loop to drain and exit. */
+  void RequestStop() {
+    stop_.Store(1, MemOrder::kRelease);
+    ForceWake();
+  }
+  /** Waits for the thread to exit. */
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  /** Wakes the worker if it is parked; call after publishing work for it. */
+  void Wake() {
+    // seq_cst fence: our push must be visible before we read parked_, mirroring Park().
+    FenceSeqCst();
+    if (parked_.Load(MemOrder::kRelaxed) != 0) ForceWake();
+  }
+
+  /** Queues a suspended fiber to be resumed by this worker (any thread). */
+  void Resume(RunContext *r) {
+    u64 head = resume_.Load(MemOrder::kRelaxed);
+    do {
+      r->next_ = reinterpret_cast<RunContext *>(head);
+      // release: the fiber's state and the completed task are visible to the resumer.
+    } while (!resume_.CompareExchange(head, reinterpret_cast<u64>(r), MemOrder::kRelease));
+    if (tls_current_worker != this) Wake();
+  }
+
+  /** Task side: suspends the running fiber until `t` completes. */
+  void WaitInFiber(Task *t, RunContext *r) {
+    if (t->IsComplete()) return;
+    t->waiter_ = r;
+    // acq_rel: publishes waiter_ to the completer; sees its kComplete if it came first.
+    const u32 prev = t->state_.FetchOr(task_state::kHasWaiter, MemOrder::kAcqRel);
+    if (prev & task_state::kComplete) return;
+    ++blocked_;
+    r->Yield();
+    --blocked_;
+  }
+
+  /** Task side: gives other tasks a turn, then continues (timed waits poll with this). */
+  void YieldInFiber(RunContext *r) {
+    Resume(r);
+    r->Yield();
+  }
+
+  /** Task side: suspends the running fiber for at least `ns` nanoseconds. */
+  void SleepInFiber(RunContext *r, u64 ns) {
+    sleepers_.push_back(Sleeper{NowNs() + ns, r});
+    ++blocked_;
+    r->Yield();
+    --blocked_;
+  }
+
+  /** Queues a task on this worker from its own thread without ever blocking on itself. */
+  void PushLocal(Task *t) {
+    if (!active_.empty() && active_.front().lane->TryPush(reinterpret_cast<u64>(t))) return;
+    overflow_.push_back(t);
+  }
+
+  /** Snapshot of the counters (read racily from other threads: statistics only). */
+  WorkerStats Stats() const {
+    WorkerStats s;
+    s.id_ = id_;
+    s.role_ = role_;
+    s.tasks_done_ = tasks_done_.Load(MemOrder::kRelaxed);
+    for (const LaneSlot &l : active_) s.queue_depth_ += l.lane->Size();
+    for (const LaneSlot &l : cold_) s.queue_depth_ += l.lane->Size();
+    s.blocked_ = blocked_;
+    s.parks_ = parks_.Load(MemOrder::kRelaxed);
+    s.stacks_ = stacks_.TotalStacks();
+    return s;
+  }
+
+  u32 GetId() const { return id_; }
+  WorkerRole GetRole() const { return role_; }
+  /** Sanitizer state of the worker's own stack (fibers switch back to it). */
+  FiberSanitizerState &SanitizerState() { return san_; }
+
+ private:
+  struct LaneSlot {
+    TaskLane *lane;
+    u32 empty_polls;
+  };
+  struct Sleeper {
+    u64 wake_ns;
+    RunContext *r;
+  };
+
+  inline void Loop();
+  inline bool PollLanes(u64 pass);
+  inline bool DrainResumes();
+  inline bool RunDueTimers(bool stopping);
+  inline bool HasWork() const;
+  inline void Park();
+  inline void StartTask(Task *t);
+  inline void StartFiber(RunContext *r);
+  inline void SwitchTo(RunContext *r);
+  inline void OnFiberDone(RunContext *r);
+  inline void RunBody(RunContext *r);
+  inline void FanOut(RunContext *r);
+  inline void FinishTask(Task *t, PoolInfo *pool);  ///< release pool, count, publish
+
+  void ForceWake() {
+    if (parked_.Exchange(0, MemOrder::kAcqRel) != 0) FutexWake(parked_.Raw(), 1);
+  }
+  RunContext *NewRunContext() {
+    RunContext *r = free_rctx_;
+    if (r != nullptr) {
+      free_rctx_ = r->next_;
+      *r = RunContext();
+    } else {
+      all_rctx_.push_back(std::make_unique<RunContext>());
+      r = all_rctx_.back().get();
+    }
+    r->worker_ = this;
+    return r;
+  }
+  void FreeRunContext(RunContext *r) {
+    r->task_ = nullptr;
+    r->next_ = free_rctx_;
+    free_rctx_ = r;
+  }
+
+  u32 id_;
+  WorkerRole role_;
+  WorkOrchestrator *orch_;
+  PoolManager *pools_;
+  NodeId node_;
+  StackPool stacks_;
+  std::thread thread_;
+  std::vector<LaneSlot> active_;
+  std::vector<LaneSlot> cold_;
+  std::deque<Task *> overflow_;
+  std::vector<RunContext *> timers_;  ///< periodic tasks waiting for their next run
+  std::vector<Sleeper> sleepers_;     ///< fibers in SleepInFiber
+  RunContext *free_rctx_ = nullptr;
+  std::vector<std::unique_ptr<RunContext>> all_rctx_;
+  FiberSanitizerState san_;
+  RouteTargets targets_;
+  u64 blocked_ = 0;
+  u64 running_ = 0;  ///< fibers started and not finished (includes blocked and periodic)
+  alignas(kCacheLine) Atomic<u32> parked_;   ///< futex word: 1 while sleeping
+  alignas(kCacheLine) Atomic<u64> resume_;   ///< Treiber stack of RunContexts to resume
+  alignas(kCacheLine) Atomic<u32> stop_;
+  Atomic<u64> tasks_done_;
+  Atomic<u64> parks_;
+};
+
+/** Resumes a fiber on the worker that owns it (used by CompleteTask). */
+inline void ResumeWaiter(RunContext *r) { r->worker_->Resume(r); }
+
+// ---- Fiber switching ------------------------------------------------------
+
+void RunContext::Yield() {
+  FiberSanitizerState::BeforeSwitch(&san_, &worker_->SanitizerState(), false);
+  sink_ = std::move(sink_).resume();
+  FiberSanitizerState::AfterSwitch(&san_, &worker_->SanitizerState());
+}
+
+void Worker::StartFiber(RunContext *r) {
+  ++running_;
+  r->finished_ = false;
+  r->fiber_ = ctx::fiber(std::allocator_arg, PooledStack(&stacks_), [r](ctx::fiber &&sink) {
+    Worker *w = r->worker_;
+    FiberSanitizerState::AfterSwitch(&r->san_, &w->san_);
+    r->sink_ = std::move(sink);
+    w->RunBody(r);
+    r->finished_ = true;
+    FiberSanitizerState::BeforeSwitch(&r->san_, &w->san_, true);
+    return std::move(r->sink_);
+  });
+  r->san_.stack_bottom = stacks_.LastStackBottom();
+  r->san_.stack_size = stacks_.StackBytes();
+#if CHI_TSAN_FIBERS
+  r->san_.tsan_fiber = __tsan_create_fiber(0);
+#endif
+  SwitchTo(r);
+}
+
+void Worker::SwitchTo(RunContext *r) {
+  tls_current_rctx = r;
+  FiberSanitizerState::BeforeSwitch(&san_, &r->san_, false);
+  r->fiber_ = std::move(r->fiber_).resume();
+  FiberSanitizerState::AfterSwitch(&san_, &r->san_);
+  tls_current_rctx = nullptr;
+  if (r->finished_) OnFiberDone(r);
+}
+
+// ---- Task start, run and completion ---------------------------------------
+
+void Worker::FinishTask(Task *t, PoolInfo *pool) {
+  if (pool != nullptr) pools_->Release(pool);
+  tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
+  CompleteTask(t);
+}
+
+void Worker::StartTask(Task *t) {
+  PoolInfo *pool = pools_->Acquire(t->pool_id_);
+  if (CHI_UNLIKELY(pool == nullptr)) {
+    t->SetErrorf(ErrorCode::kUnknownPool, "pool %s does not exist (or is being destroyed)",
+                 t->pool_id_.ToString().c_str());
+    return FinishTask(t, nullptr);
+  }
+  RunContext *r = NewRunContext();
+  r->task_ = t;
+  r->pool_ = pool;
+  if (t->pool_query_.GetMode() == RoutingMode::kDynamic) {
+    Container *first = pool->FirstLocal();
+    if (first != nullptr) first->Monitor(MonitorMode::kGlobalSchedule, t->method_, t, *r);
+  }
+  Status st = ResolveQuery(*pool, t->pool_query_, node_, &targets_);
+  if (st.ok() && !targets_.fan_out_) {
+    r->container_ = pool->GetContainer(targets_.single_);
+    if (!r->container_->HasMethod(t->method_)) {
+      st = Status::Errorf(ErrorCode::kUnknownMethod, "pool %s (module %s) has no method %u",
+                          pool->id_.ToString().c_str(), pool->module_name_.c_str(), t->method_);
+    }
+  }
+  if (CHI_UNLIKELY(!st.ok())) {
+    t->SetError(st.code(), st.message());
+    FreeRunContext(r);
+    return FinishTask(t, pool);
+  }
+  if (targets_.fan_out_) {
+    r->kind_ = RunContext::Kind::kFanOut;
+    r->targets_ = targets_.many_;
+    r->container_ = pool->GetContainer(targets_.many_.front());
+  } else {
+    r->container_->Monitor(MonitorMode::kLocalSchedule, t->method_, t, *r);
+  }
+  StartFiber(r);
+}
+
+void Worker::RunBody(RunContext *r) {
+  if (r->kind_ == RunContext::Kind::kFanOut) {
+    FanOut(r);
+  } else {
+    r->container_->Run(r->task_->method_, r->task_, *r);
+  }
+}
+
+void Worker::OnFiberDone(RunContext *r) {
+  --running_;
+#if CHI_TSAN_FIBERS
+  __tsan_destroy_fiber(r->san_.tsan_fiber);
+#endif
+  Task *t = r->task_;
+  PoolInfo *pool = r->pool_;
+  const bool cancelled =
+      (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) != 0 ||
+      pool->destroying_.Load(MemOrder::kAcquire) != 0 || stop_.Load(MemOrder::kAcquire) != 0;
+  if (t->task_flags_.Any(TASK_PERIODIC) && !cancelled && t->rc_ == 0) {
+    r->next_run_ns_ = NowNs() + static_cast<u64>(t->period_ns_);
+    ++running_;  // still ours until it ends
+    timers_.push_back(r);
+    if (r->container_ != nullptr) r->container_->CountDone();
+    return;
+  }
+  if (r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun) r->container_->CountDone();
+  pool->tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
+  FreeRunContext(r);
+  FinishTask(t, pool);  // releases the pool and publishes the outputs
+}
+
+// ---- The loop -------------------------------------------------------------
+
+void Worker::Loop() {
+  tls_current_worker = this;
+#if CHI_TSAN_FIBERS
+  san_.tsan_fiber = __tsan_get_current_fiber();
+#endif
+  u32 idle = 0;
+  u64 pass = 0;
+  u64 stop_since = 0;
+  for (;;) {
+    ++pass;
+    bool did = DrainResumes();
+    did |= PollLanes(pass);
+    if ((pass & (kColdPollInterval - 1)) == 0 || !did) did |= RunDueTimers(false);
+    if (did) {
+      idle = 0;
+      continue;
+    }
+    if (stop_.Load(MemOrder::kAcquire) != 0) {
+      RunDueTimers(true);  // periodic tasks end at shutdown
+      if (running_ == 0 && !HasWork()) break;
+      if (stop_since == 0) stop_since = NowNs();
+      if (NowNs() - stop_since > kStopGraceNs) break;  // fibers blocked forever are abandoned
+      CpuRelax();
+      continue;
+    }
+    if (++idle < kIdleSpins) {
+      CpuRelax();
+      continue;
+    }
+    idle = 0;
+    Park();
+  }
+  tls_current_worker = nullptr;
+}
+
+bool Worker::PollLanes(u64 pass) {
+  bool did = false;
+  while (!overflow_.empty()) {
+    Task *t = overflow_.front();
+    overflow_.pop_front();
+    StartTask(t);
+    did = true;
+  }
+  for (size_t i = 0; i < active_.size(); ++i) {
+    LaneSlot &slot = active_[i];
+    u64 entry;
+    u32 n = 0;
+    while (n < kPopBatch && slot.lane->TryPop(entry)) {
+      StartTask(reinterpret_cast<Task *>(entry));
+      ++n;
+    }
+    if (n != 0) {
+      slot.empty_polls = 0;
+      did = true;
+    } else if (active_.size() > 1 && ++slot.empty_polls > kColdAfterEmptyPolls) {
+      cold_.push_back(slot);  // quiet lanes move out of the hot loop
+      active_[i] = active_.back();
+      active_.pop_back();
+      --i;
+    }
+  }
+  if ((pass & (kColdPollInterval - 1)) == 0 || !did) {
+    for (size_t i = 0; i < cold_.size(); ++i) {
+      if (cold_[i].lane->Empty()) continue;
+      cold_[i].empty_polls = 0;
+      active_.push_back(cold_[i]);  // activity: back to the active set
+      cold_[i] = cold_.back();
+      cold_.pop_back();
+      --i;
+      did = true;
+    }
+  }
+  return did;
+}
+
+bool Worker::DrainResumes() {
+  if (resume_.Load(MemOrder::kRelaxed) == 0) return false;
+  // acquire pairs with Resume's release; taking the whole stack at once avoids ABA.
+  auto *r = reinterpret_cast<RunContext *>(resume_.Exchange(0, MemOrder::kAcquire));
+  RunContext *fifo = nullptr;
+  while (r != nullptr) {  // reverse: resume in the order events completed
+    RunContext *next = r->next_;
+    r->next_ = fifo;
+    fifo = r;
+    r = next;
+  }
+  while (fifo != nullptr) {
+    RunContext *next = fifo->next_;
+    SwitchTo(fifo);
+    fifo = next;
+  }
+  return true;
+}
+
+bool Worker::RunDueTimers(bool stopping) {
+  if (timers_.empty() && sleepers_.empty()) return false;
+  const u64 now = NowNs();
+  bool did = false;
+  for (size_t i = 0; i < sleepers_.size(); ++i) {
+    if (!stopping && now < sleepers_[i].wake_ns) continue;
+    RunContext *r = sleepers_[i].r;
+    sleepers_[i] = sleepers_.back();
+    sleepers_.pop_back();
+    --i;
+    did = true;
+    SwitchTo(r);  // may append new sleepers; the loop bound re-reads the size
+  }
+  for (size_t i = 0; i < timers_.size(); ++i) {
+    RunContext *r = timers_[i];
+    Task *t = r->task_;
+    const bool cancelled =
+        stopping || (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) != 0 ||
+        r->pool_->destroying_.Load(MemOrder::kAcquire) != 0;
+    if (!cancelled && now < r->next_run_ns_) continue;
+    timers_[i] = timers_.back();
+    timers_.pop_back();
+    --i;
+    --running_;
+    did = true;
+    if (cancelled) {
+      PoolInfo *pool = r->pool_;
+      FreeRunContext(r);
+      FinishTask(t, pool);
+    } else {
+      StartFiber(r);
+    }
+  }
+  return did;
+}
+
+bool Worker::HasWork() const {
+  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.empty()) return true;
+  if (!sleepers_.empty()) {
+    const u64 now = NowNs();
+    for (const Sleeper &sl : sleepers_) {
+      if (sl.wake_ns <= now) return true;
+    }
+  }
+  for (const LaneSlot &l : active_) {
+    if (!l.lane->Empty()) return true;
+  }
+  for (const LaneSlot &l : cold_) {
+    if (!l.lane->Empty()) return true;
+  }
+  return false;
+}
+
+void Worker::Park() {
+  parked_.Store(1, MemOrder::kRelaxed);
+  // seq_cst fence: the parked flag is visible before we re-check for work, and a
+  // producer's fence orders its push before its read of the flag (Dekker).
+  FenceSeqCst();
+  if (HasWork() || stop_.Load(MemOrder::kAcquire) != 0) {
+    parked_.Store(0, MemOrder::kRelaxed);
+    return;
+  }
+  u64 timeout = 0;
+  if (!timers_.empty() || !sleepers_.empty()) {
+    u64 next = ~0ull;
+    for (RunContext *r : timers_) next = r->next_run_ns_ < next ? r->next_run_ns_ : next;
+    for (const Sleeper &sl : sleepers_) next = sl.wake_ns < next ? sl.wake_ns : next;
+    const u64 now = NowNs();
+    timeout = next > now ? next - now : 1;
+  }
+  parks_.FetchAdd(1, MemOrder::kRelaxed);
+  FutexWait(parked_.Raw(), 1, timeout);
+  parked_.Store(0, MemOrder::kRelaxed);
+}
+
+/**
+ * Sleeps for `ns` nanoseconds: inside a runtime task the fiber is suspended and
+ * the worker runs other tasks; elsewhere the thread sleeps.
+ */
+inline void SleepFor(u64 ns) {
+  if (RunContext *r = CurrentRunContext()) {
+    r->GetWorker()->SleepInFiber(r, ns);
+    return;
+  }
+  timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+}  // namespace chi

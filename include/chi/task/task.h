@@ -1,0 +1,108 @@
+// The base of every task: an RPC-like call (pool, method, routing, flags) plus
+// its answer (return code and message) and the completion word waiters watch.
+// No virtual functions: a task is plain data that archives can copy anywhere.
+#pragma once
+
+#include <cstdarg>  // va_list for SetErrorf
+#include <cstdio>   // vsnprintf
+
+#include "chi/core/atomic.h"        // Atomic state word
+#include "chi/core/bitfield.h"      // task flags
+#include "chi/core/fixed_string.h"  // inline error message
+#include "chi/core/ids.h"           // PoolId, TaskNode, TaskId, MethodId
+#include "chi/core/macros.h"        // IN/OUT/TEMP, CHI_CROSS_FUN
+#include "chi/core/pool_query.h"    // PoolQuery
+#include "chi/core/status.h"        // ErrorCode
+#include "chi/task/task_flags.h"    // TASK_* flags, task_state bits
+
+namespace chi {
+
+struct Task;
+class RunContext;
+
+/** Per-type operations the runtime needs on a type-erased task (in-process only). */
+struct TaskOps {
+  void (*destroy)(Task *task);            ///< runs ~T and returns the memory
+  Task *(*clone)(const Task &task);       ///< deep copy, for Broadcast/Range replicas
+  void (*aggregate)(Task &into, const Task &replica, u32 index);  ///< folds replica `index` in
+};
+
+/** Maximum length of the error message a task carries back. */
+inline constexpr u32 kTaskMessageSize = 96;
+
+/** A container method to execute, its parameters (in subclasses) and its answer. */
+struct Task {
+  IN PoolId pool_id_;          ///< the pool that runs the task
+  IN TaskNode task_node_;      ///< place in the task graph (subtasks share major)
+  IN PoolQuery pool_query_;    ///< which container(s)
+  IN MethodId method_ = 0;     ///< container method
+  IN IntFlag task_flags_;      ///< TASK_* flags
+  IN double period_ns_ = 0;    ///< period of a TASK_PERIODIC task
+  IN TaskId task_id_;          ///< unique id of this submission
+  OUT u32 rc_ = 0;             ///< ErrorCode; 0 = success
+  OUT FixedString<kTaskMessageSize> msg_;  ///< why it failed (empty on success)
+  TEMP Atomic<u32> state_;     ///< task_state bits: complete, parked, waiter, orphaned
+  TEMP RunContext *waiter_ = nullptr;  ///< fiber waiting on this task (same process)
+  TEMP const TaskOps *ops_ = nullptr;  ///< set by the allocator that made the task
+  TEMP Task *parent_ = nullptr;        ///< the original task of a replica
+
+  /** Why the task failed (0 = success). */
+  CHI_CROSS_FUN u32 GetReturnCode() const { return rc_; }
+  /** The failure message, empty on success. */
+  CHI_CROSS_FUN const char *GetMessage() const { return msg_.c_str(); }
+  /** True once the runtime has published the outputs. */
+  CHI_CROSS_FUN bool IsComplete() const {
+    return (state_.Load(MemOrder::kAcquire) & task_state::kComplete) != 0;
+  }
+
+  /** Records a failure with a fixed message (first failure wins). */
+  CHI_CROSS_FUN void SetError(ErrorCode code, const char *msg) {
+    if (rc_ != 0) return;
+    rc_ = static_cast<u32>(code);
+    u32 n = 0;
+    while (msg[n] != '\0') ++n;
+    msg_.Assign(msg, n);
+  }
+  /** Records a failure with a printf-style message (host only; first failure wins). */
+  __attribute__((format(printf, 3, 4))) void SetErrorf(ErrorCode code, const char *fmt, ...) {
+    if (rc_ != 0) return;
+    char buf[kTaskMessageSize];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = std::vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    rc_ = static_cast<u32>(code);
+    msg_.Assign(buf, n < 0 ? 0u : (n >= static_cast<int>(sizeof(buf)) ? sizeof(buf) - 1 : n));
+  }
+
+  /** The routing header every transport sends before the task's own inputs. */
+  template <typename Ar>
+  CHI_CROSS_FUN void SerializeBaseIn(Ar &ar) {
+    ar(pool_id_, task_node_, pool_query_, method_, task_flags_, period_ns_, task_id_);
+  }
+  /** The answer every transport sends back before the task's own outputs. */
+  template <typename Ar>
+  CHI_CROSS_FUN void SerializeBaseOut(Ar &ar) {
+    ar(rc_, msg_);
+  }
+
+  /** Copies the routing header (not the TEMP state) from another task. */
+  CHI_CROSS_FUN void CopyBase(const Task &o) {
+    pool_id_ = o.pool_id_;
+    task_node_ = o.task_node_;
+    pool_query_ = o.pool_query_;
+    method_ = o.method_;
+    task_flags_ = o.task_flags_;
+    period_ns_ = o.period_ns_;
+    task_id_ = o.task_id_;
+    rc_ = o.rc_;
+    msg_ = o.msg_;
+  }
+
+  /** Tasks are made and freed by the runtime's allocator, never copied implicitly. */
+  Task() = default;
+  Task(const Task &) = delete;
+  Task &operator=(const Task &) = delete;
+};
+
+}  // namespace chi

@@ -1,0 +1,106 @@
+// An owning byte buffer for task payloads (echo data, large outputs).
+// Tasks cross address spaces only as archive bytes, so the buffer owns plain
+// heap memory (device malloc inside kernels); serialization is length + bytes.
+#pragma once
+
+#include <cstdlib>  // malloc/free (also valid in device code)
+#include <cstring>  // memcpy
+#include <string_view>  // view()
+#include <utility>  // std::exchange
+
+#include "chi/core/macros.h"  // CHI_CROSS_FUN
+#include "chi/core/status.h"  // ErrorCode for decode failures
+#include "chi/core/types.h"   // u64
+
+namespace chi {
+
+/** Move-only-by-default byte array with deep copies when asked. */
+class TaskBuffer {
+ public:
+  /** Largest payload accepted when decoding (1 GiB): bigger lengths are malformed. */
+  static constexpr u64 kMaxDecodeBytes = 1ull << 30;
+
+  TaskBuffer() = default;
+  /** A zero-filled buffer of `size` bytes. */
+  explicit TaskBuffer(u64 size) { Resize(size); }
+  /** A copy of `size` bytes at `data`. */
+  TaskBuffer(const void *data, u64 size) { Assign(data, size); }
+  /** Deep copy (used when a task is replicated for Broadcast/Range). */
+  TaskBuffer(const TaskBuffer &o) { Assign(o.data_, o.size_); }
+  TaskBuffer &operator=(const TaskBuffer &o) {
+    if (this != &o) Assign(o.data_, o.size_);
+    return *this;
+  }
+  TaskBuffer(TaskBuffer &&o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  TaskBuffer &operator=(TaskBuffer &&o) noexcept {
+    if (this != &o) {
+      Reset();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  ~TaskBuffer() { Reset(); }
+
+  /** Reallocates to `size` zeroed bytes; false when memory is exhausted. */
+  CHI_CROSS_FUN bool Resize(u64 size) {
+    Reset();
+    if (size == 0) return true;
+    data_ = static_cast<char *>(malloc(size));
+    if (data_ == nullptr) return false;
+    memset(data_, 0, size);
+    size_ = size;
+    return true;
+  }
+  /** Replaces the contents with a copy of [data, data + size). */
+  CHI_CROSS_FUN bool Assign(const void *data, u64 size) {
+    Reset();
+    if (size == 0) return true;
+    data_ = static_cast<char *>(malloc(size));
+    if (data_ == nullptr) return false;
+    memcpy(data_, data, size);
+    size_ = size;
+    return true;
+  }
+  /** Frees the bytes. */
+  CHI_CROSS_FUN void Reset() {
+    if (data_ != nullptr) free(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  CHI_CROSS_FUN char *data() { return data_; }
+  CHI_CROSS_FUN const char *data() const { return data_; }
+  CHI_CROSS_FUN u64 size() const { return size_; }
+  CHI_CROSS_FUN bool empty() const { return size_ == 0; }
+  std::string_view view() const { return std::string_view(data_, size_); }
+
+  /** Length then bytes. Decoding checks the length against the input left. */
+  template <typename Ar>
+  CHI_CROSS_FUN void serialize(Ar &ar) {
+    if constexpr (Ar::kIsOutput) {
+      ar(size_);
+      ar.Bytes(data_, size_);
+    } else {
+      u64 n = 0;
+      ar(n);
+      if (!ar.ok()) return;
+      if (n > kMaxDecodeBytes || n > ar.Remaining()) {
+        ar.Fail(ErrorCode::kTruncated, "task buffer length exceeds the bytes left");
+        return;
+      }
+      if (!Resize(n)) {
+        ar.Fail(ErrorCode::kOutOfMemory, "task buffer allocation failed");
+        return;
+      }
+      ar.Bytes(data_, n);
+    }
+  }
+
+ private:
+  char *data_ = nullptr;
+  u64 size_ = 0;
+};
+
+}  // namespace chi

@@ -1,0 +1,165 @@
+// Task memory for in-process tasks: per-thread caches of fixed size classes so
+// submit and complete never reach malloc in steady state. A block freed by
+// another thread (a worker freeing a fire-and-forget task) goes back to its
+// owner's lock-free remote list, which the owner drains when its own list is empty.
+#pragma once
+
+#include <cstddef>  // max_align_t
+#include <cstdlib>  // malloc/free for blocks and oversized tasks
+#include <mutex>    // guards the cold list of abandoned caches (thread start/exit only)
+#include <new>      // placement new
+
+#include "chi/core/atomic.h"  // remote-free stack head
+#include "chi/core/types.h"   // u32, u64
+
+namespace chi {
+
+/** Size-class allocator with per-thread caches; blocks keep a 16-byte header. */
+class TaskMemory {
+ public:
+  static constexpr u32 kNumClasses = 7;          ///< 64 B .. 4 KiB, powers of two
+  static constexpr u64 kMaxClassBytes = 4096;
+  static constexpr u32 kMaxCachedPerClass = 1024;  ///< beyond this, blocks go to malloc
+
+  /** Allocates at least `bytes` (16-byte aligned); nullptr when memory is exhausted. */
+  static void *Alloc(u64 bytes) {
+    const u32 cls = ClassOf(bytes + sizeof(Header));
+    if (cls == kNumClasses) {  // oversized: plain malloc, tagged so Free knows
+      auto *h = static_cast<Header *>(malloc(bytes + sizeof(Header)));
+      if (h == nullptr) return nullptr;
+      h->owner = nullptr;
+      h->cls = kNumClasses;
+      return h + 1;
+    }
+    Cache &c = Local();
+    Header *h = c.free_[cls];
+    if (h == nullptr) {
+      c.DrainRemote();
+      h = c.free_[cls];
+    }
+    if (h != nullptr) {
+      c.free_[cls] = h->next;
+      --c.count_[cls];
+    } else {
+      h = static_cast<Header *>(malloc(kMinClassBytes << cls));
+      if (h == nullptr) return nullptr;
+    }
+    h->owner = &c;
+    h->cls = cls;
+    return h + 1;
+  }
+
+  /** Returns a block from Alloc, from any thread. */
+  static void Free(void *p) {
+    if (p == nullptr) return;
+    Header *h = static_cast<Header *>(p) - 1;
+    if (h->cls == kNumClasses) {
+      free(h);
+      return;
+    }
+    Cache &me = Local();
+    if (h->owner == &me) {
+      me.PushLocal(h);
+    } else {
+      h->owner->PushRemote(h);
+    }
+  }
+
+ private:
+  static constexpr u64 kMinClassBytes = 64;
+
+  struct Cache;
+  /** Precedes every block; `next` links free blocks. */
+  struct alignas(16) Header {
+    union {
+      Cache *owner;
+      Header *next;
+    };
+    u32 cls;
+  };
+
+  /** One thread's free lists; immortal so late remote frees always have a home. */
+  struct Cache {
+    Header *free_[kNumClasses] = {};
+    u32 count_[kNumClasses] = {};
+    Atomic<u64> remote_;  ///< Treiber stack of blocks freed by other threads
+    Cache *next_abandoned_ = nullptr;
+
+    void PushLocal(Header *h) {
+      const u32 cls = h->cls;
+      if (count_[cls] >= kMaxCachedPerClass) {
+        free(h);
+        return;
+      }
+      h->next = free_[cls];
+      free_[cls] = h;
+      ++count_[cls];
+    }
+    /** Lock-free push from any thread; `cls` stays valid (only `owner` is reused as `next`). */
+    void PushRemote(Header *h) {
+      u64 head = remote_.Load(MemOrder::kRelaxed);
+      do {
+        h->next = reinterpret_cast<Header *>(head);
+        // release: the owner must see `next` and the block's contents.
+      } while (!remote_.CompareExchange(head, reinterpret_cast<u64>(h), MemOrder::kRelease));
+    }
+    /** Moves every remotely freed block to the local lists (owner thread only). */
+    void DrainRemote() {
+      // acquire pairs with PushRemote's release; exchange takes the whole stack, so no ABA.
+      auto *h = reinterpret_cast<Header *>(remote_.Exchange(0, MemOrder::kAcquire));
+      while (h != nullptr) {
+        Header *next = h->next;
+        PushLocal(h);
+        h = next;
+      }
+    }
+  };
+
+  static u32 ClassOf(u64 bytes) {
+    u32 cls = 0;
+    u64 size = kMinClassBytes;
+    while (size < bytes && cls < kNumClasses) {
+      size <<= 1;
+      ++cls;
+    }
+    return cls;
+  }
+
+  /** Hands caches of exited threads to new threads (caches are never freed). */
+  struct CachePool {
+    std::mutex mu;
+    Cache *abandoned = nullptr;
+  };
+  static CachePool &Pool() {
+    static CachePool *pool = new CachePool();  // immortal: thread exits may run late
+    return *pool;
+  }
+
+  /** Returns the thread's cache to the pool at thread exit. */
+  struct CacheHandle {
+    Cache *cache;
+    CacheHandle() {
+      CachePool &p = Pool();
+      std::lock_guard<std::mutex> g(p.mu);
+      if (p.abandoned != nullptr) {
+        cache = p.abandoned;
+        p.abandoned = cache->next_abandoned_;
+      } else {
+        cache = new Cache();
+      }
+    }
+    ~CacheHandle() {
+      CachePool &p = Pool();
+      std::lock_guard<std::mutex> g(p.mu);
+      cache->next_abandoned_ = p.abandoned;
+      p.abandoned = cache;
+    }
+  };
+
+  static Cache &Local() {
+    thread_local CacheHandle handle;
+    return *handle.cache;
+  }
+};
+
+}  // namespace chi

@@ -1,0 +1,578 @@
+// Runtime configuration: the embedded default matches config/, every key parses,
+// every bad value is a kBadConfig error naming its key, env overrides, hostfiles.
+#include <doctest/doctest.h>
+
+#include <stdlib.h>  // setenv, unsetenv, mkstemp
+#include <unistd.h>  // close, unlink, write
+
+#include <chi/runtime/config.h>
+
+#include <array>       // the saved variable names
+#include <filesystem>  // locating config/ from this file
+#include <fstream>     // reading the YAML file
+#include <iterator>    // istreambuf_iterator
+#include <optional>    // saved environment values
+#include <string>
+#include <vector>
+
+using chi::ComposeEntry;
+using chi::ErrorCode;
+using chi::PoolId;
+using chi::PoolQuery;
+using chi::ServerConfig;
+using chi::Status;
+
+namespace {
+
+/** Sets or clears the CHI_* variables for one test case and restores them after. */
+class EnvGuard {
+ public:
+  EnvGuard() {
+    for (const char *name : kNames) {
+      const char *v = std::getenv(name);
+      saved_.push_back(v ? std::optional<std::string>(v) : std::nullopt);
+      unsetenv(name);
+    }
+  }
+  ~EnvGuard() {
+    for (size_t i = 0; i < kNames.size(); ++i) {
+      if (saved_[i]) {
+        setenv(kNames[i], saved_[i]->c_str(), 1);
+      } else {
+        unsetenv(kNames[i]);
+      }
+    }
+  }
+  void Set(const char *name, const std::string &value) { setenv(name, value.c_str(), 1); }
+
+ private:
+  static constexpr std::array<const char *, 3> kNames = {"CHI_SERVER_CONF", "CHI_PORT",
+                                                         "CHI_IPC_MODE"};
+  std::vector<std::optional<std::string>> saved_;
+};
+
+/** A temporary file holding the given text, removed when the object dies. */
+class TempFile {
+ public:
+  explicit TempFile(const std::string &text) {
+    std::string tmpl = "/tmp/chi_cfg_XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    int fd = mkstemp(buf.data());
+    REQUIRE(fd >= 0);
+    path_ = buf.data();
+    REQUIRE(write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+    close(fd);
+  }
+  ~TempFile() { unlink(path_.c_str()); }
+  const std::string &path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+/** The repository's config/chimaera_default.yaml (CHI_SOURCE_DIR if the build defines it). */
+std::filesystem::path DefaultYamlPath() {
+#ifdef CHI_SOURCE_DIR
+  return std::filesystem::path(CHI_SOURCE_DIR) / "config" / "chimaera_default.yaml";
+#else
+  return std::filesystem::path(__FILE__).parent_path().parent_path() / "config" /
+         "chimaera_default.yaml";
+#endif
+}
+
+/** Parses text that must fail; checks kBadConfig and that the message holds every needle. */
+void ExpectBadConfig(const std::string &yaml, std::vector<std::string> needles) {
+  ServerConfig cfg;
+  Status st = chi::ParseServerConfig(yaml, &cfg);
+  CAPTURE(yaml);
+  CAPTURE(st.message());
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.code() == ErrorCode::kBadConfig);
+  for (const std::string &needle : needles) {
+    CAPTURE(needle);
+    CHECK(std::string(st.message()).find(needle) != std::string::npos);
+  }
+  CHECK(cfg == ServerConfig{});
+}
+
+bool Contains(const Status &st, const std::string &needle) {
+  return std::string(st.message()).find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("the embedded default config equals config/chimaera_default.yaml byte for byte") {
+  const std::filesystem::path path = DefaultYamlPath();
+  CAPTURE(path.string());
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE_FALSE(file.empty());
+  INFO("edit config/chimaera_default.yaml and paste it into include/chi/runtime/default_config.h");
+  CHECK(file == std::string(chi::kDefaultConfigYaml));
+}
+
+TEST_CASE("the default config parses to the ServerConfig defaults") {
+  ServerConfig cfg;
+  cfg.port = 1;  // proves the parse wrote the struct
+  Status st = chi::ParseServerConfig(chi::kDefaultConfigYaml, &cfg);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  CHECK(cfg == ServerConfig{});
+  CHECK(cfg.low_latency_workers == 1);
+  CHECK(cfg.high_latency_workers == 1);
+  CHECK(cfg.queue_depth == 1024);
+  CHECK(cfg.lanes_per_worker == 1);
+  CHECK(cfg.fiber_stack_bytes == 65536);
+  CHECK(cfg.port == 9413);
+  CHECK(cfg.hostfile.empty());
+  CHECK(cfg.ipc_mode == "shm");
+  CHECK(cfg.gpu_blocks == 1);
+  CHECK(cfg.gpu_threads_per_block == 32);
+  CHECK(cfg.gpu_queue_depth == 256);
+  CHECK(cfg.main_segment_bytes == (64ull << 20));
+  CHECK(cfg.client_data_bytes == (256ull << 20));
+  CHECK(cfg.runtime_data_bytes == (64ull << 20));
+  CHECK(cfg.compose.empty());
+}
+
+TEST_CASE("an empty document or empty sections keep every default") {
+  for (const char *yaml : {"", "# only a comment\n", "workers:\ngpu:\nshm:\ncompose:\n"}) {
+    CAPTURE(yaml);
+    ServerConfig cfg;
+    cfg.port = 1;
+    Status st = chi::ParseServerConfig(yaml, &cfg);
+    REQUIRE_MESSAGE(st.ok(), st.message());
+    CHECK(cfg == ServerConfig{});
+  }
+}
+
+TEST_CASE("a config that sets every key parses to those values") {
+  const char *yaml = R"(
+workers:
+  low_latency: 4
+  high_latency: 2
+queue_depth: 4096
+lanes_per_worker: 3
+fiber_stack_size: 128k
+networking:
+  port: 10000
+  hostfile: /etc/chi/hosts
+  ipc_mode: tcp
+gpu:
+  blocks: 8
+  threads_per_block: 256
+  queue_depth: 512
+shm:
+  main_size: 1g
+  client_data_size: 512MiB
+  runtime_data_size: 1048576
+compose:
+  - mod_name: chimaera_demo
+    pool_name: demo_pool
+    pool_id: "200.0"
+    pool_query: local
+    num_containers: 4
+  - mod_name: kv_store
+    pool_name: kv
+    pool_id: 300.7
+    pool_query: range:0:2
+)";
+  ServerConfig cfg;
+  Status st = chi::ParseServerConfig(yaml, &cfg);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  CHECK(cfg.low_latency_workers == 4);
+  CHECK(cfg.high_latency_workers == 2);
+  CHECK(cfg.queue_depth == 4096);
+  CHECK(cfg.lanes_per_worker == 3);
+  CHECK(cfg.fiber_stack_bytes == 128 * 1024);
+  CHECK(cfg.port == 10000);
+  CHECK(cfg.hostfile == "/etc/chi/hosts");
+  CHECK(cfg.ipc_mode == "tcp");
+  CHECK(cfg.gpu_blocks == 8);
+  CHECK(cfg.gpu_threads_per_block == 256);
+  CHECK(cfg.gpu_queue_depth == 512);
+  CHECK(cfg.main_segment_bytes == (1ull << 30));
+  CHECK(cfg.client_data_bytes == (512ull << 20));
+  CHECK(cfg.runtime_data_bytes == (1ull << 20));
+  REQUIRE(cfg.compose.size() == 2);
+  CHECK(cfg.compose[0] == ComposeEntry{"chimaera_demo", "demo_pool", PoolId(200, 0),
+                                       PoolQuery::Local(), 4});
+  CHECK(cfg.compose[1] == ComposeEntry{"kv_store", "kv", PoolId(300, 7), PoolQuery::Range(0, 2),
+                                       1});
+}
+
+TEST_CASE("a compose entry without pool_query is created locally") {
+  ServerConfig cfg;
+  Status st = chi::ParseServerConfig(
+      "compose:\n  - {mod_name: m, pool_name: p, pool_id: '5.1'}\n", &cfg);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  REQUIRE(cfg.compose.size() == 1);
+  CHECK(cfg.compose[0].pool_query == PoolQuery::Local());
+  CHECK(cfg.compose[0].num_containers == 1);
+}
+
+TEST_CASE("queue_depth is rounded up to a power of two") {
+  const std::vector<std::pair<std::string, chi::u32>> cases = {
+      {"2", 2}, {"3", 4}, {"1000", 1024}, {"1024", 1024}, {"1025", 2048}, {"1048576", 1048576}};
+  for (const auto &[text, expect] : cases) {
+    CAPTURE(text);
+    ServerConfig cfg;
+    Status st = chi::ParseServerConfig("queue_depth: " + text, &cfg);
+    REQUIRE_MESSAGE(st.ok(), st.message());
+    CHECK(cfg.queue_depth == expect);
+  }
+}
+
+TEST_CASE("sizes accept byte counts and k, m, g suffixes in either case") {
+  const std::vector<std::pair<std::string, chi::u64>> cases = {
+      {"65536", 65536},    {"64k", 64ull << 10}, {"64K", 64ull << 10}, {"64kb", 64ull << 10},
+      {"64KiB", 64ull << 10}, {"1m", 1ull << 20},  {"16M", 16ull << 20}, {"16384b", 16384}};
+  for (const auto &[text, expect] : cases) {
+    CAPTURE(text);
+    ServerConfig cfg;
+    Status st = chi::ParseServerConfig("fiber_stack_size: " + text, &cfg);
+    REQUIRE_MESSAGE(st.ok(), st.message());
+    CHECK(cfg.fiber_stack_bytes == expect);
+  }
+  ServerConfig cfg;
+  REQUIRE(chi::ParseServerConfig("shm: {main_size: 2g, client_data_size: 1t}", &cfg).ok());
+  CHECK(cfg.main_segment_bytes == (2ull << 30));
+  CHECK(cfg.client_data_bytes == (1ull << 40));
+}
+
+TEST_CASE("a value of the wrong type is an error naming its key") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"workers:\n  low_latency: abc\n", "workers.low_latency: expected an unsigned integer, got 'abc'"},
+      {"workers:\n  high_latency: [1, 2]\n", "workers.high_latency: expected an unsigned integer, got a list"},
+      {"workers: 4\n", "workers: expected a mapping, got '4'"},
+      {"queue_depth: -8\n", "queue_depth: expected an unsigned integer, got '-8'"},
+      {"queue_depth: 1.5\n", "queue_depth: expected an unsigned integer"},
+      {"lanes_per_worker: {a: 1}\n", "lanes_per_worker: expected an unsigned integer, got a mapping"},
+      {"fiber_stack_size: lots\n", "fiber_stack_size: expected a size"},
+      {"fiber_stack_size: 64q\n", "fiber_stack_size: expected a size"},
+      {"fiber_stack_size: 99999999999999999999k\n", "fiber_stack_size: expected a size"},
+      {"networking:\n  port: http\n", "networking.port: expected an unsigned integer, got 'http'"},
+      {"networking:\n  port:\n", "networking.port: expected an unsigned integer, got nothing"},
+      {"networking:\n  hostfile: [a]\n", "networking.hostfile: expected a string, got a list"},
+      {"networking:\n  ipc_mode: udp\n", "networking.ipc_mode: expected one of shm|ipc|tcp, got 'udp'"},
+      {"networking:\n  ipc_mode:\n", "networking.ipc_mode: expected a non-empty string"},
+      {"networking: [1]\n", "networking: expected a mapping, got a list"},
+      {"gpu:\n  blocks: many\n", "gpu.blocks: expected an unsigned integer, got 'many'"},
+      {"gpu:\n  threads_per_block: true\n", "gpu.threads_per_block: expected an unsigned integer"},
+      {"gpu:\n  queue_depth: 0x10\n", "gpu.queue_depth: expected an unsigned integer"},
+      {"shm:\n  main_size: big\n", "shm.main_size: expected a size"},
+      {"shm:\n  client_data_size: [1]\n", "shm.client_data_size: expected a size"},
+      {"shm:\n  runtime_data_size: -1m\n", "shm.runtime_data_size: expected a size"},
+      {"compose: {a: 1}\n", "compose: expected a list, got a mapping"},
+      {"compose:\n  - just_a_name\n", "compose[0]: expected a mapping, got 'just_a_name'"},
+      {"compose:\n  - {mod_name: [x], pool_name: p, pool_id: '2.0'}\n", "compose[0].mod_name: expected a non-empty string"},
+      {"compose:\n  - {mod_name: m, pool_name: p, pool_id: '2.0', num_containers: x}\n",
+       "compose[0].num_containers: expected an unsigned integer"},
+      {"- 1\n- 2\n", "the top level: expected a mapping, got a list"},
+      {"just text\n", "the top level: expected a mapping, got 'just text'"},
+  };
+  for (const auto &[yaml, needle] : cases) ExpectBadConfig(yaml, {needle});
+}
+
+TEST_CASE("an out-of-range value is an error naming its key and the range") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"workers:\n  low_latency: 0\n", "workers.low_latency: 0 is out of range 1..256"},
+      {"workers:\n  high_latency: 257\n", "workers.high_latency: 257 is out of range 0..256"},
+      {"workers:\n  low_latency: 200\n  high_latency: 57\n", "workers: low_latency + high_latency = 257"},
+      {"queue_depth: 1\n", "queue_depth: 1 is out of range 2..1048576"},
+      {"queue_depth: 1048577\n", "queue_depth: 1048577 is out of range"},
+      {"lanes_per_worker: 0\n", "lanes_per_worker: 0 is out of range 1..64"},
+      {"lanes_per_worker: 65\n", "lanes_per_worker: 65 is out of range"},
+      {"fiber_stack_size: 8k\n", "fiber_stack_size: 8k is out of range 16k..16m"},
+      {"fiber_stack_size: 17m\n", "fiber_stack_size: 17m is out of range"},
+      {"networking:\n  port: 0\n", "networking.port: 0 is out of range 1..65535"},
+      {"networking:\n  port: 65536\n", "networking.port: 65536 is out of range"},
+      {"gpu:\n  blocks: 0\n", "gpu.blocks: 0 is out of range"},
+      {"gpu:\n  threads_per_block: 0\n", "gpu.threads_per_block: 0 is out of range"},
+      {"gpu:\n  threads_per_block: 2048\n", "gpu.threads_per_block: 2048 is out of range 1..1024"},
+      {"gpu:\n  queue_depth: 0\n", "gpu.queue_depth: 0 is out of range"},
+      {"shm:\n  main_size: 4k\n", "shm.main_size: 4k is out of range 64k..1t"},
+      {"shm:\n  runtime_data_size: 2t\n", "shm.runtime_data_size: 2t is out of range"},
+      {"compose:\n  - {mod_name: m, pool_name: p, pool_id: '2.0', num_containers: 0}\n",
+       "compose[0].num_containers: 0 is out of range"},
+  };
+  for (const auto &[yaml, needle] : cases) ExpectBadConfig(yaml, {needle});
+}
+
+TEST_CASE("an unknown key is an error naming it, at the top level and nested") {
+  ExpectBadConfig("workrs:\n  low_latency: 2\n",
+                  {"unknown key 'workrs'", "known: workers, queue_depth, lanes_per_worker"});
+  ExpectBadConfig("workers:\n  lowlatency: 2\n",
+                  {"unknown key 'workers.lowlatency'", "known in workers: low_latency, high_latency"});
+  ExpectBadConfig("networking:\n  prot: 1\n", {"unknown key 'networking.prot'", "port"});
+  ExpectBadConfig("gpu:\n  warps: 1\n", {"unknown key 'gpu.warps'", "threads_per_block"});
+  ExpectBadConfig("shm:\n  data_size: 1m\n", {"unknown key 'shm.data_size'", "main_size"});
+  ExpectBadConfig("compose:\n  - {mod_name: m, pool_name: p, pool_id: '2.0', pool_qery: local}\n",
+                  {"unknown key 'compose[0].pool_qery'", "pool_query"});
+}
+
+TEST_CASE("a key given twice is an error naming it") {
+  ExpectBadConfig("queue_depth: 8\nqueue_depth: 16\n", {"duplicate key 'queue_depth'"});
+  ExpectBadConfig("gpu:\n  blocks: 1\n  blocks: 2\n", {"duplicate key 'gpu.blocks'"});
+}
+
+TEST_CASE("compose entries need mod_name, pool_name and a usable pool_id") {
+  ExpectBadConfig("compose:\n  - {pool_name: p, pool_id: '2.0'}\n",
+                  {"compose[0].mod_name: missing"});
+  ExpectBadConfig("compose:\n  - {mod_name: m, pool_id: '2.0'}\n",
+                  {"compose[0].pool_name: missing"});
+  ExpectBadConfig("compose:\n  - {mod_name: m, pool_name: p}\n", {"compose[0].pool_id: missing"});
+  ExpectBadConfig("compose:\n  - {mod_name: '', pool_name: p, pool_id: '2.0'}\n",
+                  {"compose[0].mod_name: expected a non-empty string, got ''"});
+  for (const char *bad : {"200", "abc", "1.2.3", "-1.0", "4294967296.0"}) {
+    ExpectBadConfig(std::string("compose:\n  - {mod_name: m, pool_name: p, pool_id: '") + bad +
+                        "'}\n",
+                    {"compose[0].pool_id: expected major.minor", bad});
+  }
+  ExpectBadConfig("compose:\n  - {mod_name: m, pool_name: p, pool_id: '0.0'}\n",
+                  {"compose[0].pool_id: 0.0 is reserved"});
+  ExpectBadConfig("compose:\n  - {mod_name: m, pool_name: p, pool_id: '1.0'}\n",
+                  {"compose[0].pool_id: 1.0 is reserved", "admin"});
+}
+
+TEST_CASE("a compose entry with a bad pool_query is an error naming it") {
+  for (const char *bad : {"locl", "direct_id:x", "range:1", "range:0:0", "null"}) {
+    ExpectBadConfig(std::string("compose:\n  - {mod_name: m, pool_name: p, pool_id: '2.0', "
+                                "pool_query: '") + bad + "'}\n",
+                    {"compose[0].pool_query: expected local", std::string("got '") + bad + "'"});
+  }
+}
+
+TEST_CASE("two compose entries with the same pool_name or pool_id are an error naming both") {
+  ExpectBadConfig(
+      "compose:\n"
+      "  - {mod_name: a, pool_name: kv, pool_id: '200.0'}\n"
+      "  - {mod_name: b, pool_name: other, pool_id: '201.0'}\n"
+      "  - {mod_name: c, pool_name: kv, pool_id: '202.0'}\n",
+      {"compose[2].pool_name 'kv' is also compose[0].pool_name"});
+  ExpectBadConfig(
+      "compose:\n"
+      "  - {mod_name: a, pool_name: first, pool_id: '200.0'}\n"
+      "  - {mod_name: b, pool_name: second, pool_id: 200.0}\n",
+      {"compose[1].pool_id 200.0 is also compose[0].pool_id", "'first'"});
+}
+
+TEST_CASE("a YAML syntax error is reported with its line and column") {
+  ServerConfig cfg;
+  Status st = chi::ParseServerConfig("workers:\n  low_latency: 1\n  high_latency: [1, 2\n", &cfg,
+                                     "broken.yaml");
+  CAPTURE(st.message());
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.code() == ErrorCode::kBadConfig);
+  CHECK(Contains(st, "broken.yaml:"));
+  CHECK(Contains(st, "YAML syntax error"));
+  st = chi::ParseServerConfig("a: 1\nb: 2\n  c: 3\n", &cfg, "indent.yaml");
+  CAPTURE(st.message());
+  REQUIRE_FALSE(st.ok());
+  CHECK(Contains(st, "indent.yaml:3:"));
+  CHECK(cfg == ServerConfig{});
+}
+
+TEST_CASE("an error names the source and the line of the bad value") {
+  ServerConfig cfg;
+  Status st = chi::ParseServerConfig("workers:\n  high_latency: 1\n  low_latency: abc\n", &cfg,
+                                     "site.yaml");
+  CAPTURE(st.message());
+  REQUIRE_FALSE(st.ok());
+  CHECK(std::string(st.message()) ==
+        "site.yaml:3: workers.low_latency: expected an unsigned integer, got 'abc'");
+}
+
+TEST_CASE("a failed parse leaves the previous config untouched") {
+  ServerConfig cfg;
+  REQUIRE(chi::ParseServerConfig("queue_depth: 64\n", &cfg).ok());
+  REQUIRE_FALSE(chi::ParseServerConfig("queue_depth: 128\nlanes_per_worker: 0\n", &cfg).ok());
+  CHECK(cfg.queue_depth == 64);
+  CHECK(cfg.lanes_per_worker == 1);
+}
+
+TEST_CASE("LoadServerConfig uses the embedded default when CHI_SERVER_CONF is unset or empty") {
+  EnvGuard env;
+  ServerConfig cfg;
+  cfg.port = 1;
+  Status st = chi::LoadServerConfig(&cfg);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  CHECK(cfg == ServerConfig{});
+  env.Set("CHI_SERVER_CONF", "");
+  cfg.port = 1;
+  REQUIRE(chi::LoadServerConfig(&cfg).ok());
+  CHECK(cfg == ServerConfig{});
+}
+
+TEST_CASE("LoadServerConfig reads the file named by CHI_SERVER_CONF") {
+  EnvGuard env;
+  TempFile file("queue_depth: 64\nnetworking:\n  port: 7777\n  ipc_mode: ipc\n"
+                "compose:\n  - {mod_name: m, pool_name: p, pool_id: '9.1'}\n");
+  env.Set("CHI_SERVER_CONF", file.path());
+  ServerConfig cfg;
+  Status st = chi::LoadServerConfig(&cfg);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  CHECK(cfg.queue_depth == 64);
+  CHECK(cfg.port == 7777);
+  CHECK(cfg.ipc_mode == "ipc");
+  CHECK(cfg.low_latency_workers == 1);  // not in the file: keeps the default
+  REQUIRE(cfg.compose.size() == 1);
+  CHECK(cfg.compose[0].pool_id == PoolId(9, 1));
+}
+
+TEST_CASE("a missing or unreadable CHI_SERVER_CONF file is an error naming the path") {
+  EnvGuard env;
+  const std::string missing = "/tmp/chi_cfg_does_not_exist_" + std::to_string(getpid()) + ".yaml";
+  env.Set("CHI_SERVER_CONF", missing);
+  ServerConfig cfg;
+  Status st = chi::LoadServerConfig(&cfg);
+  CAPTURE(st.message());
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.code() == ErrorCode::kBadConfig);
+  CHECK(Contains(st, "CHI_SERVER_CONF"));
+  CHECK(Contains(st, missing));
+  CHECK(cfg == ServerConfig{});
+  env.Set("CHI_SERVER_CONF", "/tmp");
+  st = chi::LoadServerConfig(&cfg);
+  CAPTURE(st.message());
+  REQUIRE_FALSE(st.ok());
+  CHECK(Contains(st, "'/tmp'"));
+}
+
+TEST_CASE("a bad value in the CHI_SERVER_CONF file names the file, line and key") {
+  EnvGuard env;
+  TempFile file("gpu:\n  blocks: 1\n  threads_per_block: lots\n");
+  env.Set("CHI_SERVER_CONF", file.path());
+  ServerConfig cfg;
+  Status st = chi::LoadServerConfig(&cfg);
+  CAPTURE(st.message());
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.code() == ErrorCode::kBadConfig);
+  CHECK(Contains(st, file.path() + ":3: gpu.threads_per_block"));
+}
+
+TEST_CASE("a long config path is shortened so the key still fits in the message") {
+  EnvGuard env;
+  const std::string dir = "/tmp/chi_cfg_" + std::string(120, 'd') + "_" + std::to_string(getpid());
+  REQUIRE(std::filesystem::create_directory(dir));
+  const std::string path = dir + "/long.yaml";
+  { std::ofstream(path) << "networking:\n  ipc_mode: carrier-pigeon\n"; }
+  env.Set("CHI_SERVER_CONF", path);
+  ServerConfig cfg;
+  Status st = chi::LoadServerConfig(&cfg);
+  std::filesystem::remove_all(dir);
+  CAPTURE(st.message());
+  REQUIRE_FALSE(st.ok());
+  CHECK(Contains(st, "long.yaml:2: networking.ipc_mode: expected one of shm|ipc|tcp"));
+}
+
+TEST_CASE("CHI_PORT and CHI_IPC_MODE override the configured values") {
+  EnvGuard env;
+  TempFile file("networking:\n  port: 7000\n  ipc_mode: shm\n");
+  env.Set("CHI_SERVER_CONF", file.path());
+  env.Set("CHI_PORT", "12345");
+  env.Set("CHI_IPC_MODE", "tcp");
+  ServerConfig cfg;
+  Status st = chi::LoadServerConfig(&cfg);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  CHECK(cfg.port == 12345);
+  CHECK(cfg.ipc_mode == "tcp");
+  unsetenv("CHI_SERVER_CONF");
+  env.Set("CHI_IPC_MODE", "ipc");
+  REQUIRE(chi::LoadServerConfig(&cfg).ok());
+  CHECK(cfg.port == 12345);
+  CHECK(cfg.ipc_mode == "ipc");
+}
+
+TEST_CASE("a bad CHI_PORT or CHI_IPC_MODE is an error naming the variable") {
+  for (const char *bad : {"0", "65536", "http", "-1", "80x"}) {
+    EnvGuard env;
+    env.Set("CHI_PORT", bad);
+    ServerConfig cfg;
+    Status st = chi::LoadServerConfig(&cfg);
+    CAPTURE(st.message());
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.code() == ErrorCode::kBadConfig);
+    CHECK(Contains(st, "CHI_PORT"));
+    CHECK(Contains(st, std::string("'") + bad + "'"));
+    CHECK(cfg == ServerConfig{});
+  }
+  for (const char *bad : {"udp", "SHM", "shm "}) {
+    EnvGuard env;
+    env.Set("CHI_IPC_MODE", bad);
+    ServerConfig cfg;
+    Status st = chi::LoadServerConfig(&cfg);
+    CAPTURE(st.message());
+    REQUIRE_FALSE(st.ok());
+    CHECK(Contains(st, "CHI_IPC_MODE: expected one of shm|ipc|tcp"));
+  }
+}
+
+TEST_CASE("a hostfile skips blank lines and comments and expands ranges") {
+  TempFile file(
+      "# cluster nodes\n"
+      "\n"
+      "head-node\n"
+      "   \t\n"
+      "node[01-03]   # the compute nodes\n"
+      "gpu[8-10]-ib\r\n"
+      "rack[1-2]n[0,5]\n"
+      "last\n");
+  std::vector<std::string> hosts = {"stale"};
+  Status st = chi::ParseHostfile(file.path(), &hosts);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  const std::vector<std::string> expect = {
+      "head-node", "node01",  "node02",  "node03",  "gpu8-ib", "gpu9-ib", "gpu10-ib",
+      "rack1n0",   "rack1n5", "rack2n0", "rack2n5", "last"};
+  CHECK(hosts == expect);
+}
+
+TEST_CASE("an empty hostfile gives no hosts") {
+  TempFile file("# nothing here\n\n");
+  std::vector<std::string> hosts = {"stale"};
+  REQUIRE(chi::ParseHostfile(file.path(), &hosts).ok());
+  CHECK(hosts.empty());
+}
+
+TEST_CASE("a missing hostfile is an error naming it") {
+  const std::string missing = "/tmp/chi_hosts_missing_" + std::to_string(getpid());
+  std::vector<std::string> hosts = {"kept"};
+  Status st = chi::ParseHostfile(missing, &hosts);
+  CAPTURE(st.message());
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.code() == ErrorCode::kBadConfig);
+  CHECK(Contains(st, "hostfile"));
+  CHECK(Contains(st, missing));
+  CHECK(hosts == std::vector<std::string>{"kept"});
+}
+
+TEST_CASE("a malformed hostfile line is an error naming the file and line") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"node[1-]\n", "bad range '1-'"},
+      {"node[3-1]\n", "bad range '3-1'"},
+      {"node[a-b]\n", "bad range 'a-b'"},
+      {"node[1-2\n", "'[' without ']'"},
+      {"node1]\n", "']' without '['"},
+      {"node[]\n", "bad range ''"},
+      {"host1 host2\n", "expected one host per line"},
+  };
+  for (const auto &[line, needle] : cases) {
+    TempFile file("ok-host\n# comment\n" + line);
+    std::vector<std::string> hosts;
+    Status st = chi::ParseHostfile(file.path(), &hosts);
+    CAPTURE(line);
+    CAPTURE(st.message());
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.code() == ErrorCode::kBadConfig);
+    CHECK(Contains(st, file.path() + ":3: "));
+    CHECK(Contains(st, needle));
+  }
+}
+
+TEST_CASE("ParseHostfileText reads hosts from memory like ParseHostfile") {
+  std::vector<std::string> hosts;
+  Status st = chi::ParseHostfileText("a\nb[09-11]\n", &hosts);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  CHECK(hosts == std::vector<std::string>{"a", "b09", "b10", "b11"});
+}

@@ -1,0 +1,479 @@
+// SpscRing, MpscRing and TaskQueue: FIFO order, full/empty, wrap-around, exactly-once
+// delivery across threads and processes, back-pressure, futex wake-ups and timeouts.
+#include <doctest/doctest.h>
+
+#include <chi/queue/mpsc_ring.h>
+#include <chi/queue/spsc_ring.h>
+#include <chi/queue/task_queue.h>
+
+#include <poll.h>         // poll on a pidfd: bounded wait for a child
+#include <sched.h>        // sched_yield in bounded polls
+#include <signal.h>       // SIGKILL for a child that overstays
+#include <sys/mman.h>     // MAP_SHARED regions shared with forked children
+#include <sys/syscall.h>  // SYS_pidfd_open
+#include <sys/wait.h>     // waitpid, WIFEXITED
+#include <unistd.h>       // fork, _exit
+
+#include <atomic>   // test-side flags between threads
+#include <thread>   // producer and consumer threads
+#include <vector>   // bitmaps and bookkeeping
+
+using chi::u32;
+using chi::u64;
+
+namespace {
+
+constexpr u64 kSecond = 1000000000ull;
+constexpr u64 kMillion = 1000000;
+
+/** An anonymous MAP_SHARED mapping: private to the test, shared with forked children. */
+class SharedRegion {
+ public:
+  explicit SharedRegion(size_t bytes) : bytes_(bytes) {
+    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    mem_ = p;
+  }
+  ~SharedRegion() { munmap(mem_, bytes_); }
+  SharedRegion(const SharedRegion &) = delete;
+  SharedRegion &operator=(const SharedRegion &) = delete;
+  void *get() const { return mem_; }
+
+ private:
+  void *mem_ = nullptr;
+  size_t bytes_;
+};
+
+/** Runs fn in a forked child that exits 0 when fn returns true, 1 otherwise. */
+template <typename Fn>
+pid_t ForkChild(Fn fn) {
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    bool ok = fn();
+    _exit(ok ? 0 : 1);
+  }
+  return pid;
+}
+
+/** Waits at most timeout_ms for the child; kills it if it overstays. True on exit code 0. */
+bool WaitChild(pid_t pid, int timeout_ms = 20000) {
+  int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  bool exited = true;
+  if (fd >= 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    exited = poll(&pfd, 1, timeout_ms) == 1;
+    close(fd);
+  } else {
+    u64 deadline = chi::MonotonicNs() + static_cast<u64>(timeout_ms) * 1000000ull;
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (chi::MonotonicNs() > deadline) {
+        exited = false;
+        break;
+      }
+      timespec ms{0, 1000000};
+      nanosleep(&ms, nullptr);
+    }
+    if (exited) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!exited) kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return exited && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/** Yields until pred() holds or timeout_ns passes; returns pred(). */
+template <typename Pred>
+bool PollUntil(Pred pred, u64 timeout_ns = 10 * kSecond) {
+  u64 deadline = chi::MonotonicNs() + timeout_ns;
+  while (!pred()) {
+    if (chi::MonotonicNs() > deadline) return pred();
+    sched_yield();
+  }
+  return true;
+}
+
+/** An item carrying its producer and that producer's sequence number. */
+constexpr u64 MakeItem(u32 producer, u32 seq) { return (static_cast<u64>(producer) << 32) | seq; }
+
+/**
+ * Checks a stream of items from `producers` producers of `per_producer` items each:
+ * every item exactly once (bitmap) and each producer's items in order.
+ */
+class DeliveryChecker {
+ public:
+  DeliveryChecker(u32 producers, u32 per_producer)
+      : per_producer_(per_producer), next_(producers, 0), seen_(u64{producers} * per_producer) {}
+
+  /** Records one item; false on a duplicate, a gap/reorder, or a bad producer id. */
+  bool Take(u64 item) {
+    u32 producer = static_cast<u32>(item >> 32);
+    u32 seq = static_cast<u32>(item);
+    if (producer >= next_.size() || seq >= per_producer_) return false;
+    u64 bit = u64{producer} * per_producer_ + seq;
+    if (seen_[bit]) return false;
+    seen_[bit] = true;
+    if (seq != next_[producer]) return false;
+    ++next_[producer];
+    return true;
+  }
+
+  /** True once every item of every producer was taken. */
+  bool Complete() const {
+    for (u32 n : next_) {
+      if (n != per_producer_) return false;
+    }
+    for (bool b : seen_) {
+      if (!b) return false;
+    }
+    return true;
+  }
+
+ private:
+  u32 per_producer_;
+  std::vector<u32> next_;
+  std::vector<bool> seen_;
+};
+
+/** Pops `total` items (each within 10 s) into the checker; false on timeout or bad item. */
+template <typename Ring>
+bool ConsumeAll(Ring *ring, DeliveryChecker *checker, u64 total) {
+  for (u64 i = 0; i < total; ++i) {
+    u64 item = 0;
+    if (!ring->Pop(item, 10 * kSecond)) return false;
+    if (!checker->Take(item)) return false;
+  }
+  return true;
+}
+
+template <typename Ring>
+Ring *MakeRing(SharedRegion &region, u32 capacity) {
+  Ring *ring = Ring::Create(region.get(), capacity);
+  REQUIRE(ring != nullptr);
+  return ring;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("a ring is FIFO, reports full and empty, and wraps around", Ring,
+                   chi::SpscRing<u64>, chi::MpscRing<u64>) {
+  SharedRegion region(Ring::BytesFor(8));
+  Ring *ring = MakeRing<Ring>(region, 8);
+  CHECK(ring->Capacity() == 8);
+  CHECK(ring->Empty());
+  u64 out = 0;
+  CHECK_FALSE(ring->TryPop(out));
+
+  // Many laps of partial fills exercise every slot at many different positions.
+  u64 next_push = 0, next_pop = 0;
+  for (u32 round = 0; round < 100; ++round) {
+    u32 fill = 1 + round % 8;
+    for (u32 i = 0; i < fill; ++i) REQUIRE(ring->TryPush(next_push++));
+    CHECK(ring->Size() == fill);
+    u32 drain = 1 + (round * 3) % fill;
+    for (u32 i = 0; i < drain; ++i) {
+      REQUIRE(ring->TryPop(out));
+      CHECK(out == next_pop++);
+    }
+    while (ring->TryPop(out)) CHECK(out == next_pop++);
+    CHECK(ring->Empty());
+  }
+  CHECK(next_pop == next_push);
+
+  for (u64 i = 0; i < 8; ++i) REQUIRE(ring->TryPush(100 + i));
+  CHECK(ring->Size() == 8);
+  CHECK_FALSE(ring->TryPush(999));
+  CHECK(ring->Size() == 8);
+  for (u64 i = 0; i < 8; ++i) {
+    REQUIRE(ring->TryPop(out));
+    CHECK(out == 100 + i);
+  }
+  CHECK_FALSE(ring->TryPop(out));
+}
+
+TEST_CASE_TEMPLATE("ring capacity rounds up to a power of two and misaligned memory is refused",
+                   Ring, chi::SpscRing<u64>, chi::MpscRing<u64>) {
+  CHECK(Ring::BytesFor(5) == Ring::BytesFor(8));
+  CHECK(Ring::BytesFor(9) > Ring::BytesFor(8));
+  CHECK(Ring::BytesFor(16) - Ring::BytesFor(8) >= 8 * sizeof(u64));
+  SharedRegion region(Ring::BytesFor(1000) + 64);
+  Ring *ring = Ring::Create(region.get(), 1000);
+  REQUIRE(ring != nullptr);
+  CHECK(ring->Capacity() == 1024);
+  for (u64 i = 0; i < 1024; ++i) REQUIRE(ring->TryPush(i));
+  CHECK_FALSE(ring->TryPush(0));
+  CHECK(Ring::Create(static_cast<char *>(region.get()) + 8, 4) == nullptr);
+  CHECK(Ring::Create(nullptr, 4) == nullptr);
+  CHECK(Ring::Create(region.get(), 0)->Capacity() == 1);
+}
+
+TEST_CASE("a ring works through two mappings of one region at different addresses") {
+  size_t bytes = chi::MpscRing<u64>::BytesFor(64);
+  size_t map_bytes = (bytes + 4095) & ~size_t{4095};
+  int fd = memfd_create("chi_ring_test", 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, static_cast<off_t>(map_bytes)) == 0);
+  void *a = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *b = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  REQUIRE(a != MAP_FAILED);
+  REQUIRE(b != MAP_FAILED);
+  REQUIRE(a != b);
+  auto *producer_view = chi::MpscRing<u64>::Create(a, 64);
+  auto *consumer_view = chi::MpscRing<u64>::Attach(b);
+  for (u64 i = 0; i < 200; ++i) {
+    REQUIRE(producer_view->TryPush(i * 7));
+    u64 out = 0;
+    REQUIRE(consumer_view->TryPop(out));
+    CHECK(out == i * 7);
+  }
+  CHECK(consumer_view->Capacity() == 64);
+  CHECK(producer_view->Empty());
+  munmap(a, map_bytes);
+  munmap(b, map_bytes);
+}
+
+TEST_CASE("SpscRing delivers 10^6 items between two threads exactly once and in order") {
+  SharedRegion region(chi::SpscRing<u64>::BytesFor(1024));
+  auto *ring = MakeRing<chi::SpscRing<u64>>(region, 1024);
+  std::thread producer([ring] {
+    for (u32 i = 0; i < kMillion; ++i) ring->Push(MakeItem(0, i));
+  });
+  DeliveryChecker checker(1, kMillion);
+  bool ok = ConsumeAll(ring, &checker, kMillion);
+  producer.join();
+  CHECK(ok);
+  CHECK(checker.Complete());
+  CHECK(ring->Empty());
+}
+
+TEST_CASE("MpscRing delivers 10^6 items from 4 producer threads exactly once, in producer order") {
+  constexpr u32 kProducers = 4;
+  constexpr u32 kEach = kMillion / kProducers;
+  SharedRegion region(chi::MpscRing<u64>::BytesFor(1024));
+  auto *ring = MakeRing<chi::MpscRing<u64>>(region, 1024);
+  std::vector<std::thread> producers;
+  for (u32 p = 0; p < kProducers; ++p) {
+    producers.emplace_back([ring, p] {
+      for (u32 i = 0; i < kEach; ++i) ring->Push(MakeItem(p, i));
+    });
+  }
+  DeliveryChecker checker(kProducers, kEach);
+  bool ok = ConsumeAll(ring, &checker, u64{kProducers} * kEach);
+  for (auto &t : producers) t.join();
+  CHECK(ok);
+  CHECK(checker.Complete());
+  u64 extra = 0;
+  CHECK_FALSE(ring->TryPop(extra));
+}
+
+TEST_CASE("SpscRing delivers 10^6 items from a producer process exactly once and in order") {
+  SharedRegion region(chi::SpscRing<u64>::BytesFor(1024));
+  auto *ring = MakeRing<chi::SpscRing<u64>>(region, 1024);
+  pid_t child = ForkChild([ring] {
+    for (u32 i = 0; i < kMillion; ++i) {
+      if (!ring->Push(MakeItem(0, i), 10 * kSecond)) return false;
+    }
+    return true;
+  });
+  DeliveryChecker checker(1, kMillion);
+  bool ok = ConsumeAll(ring, &checker, kMillion);
+  if (!ok) kill(child, SIGKILL);
+  CHECK(WaitChild(child));
+  CHECK(ok);
+  CHECK(checker.Complete());
+}
+
+TEST_CASE("MpscRing delivers 10^6 items from 4 producer processes exactly once, in producer order") {
+  constexpr u32 kProducers = 4;
+  constexpr u32 kEach = kMillion / kProducers;
+  SharedRegion region(chi::MpscRing<u64>::BytesFor(1024));
+  auto *ring = MakeRing<chi::MpscRing<u64>>(region, 1024);
+  std::vector<pid_t> children;
+  for (u32 p = 0; p < kProducers; ++p) {
+    children.push_back(ForkChild([ring, p] {
+      for (u32 i = 0; i < kEach; ++i) {
+        if (!ring->Push(MakeItem(p, i), 10 * kSecond)) return false;
+      }
+      return true;
+    }));
+  }
+  DeliveryChecker checker(kProducers, kEach);
+  bool ok = ConsumeAll(ring, &checker, u64{kProducers} * kEach);
+  if (!ok) {
+    for (pid_t c : children) kill(c, SIGKILL);
+  }
+  for (pid_t c : children) CHECK(WaitChild(c));
+  CHECK(ok);
+  CHECK(checker.Complete());
+}
+
+TEST_CASE_TEMPLATE("a full ring blocks the producer and loses nothing (capacity 8, slow consumer)",
+                   Ring, chi::SpscRing<u64>, chi::MpscRing<u64>) {
+  constexpr u32 kItems = 100000;
+  SharedRegion region(Ring::BytesFor(8));
+  Ring *ring = MakeRing<Ring>(region, 8);
+  std::thread producer([ring] {
+    for (u32 i = 0; i < kItems; ++i) ring->Push(MakeItem(0, i));
+  });
+  // The consumer only drains a full ring, so every refill ends with the producer blocked.
+  DeliveryChecker checker(1, kItems);
+  bool ok = true;
+  u32 received = 0;
+  while (ok && received < kItems) {
+    if (received + 8 <= kItems) ok = PollUntil([ring] { return ring->Size() == 8; });
+    u64 item = 0;
+    while (ok && received < kItems && ring->TryPop(item)) {
+      ok = checker.Take(item);
+      ++received;
+    }
+  }
+  producer.join();
+  CHECK(ok);
+  CHECK(checker.Complete());
+  CHECK(ring->ProducerStalls() > 0);
+}
+
+TEST_CASE_TEMPLATE("a producer parked on a full ring is woken by a pop", Ring,
+                   chi::SpscRing<u64>, chi::MpscRing<u64>) {
+  SharedRegion region(Ring::BytesFor(2));
+  Ring *ring = MakeRing<Ring>(region, 2);
+  REQUIRE(ring->TryPush(1));
+  REQUIRE(ring->TryPush(2));
+  std::atomic<bool> pushed{false};
+  std::thread producer([&] {
+    ring->Push(3);
+    pushed.store(true);
+  });
+  CHECK(PollUntil([ring] { return ring->ProducerParks() > 0; }));
+  CHECK_FALSE(pushed.load());
+  u64 out = 0;
+  REQUIRE(ring->TryPop(out));
+  CHECK(out == 1);
+  CHECK(PollUntil([&] { return pushed.load(); }));
+  producer.join();
+  REQUIRE(ring->TryPop(out));
+  CHECK(out == 2);
+  REQUIRE(ring->TryPop(out));
+  CHECK(out == 3);
+}
+
+TEST_CASE_TEMPLATE("a consumer parked on an empty ring is woken by a push", Ring,
+                   chi::SpscRing<u64>, chi::MpscRing<u64>) {
+  SharedRegion region(Ring::BytesFor(4));
+  Ring *ring = MakeRing<Ring>(region, 4);
+  std::atomic<u64> got{0};
+  std::thread consumer([&] {
+    u64 out = 0;
+    if (ring->Pop(out, 20 * kSecond)) got.store(out);
+  });
+  CHECK(PollUntil([ring] { return ring->ConsumerParks() > 0; }));
+  CHECK(got.load() == 0);
+  ring->Push(42);
+  consumer.join();
+  CHECK(got.load() == 42);
+}
+
+TEST_CASE("a consumer parked in another process is woken by a push from this one") {
+  SharedRegion region(chi::MpscRing<u64>::BytesFor(4));
+  auto *ring = MakeRing<chi::MpscRing<u64>>(region, 4);
+  pid_t child = ForkChild([ring] {
+    u64 out = 0;
+    return ring->Pop(out, 20 * kSecond) && out == 77;
+  });
+  CHECK(PollUntil([ring] { return ring->ConsumerParks() > 0; }));
+  ring->Push(77);
+  CHECK(WaitChild(child));
+}
+
+TEST_CASE_TEMPLATE("Pop times out on an empty ring and Push with a timeout on a full one", Ring,
+                   chi::SpscRing<u64>, chi::MpscRing<u64>) {
+  SharedRegion region(Ring::BytesFor(2));
+  Ring *ring = MakeRing<Ring>(region, 2);
+  u64 out = 5;
+  u64 start = chi::MonotonicNs();
+  CHECK_FALSE(ring->Pop(out, 2000000));
+  CHECK(chi::MonotonicNs() - start >= 2000000);
+  CHECK(out == 5);
+  CHECK(ring->Push(1, 2000000));
+  CHECK(ring->Push(2, 2000000));
+  start = chi::MonotonicNs();
+  CHECK_FALSE(ring->Push(3, 2000000));
+  CHECK(chi::MonotonicNs() - start >= 2000000);
+  CHECK(ring->Pop(out, 2000000));
+  CHECK(out == 1);
+  CHECK(ring->Pop(out, 2000000));
+  CHECK(out == 2);
+  CHECK(ring->Empty());
+}
+
+TEST_CASE("TaskQueue lanes and priorities are independent rings") {
+  constexpr u32 kLanes = 3;
+  SharedRegion region(chi::TaskQueue::BytesFor(kLanes, 6));
+  chi::TaskQueue *queue = chi::TaskQueue::Create(region.get(), kLanes, 6);
+  REQUIRE(queue != nullptr);
+  CHECK(queue->NumLanes() == kLanes);
+  CHECK(queue->Depth() == 8);
+  using chi::QueuePriority;
+  const QueuePriority prios[] = {QueuePriority::kLowLatency, QueuePriority::kHighLatency};
+  // Fill each (lane, priority) with its own values, a different count per lane.
+  for (u32 lane = 0; lane < kLanes; ++lane) {
+    for (QueuePriority prio : prios) {
+      chi::TaskLane &l = queue->GetLane(lane, prio);
+      CHECK(l.LaneId() == lane);
+      CHECK(l.Priority() == prio);
+      CHECK(l.Capacity() == 8);
+      for (u32 i = 0; i < lane + 1; ++i) {
+        REQUIRE(l.TryPush(MakeItem(lane * 2 + static_cast<u32>(prio), i)));
+      }
+    }
+  }
+  // Filling one lane to the brim leaves its neighbours untouched.
+  chi::TaskLane &full = queue->GetLane(1, QueuePriority::kHighLatency);
+  while (full.TryPush(MakeItem(3, full.Size()))) {
+  }
+  CHECK(full.Size() == 8);
+  CHECK(queue->GetLane(1, QueuePriority::kLowLatency).Size() == 2);
+  CHECK(queue->GetLane(2, QueuePriority::kLowLatency).Size() == 3);
+  for (u32 lane = 0; lane < kLanes; ++lane) {
+    for (QueuePriority prio : prios) {
+      chi::TaskLane &l = queue->GetLane(lane, prio);
+      u32 id = lane * 2 + static_cast<u32>(prio);
+      u32 expect = (lane == 1 && prio == QueuePriority::kHighLatency) ? 8 : lane + 1;
+      for (u32 i = 0; i < expect; ++i) {
+        u64 entry = 0;
+        REQUIRE(l.TryPop(entry));
+        CHECK(entry == MakeItem(id, i));
+      }
+      CHECK(l.Empty());
+    }
+  }
+}
+
+TEST_CASE("TaskLane tags are per lane and visible through another mapping of the queue") {
+  SharedRegion region(chi::TaskQueue::BytesFor(4, 16));
+  chi::TaskQueue *queue = chi::TaskQueue::Create(region.get(), 4, 16);
+  REQUIRE(queue != nullptr);
+  using chi::QueuePriority;
+  CHECK(queue->GetLane(2, QueuePriority::kLowLatency).GetTag() == 0);
+  for (u32 lane = 0; lane < 4; ++lane) {
+    queue->GetLane(lane, QueuePriority::kLowLatency).SetTag(100 + lane);
+    queue->GetLane(lane, QueuePriority::kHighLatency).SetTag(200 + lane);
+  }
+  pid_t child = ForkChild([mem = region.get()] {
+    chi::TaskQueue *q = chi::TaskQueue::Attach(mem);
+    bool ok = q->NumLanes() == 4 && q->Depth() == 16;
+    for (u32 lane = 0; lane < 4; ++lane) {
+      ok = ok && q->GetLane(lane, QueuePriority::kLowLatency).GetTag() == 100 + lane;
+      ok = ok && q->GetLane(lane, QueuePriority::kHighLatency).GetTag() == 200 + lane;
+    }
+    q->GetLane(3, QueuePriority::kHighLatency).Push(MakeItem(9, 9));
+    return ok;
+  });
+  CHECK(WaitChild(child));
+  u64 entry = 0;
+  CHECK(queue->GetLane(3, QueuePriority::kHighLatency).Pop(entry, 10 * kSecond));
+  CHECK(entry == MakeItem(9, 9));
+  CHECK(queue->GetLane(3, QueuePriority::kLowLatency).Empty());
+}
