@@ -215,7 +215,9 @@ TEST_CASE("a compose entry without pool_query is created locally") {
 TEST_CASE("queue_depth is rounded up to a power of two") {
   const std::vector<std::pair<std::string, chi::u32>> cases = {
       {"2", 2}, {"3", 4}, {"1000", 1024}, {"1024", 1024}, {"1025", 2048}, {"1048576", 1048576}};
-  for (const auto &[text, expect] : cases) {
+  for (const auto &c : cases) {
+    const std::string &text = c.first;
+    const auto expect = c.second;
     CAPTURE(text);
     ServerConfig cfg;
     Status st = chi::ParseServerConfig("queue_depth: " + text, &cfg);
@@ -228,7 +230,9 @@ TEST_CASE("sizes accept byte counts and k, m, g suffixes in either case") {
   const std::vector<std::pair<std::string, chi::u64>> cases = {
       {"65536", 65536},    {"64k", 64ull << 10}, {"64K", 64ull << 10}, {"64kb", 64ull << 10},
       {"64KiB", 64ull << 10}, {"1m", 1ull << 20},  {"16M", 16ull << 20}, {"16384b", 16384}};
-  for (const auto &[text, expect] : cases) {
+  for (const auto &c : cases) {
+    const std::string &text = c.first;
+    const auto expect = c.second;
     CAPTURE(text);
     ServerConfig cfg;
     Status st = chi::ParseServerConfig("fiber_stack_size: " + text, &cfg);
@@ -243,19 +247,23 @@ TEST_CASE("sizes accept byte counts and k, m, g suffixes in either case") {
 
 TEST_CASE("a value of the wrong type is an error naming its key") {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"workers:\n  low_latency: abc\n", "workers.low_latency: expected an unsigned integer, got 'abc'"},
-      {"workers:\n  high_latency: [1, 2]\n", "workers.high_latency: expected an unsigned integer, got a list"},
+      {"workers:\n  low_latency: abc\n",
+       "workers.low_latency: expected an unsigned integer, got 'abc'"},
+      {"workers:\n  high_latency: [1, 2]\n",
+       "workers.high_latency: expected an unsigned integer, got a list"},
       {"workers: 4\n", "workers: expected a mapping, got '4'"},
       {"queue_depth: -8\n", "queue_depth: expected an unsigned integer, got '-8'"},
       {"queue_depth: 1.5\n", "queue_depth: expected an unsigned integer"},
-      {"lanes_per_worker: {a: 1}\n", "lanes_per_worker: expected an unsigned integer, got a mapping"},
+      {"lanes_per_worker: {a: 1}\n",
+       "lanes_per_worker: expected an unsigned integer, got a mapping"},
       {"fiber_stack_size: lots\n", "fiber_stack_size: expected a size"},
       {"fiber_stack_size: 64q\n", "fiber_stack_size: expected a size"},
       {"fiber_stack_size: 99999999999999999999k\n", "fiber_stack_size: expected a size"},
       {"networking:\n  port: http\n", "networking.port: expected an unsigned integer, got 'http'"},
       {"networking:\n  port:\n", "networking.port: expected an unsigned integer, got nothing"},
       {"networking:\n  hostfile: [a]\n", "networking.hostfile: expected a string, got a list"},
-      {"networking:\n  ipc_mode: udp\n", "networking.ipc_mode: expected one of shm|ipc|tcp, got 'udp'"},
+      {"networking:\n  ipc_mode: udp\n",
+       "networking.ipc_mode: expected one of shm|ipc|tcp, got 'udp'"},
       {"networking:\n  ipc_mode:\n", "networking.ipc_mode: expected a non-empty string"},
       {"networking: [1]\n", "networking: expected a mapping, got a list"},
       {"gpu:\n  blocks: many\n", "gpu.blocks: expected an unsigned integer, got 'many'"},
@@ -266,7 +274,8 @@ TEST_CASE("a value of the wrong type is an error naming its key") {
       {"shm:\n  runtime_data_size: -1m\n", "shm.runtime_data_size: expected a size"},
       {"compose: {a: 1}\n", "compose: expected a list, got a mapping"},
       {"compose:\n  - just_a_name\n", "compose[0]: expected a mapping, got 'just_a_name'"},
-      {"compose:\n  - {mod_name: [x], pool_name: p, pool_id: '2.0'}\n", "compose[0].mod_name: expected a non-empty string"},
+      {"compose:\n  - {mod_name: [x], pool_name: p, pool_id: '2.0'}\n",
+       "compose[0].mod_name: expected a non-empty string"},
       {"compose:\n  - {mod_name: m, pool_name: p, pool_id: '2.0', num_containers: x}\n",
        "compose[0].num_containers: expected an unsigned integer"},
       {"- 1\n- 2\n", "the top level: expected a mapping, got a list"},
@@ -279,7 +288,8 @@ TEST_CASE("an out-of-range value is an error naming its key and the range") {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"workers:\n  low_latency: 0\n", "workers.low_latency: 0 is out of range 1..256"},
       {"workers:\n  high_latency: 257\n", "workers.high_latency: 257 is out of range 0..256"},
-      {"workers:\n  low_latency: 200\n  high_latency: 57\n", "workers: low_latency + high_latency = 257"},
+      {"workers:\n  low_latency: 200\n  high_latency: 57\n",
+       "workers: low_latency + high_latency = 257"},
       {"queue_depth: 1\n", "queue_depth: 1 is out of range 2..1048576"},
       {"queue_depth: 1048577\n", "queue_depth: 1048577 is out of range"},
       {"lanes_per_worker: 0\n", "lanes_per_worker: 0 is out of range 1..64"},
@@ -303,8 +313,8 @@ TEST_CASE("an out-of-range value is an error naming its key and the range") {
 TEST_CASE("an unknown key is an error naming it, at the top level and nested") {
   ExpectBadConfig("workrs:\n  low_latency: 2\n",
                   {"unknown key 'workrs'", "known: workers, queue_depth, lanes_per_worker"});
-  ExpectBadConfig("workers:\n  lowlatency: 2\n",
-                  {"unknown key 'workers.lowlatency'", "known in workers: low_latency, high_latency"});
+  ExpectBadConfig("workers:\n  lowlatency: 2\n", {"unknown key 'workers.lowlatency'",
+                                                   "known in workers: low_latency, high_latency"});
   ExpectBadConfig("networking:\n  prot: 1\n", {"unknown key 'networking.prot'", "port"});
   ExpectBadConfig("gpu:\n  warps: 1\n", {"unknown key 'gpu.warps'", "threads_per_block"});
   ExpectBadConfig("shm:\n  data_size: 1m\n", {"unknown key 'shm.data_size'", "main_size"});
@@ -557,7 +567,9 @@ TEST_CASE("a malformed hostfile line is an error naming the file and line") {
       {"node[]\n", "bad range ''"},
       {"host1 host2\n", "expected one host per line"},
   };
-  for (const auto &[line, needle] : cases) {
+  for (const auto &c : cases) {
+    const std::string &line = c.first;
+    const std::string &needle = c.second;
     TempFile file("ok-host\n# comment\n" + line);
     std::vector<std::string> hosts;
     Status st = chi::ParseHostfile(file.path(), &hosts);

@@ -234,18 +234,24 @@ constexpr u64 kStressMaxSize = 64 * 1024;
 constexpr size_t kStressMaxLive = 200;
 constexpr u64 kStressSegmentBytes = 128ull << 20;
 
-/** Log-uniform size in [kStressMinSize, kStressMaxSize]. */
-u64 RandomSize(u64 &rng) {
+constexpr int kStressBurst = 1500;  // blocks each side carves at once before the churn
+
+/** Log-uniform size in [kStressMinSize, 2^max_bits] (max_bits <= 16). */
+u64 RandomSize(u64 &rng, u32 max_bits) {
   rng = Mix(rng);
-  u32 bits = 4 + static_cast<u32>(rng % 13);  // 2^4 .. 2^16
+  u32 bits = 4 + static_cast<u32>(rng % (max_bits - 3));  // 2^4 .. 2^max_bits
   u64 hi = 1ull << bits;
   u64 size = hi - (Mix(rng) % (hi / 2));
   return size < kStressMinSize ? kStressMinSize : (size > kStressMaxSize ? kStressMaxSize : size);
 }
 
 /**
- * One side of the stress: allocate, fill, check and free, handing a quarter of the blocks
- * to the other worker and freeing what it hands over. Counts every failure in errors_.
+ * One side of the stress. First both sides carve a burst of fresh blocks at once (races
+ * on the bump region); then they churn: allocate, fill, check and free, mostly in a few
+ * hot small classes (races on the same free-list heads) and sometimes up to 64 KiB,
+ * handing a quarter of the blocks to the other side and freeing what it hands over.
+ * Every block's pattern is checked before it is freed, so an overlap shows up as a
+ * corrupted pattern. Counts every failure in errors_.
  */
 void StressWorker(SizeClassAllocator *alloc, StressControl *ctl, int me, u64 seed) {
   const int peer = 1 - me;
@@ -268,21 +274,24 @@ void StressWorker(SizeClassAllocator *alloc, StressControl *ctl, int me, u64 see
     if (std::chrono::steady_clock::now() > deadline) return fail();
     chi::CpuRelax();
   }
-  std::vector<BlockRing::Entry> live;
   u64 rng = seed;
+  u64 serial = static_cast<u64>(me) << 56;
+  auto allocate = [&](u32 max_bits, std::vector<BlockRing::Entry> *into) {
+    u64 size = RandomSize(rng, max_bits);
+    ShmPtr<void> p = alloc->Allocate(size);
+    if (p.IsNull()) return fail();
+    FillBlock(alloc->ToPointer(p.Cast<u8>()), size, ++serial);
+    into->push_back({p, size});
+    ctl->allocs_[me].FetchAdd(1, chi::MemOrder::kRelaxed);
+  };
+  std::vector<BlockRing::Entry> burst;
+  for (int i = 0; i < kStressBurst; ++i) allocate(9, &burst);
+  std::vector<BlockRing::Entry> live;
   for (int op = 0; op < kStressOps; ++op) {
     rng = Mix(rng);
     const u64 dice = rng % 100;
     if (live.empty() || (dice < 50 && live.size() < kStressMaxLive)) {
-      u64 size = RandomSize(rng);
-      ShmPtr<void> p = alloc->Allocate(size);
-      if (p.IsNull()) {
-        fail();
-        continue;
-      }
-      FillBlock(alloc->ToPointer(p.Cast<u8>()), size, (static_cast<u64>(me) << 56) | op);
-      live.push_back({p, size});
-      ctl->allocs_[me].FetchAdd(1, chi::MemOrder::kRelaxed);
+      allocate(dice % 8 == 0 ? 16 : 6, &live);
     } else {
       size_t i = Mix(rng) % live.size();
       BlockRing::Entry e = live[i];
@@ -293,6 +302,7 @@ void StressWorker(SizeClassAllocator *alloc, StressControl *ctl, int me, u64 see
     drain();
   }
   for (const BlockRing::Entry &e : live) release(e.ptr_, e.size_);
+  for (const BlockRing::Entry &e : burst) release(e.ptr_, e.size_);
   ctl->done_[me].Store(1, chi::MemOrder::kRelease);  // we push nothing more
   // Free what the peer still sends until it is done and its last blocks are drained.
   while (true) {

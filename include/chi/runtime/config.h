@@ -65,20 +65,19 @@ struct ServerConfig {
   bool operator==(const ServerConfig &) const = default;
 };
 
-// ---- Limits enforced by the parser ----
-inline constexpr u32 kMaxWorkers = 256;
-inline constexpr u64 kMinQueueDepth = 2;
-inline constexpr u64 kMaxQueueDepth = 1ull << 20;
-inline constexpr u64 kMaxLanesPerWorker = 64;
-inline constexpr u64 kMinFiberStack = 16ull << 10;
-inline constexpr u64 kMaxFiberStack = 16ull << 20;
-inline constexpr u64 kMaxGpuBlocks = 65535;
-inline constexpr u64 kMaxGpuThreadsPerBlock = 1024;
-inline constexpr u64 kMinShmSegment = 64ull << 10;
-inline constexpr u64 kMaxShmSegment = 1ull << 40;
-inline constexpr u64 kMaxContainers = 65536;
-/** Config and host files larger than this are rejected rather than read. */
-inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;
+// ---- Limits enforced by the parser (the default YAML file states them too) ----
+inline constexpr u32 kMaxWorkers = 256;                 ///< low_latency + high_latency
+inline constexpr u64 kMinQueueDepth = 2;                ///< queue_depth
+inline constexpr u64 kMaxQueueDepth = 1ull << 20;       ///< queue_depth, gpu.queue_depth
+inline constexpr u64 kMaxLanesPerWorker = 64;           ///< lanes_per_worker
+inline constexpr u64 kMinFiberStack = 16ull << 10;      ///< fiber_stack_size
+inline constexpr u64 kMaxFiberStack = 16ull << 20;      ///< fiber_stack_size
+inline constexpr u64 kMaxGpuBlocks = 65535;             ///< gpu.blocks
+inline constexpr u64 kMaxGpuThreadsPerBlock = 1024;     ///< gpu.threads_per_block (CUDA's limit)
+inline constexpr u64 kMinShmSegment = 64ull << 10;      ///< each shm.*_size
+inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
+inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
+inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
 
 namespace detail {
 
@@ -112,24 +111,24 @@ inline std::string DescribeNode(const YAML::Node &n) {
   }
 }
 
-/** Parses "65536", "64k", "1m", "2g", "1t" (optionally "kb"/"kib", any case) into bytes. */
+/** Parses "65536", "64k", "1m", "2g", "1t" (also "64kb", "64KiB"; any case) into bytes. */
 inline bool ParseSize(std::string_view s, u64 *out) {
   size_t digits = 0;
   while (digits < s.size() && s[digits] >= '0' && s[digits] <= '9') ++digits;
   u64 value = 0;
   if (!ParseUnsigned(s.substr(0, digits), ~0ull, &value)) return false;
   std::string unit;
-  for (char c : s.substr(digits)) unit += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-  if (unit.size() == 3 && unit.substr(1) == "ib") unit.resize(1);
-  if (unit.size() == 2 && unit[1] == 'b') unit.resize(1);
+  for (char c : s.substr(digits)) unit += (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
   u32 shift = 0;
-  if (unit == "" || unit == "b") shift = 0;
-  else if (unit == "k") shift = 10;
-  else if (unit == "m") shift = 20;
-  else if (unit == "g") shift = 30;
-  else if (unit == "t") shift = 40;
-  else return false;
-  if (shift != 0 && value > (~0ull >> shift)) return false;
+  if (!unit.empty() && unit != "b") {
+    const size_t power = std::string_view("kmgt").find(unit[0]);
+    const std::string_view rest = std::string_view(unit).substr(1);
+    if (power == std::string_view::npos || !(rest.empty() || rest == "b" || rest == "ib")) {
+      return false;
+    }
+    shift = static_cast<u32>(10 * (power + 1));
+  }
+  if (value > (~0ull >> shift)) return false;
   *out = value << shift;
   return true;
 }
@@ -167,7 +166,9 @@ class ConfigReader {
         if (s.ok()) cfg->queue_depth = static_cast<u32>(std::bit_ceil(depth));
         return s;
       }
-      if (key == "lanes_per_worker") return ReadU32(v, path, 1, kMaxLanesPerWorker, &cfg->lanes_per_worker);
+      if (key == "lanes_per_worker") {
+        return ReadU32(v, path, 1, kMaxLanesPerWorker, &cfg->lanes_per_worker);
+      }
       if (key == "fiber_stack_size") {
         return ReadSize(v, path, kMinFiberStack, kMaxFiberStack, &cfg->fiber_stack_bytes);
       }
@@ -273,6 +274,7 @@ class ConfigReader {
     return Status::Ok();
   }
 
+  /** workers: low_latency (>= 1) and high_latency (>= 0). */
   Status ReadWorkers(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
     static constexpr std::array<std::string_view, 2> kKeys = {"low_latency", "high_latency"};
     return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
@@ -282,6 +284,7 @@ class ConfigReader {
     });
   }
 
+  /** networking: port, hostfile and ipc_mode. */
   Status ReadNetworking(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
     static constexpr std::array<std::string_view, 3> kKeys = {"port", "hostfile", "ipc_mode"};
     return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
@@ -298,6 +301,7 @@ class ConfigReader {
     });
   }
 
+  /** gpu: the orchestrator kernel's launch shape and queue depth. */
   Status ReadGpu(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
     static constexpr std::array<std::string_view, 3> kKeys = {"blocks", "threads_per_block",
                                                               "queue_depth"};
@@ -311,6 +315,7 @@ class ConfigReader {
     });
   }
 
+  /** shm: the three segment sizes of a standalone runtime. */
   Status ReadShm(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
     static constexpr std::array<std::string_view, 3> kKeys = {"main_size", "client_data_size",
                                                               "runtime_data_size"};
@@ -351,6 +356,7 @@ class ConfigReader {
     return Status::Ok();
   }
 
+  /** One compose entry; mod_name, pool_name and pool_id are required. */
   Status ReadComposeEntry(const YAML::Node &n, const std::string &path, ComposeEntry *e) const {
     static constexpr std::array<std::string_view, 5> kKeys = {
         "mod_name", "pool_name", "pool_id", "pool_query", "num_containers"};
@@ -404,7 +410,7 @@ inline Status ReadSmallFile(const std::string &path, const char *what, std::stri
   while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0 && text.size() <= kMaxConfigFileBytes) {
     text.append(buf, n);
   }
-  const int err = std::ferror(f) ? errno : 0;
+  const int err = std::ferror(f) ? (errno != 0 ? errno : EIO) : 0;
   std::fclose(f);
   if (err != 0) {
     return Status::Errorf(ErrorCode::kBadConfig, "%s: cannot read '%s': %s", what, path.c_str(),

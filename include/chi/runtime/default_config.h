@@ -7,9 +7,10 @@
 namespace chi {
 
 /** Text of config/chimaera_default.yaml (edit the YAML file, then paste it here). */
-inline constexpr char kDefaultConfigYaml[] = R"CHI_YAML(# chi runtime configuration: the defaults every runtime starts from.
-# A runtime reads the file named by CHI_SERVER_CONF instead; any key left out
-# there keeps the value below. Unknown keys and bad values are errors.
+inline constexpr char kDefaultConfigYaml[] = R"CHI_YAML(# chi: the default runtime configuration.
+# Every runtime starts from these values. A runtime reads the file named by
+# CHI_SERVER_CONF instead; any key left out there keeps the value below.
+# Unknown keys and bad values are errors.
 # This file is embedded byte for byte in include/chi/runtime/default_config.h;
 # tests/test_config.cc fails when the two differ.
 # Sizes are a byte count or a number with a k, m or g suffix (powers of 1024).

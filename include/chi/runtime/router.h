@@ -2,7 +2,7 @@
 // Pure function of the pool's domain tables and the query, so it is tested alone.
 //
 // Resolution (single node; every container of a pool is local):
-//   Local / Physical(this node)  -> the first local container
+//   Local / Physical(this node) / ToLocalCpu (from the CPU) -> the first local container
 //   DirectId(c)                  -> c (error if c >= containers)
 //   DirectHash(h)                -> h % containers
 //   Range(o, n)                  -> o .. o+n-1 (error if past the end)
@@ -37,6 +37,7 @@ inline Status ResolveQuery(const PoolInfo &pool, const PoolQuery &q, NodeId this
   switch (q.GetMode()) {
     case RoutingMode::kLocal:
     case RoutingMode::kDynamic:
+    case RoutingMode::kToLocalCpu:  // on the CPU side, the local CPU is this node
       if (pool.domain_.local_.empty()) break;
       out->single_ = pool.domain_.local_.front();
       return Status::Ok();
@@ -91,7 +92,6 @@ inline Status ResolveQuery(const PoolInfo &pool, const PoolQuery &q, NodeId this
                             pool.id_.ToString().c_str());
     case RoutingMode::kLocalGpuBcast:
     case RoutingMode::kToLocalGpu:
-    case RoutingMode::kToLocalCpu:
       return Status::Errorf(ErrorCode::kUnsupported,
                             "pool %s: GPU routing (%s) needs a runtime built with "
                             "CHIMAERA_ENABLE_CUDA or CHIMAERA_ENABLE_ROCM",

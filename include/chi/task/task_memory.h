@@ -37,6 +37,7 @@ class TaskMemory {
       c.DrainRemote();
       h = c.free_[cls];
     }
+    c.Count(&c.allocs_);
     if (h != nullptr) {
       c.free_[cls] = h->next;
       --c.count_[cls];
@@ -49,6 +50,22 @@ class TaskMemory {
     return h + 1;
   }
 
+  /**
+   * Class-sized blocks allocated and not yet freed, summed over every thread
+   * (oversized tasks are not counted). A statistic for leak checks: exact once
+   * all threads are quiet.
+   */
+  static i64 LiveBlocks() {
+    CachePool &p = Pool();
+    std::lock_guard<std::mutex> g(p.mu);
+    i64 live = 0;
+    for (Cache *c = p.all; c != nullptr; c = c->next_all_) {
+      live += static_cast<i64>(c->allocs_.Load(MemOrder::kRelaxed)) -
+              static_cast<i64>(c->frees_.Load(MemOrder::kRelaxed));
+    }
+    return live;
+  }
+
   /** Returns a block from Alloc, from any thread. */
   static void Free(void *p) {
     if (p == nullptr) return;
@@ -58,6 +75,7 @@ class TaskMemory {
       return;
     }
     Cache &me = Local();
+    me.Count(&me.frees_);
     if (h->owner == &me) {
       me.PushLocal(h);
     } else {
@@ -83,7 +101,15 @@ class TaskMemory {
     Header *free_[kNumClasses] = {};
     u32 count_[kNumClasses] = {};
     Atomic<u64> remote_;  ///< Treiber stack of blocks freed by other threads
+    Atomic<u64> allocs_;  ///< class-sized blocks handed out by this thread
+    Atomic<u64> frees_;   ///< class-sized blocks this thread gave back
     Cache *next_abandoned_ = nullptr;
+    Cache *next_all_ = nullptr;
+
+    /** Owner-only increment: a load and a store, no read-modify-write on the hot path. */
+    static void Count(Atomic<u64> *c) {
+      c->Store(c->Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+    }
 
     void PushLocal(Header *h) {
       const u32 cls = h->cls;
@@ -129,6 +155,7 @@ class TaskMemory {
   struct CachePool {
     std::mutex mu;
     Cache *abandoned = nullptr;
+    Cache *all = nullptr;  ///< every cache ever made (for LiveBlocks)
   };
   static CachePool &Pool() {
     static CachePool *pool = new CachePool();  // immortal: thread exits may run late
@@ -146,6 +173,8 @@ class TaskMemory {
         p.abandoned = cache->next_abandoned_;
       } else {
         cache = new Cache();
+        cache->next_all_ = p.all;
+        p.all = cache;
       }
     }
     ~CacheHandle() {

@@ -1,0 +1,191 @@
+// benchmarks/embedded: the embedded runtime's hot path against the raw floors
+// measured in the same run. Each runtime configuration runs in a forked child
+// (CHIMAERA_INIT once per process), with its worker counts set through a
+// temporary CHI_SERVER_CONF file.
+//
+// Prints: synchronous task round trip vs two-thread atomic ping-pong; async
+// throughput of empty tasks with 1 and 2 workers; subtask spawn+wait inside a
+// task; wake latency of a parked worker vs a raw futex wake.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <chi/chi.h>
+#include <chi/mods/demo/demo_client.h>
+#include <chi/mods/demo/demo_runtime.h>
+
+#include "bench_util.h"
+
+using chi_bench::MedianOf;
+using chi_bench::NowNs;
+
+namespace {
+
+constexpr int kReps = 7;
+
+/** Two threads bouncing one atomic flag: the floor for a cross-core round trip. */
+double AtomicPingPongNs(int iters) {
+  alignas(64) std::atomic<int> flag{0};
+  std::thread other([&] {
+    chi_bench::PinTo(1);
+    for (int i = 0; i < iters; ++i) {
+      while (flag.load(std::memory_order_acquire) != 1) {
+      }
+      flag.store(0, std::memory_order_release);
+    }
+  });
+  chi_bench::PinTo(0);
+  const double t0 = NowNs();
+  for (int i = 0; i < iters; ++i) {
+    flag.store(1, std::memory_order_release);
+    while (flag.load(std::memory_order_acquire) != 0) {
+    }
+  }
+  const double t1 = NowNs();
+  other.join();
+  return (t1 - t0) / iters;
+}
+
+/** A thread parked on a futex, woken by a store + FUTEX_WAKE, answering by a flag. */
+double FutexWakeRoundTripNs(int iters) {
+  alignas(64) chi::Atomic<chi::u32> word;
+  alignas(64) std::atomic<int> ack{0};
+  std::thread sleeper([&] {
+    chi_bench::PinTo(1);
+    for (int i = 0; i < iters; ++i) {
+      while (word.Load() == 0) chi::FutexWait(word.Raw(), 0);
+      word.Store(0);
+      ack.store(1, std::memory_order_release);
+    }
+  });
+  chi_bench::PinTo(0);
+  std::vector<double> samples;
+  for (int i = 0; i < iters; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // let it park
+    const double t0 = NowNs();
+    word.Store(1);
+    chi::FutexWake(word.Raw(), 1);
+    while (ack.load(std::memory_order_acquire) == 0) {
+    }
+    samples.push_back(NowNs() - t0);
+    ack.store(0, std::memory_order_relaxed);
+  }
+  sleeper.join();
+  return chi_bench::Median(samples);
+}
+
+/** Writes a config with the given worker counts and points CHI_SERVER_CONF at it. */
+void UseWorkers(unsigned low, unsigned high) {
+  std::string path = "/tmp/chi_bench_embedded_" + std::to_string(getpid()) + ".yaml";
+  FILE *f = std::fopen(path.c_str(), "w");
+  std::fprintf(f, "workers:\n  low_latency: %u\n  high_latency: %u\nqueue_depth: 4096\n", low,
+               high);
+  std::fclose(f);
+  setenv("CHI_SERVER_CONF", path.c_str(), 1);
+}
+
+chimaera::demo::Client StartRuntime(unsigned low, unsigned high) {
+  UseWorkers(low, high);
+  if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true)) std::exit(2);
+  chimaera::demo::Client client;
+  auto f = client.AsyncCreate(chi::PoolQuery::Local(), "bench", chi::PoolId(300, 0));
+  f.Wait();
+  if (f->GetReturnCode() != 0) std::exit(3);
+  return client;
+}
+
+/** Runs fn in a forked child so each configuration gets a fresh runtime. */
+template <typename Fn>
+void InChild(Fn fn) {
+  std::fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    fn();
+    std::fflush(stdout);
+    chi::CHIMAERA_FINALIZE();
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::printf("  (child failed with status %d)\n", status);
+  }
+}
+
+}  // namespace
+
+int main() {
+  std::printf("chi embedded runtime benchmark (medians of %d repetitions; %u cpus)\n", kReps,
+              std::thread::hardware_concurrency());
+  const double floor_rt = MedianOf(kReps, [] { return AtomicPingPongNs(200000); });
+  const double floor_wake = FutexWakeRoundTripNs(400);
+
+  InChild([&] {
+    auto client = StartRuntime(1, 0);
+    chi_bench::PinTo(0);
+    const double rt = MedianOf(kReps, [&] {
+      const int n = 20000;
+      const double t0 = NowNs();
+      for (int i = 0; i < n; ++i) {
+        auto f = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, i);
+        f.Wait();
+      }
+      return (NowNs() - t0) / n;
+    });
+    chi_bench::ReportLatency("sync task round trip (1 worker)", rt, "atomic ping-pong (2 threads)",
+                             floor_rt);
+
+    const double per_level = MedianOf(kReps, [&] {
+      const chi::u32 depth = 200;
+      double t_deep = 0, t_one = 0;
+      for (int i = 0; i < 20; ++i) {
+        double t0 = NowNs();
+        client.AsyncWaitTest(chi::PoolQuery::Local(), depth).Wait();
+        t_deep += NowNs() - t0;
+        t0 = NowNs();
+        client.AsyncWaitTest(chi::PoolQuery::Local(), 1).Wait();
+        t_one += NowNs() - t0;
+      }
+      return (t_deep - t_one) / 20 / (depth - 1);
+    });
+    chi_bench::ReportLatency("subtask spawn+wait inside a task", per_level,
+                             "atomic ping-pong (2 threads)", floor_rt);
+
+    std::vector<double> wake;
+    for (int i = 0; i < 200; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the worker parks
+      const double t0 = NowNs();
+      client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, i).Wait();
+      wake.push_back(NowNs() - t0);
+    }
+    chi_bench::ReportLatency("round trip waking a parked worker", chi_bench::Median(wake),
+                             "raw futex wake round trip", floor_wake);
+  });
+
+  for (unsigned workers : {1u, 2u}) {
+    InChild([&] {
+      auto client = StartRuntime(workers, 0);
+      const double rate = MedianOf(kReps, [&] {
+        const int batch = 2048, rounds = 50;
+        std::vector<chi::Future<chimaera::demo::GpuSubmitTask>> fs;
+        fs.reserve(batch);
+        const double t0 = NowNs();
+        for (int r = 0; r < rounds; ++r) {
+          for (int i = 0; i < batch; ++i) fs.push_back(client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, i));
+          chi::WaitAll(fs);
+          fs.clear();
+        }
+        return batch * rounds / ((NowNs() - t0) * 1e-9);
+      });
+      std::string label = "async empty tasks, " + std::to_string(workers) + " worker(s)";
+      chi_bench::ReportRate(label.c_str(), rate, "atomic ping-pong rate", 1e9 / floor_rt);
+    });
+  }
+  return 0;
+}

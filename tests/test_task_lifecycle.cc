@@ -1,0 +1,166 @@
+// Task and runtime lifecycle: periodic tasks, fire-and-forget memory, pool
+// destruction with tasks in flight, repeated init/finalize, idle CPU use.
+#include "embedded_fixture.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+using chi::PoolQuery;
+
+namespace {
+
+constexpr chi::u64 kMs = 1000000ull;
+
+/** CPU seconds (user + system) this process has used, from /proc/self/stat. */
+double ProcessCpuSeconds() {
+  std::ifstream in("/proc/self/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream rest(s.substr(s.rfind(')') + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15; ++i) {
+    rest >> field;
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+chimaera::admin::Client admin;
+
+void Destroy(chi::PoolId id) {
+  auto d = admin.AsyncDestroyPool(PoolQuery::Local(), id);
+  REQUIRE(d.Wait(60));
+  REQUIRE_MESSAGE(d->GetReturnCode() == 0, d->GetMessage());
+}
+
+}  // namespace
+
+TEST_CASE("a periodic task runs about duration/period times and stops when its pool is destroyed") {
+  auto client = chi_test::MakeDemoPool("periodic", chi::PoolId(230, 0));
+  auto f = client.AsyncPeriodicCount(PoolQuery::Local(), 10.0 * kMs);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  CHECK_FALSE(f.IsComplete());
+  Destroy(chi::PoolId(230, 0));
+  REQUIRE(f.Wait(10));
+  CAPTURE(f->runs_);
+  CHECK(f->runs_ >= 35);
+  CHECK(f->runs_ <= 65);
+}
+
+TEST_CASE("a cancelled periodic task completes after its current run") {
+  auto client = chi_test::MakeDemoPool("periodic2", chi::PoolId(231, 0));
+  auto f = client.AsyncPeriodicCount(PoolQuery::Local(), 1.0 * kMs);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  chi::IpcManager::Cancel(f.get());
+  REQUIRE(f.Wait(10));
+  CHECK(f->runs_ >= 1);
+  CHECK(f->GetReturnCode() == 0);
+}
+
+TEST_CASE("fire-and-forget tasks are freed by the runtime") {
+  auto client = chi_test::MakeDemoPool("fnf", chi::PoolId(232, 0));
+  client.AsyncCustom(PoolQuery::Local(), "warm-up").Wait();
+  const chi::i64 baseline = chi::TaskMemory::LiveBlocks();
+  for (int i = 0; i < 10000; ++i) client.CustomFireAndForget(PoolQuery::Local(), "payload");
+  chi::i64 live = 0;
+  for (int i = 0; i < 1000; ++i) {
+    live = chi::TaskMemory::LiveBlocks();
+    if (live == baseline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(live == baseline);
+  auto f = client.AsyncCustom(PoolQuery::Local(), "still serving");
+  REQUIRE(f.Wait(10));
+  CHECK(f->data_.view() == "still serving");
+}
+
+TEST_CASE("dropping an unfinished Future leaks nothing") {
+  auto client = chi_test::MakeDemoPool("orphans", chi::PoolId(233, 0));
+  client.AsyncCustom(PoolQuery::Local(), "warm-up").Wait();
+  const chi::i64 baseline = chi::TaskMemory::LiveBlocks();
+  for (int i = 0; i < 2000; ++i) {
+    auto f = client.AsyncLockHold(PoolQuery::Local(), chimaera::demo::LockMode::kRead, 0);
+  }
+  chi::i64 live = 0;
+  for (int i = 0; i < 1000 && (live = chi::TaskMemory::LiveBlocks()) != baseline; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(live == baseline);
+}
+
+TEST_CASE("DestroyPool with 1000 tasks in flight answers every task") {
+  auto client = chi_test::MakeDemoPool("doomed", chi::PoolId(234, 0));
+  std::vector<chi::Future<chimaera::demo::LockHoldTask>> fs;
+  for (int i = 0; i < 1000; ++i) {
+    fs.push_back(client.AsyncLockHold(PoolQuery::Local(), chimaera::demo::LockMode::kRead, 1 * kMs));
+  }
+  Destroy(chi::PoolId(234, 0));
+  int ok = 0, refused = 0;
+  for (auto &f : fs) {
+    REQUIRE(f.Wait(30));
+    if (f->GetReturnCode() == 0) {
+      ++ok;
+    } else {
+      CHECK(f->GetReturnCode() == static_cast<chi::u32>(chi::ErrorCode::kUnknownPool));
+      ++refused;
+    }
+  }
+  CHECK(ok + refused == 1000);
+  auto after = client.AsyncCustom(PoolQuery::Local(), "x");
+  REQUIRE(after.Wait(10));
+  CHECK(after->GetReturnCode() == static_cast<chi::u32>(chi::ErrorCode::kUnknownPool));
+}
+
+TEST_CASE("an idle embedded runtime uses under 2% of a core") {
+  auto client = chi_test::MakeDemoPool("idle", chi::PoolId(235, 0));
+  for (int i = 0; i < 100; ++i) client.AsyncCustom(PoolQuery::Local(), "busy").Wait();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // workers settle and park
+  const double cpu0 = ProcessCpuSeconds();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const double used = ProcessCpuSeconds() - cpu0;
+  CAPTURE(used);
+  CHECK(used < 0.04);
+  auto f = client.AsyncCustom(PoolQuery::Local(), "awake");
+  REQUIRE(f.Wait(10));
+  CHECK(f->data_.view() == "awake");
+}
+
+TEST_CASE("init and finalize 20 times in fresh processes") {
+  for (int i = 0; i < 20; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      // A fresh image: exec ourselves in child mode (see main below is doctest's;
+      // the child path is selected by an environment variable).
+      setenv("CHI_TEST_LIFECYCLE_CHILD", "1", 1);
+      execl("/proc/self/exe", "test_task_lifecycle", "--test-case=lifecycle child", "--minimal", nullptr);
+      _exit(127);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CAPTURE(i);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+}
+
+TEST_CASE("lifecycle child") {
+  if (getenv("CHI_TEST_LIFECYCLE_CHILD") == nullptr) return;  // only in the exec'd child
+  REQUIRE(chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true));
+  CHECK(chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true));  // second call: no-op
+  chimaera::demo::Client c;
+  auto f = c.AsyncCreate(PoolQuery::Local(), "life", chi::PoolId(240, 0));
+  REQUIRE(f.Wait(30));
+  REQUIRE(f->GetReturnCode() == 0);
+  auto g = c.AsyncGpuSubmit(PoolQuery::Local(), 1, 20);
+  REQUIRE(g.Wait(30));
+  CHECK(g->result_value_ == 41);
+  chi::CHIMAERA_FINALIZE();
+  chi::CHIMAERA_FINALIZE();  // idempotent
+}
