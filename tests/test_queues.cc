@@ -147,6 +147,16 @@ bool ConsumeAll(Ring *ring, DeliveryChecker *checker, u64 total) {
   return true;
 }
 
+/** Pushes items 0..count-1 of `producer`, each within 10 s; false on a timeout. */
+template <typename Ring>
+bool PushAll(Ring *ring, u32 producer, u32 count) {
+  for (u32 i = 0; i < count; ++i) {
+    if (!ring->Push(MakeItem(producer, i), 10 * kSecond)) return false;
+  }
+  return true;
+}
+
+/** Builds a ring in the region; fails the test when Create refuses. */
 template <typename Ring>
 Ring *MakeRing(SharedRegion &region, u32 capacity) {
   Ring *ring = Ring::Create(region.get(), capacity);
@@ -237,12 +247,12 @@ TEST_CASE("a ring works through two mappings of one region at different addresse
 TEST_CASE("SpscRing delivers 10^6 items between two threads exactly once and in order") {
   SharedRegion region(chi::SpscRing<u64>::BytesFor(1024));
   auto *ring = MakeRing<chi::SpscRing<u64>>(region, 1024);
-  std::thread producer([ring] {
-    for (u32 i = 0; i < kMillion; ++i) ring->Push(MakeItem(0, i));
-  });
+  std::atomic<bool> pushed_all{false};
+  std::thread producer([ring, &pushed_all] { pushed_all = PushAll(ring, 0, kMillion); });
   DeliveryChecker checker(1, kMillion);
   bool ok = ConsumeAll(ring, &checker, kMillion);
   producer.join();
+  CHECK(pushed_all);
   CHECK(ok);
   CHECK(checker.Complete());
   CHECK(ring->Empty());
@@ -253,15 +263,17 @@ TEST_CASE("MpscRing delivers 10^6 items from 4 producer threads exactly once, in
   constexpr u32 kEach = kMillion / kProducers;
   SharedRegion region(chi::MpscRing<u64>::BytesFor(1024));
   auto *ring = MakeRing<chi::MpscRing<u64>>(region, 1024);
+  std::atomic<u32> producers_done{0};
   std::vector<std::thread> producers;
   for (u32 p = 0; p < kProducers; ++p) {
-    producers.emplace_back([ring, p] {
-      for (u32 i = 0; i < kEach; ++i) ring->Push(MakeItem(p, i));
+    producers.emplace_back([ring, p, &producers_done] {
+      if (PushAll(ring, p, kEach)) ++producers_done;
     });
   }
   DeliveryChecker checker(kProducers, kEach);
   bool ok = ConsumeAll(ring, &checker, u64{kProducers} * kEach);
   for (auto &t : producers) t.join();
+  CHECK(producers_done == kProducers);
   CHECK(ok);
   CHECK(checker.Complete());
   u64 extra = 0;
@@ -271,12 +283,7 @@ TEST_CASE("MpscRing delivers 10^6 items from 4 producer threads exactly once, in
 TEST_CASE("SpscRing delivers 10^6 items from a producer process exactly once and in order") {
   SharedRegion region(chi::SpscRing<u64>::BytesFor(1024));
   auto *ring = MakeRing<chi::SpscRing<u64>>(region, 1024);
-  pid_t child = ForkChild([ring] {
-    for (u32 i = 0; i < kMillion; ++i) {
-      if (!ring->Push(MakeItem(0, i), 10 * kSecond)) return false;
-    }
-    return true;
-  });
+  pid_t child = ForkChild([ring] { return PushAll(ring, 0, kMillion); });
   DeliveryChecker checker(1, kMillion);
   bool ok = ConsumeAll(ring, &checker, kMillion);
   if (!ok) kill(child, SIGKILL);
@@ -292,12 +299,7 @@ TEST_CASE("MpscRing delivers 10^6 items from 4 producer processes exactly once, 
   auto *ring = MakeRing<chi::MpscRing<u64>>(region, 1024);
   std::vector<pid_t> children;
   for (u32 p = 0; p < kProducers; ++p) {
-    children.push_back(ForkChild([ring, p] {
-      for (u32 i = 0; i < kEach; ++i) {
-        if (!ring->Push(MakeItem(p, i), 10 * kSecond)) return false;
-      }
-      return true;
-    }));
+    children.push_back(ForkChild([ring, p] { return PushAll(ring, p, kEach); }));
   }
   DeliveryChecker checker(kProducers, kEach);
   bool ok = ConsumeAll(ring, &checker, u64{kProducers} * kEach);
@@ -314,9 +316,8 @@ TEST_CASE_TEMPLATE("a full ring blocks the producer and loses nothing (capacity 
   constexpr u32 kItems = 100000;
   SharedRegion region(Ring::BytesFor(8));
   Ring *ring = MakeRing<Ring>(region, 8);
-  std::thread producer([ring] {
-    for (u32 i = 0; i < kItems; ++i) ring->Push(MakeItem(0, i));
-  });
+  std::atomic<bool> pushed_all{false};
+  std::thread producer([ring, &pushed_all] { pushed_all = PushAll(ring, 0, kItems); });
   // The consumer only drains a full ring, so every refill ends with the producer blocked.
   DeliveryChecker checker(1, kItems);
   bool ok = true;
@@ -330,6 +331,7 @@ TEST_CASE_TEMPLATE("a full ring blocks the producer and loses nothing (capacity 
     }
   }
   producer.join();
+  CHECK(pushed_all);
   CHECK(ok);
   CHECK(checker.Complete());
   CHECK(ring->ProducerStalls() > 0);
@@ -343,8 +345,7 @@ TEST_CASE_TEMPLATE("a producer parked on a full ring is woken by a pop", Ring,
   REQUIRE(ring->TryPush(2));
   std::atomic<bool> pushed{false};
   std::thread producer([&] {
-    ring->Push(3);
-    pushed.store(true);
+    pushed.store(ring->Push(3, 20 * kSecond));
   });
   CHECK(PollUntil([ring] { return ring->ProducerParks() > 0; }));
   CHECK_FALSE(pushed.load());

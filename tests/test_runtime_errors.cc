@@ -1,5 +1,6 @@
 // Bad input to the embedded runtime: every failure is an answer (a return code
 // and a message naming the problem) and the runtime keeps serving.
+#include "child_process.h"
 #include "embedded_fixture.h"
 
 #include <sys/wait.h>
@@ -19,27 +20,9 @@ bool Contains(const char *haystack, const std::string &needle) {
   return std::string(haystack).find(needle) != std::string::npos;
 }
 
-/** Runs this binary's test case `name` in a fresh exec'd process with `env` set; returns its exit code. */
-int RunChild(const char *name, const char *env_key, const char *env_value) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    setenv("CHI_TEST_ERRORS_CHILD", "1", 1);
-    if (env_key != nullptr) setenv(env_key, env_value, 1);
-    std::string filter = std::string("--test-case=") + name;
-    execl("/proc/self/exe", "test_runtime_errors", filter.c_str(), "--minimal", nullptr);
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
-bool InChild() { return getenv("CHI_TEST_ERRORS_CHILD") != nullptr; }
-
 }  // namespace
 
 TEST_CASE("a task to an unknown pool completes with kUnknownPool naming the pool") {
-  if (InChild()) return;
   chi_test::MakeDemoPool("errors", chi::PoolId(250, 0));
   chimaera::demo::Client ghost(chi::PoolId(999, 7));
   auto f = ghost.AsyncCustom(PoolQuery::Local(), "x");
@@ -49,7 +32,6 @@ TEST_CASE("a task to an unknown pool completes with kUnknownPool naming the pool
 }
 
 TEST_CASE("an unknown method completes with kUnknownMethod naming method and module") {
-  if (InChild()) return;
   auto client = chi_test::MakeDemoPool("errors", chi::PoolId(250, 0));
   auto *t = chi::NewTask<chimaera::demo::CustomTask>();
   t->pool_id_ = chi::PoolId(250, 0);
@@ -66,7 +48,6 @@ TEST_CASE("an unknown method completes with kUnknownMethod naming method and mod
 }
 
 TEST_CASE("pool creation errors: unknown module, name clash, reserved id, bad names") {
-  if (InChild()) return;
   chi_test::MakeDemoPool("errors", chi::PoolId(250, 0));
   chimaera::admin::Client admin;
   auto unknown = admin.AsyncCreatePool(PoolQuery::Local(), "no_such_module", "p1", chi::PoolId(251, 0));
@@ -98,7 +79,6 @@ TEST_CASE("pool creation errors: unknown module, name clash, reserved id, bad na
 }
 
 TEST_CASE("an oversized output request is refused with kTooLarge") {
-  if (InChild()) return;
   auto client = chi_test::MakeDemoPool("errors", chi::PoolId(250, 0));
   auto f = client.AsyncLargeOutput(PoolQuery::Local(), 4ull << 30);
   REQUIRE(f.Wait(10));
@@ -106,7 +86,6 @@ TEST_CASE("an oversized output request is refused with kTooLarge") {
 }
 
 TEST_CASE("Monitor reports workers and pools") {
-  if (InChild()) return;
   auto client = chi_test::MakeDemoPool("errors", chi::PoolId(250, 0));
   for (int i = 0; i < 10; ++i) client.AsyncCustom(PoolQuery::Local(), "m").Wait();
   chimaera::admin::Client admin;
@@ -131,39 +110,49 @@ TEST_CASE("Monitor reports workers and pools") {
 }
 
 TEST_CASE("a malformed config makes CHIMAERA_INIT fail naming the key") {
-  if (InChild()) return;
   const std::string path = "/tmp/chi_bad_conf_" + std::to_string(getpid()) + ".yaml";
   FILE *f = std::fopen(path.c_str(), "w");
   std::fputs("workers:\n  low_latency: abc\n", f);
   std::fclose(f);
-  CHECK(RunChild("child: init with a bad config", "CHI_SERVER_CONF", path.c_str()) == 0);
+  CHECK(chi_test::RunChild("bad_config", {{"CHI_SERVER_CONF", path}}) == 0);
   std::remove(path.c_str());
-  CHECK(RunChild("child: init with a missing config", "CHI_SERVER_CONF", "/nonexistent/chi.yaml") == 0);
-}
-
-TEST_CASE("child: init with a bad config") {
-  if (!InChild()) return;
-  CHECK_FALSE(chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true));
-  CHECK(chi::Chimaera::Get().LastError().code() == ErrorCode::kBadConfig);
-  CHECK(Contains(chi::Chimaera::Get().LastError().message(), "workers.low_latency"));
-}
-
-TEST_CASE("child: init with a missing config") {
-  if (!InChild()) return;
-  CHECK_FALSE(chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true));
-  CHECK(Contains(chi::Chimaera::Get().LastError().message(), "/nonexistent/chi.yaml"));
+  CHECK(chi_test::RunChild("missing_config", {{"CHI_SERVER_CONF", "/nonexistent/chi.yaml"}}) == 0);
 }
 
 TEST_CASE("tasks sent before CHIMAERA_INIT fail with kShutdown instead of hanging") {
-  if (InChild()) return;
-  CHECK(RunChild("child: send without a runtime", nullptr, nullptr) == 0);
+  CHECK(chi_test::RunChild("no_runtime") == 0);
 }
 
-TEST_CASE("child: send without a runtime") {
-  if (!InChild()) return;
-  chimaera::demo::Client c(chi::PoolId(250, 0));
-  auto f = c.AsyncCustom(PoolQuery::Local(), "x");
-  REQUIRE(f.Wait(5));
-  CHECK(f->GetReturnCode() == Code(ErrorCode::kShutdown));
-  CHECK(Contains(f->GetMessage(), "CHIMAERA_INIT"));
+namespace {
+
+int BadConfigChild() {
+  chi_test::ChildChecks c;
+  c.Expect(!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true), "init refuses the config");
+  c.Expect(chi::Chimaera::Get().LastError().code() == ErrorCode::kBadConfig, "kBadConfig");
+  c.Expect(Contains(chi::Chimaera::Get().LastError().message(), "workers.low_latency"),
+           "message names workers.low_latency");
+  return c.Result();
 }
+const chi_test::ChildRoutine kBadConfig("bad_config", &BadConfigChild);
+
+int MissingConfigChild() {
+  chi_test::ChildChecks c;
+  c.Expect(!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true), "init refuses a missing file");
+  c.Expect(Contains(chi::Chimaera::Get().LastError().message(), "/nonexistent/chi.yaml"),
+           "message names the path");
+  return c.Result();
+}
+const chi_test::ChildRoutine kMissingConfig("missing_config", &MissingConfigChild);
+
+int NoRuntimeChild() {
+  chi_test::ChildChecks c;
+  chimaera::demo::Client demo(chi::PoolId(250, 0));
+  auto f = demo.AsyncCustom(PoolQuery::Local(), "x");
+  c.Expect(f.Wait(5), "the future completes");
+  c.Expect(f->GetReturnCode() == Code(ErrorCode::kShutdown), "kShutdown");
+  c.Expect(Contains(f->GetMessage(), "CHIMAERA_INIT"), "message says to call CHIMAERA_INIT");
+  return c.Result();
+}
+const chi_test::ChildRoutine kNoRuntime("no_runtime", &NoRuntimeChild);
+
+}  // namespace

@@ -221,6 +221,7 @@ struct BlockRing {
 
 struct StressControl {
   BlockRing to_[2];  // to_[r]: blocks for worker r to check and free
+  chi::Atomic<u32> child_attached_;
   chi::Atomic<u32> started_;
   chi::Atomic<u32> done_[2];
   chi::Atomic<u32> errors_[2];
@@ -365,6 +366,7 @@ int ChildStress() {
   if (!chi::AttachAllocator(backend, &alloc).ok()) return kChildNoAllocator;
   FullPtr<StressControl> ctl(PtrFromText(std::getenv("CHI_TEST_PTR")).Cast<StressControl>());
   if (ctl.IsNull()) return kChildUnresolved;
+  ctl->child_attached_.Store(1);
   StressWorker(alloc, ctl.ptr_, 1, 0xC0FFEE);
   return ctl->errors_[1].Load() == 0 ? kChildOk : kChildStressErrors;
 }
@@ -806,6 +808,49 @@ TEST_CASE("two threads allocating and freeing each other's blocks leak nothing")
   CHECK(alloc->AuditFreeBytes() == free_with_control);
 }
 
+TEST_CASE("more threads than cores churning one size class never share a block") {
+  // Every thread pops and pushes on the same free-list head, so CASes fail and retry;
+  // a block handed to two threads at once shows up as a broken token.
+  constexpr int kThreads = 4;
+  constexpr int kOpsPerThread = 150000;
+  MallocBackend backend;
+  REQUIRE(backend.Create("hot_class", 1 << 20).ok());
+  SizeClassAllocator *alloc = nullptr;
+  REQUIRE(chi::CreateAllocator(backend, AllocatorId(402, 1), &alloc).ok());
+  const u64 free_at_start = alloc->FreeBytes();
+  chi::Atomic<u32> errors;
+  auto churn = [&](u64 me) {
+    ShmPtr<void> held[3];
+    u64 token[3] = {0, 0, 0};
+    for (int op = 0; op < kOpsPerThread; ++op) {
+      const int slot = op % 3;
+      if (!held[slot].IsNull()) {
+        u64 *p = alloc->ToPointer(held[slot].Cast<u64>());
+        if (p[0] != token[slot] || p[1] != ~token[slot]) errors.FetchAdd(1);
+        if (!alloc->Free(held[slot])) errors.FetchAdd(1);
+      }
+      held[slot] = alloc->Allocate(16);
+      if (held[slot].IsNull()) {
+        errors.FetchAdd(1);
+        continue;
+      }
+      token[slot] = (me << 32) | static_cast<u64>(op);
+      u64 *p = alloc->ToPointer(held[slot].Cast<u64>());
+      p[0] = token[slot];
+      p[1] = ~token[slot];
+    }
+    for (ShmPtr<void> h : held) {
+      if (!h.IsNull() && !alloc->Free(h)) errors.FetchAdd(1);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (u64 t = 0; t < kThreads; ++t) threads.emplace_back(churn, t + 1);
+  for (std::thread &t : threads) t.join();
+  CHECK(errors.Load() == 0);
+  CHECK(alloc->FreeBytes() == free_at_start);
+  CHECK(alloc->AuditFreeBytes() == free_at_start);
+}
+
 TEST_CASE("two processes allocating and freeing each other's blocks leak nothing") {
   const std::string name = UniqueName("stress");
   SegmentGuard guard{name};
@@ -821,6 +866,14 @@ TEST_CASE("two processes allocating and freeing each other's blocks leak nothing
   pid_t pid = SpawnChild("stress", {"CHI_TEST_SEGMENT=" + name,
                                     "CHI_TEST_PTR=" + PtrToText(ctl.shm_.Cast<void>())});
   REQUIRE(pid > 0);
+  // Once the child has the segment mapped its name is no longer needed: removing it now
+  // means even a crash below leaves nothing behind in /dev/shm.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kChildWaitSeconds);
+  while (ctl->child_attached_.Load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  CHECK(ctl->child_attached_.Load() == 1);
+  CHECK(PosixShmBackend::DestroyByName(name).ok());
   StressWorker(alloc, ctl.ptr_, 0, 0xFACE);
   CHECK(WaitChild(pid) == kChildOk);
   CHECK(ctl->errors_[0].Load() == 0);

@@ -1,11 +1,13 @@
 // Task and runtime lifecycle: periodic tasks, fire-and-forget memory, pool
 // destruction with tasks in flight, repeated init/finalize, idle CPU use.
+#include "child_process.h"
 #include "embedded_fixture.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <atomic>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -134,33 +136,60 @@ TEST_CASE("an idle embedded runtime uses under 2% of a core") {
 
 TEST_CASE("init and finalize 20 times in fresh processes") {
   for (int i = 0; i < 20; ++i) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      // A fresh image: exec ourselves in child mode (see main below is doctest's;
-      // the child path is selected by an environment variable).
-      setenv("CHI_TEST_LIFECYCLE_CHILD", "1", 1);
-      execl("/proc/self/exe", "test_task_lifecycle", "--test-case=lifecycle child", "--minimal", nullptr);
-      _exit(127);
-    }
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
     CAPTURE(i);
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(chi_test::RunChild("lifecycle") == 0);
   }
 }
 
-TEST_CASE("lifecycle child") {
-  if (getenv("CHI_TEST_LIFECYCLE_CHILD") == nullptr) return;  // only in the exec'd child
-  REQUIRE(chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true));
-  CHECK(chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true));  // second call: no-op
-  chimaera::demo::Client c;
-  auto f = c.AsyncCreate(PoolQuery::Local(), "life", chi::PoolId(240, 0));
-  REQUIRE(f.Wait(30));
-  REQUIRE(f->GetReturnCode() == 0);
-  auto g = c.AsyncGpuSubmit(PoolQuery::Local(), 1, 20);
-  REQUIRE(g.Wait(30));
-  CHECK(g->result_value_ == 41);
-  chi::CHIMAERA_FINALIZE();
-  chi::CHIMAERA_FINALIZE();  // idempotent
+TEST_CASE("a runtime with 2+1 workers and 3 lanes each serves concurrent clients") {
+  const std::string path = "/tmp/chi_lanes_" + std::to_string(getpid()) + ".yaml";
+  FILE *f = std::fopen(path.c_str(), "w");
+  std::fputs("workers:\n  low_latency: 2\n  high_latency: 1\nlanes_per_worker: 3\nqueue_depth: 64\n", f);
+  std::fclose(f);
+  CHECK(chi_test::RunChild("multi_lane", {{"CHI_SERVER_CONF", path}}) == 0);
+  std::remove(path.c_str());
 }
+
+namespace {
+
+/** Child: init (twice), create a pool, run a task, finalize (twice). */
+int LifecycleChild() {
+  chi_test::ChildChecks c;
+  c.Expect(chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true), "first init");
+  c.Expect(chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true), "second init is a no-op");
+  chimaera::demo::Client demo;
+  auto f = demo.AsyncCreate(PoolQuery::Local(), "life", chi::PoolId(240, 0));
+  c.Expect(f.Wait(30) && f->GetReturnCode() == 0, "pool created");
+  auto g = demo.AsyncGpuSubmit(PoolQuery::Local(), 1, 20);
+  c.Expect(g.Wait(30) && g->result_value_ == 41, "GpuSubmit 20 on gpu 1 gives 41");
+  chi::CHIMAERA_FINALIZE();
+  chi::CHIMAERA_FINALIZE();
+  return c.Result();
+}
+const chi_test::ChildRoutine kLifecycle("lifecycle", &LifecycleChild);
+
+/** Child: two client threads push 5000 tasks each through small lanes (back-pressure). */
+int MultiLaneChild() {
+  chi_test::ChildChecks c;
+  c.Expect(chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true), "init");
+  c.Expect(chi::Chimaera::Get().Orchestrator()->NumWorkers() == 3, "3 workers from the config");
+  chimaera::demo::Client demo;
+  c.Expect(demo.AsyncCreate(PoolQuery::Local(), "lanes", chi::PoolId(241, 0), 2).Wait(30), "pool");
+  std::atomic<int> wrong{0};
+  auto client_thread = [&](chi::u32 base) {
+    std::vector<chi::Future<chimaera::demo::GpuSubmitTask>> fs;
+    for (chi::u32 i = 0; i < 5000; ++i) fs.push_back(demo.AsyncGpuSubmit(PoolQuery::DirectHash(i), 1, base + i));
+    for (chi::u32 i = 0; i < 5000; ++i) {
+      if (!fs[i].Wait(30) || fs[i]->result_value_ != (base + i) * 2 + 1) ++wrong;
+    }
+  };
+  std::thread a(client_thread, 0), b(client_thread, 100000);
+  a.join();
+  b.join();
+  c.Expect(wrong.load() == 0, "every result correct");
+  chi::CHIMAERA_FINALIZE();
+  return c.Result();
+}
+const chi_test::ChildRoutine kMultiLane("multi_lane", &MultiLaneChild);
+
+}  // namespace

@@ -102,6 +102,7 @@ class Chimaera {
     wc.low_latency = config_.low_latency_workers;
     wc.high_latency = config_.high_latency_workers;
     wc.queue_depth = config_.queue_depth;
+    wc.lanes_per_worker = config_.lanes_per_worker;
     wc.stack_bytes = config_.fiber_stack_bytes;
     if (Status st = orch_->Start(wc, pools_.get(), 0); !st.ok()) return st;
     ipc_.AttachRuntime(orch_.get(), 0);

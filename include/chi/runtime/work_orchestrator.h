@@ -21,6 +21,7 @@ struct WorkerConfig {
   u32 low_latency = 1;
   u32 high_latency = 1;
   u32 queue_depth = 1024;          ///< entries per lane
+  u32 lanes_per_worker = 1;        ///< lanes each worker polls (clients rotate over them)
   u64 stack_bytes = 64 * 1024;     ///< fiber stack size
 };
 
@@ -38,18 +39,22 @@ class WorkOrchestrator {
       return Status::Error(ErrorCode::kBadConfig, "workers.low_latency must be at least 1");
     }
     const u32 n = cfg.low_latency + cfg.high_latency;
-    queue_bytes_ = TaskQueue::BytesFor(n, cfg.queue_depth);
+    lanes_per_worker_ = cfg.lanes_per_worker == 0 ? 1 : cfg.lanes_per_worker;
+    queue_bytes_ = TaskQueue::BytesFor(n * lanes_per_worker_, cfg.queue_depth);
     queue_mem_ = std::aligned_alloc(kCacheLine, (queue_bytes_ + kCacheLine - 1) / kCacheLine * kCacheLine);
     if (queue_mem_ == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "process queue");
-    queue_ = TaskQueue::Create(queue_mem_, n, cfg.queue_depth);
+    queue_ = TaskQueue::Create(queue_mem_, n * lanes_per_worker_, cfg.queue_depth);
     for (u32 i = 0; i < n; ++i) {
       const bool low = i < cfg.low_latency;
       auto w = std::make_unique<Worker>(i, low ? WorkerRole::kLowLatency : WorkerRole::kHighLatency,
                                         this, pools, node, cfg.stack_bytes);
-      TaskLane *lane = &queue_->GetLane(i, low ? QueuePriority::kLowLatency
-                                                : QueuePriority::kHighLatency);
-      w->AddLane(lane);
-      lanes_.push_back(lane);
+      for (u32 l = 0; l < lanes_per_worker_; ++l) {
+        TaskLane *lane = &queue_->GetLane(i * lanes_per_worker_ + l,
+                                          low ? QueuePriority::kLowLatency
+                                              : QueuePriority::kHighLatency);
+        w->AddLane(lane);
+        lanes_.push_back(lane);
+      }
       (low ? low_ : high_).push_back(w.get());
       workers_.push_back(std::move(w));
     }
@@ -113,7 +118,8 @@ class WorkOrchestrator {
 
  private:
   void SubmitTo(Worker *w, Task *t) {
-    TaskLane *lane = lanes_[w->GetId()];
+    thread_local u32 lane_rotate = 0;
+    TaskLane *lane = lanes_[w->GetId() * lanes_per_worker_ + lane_rotate++ % lanes_per_worker_];
     Worker *me = tls_current_worker;
     if (me != nullptr) {
       // A worker never blocks on a lane: if it is full, the task runs here instead.
@@ -133,6 +139,7 @@ class WorkOrchestrator {
   std::vector<TaskLane *> lanes_;
   void *queue_mem_ = nullptr;
   u64 queue_bytes_ = 0;
+  u32 lanes_per_worker_ = 1;
   TaskQueue *queue_ = nullptr;
   Atomic<u32> accepting_;
 };

@@ -55,11 +55,13 @@ concept HasIsValid = requires(const T &t) {
   { t.IsValid() } -> std::convertible_to<bool>;
 };
 
+/** True for std::vector (host-only overloads; detection itself is fine on the device). */
 template <typename T>
 inline constexpr bool kIsStdVector = false;
 template <typename T, typename A>
 inline constexpr bool kIsStdVector<std::vector<T, A>> = true;
 
+/** True for std::string (length-prefixed text); kIsStdStringView likewise. */
 template <typename T>
 inline constexpr bool kIsStdString = std::is_same_v<T, std::string>;
 template <typename T>
@@ -117,6 +119,7 @@ struct ArchiveError {
   u64 need_ = 0;                  ///< bytes the item needed (size problems only)
   u64 have_ = 0;                  ///< bytes that were left (size problems only)
 
+  /** True while nothing has failed. */
   CHI_CROSS_FUN bool ok() const { return code_ == ErrorCode::kOk; }
 
   /** Records a size problem unless an earlier failure is already recorded. */

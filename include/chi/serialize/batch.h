@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstring>  // std::memcpy of record lengths
-#include <utility>  // std::forward
 #include <vector>   // growing-buffer mode (host only)
 
 #include "chi/core/macros.h"                // CHI_CROSS_FUN
@@ -101,7 +100,7 @@ class BatchWriter {
   CHI_SERIALIZE_HD_TEMPLATE
   template <typename Fn>
   CHI_CROSS_FUN bool Append(Fn &&fn) {
-    std::forward<Fn>(fn)(BeginRecord());
+    static_cast<Fn &&>(fn)(BeginRecord());  // std::forward, without a host-only call
     return EndRecord();
   }
 
@@ -149,6 +148,7 @@ class BatchWriter {
  */
 class BatchReader {
  public:
+  /** A reader with no batch; call Open() before Next(). */
   CHI_CROSS_FUN BatchReader() {}
 
   /**
@@ -207,6 +207,7 @@ class BatchReader {
   CHI_CROSS_FUN u32 Index() const { return index_; }
   /** Bytes the batch occupies (header and payload). */
   CHI_CROSS_FUN u64 Size() const { return end_; }
+  /** True when the last Open() succeeded. */
   CHI_CROSS_FUN bool ok() const { return err_.ok(); }
   /** Why Open failed (offsets are counted from the batch start). */
   CHI_CROSS_FUN Status status() const { return err_.ToStatus(false); }

@@ -36,6 +36,7 @@ namespace chi {
  */
 class InputArchive {
  public:
+  /** Lets a serialize() branch on the direction (e.g. to validate after reading). */
   static constexpr bool kIsOutput = false;
 
   /** An empty archive (every read fails as truncated); BatchReader::Next fills it in. */
@@ -205,11 +206,12 @@ class InputArchive {
         if (n != 0) std::memcpy(v.data(), buf_ + pos_, n * sizeof(E));
         pos_ += n * sizeof(E);
       } else {
-        // Elements of varying size: decode into a fresh vector, growing it as
-        // elements actually arrive, and hand it over only when all are good.
-        constexpr u64 kReserveCap = 4096;
+        // Elements of varying size: decode into a fresh vector and hand it over
+        // only when all are good. Reserve no more bytes than the input has left;
+        // beyond that the vector grows only as elements actually decode.
+        const u64 fit = (len_ - pos_) / sizeof(E);
         T tmp;
-        tmp.reserve(n < kReserveCap ? n : kReserveCap);
+        tmp.reserve(n < fit ? n : fit);
         for (u64 i = 0; i < n && err_.ok(); ++i) {
           if constexpr (std::is_same_v<E, bool>) {
             bool b = false;

@@ -28,6 +28,7 @@ namespace chi {
  */
 class OutputArchive {
  public:
+  /** Lets a serialize() branch on the direction (e.g. to validate after reading). */
   static constexpr bool kIsOutput = true;
 
   /** Writes into buf[0, capacity); usable on the device. */
