@@ -9,6 +9,7 @@
 #include "chi/core/atomic.h"  // per-container counters
 #include "chi/core/ids.h"     // PoolId, ContainerId, MethodId
 #include "chi/core/types.h"   // u32, u64
+#include "chi/serialize/archive.h"  // InputArchive/OutputArchive for the wire hooks
 #include "chi/task/task.h"    // Task
 
 namespace chi {
@@ -48,6 +49,15 @@ class Container {
   virtual bool HasMethod(MethodId method) const = 0;
   /** A readable method name for messages ("Custom"), or "?" when unknown. */
   virtual const char *MethodName(MethodId method) const = 0;
+  /**
+   * Transports: makes the task for `method` from its serialized inputs (the
+   * routing header was decoded into `base`); nullptr on unknown method or bad bytes.
+   */
+  virtual Task *LoadTaskIn(MethodId method, const Task &base, InputArchive &ar) = 0;
+  /** Transports: writes a finished task's answer (return code, message, outputs). */
+  virtual bool SaveTaskOut(MethodId method, Task &task, OutputArchive &ar) = 0;
+  /** Transports: reads an answer written by SaveTaskOut into the caller's task. */
+  virtual bool LoadTaskOut(MethodId method, Task &task, InputArchive &ar) = 0;
 
   PoolId GetPoolId() const { return pool_id_; }
   const std::string &GetPoolName() const { return pool_name_; }

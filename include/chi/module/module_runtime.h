@@ -14,9 +14,11 @@
 #include <algorithm>  // std::copy_n for the name literal
 #include <cstddef>    // size_t
 
-#include "chi/core/status.h"       // ErrorCode::kUnknownMethod
-#include "chi/module/container.h"  // Container base
-#include "chi/task/task.h"         // Task
+#include "chi/core/status.h"         // ErrorCode::kUnknownMethod
+#include "chi/module/container.h"    // Container base
+#include "chi/serialize/archive.h"   // task wire format
+#include "chi/task/task.h"           // Task
+#include "chi/task/task_ops.h"       // NewTask, DeleteTask
 
 namespace chi {
 
@@ -49,12 +51,62 @@ struct MethodList {
             ...);
   }
   static constexpr bool Has(MethodId method) { return ((method == Methods::kMethodId) || ...); }
+
+  /**
+   * Builds the task for `method` from its inputs (routing header already read
+   * into `base`); nullptr for an unknown method or malformed bytes.
+   */
+  static Task *LoadIn(MethodId method, const Task &base, InputArchive &ar) {
+    Task *out = nullptr;
+    (void)((method == Methods::kMethodId ? (out = LoadAs<typename Methods::TaskType>(base, ar), true)
+                                         : false) ||
+           ...);
+    return out;
+  }
+  /** Writes the outputs (answer header + SerializeOut) of a task of `method`. */
+  static bool SaveOut(MethodId method, Task &task, OutputArchive &ar) {
+    return ((method == Methods::kMethodId
+                 ? (SaveAs<typename Methods::TaskType>(task, ar), true)
+                 : false) ||
+            ...);
+  }
+  /** Reads outputs written by SaveOut into an existing task of `method`. */
+  static bool LoadOut(MethodId method, Task &task, InputArchive &ar) {
+    return ((method == Methods::kMethodId
+                 ? (LoadOutAs<typename Methods::TaskType>(task, ar), true)
+                 : false) ||
+            ...);
+  }
   static constexpr const char *Name(MethodId method) {
     const char *name = "?";
     (void)((method == Methods::kMethodId ? (name = Methods::Name(), true) : false) || ...);
     return name;
   }
 };
+
+/** Typed halves of MethodList's wire operations. */
+template <typename T>
+Task *LoadAs(const Task &base, InputArchive &ar) {
+  T *t = NewTask<T>();
+  if (t == nullptr) return nullptr;
+  t->CopyBase(base);
+  t->SerializeIn(ar);
+  if (!ar.ok()) {
+    DeleteTask(t);
+    return nullptr;
+  }
+  return t;
+}
+template <typename T>
+void SaveAs(Task &task, OutputArchive &ar) {
+  task.SerializeBaseOut(ar);
+  static_cast<T &>(task).SerializeOut(ar);
+}
+template <typename T>
+void LoadOutAs(Task &task, InputArchive &ar) {
+  task.SerializeBaseOut(ar);
+  static_cast<T &>(task).SerializeOut(ar);
+}
 
 /** Implements Container's dispatch for Derived from Derived::Methods (a MethodList). */
 template <typename Derived>
@@ -67,6 +119,15 @@ class ModuleRuntime : public Container {
   }
   bool HasMethod(MethodId method) const override { return Derived::Methods::Has(method); }
   const char *MethodName(MethodId method) const override { return Derived::Methods::Name(method); }
+  Task *LoadTaskIn(MethodId method, const Task &base, InputArchive &ar) override {
+    return Derived::Methods::LoadIn(method, base, ar);
+  }
+  bool SaveTaskOut(MethodId method, Task &task, OutputArchive &ar) override {
+    return Derived::Methods::SaveOut(method, task, ar);
+  }
+  bool LoadTaskOut(MethodId method, Task &task, InputArchive &ar) override {
+    return Derived::Methods::LoadOut(method, task, ar);
+  }
 };
 
 }  // namespace chi

@@ -27,6 +27,18 @@ struct TaskOps {
   void (*aggregate)(Task &into, const Task &replica, u32 index);  ///< folds replica `index` in
 };
 
+/**
+ * Takes over a task's completion instead of a local waiter: a transport that
+ * must send the answer back to a remote caller. Called once, on the completing thread.
+ */
+class TaskCompleter {
+ public:
+  virtual void OnComplete(Task *task) = 0;
+
+ protected:
+  ~TaskCompleter() = default;
+};
+
 /** Maximum length of the error message a task carries back. */
 inline constexpr u32 kTaskMessageSize = 96;
 
@@ -45,6 +57,7 @@ struct Task {
   TEMP RunContext *waiter_ = nullptr;  ///< fiber waiting on this task (same process)
   TEMP const TaskOps *ops_ = nullptr;  ///< set by the allocator that made the task
   TEMP Task *parent_ = nullptr;        ///< the original task of a replica
+  TEMP TaskCompleter *completer_ = nullptr;  ///< set by transports for remote callers
 
   /** Why the task failed (0 = success). */
   CHI_CROSS_FUN u32 GetReturnCode() const { return rc_; }

@@ -94,6 +94,10 @@ Task *detail::TaskOpsFor<T>::Clone(const Task &src) {
  * complete and wakes its waiter. The caller must not touch `t` afterwards.
  */
 inline void CompleteTask(Task *t) {
+  if (t->completer_ != nullptr) {  // a transport answers a remote caller
+    t->completer_->OnComplete(t);
+    return;
+  }
   if (t->task_flags_.Any(TASK_FIRE_AND_FORGET)) {
     DeleteTask(t);
     return;
