@@ -81,8 +81,10 @@ class SizeClassAllocator {
     hdr_.Fill(kKind, id, segment_base, begin, end);
     // Relaxed stores: Publish()'s release makes them visible to anyone who attaches.
     bump_.Store(begin, MemOrder::kRelaxed);
-    used_.Store(0, MemOrder::kRelaxed);
-    for (FreeList &l : lists_) l.head_.Store(0, MemOrder::kRelaxed);
+    for (FreeList &l : lists_) {
+      l.head_.Store(0, MemOrder::kRelaxed);
+      l.live_.Store(0, MemOrder::kRelaxed);
+    }
     hdr_.Publish();
     return true;
   }
@@ -103,7 +105,7 @@ class SizeClassAllocator {
     if (block == 0) block = Carve(ClassSize(want));
     while (block == 0 && ++got < kNumClasses) block = Pop(got);
     if (block == 0) return {};
-    used_.FetchAdd(ClassSize(got), MemOrder::kRelaxed);  // a statistic: no ordering needed
+    lists_[got].live_.FetchAdd(1, MemOrder::kRelaxed);  // a statistic: no ordering needed
     BlockHeader *h = HeaderAt(block);
     h->class_ = got;
     h->back_ = 0;
@@ -148,7 +150,7 @@ class SizeClassAllocator {
     u32 expected = kLive;
     // Relaxed: only one of two racing frees may win; the data hand-off is Push's release.
     if (!h->state_.CompareExchange(expected, kFree, MemOrder::kRelaxed)) return false;
-    used_.FetchSub(ClassSize(c), MemOrder::kRelaxed);  // a statistic: no ordering needed
+    lists_[c].live_.FetchSub(1, MemOrder::kRelaxed);  // a statistic: no ordering needed
     Push(c, block);
     return true;
   }
@@ -176,8 +178,17 @@ class SizeClassAllocator {
 
   /** Bytes managed in all. */
   CHI_CROSS_FUN u64 Capacity() const { return hdr_.end_ - hdr_.begin_; }
-  /** Bytes of blocks currently handed out (headers and class rounding included). */
-  CHI_CROSS_FUN u64 UsedBytes() const { return used_.Load(MemOrder::kRelaxed); }
+  /**
+   * Bytes of blocks currently handed out (headers and class rounding included). Sums
+   * the per-class counters: exact when quiescent, a snapshot while others allocate.
+   */
+  CHI_CROSS_FUN u64 UsedBytes() const {
+    u64 used = 0;
+    for (u32 c = 0; c < kNumClasses; ++c) {
+      used += lists_[c].live_.Load(MemOrder::kRelaxed) * ClassSize(c);  // a statistic
+    }
+    return used;
+  }
   /** Capacity() - UsedBytes(): back at its starting value once everything is freed. */
   CHI_CROSS_FUN u64 FreeBytes() const { return Capacity() - UsedBytes(); }
 
@@ -236,9 +247,13 @@ class SizeClassAllocator {
   };
   static_assert(sizeof(BlockHeader) == kUnit, "a block header is one unit");
 
-  /** One stack head per class, each alone on a cache line (classes do not contend). */
+  /**
+   * One stack head per class, each on its own cache line so classes do not contend. The
+   * class's count of live blocks shares the line: the CAS has just fetched it anyway.
+   */
   struct alignas(kCacheLine) FreeList {
     Atomic<u64> head_;  // {tag << 32 | block offset in units}; unit 0 = empty
+    Atomic<u64> live_;  // blocks of this class handed out
   };
 
   CHI_CROSS_FUN BlockHeader *HeaderAt(u64 off) const {
@@ -288,7 +303,6 @@ class SizeClassAllocator {
 
   AllocatorHeader hdr_;
   alignas(kCacheLine) Atomic<u64> bump_;  // start of the uncarved tail
-  alignas(kCacheLine) Atomic<u64> used_;  // bytes of blocks handed out
   FreeList lists_[kNumClasses];
 };
 

@@ -51,13 +51,10 @@ class Container {
   virtual const char *MethodName(MethodId method) const = 0;
   /**
    * Transports: makes the task for `method` from its serialized inputs (the
-   * routing header was decoded into `base`); nullptr on unknown method or bad bytes.
+   * routing header was decoded into `base`); nullptr on unknown method or bad
+   * bytes. Answers travel through the task's own TaskOps (save_out / load_out).
    */
   virtual Task *LoadTaskIn(MethodId method, const Task &base, InputArchive &ar) = 0;
-  /** Transports: writes a finished task's answer (return code, message, outputs). */
-  virtual bool SaveTaskOut(MethodId method, Task &task, OutputArchive &ar) = 0;
-  /** Transports: reads an answer written by SaveTaskOut into the caller's task. */
-  virtual bool LoadTaskOut(MethodId method, Task &task, InputArchive &ar) = 0;
 
   PoolId GetPoolId() const { return pool_id_; }
   const std::string &GetPoolName() const { return pool_name_; }

@@ -63,20 +63,6 @@ struct MethodList {
            ...);
     return out;
   }
-  /** Writes the outputs (answer header + SerializeOut) of a task of `method`. */
-  static bool SaveOut(MethodId method, Task &task, OutputArchive &ar) {
-    return ((method == Methods::kMethodId
-                 ? (SaveAs<typename Methods::TaskType>(task, ar), true)
-                 : false) ||
-            ...);
-  }
-  /** Reads outputs written by SaveOut into an existing task of `method`. */
-  static bool LoadOut(MethodId method, Task &task, InputArchive &ar) {
-    return ((method == Methods::kMethodId
-                 ? (LoadOutAs<typename Methods::TaskType>(task, ar), true)
-                 : false) ||
-            ...);
-  }
   static constexpr const char *Name(MethodId method) {
     const char *name = "?";
     (void)((method == Methods::kMethodId ? (name = Methods::Name(), true) : false) || ...);
@@ -84,7 +70,7 @@ struct MethodList {
   }
 };
 
-/** Typed halves of MethodList's wire operations. */
+/** Builds a task of type T from its routing header and serialized inputs. */
 template <typename T>
 Task *LoadAs(const Task &base, InputArchive &ar) {
   T *t = NewTask<T>();
@@ -97,17 +83,6 @@ Task *LoadAs(const Task &base, InputArchive &ar) {
   }
   return t;
 }
-template <typename T>
-void SaveAs(Task &task, OutputArchive &ar) {
-  task.SerializeBaseOut(ar);
-  static_cast<T &>(task).SerializeOut(ar);
-}
-template <typename T>
-void LoadOutAs(Task &task, InputArchive &ar) {
-  task.SerializeBaseOut(ar);
-  static_cast<T &>(task).SerializeOut(ar);
-}
-
 /** Implements Container's dispatch for Derived from Derived::Methods (a MethodList). */
 template <typename Derived>
 class ModuleRuntime : public Container {
@@ -122,12 +97,7 @@ class ModuleRuntime : public Container {
   Task *LoadTaskIn(MethodId method, const Task &base, InputArchive &ar) override {
     return Derived::Methods::LoadIn(method, base, ar);
   }
-  bool SaveTaskOut(MethodId method, Task &task, OutputArchive &ar) override {
-    return Derived::Methods::SaveOut(method, task, ar);
-  }
-  bool LoadTaskOut(MethodId method, Task &task, InputArchive &ar) override {
-    return Derived::Methods::LoadOut(method, task, ar);
-  }
+
 };
 
 }  // namespace chi

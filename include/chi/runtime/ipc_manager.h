@@ -12,6 +12,7 @@
 #include "chi/runtime/work_orchestrator.h"  // WorkOrchestrator
 #include "chi/task/future.h"                // Future
 #include "chi/task/task_ops.h"              // NewTask, CompleteTask
+#include "chi/transport/transport.h"        // ClientTransport for pure clients
 
 namespace chi {
 
@@ -24,10 +25,17 @@ class IpcManager {
     pid_ = static_cast<u32>(getpid());
     orch_.Store(orch, MemOrder::kRelease);  // release: node_/pid_ are set before use
   }
+  /** Routes every task through a transport to a runtime in another process (nullptr detaches). */
+  void AttachTransport(ClientTransport *transport, NodeId node) {
+    node_ = node;
+    pid_ = static_cast<u32>(getpid());
+    transport_.Store(transport, MemOrder::kRelease);
+  }
   /** True when tasks can currently be submitted. */
   bool IsConnected() const {
     WorkOrchestrator *orch = orch_.Load(MemOrder::kAcquire);
-    return orch != nullptr && orch->IsAccepting();
+    return (orch != nullptr && orch->IsAccepting()) ||
+           transport_.Load(MemOrder::kAcquire) != nullptr;
   }
   NodeId GetNodeId() const { return node_; }
 
@@ -69,6 +77,11 @@ class IpcManager {
   void SendRaw(Task *t) {
     Stamp(t);
     WorkOrchestrator *orch = orch_.Load(MemOrder::kAcquire);
+    if (orch == nullptr) {
+      if (ClientTransport *tr = transport_.Load(MemOrder::kAcquire); tr != nullptr && tr->Send(t)) {
+        return;
+      }
+    }
     if (CHI_UNLIKELY(orch == nullptr || !orch->Submit(t))) {
       t->SetError(ErrorCode::kShutdown,
                   "no runtime: call chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true) first");
@@ -77,6 +90,7 @@ class IpcManager {
   }
 
   Atomic<WorkOrchestrator *> orch_{nullptr};  ///< null when no runtime is attached
+  Atomic<ClientTransport *> transport_{nullptr};  ///< pure clients: the way to the runtime
   NodeId node_ = 0;
   u32 pid_ = 0;
   Atomic<u64> next_unique_{1};

@@ -20,11 +20,17 @@ namespace chi {
 struct Task;
 class RunContext;
 
+class OutputArchive;
+class InputArchive;
+
 /** Per-type operations the runtime needs on a type-erased task (in-process only). */
 struct TaskOps {
   void (*destroy)(Task *task);            ///< runs ~T and returns the memory
   Task *(*clone)(const Task &task);       ///< deep copy, for Broadcast/Range replicas
   void (*aggregate)(Task &into, const Task &replica, u32 index);  ///< folds replica `index` in
+  void (*save_in)(Task &task, OutputArchive &ar);   ///< routing header + inputs (client side)
+  void (*save_out)(Task &task, OutputArchive &ar);  ///< answer header + outputs (server side)
+  void (*load_out)(Task &task, InputArchive &ar);   ///< reads an answer into the task (client side)
 };
 
 /**
@@ -58,6 +64,8 @@ struct Task {
   TEMP const TaskOps *ops_ = nullptr;  ///< set by the allocator that made the task
   TEMP Task *parent_ = nullptr;        ///< the original task of a replica
   TEMP TaskCompleter *completer_ = nullptr;  ///< set by transports for remote callers
+  TEMP u64 transport_cookie_ = 0;            ///< the transport's note of where to answer
+  TEMP u64 request_id_ = 0;                  ///< the remote caller's id for this task
 
   /** Why the task failed (0 = success). */
   CHI_CROSS_FUN u32 GetReturnCode() const { return rc_; }

@@ -53,7 +53,19 @@ struct TaskOpsFor {
       into.msg_ = replica.msg_;
     }
   }
-  static constexpr TaskOps kOps{&Destroy, &Clone, &Aggregate};
+  static void SaveIn(Task &t, OutputArchive &ar) {
+    t.SerializeBaseIn(ar);
+    static_cast<T &>(t).SerializeIn(ar);
+  }
+  static void SaveOut(Task &t, OutputArchive &ar) {
+    t.SerializeBaseOut(ar);
+    static_cast<T &>(t).SerializeOut(ar);
+  }
+  static void LoadOut(Task &t, InputArchive &ar) {
+    t.SerializeBaseOut(ar);
+    static_cast<T &>(t).SerializeOut(ar);
+  }
+  static constexpr TaskOps kOps{&Destroy, &Clone, &Aggregate, &SaveIn, &SaveOut, &LoadOut};
 };
 
 }  // namespace detail

@@ -1,0 +1,139 @@
+// Runtime side of every transport: turns request bytes into a task submitted
+// to the workers, and a finished task back into answer bytes. Bad bytes,
+// unknown pools and unknown methods are answered with an error, never dropped.
+#pragma once
+
+#include <cstring>  // memcpy of the request id
+#include <vector>   // answer buffers
+
+#include "chi/runtime/pool_manager.h"       // pool -> container
+#include "chi/runtime/work_orchestrator.h"  // Submit
+#include "chi/serialize/archive.h"          // wire format
+#include "chi/transport/transport.h"        // envelope layout
+
+namespace chi {
+
+/** Decodes requests for one runtime and encodes the answers. */
+class RequestDispatcher {
+ public:
+  RequestDispatcher(PoolManager *pools, WorkOrchestrator *orch) : pools_(pools), orch_(orch) {}
+
+  /**
+   * Decodes one request and submits its task with `completer` and `cookie`
+   * attached (the completer later calls EncodeAnswer). On failure returns false
+   * and fills `error_answer` with an answer carrying the error for the client.
+   */
+  bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
+                std::vector<char> *error_answer) {
+    u64 request_id = 0;
+    if (len < kEnvelopeHeaderBytes) {
+      EncodeError(0, ErrorCode::kTruncated, "request shorter than its 8-byte header",
+                  error_answer);
+      return false;
+    }
+    std::memcpy(&request_id, data, sizeof(request_id));
+    InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+    Task base;
+    base.SerializeBaseIn(ar);
+    if (!ar.ok() || !base.pool_query_.IsValid()) {
+      EncodeError(request_id, ErrorCode::kMalformed,
+                  ar.ok() ? "request has an invalid pool query" : ar.status().message(),
+                  error_answer);
+      return false;
+    }
+    PoolInfo *pool = pools_->Acquire(base.pool_id_);
+    if (pool == nullptr) {
+      Status st = Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
+                                 base.pool_id_.ToString().c_str());
+      EncodeError(request_id, st.code(), st.message(), error_answer);
+      return false;
+    }
+    Container *c = pool->FirstLocal();
+    Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
+    const bool has_method = c != nullptr && c->HasMethod(base.method_);
+    pools_->Release(pool);
+    if (t == nullptr) {
+      Status st = has_method ? Status::Errorf(ErrorCode::kMalformed,
+                                              "inputs of method %u are malformed: %s",
+                                              base.method_, ar.status().message())
+                             : Status::Errorf(ErrorCode::kUnknownMethod,
+                                              "pool %s has no method %u",
+                                              base.pool_id_.ToString().c_str(), base.method_);
+      EncodeError(request_id, st.code(), st.message(), error_answer);
+      return false;
+    }
+    t->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);  // the completer owns and frees it
+    t->completer_ = completer;
+    t->transport_cookie_ = cookie;
+    t->request_id_ = request_id;  // echoed back in the answer
+    if (!orch_->Submit(t)) {
+      t->completer_ = nullptr;
+      DeleteTask(t);
+      EncodeError(request_id, ErrorCode::kShutdown, "runtime is shutting down", error_answer);
+      return false;
+    }
+    return true;
+  }
+
+  /** Encodes a finished server-side task's answer and frees the task. */
+  static void EncodeAnswer(Task *t, std::vector<char> *out) {
+    const u64 request_id = t->request_id_;
+    out->resize(kEnvelopeHeaderBytes);
+    std::memcpy(out->data(), &request_id, sizeof(request_id));
+    OutputArchive ar(*out);
+    t->ops_->save_out(*t, ar);
+    t->completer_ = nullptr;
+    DeleteTask(t);
+  }
+
+  /** An answer that carries only an error (no outputs). */
+  static void EncodeError(u64 request_id, ErrorCode code, const char *msg,
+                          std::vector<char> *out) {
+    Task err;
+    err.SetError(code, msg);
+    out->resize(kEnvelopeHeaderBytes);
+    std::memcpy(out->data(), &request_id, sizeof(request_id));
+    OutputArchive ar(*out);
+    err.SerializeBaseOut(ar);
+  }
+
+ private:
+  PoolManager *pools_;
+  WorkOrchestrator *orch_;
+};
+
+/** Client side: writes the request envelope for a stamped task. */
+inline void EncodeRequest(Task *t, u64 request_id, std::vector<char> *out) {
+  out->resize(kEnvelopeHeaderBytes);
+  std::memcpy(out->data(), &request_id, sizeof(request_id));
+  OutputArchive ar(*out);
+  t->ops_->save_in(*t, ar);
+}
+
+/**
+ * Client side: reads an answer into the task (outputs, or just the error when
+ * the runtime refused the request). Malformed answers set kMalformed on the task.
+ */
+inline void DecodeAnswer(Task *t, const char *data, u64 len) {
+  if (len < kEnvelopeHeaderBytes) {
+    t->SetError(ErrorCode::kMalformed, "answer shorter than its header");
+    return;
+  }
+  InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+  Task header;
+  header.SerializeBaseOut(ar);
+  if (!ar.ok()) {
+    t->SetError(ErrorCode::kMalformed, "answer header is malformed");
+    return;
+  }
+  if (header.rc_ != 0 && ar.Remaining() == 0) {  // an error-only answer
+    t->rc_ = header.rc_;
+    t->msg_ = header.msg_;
+    return;
+  }
+  InputArchive full(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+  t->ops_->load_out(*t, full);
+  if (!full.ok()) t->SetError(ErrorCode::kMalformed, "answer outputs are malformed");
+}
+
+}  // namespace chi
