@@ -192,7 +192,7 @@ int main(int argc, char **argv) {
         "pair, 16 B - 4 KiB",
         [&](auto &api, int t) { RunPairs(api, mixed[t], kPairOps); }, kPairOps);
     measure(
-        "batch of 1000 live, 16 B - 4 KiB, shuffled free",
+        "batch: 1000 live, 16 B - 4 KiB, random free",
         [&](auto &api, int t) { RunBatches(api, mixed[t], order, kBatchRounds); },
         kBatch * kBatchRounds);
   }
@@ -223,7 +223,7 @@ int main(int argc, char **argv) {
       malloc_ns.push_back(TimeThreads(1, [&](int) { RunPairs(malloc_api, fixed[0], kPairOps); }) /
                           static_cast<double>(kPairOps));
     }
-    PrintRow({"arena allocate 64 B (no free) vs malloc pair", 1, Median(arena_ns),
+    PrintRow({"arena 64 B, no free (malloc: pair 64 B)", 1, Median(arena_ns),
               Median(malloc_ns)});
   }
 

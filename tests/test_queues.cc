@@ -372,8 +372,9 @@ TEST_CASE_TEMPLATE("a consumer parked on an empty ring is woken by a push", Ring
   CHECK(PollUntil([ring] { return ring->ConsumerParks() > 0; }));
   CHECK(got.load() == 0);
   ring->Push(42);
+  // Well before the consumer's own timeout, which would also hand it the value.
+  CHECK(PollUntil([&] { return got.load() == 42; }, 5 * kSecond));
   consumer.join();
-  CHECK(got.load() == 42);
 }
 
 TEST_CASE("a consumer parked in another process is woken by a push from this one") {
@@ -385,7 +386,8 @@ TEST_CASE("a consumer parked in another process is woken by a push from this one
   });
   CHECK(PollUntil([ring] { return ring->ConsumerParks() > 0; }));
   ring->Push(77);
-  CHECK(WaitChild(child));
+  // Well before the child's own timeout, which would also hand it the value.
+  CHECK(WaitChild(child, 5000));
 }
 
 TEST_CASE_TEMPLATE("Pop times out on an empty ring and Push with a timeout on a full one", Ring,

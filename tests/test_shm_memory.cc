@@ -229,7 +229,7 @@ struct StressControl {
   chi::Atomic<u64> foreign_frees_[2];
 };
 
-constexpr int kStressOps = 20000;
+constexpr int kStressOps = 100000;
 constexpr u64 kStressMinSize = 16;
 constexpr u64 kStressMaxSize = 64 * 1024;
 constexpr size_t kStressMaxLive = 200;
@@ -812,7 +812,7 @@ TEST_CASE("more threads than cores churning one size class never share a block")
   // Every thread pops and pushes on the same free-list head, so CASes fail and retry;
   // a block handed to two threads at once shows up as a broken token.
   constexpr int kThreads = 4;
-  constexpr int kOpsPerThread = 150000;
+  constexpr int kOpsPerThread = 500000;
   MallocBackend backend;
   REQUIRE(backend.Create("hot_class", 1 << 20).ok());
   SizeClassAllocator *alloc = nullptr;

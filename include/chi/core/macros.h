@@ -3,6 +3,12 @@
 // CHI_CROSS_FUN; under plain g++ the macros expand to nothing.
 #pragma once
 
+// nvcc pre-includes its runtime header and hipcc does not: without this, device-side
+// memcpy (used by the archives) and kernel launches fail to compile under hipcc.
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>  // __host__/__device__, device memcpy, threadIdx
+#endif
+
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define CHI_CROSS_FUN __host__ __device__
 #define CHI_GPU_FUN __device__

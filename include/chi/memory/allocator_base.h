@@ -70,7 +70,8 @@ CHI_CROSS_FUN inline u32 Log2Floor(u64 x) {
 /**
  * Constructs an AllocT at the start of `backend`'s data, managing the rest of the
  * region, and registers it under `id` so ShmPtrs from it resolve in this process.
- * AllocT provides Init(id, segment_base, end_offset) -> bool and Header().
+ * AllocT provides Init(id, segment_base, end_offset) -> bool and Header(). Host-
+ * addressable backends only: in GpuDeviceBackend memory, run Init from a kernel instead.
  */
 template <typename AllocT>
 Status CreateAllocator(MemoryBackend &backend, AllocatorId id, AllocT **out) {

@@ -118,7 +118,7 @@ class PinnedShmBackend : public PosixShmBackend {
   /** Unpins and unmaps. Idempotent. */
   void Detach() {
     if (!IsAttached()) return;
-    gpu::HostUnregister(Base());
+    static_cast<void>(gpu::HostUnregister(Base()));  // teardown: unmapping follows anyway
     PosixShmBackend::Detach();
   }
 
@@ -176,7 +176,7 @@ class GpuDeviceBackend : public MemoryBackend {
     Status st = Check(gpu::MemcpyToDevice(base, &header, sizeof(header)), "write header", name);
     if (st.ok()) st = Check(gpu::IpcGetMemHandle(&ipc_handle_, base), "export IPC handle", name);
     if (!st.ok()) {
-      gpu::Free(base);
+      static_cast<void>(gpu::Free(base));  // undoing a failed Create; st says why
       return st;
     }
     owner_ = true;
@@ -207,7 +207,7 @@ class GpuDeviceBackend : public MemoryBackend {
                           std::string(name).c_str(), kBackendVersion);
     }
     if (!st.ok()) {
-      gpu::IpcCloseMemHandle(base);
+      static_cast<void>(gpu::IpcCloseMemHandle(base));  // undoing a failed Attach; st says why
       return st;
     }
     owner_ = false;
@@ -222,10 +222,11 @@ class GpuDeviceBackend : public MemoryBackend {
     if (!IsAttached()) return;
     char *base = Base();
     ClearRegion();
+    // Teardown: there is nothing useful to do if the GPU runtime refuses.
     if (owner_) {
-      gpu::Free(base);
+      static_cast<void>(gpu::Free(base));
     } else {
-      gpu::IpcCloseMemHandle(base);
+      static_cast<void>(gpu::IpcCloseMemHandle(base));
     }
   }
 

@@ -72,7 +72,8 @@ class MemoryRegistry {
   /** Forgets allocator `id` (no-op when unknown). */
   void Unregister(AllocatorId id) {
     std::lock_guard<std::mutex> lock(writer_mutex_);
-    if (Slot *s = FindSlot(id.ToU64())) s->base_.Store(0, MemOrder::kRelease);
+    // Relaxed: a tombstone publishes no data; readers just stop resolving the id.
+    if (Slot *s = FindSlot(id.ToU64())) s->base_.Store(0, MemOrder::kRelaxed);
   }
 
   /** Forgets every allocator whose base lies in [base, base+size): used when unmapping. */
@@ -81,7 +82,7 @@ class MemoryRegistry {
     const uintptr_t lo = reinterpret_cast<uintptr_t>(base);
     for (Slot &s : slots_) {
       uintptr_t b = s.base_.Load(MemOrder::kRelaxed);  // writers are serialised
-      if (b != 0 && b >= lo && b - lo < size) s.base_.Store(0, MemOrder::kRelease);
+      if (b != 0 && b >= lo && b - lo < size) s.base_.Store(0, MemOrder::kRelaxed);  // as above
     }
   }
 
@@ -106,12 +107,11 @@ class MemoryRegistry {
   ShmPtr<T> FindShmPtr(const T *ptr) const {
     const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
     for (const Slot &s : slots_) {
-      uintptr_t b = s.base_.Load(MemOrder::kAcquire);  // pairs with Register's release
-      if (b == 0 || p < b) continue;
-      u64 k = s.key_.Load(MemOrder::kRelaxed);
-      if (p - b < s.size_.Load(MemOrder::kRelaxed)) {
-        return ShmPtr<T>(AllocatorId(static_cast<u32>(k >> 32), static_cast<u32>(k)), p - b);
-      }
+      const u64 k = s.key_.Load(MemOrder::kRelaxed);  // re-checked below, as in Lookup
+      const uintptr_t b = s.base_.Load(MemOrder::kAcquire);  // pairs with Register's release
+      if (b == 0 || p < b || p - b >= s.size_.Load(MemOrder::kRelaxed)) continue;
+      if (s.key_.Load(MemOrder::kRelaxed) != k) continue;  // re-keyed meanwhile
+      return ShmPtr<T>(AllocatorId(static_cast<u32>(k >> 32), static_cast<u32>(k)), p - b);
     }
     return ShmPtr<T>::GetNull();
   }
@@ -146,7 +146,8 @@ class MemoryRegistry {
     const u64 key = id.ToU64();
     for (u32 i = 0; i < kCapacity; ++i) {
       const Slot &s = slots_[(Hash(key) + i) % kCapacity];
-      u64 k = s.key_.Load(MemOrder::kAcquire);  // a keyed slot's other fields follow it
+      // Relaxed: the acquire that matters is on base_, and the key is re-checked after it.
+      u64 k = s.key_.Load(MemOrder::kRelaxed);
       if (k == 0) return nullptr;
       if (k != key) continue;
       uintptr_t b = s.base_.Load(MemOrder::kAcquire);  // pairs with Register's release

@@ -1,9 +1,8 @@
 // SizeClassAllocator: the general allocator with free, living inside a segment and used
 // from many processes (and device code) at once: task payloads, queues, FutureShm.
-// Invariant: a block belongs to exactly one place at any time: a free list, the caller
-// that allocated it, or the uncarved tail; so free bytes always equal capacity minus the
-// bytes of blocks handed out. No locks: a process dying mid-call can leak a block, never
-// wedge the others.
+// Invariant: a block is in exactly one place (a free list, its owner, or the uncarved
+// tail), so free bytes = capacity - bytes handed out. Lock-free: a process dying
+// mid-call can leak a block, never wedge the others.
 #pragma once
 
 #include <new>  // placement new in New<T>

@@ -112,7 +112,7 @@ class MpscRing {
   /** Removes the oldest value, blocking while empty up to timeout_ns (0 = forever). */
   bool Pop(T &out, u64 timeout_ns) {
     return AwaitOp(
-        not_empty_, [&] { return TryPop(out); },
+        not_empty_, consumer_stats_, [&] { return TryPop(out); },
         [&] {
           // relaxed head: our own counter; seq_cst seq: the waiter's Dekker re-check.
           u64 head = head_.Load(MemOrder::kRelaxed);
@@ -135,13 +135,13 @@ class MpscRing {
   CHI_CROSS_FUN bool Empty() const { return Size() == 0; }
 
   /** Push calls that found the ring full (statistic). */
-  CHI_CROSS_FUN u64 ProducerStalls() const { return not_full_.Stalls(); }
+  CHI_CROSS_FUN u64 ProducerStalls() const { return producer_stats_.Stalls(); }
   /** Times a producer slept on the futex (statistic). */
-  CHI_CROSS_FUN u64 ProducerParks() const { return not_full_.Parks(); }
+  CHI_CROSS_FUN u64 ProducerParks() const { return producer_stats_.Parks(); }
   /** Pop calls that found the ring empty (statistic). */
-  CHI_CROSS_FUN u64 ConsumerStalls() const { return not_empty_.Stalls(); }
+  CHI_CROSS_FUN u64 ConsumerStalls() const { return consumer_stats_.Stalls(); }
   /** Times the consumer slept on the futex (statistic). */
-  CHI_CROSS_FUN u64 ConsumerParks() const { return not_empty_.Parks(); }
+  CHI_CROSS_FUN u64 ConsumerParks() const { return consumer_stats_.Parks(); }
 
  private:
   /** One value and the sequence number that says whose turn the slot is. */
@@ -158,7 +158,7 @@ class MpscRing {
   /** Push with an absolute deadline. */
   bool AwaitPush(const T &v, u64 deadline_ns) {
     return AwaitOp(
-        not_full_, [&] { return TryPush(v); },
+        not_full_, producer_stats_, [&] { return TryPush(v); },
         [&] {
           // seq_cst: the waiter's Dekker re-check against the consumer's head_ store.
           // head_ first: tail_ read later is then never below it.
@@ -173,9 +173,11 @@ class MpscRing {
   u32 mask_;
   // Line 1: shared by the producers (claimed with CAS).
   alignas(kCacheLine) Atomic<u64> tail_;
+  WaitStats producer_stats_;
   // Line 2: the consumer's.
   alignas(kCacheLine) Atomic<u64> head_;
-  // Line 3: read on every operation, written only when someone waits.
+  WaitStats consumer_stats_;
+  // Line 3: read on every operation, written only when someone parks.
   alignas(kCacheLine) WaitEvent not_empty_;  ///< the consumer parks here
   WaitEvent not_full_;                       ///< producers park here
 };

@@ -89,7 +89,7 @@ class SpscRing {
   /** Removes the oldest value, blocking while empty up to timeout_ns (0 = forever). */
   bool Pop(T &out, u64 timeout_ns) {
     return AwaitOp(
-        not_empty_, [&] { return TryPop(out); },
+        not_empty_, consumer_stats_, [&] { return TryPop(out); },
         [&] {
           // relaxed head: our own counter; seq_cst seq: the waiter's Dekker re-check.
           u64 head = head_.Load(MemOrder::kRelaxed);
@@ -112,13 +112,13 @@ class SpscRing {
   CHI_CROSS_FUN bool Empty() const { return Size() == 0; }
 
   /** Push calls that found the ring full (statistic). */
-  CHI_CROSS_FUN u64 ProducerStalls() const { return not_full_.Stalls(); }
+  CHI_CROSS_FUN u64 ProducerStalls() const { return producer_stats_.Stalls(); }
   /** Times a producer slept on the futex (statistic). */
-  CHI_CROSS_FUN u64 ProducerParks() const { return not_full_.Parks(); }
+  CHI_CROSS_FUN u64 ProducerParks() const { return producer_stats_.Parks(); }
   /** Pop calls that found the ring empty (statistic). */
-  CHI_CROSS_FUN u64 ConsumerStalls() const { return not_empty_.Stalls(); }
+  CHI_CROSS_FUN u64 ConsumerStalls() const { return consumer_stats_.Stalls(); }
   /** Times the consumer slept on the futex (statistic). */
-  CHI_CROSS_FUN u64 ConsumerParks() const { return not_empty_.Parks(); }
+  CHI_CROSS_FUN u64 ConsumerParks() const { return consumer_stats_.Parks(); }
 
  private:
   /** One value and the position that last published it. */
@@ -141,7 +141,7 @@ class SpscRing {
   /** Push with an absolute deadline. */
   bool AwaitPush(const T &v, u64 deadline_ns) {
     return AwaitOp(
-        not_full_, [&] { return TryPush(v); },
+        not_full_, producer_stats_, [&] { return TryPush(v); },
         [&] {
           // relaxed tail: our own counter; seq_cst head: the waiter's Dekker re-check.
           return tail_.Load(MemOrder::kRelaxed) - head_.Load(MemOrder::kSeqCst) < capacity_;
@@ -155,9 +155,11 @@ class SpscRing {
   // Line 1: the producer's.
   alignas(kCacheLine) Atomic<u64> tail_;
   u64 head_cache_ = 0;  ///< producer's last view of head_, saves reading the consumer's line
+  WaitStats producer_stats_;
   // Line 2: the consumer's.
   alignas(kCacheLine) Atomic<u64> head_;
-  // Line 3: read on every operation, written only when someone waits.
+  WaitStats consumer_stats_;
+  // Line 3: read on every operation, written only when someone parks.
   alignas(kCacheLine) WaitEvent not_empty_;  ///< the consumer parks here
   WaitEvent not_full_;                       ///< the producer parks here
 };

@@ -53,10 +53,36 @@ enum class WaitResult : u32 {
 };
 
 /**
+ * Counters kept by the waiting side of a ring, placed on a cache line that side already
+ * writes, so counting never disturbs the line the notifier reads.
+ */
+class WaitStats {
+ public:
+  /** Counts one operation that found its ring full or empty (slow path only). */
+  CHI_CROSS_FUN void CountStall() {
+    // relaxed: a statistic, read only by tests and monitors.
+    stalls_.FetchAdd(1, MemOrder::kRelaxed);
+  }
+  /** Counts one futex sleep. */
+  CHI_CROSS_FUN void CountPark() {
+    // relaxed: a statistic, read only by tests and monitors.
+    parks_.FetchAdd(1, MemOrder::kRelaxed);
+  }
+  /** How many operations had to wait (spin or park) so far. */
+  CHI_CROSS_FUN u64 Stalls() const { return stalls_.Load(MemOrder::kRelaxed); }
+  /** How many times a waiter actually slept on the futex so far. */
+  CHI_CROSS_FUN u64 Parks() const { return parks_.Load(MemOrder::kRelaxed); }
+
+ private:
+  Atomic<u64> stalls_;
+  Atomic<u64> parks_;
+};
+
+/**
  * An event count on one 32-bit futex word plus a waiter counter, placed in shared memory
- * (zero-initialised by its owner's constructor: no waiters, epoch 0).
- * Notify() costs one load when nobody waits; Wait() parks only after announcing itself
- * and re-checking the condition, so a notification can never slip between the two.
+ * (zero-initialised by its owner's constructor: no waiters, epoch 0). Notify() costs one
+ * load of a line that is only written when someone parks; Wait() parks only after
+ * announcing itself and re-checking the condition, so a notification cannot slip between.
  */
 class WaitEvent {
  public:
@@ -80,7 +106,7 @@ class WaitEvent {
    * state with seq_cst loads) is already true. Parks at most once; callers loop.
    */
   template <typename Ready>
-  WaitResult Wait(Ready ready, u64 deadline_ns) {
+  WaitResult Wait(Ready ready, u64 deadline_ns, WaitStats &stats) {
     // seq_cst: first half of the waiter's Dekker pair (announce, then re-check state).
     waiters_.FetchAdd(1, MemOrder::kSeqCst);
     // acquire: if a notifier already bumped the epoch, ready() below sees its state.
@@ -93,8 +119,7 @@ class WaitEvent {
       if (now >= deadline_ns) {
         result = WaitResult::kTimedOut;
       } else {
-        // relaxed: a statistic, read only by tests and monitors.
-        parks_.FetchAdd(1, MemOrder::kRelaxed);
+        stats.CountPark();
         // The kernel re-checks epoch_ == epoch atomically, so a Notify() that ran
         // after our load makes this return at once instead of sleeping.
         u64 left = deadline_ns == kNoDeadline ? 0 : deadline_ns - now;
@@ -106,48 +131,39 @@ class WaitEvent {
     return result;
   }
 
-  /** Counts one operation that found its ring full or empty (slow path only). */
-  CHI_CROSS_FUN void CountStall() {
-    // relaxed: a statistic, read only by tests and monitors.
-    stalls_.FetchAdd(1, MemOrder::kRelaxed);
-  }
-
-  /** How many operations had to wait (spin or park) on this event so far. */
-  CHI_CROSS_FUN u64 Stalls() const { return stalls_.Load(MemOrder::kRelaxed); }
-  /** How many times a waiter actually slept on the futex so far. */
-  CHI_CROSS_FUN u64 Parks() const { return parks_.Load(MemOrder::kRelaxed); }
   /** Threads (in any process) parked or about to park right now. */
   CHI_CROSS_FUN u32 Waiters() const { return waiters_.Load(MemOrder::kRelaxed); }
 
  private:
   Atomic<u32> epoch_;    ///< the futex word; bumped by every Notify that finds waiters
   Atomic<u32> waiters_;  ///< threads inside Wait(); Notify skips the syscall when 0
-  Atomic<u64> stalls_;   ///< statistic: operations that found the ring full/empty
-  Atomic<u64> parks_;    ///< statistic: futex sleeps
 };
 
 /**
- * Runs `try_op` until it succeeds or the deadline passes: first spinning for
+ * Runs `try_op` until it succeeds or the deadline passes: first spinning for about
  * kSpinBeforeParkNs, then parking on `event` while `ready()` is false (host only).
  * `ready()` says the operation could now succeed; it must use seq_cst loads.
  * Returns whether `try_op` succeeded.
  */
 template <typename TryOp, typename Ready>
-bool AwaitOp(WaitEvent &event, TryOp try_op, Ready ready, u64 deadline_ns) {
+bool AwaitOp(WaitEvent &event, WaitStats &stats, TryOp try_op, Ready ready, u64 deadline_ns) {
   if (try_op()) return true;
-  event.CountStall();
-  u64 start = MonotonicNs();
-  u64 spin_end = start + kSpinBeforeParkNs < deadline_ns ? start + kSpinBeforeParkNs
-                                                         : deadline_ns;
+  stats.CountStall();
+  // The clock is first read after 64 spins, so short waits never pay for it.
+  u64 spin_end = 0;
   for (u32 i = 1;; ++i) {
     CpuRelax();
     if (try_op()) return true;
-    // Reading the clock every 64 spins keeps it off the common short wait.
-    if ((i & 63) == 0 && MonotonicNs() >= spin_end) break;
+    if ((i & 63) != 0) continue;
+    u64 now = MonotonicNs();
+    if (spin_end == 0) {
+      spin_end = now + kSpinBeforeParkNs < deadline_ns ? now + kSpinBeforeParkNs : deadline_ns;
+    }
+    if (now >= spin_end) break;
   }
   for (;;) {
     if (try_op()) return true;
-    switch (event.Wait(ready, deadline_ns)) {
+    switch (event.Wait(ready, deadline_ns, stats)) {
       case WaitResult::kTimedOut:
         return try_op();
       case WaitResult::kReady:

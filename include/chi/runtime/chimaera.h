@@ -1,12 +1,14 @@
 // Chimaera: the process-wide runtime object and CHIMAERA_INIT / CHIMAERA_FINALIZE.
 // With a runtime (kServer, or kClient with default_with_runtime / CHI_WITH_RUNTIME=1)
 // it loads the config, starts the workers, creates the admin pool and the pools
-// listed under `compose:`. One instance per process (function-local static).
+// listed under `compose:`; kServer also creates the shared segments and serves
+// pure clients over ZeroMQ. A pure client connects to that runtime through the
+// transport CHI_IPC_MODE names. One instance per process (function-local static).
 #pragma once
 
 #include <cstdio>   // fprintf for init errors
 #include <climits>  // INT_MAX
-#include <cstdlib>  // getenv, atexit
+#include <cstdlib>  // getenv, atexit, strtod
 #include <memory>   // unique_ptr
 #include <mutex>    // init/finalize are serialised
 #include <string>   // last error text
@@ -17,6 +19,9 @@
 #include "chi/runtime/ipc_manager.h"        // IpcManager
 #include "chi/runtime/pool_manager.h"       // PoolManager
 #include "chi/runtime/work_orchestrator.h"  // WorkOrchestrator
+#include "chi/transport/client_connect.h"   // RuntimeSegments, ConnectAnswer
+#include "chi/transport/zmq_client.h"       // pure clients over ipc/tcp
+#include "chi/transport/zmq_server.h"       // the runtime's network worker
 
 namespace chi {
 
@@ -41,16 +46,13 @@ class Chimaera {
       with_runtime = env[0] == '1' || mode == ChimaeraMode::kServer;
     }
     Status st = LoadServerConfig(&config_);
-    if (st.ok()) {
-      st = with_runtime ? StartRuntime()
-                        : Status::Error(ErrorCode::kUnsupported,
-                                        "a pure client (no embedded runtime) needs a standalone "
-                                        "runtime transport, which this build does not provide");
-    }
+    if (st.ok()) st = with_runtime ? StartRuntime() : ConnectToRuntime();
+    if (st.ok() && mode == ChimaeraMode::kServer) st = StartServers();
     if (!st.ok()) {
       last_error_ = st;
       std::fprintf(stderr, "chi: CHIMAERA_INIT failed: %s\n", st.ToString().c_str());
       StopRuntime();
+      Disconnect();
       return false;
     }
     mode_ = mode;
@@ -67,11 +69,16 @@ class Chimaera {
     std::lock_guard<std::mutex> g(mu_);
     if (!initialized_) return;
     StopRuntime();
+    Disconnect();
     initialized_ = false;
   }
 
   bool IsInitialized() const { return initialized_; }
   bool HasRuntime() const { return orch_ != nullptr; }
+  /** A pure client: the runtime's handshake answer (pid, port, segments). */
+  const ConnectAnswer &GetConnectAnswer() const { return connect_answer_; }
+  /** A pure client's transport (nullptr otherwise). */
+  ClientTransport *GetTransport() { return transport_.get(); }
   ChimaeraMode GetMode() const { return mode_; }
   const ServerConfig &GetConfig() const { return config_; }
   /** Why the last Init failed. */
@@ -106,8 +113,9 @@ class Chimaera {
     wc.stack_bytes = config_.fiber_stack_bytes;
     if (Status st = orch_->Start(wc, pools_.get(), 0); !st.ok()) return st;
     ipc_.AttachRuntime(orch_.get(), 0);
-    if (Status st = chimaera::admin::CreateAdminPool(*pools_, *orch_,
-                                                     [] { Chimaera::Get().RequestStop(); });
+    if (Status st = chimaera::admin::CreateAdminPool(
+            *pools_, *orch_, [] { Chimaera::Get().RequestStop(); },
+            [] { return Chimaera::Get().CollectTransportStats(); });
         !st.ok()) {
       return st;
     }
@@ -121,11 +129,107 @@ class Chimaera {
     return Status::Ok();
   }
 
+  /**
+   * kServer: the segments (a live runtime on the port is an error, a dead one's
+   * leftovers are removed), then the ZeroMQ endpoints, then clients are let in.
+   */
+  Status StartServers() {
+    if (Status st = segments_.Create(config_, config_.port); !st.ok()) return st;
+    dispatcher_ = std::make_unique<RequestDispatcher>(pools_.get(), orch_.get());
+    auto zmq = std::make_unique<ZmqServer>();
+    ZmqServer::Options opt;
+    opt.port = config_.port;
+    if (Status st = zmq->Start(dispatcher_.get(), opt); !st.ok()) return st;
+    ConnectAnswer answer;
+    answer.runtime_pid = static_cast<u32>(getpid());
+    answer.node_id = 0;
+    answer.port = config_.port;
+    answer.segments = segments_.Describe();
+    zmq->Open(answer);
+    zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
+    return Status::Ok();
+  }
+
+  /** The counters Monitor reports for each transport server (worker thread). */
+  std::vector<chimaera::admin::TransportStats> CollectTransportStats() {
+    std::vector<chimaera::admin::TransportStats> out;
+    if (ZmqServer *z = zmq_server_.Load(MemOrder::kAcquire)) {
+      const ZmqServerStats s = z->Stats();
+      chimaera::admin::TransportStats t;
+      t.name_ = "zmq";
+      t.clients_ = s.clients;
+      t.clients_reaped_ = s.clients_reaped;
+      t.tasks_outstanding_ = s.tasks_outstanding;
+      t.bytes_held_ = s.bytes_held;
+      t.requests_ = s.requests;
+      t.requests_refused_ = s.requests_refused;
+      t.answers_dropped_ = s.answers_dropped;
+      out.push_back(t);
+    }
+    return out;
+  }
+
+  /** Seconds from environment variable `name` (unset, empty or invalid: `fallback`). */
+  static double EnvSeconds(const char *name, double fallback) {
+    const char *v = std::getenv(name);
+    if (v == nullptr || v[0] == '\0') return fallback;
+    char *end = nullptr;
+    const double d = std::strtod(v, &end);
+    return (end != nullptr && *end == '\0' && d > 0) ? d : fallback;
+  }
+
+  /**
+   * A pure client: handshake with the runtime on this node (CHI_PORT), attach its
+   * segments (version and size checked), then route every task through the
+   * transport CHI_IPC_MODE / networking.ipc_mode names. CHI_CONNECT_TIMEOUT
+   * (seconds, default 5) bounds the first connection; CHI_RECONNECT_TIMEOUT
+   * (default 10) is how long tasks wait for a runtime that went away to return.
+   */
+  Status ConnectToRuntime() {
+    ZmqClientOptions opt;
+    opt.mode = config_.ipc_mode == "tcp" ? "tcp" : "ipc";
+    opt.port = config_.port;
+    opt.connect_timeout_sec = EnvSeconds("CHI_CONNECT_TIMEOUT", 5);
+    opt.reconnect_sec = EnvSeconds("CHI_RECONNECT_TIMEOUT", 10);
+    std::unique_ptr<ZmqClientTransport> zmq;
+    ConnectAnswer answer;
+    if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
+    if (Status st = AttachRuntimeSegments(answer, &client_segments_); !st.ok()) return st;
+    if (config_.ipc_mode == "shm") {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
+                           "use CHI_IPC_MODE=ipc or tcp");
+    }
+    connect_answer_ = answer;
+    transport_ = std::move(zmq);
+    ipc_.AttachTransport(transport_.get(), answer.node_id);
+    return Status::Ok();
+  }
+
+  /** Stops the servers (after draining the workers), the workers, and the segments. */
   void StopRuntime() {
-    if (orch_ != nullptr) orch_->Stop();
+    ZmqServer *zmq = zmq_server_.Load(MemOrder::kAcquire);
+    if (zmq != nullptr) zmq->BeginShutdown();  // new remote tasks get kShutdown answers
+    if (orch_ != nullptr) orch_->Stop();       // accepted tasks finish; their answers queue
+    if (zmq != nullptr) {
+      zmq->Stop();  // sends the answers, tells clients, closes
+      zmq_server_.Store(nullptr, MemOrder::kRelease);
+      delete zmq;
+    }
+    dispatcher_.reset();
+    segments_.Destroy();
     ipc_.AttachRuntime(nullptr, 0);
     orch_.reset();
     pools_.reset();  // destroys every container
+  }
+
+  /** A pure client: fails what is pending, closes the transport, detaches the segments. */
+  void Disconnect() {
+    ipc_.AttachTransport(nullptr, 0);
+    if (transport_ != nullptr) transport_->Close();
+    transport_.reset();
+    client_segments_.clear();
+    connect_answer_ = ConnectAnswer();
   }
 
   std::mutex mu_;
@@ -138,6 +242,14 @@ class Chimaera {
   std::unique_ptr<PoolManager> pools_;
   std::unique_ptr<WorkOrchestrator> orch_;
   Atomic<u32> stop_requested_;
+  // standalone runtime (kServer)
+  RuntimeSegments segments_;
+  std::unique_ptr<RequestDispatcher> dispatcher_;
+  Atomic<ZmqServer *> zmq_server_{nullptr};
+  // pure client
+  std::unique_ptr<ClientTransport> transport_;
+  std::vector<std::unique_ptr<PosixShmBackend>> client_segments_;
+  ConnectAnswer connect_answer_;
 };
 
 /**

@@ -152,9 +152,9 @@ class CopySpace {
   }
 
   /** Sends that had to wait for space (statistic). */
-  u64 SenderStalls() const { return not_full_.Stalls(); }
+  u64 SenderStalls() const { return sender_stats_.Stalls(); }
   /** Times the receiver slept on the futex (statistic). */
-  u64 ReceiverParks() const { return not_empty_.Parks(); }
+  u64 ReceiverParks() const { return receiver_stats_.Parks(); }
 
  private:
   /** What every record starts with; always 16-byte aligned in the ring. */
@@ -201,14 +201,14 @@ class CopySpace {
   /** Blocks until `need` bytes are free or the deadline passes. */
   bool AwaitFree(u64 need, u64 deadline) {
     return AwaitOp(
-        not_full_, [&] { return FreeBytes(MemOrder::kAcquire) >= need; },
+        not_full_, sender_stats_, [&] { return FreeBytes(MemOrder::kAcquire) >= need; },
         [&] { return FreeBytes(MemOrder::kSeqCst) >= need; }, deadline);
   }
 
   /** Blocks until a whole record is published or the deadline passes. */
   bool AwaitRecord(u64 deadline) {
     return AwaitOp(
-        not_empty_, [&] { return UsedBytes(MemOrder::kAcquire) >= kHeaderBytes; },
+        not_empty_, receiver_stats_, [&] { return UsedBytes(MemOrder::kAcquire) >= kHeaderBytes; },
         [&] { return UsedBytes(MemOrder::kSeqCst) >= kHeaderBytes; }, deadline);
   }
 
@@ -370,10 +370,12 @@ class CopySpace {
   // Line 1: the sender's.
   alignas(kCacheLine) Atomic<u64> write_pos_;
   u32 send_open_ = 0;  ///< 1 while a message is partly sent (it needs a kAbort if dropped)
+  WaitStats sender_stats_;
   // Line 2: the receiver's.
   alignas(kCacheLine) Atomic<u64> read_pos_;
   u64 discard_left_ = 0;  ///< bytes of an abandoned or rejected message still to drop
-  // Line 3: read on every record, written only when someone waits.
+  WaitStats receiver_stats_;
+  // Line 3: read on every record, written only when someone parks.
   alignas(kCacheLine) WaitEvent not_empty_;  ///< the receiver parks here
   WaitEvent not_full_;                       ///< the sender parks here
 };

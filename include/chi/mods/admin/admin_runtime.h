@@ -19,10 +19,12 @@ namespace chimaera::admin {
 class Runtime : public chi::ModuleRuntime<Runtime> {
  public:
   /** Gives the container the runtime services it manages. */
-  void Bind(chi::PoolManager *pools, chi::WorkOrchestrator *orch, void (*on_stop)()) {
+  void Bind(chi::PoolManager *pools, chi::WorkOrchestrator *orch, void (*on_stop)(),
+            std::vector<TransportStats> (*transport_stats)() = nullptr) {
     pools_ = pools;
     orch_ = orch;
     on_stop_ = on_stop;
+    transport_stats_ = transport_stats;
   }
 
   /** The admin pool itself needs no set-up. */
@@ -98,6 +100,7 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     MonitorReport report;
     report.workers_ = orch_->Stats();
     report.pools_ = pools_->Stats();
+    if (transport_stats_ != nullptr) report.transports_ = transport_stats_();
     std::vector<char> buf;
     chi::OutputArchive out(buf);
     out(report);
@@ -115,6 +118,7 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
   chi::PoolManager *pools_ = nullptr;
   chi::WorkOrchestrator *orch_ = nullptr;
   void (*on_stop_)() = nullptr;
+  std::vector<TransportStats> (*transport_stats_)() = nullptr;  ///< standalone runtime only
 };
 
 /** Registers the admin module in every process that includes this header. */
@@ -122,11 +126,13 @@ inline const bool kRegistered = chi::ModuleManager::Register<Runtime>(kModuleNam
 
 /** Creates the admin pool directly (no worker needed) and binds it to the runtime. */
 inline chi::Status CreateAdminPool(chi::PoolManager &pools, chi::WorkOrchestrator &orch,
-                                   void (*on_stop)()) {
+                                   void (*on_stop)(),
+                                   std::vector<TransportStats> (*transport_stats)() = nullptr) {
   std::unique_ptr<chi::PoolInfo> info;
   chi::Status st = pools.PreparePool(kModuleName, "admin", chi::kAdminPoolId, 1, &info);
   if (!st.ok()) return st;
-  static_cast<Runtime *>(info->containers_[0].get())->Bind(&pools, &orch, on_stop);
+  static_cast<Runtime *>(info->containers_[0].get())
+      ->Bind(&pools, &orch, on_stop, transport_stats);
   return pools.CommitPool(std::move(info));
 }
 

@@ -79,14 +79,33 @@ struct StopRuntimeTask : public chi::Task {
   void SerializeOut(Ar &) {}
 };
 
-/** Statistics of every worker and pool, as decoded from a MonitorTask. */
-struct MonitorReport {
-  std::vector<chi::WorkerStats> workers_;
-  std::vector<chi::PoolStats> pools_;
+/** Counters of one client-facing transport server (ZeroMQ ipc/tcp, shm). */
+struct TransportStats {
+  chi::FixedString<16> name_;         ///< "zmq", "shm"
+  chi::u64 clients_ = 0;              ///< registered clients now
+  chi::u64 clients_reaped_ = 0;       ///< clients forgotten because their process died
+  chi::u64 tasks_outstanding_ = 0;    ///< remote tasks accepted, answer not yet sent
+  chi::u64 bytes_held_ = 0;           ///< memory the server holds for clients
+  chi::u64 requests_ = 0;             ///< task requests received
+  chi::u64 requests_refused_ = 0;     ///< requests answered with an error
+  chi::u64 answers_dropped_ = 0;      ///< answers whose client was gone
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(workers_, pools_);
+    ar(name_, clients_, clients_reaped_, tasks_outstanding_, bytes_held_, requests_,
+       requests_refused_, answers_dropped_);
+  }
+};
+
+/** Statistics of every worker, pool and transport server, as decoded from a MonitorTask. */
+struct MonitorReport {
+  std::vector<chi::WorkerStats> workers_;
+  std::vector<chi::PoolStats> pools_;
+  std::vector<TransportStats> transports_;  ///< empty in an embedded runtime
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(workers_, pools_, transports_);
   }
 };
 

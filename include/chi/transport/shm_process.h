@@ -1,0 +1,97 @@
+// Who is on the other end of a shared-memory connection, and is it still there: the
+// primitive of the process reaper (ShmServer checks its clients, clients check the
+// runtime). Invariant: a pid alone is never trusted, since pids are reused; an identity
+// pairs it with the process's start time, and a zombie counts as dead.
+#pragma once
+
+#include <fcntl.h>   // open
+#include <signal.h>  // kill(pid, 0)
+#include <unistd.h>  // read, close, getpid
+
+#include <cerrno>  // ESRCH
+#include <cstdio>  // snprintf for the /proc path
+
+#include "chi/core/types.h"  // u32, u64
+
+namespace chi {
+
+/** A process as the reaper knows it: pid plus start time (clock ticks since boot). */
+struct ProcessIdentity {
+  u32 pid = 0;
+  u64 start_ticks = 0;  ///< 0 when /proc could not tell
+};
+
+namespace detail {
+
+/** What /proc/<pid>/stat says about a process. */
+struct ProcStat {
+  bool found = false;   ///< the file exists and parsed
+  char state = '?';     ///< R, S, D, Z, X, ...
+  u64 start_ticks = 0;  ///< field 22, starttime
+};
+
+/** Reads state and start time of `pid` from /proc (host only; a slow path). */
+inline ProcStat ReadProcStat(u32 pid) {
+  ProcStat out;
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[1024];
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return out;
+  buf[n] = '\0';
+  // The command name (field 2) may hold spaces and parentheses: parse after the last ')'.
+  char *p = nullptr;
+  for (ssize_t i = n - 1; i >= 0; --i) {
+    if (buf[i] == ')') {
+      p = buf + i + 1;
+      break;
+    }
+  }
+  if (p == nullptr) return out;
+  int field = 2;  // the ')' ends field 2
+  while (*p != '\0' && field < 22) {
+    while (*p == ' ') ++p;
+    ++field;
+    if (field == 3) out.state = *p;
+    if (field == 22) {
+      u64 v = 0;
+      while (*p >= '0' && *p <= '9') v = v * 10 + static_cast<u64>(*p++ - '0');
+      out.start_ticks = v;
+      out.found = true;
+      break;
+    }
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/** The identity of process `pid` now (start_ticks 0 when /proc is unavailable). */
+inline ProcessIdentity IdentityOf(u32 pid) {
+  detail::ProcStat st = detail::ReadProcStat(pid);
+  return ProcessIdentity{pid, st.found ? st.start_ticks : 0};
+}
+
+/** This process's identity. */
+inline ProcessIdentity SelfIdentity() { return IdentityOf(static_cast<u32>(getpid())); }
+
+/**
+ * True while the process `who` names still runs: the pid exists, is not a zombie, and
+ * (when both start times are known) started when `who` says. Without /proc it falls
+ * back to kill(pid, 0).
+ */
+inline bool IsProcessAlive(const ProcessIdentity &who) {
+  if (who.pid == 0) return false;
+  detail::ProcStat st = detail::ReadProcStat(who.pid);
+  if (st.found) {
+    if (st.state == 'Z' || st.state == 'X') return false;
+    return who.start_ticks == 0 || st.start_ticks == who.start_ticks;
+  }
+  return !(kill(static_cast<pid_t>(who.pid), 0) != 0 && errno == ESRCH);
+}
+
+}  // namespace chi

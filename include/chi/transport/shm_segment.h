@@ -1,0 +1,300 @@
+// The shared-memory transport's segment: a header (magic, version, the runtime's identity,
+// geometry, wake-up event, statistics) and a table of client slots, each owning a request
+// stream (client -> runtime) and an answer stream (runtime -> client). ShmServer creates
+// it, ShmClientTransport attaches it. Invariant: the header's magic is written last, and a
+// slot's streams are reset only by the runtime while no client owns the slot.
+#pragma once
+
+#include <new>          // placement new of the header and slots
+#include <string>       // segment names, ShmServerInfo
+#include <string_view>  // names
+
+#include "chi/core/atomic.h"                // Atomic fields in the segment
+#include "chi/core/macros.h"                // kCacheLine
+#include "chi/core/status.h"                // Status, ErrorCode
+#include "chi/core/types.h"                 // u32, u64
+#include "chi/memory/posix_shm_backend.h"   // named segment create/attach (per user, 0600)
+#include "chi/queue/wait_event.h"           // WaitEvent: futex parking across processes
+#include "chi/transport/shm_process.h"      // ProcessIdentity, IsProcessAlive
+#include "chi/transport/shm_stream.h"       // the two streams of each slot
+
+namespace chi {
+
+inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
+/** Bumped whenever the segment layout or the slot protocol changes. */
+inline constexpr u32 kShmTransportVersion = 1;
+
+/** What a client needs to find and check a runtime's segment. */
+struct ShmServerInfo {
+  std::string segment;  ///< segment name (PosixShmBackend adds the per-user prefix)
+  u64 size = 0;         ///< whole segment bytes; Connect refuses a segment of another size
+  u32 version = 0;      ///< kShmTransportVersion of the runtime
+  u32 port = 0;         ///< the runtime's port (names the segment)
+  u32 runtime_pid = 0;  ///< for messages and liveness checks
+
+  template <class Ar>
+  void serialize(Ar &ar) {
+    ar(segment, size, version, port, runtime_pid);
+  }
+};
+
+/** Life of a client slot as both sides see it (ShmClientSlot::state_). */
+enum class ShmSlotState : u32 {
+  kFree = 0,    ///< no owner, or an owner that won owner_pid_ and is still setting up
+  kActive = 1,  ///< the client is set up; the runtime serves it
+  kClosed = 2,  ///< the client left; the runtime reclaims it
+  kBroken = 3,  ///< the runtime found a corrupt request stream; the client must close
+};
+
+/** Life of the runtime (ShmSegmentHeader::runtime_state_). */
+enum class ShmRuntimeState : u32 { kStarting = 0, kServing = 1, kStopping = 2, kStopped = 3 };
+
+/** Counters the runtime publishes in its segment (any process may read them). */
+struct ShmStatsBlock {
+  Atomic<u32> clients;           ///< slots being served now
+  Atomic<u64> reclaimed_clients; ///< slots taken back from dead or misbehaving clients
+  Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
+  Atomic<u64> tasks_served;      ///< requests decoded and submitted
+  Atomic<u64> broken_streams;    ///< request streams found corrupt
+};
+
+/** One client's place in the segment; its two streams follow it. */
+struct ShmClientSlot {
+  // Line 0: ownership, written on connect, close and reclaim only.
+  alignas(kCacheLine) Atomic<u32> owner_pid_;  ///< the claim word: 0 = free
+  Atomic<u32> state_;                          ///< ShmSlotState
+  Atomic<u32> generation_;                     ///< bumped by every reclaim
+  Atomic<u32> broken_code_;                    ///< ErrorCode once kBroken
+  Atomic<u64> owner_start_ticks_;              ///< with owner_pid_: the owner's identity
+  // Line 1: set by the runtime while it waits for room in the answer stream.
+  alignas(kCacheLine) Atomic<u32> runtime_needs_room_;
+  // Lines 2-3: the client parks here (answers to read; room to write requests).
+  alignas(kCacheLine) WaitEvent answer_ready_;
+  alignas(kCacheLine) WaitEvent request_room_;
+};
+
+/** The first bytes of the segment's data area. */
+struct ShmSegmentHeader {
+  // Line 0: geometry and identity, written before the magic and then only read.
+  alignas(kCacheLine) Atomic<u64> magic_;
+  u32 version_ = 0;
+  u32 port_ = 0;
+  u32 num_slots_ = 0;
+  u32 ring_bytes_ = 0;       ///< each stream's ring
+  u32 max_outstanding_ = 0;  ///< requests in flight per client
+  u32 runtime_pid_ = 0;
+  u64 runtime_start_ticks_ = 0;
+  u64 max_message_bytes_ = 0;
+  u64 slots_offset_ = 0;     ///< from the header's address
+  u64 slot_bytes_ = 0;       ///< stride of the slot table
+  Atomic<u32> runtime_state_;  ///< ShmRuntimeState
+  // Line 1: bumped by clients that connect or close, so the runtime rescans the table.
+  alignas(kCacheLine) Atomic<u32> membership_seq_;
+  // Line 2: the runtime's poller parks here; clients and workers notify it.
+  alignas(kCacheLine) WaitEvent server_event_;
+  // Line 3: statistics, written by the poller.
+  alignas(kCacheLine) ShmStatsBlock stats_;
+};
+
+/** Sizes of a segment, chosen by the runtime and recorded in its header. */
+struct ShmGeometry {
+  u32 num_slots = 32;
+  u32 ring_bytes = 1u << 20;
+  u64 max_message_bytes = 256ull << 20;
+  u32 max_outstanding = 1024;
+};
+
+/** The segment name of the runtime serving `port` ("shm_transport_<port>"). */
+inline std::string ShmSegmentName(u32 port) { return "shm_transport_" + std::to_string(port); }
+
+/** A mapped transport segment: the runtime creates it, clients attach it. */
+class ShmSegment {
+ public:
+  /** Bytes of the data area a geometry needs. */
+  static u64 BytesFor(const ShmGeometry &g) {
+    return SlotsOffset() + static_cast<u64>(g.num_slots) * SlotBytes(g.ring_bytes);
+  }
+
+  /**
+   * Creates the segment for `port` and fills in header and slots (state kStarting). A
+   * segment left by a dead or stopped runtime is replaced; one whose runtime still runs
+   * is kAlreadyExists.
+   */
+  Status Create(u32 port, const ShmGeometry &g, const ProcessIdentity &self) {
+    const std::string name = ShmSegmentName(port);
+    const u64 bytes = BytesFor(g);
+    Status st = backend_.Create(name, bytes, CreateMode::kExclusive);
+    if (st.code() == ErrorCode::kAlreadyExists) {
+      if (Status live = CheckNotServed(name, port); !live.ok()) return live;
+      st = backend_.Create(name, bytes, CreateMode::kReplace);
+    }
+    if (!st.ok()) return st;
+    header_ = new (backend_.Data()) ShmSegmentHeader();
+    header_->version_ = kShmTransportVersion;
+    header_->port_ = port;
+    header_->num_slots_ = g.num_slots;
+    header_->ring_bytes_ = RoundUpPow2(g.ring_bytes);
+    header_->max_outstanding_ = g.max_outstanding;
+    header_->runtime_pid_ = self.pid;
+    header_->runtime_start_ticks_ = self.start_ticks;
+    header_->max_message_bytes_ = g.max_message_bytes;
+    header_->slots_offset_ = SlotsOffset();
+    header_->slot_bytes_ = SlotBytes(g.ring_bytes);
+    for (u32 i = 0; i < g.num_slots; ++i) {
+      new (Slot(i)) ShmClientSlot();
+      ShmStream::Create(RequestStream(i), header_->ring_bytes_);
+      ShmStream::Create(AnswerStream(i), header_->ring_bytes_);
+    }
+    // release: attachers that read the magic see the geometry and the slots above.
+    header_->magic_.Store(kShmTransportMagic, MemOrder::kRelease);
+    return Status::Ok();
+  }
+
+  /**
+   * Attaches the segment `info` names and checks it: kNotFound (no such segment),
+   * kSizeMismatch (not the size announced), kVersionMismatch (not a transport segment,
+   * or another layout version), kMalformed (a header whose geometry does not fit).
+   */
+  Status Attach(const ShmServerInfo &info) {
+    if (info.version != kShmTransportVersion) {
+      return Status::Errorf(ErrorCode::kVersionMismatch,
+                            "shm transport: the runtime announced layout version %u; this "
+                            "client speaks %u",
+                            info.version, kShmTransportVersion);
+    }
+    if (Status st = AttachByName(info.segment); !st.ok()) return st;
+    if (info.size != backend_.Size()) {
+      Status st = Status::Errorf(ErrorCode::kSizeMismatch,
+                                 "shm transport: segment '%s' is %llu bytes, the runtime "
+                                 "announced %llu",
+                                 info.segment.c_str(),
+                                 static_cast<unsigned long long>(backend_.Size()),
+                                 static_cast<unsigned long long>(info.size));
+      Detach();
+      return st;
+    }
+    return Status::Ok();
+  }
+
+  /** Attaches by name and validates the header (used by Attach and by probes). */
+  Status AttachByName(std::string_view name) {
+    if (Status st = backend_.Attach(name); !st.ok()) return st;
+    Status st = Validate();
+    if (!st.ok()) {
+      backend_.Detach();
+      return st;
+    }
+    header_ = reinterpret_cast<ShmSegmentHeader *>(backend_.Data());
+    return Status::Ok();
+  }
+
+  /** Unmaps the segment here (others keep it). Idempotent. */
+  void Detach() {
+    header_ = nullptr;
+    backend_.Detach();
+  }
+
+  /** Unmaps and removes the segment's name (the runtime, on Stop). */
+  void Destroy() {
+    header_ = nullptr;
+    if (backend_.IsAttached()) backend_.Destroy();
+  }
+
+  bool IsAttached() const { return header_ != nullptr; }
+  ShmSegmentHeader *Header() const { return header_; }
+  u64 Size() const { return backend_.Size(); }
+  const char *Name() const { return backend_.Name(); }
+
+  /** Slot i (i < num_slots_). */
+  ShmClientSlot *Slot(u32 i) const {
+    return reinterpret_cast<ShmClientSlot *>(reinterpret_cast<char *>(header_) +
+                                             header_->slots_offset_ + i * header_->slot_bytes_);
+  }
+  /** Slot i's client -> runtime stream. */
+  ShmStream *RequestStream(u32 i) const {
+    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot));
+  }
+  /** Slot i's runtime -> client stream. */
+  ShmStream *AnswerStream(u32 i) const {
+    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot) +
+                             ShmStream::BytesFor(header_->ring_bytes_));
+  }
+
+  /** True while the runtime that made the segment serves it (state and process). */
+  bool RuntimeAlive() const {
+    // acquire: a stopping runtime's state is read before anything it wrote earlier matters.
+    u32 state = header_->runtime_state_.Load(MemOrder::kAcquire);
+    if (state != static_cast<u32>(ShmRuntimeState::kServing)) return false;
+    return IsProcessAlive(ProcessIdentity{header_->runtime_pid_, header_->runtime_start_ticks_});
+  }
+
+ private:
+  /** Where the slot table starts (after the header, on a cache line). */
+  static constexpr u64 SlotsOffset() { return RoundUpTo(sizeof(ShmSegmentHeader), kCacheLine); }
+  /** One slot plus its two streams. */
+  static u64 SlotBytes(u32 ring_bytes) {
+    return RoundUpTo(sizeof(ShmClientSlot) + 2 * ShmStream::BytesFor(ring_bytes), kCacheLine);
+  }
+
+  /** Checks a freshly attached segment's transport header against its size. */
+  Status Validate() const {
+    const auto *h = reinterpret_cast<const ShmSegmentHeader *>(backend_.Data());
+    if (backend_.DataSize() < sizeof(ShmSegmentHeader)) {
+      return Status::Errorf(ErrorCode::kSizeMismatch,
+                            "shm transport: segment '%s' is too small for a transport header",
+                            backend_.Name());
+    }
+    // acquire: pairs with Create's release, so the geometry below is complete.
+    u64 magic = h->magic_.Load(MemOrder::kAcquire);
+    if (magic == 0) {
+      return Status::Errorf(ErrorCode::kNotFound,
+                            "shm transport: segment '%s' is still being set up",
+                            backend_.Name());
+    }
+    if (magic != kShmTransportMagic) {
+      return Status::Errorf(ErrorCode::kVersionMismatch,
+                            "shm transport: segment '%s' is not a transport segment (bad magic)",
+                            backend_.Name());
+    }
+    if (h->version_ != kShmTransportVersion) {
+      return Status::Errorf(ErrorCode::kVersionMismatch,
+                            "shm transport: segment '%s' has layout version %u; this build "
+                            "expects %u",
+                            backend_.Name(), h->version_, kShmTransportVersion);
+    }
+    const bool geometry_ok =
+        h->num_slots_ > 0 && h->ring_bytes_ >= ShmStream::kMinRingBytes &&
+        RoundUpPow2(h->ring_bytes_) == h->ring_bytes_ && h->slots_offset_ == SlotsOffset() &&
+        h->slot_bytes_ == SlotBytes(h->ring_bytes_) && h->max_outstanding_ > 0 &&
+        h->slots_offset_ + static_cast<u64>(h->num_slots_) * h->slot_bytes_ <=
+            backend_.DataSize();
+    if (!geometry_ok) {
+      return Status::Errorf(ErrorCode::kMalformed,
+                            "shm transport: segment '%s' records a geometry that does not fit "
+                            "its %llu bytes",
+                            backend_.Name(), static_cast<unsigned long long>(backend_.Size()));
+    }
+    return Status::Ok();
+  }
+
+  /** kAlreadyExists when a live runtime serves segment `name`; Ok when it is stale. */
+  static Status CheckNotServed(const std::string &name, u32 port) {
+    ShmSegment old;
+    if (!old.AttachByName(name).ok()) return Status::Ok();  // unreadable: a crash mid-create
+    const ShmSegmentHeader *h = old.Header();
+    const bool stopped =
+        h->runtime_state_.Load(MemOrder::kAcquire) == static_cast<u32>(ShmRuntimeState::kStopped);
+    const ProcessIdentity owner{h->runtime_pid_, h->runtime_start_ticks_};
+    const bool live = !stopped && IsProcessAlive(owner);
+    old.Detach();
+    if (!live) return Status::Ok();
+    return Status::Errorf(ErrorCode::kAlreadyExists,
+                          "shm transport: port %u is served by runtime pid %u (segment '%s')",
+                          port, owner.pid, name.c_str());
+  }
+
+  PosixShmBackend backend_;
+  ShmSegmentHeader *header_ = nullptr;
+};
+
+}  // namespace chi

@@ -1,0 +1,752 @@
+// ShmServer: the runtime side of the shared-memory transport (the runtime's shm network
+// role). One poller thread reads every client's request stream, hands whole requests to
+// the RequestDispatcher, streams large answers back, and reaps the slots of clients that
+// closed, died or wrote garbage. Workers append small answers to the answer stream
+// themselves, so a round trip does not pass through the poller twice.
+// Invariant: a slot is reset for reuse only once its client is gone and none of its tasks
+// is still in flight, so a late answer can never reach the slot's next owner.
+#pragma once
+
+#include <pthread.h>  // pthread_setname_np for the poller thread
+
+#include <cstdlib>  // aligned_alloc / free for the pending-answer rings
+#include <cstring>  // memcpy of request ids
+#include <deque>    // error answers waiting for room (error path only)
+#include <memory>   // unique_ptr
+#include <thread>   // the poller thread
+#include <utility>  // std::move
+#include <vector>   // answer and assembly buffers, the serving list
+
+#include "chi/core/atomic.h"                   // Atomic, CpuRelax
+#include "chi/core/status.h"                   // Status, ErrorCode
+#include "chi/queue/mpsc_ring.h"               // finished tasks handed from workers to the poller
+#include "chi/queue/wait_event.h"              // MonotonicNs, DeadlineAfter
+#include "chi/runtime/config.h"                // ServerConfig (segment sizes)
+#include "chi/serialize/archive.h"             // OutputArchive for answers
+#include "chi/task/task_ops.h"                 // DeleteTask
+#include "chi/transport/request_dispatcher.h"  // decode + submit, error answers
+#include "chi/transport/shm_process.h"         // liveness of client processes
+#include "chi/transport/shm_segment.h"         // segment layout, ShmServerInfo
+#include "chi/transport/shm_stream.h"          // request and answer streams
+
+namespace chi {
+
+/** Serves pure clients of this runtime through a shared-memory segment. */
+class ShmServer {
+ public:
+  /** Segment geometry and limits (Start(dispatcher, cfg, port) derives them from the config). */
+  struct Options {
+    u32 num_slots = 32;                    ///< clients served at once
+    u32 ring_bytes = 1u << 20;             ///< each stream's ring (messages may be larger)
+    u64 max_message_bytes = 256ull << 20;  ///< largest request or answer
+    u32 max_outstanding = 1024;            ///< requests in flight per client
+  };
+
+  /** What the transport is doing (also readable from other processes: ProbeStats). */
+  struct Stats {
+    u32 clients = 0;            ///< slots being served
+    u64 reclaimed_clients = 0;  ///< slots taken back from dead or misbehaving clients
+    u64 bytes_in_use = 0;       ///< unread ring bytes plus partial messages held
+    u64 tasks_served = 0;       ///< requests decoded and submitted
+    u64 broken_streams = 0;     ///< request streams found corrupt (their slot was reset)
+  };
+
+  /** The options for a runtime configuration: shm.main_size split over the slots' rings. */
+  static Options OptionsFor(const ServerConfig &cfg) {
+    Options o;
+    u64 per_ring = cfg.main_segment_bytes / (2ull * o.num_slots);
+    u32 ring = kMinRing;
+    while (ring < kMaxRing && 2ull * ring <= per_ring) ring *= 2;
+    o.ring_bytes = ring;
+    o.max_message_bytes = cfg.client_data_bytes;
+    return o;
+  }
+
+  ShmServer() = default;
+  ~ShmServer() { Stop(); }
+  ShmServer(const ShmServer &) = delete;
+  ShmServer &operator=(const ShmServer &) = delete;
+
+  /** Start with the geometry OptionsFor(cfg) gives. */
+  Status Start(RequestDispatcher *dispatcher, const ServerConfig &cfg, u32 port) {
+    return Start(dispatcher, OptionsFor(cfg), port);
+  }
+
+  /**
+   * Creates the segment for `port` (per user, mode 0600; a stale one left by a dead
+   * runtime is replaced, a live runtime's is kAlreadyExists) and starts the poller.
+   */
+  Status Start(RequestDispatcher *dispatcher, const Options &options, u32 port) {
+    if (core_ != nullptr) {
+      return Status::Error(ErrorCode::kAlreadyExists, "shm transport: server already started");
+    }
+    if (dispatcher == nullptr || options.num_slots == 0 || options.max_outstanding == 0 ||
+        options.max_message_bytes < kEnvelopeHeaderBytes) {
+      return Status::Error(ErrorCode::kInvalidArgument,
+                           "shm transport: needs a dispatcher, slots, outstanding requests "
+                           "and a message limit of at least 8 bytes");
+    }
+    auto core = std::make_unique<Core>(dispatcher, options);
+    if (Status st = core->Start(port); !st.ok()) return st;
+    core_ = std::move(core);
+    return Status::Ok();
+  }
+
+  /**
+   * Stops serving: new requests stay unread, answers of tasks in flight are still sent
+   * (for up to kStopGraceNs), then clients see the runtime stopped (their outstanding
+   * tasks fail with kShutdown), the poller is joined and the segment destroyed. Idempotent.
+   */
+  void Stop() {
+    if (core_ == nullptr) return;
+    if (core_->Stop()) {
+      core_.reset();
+    } else {
+      // Tasks still running reference the core as their completer: it stays alive (and
+      // discards their answers) rather than leaving them a dangling pointer.
+      core_.release();
+    }
+  }
+
+  /** How clients find this runtime's segment (empty before Start). */
+  ShmServerInfo Info() const { return core_ == nullptr ? ShmServerInfo{} : core_->Info(); }
+
+  /** Current counters. */
+  Stats GetStats() const { return core_ == nullptr ? Stats{} : ReadStats(core_->Header()); }
+
+  /** Finds the runtime serving `port`: kNotFound (none), kPeerDead (its runtime is gone). */
+  static Status Probe(u32 port, ShmServerInfo *info) {
+    ShmSegment seg;
+    if (Status st = seg.AttachByName(ShmSegmentName(port)); !st.ok()) return st;
+    const ShmSegmentHeader *h = seg.Header();
+    if (!seg.RuntimeAlive()) {
+      Status st = Status::Errorf(ErrorCode::kPeerDead,
+                                 "shm transport: runtime pid %u of port %u is not serving",
+                                 h->runtime_pid_, port);
+      seg.Detach();
+      return st;
+    }
+    *info = ShmServerInfo{seg.Name(), seg.Size(), h->version_, h->port_, h->runtime_pid_};
+    seg.Detach();
+    return Status::Ok();
+  }
+
+  /** Reads the counters of the runtime serving `port` from its segment. */
+  static Status ProbeStats(u32 port, Stats *out) {
+    ShmSegment seg;
+    if (Status st = seg.AttachByName(ShmSegmentName(port)); !st.ok()) return st;
+    *out = ReadStats(seg.Header());
+    seg.Detach();
+    return Status::Ok();
+  }
+
+  /** How long Stop keeps answering tasks already in flight. */
+  static constexpr u64 kStopGraceNs = 5000000000ull;
+
+ private:
+  static constexpr u32 kMinRing = 16u << 10;
+  static constexpr u32 kMaxRing = 16u << 20;
+  static constexpr u64 kPollerSpinNs = 50000;     ///< busy polling before the poller parks
+  static constexpr u64 kReapIntervalNs = 20000000;  ///< liveness checks while clients exist
+  static constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is connected
+  static constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
+  static constexpr u64 kRetainBytes = 1u << 20;    ///< buffers above this are freed after use
+
+  static Stats ReadStats(const ShmSegmentHeader *h) {
+    // relaxed: statistics; each counter is read on its own.
+    Stats s;
+    s.clients = h->stats_.clients.Load(MemOrder::kRelaxed);
+    s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kRelaxed);
+    s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
+    s.tasks_served = h->stats_.tasks_served.Load(MemOrder::kRelaxed);
+    s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
+    return s;
+  }
+
+  /** Frees a buffer's memory once it grew past kRetainBytes (keeps small ones warm). */
+  static void Recycle(std::vector<char> *v) {
+    if (v->capacity() > kRetainBytes) {
+      std::vector<char>().swap(*v);
+    } else {
+      v->clear();
+    }
+  }
+
+  /** Encodes a finished task's answer envelope into *out (the task stays alive). */
+  static void EncodeAnswerBytes(Task *t, u64 max_bytes, std::vector<char> *out) {
+    out->resize(kEnvelopeHeaderBytes);
+    std::memcpy(out->data(), &t->request_id_, sizeof(u64));
+    OutputArchive ar(*out);
+    t->ops_->save_out(*t, ar);
+    if (out->size() > max_bytes) {
+      Status st = Status::Errorf(ErrorCode::kTooLarge,
+                                 "answer of %llu bytes exceeds the shm transport's %llu-byte "
+                                 "limit (shm.client_data_size)",
+                                 static_cast<unsigned long long>(out->size()),
+                                 static_cast<unsigned long long>(max_bytes));
+      RequestDispatcher::EncodeError(t->request_id_, st.code(), st.message(), out);
+    }
+  }
+
+  /** What the poller knows about one slot (private to this process). */
+  struct alignas(kCacheLine) SlotState {
+    enum class Phase : u32 { kIdle, kServing, kDraining };
+
+    // Shared with workers (OnComplete).
+    Atomic<u32> writer;     ///< 1 while someone appends to the answer stream
+    Atomic<u32> draining;   ///< 1: answers of this slot are discarded
+    Atomic<u32> in_flight;  ///< requests accepted and not yet answered or discarded
+    Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
+    Atomic<u32> completing;     ///< workers inside OnComplete for this slot right now
+    MpscRing<u64> *pending = nullptr;  ///< finished tasks whose answers the poller writes
+    void *pending_mem = nullptr;
+
+    // The poller's alone.
+    Phase phase = Phase::kIdle;
+    ProcessIdentity owner;
+    bool owner_dead = false;
+    bool counts_as_reclaimed = false;
+    std::vector<char> assembly;  ///< a request arriving in pieces
+    u64 assembly_total = 0;
+    bool assembling = false;
+    std::vector<char> outgoing;  ///< an answer being streamed (writer held meanwhile)
+    u64 outgoing_sent = 0;
+    bool outgoing_open = false;
+    std::deque<std::vector<char>> errors;  ///< error answers not yet written
+  };
+
+  /** Everything the server runs on; heap-allocated so it can outlive a stuck Stop. */
+  class Core final : public TaskCompleter {
+   public:
+    Core(RequestDispatcher *dispatcher, const Options &options)
+        : dispatcher_(dispatcher), options_(options) {}
+
+    ~Core() {
+      for (u32 i = 0; i < options_.num_slots && slots_ != nullptr; ++i) {
+        std::free(slots_[i].pending_mem);
+      }
+    }
+
+    Status Start(u32 port) {
+      port_ = port;
+      self_ = SelfIdentity();
+      ShmGeometry g{options_.num_slots, options_.ring_bytes, options_.max_message_bytes,
+                    options_.max_outstanding};
+      slots_ = std::make_unique<SlotState[]>(options_.num_slots);
+      const u32 pending_capacity = 2 * options_.max_outstanding;
+      const size_t pending_bytes =
+          RoundUpTo(MpscRing<u64>::BytesFor(pending_capacity), kCacheLine);
+      for (u32 i = 0; i < options_.num_slots; ++i) {
+        slots_[i].pending_mem = std::aligned_alloc(kCacheLine, pending_bytes);
+        if (slots_[i].pending_mem == nullptr) {
+          return Status::Error(ErrorCode::kOutOfMemory, "shm transport: no memory for slots");
+        }
+        slots_[i].pending = MpscRing<u64>::Create(slots_[i].pending_mem, pending_capacity);
+      }
+      if (Status st = segment_.Create(port, g, self_); !st.ok()) return st;
+      header_ = segment_.Header();
+      // release: clients that see kServing see the initialised segment.
+      header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kServing),
+                                    MemOrder::kRelease);
+      poller_ = std::thread([this] { Run(); });
+      return Status::Ok();
+    }
+
+    /** Drains and stops; true when nothing references the core any more. */
+    bool Stop() {
+      header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopping),
+                                    MemOrder::kSeqCst);
+      stop_deadline_ = MonotonicNs() + kStopGraceNs;
+      // seq_cst: pairs with the poller's park re-check (it reads stopping_ there).
+      stopping_.Store(1, MemOrder::kSeqCst);
+      header_->server_event_.Notify();
+      if (poller_.joinable()) poller_.join();
+      // seq_cst: a completer either sees `stopped_` or is counted in `completing` when we
+      // read it below (Dekker with OnComplete's entry).
+      stopped_.Store(1, MemOrder::kSeqCst);
+      for (u32 i = 0; i < options_.num_slots; ++i) {
+        // seq_cst: the other half of that pair. Completers never block, so this is short.
+        while (slots_[i].completing.Load(MemOrder::kSeqCst) != 0) CpuRelax();
+      }
+      header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopped),
+                                    MemOrder::kSeqCst);
+      bool quiet = true;
+      for (u32 i = 0; i < options_.num_slots; ++i) {
+        segment_.Slot(i)->answer_ready_.Notify();  // clients notice the stop now
+        segment_.Slot(i)->request_room_.Notify();
+        DiscardQueued(i);
+        // acquire: a completer's last act is its decrement; after it, it touches nothing.
+        if (slots_[i].in_flight.Load(MemOrder::kAcquire) != 0) quiet = false;
+      }
+      if (quiet) {
+        segment_.Destroy();
+      } else {
+        PosixShmBackend::DestroyByName(ShmSegmentName(port_));  // keep our mapping alive
+      }
+      return quiet;
+    }
+
+    ShmServerInfo Info() const {
+      return ShmServerInfo{segment_.Name(), segment_.Size(), kShmTransportVersion, port_,
+                           self_.pid};
+    }
+    const ShmSegmentHeader *Header() const { return header_; }
+
+    /**
+     * A worker finished a client's task: write its answer now when the stream is free
+     * and has room, else hand it to the poller. Never blocks.
+     */
+    void OnComplete(Task *t) override {
+      const u32 i = static_cast<u32>(t->transport_cookie_);
+      SlotState &s = slots_[i];
+      // seq_cst: Stop stores `stopped_` and then reads this count; either it waits for
+      // us or we see `stopped_` below.
+      s.completing.FetchAdd(1, MemOrder::kSeqCst);
+      Answer(i, s, t);
+      // release: nothing we did to the slot or the segment follows this.
+      s.completing.FetchSub(1, MemOrder::kRelease);
+    }
+
+   private:
+    using Phase = SlotState::Phase;
+
+    /** OnComplete's body: discard, append directly, or queue for the poller. */
+    void Answer(u32 i, SlotState &s, Task *t) {
+      // seq_cst: pairs with Stop's store (see OnComplete); draining: set before the
+      // poller waits for this slot's credits.
+      if (stopped_.Load(MemOrder::kSeqCst) != 0 || s.draining.Load(MemOrder::kAcquire) != 0) {
+        DeleteTask(t);
+        ReleaseCredit(s);
+        return;
+      }
+      u32 idle = 0;
+      // acquire: the previous writer's appends are complete before ours.
+      if (s.writer.Load(MemOrder::kRelaxed) == 0 &&
+          s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+        thread_local std::vector<char> buf;
+        EncodeAnswerBytes(t, options_.max_message_bytes, &buf);
+        ShmStream *as = segment_.AnswerStream(i);
+        const bool fits = buf.size() <= as->WritableBytes(buf.size());
+        if (fits) as->WritePiece(true, buf.size(), buf.data(), buf.size());
+        s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
+        Recycle(&buf);
+        if (fits) {
+          segment_.Slot(i)->answer_ready_.Notify();
+          DeleteTask(t);
+          ReleaseCredit(s);
+          return;
+        }
+      }
+      // seq_cst: the count is what the parked poller re-checks (Dekker with its park);
+      // counted first, the poller keeps looking until the push below lands.
+      s.pending_count.FetchAdd(1, MemOrder::kSeqCst);
+      s.pending->Push(reinterpret_cast<u64>(t));  // never full: in_flight bounds it
+      header_->server_event_.Notify();
+    }
+
+    /** Ends a request's life in the slot; wakes the poller if it waited for this credit. */
+    void ReleaseCredit(SlotState &s) {
+      // release: our stream writes and frees happen before the poller sees the count drop.
+      u32 prev = s.in_flight.FetchSub(1, MemOrder::kRelease);
+      if (prev == options_.max_outstanding) header_->server_event_.Notify();
+    }
+
+    // ---- The poller ----
+
+    void Run() {
+      pthread_setname_np(pthread_self(), "chi-shm-poller");
+      u64 next_reap = MonotonicNs() + kReapIntervalNs;
+      u64 idle_since = 0;
+      for (u32 pass = 0;; ++pass) {
+        bool worked = false;
+        // acquire: a client's slot writes before its membership bump are visible.
+        u32 seq = header_->membership_seq_.Load(MemOrder::kAcquire);
+        if (seq != seen_membership_) {
+          seen_membership_ = seq;
+          Scan(false);
+          worked = true;
+        }
+        const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
+        // By index: a corrupt stream moves its slot from serving_ to draining_.
+        for (size_t k = 0; k < serving_.size(); ++k) {
+          const u32 i = serving_[k];
+          if (reading) worked |= PumpRequests(i);
+          if (slots_[i].phase == Phase::kServing) worked |= PumpAnswers(i);
+        }
+        for (size_t k = 0; k < draining_.size();) {
+          u32 i = draining_[k];
+          if (DrainStep(i)) {
+            draining_[k] = draining_.back();
+            draining_.pop_back();
+            worked = true;
+          } else {
+            ++k;
+          }
+        }
+        if (!reading && (Quiet() || MonotonicNs() >= stop_deadline_)) break;
+        if (worked) {
+          idle_since = 0;
+          if ((pass & 1023) != 0) continue;
+        } else if ((pass & 63) != 0) {
+          CpuRelax();
+          continue;
+        }
+        const u64 now = MonotonicNs();
+        if (now >= next_reap) {
+          Scan(true);
+          next_reap = now + (serving_.empty() && draining_.empty() ? kIdleScanNs : kReapIntervalNs);
+        }
+        if (worked) continue;
+        if (idle_since == 0) idle_since = now;
+        if (now - idle_since < kPollerSpinNs) continue;
+        header_->server_event_.Wait([&] { return ReadyToRun(); }, reading ? next_reap
+                                                                           : stop_deadline_);
+        idle_since = 0;
+      }
+    }
+
+    /** The park re-check: anything that would give the poller work (seq_cst loads). */
+    bool ReadyToRun() {
+      if (stopping_.Load(MemOrder::kSeqCst) != 0 && Quiet()) return true;
+      if (header_->membership_seq_.Load(MemOrder::kSeqCst) != seen_membership_) return true;
+      const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
+      for (u32 i : serving_) {
+        SlotState &s = slots_[i];
+        if (s.pending_count.Load(MemOrder::kSeqCst) != 0 || !s.errors.empty()) return true;
+        if (reading && segment_.RequestStream(i)->HasDataSeqCst() &&
+            s.in_flight.Load(MemOrder::kSeqCst) < options_.max_outstanding) {
+          return true;
+        }
+        if (s.outgoing_open && segment_.AnswerStream(i)->HasRoomSeqCst(1)) return true;
+      }
+      for (u32 i : draining_) {
+        if (slots_[i].pending_count.Load(MemOrder::kSeqCst) != 0) return true;
+      }
+      return false;
+    }
+
+    /** True when no slot has work in flight (Stop may finish). */
+    bool Quiet() const {
+      for (u32 i = 0; i < options_.num_slots; ++i) {
+        // acquire: pairs with ReleaseCredit.
+        if (slots_[i].in_flight.Load(MemOrder::kAcquire) != 0) return false;
+      }
+      return true;
+    }
+
+    /** Reads whatever requests slot i has published; dispatches the whole ones. */
+    bool PumpRequests(u32 i) {
+      SlotState &s = slots_[i];
+      ShmStream *rs = segment_.RequestStream(i);
+      bool worked = false;
+      for (u32 n = 0; n < kRecordsPerPass; ++n) {
+        // relaxed: only a bound; completers lower it concurrently.
+        if (s.in_flight.Load(MemOrder::kRelaxed) >= options_.max_outstanding) break;
+        ShmStream::Piece p;
+        ShmStream::PeekResult r = rs->Peek(&p);
+        if (r == ShmStream::PeekResult::kEmpty) break;
+        worked = true;
+        if (r == ShmStream::PeekResult::kCorrupt) {
+          Break(i, ErrorCode::kMalformed);
+          return true;
+        }
+        if (!s.assembling) {
+          if (p.kind != ShmStream::kBegin) {
+            Break(i, ErrorCode::kMalformed);
+            return true;
+          }
+          if (p.message_bytes > options_.max_message_bytes) {
+            Break(i, ErrorCode::kTooLarge);
+            return true;
+          }
+          if (p.bytes == p.message_bytes && p.Contiguous()) {
+            // The record stays unconsumed while decoding, so the client cannot reuse it.
+            Dispatch(i, p.first, p.bytes);
+            rs->Consume(p);
+            continue;
+          }
+          s.assembly.clear();
+          s.assembly_total = p.message_bytes;
+          s.assembling = true;
+        } else if (p.kind != ShmStream::kMore ||
+                   p.bytes > s.assembly_total - s.assembly.size()) {
+          Break(i, ErrorCode::kMalformed);
+          return true;
+        }
+        s.assembly.insert(s.assembly.end(), p.first, p.first + p.first_bytes);
+        s.assembly.insert(s.assembly.end(), p.second, p.second + p.second_bytes);
+        rs->Consume(p);
+        if (s.assembly.size() == s.assembly_total) {
+          s.assembling = false;
+          Dispatch(i, s.assembly.data(), s.assembly.size());
+          Recycle(&s.assembly);
+        }
+      }
+      if (worked) segment_.Slot(i)->request_room_.Notify();
+      return worked;
+    }
+
+    /** Hands one whole request to the dispatcher; refusals become error answers. */
+    void Dispatch(u32 i, const char *data, u64 len) {
+      SlotState &s = slots_[i];
+      s.in_flight.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: before the task can exist
+      std::vector<char> error;
+      if (dispatcher_->Dispatch(data, len, this, i, &error)) {
+        // relaxed: a statistic written only by this thread.
+        auto &served = header_->stats_.tasks_served;
+        served.Store(served.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+      } else {
+        s.errors.push_back(std::move(error));
+      }
+    }
+
+    /** Streams queued answers of slot i as far as the client's ring allows. */
+    bool PumpAnswers(u32 i) {
+      SlotState &s = slots_[i];
+      ShmClientSlot *slot = segment_.Slot(i);
+      ShmStream *as = segment_.AnswerStream(i);
+      bool worked = false;
+      for (;;) {
+        if (!s.outgoing_open) {
+          // relaxed: the ring itself orders the values; the count only says "look".
+          const bool have_task = s.pending_count.Load(MemOrder::kRelaxed) != 0;
+          if (s.errors.empty() && !have_task) break;
+          u32 idle = 0;
+          // acquire: a worker's direct append is complete before ours.
+          if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
+          if (!s.errors.empty()) {
+            s.outgoing = std::move(s.errors.front());
+            s.errors.pop_front();
+          } else {
+            u64 v = 0;
+            if (!s.pending->TryPop(v)) {  // pushed but not yet published
+              s.writer.Store(0, MemOrder::kRelease);
+              break;
+            }
+            s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
+            Task *t = reinterpret_cast<Task *>(v);
+            EncodeAnswerBytes(t, options_.max_message_bytes, &s.outgoing);
+            DeleteTask(t);
+          }
+          s.outgoing_open = true;
+          s.outgoing_sent = 0;
+        }
+        if (!StreamOutgoing(s, slot, as)) break;
+        worked = true;
+      }
+      return worked;
+    }
+
+    /** Writes the open answer's next pieces; true once it is all out (writer released). */
+    bool StreamOutgoing(SlotState &s, ShmClientSlot *slot, ShmStream *as) {
+      const u64 total = s.outgoing.size();
+      const u64 goal = as->RingBytes() / 4;
+      while (s.outgoing_sent < total) {
+        const u64 left = total - s.outgoing_sent;
+        const u64 want = left < goal ? left : goal;
+        u64 room = as->WritableBytes(want);
+        if (room < want) {
+          // seq_cst: announce the wait, then re-check (the client reads it after consuming).
+          slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);
+          room = as->WritableBytes(want);
+          if (room < want) return false;
+        }
+        const u64 n = left < room ? left : room;
+        as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.data() + s.outgoing_sent, n);
+        s.outgoing_sent += n;
+        slot->answer_ready_.Notify();
+      }
+      slot->runtime_needs_room_.Store(0, MemOrder::kRelaxed);  // relaxed: only a hint
+      s.outgoing_open = false;
+      Recycle(&s.outgoing);
+      s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
+      ReleaseCredit(s);
+      return true;
+    }
+
+    // ---- The reaper ----
+
+    /**
+     * Walks the slot table: serves newly active slots, starts draining closed ones and,
+     * with check_liveness, those whose owner died. Publishes the statistics.
+     */
+    void Scan(bool check_liveness) {
+      for (u32 i = 0; i < options_.num_slots; ++i) {
+        ShmClientSlot *slot = segment_.Slot(i);
+        SlotState &s = slots_[i];
+        // acquire: the client's set-up writes come before its state change.
+        const u32 state = slot->state_.Load(MemOrder::kAcquire);
+        const u32 pid = slot->owner_pid_.Load(MemOrder::kAcquire);
+        const ProcessIdentity owner{pid, slot->owner_start_ticks_.Load(MemOrder::kAcquire)};
+        switch (s.phase) {
+          case Phase::kIdle:
+            if (state == static_cast<u32>(ShmSlotState::kActive)) {
+              Activate(i, owner);
+            } else if (pid != 0 && (state == static_cast<u32>(ShmSlotState::kClosed) ||
+                                    (check_liveness && !IsProcessAlive(owner)))) {
+              Reset(i);  // left (or died) before it was ever served
+            }
+            break;
+          case Phase::kServing:
+            if (state == static_cast<u32>(ShmSlotState::kClosed)) {
+              BeginDrain(i, false);
+            } else if (check_liveness && !IsProcessAlive(s.owner)) {
+              s.owner_dead = true;
+              BeginDrain(i, true);
+            }
+            break;
+          case Phase::kDraining:
+            if (check_liveness && !s.owner_dead && !IsProcessAlive(s.owner)) s.owner_dead = true;
+            break;
+        }
+      }
+      PublishStats();
+    }
+
+    /** Starts serving slot i. */
+    void Activate(u32 i, const ProcessIdentity &owner) {
+      SlotState &s = slots_[i];
+      s.phase = Phase::kServing;
+      s.owner = owner;
+      s.owner_dead = false;
+      s.counts_as_reclaimed = false;
+      serving_.push_back(i);
+    }
+
+    /** Stops serving slot i; its tasks finish and their answers are dropped. */
+    void BeginDrain(u32 i, bool counts_as_reclaimed) {
+      SlotState &s = slots_[i];
+      s.phase = Phase::kDraining;
+      s.counts_as_reclaimed = counts_as_reclaimed;
+      // seq_cst: completers that read it from now on drop their answers.
+      s.draining.Store(1, MemOrder::kSeqCst);
+      s.assembling = false;
+      Recycle(&s.assembly);
+      for (size_t k = 0; k < serving_.size(); ++k) {
+        if (serving_[k] == i) {
+          serving_[k] = serving_.back();
+          serving_.pop_back();
+          break;
+        }
+      }
+      draining_.push_back(i);
+      PublishStats();
+    }
+
+    /** The client's request stream is corrupt: tell it, and reclaim the slot once it leaves. */
+    void Break(u32 i, ErrorCode why) {
+      ShmClientSlot *slot = segment_.Slot(i);
+      slot->broken_code_.Store(static_cast<u32>(why), MemOrder::kRelaxed);
+      // seq_cst: pairs with the client's park re-check of its slot state.
+      slot->state_.Store(static_cast<u32>(ShmSlotState::kBroken), MemOrder::kSeqCst);
+      slot->answer_ready_.Notify();
+      slot->request_room_.Notify();
+      auto &broken = header_->stats_.broken_streams;
+      broken.Store(broken.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);  // relaxed: stat
+      BeginDrain(i, true);
+    }
+
+    /** Drops what a draining slot still holds; true once the slot was reset. */
+    bool DrainStep(u32 i) {
+      DiscardQueued(i);
+      SlotState &s = slots_[i];
+      // acquire: completers' last touches of the slot happen before we reset it.
+      if (s.in_flight.Load(MemOrder::kAcquire) != 0) return false;
+      const u32 state = segment_.Slot(i)->state_.Load(MemOrder::kAcquire);
+      if (state != static_cast<u32>(ShmSlotState::kClosed) && !s.owner_dead) return false;
+      Reset(i);
+      return true;
+    }
+
+    /** Discards the answers and error answers a slot holds (draining or stopped). */
+    void DiscardQueued(u32 i) {
+      SlotState &s = slots_[i];
+      if (s.phase == Phase::kServing && stopped_.Load(MemOrder::kRelaxed) == 0) return;
+      while (!s.errors.empty()) {
+        s.errors.pop_front();
+        ReleaseCredit(s);
+      }
+      if (s.outgoing_open) {
+        s.outgoing_open = false;
+        Recycle(&s.outgoing);
+        s.writer.Store(0, MemOrder::kRelease);  // release: nothing of ours follows
+        ReleaseCredit(s);
+      }
+      u64 v = 0;
+      while (s.pending->TryPop(v)) {
+        s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
+        DeleteTask(reinterpret_cast<Task *>(v));
+        ReleaseCredit(s);
+      }
+    }
+
+    /** Empties slot i and hands it back to the table (the owner is gone, nothing in flight). */
+    void Reset(u32 i) {
+      SlotState &s = slots_[i];
+      ShmClientSlot *slot = segment_.Slot(i);
+      u32 idle = 0;
+      // acquire: a completer that slipped past the draining flag finishes its append first.
+      while (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+        idle = 0;
+        CpuRelax();
+      }
+      segment_.RequestStream(i)->Reset();
+      segment_.AnswerStream(i)->Reset();
+      new (&slot->answer_ready_) WaitEvent();  // a dead client may have died parked
+      new (&slot->request_room_) WaitEvent();
+      slot->runtime_needs_room_.Store(0, MemOrder::kRelaxed);
+      slot->broken_code_.Store(0, MemOrder::kRelaxed);
+      slot->owner_start_ticks_.Store(0, MemOrder::kRelaxed);
+      slot->generation_.Store(slot->generation_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+      slot->state_.Store(static_cast<u32>(ShmSlotState::kFree), MemOrder::kRelaxed);
+      if (s.phase != Phase::kIdle && s.counts_as_reclaimed) {
+        auto &reclaimed = header_->stats_.reclaimed_clients;
+        reclaimed.Store(reclaimed.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+      }
+      s.phase = Phase::kIdle;
+      s.owner = ProcessIdentity{};
+      s.owner_dead = false;
+      s.counts_as_reclaimed = false;
+      s.assembling = false;
+      Recycle(&s.assembly);
+      s.draining.Store(0, MemOrder::kRelaxed);  // relaxed: no completer of this slot is left
+      s.writer.Store(0, MemOrder::kRelease);
+      // release: the reset slot is complete before a client can claim it.
+      slot->owner_pid_.Store(0, MemOrder::kRelease);
+      PublishStats();
+    }
+
+    /** Writes clients and bytes_in_use into the segment's statistics. */
+    void PublishStats() {
+      u64 bytes = 0;
+      auto count = [&](u32 i) {
+        bytes += segment_.RequestStream(i)->UsedBytes() + segment_.AnswerStream(i)->UsedBytes() +
+                 slots_[i].assembly.size() + slots_[i].outgoing.size() - slots_[i].outgoing_sent;
+      };
+      for (u32 i : serving_) count(i);
+      for (u32 i : draining_) count(i);
+      // relaxed: statistics, read on their own.
+      header_->stats_.clients.Store(static_cast<u32>(serving_.size()), MemOrder::kRelaxed);
+      header_->stats_.bytes_in_use.Store(bytes, MemOrder::kRelaxed);
+    }
+
+    RequestDispatcher *dispatcher_;
+    Options options_;
+    u32 port_ = 0;
+    ProcessIdentity self_;
+    ShmSegment segment_;
+    ShmSegmentHeader *header_ = nullptr;
+    std::unique_ptr<SlotState[]> slots_;
+    std::thread poller_;
+    Atomic<u32> stopping_;  ///< Stop asked: read no more requests, finish answers
+    Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers
+    u64 stop_deadline_ = 0;
+    u32 seen_membership_ = 0;
+    std::vector<u32> serving_;   ///< poller only
+    std::vector<u32> draining_;  ///< poller only
+  };
+
+  std::unique_ptr<Core> core_;
+};
+
+}  // namespace chi

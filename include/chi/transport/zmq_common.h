@@ -1,0 +1,134 @@
+// What the ZeroMQ client transport and server share: endpoint names (per user
+// and port), the control messages that travel in the task envelope, socket
+// options, and the doorbell that wakes a network thread from other threads.
+// Invariant: a ZeroMQ socket is only ever touched by its network thread;
+// other threads reach it through a lock-free list plus this doorbell.
+#pragma once
+
+#include <sys/eventfd.h>  // the doorbell's file descriptor
+#include <unistd.h>       // getuid, read, write, close
+
+#include <cstring>  // memcpy of ids
+#include <string>   // endpoint text
+#include <vector>   // message bytes
+
+#include <zmq.hpp>  // cppzmq
+
+#include "chi/core/atomic.h"           // sleeping flag, fences
+#include "chi/core/types.h"            // u32, u64
+#include "chi/serialize/archive.h"     // control payloads
+#include "chi/transport/transport.h"   // kEnvelopeHeaderBytes
+
+namespace chi {
+
+/** The ZeroMQ endpoint of the runtime on this node for `mode` ("ipc" or "tcp") and `port`. */
+inline std::string ZmqEndpoint(std::string_view mode, u32 port) {
+  if (mode == "ipc") {
+    return "ipc:///tmp/chi_" + std::to_string(getuid()) + "_" + std::to_string(port) + ".ipc";
+  }
+  return "tcp://127.0.0.1:" + std::to_string(port);
+}
+
+/**
+ * Control messages share the envelope with tasks: a request id with the top bit
+ * set names a control message instead of a task, followed by its archive bytes.
+ */
+namespace zmq_control {
+inline constexpr u64 kBit = 1ull << 63;
+inline constexpr u64 kConnect = kBit | 1;   ///< client -> runtime: ConnectRequest
+inline constexpr u64 kAccept = kBit | 2;    ///< runtime -> client: ConnectAnswer
+inline constexpr u64 kBye = kBit | 3;       ///< client -> runtime: forget me
+inline constexpr u64 kShutdown = kBit | 4;  ///< runtime -> client: I am stopping
+inline constexpr u64 kRefused = kBit | 5;   ///< runtime -> client: connect first
+}  // namespace zmq_control
+
+/** Largest request the runtime accepts (ZMQ_MAXMSGSIZE): larger ones drop the connection. */
+inline constexpr u64 kZmqMaxRequestBytes = 256ull << 20;
+/** How long a closing socket may still push queued messages out. */
+inline constexpr int kZmqLingerMs = 1000;
+
+/** Reads the u64 request id at the front of an envelope (the caller checked the length). */
+inline u64 EnvelopeId(const void *data) {
+  u64 id = 0;
+  std::memcpy(&id, data, sizeof(id));
+  return id;
+}
+
+/** Builds a control message: the id, then the archive of `body`. */
+template <typename T>
+zmq::message_t MakeControl(u64 id, T &body) {
+  std::vector<char> buf(kEnvelopeHeaderBytes);
+  std::memcpy(buf.data(), &id, sizeof(id));
+  OutputArchive ar(buf);
+  ar(body);
+  return zmq::message_t(buf.data(), buf.size());
+}
+
+/** A control message with no body. */
+inline zmq::message_t MakeControl(u64 id) { return zmq::message_t(&id, sizeof(id)); }
+
+/** Decodes a control message's body; false when malformed. */
+template <typename T>
+bool ParseControl(const zmq::message_t &msg, T *body) {
+  if (msg.size() < kEnvelopeHeaderBytes) return false;
+  InputArchive ar(static_cast<const char *>(msg.data()) + kEnvelopeHeaderBytes,
+                  msg.size() - kEnvelopeHeaderBytes);
+  ar(*body);
+  return ar.ok();
+}
+
+/**
+ * Wakes a network thread blocked in zmq_poll. Producers ring it after
+ * publishing work; the eventfd is written only while the thread says it sleeps,
+ * so a busy network thread costs producers no system call.
+ */
+class ZmqDoorbell {
+ public:
+  ZmqDoorbell() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  ~ZmqDoorbell() {
+    if (fd_ >= 0) close(fd_);
+  }
+  ZmqDoorbell(const ZmqDoorbell &) = delete;
+  ZmqDoorbell &operator=(const ZmqDoorbell &) = delete;
+
+  bool ok() const { return fd_ >= 0; }
+  /** The fd to poll for POLLIN. */
+  int fd() const { return fd_; }
+
+  /** Producer: call after publishing work. */
+  void Ring() {
+    // seq_cst fence: our publish is visible before we read sleeping_ (mirrors Sleep).
+    FenceSeqCst();
+    if (sleeping_.Load(MemOrder::kRelaxed) != 0) {
+      u64 one = 1;
+      ssize_t n = write(fd_, &one, sizeof(one));
+      (void)n;  // EAGAIN means the counter is already non-zero: the thread wakes anyway
+    }
+  }
+  /** Network thread: announce a sleep; re-check the work lists afterwards, then poll. */
+  void PrepareSleep() {
+    sleeping_.Store(1, MemOrder::kRelaxed);
+    // seq_cst fence: the flag is visible before we re-check for work (mirrors Ring).
+    FenceSeqCst();
+  }
+  /** Network thread: back from polling; clears the flag and the counter. */
+  void Awake() {
+    sleeping_.Store(0, MemOrder::kRelaxed);
+    u64 v = 0;
+    ssize_t n = read(fd_, &v, sizeof(v));
+    (void)n;  // EAGAIN: nobody rang
+  }
+
+ private:
+  int fd_;
+  Atomic<u32> sleeping_;
+};
+
+/** Socket options every chi ZeroMQ socket gets: bounded linger, no message limit on HWM. */
+inline void ConfigureZmqSocket(zmq::socket_t &s) {
+  s.set(zmq::sockopt::linger, kZmqLingerMs);
+  s.set(zmq::sockopt::sndhwm, 0);  // back-pressure is ours (bounded in-flight), not ZeroMQ's
+  s.set(zmq::sockopt::rcvhwm, 0);
+}
+
+}  // namespace chi

@@ -1,0 +1,223 @@
+// What the runtime tools share: running a runtime in the foreground, starting
+// one in the background, stopping it, and printing its state and Monitor
+// statistics. Each returns a process exit code (0 = success) and says why on stderr.
+// Invariant: the control tools are pure clients; they never start a runtime in-process.
+#pragma once
+
+#include <fcntl.h>     // open /dev/null for a detached runtime
+#include <signal.h>    // SIGTERM/SIGINT ask the runtime to stop
+#include <sys/wait.h>  // waitpid on a runtime that failed to start
+#include <unistd.h>    // fork, setsid, execv
+
+#include <chrono>   // polling intervals
+#include <cstdio>   // printf
+#include <cstdlib>  // getenv, setenv
+#include <string>   // paths
+#include <thread>   // sleep_for between Monitor reports
+
+#include <chi/chi.h>                      // CHIMAERA_INIT, Chimaera
+#include <chi/mods/admin/admin_client.h>  // StopRuntime, Monitor
+
+namespace chi_tools {
+
+/** SIGTERM / SIGINT: ask the runtime to drain and stop (async-signal-safe: a store and a futex wake). */
+inline void OnStopSignal(int) { chi::Chimaera::Get().RequestStop(); }
+
+/** Runs a runtime in this process until StopRuntime or a signal; returns the exit code. */
+inline int RunRuntimeForeground() {
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kServer, true)) return 1;
+  const chi::ServerConfig &cfg = chi::Chimaera::Get().GetConfig();
+  std::printf("chimaera runtime: pid %d serving port %u (ipc and tcp on loopback)\n", getpid(),
+              cfg.port);
+  std::fflush(stdout);
+  chi::Chimaera::Get().WaitForStop();
+  chi::CHIMAERA_FINALIZE();
+  std::printf("chimaera runtime: pid %d stopped\n", getpid());
+  return 0;
+}
+
+/** Connects this process as a pure client (ipc unless CHI_IPC_MODE says otherwise). */
+inline bool ConnectAsClient(double timeout_sec) {
+  setenv("CHI_WITH_RUNTIME", "0", 1);
+  const char *mode = std::getenv("CHI_IPC_MODE");
+  if (mode == nullptr || mode[0] == '\0') setenv("CHI_IPC_MODE", "ipc", 1);
+  const std::string t = std::to_string(timeout_sec);
+  setenv("CHI_CONNECT_TIMEOUT", t.c_str(), 0);
+  return chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, false);
+}
+
+/** The port the tools address (CHI_PORT or the config). */
+inline chi::u32 ConfiguredPort() {
+  chi::ServerConfig cfg;
+  chi::LoadServerConfig(&cfg);
+  return cfg.port;
+}
+
+/** Sends StopRuntime and waits until the runtime process has exited. */
+inline int StopRuntime(double timeout_sec) {
+  if (!ConnectAsClient(timeout_sec)) {
+    std::fprintf(stderr, "chimaera: no runtime to stop on port %u\n", ConfiguredPort());
+    return 1;
+  }
+  const chi::u32 pid = chi::Chimaera::Get().GetConnectAnswer().runtime_pid;
+  auto f = chimaera::admin::Client().AsyncStopRuntime(chi::PoolQuery::Local());
+  const bool answered = f.Wait(static_cast<float>(timeout_sec));
+  const chi::u32 rc = answered ? f->GetReturnCode() : 0;
+  chi::CHIMAERA_FINALIZE();
+  if (answered && rc != 0 && rc != static_cast<chi::u32>(chi::ErrorCode::kShutdown) &&
+      rc != static_cast<chi::u32>(chi::ErrorCode::kPeerDead)) {
+    std::fprintf(stderr, "chimaera: StopRuntime failed: %s\n", f->GetMessage());
+    return 1;
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<long>(timeout_sec * 1000));
+  while (chi::ProcessAlive(pid)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "chimaera: runtime pid %u still running after %.1f s\n", pid,
+                   timeout_sec);
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::printf("chimaera: runtime pid %u stopped\n", pid);
+  return 0;
+}
+
+/** The start-runtime executable next to this one. */
+inline std::string SiblingPath(const char *name) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string();
+  const size_t slash = dir.rfind('/');
+  dir = slash == std::string::npos ? std::string(".") : dir.substr(0, slash);
+  return dir + "/" + name;
+}
+
+/** Starts chimaera_start_runtime detached (own session, output to `log`), waits until it serves. */
+inline int StartRuntimeDetached(const std::string &log, double timeout_sec) {
+  const std::string exe = SiblingPath("chimaera_start_runtime");
+  const pid_t pid = fork();
+  if (pid < 0) {
+    std::perror("chimaera: fork");
+    return 1;
+  }
+  if (pid == 0) {
+    setsid();
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    execl(exe.c_str(), exe.c_str(), static_cast<char *>(nullptr));
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<long>(timeout_sec * 1000));
+  const chi::u32 port = ConfiguredPort();
+  for (;;) {
+    bool stale = false;
+    if (chi::RuntimeSegments::FindOwner(port, &stale) == static_cast<chi::u32>(pid)) break;
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      std::fprintf(stderr, "chimaera: the runtime exited during start-up (see %s)\n", log.c_str());
+      return 1;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "chimaera: the runtime (pid %d) did not start within %.1f s\n", pid,
+                   timeout_sec);
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!ConnectAsClient(timeout_sec)) return 1;  // serving, not just holding its segments
+  chi::CHIMAERA_FINALIZE();
+  std::printf("chimaera: runtime pid %d serving port %u (log: %s)\n", pid, port, log.c_str());
+  return 0;
+}
+
+/** Prints one Monitor report. */
+inline void PrintReport(const chimaera::admin::MonitorReport &r) {
+  std::printf("workers:\n");
+  for (const chi::WorkerStats &w : r.workers_) {
+    std::printf("  worker %u role %u  done %llu  queued %llu  blocked %llu  parks %llu\n", w.id_,
+                static_cast<unsigned>(w.role_), static_cast<unsigned long long>(w.tasks_done_),
+                static_cast<unsigned long long>(w.queue_depth_),
+                static_cast<unsigned long long>(w.blocked_),
+                static_cast<unsigned long long>(w.parks_));
+  }
+  std::printf("pools:\n");
+  for (const chi::PoolStats &p : r.pools_) {
+    std::printf("  %s  %s (%s)  containers %u  in flight %llu  done %llu\n",
+                p.id_.ToString().c_str(), p.name_.c_str(), p.module_name_.c_str(),
+                p.num_containers_, static_cast<unsigned long long>(p.inflight_),
+                static_cast<unsigned long long>(p.tasks_done_));
+  }
+  std::printf("transports:\n");
+  for (const chimaera::admin::TransportStats &t : r.transports_) {
+    std::printf("  %s  clients %llu  reaped %llu  outstanding %llu  held %llu B  requests %llu  "
+                "refused %llu  dropped %llu\n",
+                t.name_.c_str(), static_cast<unsigned long long>(t.clients_),
+                static_cast<unsigned long long>(t.clients_reaped_),
+                static_cast<unsigned long long>(t.tasks_outstanding_),
+                static_cast<unsigned long long>(t.bytes_held_),
+                static_cast<unsigned long long>(t.requests_),
+                static_cast<unsigned long long>(t.requests_refused_),
+                static_cast<unsigned long long>(t.answers_dropped_));
+  }
+  std::fflush(stdout);
+}
+
+/** Prints Monitor reports: once (every_sec = 0) or every every_sec, `count` times (0 = forever). */
+inline int Monitor(double every_sec, long count) {
+  if (!ConnectAsClient(5)) return 1;
+  int rc = 0;
+  for (long i = 0; count == 0 || i < count; ++i) {
+    auto f = chimaera::admin::Client().AsyncMonitor(chi::PoolQuery::Local());
+    if (!f.Wait(10) || f->GetReturnCode() != 0) {
+      std::fprintf(stderr, "chimaera: Monitor failed: %s\n",
+                   f.IsComplete() ? f->GetMessage() : "no answer within 10 s");
+      rc = 1;
+      break;
+    }
+    PrintReport(f->Decode());
+    if (every_sec <= 0) break;
+    if (count == 0 || i + 1 < count) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<long>(every_sec * 1000)));
+    }
+  }
+  chi::CHIMAERA_FINALIZE();
+  return rc;
+}
+
+/** Says whether a runtime serves the port (exit 0) or not (exit 1, naming stale leftovers). */
+inline int Status() {
+  const chi::u32 port = ConfiguredPort();
+  bool stale = false;
+  const chi::u32 owner = chi::RuntimeSegments::FindOwner(port, &stale);
+  if (owner == 0) {
+    std::printf("no runtime on port %u%s\n", port,
+                stale ? " (stale segments of a dead runtime remain; the next start removes them)"
+                      : "");
+    return 1;
+  }
+  if (!ConnectAsClient(2)) {
+    std::printf("runtime pid %u holds port %u's segments but does not answer\n", owner, port);
+    return 1;
+  }
+  const chi::ConnectAnswer &a = chi::Chimaera::Get().GetConnectAnswer();
+  std::printf("runtime pid %u serving port %u\n", a.runtime_pid, a.port);
+  for (const chi::SegmentInfo &s : a.segments) {
+    std::printf("  segment %s  %llu bytes  layout v%u\n", s.name.c_str(),
+                static_cast<unsigned long long>(s.size), s.version);
+  }
+  chi::CHIMAERA_FINALIZE();
+  return 0;
+}
+
+}  // namespace chi_tools
