@@ -1,0 +1,92 @@
+// Small helpers the GPU mailboxes, the orchestrator loop and the GPU client share: thread
+// ids, spin pauses, a nanosecond clock, the system fence and 16-byte block copies. Each
+// has a host version, so the same protocol code also runs on CPU threads (host tests).
+// Invariant: nothing here blocks; every wait built on these is bounded by its caller.
+#pragma once
+
+#if !CHI_IS_GPU
+#include <time.h>  // clock_gettime for the host clock
+#endif
+
+#include "chi/core/atomic.h"  // CpuRelax, FenceSeqCst
+#include "chi/core/macros.h"  // CHI_CROSS_FUN, CHI_IS_GPU, CHI_GPU_CUDA/HIP
+#include "chi/core/types.h"   // u32, u64
+
+namespace chi::gpu {
+
+/** Monotonic nanoseconds: %globaltimer on NVIDIA, s_memrealtime (100 MHz) on AMD. */
+CHI_CROSS_FUN inline u64 ClockNs() {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#elif CHI_IS_GPU
+  return __builtin_amdgcn_s_memrealtime() * 10;
+#else
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<u64>(ts.tv_sec) * 1000000000ull + static_cast<u64>(ts.tv_nsec);
+#endif
+}
+
+/** Yields the issue slot for about `ns` nanoseconds (a hint; a CPU pause on the host). */
+CHI_CROSS_FUN inline void SpinPause(u32 ns) {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  __nanosleep(ns);
+#elif CHI_IS_GPU
+  (void)ns;
+  __builtin_amdgcn_s_sleep(2);
+#else
+  (void)ns;
+  CpuRelax();
+#endif
+}
+
+/**
+ * The pause for the n-th consecutive empty poll: none for a while (latency), then growing
+ * sleeps up to max_ns, so idle pollers stop flooding L2 or the PCIe link.
+ */
+CHI_CROSS_FUN inline void Backoff(u32 n, u32 max_ns) {
+  if (n < 64) return;
+  u32 ns = 32u << ((n - 64) >> 6 < 6 ? (n - 64) >> 6 : 6);
+  SpinPause(ns < max_ns ? ns : max_ns);
+}
+
+/** Orders every earlier write before every later one, as seen by the CPU and other GPUs. */
+CHI_CROSS_FUN inline void FenceSystem() {
+#if CHI_IS_GPU
+  __threadfence_system();
+#else
+  FenceSeqCst();
+#endif
+}
+
+/** This thread's index in its launch (x-major over the grid); 0 on the host. */
+CHI_CROSS_FUN inline u32 GlobalThreadId() {
+#if CHI_IS_GPU
+  const u32 block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const u32 in_block = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  return block * (blockDim.x * blockDim.y * blockDim.z) + in_block;
+#else
+  return 0;
+#endif
+}
+
+/** 16 bytes, the widest plain load and store; buffers copied with it are 16-aligned. */
+struct alignas(16) Chunk16 {
+  u64 lo;
+  u64 hi;
+};
+
+/**
+ * Copies `len` bytes rounded up to 16 between 16-aligned buffers whose capacity is a
+ * multiple of 16. Wide, independent loads: one PCIe or L2 round trip for a whole message.
+ */
+CHI_CROSS_FUN inline void CopyChunks(void *dst, const void *src, u32 len) {
+  auto *d = static_cast<Chunk16 *>(dst);
+  const auto *s = static_cast<const Chunk16 *>(src);
+  const u32 n = (len + 15) / 16;
+  for (u32 i = 0; i < n; ++i) d[i] = s[i];
+}
+
+}  // namespace chi::gpu
