@@ -22,7 +22,7 @@ using chi::u64;
 
 namespace {
 
-constexpr int kReps = 9;
+constexpr int kReps = 11;
 constexpr u64 kRoundTrips = 100000;
 constexpr u64 kWarmup = 2000;
 constexpr u64 kItems = 4000000;
@@ -155,25 +155,48 @@ double AtomicPingPongThreads() {
   return ns;
 }
 
-/** Two processes, ping and pong flags on two cache lines of shm, spinning. */
-double ShmPingPongProcesses() {
-  auto *flags = static_cast<chi::Atomic<u64> *>(MapShared(2 * chi::kCacheLine));
-  chi::Atomic<u64> &ping = flags[0];
-  chi::Atomic<u64> &pong = flags[chi::kCacheLine / sizeof(chi::Atomic<u64>)];
-  pid_t pid = ForkPeer([&] {
-    for (u64 i = 1; i <= kWarmup + kRoundTrips; ++i) {
-      while (ping.Load(chi::MemOrder::kAcquire) != i) chi::CpuRelax();
-      pong.Store(i, chi::MemOrder::kRelease);
-    }
-  });
+/** The echo side of a two-flag ping-pong: waits for ping == i, answers pong = i. */
+void EchoFlags(chi::Atomic<u64> *ping, chi::Atomic<u64> *pong) {
+  for (u64 i = 1; i <= kWarmup + kRoundTrips; ++i) {
+    while (ping->Load(chi::MemOrder::kAcquire) != i) chi::CpuRelax();
+    pong->Store(i, chi::MemOrder::kRelease);
+  }
+}
+
+/** The timing side of a two-flag ping-pong: ns per round trip. */
+double PingFlags(chi::Atomic<u64> *ping, chi::Atomic<u64> *pong) {
   u64 start = 0;
   for (u64 i = 1; i <= kWarmup + kRoundTrips; ++i) {
     if (i == kWarmup + 1) start = Now();
-    ping.Store(i, chi::MemOrder::kRelease);
-    while (pong.Load(chi::MemOrder::kAcquire) != i) chi::CpuRelax();
+    ping->Store(i, chi::MemOrder::kRelease);
+    while (pong->Load(chi::MemOrder::kAcquire) != i) chi::CpuRelax();
   }
-  double ns = static_cast<double>(Now() - start) / kRoundTrips;
+  return static_cast<double>(Now() - start) / kRoundTrips;
+}
+
+/** Two processes, ping and pong flags on two cache lines of shm, spinning. */
+double ShmPingPongProcesses() {
+  auto *flags = static_cast<chi::Atomic<u64> *>(MapShared(2 * chi::kCacheLine));
+  chi::Atomic<u64> *ping = &flags[0];
+  chi::Atomic<u64> *pong = &flags[chi::kCacheLine / sizeof(chi::Atomic<u64>)];
+  pid_t pid = ForkPeer([ping, pong] { EchoFlags(ping, pong); });
+  double ns = PingFlags(ping, pong);
   WaitPeer(pid);
+  munmap(flags, 2 * chi::kCacheLine);
+  return ns;
+}
+
+/** The same two-line protocol between two threads (separates "two lines" from "processes"). */
+double TwoFlagPingPongThreads() {
+  auto *flags = static_cast<chi::Atomic<u64> *>(MapShared(2 * chi::kCacheLine));
+  chi::Atomic<u64> *ping = &flags[0];
+  chi::Atomic<u64> *pong = &flags[chi::kCacheLine / sizeof(chi::Atomic<u64>)];
+  std::thread peer([ping, pong] {
+    PinTo(g_cpus.b);
+    EchoFlags(ping, pong);
+  });
+  double ns = PingFlags(ping, pong);
+  peer.join();
   munmap(flags, 2 * chi::kCacheLine);
   return ns;
 }
@@ -191,7 +214,7 @@ struct BareRing {
 double BareRingThroughput() {
   auto *ring = new BareRing();
   std::atomic<int> ready{0};
-  std::thread producer([&] {
+  std::thread producer([ring, &ready] {
     PinTo(g_cpus.b);
     ready.fetch_add(1);
     while (ready.load() < 2) chi::CpuRelax();
@@ -232,7 +255,9 @@ double RingRoundTripThreads() {
   char *mem = static_cast<char *>(MapShared(2 * bytes));
   Ring *ping = Ring::Create(mem, kRingCapacity);
   Ring *pong = Ring::Create(mem + bytes, kRingCapacity);
-  std::thread peer([&] {
+  // By value: the peer must not read pointers off this thread's stack, whose line also
+  // holds `v`, written every round trip (false sharing would inflate our figure).
+  std::thread peer([ping, pong] {
     PinTo(g_cpus.b);
     u64 v = 0;
     for (u64 i = 0; i < kWarmup + kRoundTrips; ++i) {
@@ -290,7 +315,8 @@ double RingThroughput(u32 producers) {
   std::vector<std::thread> threads;
   u64 each = kItems / producers;
   for (u32 p = 0; p < producers; ++p) {
-    threads.emplace_back([&, p] {
+    // ring and each by value: no reads off the consumer's stack lines.
+    threads.emplace_back([ring, each, producers, &ready, p] {
       PinTo(g_cpus.b);
       ready.fetch_add(1);
       while (ready.load() <= producers) chi::CpuRelax();
@@ -310,9 +336,15 @@ double RingThroughput(u32 producers) {
 
 // ---- Report ----
 
-void PrintLatency(const char *what, const Sample &ours, const Sample &floor) {
-  std::printf("  %-34s %8.1f ns (%6.1f-%6.1f)   floor %7.1f ns   ours/floor %.2fx\n", what,
+/** One of our round trips next to its floor (and, for threads, the two-line floor too). */
+void PrintLatency(const char *what, const Sample &ours, const Sample &floor,
+                  const Sample *two_line = nullptr) {
+  std::printf("  %-34s %8.1f ns (%6.1f-%6.1f)   floor %7.1f ns   ours/floor %.2fx", what,
               ours.median, ours.min, ours.max, floor.median, ours.median / floor.median);
+  if (two_line != nullptr) {
+    std::printf("   (vs two-flag threads %.2fx)", ours.median / two_line->median);
+  }
+  std::printf("\n");
 }
 
 void PrintFloor(const char *what, const Sample &floor) {
@@ -345,20 +377,22 @@ int main() {
   }
   std::printf("every spin loop (floors included) uses chi::CpuRelax\n\n");
 
-  std::printf("round trip (lower is better)\n");
+  std::printf("round trip (lower is better). (a) moves one cache line back and forth; a ping\n"
+              "ring + pong ring must move two, like (b) and the two-flag thread line below.\n");
   Sample floor_threads = Repeat(AtomicPingPongThreads);
   Sample floor_procs = Repeat(ShmPingPongProcesses);
+  Sample two_flag_threads = Repeat(TwoFlagPingPongThreads);
   PrintFloor("(a) floor: atomic ping-pong, threads", floor_threads);
   PrintFloor("(b) floor: shm ping-pong, processes", floor_procs);
+  PrintFloor("    two-flag ping-pong, threads", two_flag_threads);
   PrintLatency("(c) SpscRing, threads", Repeat(RingRoundTripThreads<chi::SpscRing<u64>>),
-               floor_threads);
+               floor_threads, &two_flag_threads);
   PrintLatency("(c) SpscRing, processes", Repeat(RingRoundTripProcesses<chi::SpscRing<u64>>),
                floor_procs);
   PrintLatency("(d) MpscRing, threads", Repeat(RingRoundTripThreads<chi::MpscRing<u64>>),
-               floor_threads);
+               floor_threads, &two_flag_threads);
   PrintLatency("(d) MpscRing, processes", Repeat(RingRoundTripProcesses<chi::MpscRing<u64>>),
                floor_procs);
-
   std::printf("\nthroughput, threads (higher is better; floor: bare Lamport SPSC ring)\n");
   Sample floor_tput = Repeat(BareRingThroughput);
   std::printf("  %-34s %7.2f M/s (%5.2f-%5.2f)\n", "(e) floor: bare Lamport ring",

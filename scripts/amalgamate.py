@@ -28,164 +28,242 @@ PRAGMA_ONCE = re.compile(r'^\s*#\s*pragma\s+once\b')
 COND_OPEN = re.compile(r'^\s*#\s*(if|ifdef|ifndef)\b')
 COND_ELSE = re.compile(r'^\s*#\s*(elif|elifdef|elifndef|else)\b')
 COND_CLOSE = re.compile(r'^\s*#\s*endif\b')
+RAW_STRING_OPEN = re.compile(r'R"([^()\\\s]{0,16})\(')
 
 
 class AmalgamateError(Exception):
-  """A header that cannot be inlined (missing file, unbalanced #if)."""
+    """A header that cannot be inlined (missing file, unbalanced #if)."""
+
+
+class LexState:
+    """Tracks block comments and raw strings across lines, so that text inside them
+    (a YAML comment such as "# if ...", an example #include) is never taken for a
+    preprocessor directive."""
+
+    def __init__(self):
+        self.in_comment = False
+        self.raw_end = None  # ')delim"' while inside a raw string literal
+
+    def at_code(self):
+        """True when the next line starts outside comments and raw strings."""
+        return not self.in_comment and self.raw_end is None
+
+    def advance(self, line):
+        """Consumes one line of source and updates the state."""
+        i, n = 0, len(line)
+        while i < n:
+            if self.raw_end is not None:
+                end = line.find(self.raw_end, i)
+                if end < 0:
+                    return
+                i, self.raw_end = end + len(self.raw_end), None
+            elif self.in_comment:
+                end = line.find("*/", i)
+                if end < 0:
+                    return
+                i, self.in_comment = end + 2, False
+            elif line.startswith("//", i):
+                return
+            elif line.startswith("/*", i):
+                self.in_comment, i = True, i + 2
+            elif line[i] == 'R' and (m := RAW_STRING_OPEN.match(line, i)) and \
+                    (i == 0 or not (line[i - 1].isalnum() or line[i - 1] == '_')
+                     or line[i - 1] in "uU8L"):
+                self.raw_end, i = ")" + m.group(1) + '"', m.end()
+            elif line[i] == '"' or (line[i] == "'" and not (i > 0 and line[i - 1].isalnum())):
+                i = self._skip_quoted(line, i)
+            else:
+                i += 1
+
+    @staticmethod
+    def _skip_quoted(line, i):
+        """Index just past the string or character literal starting at line[i]."""
+        quote, i = line[i], i + 1
+        while i < len(line) and line[i] != quote:
+            i += 2 if line[i] == "\\" else 1
+        return i + 1
 
 
 class Amalgamator:
-  """Inlines our headers depth-first, so every header precedes its first user.
+    """Inlines our headers depth-first, so every header precedes its first user.
 
-  Conditional blocks are tracked as a stack of frames (#if opens one, #elif/#else
-  replace the top one, #endif closes it), across files as the text is spliced. An
-  include is dropped when the header was already inlined under a prefix of the
-  current frames, i.e. in blocks that are certainly active here. A header inlined
-  inside an #if is wrapped in a guard macro, so that if several of its copies
-  survive preprocessing only the first expands, as #pragma once would do.
-  """
+    Conditional blocks are tracked as a stack of frames (#if opens one, #elif/#else
+    replace the top one, #endif closes it), across files as the text is spliced. An
+    include is dropped when the header was already inlined under a prefix of the
+    current frames, i.e. in blocks that are certainly active here. A header inlined
+    inside an #if is wrapped in a guard macro, so that if several of its copies
+    survive preprocessing only the first expands, as #pragma once would do.
+    """
 
-  def __init__(self, include_dir):
-    self.include_dir = include_dir
-    self.frames = []        # ids of the conditional blocks open at this point of the text
-    self.next_frame = 0
-    self.inlined_under = {}  # header -> frame stacks it was inlined under
-    self.guarded = set()    # headers inlined inside an #if at least once
-    self.stack = []         # include chain being expanded (for cycles and messages)
+    def __init__(self, include_dir):
+        self.include_dir = include_dir
+        self.frames = []         # ids of the conditional blocks open at this point
+        self.frame_count = 0
+        self.inlined_under = {}  # header -> the frame stacks it was inlined under
+        self.guarded = set()     # headers inlined inside an #if at least once
+        self.chain = []          # include chain being expanded (cycles, messages)
 
-  def Run(self, root_rel):
-    out = [STAMP, "#pragma once\n"]
-    out.extend(self.Inline(root_rel))
-    text = "".join(out)
-    # Runs of blank lines left where pragmas and includes were dropped: keep at most one.
-    text = re.sub(r'\n{3,}', '\n\n', text)
-    return text if text.endswith("\n") else text + "\n"
+    def run(self, root):
+        """The amalgamated text of header `root` (a path under include/)."""
+        return "".join([STAMP, "#pragma once\n", *self.inline(root)])
 
-  def NewFrame(self):
-    self.next_frame += 1
-    return self.next_frame
+    def _new_frame(self):
+        self.frame_count += 1
+        return self.frame_count
 
-  def Inline(self, rel):
-    """Returns the lines of header `rel` with its own includes expanded."""
-    path = os.path.join(self.include_dir, rel)
-    if not os.path.isfile(path):
-      who = self.stack[-1] if self.stack else "the command line"
-      raise AmalgamateError(f"{rel} (included from {who}) not found under {self.include_dir}")
-    with open(path, encoding="utf-8") as f:
-      lines = f.read().splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-      lines[-1] += "\n"
-    here = tuple(self.frames)
-    self.inlined_under.setdefault(rel, []).append(here)
-    if here:
-      self.guarded.add(rel)
+    def inline(self, rel):
+        """The lines of header `rel` with its own includes expanded."""
+        path = os.path.join(self.include_dir, rel)
+        if not os.path.isfile(path):
+            who = self.chain[-1] if self.chain else "the command line"
+            raise AmalgamateError(f"{rel} (included from {who}) not found under "
+                                  f"{self.include_dir}")
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        here = tuple(self.frames)
+        self.inlined_under.setdefault(rel, []).append(here)
+        if here:
+            self.guarded.add(rel)
 
-    self.stack.append(rel)
-    body = []
-    for line in lines:
-      if PRAGMA_ONCE.match(line):
-        continue
-      m = CHI_INCLUDE.match(line)
-      if m:
-        body.extend(self.Include(m.group(1)))
-        continue
-      if COND_OPEN.match(line):
-        self.frames.append(self.NewFrame())
-      elif COND_ELSE.match(line) or COND_CLOSE.match(line):
-        if len(self.frames) == len(here):
-          raise AmalgamateError(f"{rel}: {line.strip()} without a matching #if")
-        if COND_CLOSE.match(line):
-          self.frames.pop()
+        self.chain.append(rel)
+        body = []  # None marks a dropped line (pragma once, an include already inlined)
+        lex = LexState()
+        for line in lines:
+            directive = lex.at_code()
+            lex.advance(line)
+            if not directive:
+                body.append(line)
+                continue
+            m = CHI_INCLUDE.match(line)
+            if PRAGMA_ONCE.match(line):
+                body.append(None)
+            elif m:
+                body.extend(self.include(m.group(1)) or [None])
+            else:
+                self._track_conditional(rel, line, len(here))
+                body.append(line)
+        if tuple(self.frames) != here:
+            raise AmalgamateError(f"{rel}: an #if is never closed")
+        self.chain.pop()
+
+        out = [f"// ---- begin {rel} ----\n"]
+        if rel in self.guarded:
+            guard = "CHI_SINGLE_INCLUDE_" + re.sub(r'[^A-Za-z0-9]', '_', rel).upper()
+            out += [f"#ifndef {guard}\n", f"#define {guard}\n", *_drop_lines(body),
+                    f"#endif  // {guard}\n"]
         else:
-          self.frames[-1] = self.NewFrame()
-      body.append(line)
-    if tuple(self.frames) != here:
-      raise AmalgamateError(f"{rel}: an #if is never closed")
-    self.stack.pop()
+            out += _drop_lines(body)
+        out.append(f"// ---- end {rel} ----\n")
+        return out
 
-    out = [f"// ---- begin {rel} ----\n"]
-    if rel in self.guarded:
-      guard = "CHI_SINGLE_INCLUDE_" + re.sub(r'[^A-Za-z0-9]', '_', rel).upper()
-      out += [f"#ifndef {guard}\n", f"#define {guard}\n", *body, f"#endif  // {guard}\n"]
-    else:
-      out += body
-    out.append(f"// ---- end {rel} ----\n")
+    def _track_conditional(self, rel, line, base_depth):
+        """Opens, switches or closes a conditional frame for a directive line."""
+        if COND_OPEN.match(line):
+            self.frames.append(self._new_frame())
+        elif COND_ELSE.match(line) or COND_CLOSE.match(line):
+            if len(self.frames) == base_depth:
+                raise AmalgamateError(f"{rel}: {line.strip()} without a matching #if")
+            if COND_CLOSE.match(line):
+                self.frames.pop()
+            else:
+                self.frames[-1] = self._new_frame()
+
+    def include(self, rel):
+        """Expansion of one `#include` of our header `rel` (empty if already inlined)."""
+        rel = os.path.normpath(rel)
+        here = tuple(self.frames)
+        if any(here[:len(t)] == t for t in self.inlined_under.get(rel, [])):
+            return []
+        if rel in self.chain:
+            # An include cycle: under #pragma once the inner include is a no-op, so here too.
+            return []
+        return self.inline(rel)
+
+
+def _drop_lines(body):
+    """Removes dropped lines, and a blank line that only became doubled by a drop."""
+    out = []
+    dropped_since_kept = False
+    for line in body:
+        if line is None:
+            dropped_since_kept = True
+            continue
+        if dropped_since_kept and not line.strip() and (not out or not out[-1].strip()):
+            continue
+        out.append(line)
+        dropped_since_kept = False
     return out
 
-  def Include(self, rel):
-    """Expansion of one `#include` of our header `rel` (empty if already inlined)."""
-    rel = os.path.normpath(rel)
-    here = tuple(self.frames)
-    if any(here[:len(t)] == t for t in self.inlined_under.get(rel, [])):
-      return []
-    if rel in self.stack:
-      # An include cycle: under #pragma once the inner include is a no-op, so it is here too.
-      return []
-    return self.Inline(rel)
+
+def generate(repo):
+    """The single header's text for the tree at `repo`."""
+    return Amalgamator(os.path.join(repo, "include")).run("chi/chi.h")
 
 
-def Generate(repo):
-  """The single header's text for the tree at `repo`."""
-  return Amalgamator(os.path.join(repo, "include")).Run("chi/chi.h")
+def diff_summary(old, new, path, max_lines=40):
+    """A unified diff of old vs new, cut to max_lines, with added/removed counts."""
+    diff = list(difflib.unified_diff(old.splitlines(keepends=True),
+                                     new.splitlines(keepends=True),
+                                     fromfile=f"{path} (committed)",
+                                     tofile=f"{path} (regenerated)"))
+    added = sum(1 for d in diff if d.startswith("+") and not d.startswith("+++"))
+    removed = sum(1 for d in diff if d.startswith("-") and not d.startswith("---"))
+    shown = "".join(diff[:max_lines])
+    more = f"... {len(diff) - max_lines} more diff lines\n" if len(diff) > max_lines else ""
+    return f"{shown}{more}{path}: {added} line(s) added, {removed} removed by regeneration\n"
 
 
-def DiffSummary(old, new, path, max_lines=40):
-  """A unified diff of old vs new, cut to max_lines, with added/removed counts."""
-  diff = list(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                   fromfile=f"{path} (committed)", tofile=f"{path} (regenerated)"))
-  added = sum(1 for d in diff if d.startswith("+") and not d.startswith("+++"))
-  removed = sum(1 for d in diff if d.startswith("-") and not d.startswith("---"))
-  shown = "".join(diff[:max_lines])
-  more = f"... {len(diff) - max_lines} more diff lines\n" if len(diff) > max_lines else ""
-  return f"{shown}{more}{path}: {added} line(s) added, {removed} removed by regeneration\n"
+def check(text, target, shown):
+    """Writes `text` to a temporary file and compares it with the committed `target`."""
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", newline="\n", suffix=".h",
+                                     delete=False) as tmp:
+        tmp.write(text)
+    try:
+        with open(tmp.name, encoding="utf-8", newline="") as f:
+            fresh = f.read()
+    finally:
+        os.unlink(tmp.name)
+    if not os.path.isfile(target):
+        print(f"{shown} is missing: run python3 scripts/amalgamate.py", file=sys.stderr)
+        return 1
+    with open(target, encoding="utf-8", newline="") as f:
+        committed = f.read()
+    if committed != fresh:
+        sys.stderr.write(diff_summary(committed, fresh, shown))
+        print(f"{shown} is stale: run python3 scripts/amalgamate.py", file=sys.stderr)
+        return 1
+    print(f"{shown} is up to date")
+    return 0
 
 
 def main():
-  here = os.path.dirname(os.path.abspath(__file__))
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--check", action="store_true",
-                      help="regenerate to a temporary file and fail if it differs")
-  parser.add_argument("--root", default=os.path.dirname(here),
-                      help="repository root (default: the parent of scripts/)")
-  args = parser.parse_args()
+    scripts_dir = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="regenerate to a temporary file and fail if it differs")
+    parser.add_argument("--root", default=os.path.dirname(scripts_dir),
+                        help="repository root (default: the parent of scripts/)")
+    args = parser.parse_args()
 
-  repo = os.path.abspath(args.root)
-  target = os.path.join(repo, "single_include", "chi", "chi.h")
-  shown_target = os.path.relpath(target, repo)
-  try:
-    text = Generate(repo)
-  except AmalgamateError as e:
-    print(f"amalgamate.py: error: {e}", file=sys.stderr)
-    return 2
-
-  if args.check:
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", newline="\n", suffix=".h",
-                                     delete=False) as tmp:
-      tmp.write(text)
-      tmp_path = tmp.name
+    repo = os.path.abspath(args.root)
+    target = os.path.join(repo, "single_include", "chi", "chi.h")
+    shown = os.path.relpath(target, repo)
     try:
-      with open(tmp_path, encoding="utf-8") as f:
-        fresh = f.read()
-    finally:
-      os.unlink(tmp_path)
-    if not os.path.isfile(target):
-      print(f"{shown_target} is missing: run python3 scripts/amalgamate.py", file=sys.stderr)
-      return 1
-    with open(target, encoding="utf-8", newline="") as f:
-      committed = f.read()
-    if committed != fresh:
-      sys.stderr.write(DiffSummary(committed, fresh, shown_target))
-      print(f"{shown_target} is stale: run python3 scripts/amalgamate.py", file=sys.stderr)
-      return 1
-    print(f"{shown_target} is up to date")
-    return 0
+        text = generate(repo)
+    except AmalgamateError as e:
+        print(f"amalgamate.py: error: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        return check(text, target, shown)
 
-  os.makedirs(os.path.dirname(target), exist_ok=True)
-  with open(target, "w", encoding="utf-8", newline="\n") as f:
-    f.write(text)
-  print(f"wrote {shown_target} ({text.count(chr(10))} lines)")
-  return 0
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+    print(f"wrote {shown} ({text.count(chr(10))} lines)")
+    return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+    sys.exit(main())

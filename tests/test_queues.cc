@@ -292,7 +292,7 @@ TEST_CASE("SpscRing delivers 10^6 items from a producer process exactly once and
   CHECK(checker.Complete());
 }
 
-TEST_CASE("MpscRing delivers 10^6 items from 4 producer processes exactly once, in producer order") {
+TEST_CASE("MpscRing delivers 10^6 items from 4 producer processes exactly once, in order") {
   constexpr u32 kProducers = 4;
   constexpr u32 kEach = kMillion / kProducers;
   SharedRegion region(chi::MpscRing<u64>::BytesFor(1024));

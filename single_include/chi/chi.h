@@ -940,6 +940,13 @@ inline constexpr u64 kNoDeadline = ~0ull;
 inline constexpr u64 kSpinBeforeParkNs = 20000;
 
 /**
+ * Most CpuRelax() calls between two attempts of a producer waiting for room. Each attempt
+ * reads the consumer's head_ line; backing off keeps that line with the consumer, which is
+ * draining the ring. Consumers wait with 1 (poll every spin): latency matters there.
+ */
+inline constexpr u32 kFullRingBackoff = 16;
+
+/**
  * Order of the store that makes a ring's state change visible. On the host it is seq_cst
  * because it is one half of the Dekker pair with WaitEvent::Wait; the device never parks
  * or wakes, so release suffices there.
@@ -968,10 +975,36 @@ enum class WaitResult : u32 {
 };
 
 /**
+ * Counters kept by the waiting side of a ring, placed on a cache line that side already
+ * writes, so counting never disturbs the line the notifier reads.
+ */
+class WaitStats {
+ public:
+  /** Counts one operation that found its ring full or empty (slow path only). */
+  CHI_CROSS_FUN void CountStall() {
+    // relaxed: a statistic, read only by tests and monitors.
+    stalls_.FetchAdd(1, MemOrder::kRelaxed);
+  }
+  /** Counts one futex sleep. */
+  CHI_CROSS_FUN void CountPark() {
+    // relaxed: a statistic, read only by tests and monitors.
+    parks_.FetchAdd(1, MemOrder::kRelaxed);
+  }
+  /** How many operations had to wait (spin or park) so far. */
+  CHI_CROSS_FUN u64 Stalls() const { return stalls_.Load(MemOrder::kRelaxed); }
+  /** How many times a waiter actually slept on the futex so far. */
+  CHI_CROSS_FUN u64 Parks() const { return parks_.Load(MemOrder::kRelaxed); }
+
+ private:
+  Atomic<u64> stalls_;
+  Atomic<u64> parks_;
+};
+
+/**
  * An event count on one 32-bit futex word plus a waiter counter, placed in shared memory
- * (zero-initialised by its owner's constructor: no waiters, epoch 0).
- * Notify() costs one load when nobody waits; Wait() parks only after announcing itself
- * and re-checking the condition, so a notification can never slip between the two.
+ * (zero-initialised by its owner's constructor: no waiters, epoch 0). Notify() costs one
+ * load of a line that is only written when someone parks; Wait() parks only after
+ * announcing itself and re-checking the condition, so a notification cannot slip between.
  */
 class WaitEvent {
  public:
@@ -995,7 +1028,7 @@ class WaitEvent {
    * state with seq_cst loads) is already true. Parks at most once; callers loop.
    */
   template <typename Ready>
-  WaitResult Wait(Ready ready, u64 deadline_ns) {
+  WaitResult Wait(Ready ready, u64 deadline_ns, WaitStats &stats) {
     // seq_cst: first half of the waiter's Dekker pair (announce, then re-check state).
     waiters_.FetchAdd(1, MemOrder::kSeqCst);
     // acquire: if a notifier already bumped the epoch, ready() below sees its state.
@@ -1008,8 +1041,7 @@ class WaitEvent {
       if (now >= deadline_ns) {
         result = WaitResult::kTimedOut;
       } else {
-        // relaxed: a statistic, read only by tests and monitors.
-        parks_.FetchAdd(1, MemOrder::kRelaxed);
+        stats.CountPark();
         // The kernel re-checks epoch_ == epoch atomically, so a Notify() that ran
         // after our load makes this return at once instead of sleeping.
         u64 left = deadline_ns == kNoDeadline ? 0 : deadline_ns - now;
@@ -1021,48 +1053,42 @@ class WaitEvent {
     return result;
   }
 
-  /** Counts one operation that found its ring full or empty (slow path only). */
-  CHI_CROSS_FUN void CountStall() {
-    // relaxed: a statistic, read only by tests and monitors.
-    stalls_.FetchAdd(1, MemOrder::kRelaxed);
-  }
-
-  /** How many operations had to wait (spin or park) on this event so far. */
-  CHI_CROSS_FUN u64 Stalls() const { return stalls_.Load(MemOrder::kRelaxed); }
-  /** How many times a waiter actually slept on the futex so far. */
-  CHI_CROSS_FUN u64 Parks() const { return parks_.Load(MemOrder::kRelaxed); }
   /** Threads (in any process) parked or about to park right now. */
   CHI_CROSS_FUN u32 Waiters() const { return waiters_.Load(MemOrder::kRelaxed); }
 
  private:
   Atomic<u32> epoch_;    ///< the futex word; bumped by every Notify that finds waiters
   Atomic<u32> waiters_;  ///< threads inside Wait(); Notify skips the syscall when 0
-  Atomic<u64> stalls_;   ///< statistic: operations that found the ring full/empty
-  Atomic<u64> parks_;    ///< statistic: futex sleeps
 };
 
 /**
- * Runs `try_op` until it succeeds or the deadline passes: first spinning for
- * kSpinBeforeParkNs, then parking on `event` while `ready()` is false (host only).
- * `ready()` says the operation could now succeed; it must use seq_cst loads.
- * Returns whether `try_op` succeeded.
+ * Runs `try_op` until it succeeds or the deadline passes: first spinning for about
+ * kSpinBeforeParkNs (up to `max_backoff` CpuRelax() calls between attempts, doubling),
+ * then parking on `event` while `ready()` is false (host only). `ready()` says the
+ * operation could now succeed; it must use seq_cst loads. Returns whether it succeeded.
  */
 template <typename TryOp, typename Ready>
-bool AwaitOp(WaitEvent &event, TryOp try_op, Ready ready, u64 deadline_ns) {
+bool AwaitOp(WaitEvent &event, WaitStats &stats, TryOp try_op, Ready ready, u64 deadline_ns,
+             u32 max_backoff = 1) {
   if (try_op()) return true;
-  event.CountStall();
-  u64 start = MonotonicNs();
-  u64 spin_end = start + kSpinBeforeParkNs < deadline_ns ? start + kSpinBeforeParkNs
-                                                         : deadline_ns;
+  stats.CountStall();
+  // The clock is first read after 64 attempts, so short waits never pay for it.
+  u64 spin_end = 0;
+  u32 backoff = 1;
   for (u32 i = 1;; ++i) {
-    CpuRelax();
+    for (u32 r = 0; r < backoff; ++r) CpuRelax();
+    if (backoff < max_backoff) backoff *= 2;
     if (try_op()) return true;
-    // Reading the clock every 64 spins keeps it off the common short wait.
-    if ((i & 63) == 0 && MonotonicNs() >= spin_end) break;
+    if ((i & 63) != 0) continue;
+    u64 now = MonotonicNs();
+    if (spin_end == 0) {
+      spin_end = now + kSpinBeforeParkNs < deadline_ns ? now + kSpinBeforeParkNs : deadline_ns;
+    }
+    if (now >= spin_end) break;
   }
   for (;;) {
     if (try_op()) return true;
-    switch (event.Wait(ready, deadline_ns)) {
+    switch (event.Wait(ready, deadline_ns, stats)) {
       case WaitResult::kTimedOut:
         return try_op();
       case WaitResult::kReady:
@@ -1149,7 +1175,7 @@ class SpscRing {
   /** Removes the oldest value, blocking while empty up to timeout_ns (0 = forever). */
   bool Pop(T &out, u64 timeout_ns) {
     return AwaitOp(
-        not_empty_, [&] { return TryPop(out); },
+        not_empty_, consumer_stats_, [&] { return TryPop(out); },
         [&] {
           // relaxed head: our own counter; seq_cst seq: the waiter's Dekker re-check.
           u64 head = head_.Load(MemOrder::kRelaxed);
@@ -1172,13 +1198,13 @@ class SpscRing {
   CHI_CROSS_FUN bool Empty() const { return Size() == 0; }
 
   /** Push calls that found the ring full (statistic). */
-  CHI_CROSS_FUN u64 ProducerStalls() const { return not_full_.Stalls(); }
+  CHI_CROSS_FUN u64 ProducerStalls() const { return producer_stats_.Stalls(); }
   /** Times a producer slept on the futex (statistic). */
-  CHI_CROSS_FUN u64 ProducerParks() const { return not_full_.Parks(); }
+  CHI_CROSS_FUN u64 ProducerParks() const { return producer_stats_.Parks(); }
   /** Pop calls that found the ring empty (statistic). */
-  CHI_CROSS_FUN u64 ConsumerStalls() const { return not_empty_.Stalls(); }
+  CHI_CROSS_FUN u64 ConsumerStalls() const { return consumer_stats_.Stalls(); }
   /** Times the consumer slept on the futex (statistic). */
-  CHI_CROSS_FUN u64 ConsumerParks() const { return not_empty_.Parks(); }
+  CHI_CROSS_FUN u64 ConsumerParks() const { return consumer_stats_.Parks(); }
 
  private:
   /** One value and the position that last published it. */
@@ -1201,12 +1227,12 @@ class SpscRing {
   /** Push with an absolute deadline. */
   bool AwaitPush(const T &v, u64 deadline_ns) {
     return AwaitOp(
-        not_full_, [&] { return TryPush(v); },
+        not_full_, producer_stats_, [&] { return TryPush(v); },
         [&] {
           // relaxed tail: our own counter; seq_cst head: the waiter's Dekker re-check.
           return tail_.Load(MemOrder::kRelaxed) - head_.Load(MemOrder::kSeqCst) < capacity_;
         },
-        deadline_ns);
+        deadline_ns, kFullRingBackoff);
   }
 
   // Line 0: written once by the constructor, then only read.
@@ -1215,9 +1241,11 @@ class SpscRing {
   // Line 1: the producer's.
   alignas(kCacheLine) Atomic<u64> tail_;
   u64 head_cache_ = 0;  ///< producer's last view of head_, saves reading the consumer's line
+  WaitStats producer_stats_;
   // Line 2: the consumer's.
   alignas(kCacheLine) Atomic<u64> head_;
-  // Line 3: read on every operation, written only when someone waits.
+  WaitStats consumer_stats_;
+  // Line 3: read on every operation, written only when someone parks.
   alignas(kCacheLine) WaitEvent not_empty_;  ///< the consumer parks here
   WaitEvent not_full_;                       ///< the producer parks here
 };
@@ -1230,11 +1258,12 @@ class SpscRing {
 // Invariant: exactly one consumer; a producer owns a slot from its claim of `tail_` until
 // it publishes the slot's sequence number, and no pointers live in the region.
 //
-// Protocol (Vyukov's bounded queue, one consumer). Slot i starts with seq = i. A producer
-// reads tail_ = p; when slot p % C has seq == p the slot is free for lap p / C, and a CAS
-// of tail_ from p to p + 1 claims it; the producer writes the value and publishes
-// seq = p + 1. The consumer at head h reads when seq == h + 1, then frees the slot for
-// the next lap with seq = h + C. Sequence numbers only grow (64-bit), so there is no ABA.
+// Protocol. Positions are 64-bit counters that never wrap in practice. A producer claims
+// position p with a CAS of tail_ from p to p + 1, but only while p - head_ < C (checked
+// against a shared cached copy of head_ first, so producers rarely touch the consumer's
+// line). It writes the value into slot p % C and publishes seq = p + 1 there. The consumer
+// at head h takes the slot when its seq == h + 1 and then advances head_; it never writes
+// a slot, so a handoff moves one cache line. Sequence numbers only grow: no ABA.
 // A producer that dies between claim and publish stalls the consumer at that slot.
 
 #include <new>          // placement new into the caller's region
@@ -1273,32 +1302,31 @@ class MpscRing {
   CHI_CROSS_FUN explicit MpscRing(u32 capacity)
       : capacity_(RoundUpPow2(capacity)), mask_(RoundUpPow2(capacity) - 1) {
     Slot *slots = Slots();
-    for (u32 i = 0; i < capacity_; ++i) new (&slots[i].seq_) Atomic<u64>(i);
+    for (u32 i = 0; i < capacity_; ++i) new (&slots[i].seq_) Atomic<u64>(0);
   }
 
   /** Appends v; false when the ring is full. Any number of producers. */
   CHI_CROSS_FUN bool TryPush(const T &v) {
     // relaxed: the CAS below decides; this is only a starting guess.
     u64 pos = tail_.Load(MemOrder::kRelaxed);
-    Slot *slot;
     for (;;) {
-      slot = &Slots()[pos & mask_];
-      // acquire: pairs with the consumer's free, so its read of the old value is done.
-      u64 seq = slot->seq_.Load(MemOrder::kAcquire);
-      i64 lag = static_cast<i64>(seq - pos);
-      if (lag == 0) {
-        // relaxed: the CAS only has to be atomic; the slot's seq carries the data.
-        if (tail_.CompareExchange(pos, pos + 1, MemOrder::kRelaxed)) break;
-      } else if (lag < 0) {
-        return false;  // the slot still holds last lap's value: full
-      } else {
-        // relaxed: another producer took pos; retry from the newest tail.
-        pos = tail_.Load(MemOrder::kRelaxed);
+      // acquire: pairs with the release below, which passes on the consumer's "done
+      // reading" from whichever producer refreshed the cache. Stale only costs a reload.
+      if (pos - head_cache_.Load(MemOrder::kAcquire) >= capacity_) {
+        // acquire: the consumer finished reading the slots it released before head_ moved.
+        u64 head = head_.Load(MemOrder::kAcquire);
+        // release: see above; a racing older value only makes the cache more conservative.
+        head_cache_.Store(head, MemOrder::kRelease);
+        if (pos - head >= capacity_) return false;
       }
+      // relaxed: claiming only has to be atomic; the slot's seq carries the data, and the
+      // acquire above already ordered our write after the consumer's read of this slot.
+      if (tail_.CompareExchange(pos, pos + 1, MemOrder::kRelaxed)) break;
     }
-    slot->value_ = v;
+    Slot &slot = Slots()[pos & mask_];
+    slot.value_ = v;
     // kPublishOrder: release hands the value over; seq_cst pairs with a parked consumer.
-    slot->seq_.Store(pos + 1, kPublishOrder);
+    slot.seq_.Store(pos + 1, kPublishOrder);
     not_empty_.Notify();
     return true;
   }
@@ -1314,11 +1342,9 @@ class MpscRing {
     // acquire: pairs with the producer's publish, so value_ is complete.
     if (slot.seq_.Load(MemOrder::kAcquire) != head + 1) return false;
     out = slot.value_;
-    // kPublishOrder: seq_cst pairs with parked producers (they wait on head_). It comes
-    // before the slot's free so this fence does not wait for the slot line's ownership.
+    // kPublishOrder: release lets producers reuse the slot only after our read;
+    // seq_cst pairs with parked producers.
     head_.Store(head + 1, kPublishOrder);
-    // release: our read of value_ happens before a producer's next write to the slot.
-    slot.seq_.Store(head + capacity_, MemOrder::kRelease);
     not_full_.Notify();
     return true;
   }
@@ -1332,7 +1358,7 @@ class MpscRing {
   /** Removes the oldest value, blocking while empty up to timeout_ns (0 = forever). */
   bool Pop(T &out, u64 timeout_ns) {
     return AwaitOp(
-        not_empty_, [&] { return TryPop(out); },
+        not_empty_, consumer_stats_, [&] { return TryPop(out); },
         [&] {
           // relaxed head: our own counter; seq_cst seq: the waiter's Dekker re-check.
           u64 head = head_.Load(MemOrder::kRelaxed);
@@ -1355,18 +1381,18 @@ class MpscRing {
   CHI_CROSS_FUN bool Empty() const { return Size() == 0; }
 
   /** Push calls that found the ring full (statistic). */
-  CHI_CROSS_FUN u64 ProducerStalls() const { return not_full_.Stalls(); }
+  CHI_CROSS_FUN u64 ProducerStalls() const { return producer_stats_.Stalls(); }
   /** Times a producer slept on the futex (statistic). */
-  CHI_CROSS_FUN u64 ProducerParks() const { return not_full_.Parks(); }
+  CHI_CROSS_FUN u64 ProducerParks() const { return producer_stats_.Parks(); }
   /** Pop calls that found the ring empty (statistic). */
-  CHI_CROSS_FUN u64 ConsumerStalls() const { return not_empty_.Stalls(); }
+  CHI_CROSS_FUN u64 ConsumerStalls() const { return consumer_stats_.Stalls(); }
   /** Times the consumer slept on the futex (statistic). */
-  CHI_CROSS_FUN u64 ConsumerParks() const { return not_empty_.Parks(); }
+  CHI_CROSS_FUN u64 ConsumerParks() const { return consumer_stats_.Parks(); }
 
  private:
-  /** One value and the sequence number that says whose turn the slot is. */
+  /** One value and the position that last published it. */
   struct Slot {
-    Atomic<u64> seq_;  ///< p: free for position p; p + 1: holds position p
+    Atomic<u64> seq_;  ///< p + 1 once position p is published into this slot
     T value_;
   };
 
@@ -1378,14 +1404,15 @@ class MpscRing {
   /** Push with an absolute deadline. */
   bool AwaitPush(const T &v, u64 deadline_ns) {
     return AwaitOp(
-        not_full_, [&] { return TryPush(v); },
+        not_full_, producer_stats_, [&] { return TryPush(v); },
         [&] {
           // seq_cst: the waiter's Dekker re-check against the consumer's head_ store.
-          // head_ first: tail_ read later is then never below it.
+          // head_ first: tail_ read later is then never below it. Other producers may
+          // still take the room first; AwaitOp then simply waits again.
           u64 head = head_.Load(MemOrder::kSeqCst);
           return tail_.Load(MemOrder::kSeqCst) - head < capacity_;
         },
-        deadline_ns);
+        deadline_ns, kFullRingBackoff);
   }
 
   // Line 0: written once by the constructor, then only read.
@@ -1393,9 +1420,12 @@ class MpscRing {
   u32 mask_;
   // Line 1: shared by the producers (claimed with CAS).
   alignas(kCacheLine) Atomic<u64> tail_;
+  Atomic<u64> head_cache_;  ///< producers' shared lower bound of head_
+  WaitStats producer_stats_;
   // Line 2: the consumer's.
   alignas(kCacheLine) Atomic<u64> head_;
-  // Line 3: read on every operation, written only when someone waits.
+  WaitStats consumer_stats_;
+  // Line 3: read on every operation, written only when someone parks.
   alignas(kCacheLine) WaitEvent not_empty_;  ///< the consumer parks here
   WaitEvent not_full_;                       ///< producers park here
 };
@@ -2650,7 +2680,8 @@ class MemoryRegistry {
   /** Forgets allocator `id` (no-op when unknown). */
   void Unregister(AllocatorId id) {
     std::lock_guard<std::mutex> lock(writer_mutex_);
-    if (Slot *s = FindSlot(id.ToU64())) s->base_.Store(0, MemOrder::kRelease);
+    // Relaxed: a tombstone publishes no data; readers just stop resolving the id.
+    if (Slot *s = FindSlot(id.ToU64())) s->base_.Store(0, MemOrder::kRelaxed);
   }
 
   /** Forgets every allocator whose base lies in [base, base+size): used when unmapping. */
@@ -2659,7 +2690,7 @@ class MemoryRegistry {
     const uintptr_t lo = reinterpret_cast<uintptr_t>(base);
     for (Slot &s : slots_) {
       uintptr_t b = s.base_.Load(MemOrder::kRelaxed);  // writers are serialised
-      if (b != 0 && b >= lo && b - lo < size) s.base_.Store(0, MemOrder::kRelease);
+      if (b != 0 && b >= lo && b - lo < size) s.base_.Store(0, MemOrder::kRelaxed);  // as above
     }
   }
 
@@ -2684,12 +2715,11 @@ class MemoryRegistry {
   ShmPtr<T> FindShmPtr(const T *ptr) const {
     const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
     for (const Slot &s : slots_) {
-      uintptr_t b = s.base_.Load(MemOrder::kAcquire);  // pairs with Register's release
-      if (b == 0 || p < b) continue;
-      u64 k = s.key_.Load(MemOrder::kRelaxed);
-      if (p - b < s.size_.Load(MemOrder::kRelaxed)) {
-        return ShmPtr<T>(AllocatorId(static_cast<u32>(k >> 32), static_cast<u32>(k)), p - b);
-      }
+      const u64 k = s.key_.Load(MemOrder::kRelaxed);  // re-checked below, as in Lookup
+      const uintptr_t b = s.base_.Load(MemOrder::kAcquire);  // pairs with Register's release
+      if (b == 0 || p < b || p - b >= s.size_.Load(MemOrder::kRelaxed)) continue;
+      if (s.key_.Load(MemOrder::kRelaxed) != k) continue;  // re-keyed meanwhile
+      return ShmPtr<T>(AllocatorId(static_cast<u32>(k >> 32), static_cast<u32>(k)), p - b);
     }
     return ShmPtr<T>::GetNull();
   }
@@ -2724,7 +2754,8 @@ class MemoryRegistry {
     const u64 key = id.ToU64();
     for (u32 i = 0; i < kCapacity; ++i) {
       const Slot &s = slots_[(Hash(key) + i) % kCapacity];
-      u64 k = s.key_.Load(MemOrder::kAcquire);  // a keyed slot's other fields follow it
+      // Relaxed: the acquire that matters is on base_, and the key is re-checked after it.
+      u64 k = s.key_.Load(MemOrder::kRelaxed);
       if (k == 0) return nullptr;
       if (k != key) continue;
       uintptr_t b = s.base_.Load(MemOrder::kAcquire);  // pairs with Register's release
@@ -3196,7 +3227,8 @@ CHI_CROSS_FUN inline u32 Log2Floor(u64 x) {
 /**
  * Constructs an AllocT at the start of `backend`'s data, managing the rest of the
  * region, and registers it under `id` so ShmPtrs from it resolve in this process.
- * AllocT provides Init(id, segment_base, end_offset) -> bool and Header().
+ * AllocT provides Init(id, segment_base, end_offset) -> bool and Header(). Host-
+ * addressable backends only: in GpuDeviceBackend memory, run Init from a kernel instead.
  */
 template <typename AllocT>
 Status CreateAllocator(MemoryBackend &backend, AllocatorId id, AllocT **out) {
@@ -3414,10 +3446,9 @@ class ArenaAllocator {
 #define CHI_SINGLE_INCLUDE_CHI_MEMORY_SIZE_CLASS_ALLOCATOR_H
 // SizeClassAllocator: the general allocator with free, living inside a segment and used
 // from many processes (and device code) at once: task payloads, queues, FutureShm.
-// Invariant: a block belongs to exactly one place at any time: a free list, the caller
-// that allocated it, or the uncarved tail; so free bytes always equal capacity minus the
-// bytes of blocks handed out. No locks: a process dying mid-call can leak a block, never
-// wedge the others.
+// Invariant: a block is in exactly one place (a free list, its owner, or the uncarved
+// tail), so free bytes = capacity - bytes handed out. Lock-free: a process dying
+// mid-call can leak a block, never wedge the others.
 
 #include <new>  // placement new in New<T>
 
@@ -3864,9 +3895,9 @@ class CopySpace {
   }
 
   /** Sends that had to wait for space (statistic). */
-  u64 SenderStalls() const { return not_full_.Stalls(); }
+  u64 SenderStalls() const { return sender_stats_.Stalls(); }
   /** Times the receiver slept on the futex (statistic). */
-  u64 ReceiverParks() const { return not_empty_.Parks(); }
+  u64 ReceiverParks() const { return receiver_stats_.Parks(); }
 
  private:
   /** What every record starts with; always 16-byte aligned in the ring. */
@@ -3913,14 +3944,14 @@ class CopySpace {
   /** Blocks until `need` bytes are free or the deadline passes. */
   bool AwaitFree(u64 need, u64 deadline) {
     return AwaitOp(
-        not_full_, [&] { return FreeBytes(MemOrder::kAcquire) >= need; },
-        [&] { return FreeBytes(MemOrder::kSeqCst) >= need; }, deadline);
+        not_full_, sender_stats_, [&] { return FreeBytes(MemOrder::kAcquire) >= need; },
+        [&] { return FreeBytes(MemOrder::kSeqCst) >= need; }, deadline, kFullRingBackoff);
   }
 
   /** Blocks until a whole record is published or the deadline passes. */
   bool AwaitRecord(u64 deadline) {
     return AwaitOp(
-        not_empty_, [&] { return UsedBytes(MemOrder::kAcquire) >= kHeaderBytes; },
+        not_empty_, receiver_stats_, [&] { return UsedBytes(MemOrder::kAcquire) >= kHeaderBytes; },
         [&] { return UsedBytes(MemOrder::kSeqCst) >= kHeaderBytes; }, deadline);
   }
 
@@ -4082,10 +4113,12 @@ class CopySpace {
   // Line 1: the sender's.
   alignas(kCacheLine) Atomic<u64> write_pos_;
   u32 send_open_ = 0;  ///< 1 while a message is partly sent (it needs a kAbort if dropped)
+  WaitStats sender_stats_;
   // Line 2: the receiver's.
   alignas(kCacheLine) Atomic<u64> read_pos_;
   u64 discard_left_ = 0;  ///< bytes of an abandoned or rejected message still to drop
-  // Line 3: read on every record, written only when someone waits.
+  WaitStats receiver_stats_;
+  // Line 3: read on every record, written only when someone parks.
   alignas(kCacheLine) WaitEvent not_empty_;  ///< the receiver parks here
   WaitEvent not_full_;                       ///< the sender parks here
 };
@@ -5749,11 +5782,13 @@ bool WaitAll(std::vector<Future<TaskT>> &futures, float max_sec = 0) {
 // Chimaera: the process-wide runtime object and CHIMAERA_INIT / CHIMAERA_FINALIZE.
 // With a runtime (kServer, or kClient with default_with_runtime / CHI_WITH_RUNTIME=1)
 // it loads the config, starts the workers, creates the admin pool and the pools
-// listed under `compose:`. One instance per process (function-local static).
+// listed under `compose:`; kServer also creates the shared segments and serves
+// pure clients over ZeroMQ. A pure client connects to that runtime through the
+// transport CHI_IPC_MODE names. One instance per process (function-local static).
 
 #include <cstdio>   // fprintf for init errors
 #include <climits>  // INT_MAX
-#include <cstdlib>  // getenv, atexit
+#include <cstdlib>  // getenv, atexit, strtod
 #include <memory>   // unique_ptr
 #include <mutex>    // init/finalize are serialised
 #include <string>   // last error text
@@ -5949,14 +5984,33 @@ struct StopRuntimeTask : public chi::Task {
   void SerializeOut(Ar &) {}
 };
 
-/** Statistics of every worker and pool, as decoded from a MonitorTask. */
-struct MonitorReport {
-  std::vector<chi::WorkerStats> workers_;
-  std::vector<chi::PoolStats> pools_;
+/** Counters of one client-facing transport server (ZeroMQ ipc/tcp, shm). */
+struct TransportStats {
+  chi::FixedString<16> name_;         ///< "zmq", "shm"
+  chi::u64 clients_ = 0;              ///< registered clients now
+  chi::u64 clients_reaped_ = 0;       ///< clients forgotten because their process died
+  chi::u64 tasks_outstanding_ = 0;    ///< remote tasks accepted, answer not yet sent
+  chi::u64 bytes_held_ = 0;           ///< memory the server holds for clients
+  chi::u64 requests_ = 0;             ///< task requests received
+  chi::u64 requests_refused_ = 0;     ///< requests answered with an error
+  chi::u64 answers_dropped_ = 0;      ///< answers whose client was gone
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(workers_, pools_);
+    ar(name_, clients_, clients_reaped_, tasks_outstanding_, bytes_held_, requests_,
+       requests_refused_, answers_dropped_);
+  }
+};
+
+/** Statistics of every worker, pool and transport server, as decoded from a MonitorTask. */
+struct MonitorReport {
+  std::vector<chi::WorkerStats> workers_;
+  std::vector<chi::PoolStats> pools_;
+  std::vector<TransportStats> transports_;  ///< empty in an embedded runtime
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(workers_, pools_, transports_);
   }
 };
 
@@ -7075,10 +7129,12 @@ namespace chimaera::admin {
 class Runtime : public chi::ModuleRuntime<Runtime> {
  public:
   /** Gives the container the runtime services it manages. */
-  void Bind(chi::PoolManager *pools, chi::WorkOrchestrator *orch, void (*on_stop)()) {
+  void Bind(chi::PoolManager *pools, chi::WorkOrchestrator *orch, void (*on_stop)(),
+            std::vector<TransportStats> (*transport_stats)() = nullptr) {
     pools_ = pools;
     orch_ = orch;
     on_stop_ = on_stop;
+    transport_stats_ = transport_stats;
   }
 
   /** The admin pool itself needs no set-up. */
@@ -7154,6 +7210,7 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     MonitorReport report;
     report.workers_ = orch_->Stats();
     report.pools_ = pools_->Stats();
+    if (transport_stats_ != nullptr) report.transports_ = transport_stats_();
     std::vector<char> buf;
     chi::OutputArchive out(buf);
     out(report);
@@ -7171,6 +7228,7 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
   chi::PoolManager *pools_ = nullptr;
   chi::WorkOrchestrator *orch_ = nullptr;
   void (*on_stop_)() = nullptr;
+  std::vector<TransportStats> (*transport_stats_)() = nullptr;  ///< standalone runtime only
 };
 
 /** Registers the admin module in every process that includes this header. */
@@ -7178,11 +7236,13 @@ inline const bool kRegistered = chi::ModuleManager::Register<Runtime>(kModuleNam
 
 /** Creates the admin pool directly (no worker needed) and binds it to the runtime. */
 inline chi::Status CreateAdminPool(chi::PoolManager &pools, chi::WorkOrchestrator &orch,
-                                   void (*on_stop)()) {
+                                   void (*on_stop)(),
+                                   std::vector<TransportStats> (*transport_stats)() = nullptr) {
   std::unique_ptr<chi::PoolInfo> info;
   chi::Status st = pools.PreparePool(kModuleName, "admin", chi::kAdminPoolId, 1, &info);
   if (!st.ok()) return st;
-  static_cast<Runtime *>(info->containers_[0].get())->Bind(&pools, &orch, on_stop);
+  static_cast<Runtime *>(info->containers_[0].get())
+      ->Bind(&pools, &orch, on_stop, transport_stats);
   return pools.CommitPool(std::move(info));
 }
 
@@ -7205,6 +7265,1487 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 }  // namespace chimaera::admin
 #endif  // CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_RUNTIME_H
 // ---- end chi/mods/admin/admin_runtime.h ----
+// ---- begin chi/transport/client_connect.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_CLIENT_CONNECT_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_CLIENT_CONNECT_H
+// The ClientConnect handshake and the standalone runtime's shared segments.
+// A runtime creates three named segments per user and port (main, client data,
+// runtime data; seed 004) and answers ConnectRequests with their names, sizes
+// and versions; a pure client attaches them and checks both before any task.
+// Invariant: a segment set is owned by the pid written in its main header;
+// a set whose owner is dead is stale and is removed by the next runtime.
+
+#include <signal.h>  // kill(pid, 0): is the owner alive
+#include <time.h>    // clock_gettime for the start time
+#include <unistd.h>  // getpid, getuid
+
+#include <cerrno>   // ESRCH
+#include <cstdio>   // /proc/<pid>/stat
+#include <cstring>  // strrchr
+#include <memory>   // unique_ptr<PosixShmBackend>
+#include <string>   // names
+#include <vector>   // segment lists, opaque transport info
+
+namespace chi {
+
+/** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
+inline constexpr u32 kConnectProtocolVersion = 1;
+/** Bumped whenever RuntimeHeader (the start of the main segment) changes. */
+inline constexpr u32 kRuntimeHeaderVersion = 1;
+inline constexpr u64 kRuntimeHeaderMagic = 0x5254494843ull;  // "CHITR"
+
+/** One shared segment as the runtime describes it to clients. */
+struct SegmentInfo {
+  std::string name;  ///< user part of the name (PosixShmBackend::OsName adds the prefix)
+  u64 size = 0;      ///< whole region in bytes, as mapped by the runtime
+  u32 version = 0;   ///< kBackendVersion of the runtime's build
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(name, size, version);
+  }
+};
+
+/** What a client says when it connects (the first message on a connection). */
+struct ConnectRequest {
+  u32 protocol_version = kConnectProtocolVersion;
+  u32 pid = 0;        ///< the client's process id (the runtime reaps it when it dies)
+  u32 uid = 0;        ///< the client's user id (segments are per user)
+  std::string mode;   ///< transport the client will use: "shm", "ipc" or "tcp"
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(protocol_version, pid, uid, mode);
+  }
+};
+
+/** The runtime's answer: who it is, where its memory lives, how to reach it. */
+struct ConnectAnswer {
+  u32 rc = 0;                         ///< ErrorCode; 0 = accepted
+  std::string msg;                    ///< why the client was refused
+  u32 protocol_version = kConnectProtocolVersion;
+  u32 runtime_pid = 0;
+  u32 node_id = 0;
+  u32 port = 0;
+  u64 client_id = 0;                  ///< this client's registration number
+  std::vector<SegmentInfo> segments;  ///< main, client data, runtime data
+  std::vector<char> shm_info;         ///< the shm server's serialized info (empty: none)
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(rc, msg, protocol_version, runtime_pid, node_id, port, client_id, segments, shm_info);
+  }
+  /** The answer as a Status (ok when accepted). */
+  Status ToStatus() const {
+    return rc == 0 ? Status::Ok() : Status::Error(static_cast<ErrorCode>(rc), msg.c_str());
+  }
+};
+
+/** The first bytes of the main segment's data: which process owns the segment set. */
+struct RuntimeHeader {
+  Atomic<u64> magic_;  ///< kRuntimeHeaderMagic once the fields below are valid
+  u32 version_;        ///< kRuntimeHeaderVersion
+  u32 pid_;            ///< the runtime process
+  u32 port_;           ///< its port
+  u32 reserved_;
+  u64 start_ns_;       ///< CLOCK_REALTIME at start, for `chimaera runtime status`
+};
+
+/** True when process `pid` exists (a zombie counts as dead for this purpose). */
+inline bool ProcessAlive(u32 pid) {
+  if (pid == 0) return false;
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+  std::FILE *f = std::fopen(path, "r");
+  if (f == nullptr) return true;  // no procfs: trust kill()
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char *paren = std::strrchr(buf, ')');  // the state letter follows the command name
+  return !(paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+/** The three segments of a standalone runtime, created and removed by the runtime. */
+class RuntimeSegments {
+ public:
+  static constexpr const char *kRoles[3] = {"main", "cdata", "rdata"};
+
+  RuntimeSegments() = default;
+  ~RuntimeSegments() { Destroy(); }
+  RuntimeSegments(const RuntimeSegments &) = delete;
+  RuntimeSegments &operator=(const RuntimeSegments &) = delete;
+
+  /** "rt<port>_<role>": per port; PosixShmBackend makes it per user. */
+  static std::string SegmentName(u32 port, const char *role) {
+    return "rt" + std::to_string(port) + "_" + role;
+  }
+
+  /**
+   * The pid of the live runtime owning port's segments, 0 when there is none.
+   * Sets *stale when a segment set exists but its owner is dead (or it is unreadable).
+   */
+  static u32 FindOwner(u32 port, bool *stale) {
+    *stale = false;
+    PosixShmBackend main;
+    Status st = main.Attach(SegmentName(port, kRoles[0]));
+    if (!st.ok()) {
+      *stale = st.code() != ErrorCode::kNotFound;
+      if (!*stale) {  // main is gone, but a crash between creates may have left the others
+        for (int i = 1; i < 3; ++i) {
+          PosixShmBackend other;
+          if (other.Attach(SegmentName(port, kRoles[i])).code() != ErrorCode::kNotFound) {
+            *stale = true;
+          }
+        }
+      }
+      return 0;
+    }
+    const RuntimeHeader *h = reinterpret_cast<const RuntimeHeader *>(main.Data());
+    // acquire: pairs with Create's release, so pid_ is valid once the magic reads right.
+    if (main.DataSize() < sizeof(RuntimeHeader) ||
+        h->magic_.Load(MemOrder::kAcquire) != kRuntimeHeaderMagic ||
+        h->version_ != kRuntimeHeaderVersion || !ProcessAlive(h->pid_)) {
+      *stale = true;
+      return 0;
+    }
+    return h->pid_;
+  }
+
+  /** Removes every segment of `port` (stale clean-up); missing ones are fine. */
+  static void RemoveAll(u32 port) {
+    for (const char *role : kRoles) PosixShmBackend::DestroyByName(SegmentName(port, role));
+  }
+
+  /**
+   * Creates the segments for `port` with the configured sizes. A live runtime on
+   * the port is an error (kAlreadyExists); a dead one's leftovers are removed first.
+   * Sets *cleaned_stale when it removed leftovers.
+   */
+  Status Create(const ServerConfig &cfg, u32 port, bool *cleaned_stale = nullptr) {
+    bool stale = false;
+    if (u32 owner = FindOwner(port, &stale); owner != 0) {
+      return Status::Errorf(ErrorCode::kAlreadyExists,
+                            "a runtime (pid %u) already serves port %u; stop it first "
+                            "(chimaera runtime stop) or pick another port (CHI_PORT)",
+                            owner, port);
+    }
+    if (stale) RemoveAll(port);
+    if (cleaned_stale != nullptr) *cleaned_stale = stale;
+    const u64 sizes[3] = {cfg.main_segment_bytes, cfg.client_data_bytes, cfg.runtime_data_bytes};
+    for (int i = 0; i < 3; ++i) {
+      auto seg = std::make_unique<PosixShmBackend>();
+      Status st = seg->Create(SegmentName(port, kRoles[i]), sizes[i]);
+      if (!st.ok()) {
+        Destroy();
+        return st;
+      }
+      segments_.push_back(std::move(seg));
+    }
+    auto *h = reinterpret_cast<RuntimeHeader *>(segments_[0]->Data());
+    h->version_ = kRuntimeHeaderVersion;
+    h->pid_ = static_cast<u32>(getpid());
+    h->port_ = port;
+    h->reserved_ = 0;
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    h->start_ns_ = static_cast<u64>(ts.tv_sec) * 1000000000ull + static_cast<u64>(ts.tv_nsec);
+    h->magic_.Store(kRuntimeHeaderMagic, MemOrder::kRelease);  // publishes the fields above
+    port_ = port;
+    return Status::Ok();
+  }
+
+  /** Unmaps and unlinks the segments (clients keep their mappings). Idempotent. */
+  void Destroy() {
+    for (auto &seg : segments_) {
+      if (seg->IsAttached()) seg->Destroy();
+    }
+    segments_.clear();
+  }
+
+  /** What ConnectAnswer::segments carries. */
+  std::vector<SegmentInfo> Describe() const {
+    std::vector<SegmentInfo> out;
+    for (const auto &seg : segments_) {
+      out.push_back(SegmentInfo{seg->Name(), seg->Size(), seg->Header()->version_});
+    }
+    return out;
+  }
+
+  bool IsCreated() const { return !segments_.empty(); }
+
+ private:
+  std::vector<std::unique_ptr<PosixShmBackend>> segments_;
+  u32 port_ = 0;
+};
+
+/**
+ * Client side: attaches the segments an answer names and checks that each has
+ * the version and size the runtime announced and this build understands.
+ * Errors: kVersionMismatch, kSizeMismatch, kNotFound (the runtime is gone).
+ */
+inline Status AttachRuntimeSegments(const ConnectAnswer &answer,
+                                    std::vector<std::unique_ptr<PosixShmBackend>> *out) {
+  std::vector<std::unique_ptr<PosixShmBackend>> attached;
+  for (const SegmentInfo &info : answer.segments) {
+    if (info.version != kBackendVersion) {
+      return Status::Errorf(ErrorCode::kVersionMismatch,
+                            "runtime segment '%s' has layout version %u; this client "
+                            "understands %u (rebuild the client against the runtime's chi)",
+                            info.name.c_str(), info.version, kBackendVersion);
+    }
+    auto seg = std::make_unique<PosixShmBackend>();
+    if (Status st = seg->Attach(info.name); !st.ok()) return st;
+    if (seg->Size() != info.size) {
+      return Status::Errorf(ErrorCode::kSizeMismatch,
+                            "runtime segment '%s' is %llu bytes but the runtime announced %llu",
+                            info.name.c_str(), static_cast<unsigned long long>(seg->Size()),
+                            static_cast<unsigned long long>(info.size));
+    }
+    attached.push_back(std::move(seg));
+  }
+  *out = std::move(attached);
+  return Status::Ok();
+}
+
+/** Server side: the error answer for a request this runtime cannot accept (or Ok). */
+inline Status CheckConnectRequest(const ConnectRequest &req) {
+  if (req.protocol_version != kConnectProtocolVersion) {
+    return Status::Errorf(ErrorCode::kVersionMismatch,
+                          "client speaks connect protocol %u; this runtime speaks %u "
+                          "(rebuild the client against the runtime's chi)",
+                          req.protocol_version, kConnectProtocolVersion);
+  }
+  if (req.uid != static_cast<u32>(getuid())) {
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "client uid %u differs from the runtime's uid %u (runtimes are per user)",
+                          req.uid, static_cast<u32>(getuid()));
+  }
+  if (!detail::IsIpcMode(req.mode)) {
+    return Status::Errorf(ErrorCode::kInvalidArgument, "unknown transport '%.16s'",
+                          req.mode.c_str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_CLIENT_CONNECT_H
+// ---- end chi/transport/client_connect.h ----
+// ---- begin chi/transport/zmq_client.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_H
+// ZmqClientTransport: a pure client's connection to its runtime over ZeroMQ
+// (DEALER to the runtime's ROUTER, ipc or tcp). Callers hand tasks over on a
+// lock-free list; one network thread encodes, sends, matches answers by request
+// id and completes the tasks. A lost runtime fails outstanding tasks with
+// kPeerDead (kShutdown when it said goodbye), then the thread reconnects and
+// repeats the ClientConnect handshake; tasks sent meanwhile wait up to
+// reconnect_sec for it. Invariant: every task handed to Send is completed once.
+
+#include <pthread.h>  // naming the network thread
+#include <unistd.h>   // getpid, getuid
+
+#include <climits>  // INT_MAX: wake every blocked sender
+#include <cstring>  // memcpy of monitor events
+#include <deque>    // tasks waiting for a connection
+#include <future>   // result of the first handshake
+#include <memory>   // unique_ptr
+#include <string>   // endpoint
+#include <thread>   // the network thread
+#include <vector>   // request slots, encode buffer
+
+#include <zmq.hpp>  // cppzmq
+
+// ---- begin chi/transport/request_dispatcher.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
+// Runtime side of every transport: turns request bytes into a task submitted
+// to the workers, and a finished task back into answer bytes. Bad bytes,
+// unknown pools and unknown methods are answered with an error, never dropped.
+
+#include <cstring>  // memcpy of the request id
+#include <vector>   // answer buffers
+
+namespace chi {
+
+/** Decodes requests for one runtime and encodes the answers. */
+class RequestDispatcher {
+ public:
+  RequestDispatcher(PoolManager *pools, WorkOrchestrator *orch) : pools_(pools), orch_(orch) {}
+
+  /**
+   * Decodes one request and submits its task with `completer` and `cookie`
+   * attached (the completer later calls EncodeAnswer). On failure returns false
+   * and fills `error_answer` with an answer carrying the error for the client.
+   */
+  bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
+                std::vector<char> *error_answer) {
+    u64 request_id = 0;
+    if (len < kEnvelopeHeaderBytes) {
+      EncodeError(0, ErrorCode::kTruncated, "request shorter than its 8-byte header",
+                  error_answer);
+      return false;
+    }
+    std::memcpy(&request_id, data, sizeof(request_id));
+    InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+    Task base;
+    base.SerializeBaseIn(ar);
+    if (!ar.ok() || !base.pool_query_.IsValid()) {
+      EncodeError(request_id, ErrorCode::kMalformed,
+                  ar.ok() ? "request has an invalid pool query" : ar.status().message(),
+                  error_answer);
+      return false;
+    }
+    PoolInfo *pool = pools_->Acquire(base.pool_id_);
+    if (pool == nullptr) {
+      Status st = Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
+                                 base.pool_id_.ToString().c_str());
+      EncodeError(request_id, st.code(), st.message(), error_answer);
+      return false;
+    }
+    Container *c = pool->FirstLocal();
+    Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
+    const bool has_method = c != nullptr && c->HasMethod(base.method_);
+    pools_->Release(pool);
+    if (t == nullptr) {
+      Status st = has_method ? Status::Errorf(ErrorCode::kMalformed,
+                                              "inputs of method %u are malformed: %s",
+                                              base.method_, ar.status().message())
+                             : Status::Errorf(ErrorCode::kUnknownMethod,
+                                              "pool %s has no method %u",
+                                              base.pool_id_.ToString().c_str(), base.method_);
+      EncodeError(request_id, st.code(), st.message(), error_answer);
+      return false;
+    }
+    t->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);  // the completer owns and frees it
+    t->completer_ = completer;
+    t->transport_cookie_ = cookie;
+    t->request_id_ = request_id;  // echoed back in the answer
+    if (!orch_->Submit(t)) {
+      t->completer_ = nullptr;
+      DeleteTask(t);
+      EncodeError(request_id, ErrorCode::kShutdown, "runtime is shutting down", error_answer);
+      return false;
+    }
+    return true;
+  }
+
+  /** Encodes a finished server-side task's answer and frees the task. */
+  static void EncodeAnswer(Task *t, std::vector<char> *out) {
+    const u64 request_id = t->request_id_;
+    out->resize(kEnvelopeHeaderBytes);
+    std::memcpy(out->data(), &request_id, sizeof(request_id));
+    OutputArchive ar(*out);
+    t->ops_->save_out(*t, ar);
+    t->completer_ = nullptr;
+    DeleteTask(t);
+  }
+
+  /** An answer that carries only an error (no outputs). */
+  static void EncodeError(u64 request_id, ErrorCode code, const char *msg,
+                          std::vector<char> *out) {
+    Task err;
+    err.SetError(code, msg);
+    out->resize(kEnvelopeHeaderBytes);
+    std::memcpy(out->data(), &request_id, sizeof(request_id));
+    OutputArchive ar(*out);
+    err.SerializeBaseOut(ar);
+  }
+
+ private:
+  PoolManager *pools_;
+  WorkOrchestrator *orch_;
+};
+
+/** Client side: writes the request envelope for a stamped task. */
+inline void EncodeRequest(Task *t, u64 request_id, std::vector<char> *out) {
+  out->resize(kEnvelopeHeaderBytes);
+  std::memcpy(out->data(), &request_id, sizeof(request_id));
+  OutputArchive ar(*out);
+  t->ops_->save_in(*t, ar);
+}
+
+/**
+ * Client side: reads an answer into the task (outputs, or just the error when
+ * the runtime refused the request). Malformed answers set kMalformed on the task.
+ */
+inline void DecodeAnswer(Task *t, const char *data, u64 len) {
+  if (len < kEnvelopeHeaderBytes) {
+    t->SetError(ErrorCode::kMalformed, "answer shorter than its header");
+    return;
+  }
+  InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+  Task header;
+  header.SerializeBaseOut(ar);
+  if (!ar.ok()) {
+    t->SetError(ErrorCode::kMalformed, "answer header is malformed");
+    return;
+  }
+  if (header.rc_ != 0 && ar.Remaining() == 0) {  // an error-only answer
+    t->rc_ = header.rc_;
+    t->msg_ = header.msg_;
+    return;
+  }
+  InputArchive full(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+  t->ops_->load_out(*t, full);
+  if (!full.ok()) t->SetError(ErrorCode::kMalformed, "answer outputs are malformed");
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
+// ---- end chi/transport/request_dispatcher.h ----
+// ---- begin chi/transport/zmq_common.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
+// What the ZeroMQ client transport and server share: endpoint names (per user
+// and port), the control messages that travel in the task envelope, socket
+// options, and the doorbell that wakes a network thread from other threads.
+// Invariant: a ZeroMQ socket is only ever touched by its network thread;
+// other threads reach it through a lock-free list plus this doorbell.
+
+#include <sys/eventfd.h>  // the doorbell's file descriptor
+#include <unistd.h>       // getuid, read, write, close
+
+#include <cstring>  // memcpy of ids
+#include <string>   // endpoint text
+#include <vector>   // message bytes
+
+#include <zmq.hpp>  // cppzmq
+
+namespace chi {
+
+/** The ZeroMQ endpoint of the runtime on this node for `mode` ("ipc" or "tcp") and `port`. */
+inline std::string ZmqEndpoint(std::string_view mode, u32 port) {
+  if (mode == "ipc") {
+    return "ipc:///tmp/chi_" + std::to_string(getuid()) + "_" + std::to_string(port) + ".ipc";
+  }
+  return "tcp://127.0.0.1:" + std::to_string(port);
+}
+
+/**
+ * Control messages share the envelope with tasks: a request id with the top bit
+ * set names a control message instead of a task, followed by its archive bytes.
+ */
+namespace zmq_control {
+inline constexpr u64 kBit = 1ull << 63;
+inline constexpr u64 kConnect = kBit | 1;   ///< client -> runtime: ConnectRequest
+inline constexpr u64 kAccept = kBit | 2;    ///< runtime -> client: ConnectAnswer
+inline constexpr u64 kBye = kBit | 3;       ///< client -> runtime: forget me
+inline constexpr u64 kShutdown = kBit | 4;  ///< runtime -> client: I am stopping
+inline constexpr u64 kRefused = kBit | 5;   ///< runtime -> client: connect first
+}  // namespace zmq_control
+
+/** Largest request the runtime accepts (ZMQ_MAXMSGSIZE): larger ones drop the connection. */
+inline constexpr u64 kZmqMaxRequestBytes = 256ull << 20;
+/** How long a closing socket may still push queued messages out. */
+inline constexpr int kZmqLingerMs = 1000;
+
+/** Reads the u64 request id at the front of an envelope (the caller checked the length). */
+inline u64 EnvelopeId(const void *data) {
+  u64 id = 0;
+  std::memcpy(&id, data, sizeof(id));
+  return id;
+}
+
+/** Builds a control message: the id, then the archive of `body`. */
+template <typename T>
+zmq::message_t MakeControl(u64 id, T &body) {
+  std::vector<char> buf(kEnvelopeHeaderBytes);
+  std::memcpy(buf.data(), &id, sizeof(id));
+  OutputArchive ar(buf);
+  ar(body);
+  return zmq::message_t(buf.data(), buf.size());
+}
+
+/** A control message with no body. */
+inline zmq::message_t MakeControl(u64 id) { return zmq::message_t(&id, sizeof(id)); }
+
+/** Decodes a control message's body; false when malformed. */
+template <typename T>
+bool ParseControl(const zmq::message_t &msg, T *body) {
+  if (msg.size() < kEnvelopeHeaderBytes) return false;
+  InputArchive ar(static_cast<const char *>(msg.data()) + kEnvelopeHeaderBytes,
+                  msg.size() - kEnvelopeHeaderBytes);
+  ar(*body);
+  return ar.ok();
+}
+
+/**
+ * Wakes a network thread blocked in zmq_poll. Producers ring it after
+ * publishing work; the eventfd is written only while the thread says it sleeps,
+ * so a busy network thread costs producers no system call.
+ */
+class ZmqDoorbell {
+ public:
+  ZmqDoorbell() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  ~ZmqDoorbell() {
+    if (fd_ >= 0) close(fd_);
+  }
+  ZmqDoorbell(const ZmqDoorbell &) = delete;
+  ZmqDoorbell &operator=(const ZmqDoorbell &) = delete;
+
+  bool ok() const { return fd_ >= 0; }
+  /** The fd to poll for POLLIN. */
+  int fd() const { return fd_; }
+
+  /** Producer: call after publishing work. */
+  void Ring() {
+    // seq_cst fence: our publish is visible before we read sleeping_ (mirrors Sleep).
+    FenceSeqCst();
+    if (sleeping_.Load(MemOrder::kRelaxed) != 0) {
+      u64 one = 1;
+      ssize_t n = write(fd_, &one, sizeof(one));
+      (void)n;  // EAGAIN means the counter is already non-zero: the thread wakes anyway
+    }
+  }
+  /** Network thread: announce a sleep; re-check the work lists afterwards, then poll. */
+  void PrepareSleep() {
+    sleeping_.Store(1, MemOrder::kRelaxed);
+    // seq_cst fence: the flag is visible before we re-check for work (mirrors Ring).
+    FenceSeqCst();
+  }
+  /** Network thread: back from polling; clears the flag and the counter. */
+  void Awake() {
+    sleeping_.Store(0, MemOrder::kRelaxed);
+    u64 v = 0;
+    ssize_t n = read(fd_, &v, sizeof(v));
+    (void)n;  // EAGAIN: nobody rang
+  }
+
+ private:
+  int fd_;
+  Atomic<u32> sleeping_;
+};
+
+/** Socket options every chi ZeroMQ socket gets: bounded linger, no message limit on HWM. */
+inline void ConfigureZmqSocket(zmq::socket_t &s) {
+  s.set(zmq::sockopt::linger, kZmqLingerMs);
+  s.set(zmq::sockopt::sndhwm, 0);  // back-pressure is ours (bounded in-flight), not ZeroMQ's
+  s.set(zmq::sockopt::rcvhwm, 0);
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
+// ---- end chi/transport/zmq_common.h ----
+
+namespace chi {
+
+/** How a ZeroMQ client finds and keeps its runtime. */
+struct ZmqClientOptions {
+  std::string mode = "tcp";        ///< "ipc" or "tcp"
+  u32 port = 9413;
+  double connect_timeout_sec = 5;  ///< first handshake must succeed within this
+  double reconnect_sec = 10;       ///< after a loss, tasks wait this long for the runtime
+  u64 max_inflight = 1u << 16;     ///< Send blocks beyond this many unanswered tasks
+  u64 spin_ns = 20000;             ///< busy polling after activity before sleeping
+};
+
+/** Counters of a client connection. */
+struct ZmqClientStats {
+  u64 outstanding = 0;   ///< tasks sent, not answered
+  u64 reconnects = 0;    ///< handshakes after the first
+  u64 peer_losses = 0;   ///< times the runtime went away
+};
+
+/** A pure client's ZeroMQ connection (see the file comment). */
+class ZmqClientTransport final : public ClientTransport {
+ public:
+  ~ZmqClientTransport() override { Close(); }
+
+  /**
+   * Connects to the runtime on this node and performs the handshake. Fails with
+   * kTimeout when no runtime answers in time, or with the runtime's refusal.
+   */
+  static Status Connect(const ZmqClientOptions &opt, std::unique_ptr<ZmqClientTransport> *out,
+                        ConnectAnswer *answer = nullptr) {
+    if (opt.mode != "ipc" && opt.mode != "tcp") {
+      return Status::Errorf(ErrorCode::kInvalidArgument, "ZeroMQ transport '%.16s': use ipc or tcp",
+                            opt.mode.c_str());
+    }
+    std::unique_ptr<ZmqClientTransport> t(new ZmqClientTransport(opt));
+    if (!t->doorbell_.ok()) return Status::Error(ErrorCode::kIo, "eventfd for the network thread");
+    std::future<Status> first = t->first_result_.get_future();
+    t->thread_ = std::thread([raw = t.get()] { raw->Run(); });
+    Status st = first.get();
+    if (!st.ok()) {
+      t->Close();
+      return st;
+    }
+    if (answer != nullptr) *answer = t->first_answer_;
+    *out = std::move(t);
+    return Status::Ok();
+  }
+
+  /** Hands a stamped task to the network thread; false once closed. Blocks when too many are in flight. */
+  bool Send(Task *t) override {
+    senders_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: Close's flag and our count order totally
+    if (closed_.Load(MemOrder::kSeqCst) != 0) {
+      senders_.FetchSub(1, MemOrder::kRelease);
+      return false;
+    }
+    WaitForRoom();
+    inflight_.FetchAdd(1, MemOrder::kRelaxed);
+    Task *head = submitted_.Load(MemOrder::kRelaxed);
+    do {
+      t->transport_cookie_ = reinterpret_cast<u64>(head);
+      // release: the task's fields are visible to the network thread that takes the list.
+    } while (!submitted_.CompareExchange(head, t, MemOrder::kRelease));
+    senders_.FetchSub(1, MemOrder::kRelease);
+    doorbell_.Ring();
+    return true;
+  }
+
+  /** Fails what is pending with kShutdown, says goodbye, closes the socket. Idempotent. */
+  void Close() override {
+    if (closed_.Exchange(1, MemOrder::kSeqCst) != 0) return;
+    while (senders_.Load(MemOrder::kAcquire) != 0) CpuRelax();  // a Send mid-push finishes first
+    stop_.Store(1, MemOrder::kRelease);
+    doorbell_.Ring();
+    if (thread_.joinable()) thread_.join();
+    ctx_.close();
+  }
+
+  const char *Name() const override { return opt_.mode == "ipc" ? "ipc" : "tcp"; }
+
+  /** The runtime process currently connected (changes after a reconnect; 0 while down). */
+  u32 RuntimePid() const { return runtime_pid_.Load(MemOrder::kAcquire); }
+
+  ZmqClientStats Stats() const {
+    ZmqClientStats s;
+    s.outstanding = outstanding_.Load(MemOrder::kRelaxed);
+    s.reconnects = reconnects_.Load(MemOrder::kRelaxed);
+    s.peer_losses = losses_.Load(MemOrder::kRelaxed);
+    return s;
+  }
+
+ private:
+  enum class State { kConnecting, kReady, kDown };
+  static constexpr u32 kRecvBatch = 64;
+  static constexpr u64 kTimerNs = 50000000ull;  ///< timer granularity while idle
+
+  explicit ZmqClientTransport(const ZmqClientOptions &opt)
+      : opt_(opt), endpoint_(ZmqEndpoint(opt.mode, opt.port)) {}
+
+  /** Back-pressure: park while max_inflight tasks are unanswered. */
+  void WaitForRoom() {
+    for (u32 spins = 0; inflight_.Load(MemOrder::kAcquire) >= opt_.max_inflight; ++spins) {
+      if (spins < 1024) {
+        CpuRelax();
+        continue;
+      }
+      const u32 seen = room_.Load(MemOrder::kAcquire);
+      room_waiters_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: visible before the re-check
+      if (inflight_.Load(MemOrder::kSeqCst) >= opt_.max_inflight) {
+        FutexWait(room_.Raw(), seen, 1000000);
+      }
+      room_waiters_.FetchSub(1, MemOrder::kRelaxed);
+    }
+  }
+
+  // ---- Network thread ----
+
+  void Run() {
+    pthread_setname_np(pthread_self(), "chi-zmq-client");
+    const u64 start = NowNs();
+    connect_deadline_ = start + static_cast<u64>(opt_.connect_timeout_sec * 1e9);
+    try {
+      OpenSocket();
+      Loop();
+    } catch (const zmq::error_t &e) {
+      FailAll(ErrorCode::kIo, "ZeroMQ error in the client transport");
+      if (!first_done_) {
+        first_done_ = true;
+        first_result_.set_value(Status::Errorf(ErrorCode::kIo, "ZeroMQ: %s", e.what()));
+      }
+    }
+    FailAll(ErrorCode::kShutdown, "the client closed its connection to the runtime");
+    if (state_ == State::kReady && socket_) {
+      socket_->set(zmq::sockopt::linger, 100);
+      socket_->send(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait);
+    }
+    CloseSocket();
+  }
+
+  void Loop() {
+    u64 last_busy = NowNs();
+    u64 next_timer = last_busy + kTimerNs;
+    while (stop_.Load(MemOrder::kAcquire) == 0) {
+      bool busy = TakeSubmitted();
+      busy |= ReceiveBatch();
+      busy |= ReadMonitor();
+      const u64 now = NowNs();
+      if (now >= next_timer) {
+        Timers(now);
+        next_timer = now + kTimerNs;
+      }
+      if (busy) {
+        last_busy = now;
+        continue;
+      }
+      if (now - last_busy < opt_.spin_ns) {
+        CpuRelax();
+        continue;
+      }
+      doorbell_.PrepareSleep();
+      if (submitted_.Load(MemOrder::kAcquire) == nullptr && stop_.Load(MemOrder::kAcquire) == 0) {
+        zmq::pollitem_t items[3] = {{socket_->handle(), 0, ZMQ_POLLIN, 0},
+                                    {monitor_->handle(), 0, ZMQ_POLLIN, 0},
+                                    {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0}};
+        zmq::poll(items, 3, std::chrono::milliseconds(kTimerNs / 1000000));
+      }
+      doorbell_.Awake();
+      last_busy = NowNs();
+    }
+  }
+
+  /** A fresh DEALER (and its monitor), connected, with the handshake queued on it. */
+  void OpenSocket() {
+    socket_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
+    ConfigureZmqSocket(*socket_);
+    socket_->set(zmq::sockopt::reconnect_ivl, 20);
+    socket_->set(zmq::sockopt::reconnect_ivl_max, 200);
+    socket_->set(zmq::sockopt::heartbeat_ivl, 500);      // a hung runtime is noticed in ~2 s
+    socket_->set(zmq::sockopt::heartbeat_timeout, 2000);
+    const std::string mon = "inproc://chi-zmq-monitor-" +
+                            std::to_string(reinterpret_cast<u64>(this)) + "-" +
+                            std::to_string(++monitor_serial_);
+    if (zmq_socket_monitor(socket_->handle(), mon.c_str(),
+                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+      throw zmq::error_t();
+    }
+    monitor_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
+    monitor_->set(zmq::sockopt::linger, 0);
+    monitor_->connect(mon);
+    socket_->connect(endpoint_);
+    ConnectRequest req;
+    req.pid = static_cast<u32>(getpid());
+    req.uid = static_cast<u32>(getuid());
+    req.mode = opt_.mode;
+    socket_->send(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
+  }
+
+  void CloseSocket() {
+    if (socket_) {
+      zmq_socket_monitor(socket_->handle(), nullptr, 0);
+      socket_->close();
+      socket_.reset();
+    }
+    if (monitor_) {
+      monitor_->close();
+      monitor_.reset();
+    }
+  }
+
+  /** Moves newly submitted tasks onto the wire (or the waiting list); true when any. */
+  bool TakeSubmitted() {
+    // acquire: pairs with Send's release; the tasks' fields are visible.
+    Task *list = submitted_.Exchange(nullptr, MemOrder::kAcquire);
+    if (list == nullptr) return false;
+    Task *fifo = nullptr;
+    while (list != nullptr) {  // newest first on the list; reverse it
+      Task *next = reinterpret_cast<Task *>(list->transport_cookie_);
+      list->transport_cookie_ = reinterpret_cast<u64>(fifo);
+      fifo = list;
+      list = next;
+    }
+    while (fifo != nullptr) {
+      Task *t = fifo;
+      fifo = reinterpret_cast<Task *>(t->transport_cookie_);
+      t->transport_cookie_ = 0;
+      if (state_ == State::kReady) {
+        SendTask(t);
+      } else if (down_expired_) {
+        Finish(t, ErrorCode::kPeerDead, "no runtime: it went away and did not come back in time");
+      } else {
+        waiting_.push_back(t);
+      }
+    }
+    return true;
+  }
+
+  void SendTask(Task *t) {
+    u32 index;
+    if (!free_slots_.empty()) {
+      index = free_slots_.back();
+      free_slots_.pop_back();
+    } else {
+      index = static_cast<u32>(slots_.size());
+      slots_.push_back(Slot{});
+    }
+    Slot &s = slots_[index];
+    s.task = t;
+    const u64 request_id = (static_cast<u64>(s.generation) << 32) | index;
+    EncodeRequest(t, request_id, &encode_);
+    outstanding_.FetchAdd(1, MemOrder::kRelaxed);
+    socket_->send(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
+  }
+
+  bool ReceiveBatch() {
+    u32 got = 0;
+    for (; got < kRecvBatch && socket_; ++got) {
+      zmq::message_t msg;
+      if (!socket_->recv(msg, zmq::recv_flags::dontwait)) break;
+      while (msg.more()) {  // the runtime sends one frame; skip anything else
+        zmq::message_t extra;
+        if (!socket_->recv(extra, zmq::recv_flags::none) || !extra.more()) break;
+      }
+      if (msg.size() < kEnvelopeHeaderBytes) continue;
+      const u64 id = EnvelopeId(msg.data());
+      if (id & zmq_control::kBit) {
+        HandleControl(id, msg);
+        continue;
+      }
+      const u32 index = static_cast<u32>(id);
+      const u32 generation = static_cast<u32>(id >> 32);
+      if (index >= slots_.size() || slots_[index].task == nullptr ||
+          slots_[index].generation != generation) {
+        continue;  // an answer to a task already failed by a peer loss
+      }
+      Task *t = slots_[index].task;
+      ReleaseSlot(index);
+      DecodeAnswer(t, static_cast<const char *>(msg.data()), msg.size());
+      Complete(t);
+    }
+    return got > 0;
+  }
+
+  void HandleControl(u64 id, const zmq::message_t &msg) {
+    if (id == zmq_control::kShutdown) {
+      PeerLost(ErrorCode::kShutdown, "the runtime shut down before answering");
+      return;
+    }
+    if (id != zmq_control::kAccept) return;
+    ConnectAnswer answer;
+    if (!ParseControl(msg, &answer)) {
+      answer = ConnectAnswer();
+      answer.rc = static_cast<u32>(ErrorCode::kMalformed);
+      answer.msg = "malformed ClientConnect answer";
+    }
+    if (!first_done_) {
+      first_done_ = true;
+      first_answer_ = answer;
+      if (answer.rc != 0) {
+        first_result_.set_value(answer.ToStatus());
+        stop_.Store(1, MemOrder::kRelease);
+        return;
+      }
+      first_result_.set_value(Status::Ok());
+    } else if (answer.rc != 0) {
+      FailWaiting(static_cast<ErrorCode>(answer.rc), "the runtime refused the reconnection");
+      return;
+    } else {
+      reconnects_.FetchAdd(1, MemOrder::kRelaxed);
+    }
+    runtime_pid_.Store(answer.runtime_pid, MemOrder::kRelease);
+    state_ = State::kReady;
+    down_expired_ = false;
+    while (!waiting_.empty()) {
+      Task *t = waiting_.front();
+      waiting_.pop_front();
+      SendTask(t);
+    }
+  }
+
+  /** Reads connection events; a disconnect is a lost runtime. */
+  bool ReadMonitor() {
+    bool any = false;
+    for (;;) {
+      zmq::message_t event;
+      if (!monitor_ || !monitor_->recv(event, zmq::recv_flags::dontwait)) return any;
+      any = true;
+      zmq::message_t address;
+      if (event.more()) (void)monitor_->recv(address, zmq::recv_flags::none);
+      u16 kind = 0;
+      if (event.size() >= sizeof(kind)) std::memcpy(&kind, event.data(), sizeof(kind));
+      if (kind == ZMQ_EVENT_DISCONNECTED) {
+        if (state_ == State::kReady) {
+          PeerLost(ErrorCode::kPeerDead, "the runtime went away before answering");
+        } else {  // lost mid-handshake: start over so the handshake is sent again
+          CloseSocket();
+          OpenSocket();
+        }
+        return true;  // the monitor was replaced
+      }
+    }
+  }
+
+  /** The runtime is gone: fail what it holds and reconnect on a fresh socket. */
+  void PeerLost(ErrorCode code, const char *why) {
+    losses_.FetchAdd(1, MemOrder::kRelaxed);
+    runtime_pid_.Store(0, MemOrder::kRelease);
+    for (u32 i = 0; i < slots_.size(); ++i) {
+      if (Task *t = slots_[i].task) {
+        ReleaseSlot(i);
+        Finish(t, code, why);
+      }
+    }
+    state_ = State::kDown;
+    down_since_ = NowNs();
+    CloseSocket();
+    OpenSocket();
+  }
+
+  void Timers(u64 now) {
+    if (!first_done_ && now >= connect_deadline_) {
+      first_done_ = true;
+      first_result_.set_value(Status::Errorf(
+          ErrorCode::kTimeout, "no runtime answered at %s within %.1f s (start one with "
+          "chimaera runtime start, or check CHI_PORT / CHI_IPC_MODE)",
+          endpoint_.c_str(), opt_.connect_timeout_sec));
+      stop_.Store(1, MemOrder::kRelease);
+      return;
+    }
+    if (state_ == State::kDown && !down_expired_ &&
+        now - down_since_ >= static_cast<u64>(opt_.reconnect_sec * 1e9)) {
+      down_expired_ = true;
+      FailWaiting(ErrorCode::kPeerDead, "no runtime: it went away and did not come back in time");
+    }
+  }
+
+  void FailWaiting(ErrorCode code, const char *why) {
+    while (!waiting_.empty()) {
+      Task *t = waiting_.front();
+      waiting_.pop_front();
+      Finish(t, code, why);
+    }
+  }
+
+  /** Completes everything this transport still holds (at close or fatal error). */
+  void FailAll(ErrorCode code, const char *why) {
+    for (u32 i = 0; i < slots_.size(); ++i) {
+      if (Task *t = slots_[i].task) {
+        ReleaseSlot(i);
+        Finish(t, code, why);
+      }
+    }
+    FailWaiting(code, why);
+    Task *list = submitted_.Exchange(nullptr, MemOrder::kAcquire);
+    while (list != nullptr) {
+      Task *next = reinterpret_cast<Task *>(list->transport_cookie_);
+      list->transport_cookie_ = 0;
+      Finish(list, code, why);
+      list = next;
+    }
+  }
+
+  void ReleaseSlot(u32 index) {
+    slots_[index].task = nullptr;
+    ++slots_[index].generation;  // a late answer for the old occupant no longer matches
+    free_slots_.push_back(index);
+    outstanding_.FetchSub(1, MemOrder::kRelaxed);
+  }
+
+  void Finish(Task *t, ErrorCode code, const char *why) {
+    t->SetError(code, why);
+    Complete(t);
+  }
+
+  void Complete(Task *t) {
+    CompleteTask(t);
+    inflight_.FetchSub(1, MemOrder::kSeqCst);  // seq_cst: pairs with WaitForRoom's re-check
+    if (room_waiters_.Load(MemOrder::kSeqCst) != 0) {
+      room_.FetchAdd(1, MemOrder::kRelease);
+      FutexWake(room_.Raw(), INT_MAX);
+    }
+  }
+
+  /** A sent task awaiting its answer; generation tells a stale answer from a current one. */
+  struct Slot {
+    Task *task = nullptr;
+    u32 generation = 1;
+  };
+
+  ZmqClientOptions opt_;
+  std::string endpoint_;
+  zmq::context_t ctx_{1};
+  std::unique_ptr<zmq::socket_t> socket_;   ///< network thread only
+  std::unique_ptr<zmq::socket_t> monitor_;  ///< network thread only
+  std::thread thread_;
+  ZmqDoorbell doorbell_;
+  std::promise<Status> first_result_;
+  ConnectAnswer first_answer_;
+  bool first_done_ = false;
+  State state_ = State::kConnecting;
+  bool down_expired_ = false;
+  u64 down_since_ = 0;
+  u64 connect_deadline_ = 0;
+  u64 monitor_serial_ = 0;
+  std::vector<Slot> slots_;       ///< request id low half = index
+  std::vector<u32> free_slots_;
+  std::deque<Task *> waiting_;    ///< submitted while not connected
+  std::vector<char> encode_;      ///< reused request buffer
+  Atomic<Task *> submitted_{nullptr};  ///< newest first, linked through transport_cookie_
+  Atomic<u32> closed_;
+  Atomic<u32> stop_;
+  Atomic<u32> senders_;
+  Atomic<u64> inflight_;
+  Atomic<u32> room_;
+  Atomic<u32> room_waiters_;
+  Atomic<u32> runtime_pid_;
+  Atomic<u64> outstanding_;
+  Atomic<u64> reconnects_;
+  Atomic<u64> losses_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_H
+// ---- end chi/transport/zmq_client.h ----
+// ---- begin chi/transport/zmq_server.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_H
+// ZmqServer: the runtime's network worker for pure clients over ZeroMQ. One
+// thread owns a ROUTER socket per endpoint (ipc and tcp on loopback), answers
+// ClientConnect handshakes, decodes task requests through the RequestDispatcher
+// and sends the answers that workers hand back (OnComplete, any worker thread).
+// Invariant: only the network thread touches sockets and the peer table;
+// workers publish answers on a lock-free list and ring the doorbell.
+
+#include <pthread.h>  // naming the network thread
+#include <unistd.h>   // unlink of the ipc socket file
+
+#include <cstring>        // strlen
+#include <future>         // start-up result of the network thread
+#include <string>         // peer keys
+#include <thread>         // the network thread
+#include <unordered_map>  // peers by routing id
+#include <vector>         // answer buffers, free slots
+
+#include <zmq.hpp>  // cppzmq
+
+namespace chi {
+
+/** Counters of a ZeroMQ server (read by the admin Monitor). */
+struct ZmqServerStats {
+  u64 clients = 0;            ///< registered clients now
+  u64 clients_reaped = 0;     ///< clients forgotten because their process died
+  u64 tasks_outstanding = 0;  ///< requests dispatched, answer not yet sent
+  u64 bytes_held = 0;         ///< answer buffers pooled for reuse (bounded)
+  u64 requests = 0;           ///< task requests received
+  u64 requests_refused = 0;   ///< requests answered with an error (malformed, not connected, ...)
+  u64 answers_dropped = 0;    ///< answers whose client was gone
+};
+
+/** Serves pure clients over ZeroMQ ROUTER sockets (ipc and/or tcp). */
+class ZmqServer final : public TaskCompleter {
+ public:
+  struct Options {
+    u32 port = 0;
+    bool ipc = true;                              ///< bind the per-user ipc endpoint
+    bool tcp = true;                              ///< bind tcp on 127.0.0.1:port
+    u64 max_request_bytes = kZmqMaxRequestBytes;  ///< larger messages drop the connection
+    u32 max_clients = 4096;                       ///< handshakes beyond this are refused
+    u64 reap_interval_ns = 100000000ull;          ///< how often dead client pids are looked for
+    u64 spin_ns = 20000;                          ///< busy polling after activity before sleeping
+  };
+
+  ZmqServer() = default;
+  ~ZmqServer() { Stop(); }
+  ZmqServer(const ZmqServer &) = delete;
+  ZmqServer &operator=(const ZmqServer &) = delete;
+
+  /**
+   * Binds the endpoints on a new network thread. Handshakes and tasks queue in
+   * ZeroMQ until Open() supplies the answer clients get. Fails (kAlreadyExists)
+   * when another process holds the tcp port.
+   */
+  Status Start(RequestDispatcher *dispatcher, const Options &opt) {
+    if (thread_.joinable()) return Status::Error(ErrorCode::kInvalidArgument, "already started");
+    if (!doorbell_.ok()) return Status::Error(ErrorCode::kIo, "eventfd for the network thread");
+    dispatcher_ = dispatcher;
+    opt_ = opt;
+    std::promise<Status> started;
+    std::future<Status> result = started.get_future();
+    thread_ = std::thread([this, &started] { Run(&started); });
+    Status st = result.get();
+    if (!st.ok()) {
+      thread_.join();
+      ctx_.close();
+    }
+    return st;
+  }
+
+  /** Starts serving; every accepted client gets `answer` (plus its client id). */
+  void Open(const ConnectAnswer &answer) {
+    template_ = answer;
+    open_.Store(1, MemOrder::kRelease);  // release: template_ is complete before it is read
+    FutexWake(open_.Raw(), 1);
+  }
+
+  /** Refuses new tasks (answered with kShutdown); handshakes too. Answers still flow. */
+  void BeginShutdown() {
+    shutting_down_.Store(1, MemOrder::kRelease);
+    doorbell_.Ring();
+  }
+
+  /**
+   * Sends every pending answer, tells each client the runtime stops, closes
+   * the sockets and joins the thread. Call after the workers have stopped.
+   */
+  void Stop() {
+    if (!thread_.joinable()) return;
+    stop_.Store(1, MemOrder::kRelease);
+    open_.Store(1, MemOrder::kRelease);  // a server never opened must still wake up
+    FutexWake(open_.Raw(), 1);
+    doorbell_.Ring();
+    thread_.join();
+    ctx_.close();
+  }
+
+  /** Worker side: a remote task finished; queue its answer for the network thread. */
+  void OnComplete(Task *t) override {
+    auto *slot = reinterpret_cast<AnswerSlot *>(t->transport_cookie_);
+    RequestDispatcher::EncodeAnswer(t, &slot->bytes);
+    AnswerSlot *head = answers_.Load(MemOrder::kRelaxed);
+    do {
+      slot->next = head;
+      // release: the encoded bytes are visible to the network thread that takes the list.
+    } while (!answers_.CompareExchange(head, slot, MemOrder::kRelease));
+    doorbell_.Ring();
+  }
+
+  /** A snapshot of the counters (any thread). */
+  ZmqServerStats Stats() const {
+    ZmqServerStats s;
+    s.clients = clients_.Load(MemOrder::kRelaxed);
+    s.clients_reaped = reaped_.Load(MemOrder::kRelaxed);
+    s.tasks_outstanding = outstanding_.Load(MemOrder::kRelaxed);
+    s.bytes_held = bytes_held_.Load(MemOrder::kRelaxed);
+    s.requests = requests_.Load(MemOrder::kRelaxed);
+    s.requests_refused = refused_.Load(MemOrder::kRelaxed);
+    s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
+    return s;
+  }
+
+ private:
+  static constexpr u32 kRecvBatch = 64;           ///< messages per socket per pass
+  static constexpr u64 kKeepBufferBytes = 1 << 20;  ///< larger answer buffers are not pooled
+  static constexpr size_t kMaxFreeSlots = 1024;
+
+  /** Where one remote task's answer goes, and its encoded bytes. */
+  struct AnswerSlot {
+    AnswerSlot *next = nullptr;
+    std::string peer;          ///< socket index byte + routing id
+    std::vector<char> bytes;   ///< the encoded answer (capacity reused)
+  };
+  /** A registered client. */
+  struct Peer {
+    u32 pid = 0;
+    u64 client_id = 0;
+    u64 outstanding = 0;
+  };
+
+  // ---- Network thread ----
+
+  void Run(std::promise<Status> *started) {
+    pthread_setname_np(pthread_self(), "chi-zmq-server");
+    Status st = Bind();
+    started->set_value(st);
+    if (!st.ok()) {
+      CloseSockets();
+      return;
+    }
+    while (open_.Load(MemOrder::kAcquire) == 0) FutexWait(open_.Raw(), 0);
+    Loop();
+    DrainAnswers();
+    NotifyShutdown();
+    CloseSockets();
+    for (AnswerSlot *s : free_) delete s;
+    free_.clear();
+  }
+
+  Status Bind() {
+    try {
+      const char *modes[2] = {"ipc", "tcp"};
+      const bool want[2] = {opt_.ipc, opt_.tcp};
+      for (int i = 0; i < 2; ++i) {
+        if (!want[i]) continue;
+        auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::router);
+        ConfigureZmqSocket(*s);
+        s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt_.max_request_bytes));
+        const std::string ep = ZmqEndpoint(modes[i], opt_.port);
+        try {
+          s->bind(ep);
+        } catch (const zmq::error_t &e) {
+          return Status::Errorf(e.num() == EADDRINUSE ? ErrorCode::kAlreadyExists : ErrorCode::kIo,
+                                "cannot bind %s: %s%s", ep.c_str(), e.what(),
+                                e.num() == EADDRINUSE ? " (another runtime or program uses the "
+                                                        "port; set CHI_PORT)" : "");
+        }
+        sockets_[i] = std::move(s);
+        ipc_bound_ = ipc_bound_ || i == 0;
+      }
+      return Status::Ok();
+    } catch (const zmq::error_t &e) {
+      return Status::Errorf(ErrorCode::kIo, "ZeroMQ server start: %s", e.what());
+    }
+  }
+
+  void Loop() {
+    u64 last_busy = NowNs();
+    u64 next_reap = last_busy + opt_.reap_interval_ns;
+    while (stop_.Load(MemOrder::kAcquire) == 0) {
+      bool busy = DrainAnswers();
+      for (int i = 0; i < 2; ++i) busy |= ReceiveBatch(i);
+      const u64 now = NowNs();
+      if (now >= next_reap) {
+        Reap();
+        next_reap = now + opt_.reap_interval_ns;
+      }
+      if (busy) {
+        last_busy = now;
+        continue;
+      }
+      if (now - last_busy < opt_.spin_ns) {
+        CpuRelax();
+        continue;
+      }
+      doorbell_.PrepareSleep();
+      if (answers_.Load(MemOrder::kAcquire) == nullptr && stop_.Load(MemOrder::kAcquire) == 0) {
+        zmq::pollitem_t items[3];
+        int n = 0;
+        for (int i = 0; i < 2; ++i) {
+          if (sockets_[i]) items[n++] = {sockets_[i]->handle(), 0, ZMQ_POLLIN, 0};
+        }
+        items[n++] = {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0};
+        const long wait_ms = static_cast<long>(opt_.reap_interval_ns / 1000000) + 1;
+        zmq::poll(items, n, std::chrono::milliseconds(wait_ms));
+      }
+      doorbell_.Awake();
+      last_busy = NowNs();  // one short spin after every wake-up
+    }
+  }
+
+  /** Receives up to kRecvBatch messages from socket i; true when any arrived. */
+  bool ReceiveBatch(int i) {
+    if (!sockets_[i]) return false;
+    zmq::socket_t &s = *sockets_[i];
+    u32 got = 0;
+    for (; got < kRecvBatch; ++got) {
+      zmq::message_t id;
+      if (!s.recv(id, zmq::recv_flags::dontwait)) break;
+      zmq::message_t payload;
+      bool one_frame = id.more() && s.recv(payload, zmq::recv_flags::none).has_value();
+      while (payload.more()) {  // a well-behaved DEALER sends exactly one frame
+        one_frame = false;
+        if (!s.recv(payload, zmq::recv_flags::none)) break;
+      }
+      std::string peer(1, static_cast<char>(i));
+      peer.append(static_cast<const char *>(id.data()), id.size());
+      if (!one_frame) {
+        Refuse(peer, 0, ErrorCode::kMalformed, "a request must be exactly one frame");
+        continue;
+      }
+      Handle(peer, payload);
+    }
+    return got > 0;
+  }
+
+  void Handle(const std::string &peer, const zmq::message_t &msg) {
+    const char *data = static_cast<const char *>(msg.data());
+    if (msg.size() < kEnvelopeHeaderBytes) {
+      Refuse(peer, 0, ErrorCode::kTruncated, "request shorter than its 8-byte header");
+      return;
+    }
+    const u64 id = EnvelopeId(data);
+    if (id & zmq_control::kBit) {
+      HandleControl(peer, id, msg);
+      return;
+    }
+    requests_.FetchAdd(1, MemOrder::kRelaxed);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) {
+      Refuse(peer, id, ErrorCode::kInvalidArgument,
+             "not connected: send the ClientConnect handshake first");
+      return;
+    }
+    if (shutting_down_.Load(MemOrder::kAcquire) != 0) {
+      Refuse(peer, id, ErrorCode::kShutdown, "the runtime is shutting down");
+      return;
+    }
+    AnswerSlot *slot = TakeSlot();
+    slot->peer = peer;
+    if (!dispatcher_->Dispatch(data, msg.size(), this, reinterpret_cast<u64>(slot), &error_)) {
+      refused_.FetchAdd(1, MemOrder::kRelaxed);
+      SendTo(peer, error_.data(), error_.size());
+      GiveSlot(slot);
+      return;
+    }
+    ++it->second.outstanding;
+    outstanding_.FetchAdd(1, MemOrder::kRelaxed);
+  }
+
+  void HandleControl(const std::string &peer, u64 id, const zmq::message_t &msg) {
+    if (id == zmq_control::kBye) {
+      if (peers_.erase(peer) != 0) clients_.Store(peers_.size(), MemOrder::kRelaxed);
+      return;
+    }
+    if (id != zmq_control::kConnect) {
+      Refuse(peer, 0, ErrorCode::kMalformed, "unknown control message");
+      return;
+    }
+    ConnectRequest req;
+    ConnectAnswer answer = template_;
+    Status st = ParseControl(msg, &req)
+                    ? CheckConnectRequest(req)
+                    : Status::Error(ErrorCode::kMalformed, "malformed ClientConnect request");
+    if (st.ok() && shutting_down_.Load(MemOrder::kAcquire) != 0) {
+      st = Status::Error(ErrorCode::kShutdown, "the runtime is shutting down");
+    }
+    if (st.ok() && peers_.size() >= opt_.max_clients && peers_.count(peer) == 0) {
+      st = Status::Errorf(ErrorCode::kOutOfMemory, "the runtime already serves %u clients",
+                          opt_.max_clients);
+    }
+    if (st.ok()) {
+      Peer &p = peers_[peer];
+      p.pid = req.pid;
+      p.client_id = ++next_client_id_;
+      answer.client_id = p.client_id;
+      clients_.Store(peers_.size(), MemOrder::kRelaxed);
+    } else {
+      refused_.FetchAdd(1, MemOrder::kRelaxed);
+      answer = ConnectAnswer();
+      answer.rc = static_cast<u32>(st.code());
+      answer.msg = st.message();
+    }
+    zmq::message_t reply = MakeControl(zmq_control::kAccept, answer);
+    SendTo(peer, reply.data(), reply.size());
+  }
+
+  /** Answers request `id` with an error (id 0 when the request had none). */
+  void Refuse(const std::string &peer, u64 id, ErrorCode code, const char *why) {
+    refused_.FetchAdd(1, MemOrder::kRelaxed);
+    RequestDispatcher::EncodeError(id, code, why, &error_);
+    SendTo(peer, error_.data(), error_.size());
+  }
+
+  /** Sends [routing id][payload] on the peer's socket; a vanished peer drops it silently. */
+  void SendTo(const std::string &peer, const void *data, size_t len) {
+    zmq::socket_t *s = sockets_[static_cast<u8>(peer[0])].get();
+    zmq::message_t id(peer.data() + 1, peer.size() - 1);
+    zmq::message_t body(data, len);
+    try {
+      if (s->send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        s->send(body, zmq::send_flags::dontwait);
+      }
+    } catch (const zmq::error_t &) {
+      dropped_.FetchAdd(1, MemOrder::kRelaxed);  // EHOSTUNREACH and friends: the peer is gone
+    }
+  }
+
+  /** Sends the answers workers queued, oldest first; true when there were any. */
+  bool DrainAnswers() {
+    // acquire: pairs with OnComplete's release; the encoded bytes are visible.
+    AnswerSlot *list = answers_.Exchange(nullptr, MemOrder::kAcquire);
+    if (list == nullptr) return false;
+    AnswerSlot *fifo = nullptr;
+    while (list != nullptr) {  // the list is newest first; reverse it
+      AnswerSlot *next = list->next;
+      list->next = fifo;
+      fifo = list;
+      list = next;
+    }
+    while (fifo != nullptr) {
+      AnswerSlot *slot = fifo;
+      fifo = fifo->next;
+      auto it = peers_.find(slot->peer);
+      if (it != peers_.end()) {
+        SendTo(slot->peer, slot->bytes.data(), slot->bytes.size());
+        --it->second.outstanding;
+      } else {
+        dropped_.FetchAdd(1, MemOrder::kRelaxed);
+      }
+      outstanding_.FetchSub(1, MemOrder::kRelaxed);
+      GiveSlot(slot);
+    }
+    return true;
+  }
+
+  /** Forgets clients whose process has died (their later answers are dropped). */
+  void Reap() {
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      if (it->second.pid != 0 && !ProcessAlive(it->second.pid)) {
+        it = peers_.erase(it);
+        reaped_.FetchAdd(1, MemOrder::kRelaxed);
+      } else {
+        ++it;
+      }
+    }
+    clients_.Store(peers_.size(), MemOrder::kRelaxed);
+  }
+
+  /** Tells every registered client that the runtime stops (they fail what is pending). */
+  void NotifyShutdown() {
+    for (const auto &kv : peers_) {
+      zmq::message_t note = MakeControl(zmq_control::kShutdown);
+      SendTo(kv.first, note.data(), note.size());
+    }
+    peers_.clear();
+    clients_.Store(0, MemOrder::kRelaxed);
+  }
+
+  /** Closes the sockets and removes the ipc socket file (ZeroMQ leaves it behind). */
+  void CloseSockets() {
+    for (auto &s : sockets_) {
+      if (s) s->close();
+      s.reset();
+    }
+    if (ipc_bound_) {
+      const std::string ep = ZmqEndpoint("ipc", opt_.port);
+      unlink(ep.c_str() + std::strlen("ipc://"));
+      ipc_bound_ = false;
+    }
+  }
+
+  AnswerSlot *TakeSlot() {
+    if (free_.empty()) return new AnswerSlot();
+    AnswerSlot *s = free_.back();
+    free_.pop_back();
+    pooled_bytes_ -= s->bytes.capacity();
+    return s;
+  }
+  /** Pools a slot for reuse; large buffers and slots beyond the pool's bound are freed. */
+  void GiveSlot(AnswerSlot *s) {
+    if (free_.size() >= kMaxFreeSlots) {
+      delete s;
+      return;
+    }
+    if (s->bytes.capacity() > kKeepBufferBytes) std::vector<char>().swap(s->bytes);
+    s->bytes.clear();
+    pooled_bytes_ += s->bytes.capacity();
+    free_.push_back(s);
+    bytes_held_.Store(pooled_bytes_ + free_.size() * sizeof(AnswerSlot), MemOrder::kRelaxed);
+  }
+
+  RequestDispatcher *dispatcher_ = nullptr;
+  Options opt_;
+  zmq::context_t ctx_{1};
+  std::unique_ptr<zmq::socket_t> sockets_[2];  ///< [0] ipc, [1] tcp
+  std::thread thread_;
+  ZmqDoorbell doorbell_;
+  ConnectAnswer template_;
+  std::unordered_map<std::string, Peer> peers_;  ///< network thread only
+  std::vector<AnswerSlot *> free_;               ///< network thread only
+  std::vector<char> error_;                      ///< network thread's scratch answer
+  u64 next_client_id_ = 0;
+  u64 pooled_bytes_ = 0;
+  bool ipc_bound_ = false;
+  Atomic<AnswerSlot *> answers_{nullptr};  ///< finished answers, newest first
+  Atomic<u32> open_;
+  Atomic<u32> stop_;
+  Atomic<u32> shutting_down_;
+  Atomic<u64> clients_;
+  Atomic<u64> reaped_;
+  Atomic<u64> outstanding_;
+  Atomic<u64> bytes_held_;
+  Atomic<u64> requests_;
+  Atomic<u64> refused_;
+  Atomic<u64> dropped_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_H
+// ---- end chi/transport/zmq_server.h ----
 
 namespace chi {
 
@@ -7229,16 +8770,13 @@ class Chimaera {
       with_runtime = env[0] == '1' || mode == ChimaeraMode::kServer;
     }
     Status st = LoadServerConfig(&config_);
-    if (st.ok()) {
-      st = with_runtime ? StartRuntime()
-                        : Status::Error(ErrorCode::kUnsupported,
-                                        "a pure client (no embedded runtime) needs a standalone "
-                                        "runtime transport, which this build does not provide");
-    }
+    if (st.ok()) st = with_runtime ? StartRuntime() : ConnectToRuntime();
+    if (st.ok() && mode == ChimaeraMode::kServer) st = StartServers();
     if (!st.ok()) {
       last_error_ = st;
       std::fprintf(stderr, "chi: CHIMAERA_INIT failed: %s\n", st.ToString().c_str());
       StopRuntime();
+      Disconnect();
       return false;
     }
     mode_ = mode;
@@ -7255,11 +8793,16 @@ class Chimaera {
     std::lock_guard<std::mutex> g(mu_);
     if (!initialized_) return;
     StopRuntime();
+    Disconnect();
     initialized_ = false;
   }
 
   bool IsInitialized() const { return initialized_; }
   bool HasRuntime() const { return orch_ != nullptr; }
+  /** A pure client: the runtime's handshake answer (pid, port, segments). */
+  const ConnectAnswer &GetConnectAnswer() const { return connect_answer_; }
+  /** A pure client's transport (nullptr otherwise). */
+  ClientTransport *GetTransport() { return transport_.get(); }
   ChimaeraMode GetMode() const { return mode_; }
   const ServerConfig &GetConfig() const { return config_; }
   /** Why the last Init failed. */
@@ -7294,8 +8837,9 @@ class Chimaera {
     wc.stack_bytes = config_.fiber_stack_bytes;
     if (Status st = orch_->Start(wc, pools_.get(), 0); !st.ok()) return st;
     ipc_.AttachRuntime(orch_.get(), 0);
-    if (Status st = chimaera::admin::CreateAdminPool(*pools_, *orch_,
-                                                     [] { Chimaera::Get().RequestStop(); });
+    if (Status st = chimaera::admin::CreateAdminPool(
+            *pools_, *orch_, [] { Chimaera::Get().RequestStop(); },
+            [] { return Chimaera::Get().CollectTransportStats(); });
         !st.ok()) {
       return st;
     }
@@ -7309,11 +8853,107 @@ class Chimaera {
     return Status::Ok();
   }
 
+  /**
+   * kServer: the segments (a live runtime on the port is an error, a dead one's
+   * leftovers are removed), then the ZeroMQ endpoints, then clients are let in.
+   */
+  Status StartServers() {
+    if (Status st = segments_.Create(config_, config_.port); !st.ok()) return st;
+    dispatcher_ = std::make_unique<RequestDispatcher>(pools_.get(), orch_.get());
+    auto zmq = std::make_unique<ZmqServer>();
+    ZmqServer::Options opt;
+    opt.port = config_.port;
+    if (Status st = zmq->Start(dispatcher_.get(), opt); !st.ok()) return st;
+    ConnectAnswer answer;
+    answer.runtime_pid = static_cast<u32>(getpid());
+    answer.node_id = 0;
+    answer.port = config_.port;
+    answer.segments = segments_.Describe();
+    zmq->Open(answer);
+    zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
+    return Status::Ok();
+  }
+
+  /** The counters Monitor reports for each transport server (worker thread). */
+  std::vector<chimaera::admin::TransportStats> CollectTransportStats() {
+    std::vector<chimaera::admin::TransportStats> out;
+    if (ZmqServer *z = zmq_server_.Load(MemOrder::kAcquire)) {
+      const ZmqServerStats s = z->Stats();
+      chimaera::admin::TransportStats t;
+      t.name_ = "zmq";
+      t.clients_ = s.clients;
+      t.clients_reaped_ = s.clients_reaped;
+      t.tasks_outstanding_ = s.tasks_outstanding;
+      t.bytes_held_ = s.bytes_held;
+      t.requests_ = s.requests;
+      t.requests_refused_ = s.requests_refused;
+      t.answers_dropped_ = s.answers_dropped;
+      out.push_back(t);
+    }
+    return out;
+  }
+
+  /** Seconds from environment variable `name` (unset, empty or invalid: `fallback`). */
+  static double EnvSeconds(const char *name, double fallback) {
+    const char *v = std::getenv(name);
+    if (v == nullptr || v[0] == '\0') return fallback;
+    char *end = nullptr;
+    const double d = std::strtod(v, &end);
+    return (end != nullptr && *end == '\0' && d > 0) ? d : fallback;
+  }
+
+  /**
+   * A pure client: handshake with the runtime on this node (CHI_PORT), attach its
+   * segments (version and size checked), then route every task through the
+   * transport CHI_IPC_MODE / networking.ipc_mode names. CHI_CONNECT_TIMEOUT
+   * (seconds, default 5) bounds the first connection; CHI_RECONNECT_TIMEOUT
+   * (default 10) is how long tasks wait for a runtime that went away to return.
+   */
+  Status ConnectToRuntime() {
+    ZmqClientOptions opt;
+    opt.mode = config_.ipc_mode == "tcp" ? "tcp" : "ipc";
+    opt.port = config_.port;
+    opt.connect_timeout_sec = EnvSeconds("CHI_CONNECT_TIMEOUT", 5);
+    opt.reconnect_sec = EnvSeconds("CHI_RECONNECT_TIMEOUT", 10);
+    std::unique_ptr<ZmqClientTransport> zmq;
+    ConnectAnswer answer;
+    if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
+    if (Status st = AttachRuntimeSegments(answer, &client_segments_); !st.ok()) return st;
+    if (config_.ipc_mode == "shm") {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
+                           "use CHI_IPC_MODE=ipc or tcp");
+    }
+    connect_answer_ = answer;
+    transport_ = std::move(zmq);
+    ipc_.AttachTransport(transport_.get(), answer.node_id);
+    return Status::Ok();
+  }
+
+  /** Stops the servers (after draining the workers), the workers, and the segments. */
   void StopRuntime() {
-    if (orch_ != nullptr) orch_->Stop();
+    ZmqServer *zmq = zmq_server_.Load(MemOrder::kAcquire);
+    if (zmq != nullptr) zmq->BeginShutdown();  // new remote tasks get kShutdown answers
+    if (orch_ != nullptr) orch_->Stop();       // accepted tasks finish; their answers queue
+    if (zmq != nullptr) {
+      zmq->Stop();  // sends the answers, tells clients, closes
+      zmq_server_.Store(nullptr, MemOrder::kRelease);
+      delete zmq;
+    }
+    dispatcher_.reset();
+    segments_.Destroy();
     ipc_.AttachRuntime(nullptr, 0);
     orch_.reset();
     pools_.reset();  // destroys every container
+  }
+
+  /** A pure client: fails what is pending, closes the transport, detaches the segments. */
+  void Disconnect() {
+    ipc_.AttachTransport(nullptr, 0);
+    if (transport_ != nullptr) transport_->Close();
+    transport_.reset();
+    client_segments_.clear();
+    connect_answer_ = ConnectAnswer();
   }
 
   std::mutex mu_;
@@ -7326,6 +8966,14 @@ class Chimaera {
   std::unique_ptr<PoolManager> pools_;
   std::unique_ptr<WorkOrchestrator> orch_;
   Atomic<u32> stop_requested_;
+  // standalone runtime (kServer)
+  RuntimeSegments segments_;
+  std::unique_ptr<RequestDispatcher> dispatcher_;
+  Atomic<ZmqServer *> zmq_server_{nullptr};
+  // pure client
+  std::unique_ptr<ClientTransport> transport_;
+  std::vector<std::unique_ptr<PosixShmBackend>> client_segments_;
+  ConnectAnswer connect_answer_;
 };
 
 /**

@@ -72,6 +72,21 @@ CHI_CROSS_FUN inline u32 GlobalThreadId() {
 #endif
 }
 
+/**
+ * Acquire fence at scope S: orders a relaxed poll that saw new data before the reads of
+ * that data (polls stay relaxed so a batch of them can be in flight at once).
+ */
+template <MemScope S>
+CHI_CROSS_FUN inline void FenceAcquire() {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  cuda::atomic_thread_fence(cuda::std::memory_order_acquire,
+                            S == MemScope::kSystem ? cuda::thread_scope_system
+                                                   : cuda::thread_scope_device);
+#else
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+#endif
+}
+
 /** 16 bytes, the widest plain load and store; buffers copied with it are 16-aligned. */
 struct alignas(16) Chunk16 {
   u64 lo;

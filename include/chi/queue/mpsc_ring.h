@@ -6,9 +6,12 @@
 // Protocol (Vyukov's bounded queue, one consumer). Slot i starts with seq = i. A producer
 // reads tail_ = p; when slot p % C has seq == p the slot is free for lap p / C, and a CAS
 // of tail_ from p to p + 1 claims it; the producer writes the value and publishes
-// seq = p + 1. The consumer at head h reads when seq == h + 1, then frees the slot for
-// the next lap with seq = h + C. Sequence numbers only grow (64-bit), so there is no ABA.
+// seq = p + 1. The consumer at head h reads when seq == h + 1, advances head_, then frees
+// the slot for the next lap with seq = h + C. Producers thus learn "full" from the slot
+// they want, never from the consumer's line. Sequence numbers only grow: no ABA.
 // A producer that dies between claim and publish stalls the consumer at that slot.
+// Blocking ends (host only) park on a WaitEvent (see wait_event.h); GPU code uses
+// TryPush/TryPop, and a host end fed from a GPU polls instead of parking.
 #pragma once
 
 #include <new>          // placement new into the caller's region
@@ -18,7 +21,7 @@
 #include "chi/core/macros.h"        // CHI_CROSS_FUN, kCacheLine
 #include "chi/core/types.h"         // u32, u64, i64
 #include "chi/queue/ring_layout.h"  // RoundUpPow2, IsRingAligned
-#include "chi/queue/wait_event.h"   // WaitEvent, AwaitOp, kPublishOrder
+#include "chi/queue/wait_event.h"   // WaitEvent, WaitStats, AwaitOp, kPublishOrder
 
 namespace chi {
 
@@ -67,7 +70,7 @@ class MpscRing {
       u64 seq = slot->seq_.Load(MemOrder::kAcquire);
       i64 lag = static_cast<i64>(seq - pos);
       if (lag == 0) {
-        // relaxed: the CAS only has to be atomic; the slot's seq carries the data.
+        // relaxed: the claim only has to be atomic; the slot's seq carries the data.
         if (tail_.CompareExchange(pos, pos + 1, MemOrder::kRelaxed)) break;
       } else if (lag < 0) {
         return false;  // the slot still holds last lap's value: full
@@ -161,11 +164,12 @@ class MpscRing {
         not_full_, producer_stats_, [&] { return TryPush(v); },
         [&] {
           // seq_cst: the waiter's Dekker re-check against the consumer's head_ store.
-          // head_ first: tail_ read later is then never below it.
+          // head_ first: tail_ read later is then never below it. The slot may still be
+          // a moment from freed, or another producer may take it; AwaitOp then retries.
           u64 head = head_.Load(MemOrder::kSeqCst);
           return tail_.Load(MemOrder::kSeqCst) - head < capacity_;
         },
-        deadline_ns);
+        deadline_ns, kFullRingBackoff);
   }
 
   // Line 0: written once by the constructor, then only read.

@@ -1,6 +1,6 @@
 // SpscRing<T>: a bounded single-producer single-consumer ring placed in a caller's region
-// (private, POSIX shm or GPU-visible pinned memory). Used for one-to-one channels such as
-// a worker's completion queue. Invariant: one producer and one consumer at a time; the
+// (private, POSIX shm or GPU-visible pinned memory), for channels with exactly one feeding
+// thread or process. Invariant: one producer and one consumer at a time; the
 // region holds no pointers (only positions relative to `this`), and head, tail and the
 // wait words sit on separate cache lines.
 //
@@ -8,17 +8,18 @@
 // capacity C carries seq = p + 1 once position p (p % C == i) is published. The producer
 // owns tail_ and decides "full" from head_ (cached); the consumer owns head_ and decides
 // "empty" from the slot's seq, which shares the cache line with the value, so a handoff
-// moves one line. Blocking ends park on a WaitEvent (see wait_event.h).
+// moves one line. Blocking ends (host only) park on a WaitEvent (see wait_event.h); GPU code
+// uses TryPush/TryPop, and a host end fed from a GPU polls instead of parking.
 #pragma once
 
 #include <new>          // placement new into the caller's region
 #include <type_traits>  // is_trivially_copyable: values are copied as bytes across processes
 
-#include "chi/core/atomic.h"         // chi::Atomic, MemOrder
-#include "chi/core/macros.h"         // CHI_CROSS_FUN, kCacheLine
-#include "chi/core/types.h"          // u32, u64
-#include "chi/queue/ring_layout.h"   // RoundUpPow2, IsRingAligned
-#include "chi/queue/wait_event.h"    // WaitEvent, AwaitOp, kPublishOrder
+#include "chi/core/atomic.h"        // chi::Atomic, MemOrder
+#include "chi/core/macros.h"        // CHI_CROSS_FUN, kCacheLine
+#include "chi/core/types.h"         // u32, u64
+#include "chi/queue/ring_layout.h"  // RoundUpPow2, IsRingAligned
+#include "chi/queue/wait_event.h"   // WaitEvent, WaitStats, AwaitOp, kPublishOrder
 
 namespace chi {
 
@@ -146,7 +147,7 @@ class SpscRing {
           // relaxed tail: our own counter; seq_cst head: the waiter's Dekker re-check.
           return tail_.Load(MemOrder::kRelaxed) - head_.Load(MemOrder::kSeqCst) < capacity_;
         },
-        deadline_ns);
+        deadline_ns, kFullRingBackoff);
   }
 
   // Line 0: written once by the constructor, then only read.

@@ -25,6 +25,13 @@ inline constexpr u64 kNoDeadline = ~0ull;
 inline constexpr u64 kSpinBeforeParkNs = 20000;
 
 /**
+ * Most CpuRelax() calls between two attempts of a producer waiting for room. Each attempt
+ * reads a line the consumer writes as it drains (its head, or the slot it frees); backing
+ * off leaves that line with the consumer. Consumers poll on every spin: latency matters.
+ */
+inline constexpr u32 kFullRingBackoff = 16;
+
+/**
  * Order of the store that makes a ring's state change visible. On the host it is seq_cst
  * because it is one half of the Dekker pair with WaitEvent::Wait; the device never parks
  * or wakes, so release suffices there.
@@ -141,18 +148,21 @@ class WaitEvent {
 
 /**
  * Runs `try_op` until it succeeds or the deadline passes: first spinning for about
- * kSpinBeforeParkNs, then parking on `event` while `ready()` is false (host only).
- * `ready()` says the operation could now succeed; it must use seq_cst loads.
- * Returns whether `try_op` succeeded.
+ * kSpinBeforeParkNs (up to `max_backoff` CpuRelax() calls between attempts, doubling),
+ * then parking on `event` while `ready()` is false (host only). `ready()` says the
+ * operation could now succeed; it must use seq_cst loads. Returns whether it succeeded.
  */
 template <typename TryOp, typename Ready>
-bool AwaitOp(WaitEvent &event, WaitStats &stats, TryOp try_op, Ready ready, u64 deadline_ns) {
+bool AwaitOp(WaitEvent &event, WaitStats &stats, TryOp try_op, Ready ready, u64 deadline_ns,
+             u32 max_backoff = 1) {
   if (try_op()) return true;
   stats.CountStall();
-  // The clock is first read after 64 spins, so short waits never pay for it.
+  // The clock is first read after 64 attempts, so short waits never pay for it.
   u64 spin_end = 0;
+  u32 backoff = 1;
   for (u32 i = 1;; ++i) {
-    CpuRelax();
+    for (u32 r = 0; r < backoff; ++r) CpuRelax();
+    if (backoff < max_backoff) backoff *= 2;
     if (try_op()) return true;
     if ((i & 63) != 0) continue;
     u64 now = MonotonicNs();

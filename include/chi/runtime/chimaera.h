@@ -22,6 +22,9 @@
 #include "chi/transport/client_connect.h"   // RuntimeSegments, ConnectAnswer
 #include "chi/transport/zmq_client.h"       // pure clients over ipc/tcp
 #include "chi/transport/zmq_server.h"       // the runtime's network worker
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+#include "chi/gpu/gpu_manager.h"  // GPU orchestrators, queues and the GPU worker
+#endif
 
 namespace chi {
 
@@ -126,6 +129,11 @@ class Chimaera {
                               e.pool_name.c_str(), e.mod_name.c_str(), st.message());
       }
     }
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    // After composition: the orchestrators occupy SMs. A GPU problem is logged and then
+    // answered on every GPU route; the CPU runtime still starts.
+    gpu::GpuManager::Get().Start(config_, pools_.get(), orch_.get(), &ipc_);
+#endif
     return Status::Ok();
   }
 
@@ -208,6 +216,9 @@ class Chimaera {
 
   /** Stops the servers (after draining the workers), the workers, and the segments. */
   void StopRuntime() {
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    gpu::GpuManager::Get().Stop();  // first: its GPU->CPU tasks still need the workers
+#endif
     ZmqServer *zmq = zmq_server_.Load(MemOrder::kAcquire);
     if (zmq != nullptr) zmq->BeginShutdown();  // new remote tasks get kShutdown answers
     if (orch_ != nullptr) orch_->Stop();       // accepted tasks finish; their answers queue

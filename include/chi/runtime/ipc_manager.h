@@ -31,6 +31,8 @@ class IpcManager {
     pid_ = static_cast<u32>(getpid());
     transport_.Store(transport, MemOrder::kRelease);
   }
+  /** Hands LocalGpuBcast / ToLocalGpu tasks to the GPU manager's transport (nullptr detaches). */
+  void AttachGpuTransport(ClientTransport *gpu) { gpu_transport_.Store(gpu, MemOrder::kRelease); }
   /** True when tasks can currently be submitted. */
   bool IsConnected() const {
     WorkOrchestrator *orch = orch_.Load(MemOrder::kAcquire);
@@ -76,6 +78,11 @@ class IpcManager {
  private:
   void SendRaw(Task *t) {
     Stamp(t);
+    const RoutingMode mode = t->pool_query_.GetMode();
+    if (mode == RoutingMode::kLocalGpuBcast || mode == RoutingMode::kToLocalGpu) {
+      ClientTransport *gpu = gpu_transport_.Load(MemOrder::kAcquire);
+      if (gpu != nullptr && gpu->Send(t)) return;  // CPU -> GPU: the GPU manager answers
+    }
     WorkOrchestrator *orch = orch_.Load(MemOrder::kAcquire);
     if (orch == nullptr) {
       if (ClientTransport *tr = transport_.Load(MemOrder::kAcquire); tr != nullptr && tr->Send(t)) {
@@ -91,6 +98,7 @@ class IpcManager {
 
   Atomic<WorkOrchestrator *> orch_{nullptr};  ///< null when no runtime is attached
   Atomic<ClientTransport *> transport_{nullptr};  ///< pure clients: the way to the runtime
+  Atomic<ClientTransport *> gpu_transport_{nullptr};  ///< CPU -> GPU routes (GPU builds)
   NodeId node_ = 0;
   u32 pid_ = 0;
   Atomic<u64> next_unique_{1};

@@ -2,11 +2,11 @@
 // briefly, then parks the thread on the task's state word (futex); inside a
 // runtime task it suspends the fiber instead, so the worker keeps running
 // other tasks. Dropping an unfinished Future hands the task to the runtime,
-// which frees it on completion.
+// which frees it on completion. In a GPU kernel the same calls poll the task's
+// GPU slot instead (chi/gpu/gpu_client.h defines the device path).
 #pragma once
 
 #include <climits>  // INT_MAX
-#include <utility>  // std::exchange
 #include <vector>   // WaitAll
 
 #include "chi/core/atomic.h"          // state word
@@ -17,6 +17,18 @@
 
 namespace chi {
 
+#if CHI_GPU_CUDA || CHI_GPU_HIP
+namespace gpu {
+// Device path of Future (defined in chi/gpu/gpu_client.h, which GPU clients include).
+template <typename TaskT>
+CHI_CROSS_FUN bool WaitTask(TaskT *task, float max_sec);
+template <typename TaskT>
+CHI_CROSS_FUN bool PollTask(const TaskT *task);
+template <typename TaskT>
+CHI_CROSS_FUN void ReleaseTask(TaskT *task);
+}  // namespace gpu
+#endif
+
 /** Owns one submitted task until it completes and the caller is done with it. */
 template <typename TaskT>
 class Future {
@@ -26,47 +38,63 @@ class Future {
 
   Future() = default;
   /** Takes ownership of a submitted task. */
-  explicit Future(TaskT *task) : task_(task) {}
-  Future(Future &&o) noexcept : task_(std::exchange(o.task_, nullptr)) {}
-  Future &operator=(Future &&o) noexcept {
+  CHI_CROSS_FUN explicit Future(TaskT *task) : task_(task) {}
+  CHI_CROSS_FUN Future(Future &&o) noexcept : task_(o.task_) { o.task_ = nullptr; }
+  CHI_CROSS_FUN Future &operator=(Future &&o) noexcept {
     if (this != &o) {
       Release();
-      task_ = std::exchange(o.task_, nullptr);
+      task_ = o.task_;
+      o.task_ = nullptr;
     }
     return *this;
   }
   Future(const Future &) = delete;
   Future &operator=(const Future &) = delete;
-  ~Future() { Release(); }
+  CHI_CROSS_FUN ~Future() { Release(); }
 
   /**
    * Waits for completion; false on timeout (the task stays valid, wait again).
    * max_sec = 0 waits without limit.
    */
-  bool Wait(float max_sec = 0) {
+  CHI_CROSS_FUN bool Wait(float max_sec = 0) {
     if (task_ == nullptr) return false;
+#if CHI_IS_GPU
+    return gpu::WaitTask(task_, max_sec);  // bounded even when max_sec is 0
+#else
     if (task_->IsComplete()) return true;
     if (RunContext *r = CurrentRunContext()) return WaitInFiber(r, max_sec);
     return WaitOnThread(max_sec);
+#endif
   }
 
   /** True once outputs are final. */
-  bool IsComplete() const { return task_ != nullptr && task_->IsComplete(); }
+  CHI_CROSS_FUN bool IsComplete() const {
+#if CHI_IS_GPU
+    return task_ != nullptr && gpu::PollTask(task_);
+#else
+    return task_ != nullptr && task_->IsComplete();
+#endif
+  }
   /** False for a default-constructed (empty) future. */
-  bool IsValid() const { return task_ != nullptr; }
-  TaskT *operator->() { return task_; }
-  TaskT &operator*() { return *task_; }
-  TaskT *get() { return task_; }
+  CHI_CROSS_FUN bool IsValid() const { return task_ != nullptr; }
+  CHI_CROSS_FUN TaskT *operator->() { return task_; }
+  CHI_CROSS_FUN TaskT &operator*() { return *task_; }
+  CHI_CROSS_FUN TaskT *get() { return task_; }
   /** The task's return code (0 = success); valid after Wait() returned true. */
-  u32 GetReturnCode() const { return task_->GetReturnCode(); }
+  CHI_CROSS_FUN u32 GetReturnCode() const { return task_->GetReturnCode(); }
 
   /** Gives up ownership: the runtime frees the task when it completes (or now if it has). */
-  void Release() {
+  CHI_CROSS_FUN void Release() {
     if (task_ == nullptr) return;
-    TaskT *t = std::exchange(task_, nullptr);
+    TaskT *t = task_;
+    task_ = nullptr;
+#if CHI_IS_GPU
+    gpu::ReleaseTask(t);  // destroys the task and frees its GPU slot
+#else
     // acq_rel: pairs with CompleteTask; exactly one side sees the other's bit and frees.
     const u32 prev = t->state_.FetchOr(task_state::kOrphaned, MemOrder::kAcqRel);
     if (prev & task_state::kComplete) DeleteTask(t);
+#endif
   }
 
  private:

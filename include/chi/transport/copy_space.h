@@ -22,7 +22,7 @@
 #include "chi/core/status.h"        // Status, ErrorCode
 #include "chi/core/types.h"         // u32, u64
 #include "chi/queue/ring_layout.h"  // RoundUpPow2, RoundUpTo, IsRingAligned
-#include "chi/queue/wait_event.h"   // WaitEvent, AwaitOp, DeadlineAfter
+#include "chi/queue/wait_event.h"   // WaitEvent, WaitStats, AwaitOp, DeadlineAfter
 
 namespace chi {
 
@@ -53,9 +53,10 @@ class CopySpace {
   // ---- Sender side ----
 
   /**
-   * Sends `len` bytes as one message, in pieces as the receiver frees space; blocks up to
-   * timeout_ns in total (0 = forever). kTimeout before the first byte leaves no trace;
-   * kTimeout mid-message cancels the message (the receiver gets kCancelled for it).
+   * Sends the `len` bytes at `data` (null is fine when len is 0) as one message, in pieces
+   * as the receiver frees space; blocks up to timeout_ns in total (0 = forever). kTimeout
+   * before the first byte leaves no trace; kTimeout mid-message cancels the message (the
+   * receiver gets kCancelled for it).
    */
   Status Send(const void *data, u64 len, u64 timeout_ns) {
     u64 deadline = DeadlineAfter(timeout_ns);
@@ -151,7 +152,7 @@ class CopySpace {
     return FinishDiscard(deadline);
   }
 
-  /** Sends that had to wait for space (statistic). */
+  /** Times the sender had to wait for ring space (statistic). */
   u64 SenderStalls() const { return sender_stats_.Stalls(); }
   /** Times the receiver slept on the futex (statistic). */
   u64 ReceiverParks() const { return receiver_stats_.Parks(); }
@@ -202,7 +203,7 @@ class CopySpace {
   bool AwaitFree(u64 need, u64 deadline) {
     return AwaitOp(
         not_full_, sender_stats_, [&] { return FreeBytes(MemOrder::kAcquire) >= need; },
-        [&] { return FreeBytes(MemOrder::kSeqCst) >= need; }, deadline);
+        [&] { return FreeBytes(MemOrder::kSeqCst) >= need; }, deadline, kFullRingBackoff);
   }
 
   /** Blocks until a whole record is published or the deadline passes. */

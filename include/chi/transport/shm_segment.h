@@ -56,6 +56,7 @@ struct ShmStatsBlock {
   Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
   Atomic<u64> tasks_served;      ///< requests decoded and submitted
   Atomic<u64> broken_streams;    ///< request streams found corrupt
+  WaitStats poller_waits;        ///< how often the poller parked
 };
 
 /** One client's place in the segment; its two streams follow it. */

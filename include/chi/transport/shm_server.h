@@ -146,7 +146,7 @@ class ShmServer {
  private:
   static constexpr u32 kMinRing = 16u << 10;
   static constexpr u32 kMaxRing = 16u << 20;
-  static constexpr u64 kPollerSpinNs = 50000;     ///< busy polling before the poller parks
+  static constexpr u64 kPollerSpinNs = 10000;     ///< busy polling before the poller parks
   static constexpr u64 kReapIntervalNs = 20000000;  ///< liveness checks while clients exist
   static constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is connected
   static constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
@@ -192,16 +192,21 @@ class ShmServer {
   struct alignas(kCacheLine) SlotState {
     enum class Phase : u32 { kIdle, kServing, kDraining };
 
-    // Shared with workers (OnComplete).
-    Atomic<u32> writer;     ///< 1 while someone appends to the answer stream
-    Atomic<u32> draining;   ///< 1: answers of this slot are discarded
-    Atomic<u32> in_flight;  ///< requests accepted and not yet answered or discarded
-    Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
+    // Line 0: written by the workers that answer (and by the poller when it writes).
+    Atomic<u32> writer;         ///< 1 while someone appends to the answer stream
     Atomic<u32> completing;     ///< workers inside OnComplete for this slot right now
+    Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
+    Atomic<u64> answered;       ///< requests answered or discarded, ever
+
+    // Line 1: read by the workers, written by the poller only on rare events.
+    alignas(kCacheLine) Atomic<u32> draining;  ///< 1: answers of this slot are discarded
+    Atomic<u32> credit_wait;  ///< 1: the poller stopped reading until an answer frees a credit
     MpscRing<u64> *pending = nullptr;  ///< finished tasks whose answers the poller writes
     void *pending_mem = nullptr;
 
-    // The poller's alone.
+    // The poller's alone. In flight = accepted - answered.
+    alignas(kCacheLine) Atomic<u64> accepted;  ///< requests taken in (and error answers), ever
+    u64 answered_seen = 0;                     ///< the poller's last view of `answered`
     Phase phase = Phase::kIdle;
     ProcessIdentity owner;
     bool owner_dead = false;
@@ -275,8 +280,7 @@ class ShmServer {
         segment_.Slot(i)->answer_ready_.Notify();  // clients notice the stop now
         segment_.Slot(i)->request_room_.Notify();
         DiscardQueued(i);
-        // acquire: a completer's last act is its decrement; after it, it touches nothing.
-        if (slots_[i].in_flight.Load(MemOrder::kAcquire) != 0) quiet = false;
+        if (InFlight(slots_[i]) != 0) quiet = false;
       }
       if (quiet) {
         segment_.Destroy();
@@ -340,15 +344,41 @@ class ShmServer {
       // seq_cst: the count is what the parked poller re-checks (Dekker with its park);
       // counted first, the poller keeps looking until the push below lands.
       s.pending_count.FetchAdd(1, MemOrder::kSeqCst);
-      s.pending->Push(reinterpret_cast<u64>(t));  // never full: in_flight bounds it
+      s.pending->Push(reinterpret_cast<u64>(t));  // never full: the credits bound it
       header_->server_event_.Notify();
     }
 
     /** Ends a request's life in the slot; wakes the poller if it waited for this credit. */
     void ReleaseCredit(SlotState &s) {
-      // release: our stream writes and frees happen before the poller sees the count drop.
-      u32 prev = s.in_flight.FetchSub(1, MemOrder::kRelease);
-      if (prev == options_.max_outstanding) header_->server_event_.Notify();
+      // seq_cst: release orders our stream writes and frees before the count; seq_cst
+      // pairs with the poller's credit_wait store and re-read (Dekker).
+      s.answered.FetchAdd(1, MemOrder::kSeqCst);
+      if (s.credit_wait.Load(MemOrder::kSeqCst) != 0) header_->server_event_.Notify();
+    }
+
+    /** Requests of slot s not yet answered or discarded. */
+    static u64 InFlight(const SlotState &s) {
+      // relaxed accepted: written by the poller, or read after it was joined. acquire
+      // answered: a completer's last touches of the slot come before its count.
+      u64 accepted = s.accepted.Load(MemOrder::kRelaxed);
+      return accepted - s.answered.Load(MemOrder::kAcquire);
+    }
+
+    /** True when slot s may take another request (the poller; reads `answered` rarely). */
+    bool HasCredit(SlotState &s) {
+      const u64 accepted = s.accepted.Load(MemOrder::kRelaxed);  // relaxed: ours
+      if (accepted - s.answered_seen < options_.max_outstanding) return true;
+      s.answered_seen = s.answered.Load(MemOrder::kAcquire);
+      if (accepted - s.answered_seen >= options_.max_outstanding) {
+        // seq_cst: announce the wait, then re-read (ReleaseCredit does the reverse).
+        s.credit_wait.Store(1, MemOrder::kSeqCst);
+        s.answered_seen = s.answered.Load(MemOrder::kSeqCst);
+        if (accepted - s.answered_seen >= options_.max_outstanding) return false;
+      }
+      if (s.credit_wait.Load(MemOrder::kRelaxed) != 0) {
+        s.credit_wait.Store(0, MemOrder::kRelaxed);  // relaxed: only spares a wake-up
+      }
+      return true;
     }
 
     // ---- The poller ----
@@ -399,8 +429,9 @@ class ShmServer {
         if (worked) continue;
         if (idle_since == 0) idle_since = now;
         if (now - idle_since < kPollerSpinNs) continue;
-        header_->server_event_.Wait([&] { return ReadyToRun(); }, reading ? next_reap
-                                                                           : stop_deadline_);
+        header_->server_event_.Wait([&] { return ReadyToRun(); },
+                                    reading ? next_reap : stop_deadline_,
+                                    header_->stats_.poller_waits);
         idle_since = 0;
       }
     }
@@ -414,7 +445,8 @@ class ShmServer {
         SlotState &s = slots_[i];
         if (s.pending_count.Load(MemOrder::kSeqCst) != 0 || !s.errors.empty()) return true;
         if (reading && segment_.RequestStream(i)->HasDataSeqCst() &&
-            s.in_flight.Load(MemOrder::kSeqCst) < options_.max_outstanding) {
+            s.accepted.Load(MemOrder::kRelaxed) - s.answered.Load(MemOrder::kSeqCst) <
+                options_.max_outstanding) {
           return true;
         }
         if (s.outgoing_open && segment_.AnswerStream(i)->HasRoomSeqCst(1)) return true;
@@ -428,8 +460,7 @@ class ShmServer {
     /** True when no slot has work in flight (Stop may finish). */
     bool Quiet() const {
       for (u32 i = 0; i < options_.num_slots; ++i) {
-        // acquire: pairs with ReleaseCredit.
-        if (slots_[i].in_flight.Load(MemOrder::kAcquire) != 0) return false;
+        if (InFlight(slots_[i]) != 0) return false;
       }
       return true;
     }
@@ -440,8 +471,7 @@ class ShmServer {
       ShmStream *rs = segment_.RequestStream(i);
       bool worked = false;
       for (u32 n = 0; n < kRecordsPerPass; ++n) {
-        // relaxed: only a bound; completers lower it concurrently.
-        if (s.in_flight.Load(MemOrder::kRelaxed) >= options_.max_outstanding) break;
+        if (!HasCredit(s)) break;
         ShmStream::Piece p;
         ShmStream::PeekResult r = rs->Peek(&p);
         if (r == ShmStream::PeekResult::kEmpty) break;
@@ -489,7 +519,8 @@ class ShmServer {
     /** Hands one whole request to the dispatcher; refusals become error answers. */
     void Dispatch(u32 i, const char *data, u64 len) {
       SlotState &s = slots_[i];
-      s.in_flight.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: before the task can exist
+      // relaxed: only the poller writes it; counted before the task can exist.
+      s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
       std::vector<char> error;
       if (dispatcher_->Dispatch(data, len, this, i, &error)) {
         // relaxed: a statistic written only by this thread.
@@ -650,8 +681,7 @@ class ShmServer {
     bool DrainStep(u32 i) {
       DiscardQueued(i);
       SlotState &s = slots_[i];
-      // acquire: completers' last touches of the slot happen before we reset it.
-      if (s.in_flight.Load(MemOrder::kAcquire) != 0) return false;
+      if (InFlight(s) != 0) return false;  // completers' last touches come before their count
       const u32 state = segment_.Slot(i)->state_.Load(MemOrder::kAcquire);
       if (state != static_cast<u32>(ShmSlotState::kClosed) && !s.owner_dead) return false;
       Reset(i);
@@ -720,8 +750,9 @@ class ShmServer {
     void PublishStats() {
       u64 bytes = 0;
       auto count = [&](u32 i) {
+        const SlotState &s = slots_[i];
         bytes += segment_.RequestStream(i)->UsedBytes() + segment_.AnswerStream(i)->UsedBytes() +
-                 slots_[i].assembly.size() + slots_[i].outgoing.size() - slots_[i].outgoing_sent;
+                 s.assembly.size() + (s.outgoing_open ? s.outgoing.size() - s.outgoing_sent : 0);
       };
       for (u32 i : serving_) count(i);
       for (u32 i : draining_) count(i);

@@ -172,6 +172,12 @@ class ShmStream {
     read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
   }
 
+  /** True when a record is published (a spinning reader's cheap check). */
+  bool HasData() const {
+    // acquire: a record seen here is readable by the Peek that follows.
+    return write_pos_.Load(MemOrder::kAcquire) != read_pos_.Load(MemOrder::kRelaxed);
+  }
+
   /** True when a record is published (seq_cst: a waiter's Dekker re-check). */
   bool HasDataSeqCst() const {
     // seq_cst: pairs with the writer's seq_cst write_pos_ store.

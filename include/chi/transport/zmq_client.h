@@ -161,8 +161,9 @@ class ZmqClientTransport final : public ClientTransport {
     }
     FailAll(ErrorCode::kShutdown, "the client closed its connection to the runtime");
     if (state_ == State::kReady && socket_) {
-      socket_->set(zmq::sockopt::linger, 100);
-      socket_->send(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait);
+      socket_->set(zmq::sockopt::linger, 100);  // long enough for the Bye, short at exit
+      bye_sent_ = socket_->send(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait)
+                      .has_value();
     }
     CloseSocket();
   }
@@ -225,9 +226,11 @@ class ZmqClientTransport final : public ClientTransport {
     socket_->send(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
   }
 
+  /** Closes the socket; what is still queued on it is dropped (a lost runtime, or a Bye). */
   void CloseSocket() {
     if (socket_) {
       zmq_socket_monitor(socket_->handle(), nullptr, 0);
+      if (!bye_sent_) socket_->set(zmq::sockopt::linger, 0);
       socket_->close();
       socket_.reset();
     }
@@ -466,6 +469,7 @@ class ZmqClientTransport final : public ClientTransport {
   std::promise<Status> first_result_;
   ConnectAnswer first_answer_;
   bool first_done_ = false;
+  bool bye_sent_ = false;
   State state_ = State::kConnecting;
   bool down_expired_ = false;
   u64 down_since_ = 0;

@@ -31,7 +31,7 @@ namespace chi {
 struct ZmqServerStats {
   u64 clients = 0;            ///< registered clients now
   u64 clients_reaped = 0;     ///< clients forgotten because their process died
-  u64 tasks_outstanding = 0;  ///< requests dispatched, answer not yet sent
+  u64 tasks_outstanding = 0;  ///< requests dispatched, answer not yet sent (a Monitor counts itself)
   u64 bytes_held = 0;         ///< answer buffers pooled for reuse (bounded)
   u64 requests = 0;           ///< task requests received
   u64 requests_refused = 0;   ///< requests answered with an error (malformed, not connected, ...)
@@ -277,14 +277,15 @@ class ZmqServer final : public TaskCompleter {
     }
     AnswerSlot *slot = TakeSlot();
     slot->peer = peer;
+    outstanding_.FetchAdd(1, MemOrder::kRelaxed);  // before the task can run (Monitor counts it)
     if (!dispatcher_->Dispatch(data, msg.size(), this, reinterpret_cast<u64>(slot), &error_)) {
+      outstanding_.FetchSub(1, MemOrder::kRelaxed);
       refused_.FetchAdd(1, MemOrder::kRelaxed);
       SendTo(peer, error_.data(), error_.size());
       GiveSlot(slot);
       return;
     }
     ++it->second.outstanding;
-    outstanding_.FetchAdd(1, MemOrder::kRelaxed);
   }
 
   void HandleControl(const std::string &peer, u64 id, const zmq::message_t &msg) {

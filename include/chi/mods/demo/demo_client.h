@@ -1,5 +1,5 @@
 // Client of the demo module: the calls DESIGN.md section 2 names, plus lock and
-// periodic helpers used by the tests.
+// periodic helpers used by the tests. AsyncGpuSubmit also works inside GPU kernels.
 #pragma once
 
 #include <string_view>  // names
@@ -7,6 +7,9 @@
 #include "chi/mods/admin/admin_client.h"  // pool creation goes through admin
 #include "chi/mods/demo/demo_tasks.h"     // task types
 #include "chi/module/container_client.h"  // ContainerClient
+#if CHI_GPU_CUDA || CHI_GPU_HIP
+#include "chi/gpu/gpu_client.h"           // AsyncGpuSubmit from a kernel
+#endif
 
 namespace chimaera::demo {
 
@@ -14,7 +17,7 @@ namespace chimaera::demo {
 class Client : public chi::ContainerClient {
  public:
   Client() = default;
-  explicit Client(chi::PoolId pool_id) : ContainerClient(pool_id) {}
+  CHI_CROSS_FUN explicit Client(chi::PoolId pool_id) { pool_id_ = pool_id; }
 
   /** Creates (or finds) the pool `pool_name` with id `pool_id`; the client adopts the id. */
   chi::Future<CreateTask> AsyncCreate(const chi::PoolQuery &query, std::string_view pool_name,
@@ -28,11 +31,20 @@ class Client : public chi::ContainerClient {
     return Submit(MakeTask<CustomTask>(pool_id_, query, Method::kCustom,
                                        chi::TaskBuffer(data.data(), data.size())));
   }
-  /** result_value_ = test_value * 2 + gpu_id (CPU handler). */
-  chi::Future<GpuSubmitTask> AsyncGpuSubmit(const chi::PoolQuery &query, chi::u32 gpu_id,
-                                            chi::u32 test_value) {
+  /**
+   * result_value_ = test_value * 2 + gpu_id where a CPU handler runs it (Local() from the
+   * CPU, ToLocalCpu() from a kernel), test_value * 3 + gpu_id where the GPU handler does
+   * (Local() from a kernel, LocalGpuBcast() / ToLocalGpu(id) from the CPU).
+   */
+  CHI_CROSS_FUN chi::Future<GpuSubmitTask> AsyncGpuSubmit(const chi::PoolQuery &query,
+                                                          chi::u32 gpu_id, chi::u32 test_value) {
+#if CHI_IS_GPU
+    return chi::gpu::AsyncSubmit<GpuSubmitTask>(pool_id_, query, Method::kGpuSubmit, gpu_id,
+                                                test_value);
+#else
     return Submit(
         MakeTask<GpuSubmitTask>(pool_id_, query, Method::kGpuSubmit, gpu_id, test_value));
+#endif
   }
   /** A chain of `depth` nested subtasks; current_depth_ == depth. */
   chi::Future<WaitTestTask> AsyncWaitTest(const chi::PoolQuery &query, chi::u32 depth) {

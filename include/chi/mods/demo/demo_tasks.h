@@ -3,6 +3,7 @@
 #pragma once
 
 #include "chi/core/ids.h"                 // PoolId
+#include "chi/gpu/gpu_container.h"        // GpuRuntime's method table (GPU handlers)
 #include "chi/mods/admin/admin_tasks.h"   // CreatePoolTask (kCreate)
 #include "chi/task/task.h"                // Task
 #include "chi/task/task_buffer.h"         // payloads
@@ -60,7 +61,8 @@ struct GpuSubmitTask : public chi::Task {
   OUT chi::u32 result_value_ = 0;
 
   GpuSubmitTask() = default;
-  GpuSubmitTask(chi::u32 gpu_id, chi::u32 test_value) : gpu_id_(gpu_id), test_value_(test_value) {}
+  CHI_CROSS_FUN GpuSubmitTask(chi::u32 gpu_id, chi::u32 test_value)
+      : gpu_id_(gpu_id), test_value_(test_value) {}
 
   template <typename Ar>
   CHI_CROSS_FUN void SerializeIn(Ar &ar) {
@@ -70,6 +72,25 @@ struct GpuSubmitTask : public chi::Task {
   CHI_CROSS_FUN void SerializeOut(Ar &ar) {
     ar(result_value_);
   }
+};
+
+/**
+ * The demo module's GPU container: its handlers run in the GPU orchestrator. An application
+ * serves it by naming it in one .cu file: CHI_GPU_MODULES(chimaera::demo::GpuRuntime).
+ */
+struct GpuRuntime {
+  chi::Atomic<chi::u64, chi::MemScope::kDevice> gpu_submits_;  ///< GpuSubmit tasks run here
+
+  static constexpr std::string_view ModuleName() { return kModuleName; }
+
+  /** result_value_ = test_value_ * 3 + gpu_id_ (the CPU handler doubles instead). */
+  CHI_GPU_FUN void GpuSubmit(GpuSubmitTask &task, chi::gpu::GpuRunContext &) {
+    task.result_value_ = task.test_value_ * 3 + task.gpu_id_;
+    gpu_submits_.FetchAdd(1, chi::MemOrder::kRelaxed);  // relaxed: a statistic for tests
+  }
+
+  using GpuMethods = chi::gpu::GpuMethodList<
+      chi::gpu::GpuMethod<Method::kGpuSubmit, GpuSubmitTask, &GpuRuntime::GpuSubmit>>;
 };
 
 /** Spawns a chain of subtasks `depth_` deep and waits on each; current_depth_ == depth_. */

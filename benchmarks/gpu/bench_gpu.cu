@@ -1,0 +1,412 @@
+// benchmarks/gpu: each GPU route's task round trip next to the raw mechanism it is built
+// on, measured by this program in the same run on one GPU (the orchestrator paused while
+// the floors run), plus an empty kernel launch + sync for contrast and the GPU->GPU task
+// rate with many submitting warps next to a raw per-thread mailbox between two kernels.
+//   CPU->GPU task        vs  pinned-flag CPU->GPU->CPU ping-pong (persistent kernel)
+//   GPU->CPU task        vs  GPU-initiated pinned ping-pong (a CPU thread answers)
+//   GPU->GPU task        vs  SM<->SM ping-pong through device memory
+// Every device-side spin is bounded by a time limit and a pinned abort flag.
+// Without a GPU it prints "skipped: no GPU" and exits 77 (the ctest smoke run uses --quick).
+#include <chi/chi.h>
+#include <chi/gpu/gpu_manager.h>
+#include <chi/gpu/orchestrator.h>
+#include <chi/mods/demo/demo_client.h>
+#include <chi/mods/demo/demo_runtime.h>
+#include <chi/runtime/chimaera.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../bench_util.h"
+
+CHI_GPU_MODULES(chimaera::demo::GpuRuntime);
+
+namespace {
+
+using chi::u32;
+using chi::u64;
+using Sys = chi::Atomic<u32, chi::MemScope::kSystem>;
+using Dev = chi::Atomic<u32, chi::MemScope::kDevice>;
+
+const chi::PoolId kPool(430, 0);
+constexpr u64 kSpinLimitNs = 20000000000ull;  ///< no device spin outlives this
+constexpr u64 kHostTimeoutNs = 120000000000ull;
+
+/** Pinned words shared by the floor kernels and the host. */
+struct alignas(64) Flags {
+  Sys ping;
+  u32 pad0[15];
+  Sys pong;
+  u32 pad1[15];
+  Sys abort;
+};
+
+/** Spins until *w == v (acquire); false when the limit or the abort flag stops it. */
+template <typename W>
+__device__ bool DeviceWaitFor(W *w, u32 v, const Sys *abort) {
+  const u64 t0 = chi::gpu::ClockNs();
+  for (u32 n = 0;; ++n) {
+    if (w->Load(chi::MemOrder::kAcquire) == v) return true;
+    if ((n & 1023) == 1023 &&
+        (abort->Load(chi::MemOrder::kRelaxed) != 0 || chi::gpu::ClockNs() - t0 > kSpinLimitNs)) {
+      return false;
+    }
+  }
+}
+
+/** Host side of a wait on a pinned word, bounded. */
+bool HostWaitFor(Sys *w, u32 v) {
+  const double t0 = chi_bench::NowNs();
+  while (w->Load(chi::MemOrder::kAcquire) != v) {
+    if (chi_bench::NowNs() - t0 > 1e10) return false;
+  }
+  return true;
+}
+
+// ---- Floors ------------------------------------------------------------------------
+
+/** CPU pings, a persistent GPU thread pongs (pinned memory). */
+__global__ void PongKernel(Flags *f, u32 iters) {
+  for (u32 i = 1; i <= iters; ++i) {
+    if (!DeviceWaitFor(&f->ping, i, &f->abort)) return;
+    f->pong.Store(i, chi::MemOrder::kRelease);
+  }
+}
+
+/** The GPU pings, a CPU thread pongs; batch averages of the round trip into out[]. */
+__global__ void GpuPingKernel(Flags *f, u32 batches, u32 per_batch, double *out) {
+  u32 i = 0;
+  for (u32 b = 0; b < batches; ++b) {
+    const u64 t0 = chi::gpu::ClockNs();
+    for (u32 k = 0; k < per_batch; ++k) {
+      ++i;
+      f->ping.Store(i, chi::MemOrder::kRelease);
+      if (!DeviceWaitFor(&f->pong, i, &f->abort)) return;
+    }
+    out[b] = static_cast<double>(chi::gpu::ClockNs() - t0) / per_batch;
+  }
+}
+
+/** Block 0 and block 1 bounce two words in device memory; block 0 records batch averages. */
+__global__ void SmPingPongKernel(Dev *a, Dev *b, const Sys *abort, u32 batches, u32 per_batch,
+                                 double *out) {
+  u32 i = 0;
+  for (u32 bt = 0; bt < batches; ++bt) {
+    const u64 t0 = chi::gpu::ClockNs();
+    for (u32 k = 0; k < per_batch; ++k) {
+      ++i;
+      if (blockIdx.x == 0) {
+        a->Store(i, chi::MemOrder::kRelease);
+        if (!DeviceWaitFor(b, i, abort)) return;
+      } else {
+        if (!DeviceWaitFor(a, i, abort)) return;
+        b->Store(i, chi::MemOrder::kRelease);
+      }
+    }
+    if (blockIdx.x == 0) out[bt] = static_cast<double>(chi::gpu::ClockNs() - t0) / per_batch;
+  }
+}
+
+__global__ void EmptyKernel() {}
+
+/** Raw mailbox server: thread t answers `rounds` pings on mailbox t (floor of the task rate). */
+__global__ void MailboxServer(Dev *req, Dev *ans, const Sys *abort, u32 rounds) {
+  const u32 t = blockIdx.x * blockDim.x + threadIdx.x;
+  for (u32 r = 1; r <= rounds; ++r) {
+    if (!DeviceWaitFor(&req[t], r, abort)) return;
+    ans[t].Store(r, chi::MemOrder::kRelease);
+  }
+}
+
+/** Raw mailbox client: thread t pings mailbox t `rounds` times. */
+__global__ void MailboxClient(Dev *req, Dev *ans, const Sys *abort, u32 rounds) {
+  const u32 t = blockIdx.x * blockDim.x + threadIdx.x;
+  for (u32 r = 1; r <= rounds; ++r) {
+    req[t].Store(r, chi::MemOrder::kRelease);
+    if (!DeviceWaitFor(&ans[t], r, abort)) return;
+  }
+}
+
+// ---- Our routes from a kernel ------------------------------------------------------------
+
+/** One thread, sequential tasks on one route; batch averages into out[]; wrong answers counted. */
+__global__ void TaskLatencyKernel(chi::gpu::GpuInfo info, chi::PoolId pool, bool to_cpu,
+                                  u32 batches, u32 per_batch, double *out, u32 *wrong) {
+  CHIMAERA_GPU_INIT(info);
+  chimaera::demo::Client client(pool);
+  u32 v = 0;
+  for (u32 b = 0; b < batches; ++b) {
+    const u64 t0 = chi::gpu::ClockNs();
+    for (u32 k = 0; k < per_batch; ++k, ++v) {
+      auto f = client.AsyncGpuSubmit(to_cpu ? chi::PoolQuery::ToLocalCpu() : chi::PoolQuery::Local(),
+                                     0, v);
+      if (!f.Wait() || f->result_value_ != (to_cpu ? v * 2 : v * 3)) atomicAdd(wrong, 1u);
+    }
+    out[b] = static_cast<double>(chi::gpu::ClockNs() - t0) / per_batch;
+  }
+}
+
+/** Every thread submits `count` GPU->GPU tasks back to back (the rate benchmark). */
+__global__ void TaskRateKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 count, u32 *wrong) {
+  CHIMAERA_GPU_INIT(info);
+  chimaera::demo::Client client(pool);
+  const u32 base = chi::gpu::GlobalThreadId() * count;
+  for (u32 i = 0; i < count; ++i) {
+    auto f = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, base + i);
+    if (!f.Wait() || f->result_value_ != (base + i) * 3) atomicAdd(wrong, 1u);
+  }
+}
+
+// ---- Host helpers ----------------------------------------------------------------------
+
+void Die(const char *what) {
+  std::printf("bench_gpu: %s\n", what);
+  std::exit(1);
+}
+void Ok(cudaError_t e, const char *what) {
+  if (e != cudaSuccess) {
+    std::printf("bench_gpu: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+void Wait(cudaStream_t s, const char *what) {
+  chi::Status st = chi::gpu::WaitStream(s, kHostTimeoutNs);
+  if (!st.ok()) Die((std::string(what) + ": " + st.ToString()).c_str());
+  Ok(cudaGetLastError(), what);
+}
+std::vector<double> CopyBack(const double *dev, u32 n, cudaStream_t s) {
+  std::vector<double> v(n);
+  Ok(cudaMemcpyAsync(v.data(), dev, n * sizeof(double), cudaMemcpyDeviceToHost, s), "copy back");
+  Ok(cudaStreamSynchronize(s), "copy back");
+  return v;
+}
+
+struct Bench {
+  cudaStream_t a = nullptr, b = nullptr;
+  Flags *flags = nullptr;      // pinned
+  Dev *words = nullptr;        // device: two ping-pong words
+  Dev *req = nullptr, *ans = nullptr;  // device: raw mailboxes
+  double *out = nullptr;       // device: batch averages
+  u32 *wrong = nullptr;        // device
+  u32 sms = 0, threads = 256;
+  bool quick = false;
+};
+
+double PinnedPingPongNs(Bench &B, u32 iters) {
+  std::memset(static_cast<void *>(B.flags), 0, sizeof(Flags));
+  PongKernel<<<1, 1, 0, B.a>>>(B.flags, iters);
+  std::vector<double> rt;
+  for (u32 i = 1; i <= iters; ++i) {
+    const double t0 = chi_bench::NowNs();
+    B.flags->ping.Store(i, chi::MemOrder::kRelease);
+    if (!HostWaitFor(&B.flags->pong, i)) Die("pinned ping-pong lost the GPU");
+    rt.push_back(chi_bench::NowNs() - t0);
+  }
+  Wait(B.a, "pinned ping-pong");
+  return chi_bench::Median(std::vector<double>(rt.begin() + iters / 10, rt.end()));
+}
+
+double GpuInitiatedPingPongNs(Bench &B, u32 batches, u32 per_batch) {
+  std::memset(static_cast<void *>(B.flags), 0, sizeof(Flags));
+  std::thread cpu([&] {
+    for (u32 i = 1; i <= batches * per_batch; ++i) {
+      if (!HostWaitFor(&B.flags->ping, i)) return;
+      B.flags->pong.Store(i, chi::MemOrder::kRelease);
+    }
+  });
+  GpuPingKernel<<<1, 1, 0, B.a>>>(B.flags, batches, per_batch, B.out);
+  Wait(B.a, "GPU-initiated ping-pong");
+  cpu.join();
+  return chi_bench::Median(CopyBack(B.out, batches, B.a));
+}
+
+double SmPingPongNs(Bench &B, u32 batches, u32 per_batch) {
+  Ok(cudaMemsetAsync(B.words, 0, 2 * sizeof(Dev), B.a), "clear words");
+  SmPingPongKernel<<<2, 1, 0, B.a>>>(B.words, B.words + 32, &B.flags->abort, batches, per_batch,
+                                     B.out);
+  Wait(B.a, "SM ping-pong");
+  return chi_bench::Median(CopyBack(B.out, batches, B.a));
+}
+
+double LaunchSyncNs(Bench &B, u32 iters) {
+  std::vector<double> v;
+  for (u32 i = 0; i < iters; ++i) {
+    const double t0 = chi_bench::NowNs();
+    EmptyKernel<<<1, 1, 0, B.a>>>();
+    Ok(cudaStreamSynchronize(B.a), "empty kernel");
+    v.push_back(chi_bench::NowNs() - t0);
+  }
+  return chi_bench::Median(v);
+}
+
+double MailboxRate(Bench &B, u32 rounds) {
+  const u32 n = B.sms * B.threads;
+  Ok(cudaMemsetAsync(B.req, 0, n * sizeof(Dev), B.a), "clear mailboxes");
+  Ok(cudaMemsetAsync(B.ans, 0, n * sizeof(Dev), B.a), "clear mailboxes");
+  Ok(cudaStreamSynchronize(B.a), "clear mailboxes");
+  cudaEvent_t e0, e1;
+  Ok(cudaEventCreate(&e0), "event");
+  Ok(cudaEventCreate(&e1), "event");
+  MailboxServer<<<B.sms, B.threads, 0, B.b>>>(B.req, B.ans, &B.flags->abort, rounds);
+  Ok(cudaEventRecord(e0, B.a), "event");
+  MailboxClient<<<B.sms, B.threads, 0, B.a>>>(B.req, B.ans, &B.flags->abort, rounds);
+  Ok(cudaEventRecord(e1, B.a), "event");
+  Wait(B.a, "mailbox client");
+  Wait(B.b, "mailbox server");
+  float ms = 0;
+  Ok(cudaEventElapsedTime(&ms, e0, e1), "event");
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return static_cast<double>(n) * rounds / (ms * 1e-3);
+}
+
+double CpuToGpuTaskNs(u32 iters, u32 *wrong) {
+  chimaera::demo::Client client(kPool);
+  std::vector<double> v;
+  for (u32 i = 0; i < iters; ++i) {
+    const double t0 = chi_bench::NowNs();
+    auto f = client.AsyncGpuSubmit(chi::PoolQuery::LocalGpuBcast(), 0, i);
+    if (!f.Wait(10) || f->result_value_ != i * 3) ++*wrong;
+    v.push_back(chi_bench::NowNs() - t0);
+  }
+  return chi_bench::Median(std::vector<double>(v.begin() + iters / 10, v.end()));
+}
+
+double CpuLocalTaskNs(u32 iters) {
+  chimaera::demo::Client client(kPool);
+  std::vector<double> v;
+  for (u32 i = 0; i < iters; ++i) {
+    const double t0 = chi_bench::NowNs();
+    auto f = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, i);
+    f.Wait(10);
+    v.push_back(chi_bench::NowNs() - t0);
+  }
+  return chi_bench::Median(v);
+}
+
+double KernelTaskNs(Bench &B, bool to_cpu, u32 batches, u32 per_batch, u32 *wrong) {
+  const chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
+  Ok(cudaMemsetAsync(B.wrong, 0, sizeof(u32), B.a), "clear");
+  TaskLatencyKernel<<<1, 1, 0, B.a>>>(info, kPool, to_cpu, batches, per_batch, B.out, B.wrong);
+  Wait(B.a, to_cpu ? "GPU->CPU tasks" : "GPU->GPU tasks");
+  u32 w = 0;
+  Ok(cudaMemcpy(&w, B.wrong, sizeof(u32), cudaMemcpyDeviceToHost), "copy back");
+  *wrong += w;
+  std::vector<double> v = CopyBack(B.out, batches, B.a);
+  return chi_bench::Median(std::vector<double>(v.begin() + 1, v.end()));  // batch 0: warm-up
+}
+
+double TaskRate(Bench &B, u32 blocks, u32 count, u32 *wrong) {
+  const chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
+  Ok(cudaMemsetAsync(B.wrong, 0, sizeof(u32), B.a), "clear");
+  cudaEvent_t e0, e1;
+  Ok(cudaEventCreate(&e0), "event");
+  Ok(cudaEventCreate(&e1), "event");
+  Ok(cudaEventRecord(e0, B.a), "event");
+  TaskRateKernel<<<blocks, B.threads, 0, B.a>>>(info, kPool, count, B.wrong);
+  Ok(cudaEventRecord(e1, B.a), "event");
+  Wait(B.a, "task rate");
+  float ms = 0;
+  Ok(cudaEventElapsedTime(&ms, e0, e1), "event");
+  u32 w = 0;
+  Ok(cudaMemcpy(&w, B.wrong, sizeof(u32), cudaMemcpyDeviceToHost), "copy back");
+  *wrong += w;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return static_cast<double>(blocks) * B.threads * count / (ms * 1e-3);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Bench B;
+  B.quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  chi::gpu::PreferEagerModuleLoading();
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    std::printf("skipped: no GPU\n");
+    return 77;
+  }
+  int sms = 0;
+  Ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  B.sms = static_cast<u32>(sms);
+  char name[256];
+  std::printf("bench_gpu on %s (%u SMs)%s\n", chi::gpu::DeviceName(0, name, sizeof(name)), B.sms,
+              B.quick ? ", quick" : "");
+  // The orchestrator: one block per SM, 256 threads each (every server thread owns a slot).
+  const std::string conf = "/tmp/chi_bench_gpu_" + std::to_string(getpid()) + ".yaml";
+  if (FILE *f = std::fopen(conf.c_str(), "w")) {
+    std::fprintf(f, "gpu:\n  blocks: %u\n  threads_per_block: %u\n  queue_depth: 256\n", B.sms,
+                 B.threads);
+    std::fclose(f);
+  }
+  setenv("CHI_SERVER_CONF", conf.c_str(), 1);
+  const u32 n = B.sms * B.threads;
+  Ok(cudaStreamCreateWithFlags(&B.a, cudaStreamNonBlocking), "stream");
+  Ok(cudaStreamCreateWithFlags(&B.b, cudaStreamNonBlocking), "stream");
+  Ok(cudaHostAlloc(&B.flags, sizeof(Flags), cudaHostAllocPortable), "pinned flags");
+  std::memset(static_cast<void *>(B.flags), 0, sizeof(Flags));
+  Ok(cudaMalloc(&B.words, 64 * sizeof(Dev)), "device words");
+  Ok(cudaMalloc(&B.req, n * sizeof(Dev)), "mailboxes");
+  Ok(cudaMalloc(&B.ans, n * sizeof(Dev)), "mailboxes");
+  Ok(cudaMalloc(&B.out, 4096 * sizeof(double)), "batch results");
+  Ok(cudaMalloc(&B.wrong, sizeof(u32)), "counter");
+  if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true)) Die("CHIMAERA_INIT failed");
+  std::remove(conf.c_str());
+  if (!CHI_IPC->StartError().ok()) Die(CHI_IPC->StartError().ToString().c_str());
+  chimaera::demo::Client client;
+  auto created = client.AsyncCreate(chi::PoolQuery::Dynamic(), "bench_gpu", kPool);
+  if (!created.Wait(30) || created->GetReturnCode() != 0) Die("cannot create the demo pool");
+
+  const u32 iters = B.quick ? 200 : 20000;
+  const u32 batches = B.quick ? 10 : 200;
+  const u32 per_batch = B.quick ? 10 : 100;
+  u32 wrong = 0;
+
+  // Floors, with the orchestrator paused (nothing else on the GPU).
+  if (!CHI_IPC->PauseGpuOrchestrator().ok()) Die("pause");
+  const double floor_c2g = PinnedPingPongNs(B, iters);
+  const double floor_g2c = GpuInitiatedPingPongNs(B, batches, per_batch);
+  const double floor_g2g = SmPingPongNs(B, batches, per_batch);
+  const double launch = LaunchSyncNs(B, B.quick ? 50 : 2000);
+  const double floor_rate = MailboxRate(B, B.quick ? 10 : 200);
+  if (!CHI_IPC->ResumeGpuOrchestrator().ok()) Die("resume");
+
+  // Ours.
+  const double cpu_local = CpuLocalTaskNs(B.quick ? 200 : 20000);
+  const double c2g = CpuToGpuTaskNs(iters, &wrong);
+  const double g2g = KernelTaskNs(B, false, batches, per_batch, &wrong);
+  const double g2c = KernelTaskNs(B, true, batches / 2, per_batch, &wrong);
+  TaskRate(B, B.sms, 2, &wrong);  // warm-up
+  const double rate = TaskRate(B, B.sms, B.quick ? 4 : 50, &wrong);
+  const double rate_one_block = TaskRate(B, 1, B.quick ? 4 : 200, &wrong);
+
+  std::printf("\n%-44s %10s   %-40s %10s   %s\n", "route (median round trip)", "ours",
+              "floor", "floor", "ratio");
+  chi_bench::ReportLatency("CPU->GPU task (LocalGpuBcast)", c2g,
+                           "pinned flag CPU->GPU->CPU ping-pong", floor_c2g);
+  chi_bench::ReportLatency("GPU->CPU task (ToLocalCpu from a kernel)", g2c,
+                           "GPU-initiated pinned ping-pong", floor_g2c);
+  chi_bench::ReportLatency("GPU->GPU task (Local from a kernel)", g2g,
+                           "SM<->SM device-memory ping-pong", floor_g2g);
+  chi_bench::ReportLatency("CPU->GPU task vs a kernel launch", c2g,
+                           "empty kernel launch + stream sync", launch);
+  chi_bench::ReportLatency("CPU Local() task (CPU handler, reference)", cpu_local,
+                           "pinned flag CPU->GPU->CPU ping-pong", floor_c2g);
+  char label[96];
+  std::snprintf(label, sizeof(label), "GPU->GPU tasks/s, %u x %u threads", B.sms, B.threads);
+  std::snprintf(name, sizeof(name), "raw per-thread mailbox, %u x %u", B.sms, B.threads);
+  chi_bench::ReportRate(label, rate, name, floor_rate);
+  std::snprintf(label, sizeof(label), "GPU->GPU tasks/s, 1 x %u threads", B.threads);
+  chi_bench::ReportRate(label, rate_one_block);
+  std::printf("wrong answers: %u\n", wrong);
+  chi::CHIMAERA_FINALIZE();
+  return wrong == 0 ? 0 : 1;
+}

@@ -1,0 +1,476 @@
+// GpuManager: this runtime's GPUs. For each one it maps the pinned and device regions of
+// its queues (queue_set.h), keeps its pool table, launches its orchestrator kernel on a
+// stream of its own, and runs one GpuWorker thread for all of them. Chimaera starts it
+// after the compose pools exist and stops it first; CHI_IPC reaches it from applications.
+// Invariant: no call here waits on a device as a whole, and every wait on the orchestrator
+// is bounded: a GPU that does not stop when asked is reported and its memory left mapped,
+// never freed under a kernel that may still use it.
+#pragma once
+
+#include <unistd.h>  // getpid
+
+#include <cstdio>         // fprintf of start-up problems
+#include <memory>         // unique_ptr<Device>
+#include <mutex>          // start/stop and pool registration are rare and serialised
+#include <string>         // segment names, messages
+#include <unordered_map>  // pool -> container binding
+#include <vector>         // devices, bindings
+
+#include "chi/core/status.h"             // Status
+#include "chi/gpu/gpu_api.h"             // the CUDA/HIP layer, PinnedShmBackend, GpuDeviceBackend
+#include "chi/gpu/gpu_worker.h"          // GpuWorker, GpuLink, GpuPoolDirectory
+#include "chi/gpu/module_registry.h"     // the application's GPU module list
+#include "chi/gpu/queue_set.h"           // GpuQueueSet, GpuInfo
+#include "chi/memory/memory_registry.h"  // RegisterGpuAllocator
+#include "chi/runtime/config.h"          // ServerConfig: gpu_blocks, gpu_threads_per_block, ...
+#include "chi/runtime/ipc_manager.h"     // AttachGpuTransport
+
+namespace chi::gpu {
+
+/** Per-thread stack every kernel gets (set once, before the orchestrator starts). */
+inline constexpr u64 kGpuStackBytes = 8192;
+/** How long Pause/Stop wait for an orchestrator to leave its loop. */
+inline constexpr u64 kGpuStopTimeoutNs = 10000000000ull;
+/** Alignment of GPU container states in their arena. */
+inline constexpr u64 kGpuStateAlign = 256;
+
+/** The GPUs of this process's runtime (one instance per process). */
+class GpuManager : private GpuPoolDirectory {
+ public:
+  static GpuManager &Get() {
+    static GpuManager instance;
+    return instance;
+  }
+
+  /**
+   * Opens every GPU, launches their orchestrators (when a .cu file registered the GPU
+   * modules) and attaches the CPU->GPU transport to `ipc`. A node without GPUs is not an
+   * error: GPU routes then fail with the reason. Returns the first problem met.
+   */
+  Status Start(const ServerConfig &cfg, PoolManager *pools, WorkOrchestrator *orch,
+               IpcManager *ipc) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (started_) return Status::Ok();
+    pools_ = pools;
+    ipc_ = ipc;
+    blocks_ = cfg.gpu_blocks;
+    threads_ = cfg.gpu_threads_per_block;
+    depth_ = cfg.gpu_queue_depth;
+    table_ = GpuModuleRegistry::Get();
+    start_error_ = Status::Ok();
+    PreferEagerModuleLoading();
+    int n = 0;
+    const Error e = GetDeviceCount(&n);
+    std::string reason;
+    if (e != kSuccess || n == 0) {
+      reason = std::string("this node has no usable GPU (") +
+               (e != kSuccess ? ErrorString(e) : "no device") + ")";
+      n = 0;
+    }
+    for (int i = 0; i < n && start_error_.ok(); ++i) {
+      auto d = std::make_unique<Device>();
+      start_error_ = OpenDevice(*d, i);
+      devices_.push_back(std::move(d));
+    }
+    if (!start_error_.ok()) {
+      reason = start_error_.message();
+      CloseDevices();
+      std::fprintf(stderr, "chi: GPU start failed: %s\n", start_error_.ToString().c_str());
+    }
+    std::vector<GpuLink *> links;
+    for (auto &d : devices_) links.push_back(&d->link);
+    worker_.Start(pools, orch, this, std::move(links), std::move(reason));
+    ipc->AttachGpuTransport(&worker_);
+    started_ = true;
+    return start_error_;
+  }
+
+  /** Stops the orchestrators and the GpuWorker; waiting CPU->GPU tasks fail with kShutdown. */
+  void Stop() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!started_) return;
+    ipc_->AttachGpuTransport(nullptr);
+    const bool drained = worker_.StopIntake();
+    for (auto &d : devices_) {
+      d->set.control->abort_.Store(1, MemOrder::kRelease);  // waiting kernels give up
+      StopKernel(*d);
+    }
+    worker_.Stop();
+    if (!drained) {
+      std::fprintf(stderr, "chi: GPU->CPU tasks still running at stop; GPU queues left mapped\n");
+      for (auto &d : devices_) d->wedged = true;
+    }
+    CloseDevices();
+    started_ = false;
+  }
+
+  /** GPUs in use. */
+  u32 NumGpus() const { return static_cast<u32>(devices_.size()); }
+  /** Why Start failed (ok when it did not). */
+  Status StartError() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return start_error_;
+  }
+
+  /**
+   * Makes every orchestrator leave its loop (waiting, bounded, for each to return), so the
+   * SMs are free for other kernels. Tasks posted meanwhile wait in their slots.
+   */
+  Status PauseGpuOrchestrator() {
+    std::lock_guard<std::mutex> g(mu_);
+    Status first;
+    for (auto &d : devices_) {
+      Status st = StopKernel(*d);
+      if (!st.ok() && first.ok()) first = st;
+    }
+    return first;
+  }
+
+  /** Relaunches the paused orchestrators; they pick up where they stopped. */
+  Status ResumeGpuOrchestrator() {
+    std::lock_guard<std::mutex> g(mu_);
+    Status first;
+    for (auto &d : devices_) {
+      if (d->running || d->wedged || table_ == nullptr) continue;
+      Status st = Launch(*d);
+      if (!st.ok() && first.ok()) first = st;
+    }
+    return first;
+  }
+
+  /**
+   * What a kernel on GPU gpu_id needs to submit tasks (pools created so far get their GPU
+   * containers now). An unknown GPU gives an empty info: the kernel's submits then fail.
+   */
+  GpuInfo GetClientGpuInfo(u32 gpu_id) {
+    if (gpu_id >= devices_.size()) return GpuInfo();
+    Device &d = *devices_[gpu_id];
+    {
+      std::lock_guard<std::mutex> g(sync_mu_);
+      SyncPools(d);
+    }
+    return d.set.ClientInfo(gpu_id, static_cast<u32>(getpid()));
+  }
+
+  /** The gpu2gpu queue of GPU gpu_id (a device address), or nullptr. */
+  GpuQueue<MemScope::kDevice> *GetGpuToGpuQueue(u32 gpu_id) const {
+    return gpu_id < devices_.size() ? &devices_[gpu_id]->set.device->gpu2gpu : nullptr;
+  }
+
+  /** Lets the host resolve ShmPtrs of allocator `id` into GPU-visible memory at `data`. */
+  Status RegisterGpuAllocator(AllocatorId id, void *data, u64 capacity) {
+    return MemoryRegistry::Get().Register(id, data, capacity);
+  }
+
+  /**
+   * Frees the slots that client kernels of GPU gpu_id hold (a kernel that died holding
+   * one). Call only while none of this process's client kernels runs on that GPU; each
+   * slot is reused once its last request has been answered.
+   */
+  Status ReclaimGpuSlots(u32 gpu_id) {
+    if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
+    Device &d = *devices_[gpu_id];
+    std::lock_guard<std::mutex> g(sync_mu_);
+    Status st = SetDeviceFor(d);
+    const auto &g2g = d.set.host.gpu2gpu;
+    const auto &g2c = d.set.host.gpu2cpu;
+    if (st.ok()) st = Check(MemsetAsync(g2g.claims_, claim::kVerify, 4ull * g2g.num_slots_, d.copies),
+                            "reclaim gpu2gpu slots");
+    if (st.ok()) st = Check(MemsetAsync(g2c.claims_, claim::kVerify, 4ull * g2c.num_slots_, d.copies),
+                            "reclaim gpu2cpu slots");
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "reclaim slots");
+    return st;
+  }
+
+  /** Slots of GPU gpu_id's gpu2gpu and gpu2cpu queues that clients hold right now. */
+  Status CountHeldSlots(u32 gpu_id, u32 *gpu2gpu, u32 *gpu2cpu) {
+    if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
+    Device &d = *devices_[gpu_id];
+    std::lock_guard<std::mutex> g(sync_mu_);
+    Status st = SetDeviceFor(d);
+    if (st.ok()) st = CountHeld(d, d.set.host.gpu2gpu.claims_, d.set.host.gpu2gpu.num_slots_, gpu2gpu);
+    if (st.ok()) st = CountHeld(d, d.set.host.gpu2cpu.claims_, d.set.host.gpu2cpu.num_slots_, gpu2cpu);
+    return st;
+  }
+
+  /** Copies the GPU container of `pool` on GPU gpu_id back to the host (tests, stats). */
+  template <typename GpuRuntimeT>
+  Status ReadGpuContainer(u32 gpu_id, PoolId pool, GpuRuntimeT *out) {
+    if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
+    Device &d = *devices_[gpu_id];
+    std::lock_guard<std::mutex> g(sync_mu_);
+    auto it = d.bindings.find(pool.ToU64());
+    if (it == d.bindings.end()) {
+      return Status::Errorf(ErrorCode::kUnknownPool, "pool %s has no container on GPU %u",
+                            pool.ToString().c_str(), gpu_id);
+    }
+    Status st = SetDeviceFor(d);
+    if (st.ok()) st = Check(MemcpyAsync(out, it->second.state, sizeof(GpuRuntimeT), d.copies),
+                            "read GPU container");
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "read GPU container");
+    return st;
+  }
+
+  /** Diagnostic: raw request bytes to GPU gpu_id's orchestrator, raw answer back. */
+  Status RawRequest(u32 gpu_id, const char *bytes, u32 len, std::vector<char> *answer,
+                    u64 timeout_ns) {
+    return worker_.RawRoundTrip(gpu_id, bytes, len, answer, timeout_ns);
+  }
+
+ private:
+  /** One GPU's resources. */
+  struct Device {
+    int id = 0;
+    PinnedShmBackend pinned;   ///< control block, cpu2gpu, gpu2cpu (POSIX shm, pinned)
+    GpuDeviceBackend device;   ///< descriptors, gpu2gpu, records, pool table, containers
+    Stream stream = nullptr;   ///< the orchestrator's own stream
+    Stream copies = nullptr;   ///< table and container copies
+    GpuQueueSet set;
+    GpuLink link;
+    bool running = false;      ///< launched and not yet seen to return
+    bool wedged = false;       ///< did not return when asked: keep its memory mapped
+    u32 epoch = 0;
+    u64 arena_used = 0;
+    std::unordered_map<u64, GpuPoolBinding> bindings;  ///< pool -> its container here
+    Atomic<u64> known[kMaxGpuPools];                   ///< pools with bindings (hot-path check)
+    GpuPoolTable shadow;                               ///< host copy of the pool table
+  };
+
+  GpuManager() = default;
+
+  Status SetDeviceFor(const Device &d) { return Check(SetDevice(d.id), "select GPU"); }
+
+  /** Maps GPU i's regions, carves its queues and launches its orchestrator. */
+  Status OpenDevice(Device &d, int i) {
+    d.id = i;
+    if (Status st = SetDeviceFor(d); !st.ok()) return st;
+    u64 stack = kGpuStackBytes;
+    if (table_ != nullptr) {
+      u64 frame = 0;
+      if (Status st = Check(static_cast<Error>(table_->kernel_stack_bytes(&frame)),
+                            "load the orchestrator kernel");
+          !st.ok()) {
+        return st;
+      }
+      if (frame + 1024 > stack) stack = frame + 1024;
+      u32 resident = 0;
+      if (Status st = Check(static_cast<Error>(table_->max_resident_blocks(threads_, &resident)),
+                            "orchestrator occupancy");
+          !st.ok()) {
+        return st;
+      }
+      if (blocks_ > resident) {
+        return Status::Errorf(ErrorCode::kBadConfig,
+                              "gpu.blocks %u x gpu.threads_per_block %u cannot all be resident on "
+                              "GPU %d (at most %u blocks): a persistent kernel needs every block "
+                              "running", blocks_, threads_, i, resident);
+      }
+    }
+    if (Status st = Check(SetStackLimit(stack), "set the GPU stack size"); !st.ok()) return st;
+    GpuQueueConfig qc;
+    qc.server_threads = blocks_ * threads_;
+    qc.depth = depth_;
+    const std::string name =
+        "chi_gpu_" + std::to_string(getpid()) + "_" + std::to_string(i);
+    if (Status st = d.pinned.Create(name, GpuQueueSet::PinnedBytes(qc), CreateMode::kReplace);
+        !st.ok()) {
+      return st;
+    }
+    if (d.pinned.DevicePointer() != d.pinned.Base()) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "pinned memory is not at the same address on the GPU (needs UVA)");
+    }
+    const u64 device_bytes = GpuQueueSet::DeviceBytes(qc);
+    if (Status st = d.device.Create(name, device_bytes, i); !st.ok()) return st;
+    if (Status st = Check(Memset(d.device.Data(), 0, device_bytes), "clear GPU queues"); !st.ok()) {
+      return st;
+    }
+    if (Status st = Check(StreamCreate(&d.stream), "create the orchestrator stream"); !st.ok()) {
+      return st;
+    }
+    if (Status st = Check(StreamCreate(&d.copies), "create the copy stream"); !st.ok()) return st;
+    d.set = GpuQueueSet::Carve(qc, d.pinned.Data(), d.device.Data());
+    Status st = Check(MemcpyAsync(d.set.device, &d.set.host, sizeof(d.set.host), d.copies),
+                      "write queue descriptors");
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "write queue descriptors");
+    if (!st.ok()) return st;
+    d.link.Init(static_cast<u32>(i), d.set.host.cpu2gpu, d.set.host.gpu2cpu);
+    {
+      std::lock_guard<std::mutex> g(sync_mu_);
+      if (Status s2 = SyncPools(d); !s2.ok()) return s2;  // compose pools, before the launch
+    }
+    return table_ != nullptr ? Launch(d) : Status::Ok();
+  }
+
+  /** Launches d's orchestrator (next epoch). */
+  Status Launch(Device &d) {
+    if (Status st = SetDeviceFor(d); !st.ok()) return st;
+    d.set.control->abort_.Store(0, MemOrder::kRelease);
+    d.set.control->exit_.Store(0, MemOrder::kRelease);  // release: before the kernel reads it
+    ++d.epoch;
+    const int rc = table_->launch(d.set.Args(static_cast<u32>(d.id), d.epoch), blocks_, threads_,
+                                  d.stream);
+    if (Status st = Check(static_cast<Error>(rc), "launch the GPU orchestrator"); !st.ok()) {
+      return st;
+    }
+    d.running = true;
+    return Status::Ok();
+  }
+
+  /** Asks d's orchestrator to return and waits for it (bounded). */
+  Status StopKernel(Device &d) {
+    if (!d.running) return Status::Ok();
+    d.set.control->exit_.Store(1, MemOrder::kRelease);
+    Status st = WaitStream(d.stream, kGpuStopTimeoutNs);
+    if (!st.ok()) {
+      d.wedged = true;
+      return Status::Errorf(st.code(), "GPU %d orchestrator did not stop: %s", d.id, st.message());
+    }
+    d.running = false;
+    return Status::Ok();
+  }
+
+  /** Frees every device (leaking, on purpose, those a kernel may still use). */
+  void CloseDevices() {
+    for (auto &d : devices_) {
+      if (d->wedged) {
+        d.release();  // a kernel may still touch its memory: never free it
+        continue;
+      }
+      SetDeviceFor(*d);
+      if (d->stream != nullptr) StreamDestroy(d->stream);
+      if (d->copies != nullptr) StreamDestroy(d->copies);
+      d->device.Destroy();
+      if (d->pinned.IsAttached()) d->pinned.Destroy();
+    }
+    devices_.clear();
+  }
+
+  /**
+   * Gives every pool whose module has a GPU runtime a container on d, drops those of
+   * destroyed pools, and republishes d's pool table. Caller holds sync_mu_.
+   */
+  Status SyncPools(Device &d) {
+    if (table_ == nullptr || pools_ == nullptr) return Status::Ok();
+    std::vector<GpuPoolBinding> next;
+    std::unordered_map<u64, GpuPoolBinding> kept;
+    Status first;
+    for (const PoolStats &p : pools_->Stats()) {
+      const int module = table_->find_module(p.module_name_);
+      if (module < 0 || next.size() == kMaxGpuPools) continue;
+      const u64 key = p.id_.ToU64();
+      auto it = d.bindings.find(key);
+      GpuPoolBinding b{};
+      if (it != d.bindings.end()) {
+        b = it->second;
+      } else if (Status st = MakeContainer(d, p.id_, static_cast<u32>(module), &b); !st.ok()) {
+        if (first.ok()) first = st;
+        continue;
+      }
+      kept[key] = b;
+      next.push_back(b);
+    }
+    d.bindings = std::move(kept);
+    const u32 v = d.shadow.version_.Load(MemOrder::kRelaxed) + 1;  // relaxed: host-private copy
+    d.shadow.Fill(v, next.data(), static_cast<u32>(next.size()));
+    d.shadow.version_.Store(v, MemOrder::kRelaxed);
+    Status st = SetDeviceFor(d);
+    if (st.ok()) {
+      st = Check(MemcpyAsync(d.set.pools->tables_[v & 1], d.shadow.tables_[v & 1],
+                             sizeof(d.shadow.tables_[0]), d.copies),
+                 "write the GPU pool table");
+    }
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "write the GPU pool table");
+    if (st.ok()) {  // the idle copy is complete on the GPU: now make it the live one
+      st = Check(MemcpyAsync(&d.set.pools->version_, &d.shadow.version_, sizeof(u32), d.copies),
+                 "publish the GPU pool table");
+    }
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "publish the GPU pool table");
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      // relaxed: a stale read only sends EnsurePool to this (locked) slow path again.
+      d.known[i].Store(i < next.size() ? next[i].pool.ToU64() : 0, MemOrder::kRelaxed);
+    }
+    return st.ok() ? first : st;
+  }
+
+  /** Builds module `module`'s initial container for `pool` and copies it into d's arena. */
+  Status MakeContainer(Device &d, PoolId pool, u32 module, GpuPoolBinding *out) {
+    const u64 bytes = table_->state_bytes(module);
+    const u64 at = (d.arena_used + kGpuStateAlign - 1) / kGpuStateAlign * kGpuStateAlign;
+    if (at + bytes > d.set.arena_bytes) {
+      return Status::Errorf(ErrorCode::kOutOfMemory, "GPU %d has no room for pool %s's container",
+                            d.id, pool.ToString().c_str());
+    }
+    std::vector<u64> host((bytes + 7) / 8 + 1);
+    table_->construct_state(module, host.data());
+    Status st = SetDeviceFor(d);
+    if (st.ok()) {
+      st = Check(MemcpyAsync(d.set.arena + at, host.data(), bytes, d.copies), "copy GPU container");
+    }
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "copy GPU container");
+    if (!st.ok()) return st;
+    d.arena_used = at + bytes;
+    *out = GpuPoolBinding{pool, module, d.set.arena + at};
+    return Status::Ok();
+  }
+
+  /** Counts held claim words of one queue (copied back to the host). */
+  Status CountHeld(Device &d, const Atomic<u32, MemScope::kDevice> *claims, u32 n, u32 *held) {
+    std::vector<u32> words(n);
+    Status st = Check(MemcpyAsync(words.data(), claims, 4ull * n, d.copies), "read slot claims");
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "read slot claims");
+    *held = 0;
+    for (u32 w : words) *held += w == claim::kHeld ? 1 : 0;
+    return st;
+  }
+
+  /** GpuPoolDirectory: does GPU gpu_id serve `pool`? Registers it on first use. */
+  Status EnsurePool(u32 gpu_id, PoolId pool) override {
+    Device &d = *devices_[gpu_id];
+    const u64 key = pool.ToU64();
+    if (!pools_->Contains(pool)) {
+      return Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
+                            pool.ToString().c_str());
+    }
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      if (d.known[i].Load(MemOrder::kRelaxed) == key) return Status::Ok();  // relaxed: a hint
+    }
+    if (table_ == nullptr) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "no GPU modules were registered: add CHI_GPU_MODULES(...) to one .cu "
+                           "file of the application");
+    }
+    std::lock_guard<std::mutex> g(sync_mu_);
+    Status st = SyncPools(d);
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      if (d.known[i].Load(MemOrder::kRelaxed) == key) return Status::Ok();
+    }
+    if (!st.ok()) return st;
+    return Status::Errorf(ErrorCode::kUnsupported,
+                          "pool %s has no GPU container: its module is not in CHI_GPU_MODULES",
+                          pool.ToString().c_str());
+  }
+
+  mutable std::mutex mu_;  ///< Start, Stop, Pause, Resume
+  std::mutex sync_mu_;     ///< pool tables and copies
+  bool started_ = false;
+  Status start_error_;
+  PoolManager *pools_ = nullptr;
+  IpcManager *ipc_ = nullptr;
+  const GpuModuleTable *table_ = nullptr;
+  u32 blocks_ = 1;
+  u32 threads_ = 32;
+  u32 depth_ = 256;
+  std::vector<std::unique_ptr<Device>> devices_;
+  GpuWorker worker_;
+};
+
+}  // namespace chi::gpu
+
+/**
+ * The seed's entry point for GPU set-up calls (GetClientGpuInfo, PauseGpuOrchestrator,
+ * ResumeGpuOrchestrator, RegisterGpuAllocator, GetGpuToGpuQueue, ...).
+ */
+#ifndef CHI_IPC
+#define CHI_IPC (&::chi::gpu::GpuManager::Get())
+#endif

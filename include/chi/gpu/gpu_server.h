@@ -1,0 +1,160 @@
+// The orchestrator's body: every thread of the persistent kernel owns a fixed set of slots
+// of its GPU's gpu2gpu and cpu2gpu queues (slot s belongs to thread s % threads), polls
+// them, and runs each request's GPU handler itself. Many warps therefore serve in parallel
+// with no shared queue head and no lock. The same code runs on CPU threads in host tests.
+// Invariant: a thread leaves the loop only through the host-visible exit flag; it never
+// waits on anything else, so a request can only be late, never lost or blocking.
+#pragma once
+
+#include "chi/core/atomic.h"         // control words
+#include "chi/core/macros.h"         // CHI_GPU_FUN
+#include "chi/core/types.h"          // u32, u64
+#include "chi/gpu/device_util.h"     // Backoff, CopyChunks
+#include "chi/gpu/gpu_container.h"   // GpuModuleList, GpuPoolTable, GpuRunContext
+#include "chi/gpu/gpu_wire.h"        // envelope
+#include "chi/gpu/mailbox.h"         // GpuQueue
+
+namespace chi::gpu {
+
+/** Slots of one queue a server thread may own (its poll batch). */
+inline constexpr u32 kMaxSlotsPerServerThread = 8;
+/** Longest pause of an idle server thread between polls. */
+inline constexpr u32 kServerIdleMaxNs = 512;
+/** Polls between two reads of the (pinned, so slow to read) exit flag. */
+inline constexpr u32 kExitCheckRounds = 64;
+
+/** Host <-> orchestrator control words of one GPU (pinned memory). */
+struct alignas(64) GpuControl {
+  Atomic<u32, MemScope::kSystem> exit_;     ///< host -> kernel: leave the loop
+  Atomic<u32, MemScope::kSystem> abort_;    ///< host -> every device-side wait: give up
+  Atomic<u32, MemScope::kSystem> started_;  ///< kernel -> host: epoch of the running launch
+};
+
+/** What one launch of the orchestrator needs (passed by value to the kernel). */
+struct ServerArgs {
+  GpuQueue<MemScope::kDevice> *gpu2gpu = nullptr;  ///< descriptor in device memory
+  GpuQueue<MemScope::kSystem> *cpu2gpu = nullptr;  ///< descriptor in device memory
+  GpuControl *control = nullptr;                   ///< pinned
+  GpuPoolTable *pools = nullptr;                   ///< device memory
+  u32 gpu_id = 0;
+  u32 epoch = 0;  ///< launch number, echoed in control->started_
+};
+
+/** Per-thread state of the server loop. */
+struct ServerState {
+  GpuPoolTable *pools;
+  GpuPoolCache cache;
+  GpuRunContext rctx;
+};
+
+/**
+ * Decodes one request in `buf` (len bytes), runs it and writes the answer into `buf`.
+ * Every failure becomes an error answer. Returns the answer's length.
+ */
+template <typename ModuleList>
+CHI_GPU_FUN u32 HandleRequest(char *buf, u32 len, u32 cap, ServerState &st) {
+  const u64 id = GetRequestId(buf);
+  InputArchive in(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
+  Task base;
+  base.SerializeBaseIn(in);
+  if (!in.ok() || !base.pool_query_.IsValid()) {
+    return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU request header is malformed", buf,
+                             cap);
+  }
+  u32 module = 0;
+  void *state = nullptr;
+  if (!st.pools->Lookup(base.pool_id_, &module, &state, &st.cache)) {
+    return EncodeErrorAnswer(id, ErrorCode::kUnknownPool, "no GPU container for this pool", buf,
+                             cap);
+  }
+  st.rctx.pool_id_ = base.pool_id_;
+  return ModuleList::Run(module, state, base.method_, base, in, id, buf, cap, st.rctx);
+}
+
+/** Answers the request `word` of slot s (seq | len << 32). */
+template <typename ModuleList, MemScope S>
+CHI_GPU_FUN void ServeSlot(const GpuQueue<S> &q, u32 s, u64 word, ServerState &st) {
+  alignas(16) char buf[kGpuPayloadBytes];
+  const u32 seq = static_cast<u32>(word);
+  const u32 len = static_cast<u32>(word >> 32);
+  FenceAcquire<S>();  // the payload was written before the request word
+  u32 out;
+  if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
+    out = EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range",
+                            buf, q.payload_bytes_);
+  } else {
+    CopyChunks(buf, q.Payload(s), len);
+    out = HandleRequest<ModuleList>(buf, len, q.payload_bytes_, st);
+  }
+  CopyChunks(q.Payload(s), buf, out);
+  q.Answer(s, seq, out);
+}
+
+/**
+ * Polls this thread's slots of q once (loads first, all in flight together) and serves
+ * the new requests. `served` mirrors q.served_ for those slots. True when any was served.
+ */
+template <typename ModuleList, MemScope S>
+CHI_GPU_FUN bool ServeOwned(const GpuQueue<S> &q, u32 tid, u32 threads, u32 *served,
+                            ServerState &st) {
+  u64 words[kMaxSlotsPerServerThread];
+  u32 owned = 0;
+  for (u32 s = tid; s < q.num_slots_ && owned < kMaxSlotsPerServerThread; s += threads) {
+    words[owned++] = q.PeekRequest(s);
+  }
+  bool did = false;
+  for (u32 k = 0; k < owned; ++k) {
+    const u32 seq = static_cast<u32>(words[k]);
+    if (seq == served[k]) continue;
+    const u32 s = tid + k * threads;
+    ServeSlot<ModuleList>(q, s, words[k], st);
+    served[k] = seq;
+    q.served_[s] = seq;  // survives a pause: the next launch starts from it
+    did = true;
+  }
+  return did;
+}
+
+/** Copies the served sequences of this thread's slots of q into `served`. */
+template <MemScope S>
+CHI_GPU_FUN void LoadServed(const GpuQueue<S> &q, u32 tid, u32 threads, u32 *served) {
+  u32 k = 0;
+  for (u32 s = tid; s < q.num_slots_ && k < kMaxSlotsPerServerThread; s += threads) {
+    served[k++] = q.served_[s];
+  }
+}
+
+/** The orchestrator loop of server thread `tid` of `threads`, until the exit flag is set. */
+template <typename ModuleList>
+CHI_GPU_FUN void ServeLoop(const ServerArgs &a, u32 tid, u32 threads) {
+  const GpuQueue<MemScope::kDevice> g2g = *a.gpu2gpu;  // immutable while the kernel runs
+  const GpuQueue<MemScope::kSystem> c2g = *a.cpu2gpu;
+  u32 served_g2g[kMaxSlotsPerServerThread];
+  u32 served_c2g[kMaxSlotsPerServerThread];
+  LoadServed(g2g, tid, threads, served_g2g);
+  LoadServed(c2g, tid, threads, served_c2g);
+  ServerState st{a.pools, GpuPoolCache{}, GpuRunContext{}};
+  st.rctx.gpu_id_ = a.gpu_id;
+  st.rctx.server_thread_ = tid;
+  const bool polls_cpu = tid < c2g.num_slots_;
+  u32 idle = 0;
+  for (u32 round = 1;; ++round) {
+    st.rctx.from_cpu_ = false;
+    bool did = ServeOwned<ModuleList>(g2g, tid, threads, served_g2g, st);
+    if (polls_cpu) {
+      st.rctx.from_cpu_ = true;
+      did |= ServeOwned<ModuleList>(c2g, tid, threads, served_c2g, st);
+    }
+    if (did) {
+      idle = 0;
+    } else if (idle < (1u << 20)) {
+      Backoff(++idle, kServerIdleMaxNs);
+    } else {
+      Backoff(idle, kServerIdleMaxNs);
+    }
+    // relaxed: a late look at the flag only delays the exit by one more round.
+    if (round % kExitCheckRounds == 0 && a.control->exit_.Load(MemOrder::kRelaxed) != 0) break;
+  }
+}
+
+}  // namespace chi::gpu

@@ -1,0 +1,113 @@
+// The bytes in a GPU slot: the envelope every transport uses (transport.h), written and
+// read by typed code that runs on the device and the host alike.
+//   request: [u64 request id][routing header + inputs]   (Task::SerializeBaseIn, SerializeIn)
+//   answer:  [u64 request id][answer header + outputs]   (or the answer header alone on error)
+// Invariant: nothing is ever written past `cap`; a task that does not fit is an error, not
+// a truncated message. The request id is the slot's sequence, so a stale answer is caught.
+// The templates are host-device for any task type; CHI_SERIALIZE_HD_TEMPLATE lets nvcc
+// instantiate them for host-only tasks too (only GPU task types ever run them on the device).
+#pragma once
+
+#include "chi/core/macros.h"        // CHI_CROSS_FUN
+#include "chi/core/status.h"        // ErrorCode
+#include "chi/core/types.h"         // u32, u64
+#include "chi/serialize/archive.h"  // OutputArchive, InputArchive
+#include "chi/task/task.h"          // Task
+#include "chi/task/task_flags.h"    // task_state::kComplete
+
+namespace chi::gpu {
+
+/** Bytes of the request-id prefix (as kEnvelopeHeaderBytes in transport.h). */
+inline constexpr u32 kGpuEnvelopeBytes = 8;
+
+/** Writes the envelope id at a 16-byte aligned buffer. */
+CHI_CROSS_FUN inline void PutRequestId(char *buf, u64 id) { *reinterpret_cast<u64 *>(buf) = id; }
+/** Reads the envelope id. */
+CHI_CROSS_FUN inline u64 GetRequestId(const char *buf) {
+  return *reinterpret_cast<const u64 *>(buf);
+}
+
+/**
+ * Encodes t's request into buf (16-byte aligned, `cap` bytes). Returns its length, or 0 with
+ * *error set when the task does not fit (kTooLarge) or cannot be encoded.
+ */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN u32 EncodeRequest(TaskT &t, u64 id, char *buf, u32 cap, ErrorCode *error) {
+  if (cap < kGpuEnvelopeBytes) {
+    *error = ErrorCode::kTooLarge;
+    return 0;
+  }
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  t.SerializeBaseIn(ar);
+  t.SerializeIn(ar);
+  if (!ar.ok()) {
+    *error = ar.code();
+    return 0;
+  }
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/** Encodes an answer that carries only an error; returns its length. */
+CHI_CROSS_FUN inline u32 EncodeErrorAnswer(u64 id, ErrorCode code, const char *msg, char *buf,
+                                           u32 cap) {
+  Task err;
+  err.SetError(code, msg);
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  err.SerializeBaseOut(ar);
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/** Encodes t's answer; an answer larger than `cap` becomes a kTooLarge error answer. */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN u32 EncodeAnswer(TaskT &t, u64 id, char *buf, u32 cap) {
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  t.SerializeBaseOut(ar);
+  t.SerializeOut(ar);
+  if (!ar.ok()) {
+    return EncodeErrorAnswer(id, ErrorCode::kTooLarge,
+                             "the task's outputs exceed the GPU copy space", buf, cap);
+  }
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/**
+ * Reads an answer into t: its outputs, or only the error when the server refused the
+ * request. A wrong id or malformed bytes set kMalformed on t.
+ */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN void DecodeAnswer(TaskT &t, const char *buf, u32 len, u64 expect_id) {
+  if (len < kGpuEnvelopeBytes || GetRequestId(buf) != expect_id) {
+    t.SetError(ErrorCode::kMalformed, "GPU answer is short or names another request");
+    return;
+  }
+  InputArchive head(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
+  Task header;
+  header.SerializeBaseOut(head);
+  if (!head.ok()) {
+    t.SetError(ErrorCode::kMalformed, "GPU answer header is malformed");
+    return;
+  }
+  if (header.rc_ != 0 && head.Remaining() == 0) {  // an error-only answer
+    t.rc_ = header.rc_;
+    t.msg_ = header.msg_;
+    return;
+  }
+  InputArchive full(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
+  t.SerializeBaseOut(full);
+  t.SerializeOut(full);
+  if (!full.ok()) t.SetError(ErrorCode::kMalformed, "GPU answer outputs are malformed");
+}
+
+/** Marks a task held by a GPU-side client complete (only its owning thread reads it). */
+CHI_CROSS_FUN inline void MarkComplete(Task &t) {
+  // release: the decoded outputs are published with the flag.
+  t.state_.Store(task_state::kComplete, MemOrder::kRelease);
+}
+
+}  // namespace chi::gpu

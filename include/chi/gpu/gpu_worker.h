@@ -1,0 +1,434 @@
+// GpuWorker: the CPU side of every GPU's CPU-facing queues, on one thread (seed 000's
+// GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
+// tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
+// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
+// workers, whose TaskCompleter writes the answer back into the slot.
+// Invariant: every task given to Send completes exactly once, with its answer or an error
+// (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
+#pragma once
+
+#include <climits>  // INT_MAX: wake every parked sender
+#include <cstring>  // memcpy of diagnostic and error answers
+#include <memory>   // per-slot arrays
+#include <string>   // the no-GPU reason
+#include <thread>   // the worker thread
+#include <vector>   // links, error answers, broadcast replicas
+
+#include "chi/core/atomic.h"                  // Atomic, FenceSeqCst, CpuRelax
+#include "chi/core/futex.h"                   // parking senders and the idle worker
+#include "chi/core/status.h"                  // Status, ErrorCode
+#include "chi/gpu/gpu_wire.h"                 // envelope helpers, EncodeErrorAnswer
+#include "chi/gpu/mailbox.h"                  // GpuQueue
+#include "chi/runtime/pool_manager.h"         // PoolManager
+#include "chi/runtime/run_context.h"          // CurrentRunContext
+#include "chi/runtime/work_orchestrator.h"    // WorkOrchestrator (Submit), Worker (SleepInFiber)
+#include "chi/task/task_ops.h"                // CompleteTask, DeleteTask
+#include "chi/transport/request_dispatcher.h" // RequestDispatcher, chi::DecodeAnswer
+#include "chi/transport/transport.h"          // ClientTransport
+
+namespace chi::gpu {
+
+/** Which pools a GPU serves (GpuManager registers them lazily; host tests fake it). */
+class GpuPoolDirectory {
+ public:
+  /** Ok when GPU gpu_id has a container for `pool` (made now if needed), else why not. */
+  virtual Status EnsurePool(u32 gpu_id, PoolId pool) = 0;
+
+ protected:
+  ~GpuPoolDirectory() = default;
+};
+
+/** The CPU's view of one GPU's CPU-facing queues, and its bookkeeping for them. */
+struct GpuLink {
+  u32 gpu_id = 0;
+  GpuQueue<MemScope::kSystem> cpu2gpu;     ///< this process posts; the GPU answers
+  GpuQueue<MemScope::kSystem> gpu2cpu;     ///< GPU threads post; the GpuWorker answers
+  std::unique_ptr<Atomic<u64>[]> pending;  ///< cpu2gpu: the Task* awaiting each slot's answer
+  std::unique_ptr<u32[]> sent;             ///< cpu2gpu: the sequence posted in each slot
+  Atomic<u32> freed;                       ///< cpu2gpu: bumped whenever a slot frees (futex)
+  Atomic<u32> free_waiters;                ///< senders parked on `freed`
+  Atomic<u64> cpu2gpu_inflight;
+  Atomic<u64> gpu2cpu_inflight;
+
+  /** Binds the link to a GPU's queue descriptors. */
+  void Init(u32 id, const GpuQueue<MemScope::kSystem> &c2g,
+            const GpuQueue<MemScope::kSystem> &g2c) {
+    gpu_id = id;
+    cpu2gpu = c2g;
+    gpu2cpu = g2c;
+    pending = std::make_unique<Atomic<u64>[]>(c2g.num_slots_);
+    sent = std::make_unique<u32[]>(c2g.num_slots_);
+  }
+};
+
+/** The GPU-worker thread and the CPU->GPU transport. */
+class GpuWorker : public ClientTransport, private TaskCompleter {
+ public:
+  static constexpr u32 kSpinPolls = 4096;          ///< empty polls before napping
+  static constexpr u64 kMinNapNs = 20000;          ///< first idle nap
+  static constexpr u64 kMaxNapNs = 1000000;        ///< longest idle nap (gpu2cpu latency when idle)
+  static constexpr u32 kClaimSpins = 256;          ///< full-queue spins before a sender parks
+  static constexpr u64 kDrainTimeoutNs = 5000000000ull;
+
+  GpuWorker() = default;
+  ~GpuWorker() override { Stop(); }
+  GpuWorker(const GpuWorker &) = delete;
+  GpuWorker &operator=(const GpuWorker &) = delete;
+
+  /**
+   * Starts serving `links` (not owned; they outlive Stop). With no links, every send fails
+   * with `no_gpu_reason`.
+   */
+  void Start(PoolManager *pools, WorkOrchestrator *orch, GpuPoolDirectory *directory,
+             std::vector<GpuLink *> links, std::string no_gpu_reason) {
+    pools_ = pools;
+    orch_ = orch;
+    directory_ = directory;
+    links_ = std::move(links);
+    no_gpu_reason_ = std::move(no_gpu_reason);
+    dispatcher_ = std::make_unique<RequestDispatcher>(pools, orch);
+    closing_.Store(0, MemOrder::kRelease);
+    stop_.Store(0, MemOrder::kRelease);
+    if (!links_.empty()) thread_ = std::thread([this] { Loop(); });
+  }
+
+  /**
+   * Refuses new sends (they fail with kShutdown) and waits, bounded, for GPU->CPU tasks
+   * still running in the workers. False when some are still running (their slots must
+   * then stay mapped).
+   */
+  bool StopIntake() {
+    closing_.Store(1, MemOrder::kSeqCst);  // seq_cst: pairs with Send's senders_ count
+    const u64 deadline = NowNs() + kDrainTimeoutNs;
+    for (;;) {
+      u64 busy = senders_.Load(MemOrder::kSeqCst);
+      for (GpuLink *l : links_) busy += l->gpu2cpu_inflight.Load(MemOrder::kAcquire);
+      if (busy == 0) return true;
+      if (NowNs() > deadline) return false;
+      SleepFor(100000);
+    }
+  }
+
+  /** Joins the thread, then fails every CPU->GPU task still waiting with kShutdown. */
+  void Stop() {
+    closing_.Store(1, MemOrder::kSeqCst);
+    stop_.Store(1, MemOrder::kRelease);
+    Wake();
+    if (thread_.joinable()) thread_.join();
+    for (GpuLink *l : links_) {
+      for (u32 s = 0; s < l->cpu2gpu.num_slots_; ++s) {
+        const u64 p = l->pending[s].Exchange(0, MemOrder::kAcquire);
+        if (p == 0) continue;
+        l->cpu2gpu_inflight.FetchSub(1, MemOrder::kRelaxed);
+        Fail(reinterpret_cast<Task *>(p), ErrorCode::kShutdown,
+             "the GPU runtime stopped before the GPU answered");
+      }
+    }
+    links_.clear();
+  }
+
+  /** Routes a LocalGpuBcast / ToLocalGpu task to its GPU(s); always completes it. */
+  bool Send(Task *t) override {
+    senders_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: StopIntake sees us or we see it
+    if (closing_.Load(MemOrder::kSeqCst) != 0) {
+      Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
+    } else if (links_.empty()) {
+      Fail(t, ErrorCode::kUnsupported, no_gpu_reason_.c_str());
+    } else if (t->pool_query_.GetMode() == RoutingMode::kToLocalGpu) {
+      const u32 id = t->pool_query_.GetId();
+      if (id >= links_.size()) {
+        t->SetErrorf(ErrorCode::kInvalidArgument, "ToLocalGpu(%u): this node has %zu GPU(s)", id,
+                     links_.size());
+        CompleteTask(t);
+      } else {
+        SendTo(*links_[id], t);
+      }
+    } else if (links_.size() == 1) {
+      SendTo(*links_[0], t);
+    } else {
+      Broadcast(t);
+    }
+    senders_.FetchSub(1, MemOrder::kSeqCst);
+    return true;
+  }
+
+  /** Fails every outstanding task and stops (ClientTransport). */
+  void Close() override {
+    StopIntake();
+    Stop();
+  }
+  const char *Name() const override { return "gpu"; }
+
+  /**
+   * Diagnostic: posts raw request bytes to GPU `gpu` and copies its raw answer (how tests
+   * check that the orchestrator answers malformed input). On timeout the slot stays held.
+   */
+  Status RawRoundTrip(u32 gpu, const char *bytes, u32 len, std::vector<char> *answer,
+                      u64 timeout_ns) {
+    if (gpu >= links_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
+    GpuLink &l = *links_[gpu];
+    if (len > l.cpu2gpu.payload_bytes_) {
+      return Status::Error(ErrorCode::kTooLarge, "raw request exceeds the copy space");
+    }
+    const u32 s = ClaimHostSlot(l);
+    if (s == kNoSlot) return Status::Error(ErrorCode::kShutdown, "GPU runtime is stopping");
+    std::memcpy(l.cpu2gpu.Payload(s), bytes, len);
+    const u32 seq = ++l.sent[s];
+    l.cpu2gpu.Post(s, seq, len);
+    const u64 deadline = NowNs() + timeout_ns;
+    u32 out = 0;
+    while (!l.cpu2gpu.Answered(s, seq, &out)) {
+      if (NowNs() > deadline) return Status::Error(ErrorCode::kTimeout, "no answer from the GPU");
+      CpuRelax();
+    }
+    answer->assign(l.cpu2gpu.Payload(s), l.cpu2gpu.Payload(s) + out);
+    FreeHostSlot(l, s);
+    return Status::Ok();
+  }
+
+ private:
+  friend class GpuBroadcast;
+
+  /** Posts t to one GPU, or completes it with the reason it cannot go. */
+  void SendTo(GpuLink &l, Task *t) {
+    if (Status st = directory_->EnsurePool(l.gpu_id, t->pool_id_); !st.ok()) {
+      return Fail(t, st.code(), st.message());
+    }
+    const u32 s = ClaimHostSlot(l);
+    if (s == kNoSlot) return Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
+    char *p = l.cpu2gpu.Payload(s);
+    const u32 seq = l.sent[s] + 1;
+    PutRequestId(p, seq);
+    OutputArchive ar(p + kGpuEnvelopeBytes, l.cpu2gpu.payload_bytes_ - kGpuEnvelopeBytes);
+    t->ops_->save_in(*t, ar);
+    if (!ar.ok()) {
+      FreeHostSlot(l, s);
+      t->SetErrorf(ar.code() == ErrorCode::kTooLarge ? ErrorCode::kTooLarge : ar.code(),
+                   "task does not fit the %u-byte GPU copy space", l.cpu2gpu.payload_bytes_);
+      CompleteTask(t);
+      return;
+    }
+    l.sent[s] = seq;
+    l.pending[s].Store(reinterpret_cast<u64>(t), MemOrder::kRelease);  // sent[s] is visible
+    l.cpu2gpu_inflight.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: the Dekker half of Wake
+    l.cpu2gpu.Post(s, seq, kGpuEnvelopeBytes + static_cast<u32>(ar.Size()));
+    Wake();
+  }
+
+  inline void Broadcast(Task *t);
+
+  /** Claims a cpu2gpu slot; blocks (spin, then park) while all are taken. */
+  u32 ClaimHostSlot(GpuLink &l) {
+    thread_local u32 hint = 0;
+    for (u32 n = 0;; ++n) {
+      if (stop_.Load(MemOrder::kAcquire) != 0) return kNoSlot;
+      const u32 seen = l.freed.Load(MemOrder::kAcquire);
+      const u32 s = l.cpu2gpu.TryClaim(hint);
+      if (s != kNoSlot) {
+        hint = s + 1;
+        return s;
+      }
+      if (n < kClaimSpins) {
+        CpuRelax();
+      } else if (RunContext *r = CurrentRunContext()) {
+        r->GetWorker()->SleepInFiber(r, kMinNapNs);  // a worker never blocks its thread
+      } else {
+        l.free_waiters.FetchAdd(1, MemOrder::kSeqCst);
+        FutexWait(l.freed.Raw(), seen, kMaxNapNs);  // returns at once if a slot freed since
+        l.free_waiters.FetchSub(1, MemOrder::kRelaxed);
+      }
+    }
+  }
+
+  /** Frees a cpu2gpu slot and wakes a parked sender. */
+  void FreeHostSlot(GpuLink &l, u32 s) {
+    l.cpu2gpu.Release(s, false);
+    l.freed.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: read against free_waiters below
+    if (l.free_waiters.Load(MemOrder::kSeqCst) != 0) FutexWake(l.freed.Raw(), INT_MAX);
+  }
+
+  /** Completes t with an error. */
+  static void Fail(Task *t, ErrorCode code, const char *msg) {
+    t->SetError(code, msg);
+    CompleteTask(t);
+  }
+
+  /** Wakes the thread if it naps (after a CPU->GPU post). */
+  void Wake() {
+    FenceSeqCst();  // our post and inflight count are visible before we read sleeping_
+    if (sleeping_.Load(MemOrder::kRelaxed) != 0 && sleeping_.Exchange(0, MemOrder::kAcqRel) != 0) {
+      FutexWake(sleeping_.Raw(), 1);
+    }
+  }
+
+  /** The thread: poll every link; nap (bounded) when idle, since GPUs cannot wake us. */
+  void Loop() {
+    u32 idle = 0;
+    u64 nap = kMinNapNs;
+    while (stop_.Load(MemOrder::kAcquire) == 0) {
+      bool did = false;
+      for (u32 i = 0; i < links_.size(); ++i) {
+        did |= CompleteAnswers(*links_[i]);
+        did |= ServeRequests(*links_[i], i);
+      }
+      if (did) {
+        idle = 0;
+        nap = kMinNapNs;
+        continue;
+      }
+      if (++idle < kSpinPolls) {
+        CpuRelax();
+        continue;
+      }
+      sleeping_.Store(1, MemOrder::kRelaxed);
+      FenceSeqCst();  // sleeping_ is visible before we look for posts (pairs with Wake)
+      u64 inflight = 0;
+      for (GpuLink *l : links_) inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed);
+      if (inflight == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
+        FutexWait(sleeping_.Raw(), 1, nap);
+        nap = nap * 2 < kMaxNapNs ? nap * 2 : kMaxNapNs;
+      }
+      sleeping_.Store(0, MemOrder::kRelaxed);
+      idle = kSpinPolls - 1;  // after a nap, poll once and nap again
+    }
+  }
+
+  /** Completes the CPU->GPU tasks whose answers arrived. */
+  bool CompleteAnswers(GpuLink &l) {
+    if (l.cpu2gpu_inflight.Load(MemOrder::kAcquire) == 0) return false;
+    bool did = false;
+    for (u32 s = 0; s < l.cpu2gpu.num_slots_; ++s) {
+      const u64 p = l.pending[s].Load(MemOrder::kAcquire);  // pairs with SendTo's release
+      u32 len = 0;
+      if (p == 0 || !l.cpu2gpu.Answered(s, l.sent[s], &len)) continue;
+      Task *t = reinterpret_cast<Task *>(p);
+      chi::DecodeAnswer(t, l.cpu2gpu.Payload(s), len);
+      l.pending[s].Store(0, MemOrder::kRelaxed);  // only this thread reads it from now on
+      FreeHostSlot(l, s);
+      l.cpu2gpu_inflight.FetchSub(1, MemOrder::kRelease);
+      CompleteTask(t);
+      did = true;
+    }
+    return did;
+  }
+
+  /** Turns new gpu2cpu requests into host tasks (or error answers). */
+  bool ServeRequests(GpuLink &l, u32 index) {
+    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
+    bool did = false;
+    for (u32 s = 0; s < q.num_slots_; ++s) {
+      const u64 w = q.PeekRequest(s);
+      const u32 seq = static_cast<u32>(w);
+      if (seq == q.served_[s]) continue;
+      FenceAcquire<MemScope::kSystem>();  // the payload was written before the request word
+      q.served_[s] = seq;
+      did = true;
+      const u32 len = static_cast<u32>(w >> 32);
+      char *p = q.Payload(s);
+      if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
+        q.Answer(s, seq, EncodeErrorAnswer(seq, ErrorCode::kMalformed,
+                                           "GPU request length is out of range", p,
+                                           q.payload_bytes_));
+        continue;
+      }
+      l.gpu2cpu_inflight.FetchAdd(1, MemOrder::kRelaxed);  // before: the task may finish at once
+      const u64 cookie = static_cast<u64>(index) << 32 | s;
+      if (!dispatcher_->Dispatch(p, len, this, cookie, &error_answer_)) {
+        l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelaxed);
+        const u32 n = static_cast<u32>(error_answer_.size()) < q.payload_bytes_
+                          ? static_cast<u32>(error_answer_.size())
+                          : q.payload_bytes_;
+        std::memcpy(p, error_answer_.data(), n);
+        q.Answer(s, seq, n);
+      }
+    }
+    return did;
+  }
+
+  /** A GPU->CPU task finished on a worker: its answer goes back into its slot. */
+  void OnComplete(Task *t) override {
+    GpuLink &l = *links_[static_cast<u32>(t->transport_cookie_ >> 32)];
+    const u32 s = static_cast<u32>(t->transport_cookie_);
+    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
+    char *p = q.Payload(s);
+    const u64 id = t->request_id_;
+    PutRequestId(p, id);
+    OutputArchive ar(p + kGpuEnvelopeBytes, q.payload_bytes_ - kGpuEnvelopeBytes);
+    t->ops_->save_out(*t, ar);
+    const u32 len = ar.ok() ? kGpuEnvelopeBytes + static_cast<u32>(ar.Size())
+                            : EncodeErrorAnswer(id, ErrorCode::kTooLarge,
+                                                "the task's outputs exceed the GPU copy space", p,
+                                                q.payload_bytes_);
+    t->completer_ = nullptr;
+    DeleteTask(t);
+    q.Answer(s, static_cast<u32>(id), len);
+    l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelease);  // the slot is no longer touched
+  }
+
+  PoolManager *pools_ = nullptr;
+  WorkOrchestrator *orch_ = nullptr;
+  GpuPoolDirectory *directory_ = nullptr;
+  std::vector<GpuLink *> links_;
+  std::string no_gpu_reason_;
+  std::unique_ptr<RequestDispatcher> dispatcher_;
+  std::vector<char> error_answer_;  ///< reused by ServeRequests (error answers only)
+  std::thread thread_;
+  Atomic<u32> closing_;
+  Atomic<u32> stop_;
+  Atomic<u64> senders_;
+  alignas(kCacheLine) Atomic<u32> sleeping_;  ///< futex word: 1 while the thread naps
+};
+
+/**
+ * LocalGpuBcast on a node with several GPUs: one replica per GPU, folded back into the
+ * original (TaskOps::aggregate, GPU 0 first) when the last one answers.
+ */
+class GpuBroadcast final : public TaskCompleter {
+ public:
+  /** Sends t's replicas; t completes when all have. */
+  static void Start(GpuWorker &w, Task *t) {
+    auto *b = new GpuBroadcast();
+    b->orig_ = t;
+    const u32 n = static_cast<u32>(w.links_.size());
+    for (u32 i = 0; i < n; ++i) {
+      Task *rep = t->ops_->clone(*t);
+      if (rep == nullptr) break;
+      rep->pool_query_ = PoolQuery::ToLocalGpu(w.links_[i]->gpu_id);
+      rep->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);
+      rep->completer_ = b;
+      b->replicas_.push_back(rep);
+    }
+    if (b->replicas_.size() != n) {
+      for (Task *rep : b->replicas_) DeleteTask(rep);
+      delete b;
+      return GpuWorker::Fail(t, ErrorCode::kOutOfMemory, "no memory for a GPU broadcast replica");
+    }
+    b->left_.Store(n, MemOrder::kRelease);
+    const std::vector<Task *> reps = b->replicas_;  // b may be gone once the last one answers
+    for (u32 i = 0; i < n; ++i) w.SendTo(*w.links_[i], reps[i]);
+  }
+
+  /** One replica answered; the last one folds them all into the original. */
+  void OnComplete(Task *) override {
+    // acq_rel: the last replica sees every other replica's outputs.
+    if (left_.FetchSub(1, MemOrder::kAcqRel) != 1) return;
+    for (u32 i = 0; i < replicas_.size(); ++i) {
+      replicas_[i]->completer_ = nullptr;
+      orig_->ops_->aggregate(*orig_, *replicas_[i], i);
+      DeleteTask(replicas_[i]);
+    }
+    Task *t = orig_;
+    delete this;
+    CompleteTask(t);
+  }
+
+ private:
+  GpuBroadcast() = default;
+  Task *orig_ = nullptr;
+  std::vector<Task *> replicas_;
+  Atomic<u32> left_;
+};
+
+void GpuWorker::Broadcast(Task *t) { GpuBroadcast::Start(*this, t); }
+
+}  // namespace chi::gpu

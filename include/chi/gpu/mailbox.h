@@ -1,0 +1,191 @@
+// GpuQueue: the slots every GPU route travels through (cpu2gpu, gpu2gpu, gpu2cpu), after
+// seed 001's mailboxes. A client claims a slot, writes its request into the slot's payload
+// and posts; the one server thread that owns the slot answers into the same payload.
+// Invariant: every word has one writer at a time (request: the claiming client; answer and
+// served: the owning server), so no side ever needs a lock or a read-modify-write across
+// PCIe; only clients of one memory race, on the claim words, with a CAS.
+//
+// Protocol for slot s (seq is a per-slot counter, written by the client side only):
+//   client: CAS claim[s] free -> held; write payload; request[s] = seq | len << 32 (release)
+//   server: sees request[s].seq != served[s]; reads payload; runs; writes the answer into
+//           the payload; answer[s] = seq | len << 32 (release); served[s] = seq
+//   client: sees answer[s].seq == seq (then an acquire fence); reads the answer; releases
+//           claim[s] = free.
+// A client that stops waiting (timeout, abort, a dead kernel reclaimed by the host) leaves
+// the claim as kVerify: the next claimer checks answer.seq == the record's seq (the server
+// has finished with the payload) before using the slot, and otherwise moves on. So an
+// abandoned request never corrupts the next one, and the slot heals by itself.
+#pragma once
+
+#include <cstddef>  // offsetof
+
+#include "chi/core/atomic.h"      // Atomic, MemScope, MemOrder
+#include "chi/core/macros.h"      // CHI_CROSS_FUN
+#include "chi/core/types.h"       // u32, u64
+#include "chi/gpu/device_util.h"  // FenceAcquire
+
+namespace chi::gpu {
+
+/** Bytes of each slot's payload: the request and, later, the answer (the "copy space"). */
+inline constexpr u32 kGpuPayloadBytes = 1024;
+/** Bytes a GPU client may use for its task object in a slot's record. */
+inline constexpr u32 kGpuTaskBytes = 512;
+/** Returned by TryClaim when every slot is taken. */
+inline constexpr u32 kNoSlot = ~0u;
+
+/** Values of a claim word. */
+namespace claim {
+inline constexpr u32 kFree = 0;    ///< free; the mailbox is idle
+inline constexpr u32 kHeld = 1;    ///< a client owns the slot
+inline constexpr u32 kVerify = 2;  ///< free, but check the mailbox is idle first (>= 2)
+}  // namespace claim
+
+/** How far a GPU client's request in a slot has come. */
+enum class RecordStage : u32 {
+  kLocal = 0,     ///< completed without being posted (an error found before sending)
+  kPosted = 1,    ///< posted; the answer has not been read
+  kAnswered = 2,  ///< the answer was read into the task
+};
+
+/**
+ * A GPU client's private state for one slot (device memory, one per slot): the sequence it
+ * last posted and the task object it waits on. Future<T> holds &task_ only; the record is
+ * found from it by offset, so device futures stay one pointer, like host ones.
+ */
+struct alignas(64) ClientRecord {
+  u32 seq_;             ///< last request sequence posted from this slot
+  u32 slot_;            ///< this record's slot
+  RecordStage stage_;   ///< of the task in task_
+  MemScope scope_;      ///< scope of the queue's mailbox words (which GpuQueue<S> it is)
+  const void *queue_;   ///< the GpuQueue<S> descriptor (device-addressable)
+  u64 reserved_[5];
+  alignas(16) char task_[kGpuTaskBytes];
+};
+static_assert(offsetof(ClientRecord, task_) == 64, "the task starts one line into its record");
+
+/**
+ * One queue's arrays. Scope S is that of the request/answer words: kSystem when one side is
+ * the CPU (pinned memory), kDevice for gpu2gpu. The descriptor is plain data with pointers
+ * valid in this process (pinned memory has the same address on both sides).
+ */
+template <MemScope S>
+struct GpuQueue {
+  u32 num_slots_ = 0;
+  u32 payload_bytes_ = 0;               ///< per slot, a multiple of 16, <= kGpuPayloadBytes
+  u64 max_wait_ns_ = 0;                 ///< a GPU client gives up waiting after this long
+  Atomic<u64, S> *request_ = nullptr;   ///< client -> server: seq | len << 32
+  Atomic<u64, S> *answer_ = nullptr;    ///< server -> client: seq | len << 32
+  char *payload_ = nullptr;             ///< num_slots_ * payload_bytes_
+  Atomic<u32, MemScope::kDevice> *claims_ = nullptr;  ///< client side; see claim::
+  ClientRecord *records_ = nullptr;     ///< GPU-client queues only (else null)
+  u32 *served_ = nullptr;               ///< server side: last sequence answered, per slot
+  const Atomic<u32, MemScope::kSystem> *abort_ = nullptr;  ///< host-visible "give up" flag
+
+  /** The payload of slot s (16-byte aligned). */
+  CHI_CROSS_FUN char *Payload(u32 s) const {
+    return payload_ + static_cast<u64>(s) * payload_bytes_;
+  }
+
+  // ---- Client side ----
+
+  /**
+   * One pass over the slots from `start`: claims a free slot whose mailbox is idle, or
+   * returns kNoSlot. Clients of one launch start at distinct slots, so usually the first
+   * CAS wins.
+   */
+  CHI_CROSS_FUN u32 TryClaim(u32 start) const {
+    for (u32 i = 0; i < num_slots_; ++i) {
+      const u32 s = (start + i) % num_slots_;
+      u32 c = claims_[s].Load(MemOrder::kRelaxed);  // relaxed: a hint; the CAS decides
+      if (c == claim::kHeld) continue;
+      // acquire: the previous owner's record (its seq_) is visible once the slot is ours.
+      if (!claims_[s].CompareExchange(c, claim::kHeld, MemOrder::kAcquire)) continue;
+      if (c == claim::kFree || IsIdle(s)) return s;
+      // release: hand the slot back unchanged; its last request is still being answered.
+      claims_[s].Store(c, MemOrder::kRelease);
+    }
+    return kNoSlot;
+  }
+
+  /** Publishes the request in slot s (its payload is written). */
+  CHI_CROSS_FUN void Post(u32 s, u32 seq, u32 len) const {
+    // release: the payload is visible to the server before the request word.
+    request_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len) << 32, MemOrder::kRelease);
+  }
+
+  /** True once the answer to request `seq` is in slot s; *len is its length. */
+  CHI_CROSS_FUN bool Answered(u32 s, u32 seq, u32 *len) const {
+    // relaxed poll; the acquire fence below orders the answer reads after it.
+    const u64 w = answer_[s].Load(MemOrder::kRelaxed);
+    if (static_cast<u32>(w) != seq) return false;
+    FenceAcquire<S>();
+    *len = static_cast<u32>(w >> 32);
+    return true;
+  }
+
+  /** Gives slot s up; `maybe_pending` when its request may still be unanswered. */
+  CHI_CROSS_FUN void Release(u32 s, bool maybe_pending) const {
+    // release: our reads of the answer and record writes happen before the next owner's.
+    claims_[s].Store(maybe_pending ? claim::kVerify : claim::kFree, MemOrder::kRelease);
+  }
+
+  // ---- Server side ----
+
+  /** The request word of slot s (relaxed: pollers batch these; FenceAcquire before use). */
+  CHI_CROSS_FUN u64 PeekRequest(u32 s) const { return request_[s].Load(MemOrder::kRelaxed); }
+
+  /** Publishes the answer to request `seq` (its bytes are in the payload). */
+  CHI_CROSS_FUN void Answer(u32 s, u32 seq, u32 len) const {
+    // release: the answer bytes are visible to the client before the answer word.
+    answer_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len) << 32, MemOrder::kRelease);
+  }
+
+  // ---- Layout ----
+
+  /** Bytes of the arrays both sides touch: request, answer, payloads. */
+  CHI_CROSS_FUN static u64 SharedBytes(u32 slots, u32 payload_bytes) {
+    return 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes;
+  }
+  /** Bytes of the client side: claims, and records when the clients are GPU threads. */
+  CHI_CROSS_FUN static u64 ClientBytes(u32 slots, bool gpu_clients) {
+    return Lines(4ull * slots) + (gpu_clients ? sizeof(ClientRecord) * slots : 0);
+  }
+  /** Bytes of the server side: the served sequences. */
+  CHI_CROSS_FUN static u64 ServerBytes(u32 slots) { return Lines(4ull * slots); }
+
+  /**
+   * Points a descriptor at zeroed memory: `shared` (SharedBytes), `client` (ClientBytes)
+   * and `server` (ServerBytes), each 64-byte aligned.
+   */
+  CHI_CROSS_FUN static GpuQueue Make(u32 slots, u32 payload_bytes, u64 max_wait_ns,
+                                     char *shared, char *client, bool gpu_clients,
+                                     char *server, const Atomic<u32, MemScope::kSystem> *abort) {
+    GpuQueue q;
+    q.num_slots_ = slots;
+    q.payload_bytes_ = payload_bytes;
+    q.max_wait_ns_ = max_wait_ns;
+    q.request_ = reinterpret_cast<Atomic<u64, S> *>(shared);
+    q.answer_ = reinterpret_cast<Atomic<u64, S> *>(shared + Lines(8ull * slots));
+    q.payload_ = shared + 2 * Lines(8ull * slots);
+    q.claims_ = reinterpret_cast<Atomic<u32, MemScope::kDevice> *>(client);
+    q.records_ = gpu_clients ? reinterpret_cast<ClientRecord *>(client + Lines(4ull * slots))
+                             : nullptr;
+    q.served_ = reinterpret_cast<u32 *>(server);
+    q.abort_ = abort;
+    return q;
+  }
+
+ private:
+  /** True when slot s's last request has been answered (the payload is the client's). */
+  CHI_CROSS_FUN bool IsIdle(u32 s) const {
+    if (records_ == nullptr) return true;  // host clients release only after the answer
+    // relaxed poll; the fence orders the server's answer writes before our new request.
+    if (static_cast<u32>(answer_[s].Load(MemOrder::kRelaxed)) != records_[s].seq_) return false;
+    FenceAcquire<S>();
+    return true;
+  }
+
+  CHI_CROSS_FUN static u64 Lines(u64 bytes) { return (bytes + 63) & ~63ull; }
+};
+
+}  // namespace chi::gpu
