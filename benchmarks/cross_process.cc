@@ -1,8 +1,9 @@
 // Cross-process clients of a standalone runtime, per transport: the task round
 // trip (GpuSubmit, 16 B in and out) next to its floor measured in the same run
-// (raw ZeroMQ REQ/REP over the same endpoint type for ipc/tcp), then throughput
-// with 1 and 4 client processes. The runtime and the extra clients are this
-// binary re-executed with a role argument.
+// (two-process shared-memory flag ping-pong for shm; raw ZeroMQ REQ/REP over the
+// same endpoint type for ipc/tcp), then throughput with 1 and 4 client processes.
+// The runtime, the floors' peers and the extra clients are this binary re-executed
+// with a role argument.
 //   bench_cross_process [round_trips=3000] [tasks_per_client=20000]
 #include <fcntl.h>     // pipes for child reports
 #include <signal.h>    // killing the runtime on failure
@@ -15,6 +16,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,6 +79,53 @@ int RepRole(const std::string &endpoint) {
   rep.close();
   ctx.close();
   return 0;
+}
+
+/** Two flags on separate cache lines: the shm floor's ping-pong. */
+struct PingPong {
+  alignas(64) chi::Atomic<u64> ping;
+  alignas(64) chi::Atomic<u64> pong;
+};
+constexpr u64 kPingStop = ~0ull;
+
+/** The shm floor's peer: answers every ping with the same value until kPingStop. */
+int PongRole(const std::string &segment) {
+  chi::PosixShmBackend seg;
+  if (!seg.Attach(segment).ok()) return 1;
+  auto *pp = reinterpret_cast<PingPong *>(seg.Data());
+  u64 last = 0;
+  for (;;) {
+    const u64 v = pp->ping.Load(chi::MemOrder::kAcquire);  // acquire: pairs with the ping
+    if (v == kPingStop) break;
+    if (v != last) {
+      pp->pong.Store(v, chi::MemOrder::kRelease);  // release: the answer after the read
+      last = v;
+    } else {
+      chi::CpuRelax();
+    }
+  }
+  return 0;
+}
+
+/** Median round trip of a two-process spinning flag ping-pong in shared memory. */
+double ShmPingPongNs(int round_trips) {
+  const std::string name = "bench_xp_pingpong_" + std::to_string(getpid());
+  chi::PosixShmBackend seg;
+  if (!seg.Create(name, sizeof(PingPong), chi::CreateMode::kReplace).ok()) return 0;
+  auto *pp = new (seg.Data()) PingPong();
+  const pid_t peer = Spawn({"--pong", name}, {});
+  std::vector<double> samples;
+  u64 v = 0;
+  for (int i = 0; i < round_trips + 200; ++i) {
+    const double t0 = chi_bench::NowNs();
+    pp->ping.Store(++v, chi::MemOrder::kRelease);
+    while (pp->pong.Load(chi::MemOrder::kAcquire) != v) chi::CpuRelax();
+    if (i >= 200) samples.push_back(chi_bench::NowNs() - t0);
+  }
+  pp->ping.Store(kPingStop, chi::MemOrder::kRelease);
+  WaitExit(peer);
+  seg.Destroy();
+  return chi_bench::Median(samples);
 }
 
 /** Connects this process as a pure client over `mode` and creates the pool. */
@@ -197,7 +246,7 @@ int Run(int round_trips, u64 tasks) {
   std::printf("bench_cross_process: runtime pid %d on port %u, %d round trips, %llu tasks per "
               "client\n", server, port, round_trips, static_cast<unsigned long long>(tasks));
   int rc = 0;
-  for (const std::string mode : {"ipc", "tcp"}) {
+  for (const std::string mode : {"shm", "ipc", "tcp"}) {
     setenv("CHI_PORT", std::to_string(port).c_str(), 1);
     setenv("CHI_IPC_MODE", mode.c_str(), 1);
     setenv("CHI_WITH_RUNTIME", "0", 1);
@@ -210,10 +259,12 @@ int Run(int round_trips, u64 tasks) {
     const std::string floor_ep = mode == "ipc"
         ? "ipc:///tmp/chi_bench_floor_" + std::to_string(getpid()) + ".ipc"
         : "tcp://127.0.0.1:" + std::to_string(port + 1);
-    const double floor = RawReqRepNs(floor_ep, round_trips);
+    const double floor = mode == "shm" ? ShmPingPongNs(round_trips)
+                                       : RawReqRepNs(floor_ep, round_trips);
     const double ours = TaskRoundTripNs(c, round_trips);
     const std::string label = mode + ": task round trip (GpuSubmit)";
-    const std::string floor_label = "raw ZeroMQ REQ/REP 16 B " + mode;
+    const std::string floor_label = mode == "shm" ? std::string("two-process shm ping-pong")
+                                                  : "raw ZeroMQ REQ/REP 16 B " + mode;
     chi_bench::ReportLatency(label.c_str(), ours, floor_label.c_str(), floor);
     const u64 t0 = chi::NowNs();
     const bool ok = Stream(c, tasks);
@@ -245,6 +296,7 @@ int main(int argc, char **argv) {
   const std::string role = argc > 1 ? argv[1] : "";
   if (role == "--server") return ServerRole();
   if (role == "--rep" && argc > 2) return RepRole(argv[2]);
+  if (role == "--pong" && argc > 2) return PongRole(argv[2]);
   if (role == "--client" && argc > 2) return ClientRole(std::strtoull(argv[2], nullptr, 10));
   const int round_trips = argc > 1 ? std::atoi(argv[1]) : 3000;
   const u64 tasks = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 20000;

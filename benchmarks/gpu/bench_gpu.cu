@@ -147,7 +147,10 @@ __global__ void TaskLatencyKernel(chi::gpu::GpuInfo info, chi::PoolId pool, bool
     for (u32 k = 0; k < per_batch; ++k, ++v) {
       auto f = client.AsyncGpuSubmit(to_cpu ? chi::PoolQuery::ToLocalCpu() : chi::PoolQuery::Local(),
                                      0, v);
-      if (!f.Wait() || f->result_value_ != (to_cpu ? v * 2 : v * 3)) atomicAdd(wrong, 1u);
+      if (!f.Wait(5) || f->result_value_ != (to_cpu ? v * 2 : v * 3)) {
+        atomicAdd(wrong, 1u);
+        return;
+      }
     }
     out[b] = static_cast<double>(chi::gpu::ClockNs() - t0) / per_batch;
   }
@@ -160,7 +163,10 @@ __global__ void TaskRateKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 cou
   const u32 base = chi::gpu::GlobalThreadId() * count;
   for (u32 i = 0; i < count; ++i) {
     auto f = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, base + i);
-    if (!f.Wait() || f->result_value_ != (base + i) * 3) atomicAdd(wrong, 1u);
+    if (!f.Wait(5) || f->result_value_ != (base + i) * 3) {
+      atomicAdd(wrong, 1u);
+      return;
+    }
   }
 }
 
@@ -267,13 +273,13 @@ double MailboxRate(Bench &B, u32 rounds) {
   return static_cast<double>(n) * rounds / (ms * 1e-3);
 }
 
-double CpuToGpuTaskNs(u32 iters, u32 *wrong) {
+double CpuToGpuTaskNs(u32 iters) {
   chimaera::demo::Client client(kPool);
   std::vector<double> v;
   for (u32 i = 0; i < iters; ++i) {
     const double t0 = chi_bench::NowNs();
     auto f = client.AsyncGpuSubmit(chi::PoolQuery::LocalGpuBcast(), 0, i);
-    if (!f.Wait(10) || f->result_value_ != i * 3) ++*wrong;
+    if (!f.Wait(10) || f->result_value_ != i * 3) Die("a CPU->GPU task failed");
     v.push_back(chi_bench::NowNs() - t0);
   }
   return chi_bench::Median(std::vector<double>(v.begin() + iters / 10, v.end()));
@@ -381,7 +387,7 @@ int main(int argc, char **argv) {
 
   // Ours.
   const double cpu_local = CpuLocalTaskNs(B.quick ? 200 : 20000);
-  const double c2g = CpuToGpuTaskNs(iters, &wrong);
+  const double c2g = CpuToGpuTaskNs(iters);
   const double g2g = KernelTaskNs(B, false, batches, per_batch, &wrong);
   const double g2c = KernelTaskNs(B, true, batches / 2, per_batch, &wrong);
   TaskRate(B, B.sms, 2, &wrong);  // warm-up

@@ -837,8 +837,8 @@ struct ShmPtr {
 // ---- end chi/memory/shm_ptr.h ----
 // ---- begin chi/queue/spsc_ring.h ----
 // SpscRing<T>: a bounded single-producer single-consumer ring placed in a caller's region
-// (private, POSIX shm or GPU-visible pinned memory). Used for one-to-one channels such as
-// a worker's completion queue. Invariant: one producer and one consumer at a time; the
+// (private, POSIX shm or GPU-visible pinned memory), for channels with exactly one feeding
+// thread or process. Invariant: one producer and one consumer at a time; the
 // region holds no pointers (only positions relative to `this`), and head, tail and the
 // wait words sit on separate cache lines.
 //
@@ -846,7 +846,8 @@ struct ShmPtr {
 // capacity C carries seq = p + 1 once position p (p % C == i) is published. The producer
 // owns tail_ and decides "full" from head_ (cached); the consumer owns head_ and decides
 // "empty" from the slot's seq, which shares the cache line with the value, so a handoff
-// moves one line. Blocking ends park on a WaitEvent (see wait_event.h).
+// moves one line. Blocking ends (host only) park on a WaitEvent (see wait_event.h); GPU code
+// uses TryPush/TryPop, and a host end fed from a GPU polls instead of parking.
 
 #include <new>          // placement new into the caller's region
 #include <type_traits>  // is_trivially_copyable: values are copied as bytes across processes
@@ -941,8 +942,8 @@ inline constexpr u64 kSpinBeforeParkNs = 20000;
 
 /**
  * Most CpuRelax() calls between two attempts of a producer waiting for room. Each attempt
- * reads the consumer's head_ line; backing off keeps that line with the consumer, which is
- * draining the ring. Consumers wait with 1 (poll every spin): latency matters there.
+ * reads a line the consumer writes as it drains (its head, or the slot it frees); backing
+ * off leaves that line with the consumer. Consumers poll on every spin: latency matters.
  */
 inline constexpr u32 kFullRingBackoff = 16;
 
@@ -1258,13 +1259,15 @@ class SpscRing {
 // Invariant: exactly one consumer; a producer owns a slot from its claim of `tail_` until
 // it publishes the slot's sequence number, and no pointers live in the region.
 //
-// Protocol. Positions are 64-bit counters that never wrap in practice. A producer claims
-// position p with a CAS of tail_ from p to p + 1, but only while p - head_ < C (checked
-// against a shared cached copy of head_ first, so producers rarely touch the consumer's
-// line). It writes the value into slot p % C and publishes seq = p + 1 there. The consumer
-// at head h takes the slot when its seq == h + 1 and then advances head_; it never writes
-// a slot, so a handoff moves one cache line. Sequence numbers only grow: no ABA.
+// Protocol (Vyukov's bounded queue, one consumer). Slot i starts with seq = i. A producer
+// reads tail_ = p; when slot p % C has seq == p the slot is free for lap p / C, and a CAS
+// of tail_ from p to p + 1 claims it; the producer writes the value and publishes
+// seq = p + 1. The consumer at head h reads when seq == h + 1, advances head_, then frees
+// the slot for the next lap with seq = h + C. Producers thus learn "full" from the slot
+// they want, never from the consumer's line. Sequence numbers only grow: no ABA.
 // A producer that dies between claim and publish stalls the consumer at that slot.
+// Blocking ends (host only) park on a WaitEvent (see wait_event.h); GPU code uses
+// TryPush/TryPop, and a host end fed from a GPU polls instead of parking.
 
 #include <new>          // placement new into the caller's region
 #include <type_traits>  // is_trivially_copyable: values are copied as bytes across processes
@@ -1302,31 +1305,32 @@ class MpscRing {
   CHI_CROSS_FUN explicit MpscRing(u32 capacity)
       : capacity_(RoundUpPow2(capacity)), mask_(RoundUpPow2(capacity) - 1) {
     Slot *slots = Slots();
-    for (u32 i = 0; i < capacity_; ++i) new (&slots[i].seq_) Atomic<u64>(0);
+    for (u32 i = 0; i < capacity_; ++i) new (&slots[i].seq_) Atomic<u64>(i);
   }
 
   /** Appends v; false when the ring is full. Any number of producers. */
   CHI_CROSS_FUN bool TryPush(const T &v) {
     // relaxed: the CAS below decides; this is only a starting guess.
     u64 pos = tail_.Load(MemOrder::kRelaxed);
+    Slot *slot;
     for (;;) {
-      // acquire: pairs with the release below, which passes on the consumer's "done
-      // reading" from whichever producer refreshed the cache. Stale only costs a reload.
-      if (pos - head_cache_.Load(MemOrder::kAcquire) >= capacity_) {
-        // acquire: the consumer finished reading the slots it released before head_ moved.
-        u64 head = head_.Load(MemOrder::kAcquire);
-        // release: see above; a racing older value only makes the cache more conservative.
-        head_cache_.Store(head, MemOrder::kRelease);
-        if (pos - head >= capacity_) return false;
+      slot = &Slots()[pos & mask_];
+      // acquire: pairs with the consumer's free, so its read of the old value is done.
+      u64 seq = slot->seq_.Load(MemOrder::kAcquire);
+      i64 lag = static_cast<i64>(seq - pos);
+      if (lag == 0) {
+        // relaxed: the claim only has to be atomic; the slot's seq carries the data.
+        if (tail_.CompareExchange(pos, pos + 1, MemOrder::kRelaxed)) break;
+      } else if (lag < 0) {
+        return false;  // the slot still holds last lap's value: full
+      } else {
+        // relaxed: another producer took pos; retry from the newest tail.
+        pos = tail_.Load(MemOrder::kRelaxed);
       }
-      // relaxed: claiming only has to be atomic; the slot's seq carries the data, and the
-      // acquire above already ordered our write after the consumer's read of this slot.
-      if (tail_.CompareExchange(pos, pos + 1, MemOrder::kRelaxed)) break;
     }
-    Slot &slot = Slots()[pos & mask_];
-    slot.value_ = v;
+    slot->value_ = v;
     // kPublishOrder: release hands the value over; seq_cst pairs with a parked consumer.
-    slot.seq_.Store(pos + 1, kPublishOrder);
+    slot->seq_.Store(pos + 1, kPublishOrder);
     not_empty_.Notify();
     return true;
   }
@@ -1342,9 +1346,11 @@ class MpscRing {
     // acquire: pairs with the producer's publish, so value_ is complete.
     if (slot.seq_.Load(MemOrder::kAcquire) != head + 1) return false;
     out = slot.value_;
-    // kPublishOrder: release lets producers reuse the slot only after our read;
-    // seq_cst pairs with parked producers.
+    // kPublishOrder: seq_cst pairs with parked producers (they wait on head_). It comes
+    // before the slot's free so this fence does not wait for the slot line's ownership.
     head_.Store(head + 1, kPublishOrder);
+    // release: our read of value_ happens before a producer's next write to the slot.
+    slot.seq_.Store(head + capacity_, MemOrder::kRelease);
     not_full_.Notify();
     return true;
   }
@@ -1390,9 +1396,9 @@ class MpscRing {
   CHI_CROSS_FUN u64 ConsumerParks() const { return consumer_stats_.Parks(); }
 
  private:
-  /** One value and the position that last published it. */
+  /** One value and the sequence number that says whose turn the slot is. */
   struct Slot {
-    Atomic<u64> seq_;  ///< p + 1 once position p is published into this slot
+    Atomic<u64> seq_;  ///< p: free for position p; p + 1: holds position p
     T value_;
   };
 
@@ -1407,8 +1413,8 @@ class MpscRing {
         not_full_, producer_stats_, [&] { return TryPush(v); },
         [&] {
           // seq_cst: the waiter's Dekker re-check against the consumer's head_ store.
-          // head_ first: tail_ read later is then never below it. Other producers may
-          // still take the room first; AwaitOp then simply waits again.
+          // head_ first: tail_ read later is then never below it. The slot may still be
+          // a moment from freed, or another producer may take it; AwaitOp then retries.
           u64 head = head_.Load(MemOrder::kSeqCst);
           return tail_.Load(MemOrder::kSeqCst) - head < capacity_;
         },
@@ -1420,7 +1426,6 @@ class MpscRing {
   u32 mask_;
   // Line 1: shared by the producers (claimed with CAS).
   alignas(kCacheLine) Atomic<u64> tail_;
-  Atomic<u64> head_cache_;  ///< producers' shared lower bound of head_
   WaitStats producer_stats_;
   // Line 2: the consumer's.
   alignas(kCacheLine) Atomic<u64> head_;
@@ -3796,9 +3801,10 @@ class CopySpace {
   // ---- Sender side ----
 
   /**
-   * Sends `len` bytes as one message, in pieces as the receiver frees space; blocks up to
-   * timeout_ns in total (0 = forever). kTimeout before the first byte leaves no trace;
-   * kTimeout mid-message cancels the message (the receiver gets kCancelled for it).
+   * Sends the `len` bytes at `data` (null is fine when len is 0) as one message, in pieces
+   * as the receiver frees space; blocks up to timeout_ns in total (0 = forever). kTimeout
+   * before the first byte leaves no trace; kTimeout mid-message cancels the message (the
+   * receiver gets kCancelled for it).
    */
   Status Send(const void *data, u64 len, u64 timeout_ns) {
     u64 deadline = DeadlineAfter(timeout_ns);
@@ -3894,7 +3900,7 @@ class CopySpace {
     return FinishDiscard(deadline);
   }
 
-  /** Sends that had to wait for space (statistic). */
+  /** Times the sender had to wait for ring space (statistic). */
   u64 SenderStalls() const { return sender_stats_.Stalls(); }
   /** Times the receiver slept on the futex (statistic). */
   u64 ReceiverParks() const { return receiver_stats_.Parks(); }
@@ -4133,11 +4139,12 @@ class CopySpace {
 // briefly, then parks the thread on the task's state word (futex); inside a
 // runtime task it suspends the fiber instead, so the worker keeps running
 // other tasks. Dropping an unfinished Future hands the task to the runtime,
-// which frees it on completion.
+// which frees it on completion. In a GPU kernel the same calls poll the task's
+// GPU slot instead (chi/gpu/gpu_client.h defines the device path).
 
-#include <climits>  // INT_MAX
-#include <utility>  // std::exchange
-#include <vector>   // WaitAll
+#include <climits>      // INT_MAX
+#include <type_traits>  // is_trivially_destructible: which tasks a kernel can submit
+#include <vector>       // WaitAll
 
 // ---- begin chi/runtime/worker.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_WORKER_H
@@ -5670,6 +5677,21 @@ inline void SleepFor(u64 ns) {
 
 namespace chi {
 
+#if CHI_GPU_CUDA || CHI_GPU_HIP
+namespace gpu {
+/** Task types a kernel can submit: they live in GPU slots and have nothing to destroy. */
+template <typename TaskT>
+inline constexpr bool kGpuTask = std::is_trivially_destructible_v<TaskT>;
+// Device path of Future (defined in chi/gpu/gpu_client.h, which GPU clients include).
+template <typename TaskT>
+CHI_CROSS_FUN bool WaitTask(TaskT *task, float max_sec);
+template <typename TaskT>
+CHI_CROSS_FUN bool PollTask(const TaskT *task);
+template <typename TaskT>
+CHI_CROSS_FUN void ReleaseTask(TaskT *task);
+}  // namespace gpu
+#endif
+
 /** Owns one submitted task until it completes and the caller is done with it. */
 template <typename TaskT>
 class Future {
@@ -5679,47 +5701,71 @@ class Future {
 
   Future() = default;
   /** Takes ownership of a submitted task. */
-  explicit Future(TaskT *task) : task_(task) {}
-  Future(Future &&o) noexcept : task_(std::exchange(o.task_, nullptr)) {}
-  Future &operator=(Future &&o) noexcept {
+  CHI_CROSS_FUN explicit Future(TaskT *task) : task_(task) {}
+  CHI_CROSS_FUN Future(Future &&o) noexcept : task_(o.task_) { o.task_ = nullptr; }
+  CHI_CROSS_FUN Future &operator=(Future &&o) noexcept {
     if (this != &o) {
       Release();
-      task_ = std::exchange(o.task_, nullptr);
+      task_ = o.task_;
+      o.task_ = nullptr;
     }
     return *this;
   }
   Future(const Future &) = delete;
   Future &operator=(const Future &) = delete;
-  ~Future() { Release(); }
+  CHI_CROSS_FUN ~Future() { Release(); }
 
   /**
    * Waits for completion; false on timeout (the task stays valid, wait again).
    * max_sec = 0 waits without limit.
    */
-  bool Wait(float max_sec = 0) {
+  CHI_CROSS_FUN bool Wait(float max_sec = 0) {
     if (task_ == nullptr) return false;
+#if CHI_IS_GPU
+    if constexpr (gpu::kGpuTask<TaskT>) {
+      return gpu::WaitTask(task_, max_sec);  // always bounded, even for max_sec = 0
+    } else {
+      return false;  // only GPU task types are ever waited on in a kernel
+    }
+#else
     if (task_->IsComplete()) return true;
     if (RunContext *r = CurrentRunContext()) return WaitInFiber(r, max_sec);
     return WaitOnThread(max_sec);
+#endif
   }
 
   /** True once outputs are final. */
-  bool IsComplete() const { return task_ != nullptr && task_->IsComplete(); }
+  CHI_CROSS_FUN bool IsComplete() const {
+#if CHI_IS_GPU
+    if constexpr (gpu::kGpuTask<TaskT>) {
+      return task_ != nullptr && gpu::PollTask(task_);
+    } else {
+      return false;
+    }
+#else
+    return task_ != nullptr && task_->IsComplete();
+#endif
+  }
   /** False for a default-constructed (empty) future. */
-  bool IsValid() const { return task_ != nullptr; }
-  TaskT *operator->() { return task_; }
-  TaskT &operator*() { return *task_; }
-  TaskT *get() { return task_; }
+  CHI_CROSS_FUN bool IsValid() const { return task_ != nullptr; }
+  CHI_CROSS_FUN TaskT *operator->() { return task_; }
+  CHI_CROSS_FUN TaskT &operator*() { return *task_; }
+  CHI_CROSS_FUN TaskT *get() { return task_; }
   /** The task's return code (0 = success); valid after Wait() returned true. */
-  u32 GetReturnCode() const { return task_->GetReturnCode(); }
+  CHI_CROSS_FUN u32 GetReturnCode() const { return task_->GetReturnCode(); }
 
   /** Gives up ownership: the runtime frees the task when it completes (or now if it has). */
-  void Release() {
+  CHI_CROSS_FUN void Release() {
     if (task_ == nullptr) return;
-    TaskT *t = std::exchange(task_, nullptr);
+    TaskT *t = task_;
+    task_ = nullptr;
+#if CHI_IS_GPU
+    if constexpr (gpu::kGpuTask<TaskT>) gpu::ReleaseTask(t);  // frees the task's GPU slot
+#else
     // acq_rel: pairs with CompleteTask; exactly one side sees the other's bit and frees.
     const u32 prev = t->state_.FetchOr(task_state::kOrphaned, MemOrder::kAcqRel);
     if (prev & task_state::kComplete) DeleteTask(t);
+#endif
   }
 
  private:
@@ -7053,6 +7099,8 @@ class IpcManager {
     pid_ = static_cast<u32>(getpid());
     transport_.Store(transport, MemOrder::kRelease);
   }
+  /** Hands LocalGpuBcast / ToLocalGpu tasks to the GPU manager's transport (nullptr detaches). */
+  void AttachGpuTransport(ClientTransport *gpu) { gpu_transport_.Store(gpu, MemOrder::kRelease); }
   /** True when tasks can currently be submitted. */
   bool IsConnected() const {
     WorkOrchestrator *orch = orch_.Load(MemOrder::kAcquire);
@@ -7098,6 +7146,11 @@ class IpcManager {
  private:
   void SendRaw(Task *t) {
     Stamp(t);
+    const RoutingMode mode = t->pool_query_.GetMode();
+    if (mode == RoutingMode::kLocalGpuBcast || mode == RoutingMode::kToLocalGpu) {
+      ClientTransport *gpu = gpu_transport_.Load(MemOrder::kAcquire);
+      if (gpu != nullptr && gpu->Send(t)) return;  // CPU -> GPU: the GPU manager answers
+    }
     WorkOrchestrator *orch = orch_.Load(MemOrder::kAcquire);
     if (orch == nullptr) {
       if (ClientTransport *tr = transport_.Load(MemOrder::kAcquire); tr != nullptr && tr->Send(t)) {
@@ -7113,6 +7166,7 @@ class IpcManager {
 
   Atomic<WorkOrchestrator *> orch_{nullptr};  ///< null when no runtime is attached
   Atomic<ClientTransport *> transport_{nullptr};  ///< pure clients: the way to the runtime
+  Atomic<ClientTransport *> gpu_transport_{nullptr};  ///< CPU -> GPU routes (GPU builds)
   NodeId node_ = 0;
   u32 pid_ = 0;
   Atomic<u64> next_unique_{1};
@@ -7452,7 +7506,6 @@ class RuntimeSegments {
     clock_gettime(CLOCK_REALTIME, &ts);
     h->start_ns_ = static_cast<u64>(ts.tv_sec) * 1000000000ull + static_cast<u64>(ts.tv_nsec);
     h->magic_.Store(kRuntimeHeaderMagic, MemOrder::kRelease);  // publishes the fields above
-    port_ = port;
     return Status::Ok();
   }
 
@@ -7477,7 +7530,6 @@ class RuntimeSegments {
 
  private:
   std::vector<std::unique_ptr<PosixShmBackend>> segments_;
-  u32 port_ = 0;
 };
 
 /**
@@ -7532,30 +7584,32 @@ inline Status CheckConnectRequest(const ConnectRequest &req) {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_CLIENT_CONNECT_H
 // ---- end chi/transport/client_connect.h ----
-// ---- begin chi/transport/zmq_client.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_H
-// ZmqClientTransport: a pure client's connection to its runtime over ZeroMQ
-// (DEALER to the runtime's ROUTER, ipc or tcp). Callers hand tasks over on a
-// lock-free list; one network thread encodes, sends, matches answers by request
-// id and completes the tasks. A lost runtime fails outstanding tasks with
-// kPeerDead (kShutdown when it said goodbye), then the thread reconnects and
-// repeats the ClientConnect handshake; tasks sent meanwhile wait up to
-// reconnect_sec for it. Invariant: every task handed to Send is completed once.
+// ---- begin chi/transport/shm_transport.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
+// The shared-memory transport, both ends: ShmServer (the runtime's poller and process
+// reaper) and ShmClientTransport (a pure client's connection). The fastest way between
+// a client and a runtime on the same node; each client owns its slot of the runtime's
+// segment, so a client that dies or misbehaves can only wedge (and lose) its own slot.
 
-#include <pthread.h>  // naming the network thread
-#include <unistd.h>   // getpid, getuid
+// ---- begin chi/transport/shm_client.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_H
+// ShmClientTransport: a pure client's connection to a runtime on the same node through
+// the runtime's shared-memory segment (see ShmServer). Send encodes the task into the
+// slot's request stream on the caller's thread; a receiver thread reads answers, completes
+// the tasks and watches the runtime, failing every outstanding task if it dies or stops.
+// Invariant: an outstanding task sits in exactly one table entry, and whoever clears the
+// entry (answer, failure or close) is the only one who completes the task.
 
-#include <climits>  // INT_MAX: wake every blocked sender
-#include <cstring>  // memcpy of monitor events
-#include <deque>    // tasks waiting for a connection
-#include <future>   // result of the first handshake
+#include <pthread.h>  // pthread_setname_np for the receiver thread
+#include <sched.h>    // sched_yield while Close waits for a writer to leave
+
+#include <cstdio>   // snprintf of failure messages
+#include <cstring>  // memcpy of request ids
 #include <memory>   // unique_ptr
-#include <string>   // endpoint
-#include <thread>   // the network thread
-#include <vector>   // request slots, encode buffer
-
-#include <zmq.hpp>  // cppzmq
+#include <thread>   // the receiver thread
+#include <vector>   // request and answer buffers
 
 // ---- begin chi/transport/request_dispatcher.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
@@ -7695,6 +7749,2117 @@ inline void DecodeAnswer(Task *t, const char *data, u64 len) {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
 // ---- end chi/transport/request_dispatcher.h ----
+// ---- begin chi/transport/shm_process.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+// Who is on the other end of a shared-memory connection, and is it still there: the
+// primitive of the process reaper (ShmServer checks its clients, clients check the
+// runtime). Invariant: a pid alone is never trusted, since pids are reused; an identity
+// pairs it with the process's start time, and a zombie counts as dead.
+
+#include <fcntl.h>   // open
+#include <signal.h>  // kill(pid, 0)
+#include <unistd.h>  // read, close, getpid
+
+#include <cerrno>  // ESRCH
+#include <cstdio>  // snprintf for the /proc path
+
+namespace chi {
+
+/** A process as the reaper knows it: pid plus start time (clock ticks since boot). */
+struct ProcessIdentity {
+  u32 pid = 0;
+  u64 start_ticks = 0;  ///< 0 when /proc could not tell
+};
+
+namespace detail {
+
+/** What /proc/<pid>/stat says about a process. */
+struct ProcStat {
+  bool found = false;   ///< the file exists and parsed
+  char state = '?';     ///< R, S, D, Z, X, ...
+  u64 start_ticks = 0;  ///< field 22, starttime
+};
+
+/** Reads state and start time of `pid` from /proc (host only; a slow path). */
+inline ProcStat ReadProcStat(u32 pid) {
+  ProcStat out;
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[1024];
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return out;
+  buf[n] = '\0';
+  // The command name (field 2) may hold spaces and parentheses: parse after the last ')'.
+  char *p = nullptr;
+  for (ssize_t i = n - 1; i >= 0; --i) {
+    if (buf[i] == ')') {
+      p = buf + i + 1;
+      break;
+    }
+  }
+  if (p == nullptr) return out;
+  int field = 2;  // the ')' ends field 2
+  while (*p != '\0' && field < 22) {
+    while (*p == ' ') ++p;
+    ++field;
+    if (field == 3) out.state = *p;
+    if (field == 22) {
+      u64 v = 0;
+      while (*p >= '0' && *p <= '9') v = v * 10 + static_cast<u64>(*p++ - '0');
+      out.start_ticks = v;
+      out.found = true;
+      break;
+    }
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/** The identity of process `pid` now (start_ticks 0 when /proc is unavailable). */
+inline ProcessIdentity IdentityOf(u32 pid) {
+  detail::ProcStat st = detail::ReadProcStat(pid);
+  return ProcessIdentity{pid, st.found ? st.start_ticks : 0};
+}
+
+/** This process's identity. */
+inline ProcessIdentity SelfIdentity() { return IdentityOf(static_cast<u32>(getpid())); }
+
+/**
+ * True while the process `who` names still runs: the pid exists, is not a zombie, and
+ * (when both start times are known) started when `who` says. Without /proc it falls
+ * back to kill(pid, 0).
+ */
+inline bool IsProcessAlive(const ProcessIdentity &who) {
+  if (who.pid == 0) return false;
+  detail::ProcStat st = detail::ReadProcStat(who.pid);
+  if (st.found) {
+    if (st.state == 'Z' || st.state == 'X') return false;
+    return who.start_ticks == 0 || st.start_ticks == who.start_ticks;
+  }
+  return !(kill(static_cast<pid_t>(who.pid), 0) != 0 && errno == ESRCH);
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+// ---- end chi/transport/shm_process.h ----
+// ---- begin chi/transport/shm_segment.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
+// The shared-memory transport's segment: a header (magic, version, the runtime's identity,
+// geometry, wake-up event, statistics) and a table of client slots, each owning a request
+// stream (client -> runtime) and an answer stream (runtime -> client). ShmServer creates
+// it, ShmClientTransport attaches it. Invariant: the header's magic is written last, and a
+// slot's streams are reset only by the runtime while no client owns the slot.
+
+#include <new>          // placement new of the header and slots
+#include <string>       // segment names, ShmServerInfo
+#include <string_view>  // names
+
+// ---- begin chi/transport/shm_stream.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
+// ShmStream: one direction of a shared-memory connection. A byte ring with one writer
+// and one reader (usually in two processes) that carries framed messages of any size
+// in pieces. Both ends are non-blocking, so one runtime poller can serve many streams;
+// the callers decide how to wait (see shm_client.h, shm_server.h).
+// Invariant: the ring only ever holds whole records (16-byte header + payload padded to
+// 16), published by moving write_pos_, so the reader never sees half a record.
+//
+// Framing: a message is a kBegin record (its total length and the first bytes that fit)
+// followed by kMore records with the rest. The reader checks every header against what
+// is published and reports a corrupt stream instead of trusting it.
+
+#include <algorithm>  // std::min for wrapped copies
+#include <cstring>    // memcpy in and out of the ring
+#include <new>        // placement new into the caller's region
+#include <vector>     // RecycleBuffer
+
+namespace chi {
+
+/** A single-writer, single-reader message stream through a fixed byte ring (host only). */
+class ShmStream {
+ public:
+  /** Bytes of every record header. */
+  static constexpr u64 kRecordHeaderBytes = 16;
+  /** The smallest ring accepted; smaller requests are raised to it. */
+  static constexpr u32 kMinRingBytes = 256;
+  /** Record kinds ("SM" + n), chosen so zeroed or random memory is rarely mistaken for one. */
+  static constexpr u32 kBegin = 0x534d0001;
+  static constexpr u32 kMore = 0x534d0002;
+
+  /** Region bytes for a ring of `ring_bytes` (raised to >= kMinRingBytes, a power of two). */
+  static size_t BytesFor(u32 ring_bytes) { return sizeof(ShmStream) + RingSize(ring_bytes); }
+
+  /** Builds an empty stream at `mem` (BytesFor bytes, 64-byte aligned); nullptr if misaligned. */
+  static ShmStream *Create(void *mem, u32 ring_bytes) {
+    if (!IsRingAligned(mem)) return nullptr;
+    return new (mem) ShmStream(RingSize(ring_bytes));
+  }
+
+  /** Views a stream that another process (or an earlier Create) built at `mem`. */
+  static ShmStream *Attach(void *mem) { return static_cast<ShmStream *>(mem); }
+
+  /** Empties the stream. Only while neither end uses it (the runtime reclaiming a slot). */
+  void Reset() {
+    // relaxed: nobody else touches the stream now; the caller publishes the reset slot.
+    write_pos_.Store(0, MemOrder::kRelaxed);
+    read_pos_.Store(0, MemOrder::kRelaxed);
+    cached_read_ = 0;
+    cached_write_ = 0;
+  }
+
+  /** Bytes in the ring (record headers included). */
+  u32 RingBytes() const { return ring_bytes_; }
+  /** The largest payload one record can carry. */
+  u64 MaxPieceBytes() const { return ring_bytes_ - kRecordHeaderBytes; }
+
+  // ---- Writer side ----
+
+  /**
+   * Payload bytes the next record may carry right now (0 when the ring is full). Reads
+   * the reader's position only when the cached one leaves fewer than `want` bytes, so
+   * a writer with room never touches the reader's cache line.
+   */
+  u64 WritableBytes(u64 want) {
+    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+    u64 room = Room(w, cached_read_);
+    if (room >= want) return room;
+    // acquire: the reader is done with the bytes before read_pos_, so we may overwrite them.
+    cached_read_ = read_pos_.Load(MemOrder::kAcquire);
+    return Room(w, cached_read_);
+  }
+
+  /** True when a record of `want` payload bytes fits (seq_cst: a waiter's re-check). */
+  bool HasRoomSeqCst(u64 want) const {
+    // seq_cst: the Dekker re-check against the reader's seq_cst read_pos_ store.
+    return Room(write_pos_.Load(MemOrder::kRelaxed), read_pos_.Load(MemOrder::kSeqCst)) >= want;
+  }
+
+  /**
+   * Appends one record: kBegin (begin = true, message_bytes = the whole message) or kMore.
+   * The caller made sure `bytes` <= WritableBytes(bytes). Publishes with seq_cst so a
+   * parked reader is never missed (the caller notifies it afterwards).
+   */
+  void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) {
+    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+    Record rec{begin ? kBegin : kMore, static_cast<u32>(bytes), begin ? message_bytes : 0};
+    CopyIn(w, &rec, kRecordHeaderBytes);
+    CopyIn(w + kRecordHeaderBytes, data, bytes);
+    // seq_cst: release publishes the record; seq_cst orders it before the notifier's
+    // read of the reader's waiter count (WaitEvent's Dekker pair).
+    write_pos_.Store(w + kRecordHeaderBytes + RoundUpTo(bytes, kAlign), MemOrder::kSeqCst);
+  }
+
+  /**
+   * Publishes raw bytes with no framing (length rounded up to 16). Fault injection for
+   * tests of a reader's defences only; the caller made sure they fit.
+   */
+  void PublishUnframed(const void *data, u64 bytes) {
+    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+    CopyIn(w, data, bytes);
+    // seq_cst: as in WritePiece.
+    write_pos_.Store(w + RoundUpTo(bytes, kAlign), MemOrder::kSeqCst);
+  }
+
+  // ---- Reader side ----
+
+  /** The oldest published record, as the reader sees it in place (maybe wrapped in two). */
+  struct Piece {
+    u32 kind = 0;
+    u32 bytes = 0;            ///< payload bytes of this record
+    u64 message_bytes = 0;    ///< kBegin: the whole message's length
+    const char *first = nullptr;   ///< payload up to the ring's end
+    u64 first_bytes = 0;
+    const char *second = nullptr;  ///< the rest, from the ring's start (wrapped payloads)
+    u64 second_bytes = 0;
+    u64 footprint = 0;        ///< ring bytes the record occupies (Consume frees them)
+
+    /** True when the payload is one contiguous run of bytes in the ring. */
+    bool Contiguous() const { return second_bytes == 0; }
+    /** Copies the payload out. */
+    void CopyTo(char *dst) const {
+      if (first_bytes != 0) std::memcpy(dst, first, first_bytes);
+      if (second_bytes != 0) std::memcpy(dst + first_bytes, second, second_bytes);
+    }
+  };
+
+  /** What Peek found. */
+  enum class PeekResult : u32 { kEmpty, kReady, kCorrupt };
+
+  /**
+   * Describes the oldest record without consuming it. kCorrupt: the published bytes do
+   * not form a valid record (unknown kind, or a length beyond what is published); the
+   * stream cannot be trusted any more.
+   */
+  PeekResult Peek(Piece *p) {
+    u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    if (cached_write_ == r) {
+      // acquire: the record bytes before write_pos_ are visible once we read it.
+      cached_write_ = write_pos_.Load(MemOrder::kAcquire);
+      if (cached_write_ == r) return PeekResult::kEmpty;
+    }
+    const u64 used = cached_write_ - r;
+    Record rec;
+    if (used < kRecordHeaderBytes || used > ring_bytes_) return PeekResult::kCorrupt;
+    CopyOut(r, &rec, kRecordHeaderBytes);
+    const u64 footprint = kRecordHeaderBytes + RoundUpTo(rec.bytes, kAlign);
+    if ((rec.kind != kBegin && rec.kind != kMore) || footprint > used ||
+        (rec.kind == kBegin && rec.bytes > rec.message_bytes)) {
+      return PeekResult::kCorrupt;
+    }
+    p->kind = rec.kind;
+    p->bytes = rec.bytes;
+    p->message_bytes = rec.message_bytes;
+    p->footprint = footprint;
+    const u64 off = (r + kRecordHeaderBytes) & mask_;
+    p->first = Ring() + off;
+    p->first_bytes = std::min<u64>(rec.bytes, ring_bytes_ - off);
+    p->second = Ring();
+    p->second_bytes = rec.bytes - p->first_bytes;
+    return PeekResult::kReady;
+  }
+
+  /** Frees the record that Peek described (the reader is done with its bytes). */
+  void Consume(const Piece &p) {
+    u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    // seq_cst: release hands the space back after our reads; seq_cst orders it before
+    // the notifier's read of a parked writer's waiter count.
+    read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
+  }
+
+  /** True when a record is published (a spinning reader's cheap check). */
+  bool HasData() const {
+    // acquire: a record seen here is readable by the Peek that follows.
+    return write_pos_.Load(MemOrder::kAcquire) != read_pos_.Load(MemOrder::kRelaxed);
+  }
+
+  /** True when a record is published (seq_cst: a waiter's Dekker re-check). */
+  bool HasDataSeqCst() const {
+    // seq_cst: pairs with the writer's seq_cst write_pos_ store.
+    return write_pos_.Load(MemOrder::kSeqCst) != read_pos_.Load(MemOrder::kRelaxed);
+  }
+
+  /** Published bytes not yet consumed (a statistic: read from any process). */
+  u64 UsedBytes() const {
+    // acquire: a snapshot; clamped because the two loads are not atomic together.
+    u64 r = read_pos_.Load(MemOrder::kAcquire);
+    u64 w = write_pos_.Load(MemOrder::kAcquire);
+    return w > r ? (w - r > ring_bytes_ ? ring_bytes_ : w - r) : 0;
+  }
+
+ private:
+  /** What every record starts with; always 16-byte aligned in the ring. */
+  struct Record {
+    u32 kind;
+    u32 bytes;
+    u64 message_bytes;
+  };
+  static constexpr u64 kAlign = 16;
+  static_assert(sizeof(Record) == kRecordHeaderBytes && kRecordHeaderBytes == kAlign,
+                "a header must never straddle the ring's end");
+
+  /** Ring size for a requested byte count. */
+  static u32 RingSize(u32 ring_bytes) {
+    return RoundUpPow2(ring_bytes < kMinRingBytes ? kMinRingBytes : ring_bytes);
+  }
+
+  /** Records the geometry; positions start at zero. */
+  explicit ShmStream(u32 ring_bytes) : ring_bytes_(ring_bytes), mask_(ring_bytes - 1) {}
+
+  /** The byte ring trailing the header in the same region. */
+  char *Ring() { return reinterpret_cast<char *>(this) + sizeof(ShmStream); }
+
+  /** Payload room for one record given the writer's and a reader's position. */
+  u64 Room(u64 w, u64 r) const {
+    u64 free_bytes = ring_bytes_ - (w - r);
+    return free_bytes > kRecordHeaderBytes ? free_bytes - kRecordHeaderBytes : 0;
+  }
+
+  /** Copies n bytes into the ring at position pos, wrapping at its end. */
+  void CopyIn(u64 pos, const void *src, u64 n) {
+    if (n == 0) return;
+    const char *s = static_cast<const char *>(src);
+    u64 off = pos & mask_;
+    u64 first = std::min<u64>(n, ring_bytes_ - off);
+    std::memcpy(Ring() + off, s, first);
+    if (first < n) std::memcpy(Ring(), s + first, n - first);
+  }
+
+  /** Copies n bytes out of the ring from position pos, wrapping at its end. */
+  void CopyOut(u64 pos, void *dst, u64 n) {
+    char *d = static_cast<char *>(dst);
+    u64 off = pos & mask_;
+    u64 first = std::min<u64>(n, ring_bytes_ - off);
+    std::memcpy(d, Ring() + off, first);
+    if (first < n) std::memcpy(d + first, Ring(), n - first);
+  }
+
+  // Line 0: written once by the constructor, then only read.
+  alignas(kCacheLine) u32 ring_bytes_;
+  u32 mask_;
+  // Line 1: the writer's.
+  alignas(kCacheLine) Atomic<u64> write_pos_;
+  u64 cached_read_ = 0;  ///< the writer's last view of read_pos_
+  // Line 2: the reader's.
+  alignas(kCacheLine) Atomic<u64> read_pos_;
+  u64 cached_write_ = 0;  ///< the reader's last view of write_pos_
+};
+
+/**
+ * Empties a buffer that assembles stream messages, freeing its memory once it grew past
+ * 1 MiB: small buffers stay warm for the next message, one huge message is not kept.
+ */
+inline void RecycleBuffer(std::vector<char> *v) {
+  if (v->capacity() > (1u << 20)) {
+    std::vector<char>().swap(*v);
+  } else {
+    v->clear();
+  }
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
+// ---- end chi/transport/shm_stream.h ----
+
+namespace chi {
+
+inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
+/** Bumped whenever the segment layout or the slot protocol changes. */
+inline constexpr u32 kShmTransportVersion = 1;
+
+/** What a client needs to find and check a runtime's segment. */
+struct ShmServerInfo {
+  std::string segment;  ///< segment name (PosixShmBackend adds the per-user prefix)
+  u64 size = 0;         ///< whole segment bytes; Connect refuses a segment of another size
+  u32 version = 0;      ///< kShmTransportVersion of the runtime
+  u32 port = 0;         ///< the runtime's port (names the segment)
+  u32 runtime_pid = 0;  ///< for messages and liveness checks
+
+  template <class Ar>
+  void serialize(Ar &ar) {
+    ar(segment, size, version, port, runtime_pid);
+  }
+};
+
+/** Life of a client slot as both sides see it (ShmClientSlot::state_). */
+enum class ShmSlotState : u32 {
+  kFree = 0,    ///< no owner, or an owner that won owner_pid_ and is still setting up
+  kActive = 1,  ///< the client is set up; the runtime serves it
+  kClosed = 2,  ///< the client left; the runtime reclaims it
+  kBroken = 3,  ///< the runtime found a corrupt request stream; the client must close
+};
+
+/** Life of the runtime (ShmSegmentHeader::runtime_state_). */
+enum class ShmRuntimeState : u32 { kStarting = 0, kServing = 1, kStopping = 2, kStopped = 3 };
+
+/** Counters the runtime publishes in its segment (any process may read them). */
+struct ShmStatsBlock {
+  Atomic<u32> clients;           ///< slots being served now
+  Atomic<u64> reclaimed_clients; ///< slots taken back from dead or misbehaving clients
+  Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
+  Atomic<u64> tasks_served;      ///< requests decoded and submitted
+  Atomic<u64> broken_streams;    ///< request streams found corrupt
+  WaitStats poller_waits;        ///< how often the poller parked
+};
+
+/** One client's place in the segment; its two streams follow it. */
+struct ShmClientSlot {
+  // Line 0: ownership, written on connect, close and reclaim only.
+  alignas(kCacheLine) Atomic<u32> owner_pid_;  ///< the claim word: 0 = free
+  Atomic<u32> state_;                          ///< ShmSlotState
+  Atomic<u32> generation_;                     ///< bumped by every reclaim
+  Atomic<u32> broken_code_;                    ///< ErrorCode once kBroken
+  Atomic<u64> owner_start_ticks_;              ///< with owner_pid_: the owner's identity
+  // Line 1: set by the runtime while it waits for room in the answer stream.
+  alignas(kCacheLine) Atomic<u32> runtime_needs_room_;
+  // Lines 2-3: the client parks here (answers to read; room to write requests).
+  alignas(kCacheLine) WaitEvent answer_ready_;
+  alignas(kCacheLine) WaitEvent request_room_;
+};
+
+/** The first bytes of the segment's data area. */
+struct ShmSegmentHeader {
+  // Line 0: geometry and identity, written before the magic and then only read.
+  alignas(kCacheLine) Atomic<u64> magic_;
+  u32 version_ = 0;
+  u32 port_ = 0;
+  u32 num_slots_ = 0;
+  u32 ring_bytes_ = 0;       ///< each stream's ring
+  u32 max_outstanding_ = 0;  ///< requests in flight per client
+  u32 runtime_pid_ = 0;
+  u64 runtime_start_ticks_ = 0;
+  u64 max_message_bytes_ = 0;
+  u64 slots_offset_ = 0;     ///< from the header's address
+  u64 slot_bytes_ = 0;       ///< stride of the slot table
+  Atomic<u32> runtime_state_;  ///< ShmRuntimeState
+  // Line 1: bumped by clients that connect or close, so the runtime rescans the table.
+  alignas(kCacheLine) Atomic<u32> membership_seq_;
+  // Line 2: the runtime's poller parks here; clients and workers notify it.
+  alignas(kCacheLine) WaitEvent server_event_;
+  // Line 3: statistics, written by the poller.
+  alignas(kCacheLine) ShmStatsBlock stats_;
+};
+
+/** Sizes of a segment, chosen by the runtime and recorded in its header. */
+struct ShmGeometry {
+  u32 num_slots = 32;
+  u32 ring_bytes = 1u << 20;
+  u64 max_message_bytes = 256ull << 20;
+  u32 max_outstanding = 1024;
+};
+
+/** The segment name of the runtime serving `port` ("shm_transport_<port>"). */
+inline std::string ShmSegmentName(u32 port) { return "shm_transport_" + std::to_string(port); }
+
+/** A mapped transport segment: the runtime creates it, clients attach it. */
+class ShmSegment {
+ public:
+  /** Bytes of the data area a geometry needs. */
+  static u64 BytesFor(const ShmGeometry &g) {
+    return SlotsOffset() + static_cast<u64>(g.num_slots) * SlotBytes(g.ring_bytes);
+  }
+
+  /**
+   * Creates the segment for `port` and fills in header and slots (state kStarting). A
+   * segment left by a dead or stopped runtime is replaced; one whose runtime still runs
+   * is kAlreadyExists.
+   */
+  Status Create(u32 port, const ShmGeometry &g, const ProcessIdentity &self) {
+    const std::string name = ShmSegmentName(port);
+    const u64 bytes = BytesFor(g);
+    Status st = backend_.Create(name, bytes, CreateMode::kExclusive);
+    if (st.code() == ErrorCode::kAlreadyExists) {
+      if (Status live = CheckNotServed(name, port); !live.ok()) return live;
+      st = backend_.Create(name, bytes, CreateMode::kReplace);
+    }
+    if (!st.ok()) return st;
+    header_ = new (backend_.Data()) ShmSegmentHeader();
+    header_->version_ = kShmTransportVersion;
+    header_->port_ = port;
+    header_->num_slots_ = g.num_slots;
+    header_->ring_bytes_ = RoundUpPow2(g.ring_bytes);
+    header_->max_outstanding_ = g.max_outstanding;
+    header_->runtime_pid_ = self.pid;
+    header_->runtime_start_ticks_ = self.start_ticks;
+    header_->max_message_bytes_ = g.max_message_bytes;
+    header_->slots_offset_ = SlotsOffset();
+    header_->slot_bytes_ = SlotBytes(g.ring_bytes);
+    for (u32 i = 0; i < g.num_slots; ++i) {
+      new (Slot(i)) ShmClientSlot();
+      ShmStream::Create(RequestStream(i), header_->ring_bytes_);
+      ShmStream::Create(AnswerStream(i), header_->ring_bytes_);
+    }
+    // release: attachers that read the magic see the geometry and the slots above.
+    header_->magic_.Store(kShmTransportMagic, MemOrder::kRelease);
+    return Status::Ok();
+  }
+
+  /**
+   * Attaches the segment `info` names and checks it: kNotFound (no such segment),
+   * kSizeMismatch (not the size announced), kVersionMismatch (not a transport segment,
+   * or another layout version), kMalformed (a header whose geometry does not fit).
+   */
+  Status Attach(const ShmServerInfo &info) {
+    if (info.version != kShmTransportVersion) {
+      return Status::Errorf(ErrorCode::kVersionMismatch,
+                            "shm transport: the runtime announced layout version %u; this "
+                            "client speaks %u",
+                            info.version, kShmTransportVersion);
+    }
+    if (Status st = AttachByName(info.segment); !st.ok()) return st;
+    if (info.size != backend_.Size()) {
+      Status st = Status::Errorf(ErrorCode::kSizeMismatch,
+                                 "shm transport: segment '%s' is %llu bytes, the runtime "
+                                 "announced %llu",
+                                 info.segment.c_str(),
+                                 static_cast<unsigned long long>(backend_.Size()),
+                                 static_cast<unsigned long long>(info.size));
+      Detach();
+      return st;
+    }
+    return Status::Ok();
+  }
+
+  /** Attaches by name and validates the header (used by Attach and by probes). */
+  Status AttachByName(std::string_view name) {
+    if (Status st = backend_.Attach(name); !st.ok()) return st;
+    Status st = Validate();
+    if (!st.ok()) {
+      backend_.Detach();
+      return st;
+    }
+    header_ = reinterpret_cast<ShmSegmentHeader *>(backend_.Data());
+    return Status::Ok();
+  }
+
+  /** Unmaps the segment here (others keep it). Idempotent. */
+  void Detach() {
+    header_ = nullptr;
+    backend_.Detach();
+  }
+
+  /** Unmaps and removes the segment's name (the runtime, on Stop). */
+  void Destroy() {
+    header_ = nullptr;
+    if (backend_.IsAttached()) backend_.Destroy();
+  }
+
+  bool IsAttached() const { return header_ != nullptr; }
+  ShmSegmentHeader *Header() const { return header_; }
+  u64 Size() const { return backend_.Size(); }
+  const char *Name() const { return backend_.Name(); }
+
+  /** Slot i (i < num_slots_). */
+  ShmClientSlot *Slot(u32 i) const {
+    return reinterpret_cast<ShmClientSlot *>(reinterpret_cast<char *>(header_) +
+                                             header_->slots_offset_ + i * header_->slot_bytes_);
+  }
+  /** Slot i's client -> runtime stream. */
+  ShmStream *RequestStream(u32 i) const {
+    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot));
+  }
+  /** Slot i's runtime -> client stream. */
+  ShmStream *AnswerStream(u32 i) const {
+    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot) +
+                             ShmStream::BytesFor(header_->ring_bytes_));
+  }
+
+  /**
+   * Ok while the runtime that made the segment serves it; kPeerDead once its process is
+   * gone (a stale segment), kShutdown while it is stopping or stopped.
+   */
+  Status RuntimeStatus() const {
+    // acquire: what the runtime wrote before changing its state is visible after.
+    const u32 state = header_->runtime_state_.Load(MemOrder::kAcquire);
+    const u32 pid = header_->runtime_pid_;
+    if (!IsProcessAlive(ProcessIdentity{pid, header_->runtime_start_ticks_})) {
+      return Status::Errorf(ErrorCode::kPeerDead,
+                            "shm transport: runtime pid %u of segment '%s' is gone", pid,
+                            backend_.Name());
+    }
+    if (state != static_cast<u32>(ShmRuntimeState::kServing)) {
+      return Status::Errorf(ErrorCode::kShutdown,
+                            "shm transport: runtime pid %u of segment '%s' is not serving "
+                            "(stopping or stopped)",
+                            pid, backend_.Name());
+    }
+    return Status::Ok();
+  }
+
+ private:
+  /** Where the slot table starts (after the header, on a cache line). */
+  static constexpr u64 SlotsOffset() { return RoundUpTo(sizeof(ShmSegmentHeader), kCacheLine); }
+  /** One slot plus its two streams. */
+  static u64 SlotBytes(u32 ring_bytes) {
+    return RoundUpTo(sizeof(ShmClientSlot) + 2 * ShmStream::BytesFor(ring_bytes), kCacheLine);
+  }
+
+  /** Checks a freshly attached segment's transport header against its size. */
+  Status Validate() const {
+    const auto *h = reinterpret_cast<const ShmSegmentHeader *>(backend_.Data());
+    if (backend_.DataSize() < sizeof(ShmSegmentHeader)) {
+      return Status::Errorf(ErrorCode::kSizeMismatch,
+                            "shm transport: segment '%s' is too small for a transport header",
+                            backend_.Name());
+    }
+    // acquire: pairs with Create's release, so the geometry below is complete.
+    u64 magic = h->magic_.Load(MemOrder::kAcquire);
+    if (magic == 0) {
+      return Status::Errorf(ErrorCode::kNotFound,
+                            "shm transport: segment '%s' is still being set up",
+                            backend_.Name());
+    }
+    if (magic != kShmTransportMagic) {
+      return Status::Errorf(ErrorCode::kVersionMismatch,
+                            "shm transport: segment '%s' is not a transport segment (bad magic)",
+                            backend_.Name());
+    }
+    if (h->version_ != kShmTransportVersion) {
+      return Status::Errorf(ErrorCode::kVersionMismatch,
+                            "shm transport: segment '%s' has layout version %u; this build "
+                            "expects %u",
+                            backend_.Name(), h->version_, kShmTransportVersion);
+    }
+    const bool geometry_ok =
+        h->num_slots_ > 0 && h->ring_bytes_ >= ShmStream::kMinRingBytes &&
+        RoundUpPow2(h->ring_bytes_) == h->ring_bytes_ && h->slots_offset_ == SlotsOffset() &&
+        h->slot_bytes_ == SlotBytes(h->ring_bytes_) && h->max_outstanding_ > 0 &&
+        h->slots_offset_ + static_cast<u64>(h->num_slots_) * h->slot_bytes_ <=
+            backend_.DataSize();
+    if (!geometry_ok) {
+      return Status::Errorf(ErrorCode::kMalformed,
+                            "shm transport: segment '%s' records a geometry that does not fit "
+                            "its %llu bytes",
+                            backend_.Name(), static_cast<unsigned long long>(backend_.Size()));
+    }
+    return Status::Ok();
+  }
+
+  /** kAlreadyExists when a live runtime serves segment `name`; Ok when it is stale. */
+  static Status CheckNotServed(const std::string &name, u32 port) {
+    ShmSegment old;
+    if (!old.AttachByName(name).ok()) return Status::Ok();  // unreadable: a crash mid-create
+    const ShmSegmentHeader *h = old.Header();
+    const bool stopped =
+        h->runtime_state_.Load(MemOrder::kAcquire) == static_cast<u32>(ShmRuntimeState::kStopped);
+    const u32 pid = h->runtime_pid_;
+    const bool live = !stopped && IsProcessAlive(ProcessIdentity{pid, h->runtime_start_ticks_});
+    old.Detach();
+    if (!live) return Status::Ok();
+    return Status::Errorf(ErrorCode::kAlreadyExists,
+                          "shm transport: port %u is served by runtime pid %u (segment '%s')",
+                          port, pid, name.c_str());
+  }
+
+  PosixShmBackend backend_;
+  ShmSegmentHeader *header_ = nullptr;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
+// ---- end chi/transport/shm_segment.h ----
+
+namespace chi {
+
+/** A connection to one runtime through its shared-memory segment. */
+class ShmClientTransport final : public ClientTransport {
+ public:
+  /** How long the receiver spins on an empty answer stream before it parks. */
+  static constexpr u64 kReceiverSpinNs = 10000;
+  /** How often a waiting side checks that the runtime is alive while tasks are out. */
+  static constexpr u64 kPeerCheckNs = 10000000;
+  /** The same with nothing outstanding. */
+  static constexpr u64 kIdleCheckNs = 200000000;
+
+  /**
+   * Attaches the segment `info` names, checks it (kNotFound, kSizeMismatch,
+   * kVersionMismatch, kPeerDead for a runtime that is gone) and claims a free client
+   * slot (kOutOfMemory when all are taken).
+   */
+  static Status Connect(const ShmServerInfo &info, std::unique_ptr<ShmClientTransport> *out) {
+    std::unique_ptr<ShmClientTransport> c(new ShmClientTransport());
+    if (Status st = c->Open(info); !st.ok()) return st;
+    *out = std::move(c);
+    return Status::Ok();
+  }
+
+  ~ShmClientTransport() override { Close(); }
+  ShmClientTransport(const ShmClientTransport &) = delete;
+  ShmClientTransport &operator=(const ShmClientTransport &) = delete;
+
+  /**
+   * Sends a stamped task; the receiver completes it when the answer arrives. A task
+   * that cannot travel (too large, runtime gone) is completed with the error at once.
+   * Blocks only for back-pressure (too many outstanding tasks, or a full ring).
+   */
+  bool Send(Task *task) override {
+    if (closed_.Load(MemOrder::kAcquire) != 0) return false;
+    u32 idle = 0;
+    // Fast path: nobody writes and nothing waits, so write it here without queueing.
+    // acquire: the previous writer's stream writes are complete before ours.
+    if (submit_head_.Load(MemOrder::kRelaxed) == 0 &&
+        writer_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      WriteTask(task);
+      LeaveWriter();
+      return true;
+    }
+    u64 head = submit_head_.Load(MemOrder::kRelaxed);
+    do {
+      task->transport_cookie_ = head;  // the link of the submission stack
+      // seq_cst: pushers and the writer re-check each other (push, then try the role).
+    } while (!submit_head_.CompareExchange(head, reinterpret_cast<u64>(task), MemOrder::kSeqCst));
+    DrainSubmissions();
+    return true;
+  }
+
+  /** Fails every outstanding task with kShutdown and hands the slot back. Idempotent. */
+  void Close() override {
+    if (closed_.Exchange(1, MemOrder::kSeqCst) != 0 || slot_ == nullptr) return;
+    table_room_.Notify();  // a writer parked for room sees closed_ and leaves
+    slot_->request_room_.Notify();
+    u32 idle = 0;
+    // acquire: the last writer's stream writes are done; we keep the role for good.
+    while (!writer_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      idle = 0;
+      sched_yield();
+    }
+    FailSubmissions(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
+    rx_stop_.Store(1, MemOrder::kSeqCst);  // seq_cst: the receiver's park re-check reads it
+    slot_->answer_ready_.Notify();
+    if (receiver_.joinable()) receiver_.join();
+    Fail(ErrorCode::kShutdown, "shm transport: closed with the task outstanding");
+    if (slot_->owner_pid_.Load(MemOrder::kAcquire) == self_.pid &&
+        slot_->generation_.Load(MemOrder::kAcquire) == generation_) {
+      // seq_cst: the runtime's rescan (membership bump below) sees the closed state.
+      slot_->state_.Store(static_cast<u32>(ShmSlotState::kClosed), MemOrder::kSeqCst);
+    }
+    header_->membership_seq_.FetchAdd(1, MemOrder::kSeqCst);
+    header_->server_event_.Notify();
+    slot_ = nullptr;
+    segment_.Detach();
+  }
+
+  const char *Name() const override { return "shm"; }
+
+  /** Index of the slot this connection holds (tests inject bytes into its streams). */
+  u32 SlotIndex() const { return slot_index_; }
+  /** The mapped segment (tests and diagnostics). */
+  ShmSegment &Segment() { return segment_; }
+  /** Why the connection failed (kOk while healthy). */
+  ErrorCode Failure() const {
+    return static_cast<ErrorCode>(failure_.Load(MemOrder::kAcquire));
+  }
+  /** Tasks sent and not yet answered. */
+  u32 Outstanding() const {
+    // acquire: a snapshot of two counters (released never passes claimed).
+    u64 released = released_.Load(MemOrder::kAcquire);
+    return static_cast<u32>(claimed_.Load(MemOrder::kAcquire) - released);
+  }
+  /** Answers that matched no outstanding task (ignored). */
+  u64 StrayAnswers() const { return stray_answers_.Load(MemOrder::kRelaxed); }
+
+ private:
+  /** One outstanding task: word = its request id (0 = free), task = the Task*. */
+  struct alignas(32) Entry {
+    Atomic<u64> word;
+    Atomic<u64> task;
+    u32 seq = 0;  ///< the writer's use count, the high half of request ids
+  };
+
+  ShmClientTransport() = default;
+
+  /** Attaches, checks and claims a slot; starts the receiver. */
+  Status Open(const ShmServerInfo &info) {
+    if (Status st = segment_.Attach(info); !st.ok()) return st;
+    header_ = segment_.Header();
+    runtime_ = ProcessIdentity{header_->runtime_pid_, header_->runtime_start_ticks_};
+    if (Status st = segment_.RuntimeStatus(); !st.ok()) {
+      segment_.Detach();
+      return st;
+    }
+    self_ = SelfIdentity();
+    const u32 slots = header_->num_slots_;
+    for (u32 i = 0; i < slots && slot_ == nullptr; ++i) {
+      u32 expected = 0;
+      // acq_rel: acquire sees the runtime's reset of the slot; release marks it ours.
+      if (segment_.Slot(i)->owner_pid_.CompareExchange(expected, self_.pid, MemOrder::kAcqRel)) {
+        slot_index_ = i;
+        slot_ = segment_.Slot(i);
+      }
+    }
+    if (slot_ == nullptr) {
+      Status st = Status::Errorf(ErrorCode::kOutOfMemory,
+                                 "shm transport: all %u client slots of runtime pid %u are taken",
+                                 slots, runtime_.pid);
+      segment_.Detach();
+      return st;
+    }
+    req_ = segment_.RequestStream(slot_index_);
+    ans_ = segment_.AnswerStream(slot_index_);
+    max_message_bytes_ = header_->max_message_bytes_;
+    table_size_ = header_->max_outstanding_;
+    entries_ = std::make_unique<Entry[]>(table_size_);
+    generation_ = slot_->generation_.Load(MemOrder::kRelaxed);  // relaxed: ordered by the CAS
+    slot_->owner_start_ticks_.Store(self_.start_ticks, MemOrder::kRelaxed);
+    // release: the identity above is visible to a runtime that sees kActive.
+    slot_->state_.Store(static_cast<u32>(ShmSlotState::kActive), MemOrder::kRelease);
+    // seq_cst: the runtime's park re-check reads the sequence (Dekker with Notify).
+    header_->membership_seq_.FetchAdd(1, MemOrder::kSeqCst);
+    header_->server_event_.Notify();
+    receiver_ = std::thread([this] { ReceiveLoop(); });
+    return Status::Ok();
+  }
+
+  // ---- Sending (any thread; one writer at a time) ----
+
+  /** Becomes the writer if nobody is, and sends everything submitted meanwhile. */
+  void DrainSubmissions() {
+    for (;;) {
+      u32 idle = 0;
+      // acquire: the previous writer's stream writes are complete before ours.
+      if (!writer_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+        // The writer re-checks the stack when it leaves; Close keeps the role for good.
+        if (closed_.Load(MemOrder::kSeqCst) != 0) {
+          FailSubmissions(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
+        }
+        return;
+      }
+      for (Task *t = TakeSubmissions(); t != nullptr; t = TakeSubmissions()) {
+        while (t != nullptr) {
+          Task *next = reinterpret_cast<Task *>(t->transport_cookie_);  // t may be freed below
+          WriteTask(t);
+          t = next;
+        }
+      }
+      // seq_cst: leave the role, then re-check the stack (pushers do the reverse).
+      writer_.Store(0, MemOrder::kSeqCst);
+      if (submit_head_.Load(MemOrder::kSeqCst) == 0) return;
+    }
+  }
+
+  /** Leaves the writer role; sends what was submitted meanwhile. */
+  void LeaveWriter() {
+    // seq_cst: leave the role, then re-check the stack (pushers do the reverse).
+    writer_.Store(0, MemOrder::kSeqCst);
+    if (submit_head_.Load(MemOrder::kSeqCst) != 0) DrainSubmissions();
+  }
+
+  /** Takes the submission stack, oldest first. */
+  Task *TakeSubmissions() {
+    // acquire: the pushers' writes to the tasks are visible.
+    u64 head = submit_head_.Exchange(0, MemOrder::kAcquire);
+    Task *fifo = nullptr;
+    while (head != 0) {
+      Task *t = reinterpret_cast<Task *>(head);
+      head = t->transport_cookie_;
+      t->transport_cookie_ = reinterpret_cast<u64>(fifo);
+      fifo = t;
+    }
+    return fifo;
+  }
+
+  /** Completes every task still in the submission stack with an error. */
+  void FailSubmissions(ErrorCode code, const char *msg) {
+    for (Task *t = TakeSubmissions(); t != nullptr;) {
+      Task *next = reinterpret_cast<Task *>(t->transport_cookie_);
+      FailTask(t, code, msg);
+      t = next;
+    }
+  }
+
+  /** Registers one task and streams its request (the writer only). */
+  void WriteTask(Task *t) {
+    if (Unhealthy()) {
+      Status st = FailureStatus();
+      FailTask(t, st.code(), st.message());
+      return;
+    }
+    u32 idx = 0;
+    if (!ClaimEntry(&idx)) {
+      Status st = FailureStatus();
+      FailTask(t, st.code(), st.message());
+      return;
+    }
+    Entry &e = entries_[idx];
+    if (++e.seq == 0) e.seq = 1;
+    const u64 id = (static_cast<u64>(e.seq) << 32) | idx;
+    e.task.Store(reinterpret_cast<u64>(t), MemOrder::kRelaxed);  // relaxed: published below
+    // release: publishes the task with its id before the request can be answered.
+    e.word.Store(id, MemOrder::kRelease);
+    // The entry this writer will most likely take next: fetch its line while we wait.
+    __builtin_prefetch(&entries_[cursor_], 1);
+    EncodeRequest(t, id, &tx_);
+    Status st;
+    if (tx_.size() > max_message_bytes_) {
+      st = Status::Errorf(ErrorCode::kTooLarge,
+                          "shm transport: request of %llu bytes exceeds the runtime's %llu-byte "
+                          "limit (shm.client_data_size)",
+                          static_cast<unsigned long long>(tx_.size()),
+                          static_cast<unsigned long long>(max_message_bytes_));
+    } else {
+      st = StreamOut(tx_.data(), tx_.size());
+    }
+    RecycleBuffer(&tx_);
+    // seq_cst fence: orders our entry store before the read of failure_ (Dekker with Fail,
+    // which stores failure_ and then sweeps the table), so a task registered after the
+    // sweep is failed here. Cheap: the stream's seq_cst publish already drained our stores.
+    FenceSeqCst();
+    if (st.ok() && Unhealthy()) st = FailureStatus();
+    if (!st.ok()) TakeAndFail(idx, id, st.code(), st.message());
+  }
+
+  /** Finds a free table entry, waiting while max_outstanding tasks are out. */
+  bool ClaimEntry(u32 *idx) {
+    // relaxed: only the writer moves claimed_.
+    const u64 claimed = claimed_.Load(MemOrder::kRelaxed);
+    auto try_claim = [&] {
+      if (claimed - released_seen_ >= table_size_) {
+        // acquire: entries freed by the receiver are done with their old task.
+        released_seen_ = released_.Load(MemOrder::kAcquire);
+        if (claimed - released_seen_ >= table_size_) return false;
+      }
+      for (u32 k = 0; k < table_size_; ++k) {
+        u32 j = cursor_ + k < table_size_ ? cursor_ + k : cursor_ + k - table_size_;
+        // acquire: the last user of the entry has read its task before freeing it.
+        if (entries_[j].word.Load(MemOrder::kAcquire) == 0) {
+          cursor_ = j + 1 < table_size_ ? j + 1 : 0;
+          *idx = j;
+          claimed_.Store(claimed + 1, MemOrder::kRelaxed);  // relaxed: entries carry the order
+          return true;
+        }
+      }
+      return false;
+    };
+    return AwaitWhileHealthy(table_room_, tx_waits_, try_claim, [&] {
+      // seq_cst: the re-check against the receiver's seq_cst release count.
+      return claimed - released_.Load(MemOrder::kSeqCst) < table_size_;
+    });
+  }
+
+  /** Streams one message into the request ring, in pieces when it is larger than the room. */
+  Status StreamOut(const char *data, u64 len) {
+    const u64 goal = req_->RingBytes() / 4;
+    u64 sent = 0;
+    while (sent < len) {
+      const u64 left = len - sent;
+      const u64 want = left < goal ? left : goal;
+      u64 room = req_->WritableBytes(want);
+      if (room < want) {
+        bool ok = AwaitWhileHealthy(
+            slot_->request_room_, tx_waits_, [&] { return req_->WritableBytes(want) >= want; },
+            [&] { return req_->HasRoomSeqCst(want); });
+        if (!ok) return FailureStatus();
+        room = req_->WritableBytes(want);
+      }
+      const u64 n = left < room ? left : room;
+      req_->WritePiece(sent == 0, len, data + sent, n);
+      sent += n;
+      header_->server_event_.Notify();
+    }
+    return Status::Ok();
+  }
+
+  /**
+   * Runs try_op until it succeeds (spin, then park on `event`), giving up when the
+   * connection fails or closes. `ready` is the seq_cst re-check of the awaited state.
+   */
+  template <typename TryOp, typename Ready>
+  bool AwaitWhileHealthy(WaitEvent &event, WaitStats &stats, TryOp try_op, Ready ready) {
+    for (;;) {
+      bool done = AwaitOp(
+          event, stats, [&] { return Unhealthy() || try_op(); },
+          [&] { return Unhealthy() || ready(); }, DeadlineAfter(kPeerCheckNs));
+      if (done) return !Unhealthy();
+    }
+  }
+
+  /** True once the connection failed or was closed (seq_cst: part of park re-checks). */
+  bool Unhealthy() const {
+    return failure_.Load(MemOrder::kSeqCst) != 0 || closed_.Load(MemOrder::kSeqCst) != 0;
+  }
+
+  /** The error a task gets when the connection can no longer carry it. */
+  Status FailureStatus() const {
+    // acquire: failure_msg_ was written before failure_.
+    if (u32 code = failure_.Load(MemOrder::kAcquire); code != 0) {
+      return Status::Error(static_cast<ErrorCode>(code), failure_msg_);
+    }
+    return Status::Error(ErrorCode::kShutdown, "shm transport: closed");
+  }
+
+  /** Completes a task that never got an entry. */
+  static void FailTask(Task *t, ErrorCode code, const char *msg) {
+    t->SetError(code, msg);
+    CompleteTask(t);
+  }
+
+  /** Completes entry idx's task with an error if it still holds request `id`. */
+  void TakeAndFail(u32 idx, u64 id, ErrorCode code, const char *msg) {
+    Entry &e = entries_[idx];
+    Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));  // relaxed: ours
+    u64 expected = id;
+    // acq_rel: exactly one of answer, failure sweep or this takes the entry.
+    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) return;
+    ReleaseEntry();
+    FailTask(t, code, msg);
+  }
+
+  /** Counts a freed entry and wakes a writer waiting for one. */
+  void ReleaseEntry() {
+    // seq_cst: the writer's park re-check reads the count (Dekker with Notify).
+    released_.FetchAdd(1, MemOrder::kSeqCst);
+    table_room_.Notify();
+  }
+
+  // ---- Receiving (the receiver thread) ----
+
+  void ReceiveLoop() {
+    pthread_setname_np(pthread_self(), "chi-shm-client");
+    for (;;) {
+      ShmStream::Piece p;
+      switch (ans_->Peek(&p)) {
+        case ShmStream::PeekResult::kReady:
+          if (!OnPiece(p)) return;
+          break;
+        case ShmStream::PeekResult::kCorrupt:
+          Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
+          return;
+        case ShmStream::PeekResult::kEmpty:
+          if (!AwaitAnswer()) return;
+          break;
+      }
+    }
+  }
+
+  /** Takes one answer record; false when the stream is out of step (the connection fails). */
+  bool OnPiece(const ShmStream::Piece &p) {
+    if (!rx_assembling_) {
+      if (p.kind != ShmStream::kBegin) {
+        Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
+        return false;
+      }
+      if (p.bytes == p.message_bytes && p.Contiguous()) {
+        Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
+        ans_->Consume(p);
+        NotifyRuntimeRoom();
+        return true;
+      }
+      rx_.clear();
+      rx_total_ = p.message_bytes;
+      rx_assembling_ = true;
+    } else if (p.kind != ShmStream::kMore || p.bytes > rx_total_ - rx_.size()) {
+      Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
+      return false;
+    }
+    rx_.insert(rx_.end(), p.first, p.first + p.first_bytes);
+    rx_.insert(rx_.end(), p.second, p.second + p.second_bytes);
+    ans_->Consume(p);
+    NotifyRuntimeRoom();
+    if (rx_.size() == rx_total_) {
+      rx_assembling_ = false;
+      Deliver(rx_.data(), rx_.size());
+      RecycleBuffer(&rx_);
+    }
+    return true;
+  }
+
+  /** Completes the task an answer names; answers naming no outstanding task are ignored. */
+  void Deliver(const char *data, u64 len) {
+    u64 id = 0;
+    if (len >= kEnvelopeHeaderBytes) std::memcpy(&id, data, sizeof(id));
+    const u32 idx = static_cast<u32>(id);
+    if (id == 0 || idx >= table_size_) {
+      stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+      return;
+    }
+    Entry &e = entries_[idx];
+    // relaxed: the request -> runtime -> answer chain orders the writer's store before us.
+    Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
+    u64 expected = id;
+    // acq_rel: exactly one of answer, failure sweep or a failed send takes the entry.
+    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) {
+      stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+      return;
+    }
+    DecodeAnswer(t, data, len);
+    ReleaseEntry();
+    CompleteTask(t);
+  }
+
+  /** Tells a runtime that waits for room in our answer stream that there is some. */
+  void NotifyRuntimeRoom() {
+    // seq_cst: after our seq_cst consume; pairs with the runtime's flag-then-re-check.
+    if (slot_->runtime_needs_room_.Load(MemOrder::kSeqCst) != 0) header_->server_event_.Notify();
+  }
+
+  /** Waits for the next answer; false when the receiver should stop. */
+  bool AwaitAnswer() {
+    const u64 spin_end = MonotonicNs() + kReceiverSpinNs;
+    for (u32 i = 1;; ++i) {
+      if (ans_->HasData()) return true;
+      if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
+      CpuRelax();
+      if ((i & 63) == 0 && MonotonicNs() >= spin_end) break;
+    }
+    for (;;) {
+      const u64 period = Outstanding() != 0 ? kPeerCheckNs : kIdleCheckNs;
+      WaitResult r = slot_->answer_ready_.Wait(
+          [&] {
+            // seq_cst: re-checks against the runtime's publishes and Close's stop flag.
+            return ans_->HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
+                   slot_->state_.Load(MemOrder::kSeqCst) !=
+                       static_cast<u32>(ShmSlotState::kActive) ||
+                   header_->runtime_state_.Load(MemOrder::kSeqCst) ==
+                       static_cast<u32>(ShmRuntimeState::kStopped);
+          },
+          DeadlineAfter(period), rx_waits_);
+      if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;
+      if (ans_->HasData()) return true;
+      if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
+    }
+  }
+
+  /**
+   * Checks the slot and the runtime (the process itself only when check_process);
+   * fails the connection and returns false when they are gone. Answers already in
+   * the stream are still delivered first (the caller re-checks it).
+   */
+  bool PeerHealthy(bool check_process) {
+    char msg[Status::kMaxMessage];
+    ErrorCode code = ErrorCode::kOk;
+    // acquire: whatever the runtime wrote before changing the state is visible after.
+    const u32 state = slot_->state_.Load(MemOrder::kAcquire);
+    const u32 runtime_state = header_->runtime_state_.Load(MemOrder::kAcquire);
+    if (state == static_cast<u32>(ShmSlotState::kBroken)) {
+      u32 why = slot_->broken_code_.Load(MemOrder::kRelaxed);  // relaxed: set before the state
+      code = why != 0 ? static_cast<ErrorCode>(why) : ErrorCode::kMalformed;
+      std::snprintf(msg, sizeof(msg),
+                    "shm transport: runtime pid %u reset this connection: it received a bad "
+                    "request stream (%s)",
+                    runtime_.pid, ErrorName(code));
+    } else if (slot_->owner_pid_.Load(MemOrder::kAcquire) != self_.pid ||
+               slot_->generation_.Load(MemOrder::kAcquire) != generation_ ||
+               state != static_cast<u32>(ShmSlotState::kActive)) {
+      code = ErrorCode::kPeerDead;
+      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u took this connection back",
+                    runtime_.pid);
+    } else if (runtime_state == static_cast<u32>(ShmRuntimeState::kStopped)) {
+      code = ErrorCode::kShutdown;
+      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u stopped", runtime_.pid);
+    } else if (check_process && !IsProcessAlive(runtime_)) {
+      code = ErrorCode::kPeerDead;
+      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u died", runtime_.pid);
+    }
+    if (code == ErrorCode::kOk) return true;
+    if (ans_->HasData()) return false;  // deliver what arrived before the end first
+    Fail(code, msg);
+    return false;
+  }
+
+  /**
+   * Marks the connection failed (first reason wins) and completes every outstanding
+   * task with it. Called by the receiver thread, or by Close once it has stopped.
+   */
+  void Fail(ErrorCode code, const char *msg) {
+    if (failure_.Load(MemOrder::kRelaxed) == 0) {  // relaxed: only this thread stores it
+      std::snprintf(failure_msg_, sizeof(failure_msg_), "%s", msg);
+      // seq_cst: writers read it after publishing an entry (Dekker with the sweep below).
+      failure_.Store(static_cast<u32>(code), MemOrder::kSeqCst);
+    }
+    const ErrorCode first = static_cast<ErrorCode>(failure_.Load(MemOrder::kRelaxed));
+    for (u32 i = 0; i < table_size_; ++i) {
+      Entry &e = entries_[i];
+      // acq_rel: take the entry (see TakeAndFail); acquire sees its task pointer.
+      u64 id = e.word.Exchange(0, MemOrder::kAcqRel);
+      if (id == 0) continue;
+      Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
+      ReleaseEntry();
+      FailTask(t, first, failure_msg_);
+    }
+    table_room_.Notify();
+    slot_->request_room_.Notify();
+  }
+
+  ShmSegment segment_;
+  ShmSegmentHeader *header_ = nullptr;
+  ShmClientSlot *slot_ = nullptr;
+  ShmStream *req_ = nullptr;
+  ShmStream *ans_ = nullptr;
+  u32 slot_index_ = 0;
+  u32 generation_ = 0;
+  ProcessIdentity self_;
+  ProcessIdentity runtime_;
+  u64 max_message_bytes_ = 0;
+  u32 table_size_ = 0;
+  std::unique_ptr<Entry[]> entries_;
+
+  // Senders.
+  alignas(kCacheLine) Atomic<u64> submit_head_;  ///< stack of tasks to send (link: cookie)
+  Atomic<u32> writer_;    ///< 1 while a thread streams requests (Close keeps it)
+  u32 cursor_ = 0;        ///< the writer's next entry to try
+  Atomic<u64> claimed_;   ///< entries the writer has taken, ever
+  u64 released_seen_ = 0; ///< the writer's last view of released_
+  std::vector<char> tx_;  ///< the writer's request buffer
+  WaitStats tx_waits_;    ///< the writer's stalls and parks
+  // Written only when a writer parks; read by every release.
+  alignas(kCacheLine) WaitEvent table_room_;  ///< a writer parks here while the table is full
+
+  // Read on every send, written once.
+  alignas(kCacheLine) Atomic<u32> closed_;
+  Atomic<u32> failure_;  ///< ErrorCode that ended the connection (0 = healthy)
+  char failure_msg_[Status::kMaxMessage] = {};
+
+  // The receiver's.
+  alignas(kCacheLine) Atomic<u64> released_;  ///< entries freed, ever (answers and failures)
+  Atomic<u32> rx_stop_;
+  Atomic<u64> stray_answers_;
+  WaitStats rx_waits_;  ///< the receiver's parks
+  std::vector<char> rx_;
+  u64 rx_total_ = 0;
+  bool rx_assembling_ = false;
+  std::thread receiver_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_H
+// ---- end chi/transport/shm_client.h ----
+// ---- begin chi/transport/shm_server.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_H
+// ShmServer: the runtime side of the shared-memory transport (its shm network role). One
+// poller thread reads every client's request stream, hands whole requests to the
+// RequestDispatcher, streams large answers back and runs the reaper (shm_reaper.h).
+// Workers append small answers to the answer stream themselves, so a round trip passes
+// the poller once. Invariant: only the holder of a slot's `writer` flag appends answers.
+
+#include <pthread.h>  // pthread_setname_np for the poller thread
+
+#include <cstdlib>  // aligned_alloc / free for the pending-answer rings
+#include <cstring>  // memcpy of request ids
+#include <memory>   // unique_ptr
+#include <thread>   // the poller thread
+#include <utility>  // std::move
+#include <vector>   // answer buffers
+
+// ---- begin chi/transport/shm_reaper.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_REAPER_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_REAPER_H
+// The shared-memory transport's process reaper: the life of the runtime's client slots.
+// ShmServer's poller runs it to notice clients that connect, close, die (their pid is
+// gone) or corrupt their request stream, to drain what they left in flight, and to reset
+// their slot for the next client. Invariant: a slot is reset only once its owner is gone
+// and none of its tasks is in flight, so a late answer never reaches the next owner.
+
+#include <deque>   // error answers waiting for room (error path only)
+#include <new>     // placement new of a slot's wait events
+#include <vector>  // assembly and answer buffers, slot lists
+
+namespace chi {
+
+/** What the runtime knows about one client slot (private to the runtime process). */
+struct alignas(kCacheLine) ShmServedSlot {
+  enum class Phase : u32 { kIdle, kServing, kDraining };
+
+  // Line 0: written by the workers that answer (and by the poller when it writes).
+  Atomic<u32> writer;         ///< 1 while someone appends to the answer stream
+  Atomic<u32> completing;     ///< workers inside OnComplete for this slot right now
+  Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
+  Atomic<u64> answered;       ///< requests answered or discarded, ever
+
+  // Line 1: read by the workers, written by the poller only on rare events.
+  alignas(kCacheLine) Atomic<u32> draining;  ///< 1: answers of this slot are discarded
+  Atomic<u32> credit_wait;  ///< 1: the poller stopped reading until an answer frees a credit
+  MpscRing<u64> *pending = nullptr;  ///< finished tasks whose answers the poller writes
+  void *pending_mem = nullptr;
+
+  // The poller's alone. In flight = accepted - answered.
+  alignas(kCacheLine) Atomic<u64> accepted;  ///< requests taken in (and error answers), ever
+  u64 answered_seen = 0;                     ///< the poller's last view of `answered`
+  Phase phase = Phase::kIdle;
+  ProcessIdentity owner;
+  bool owner_dead = false;
+  bool counts_as_reclaimed = false;
+  std::vector<char> assembly;  ///< a request arriving in pieces
+  u64 assembly_total = 0;
+  bool assembling = false;
+  std::vector<char> outgoing;  ///< an answer being streamed (writer held meanwhile)
+  u64 outgoing_sent = 0;
+  bool outgoing_open = false;
+  std::deque<std::vector<char>> errors;  ///< error answers not yet written
+
+  /** Requests not yet answered or discarded. */
+  u64 InFlight() const {
+    // relaxed accepted: written by the poller, or read after it was joined. acquire
+    // answered: a completer's last touches of the slot come before its count.
+    u64 taken = accepted.Load(MemOrder::kRelaxed);
+    return taken - answered.Load(MemOrder::kAcquire);
+  }
+
+  /** Ends one request's life here; wakes the poller if it waits for this credit. */
+  void ReleaseCredit(WaitEvent &poller) {
+    // seq_cst: release orders our stream writes and frees before the count; seq_cst
+    // pairs with the poller's credit_wait store and re-read (Dekker).
+    answered.FetchAdd(1, MemOrder::kSeqCst);
+    if (credit_wait.Load(MemOrder::kSeqCst) != 0) poller.Notify();
+  }
+};
+
+/** Walks the slot table for the poller and moves slots through their phases. */
+class ShmReaper {
+ public:
+  using Phase = ShmServedSlot::Phase;
+
+  ShmReaper(ShmSegment *segment, ShmServedSlot *slots, u32 num_slots)
+      : segment_(segment), slots_(slots), num_slots_(num_slots) {}
+
+  /** Slots being served (the poller reads their requests). */
+  const std::vector<u32> &Serving() const { return serving_; }
+  /** True while some slot is served or drained (liveness checks are due). */
+  bool Busy() const { return !serving_.empty() || !draining_.empty(); }
+
+  /**
+   * Walks the table: serves newly active slots, starts draining closed ones and, with
+   * check_liveness (it reads /proc), those whose owner died. Publishes the statistics.
+   */
+  void Scan(bool check_liveness) {
+    for (u32 i = 0; i < num_slots_; ++i) {
+      ShmClientSlot *slot = segment_->Slot(i);
+      ShmServedSlot &s = slots_[i];
+      // acquire: the client's set-up writes come before its state change.
+      const u32 state = slot->state_.Load(MemOrder::kAcquire);
+      const u32 pid = slot->owner_pid_.Load(MemOrder::kAcquire);
+      const ProcessIdentity owner{pid, slot->owner_start_ticks_.Load(MemOrder::kAcquire)};
+      switch (s.phase) {
+        case Phase::kIdle:
+          if (state == static_cast<u32>(ShmSlotState::kActive)) {
+            Activate(i, owner);
+          } else if (pid != 0 && (state == static_cast<u32>(ShmSlotState::kClosed) ||
+                                  (check_liveness && !IsProcessAlive(owner)))) {
+            Reset(i);  // left (or died) before it was ever served
+          }
+          break;
+        case Phase::kServing:
+          if (state == static_cast<u32>(ShmSlotState::kClosed)) {
+            BeginDrain(i, false);
+          } else if (check_liveness && !IsProcessAlive(s.owner)) {
+            s.owner_dead = true;
+            BeginDrain(i, true);
+          }
+          break;
+        case Phase::kDraining:
+          if (check_liveness && !s.owner_dead && !IsProcessAlive(s.owner)) s.owner_dead = true;
+          break;
+      }
+    }
+    PublishStats();
+  }
+
+  /** Slot i's request stream is corrupt: tell its client, reclaim the slot once it leaves. */
+  void Break(u32 i, ErrorCode why) {
+    ShmClientSlot *slot = segment_->Slot(i);
+    slot->broken_code_.Store(static_cast<u32>(why), MemOrder::kRelaxed);
+    // seq_cst: pairs with the client's park re-check of its slot state.
+    slot->state_.Store(static_cast<u32>(ShmSlotState::kBroken), MemOrder::kSeqCst);
+    slot->answer_ready_.Notify();
+    slot->request_room_.Notify();
+    auto &broken = segment_->Header()->stats_.broken_streams;
+    broken.Store(broken.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);  // relaxed: a stat
+    BeginDrain(i, true);
+  }
+
+  /** Advances every draining slot; true when one was reset. */
+  bool DrainAll() {
+    bool reset = false;
+    for (size_t k = 0; k < draining_.size();) {
+      if (DrainStep(draining_[k])) {
+        draining_[k] = draining_.back();
+        draining_.pop_back();
+        reset = true;
+      } else {
+        ++k;
+      }
+    }
+    return reset;
+  }
+
+  /** True when a draining slot has answers to drop (the poller's park re-check). */
+  bool DrainingHasWork() const {
+    for (u32 i : draining_) {
+      // seq_cst: the re-check against a completer's seq_cst count.
+      if (slots_[i].pending_count.Load(MemOrder::kSeqCst) != 0) return true;
+    }
+    return false;
+  }
+
+  /** Drops the answers and error answers slot i still holds (draining, or on Stop). */
+  void DiscardQueued(u32 i) {
+    ShmServedSlot &s = slots_[i];
+    WaitEvent &poller = segment_->Header()->server_event_;
+    while (!s.errors.empty()) {
+      s.errors.pop_front();
+      s.ReleaseCredit(poller);
+    }
+    if (s.outgoing_open) {
+      s.outgoing_open = false;
+      RecycleBuffer(&s.outgoing);
+      s.writer.Store(0, MemOrder::kRelease);  // release: nothing of ours follows
+      s.ReleaseCredit(poller);
+    }
+    u64 v = 0;
+    while (s.pending->TryPop(v)) {
+      s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
+      DeleteTask(reinterpret_cast<Task *>(v));
+      s.ReleaseCredit(poller);
+    }
+  }
+
+  /** Writes `clients` and `bytes_in_use` into the segment's statistics. */
+  void PublishStats() {
+    u64 bytes = 0;
+    auto count = [&](u32 i) {
+      const ShmServedSlot &s = slots_[i];
+      bytes += segment_->RequestStream(i)->UsedBytes() + segment_->AnswerStream(i)->UsedBytes() +
+               s.assembly.size() + (s.outgoing_open ? s.outgoing.size() - s.outgoing_sent : 0);
+    };
+    for (u32 i : serving_) count(i);
+    for (u32 i : draining_) count(i);
+    ShmStatsBlock &stats = segment_->Header()->stats_;
+    // relaxed: statistics, read on their own.
+    stats.clients.Store(static_cast<u32>(serving_.size()), MemOrder::kRelaxed);
+    stats.bytes_in_use.Store(bytes, MemOrder::kRelaxed);
+  }
+
+ private:
+  /** Starts serving slot i. */
+  void Activate(u32 i, const ProcessIdentity &owner) {
+    ShmServedSlot &s = slots_[i];
+    s.phase = Phase::kServing;
+    s.owner = owner;
+    s.owner_dead = false;
+    s.counts_as_reclaimed = false;
+    serving_.push_back(i);
+  }
+
+  /** Stops serving slot i; its tasks finish and their answers are dropped. */
+  void BeginDrain(u32 i, bool counts_as_reclaimed) {
+    ShmServedSlot &s = slots_[i];
+    s.phase = Phase::kDraining;
+    s.counts_as_reclaimed = counts_as_reclaimed;
+    // seq_cst: completers that read it from now on drop their answers.
+    s.draining.Store(1, MemOrder::kSeqCst);
+    s.assembling = false;
+    RecycleBuffer(&s.assembly);
+    for (size_t k = 0; k < serving_.size(); ++k) {
+      if (serving_[k] == i) {
+        serving_[k] = serving_.back();
+        serving_.pop_back();
+        break;
+      }
+    }
+    draining_.push_back(i);
+    PublishStats();
+  }
+
+  /** Drops what a draining slot holds; resets it (true) once its owner is gone and idle. */
+  bool DrainStep(u32 i) {
+    DiscardQueued(i);
+    ShmServedSlot &s = slots_[i];
+    if (s.InFlight() != 0) return false;  // completers' last touches come before their count
+    // acquire: the client's last writes to the slot come before its kClosed.
+    const u32 state = segment_->Slot(i)->state_.Load(MemOrder::kAcquire);
+    if (state != static_cast<u32>(ShmSlotState::kClosed) && !s.owner_dead) return false;
+    Reset(i);
+    return true;
+  }
+
+  /** Empties slot i and hands it back to the table (owner gone, nothing in flight). */
+  void Reset(u32 i) {
+    ShmServedSlot &s = slots_[i];
+    ShmClientSlot *slot = segment_->Slot(i);
+    u32 idle = 0;
+    // acquire: a completer that slipped past the draining flag finishes its append first.
+    while (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      idle = 0;
+      CpuRelax();
+    }
+    segment_->RequestStream(i)->Reset();
+    segment_->AnswerStream(i)->Reset();
+    new (&slot->answer_ready_) WaitEvent();  // a dead client may have died parked
+    new (&slot->request_room_) WaitEvent();
+    // relaxed: nobody else uses the slot now; the owner_pid_ release below publishes all.
+    slot->runtime_needs_room_.Store(0, MemOrder::kRelaxed);
+    slot->broken_code_.Store(0, MemOrder::kRelaxed);
+    slot->owner_start_ticks_.Store(0, MemOrder::kRelaxed);
+    slot->generation_.Store(slot->generation_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+    slot->state_.Store(static_cast<u32>(ShmSlotState::kFree), MemOrder::kRelaxed);
+    if (s.phase != Phase::kIdle && s.counts_as_reclaimed) {
+      auto &reclaimed = segment_->Header()->stats_.reclaimed_clients;
+      reclaimed.Store(reclaimed.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+    }
+    s.phase = Phase::kIdle;
+    s.owner = ProcessIdentity{};
+    s.owner_dead = false;
+    s.counts_as_reclaimed = false;
+    s.assembling = false;
+    RecycleBuffer(&s.assembly);
+    s.draining.Store(0, MemOrder::kRelaxed);  // relaxed: no completer of this slot is left
+    s.writer.Store(0, MemOrder::kRelease);
+    // release: the reset slot is complete before a client can claim it.
+    slot->owner_pid_.Store(0, MemOrder::kRelease);
+    PublishStats();
+  }
+
+  ShmSegment *segment_;
+  ShmServedSlot *slots_;
+  u32 num_slots_;
+  std::vector<u32> serving_;   ///< the poller's: slots in Phase::kServing
+  std::vector<u32> draining_;  ///< the poller's: slots in Phase::kDraining
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_REAPER_H
+// ---- end chi/transport/shm_reaper.h ----
+
+namespace chi {
+
+/** Serves pure clients of this runtime through a shared-memory segment. */
+class ShmServer {
+ public:
+  /** Segment geometry and limits (Start(dispatcher, cfg, port) derives them from the config). */
+  struct Options {
+    u32 num_slots = 32;                    ///< clients served at once
+    u32 ring_bytes = 1u << 20;             ///< each stream's ring (messages may be larger)
+    u64 max_message_bytes = 256ull << 20;  ///< largest request or answer
+    u32 max_outstanding = 1024;            ///< requests in flight per client
+  };
+
+  /** What the transport is doing (also readable from other processes: ProbeStats). */
+  struct Stats {
+    u32 clients = 0;            ///< slots being served
+    u64 reclaimed_clients = 0;  ///< slots taken back from dead or misbehaving clients
+    u64 bytes_in_use = 0;       ///< unread ring bytes plus partial messages held
+    u64 tasks_served = 0;       ///< requests decoded and submitted
+    u64 broken_streams = 0;     ///< request streams found corrupt (their slot was reset)
+  };
+
+  /** The options for a runtime configuration: shm.main_size split over the slots' rings. */
+  static Options OptionsFor(const ServerConfig &cfg) {
+    Options o;
+    u64 per_ring = cfg.main_segment_bytes / (2ull * o.num_slots);
+    u32 ring = kMinRing;
+    while (ring < kMaxRing && 2ull * ring <= per_ring) ring *= 2;
+    o.ring_bytes = ring;
+    o.max_message_bytes = cfg.client_data_bytes;
+    return o;
+  }
+
+  ShmServer() = default;
+  ~ShmServer() { Stop(); }
+  ShmServer(const ShmServer &) = delete;
+  ShmServer &operator=(const ShmServer &) = delete;
+
+  /** Start with the geometry OptionsFor(cfg) gives. */
+  Status Start(RequestDispatcher *dispatcher, const ServerConfig &cfg, u32 port) {
+    return Start(dispatcher, OptionsFor(cfg), port);
+  }
+
+  /**
+   * Creates the segment for `port` (per user, mode 0600; a stale one left by a dead
+   * runtime is replaced, a live runtime's is kAlreadyExists) and starts the poller.
+   */
+  Status Start(RequestDispatcher *dispatcher, const Options &options, u32 port) {
+    if (core_ != nullptr) {
+      return Status::Error(ErrorCode::kAlreadyExists, "shm transport: server already started");
+    }
+    if (dispatcher == nullptr || options.num_slots == 0 || options.max_outstanding == 0 ||
+        options.max_message_bytes < kEnvelopeHeaderBytes) {
+      return Status::Error(ErrorCode::kInvalidArgument,
+                           "shm transport: needs a dispatcher, slots, outstanding requests "
+                           "and a message limit of at least 8 bytes");
+    }
+    auto core = std::make_unique<Core>(dispatcher, options);
+    if (Status st = core->Start(port); !st.ok()) return st;
+    core_ = std::move(core);
+    return Status::Ok();
+  }
+
+  /**
+   * Stops serving: new requests stay unread, answers of tasks in flight are still sent
+   * (for up to kStopGraceNs), then clients see the runtime stopped (their outstanding
+   * tasks fail with kShutdown), the poller is joined and the segment destroyed. Idempotent.
+   */
+  void Stop() {
+    if (core_ == nullptr) return;
+    if (core_->Stop()) {
+      core_.reset();
+    } else {
+      // Tasks still running reference the core as their completer: it stays alive (and
+      // discards their answers) rather than leaving them a dangling pointer.
+      core_.release();
+    }
+  }
+
+  /** How clients find this runtime's segment (empty before Start). */
+  ShmServerInfo Info() const { return core_ == nullptr ? ShmServerInfo{} : core_->Info(); }
+
+  /** Current counters. */
+  Stats GetStats() const { return core_ == nullptr ? Stats{} : ReadStats(core_->Header()); }
+
+  /**
+   * Finds the runtime serving `port`: kNotFound (none), kPeerDead (a dead runtime's
+   * stale segment), kShutdown (stopping).
+   */
+  static Status Probe(u32 port, ShmServerInfo *info) {
+    ShmSegment seg;
+    if (Status st = seg.AttachByName(ShmSegmentName(port)); !st.ok()) return st;
+    const ShmSegmentHeader *h = seg.Header();
+    if (Status st = seg.RuntimeStatus(); !st.ok()) {
+      seg.Detach();
+      return st;
+    }
+    *info = ShmServerInfo{seg.Name(), seg.Size(), h->version_, h->port_, h->runtime_pid_};
+    seg.Detach();
+    return Status::Ok();
+  }
+
+  /** Reads the counters of the runtime serving `port` from its segment. */
+  static Status ProbeStats(u32 port, Stats *out) {
+    ShmSegment seg;
+    if (Status st = seg.AttachByName(ShmSegmentName(port)); !st.ok()) return st;
+    *out = ReadStats(seg.Header());
+    seg.Detach();
+    return Status::Ok();
+  }
+
+  /** How long Stop keeps answering tasks already in flight. */
+  static constexpr u64 kStopGraceNs = 5000000000ull;
+
+ private:
+  static constexpr u32 kMinRing = 16u << 10;
+  static constexpr u32 kMaxRing = 16u << 20;
+  static constexpr u64 kPollerSpinNs = 10000;     ///< busy polling before the poller parks
+  static constexpr u64 kReapIntervalNs = 20000000;  ///< liveness checks while clients exist
+  static constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is connected
+  static constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
+
+  static Stats ReadStats(const ShmSegmentHeader *h) {
+    // relaxed: statistics; each counter is read on its own.
+    Stats s;
+    s.clients = h->stats_.clients.Load(MemOrder::kRelaxed);
+    s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kRelaxed);
+    s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
+    s.tasks_served = h->stats_.tasks_served.Load(MemOrder::kRelaxed);
+    s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
+    return s;
+  }
+
+  /** Encodes a finished task's answer envelope into *out (the task stays alive). */
+  static void EncodeAnswerBytes(Task *t, u64 max_bytes, std::vector<char> *out) {
+    out->resize(kEnvelopeHeaderBytes);
+    std::memcpy(out->data(), &t->request_id_, sizeof(u64));
+    OutputArchive ar(*out);
+    t->ops_->save_out(*t, ar);
+    if (out->size() > max_bytes) {
+      Status st = Status::Errorf(ErrorCode::kTooLarge,
+                                 "answer of %llu bytes exceeds the shm transport's %llu-byte "
+                                 "limit (shm.client_data_size)",
+                                 static_cast<unsigned long long>(out->size()),
+                                 static_cast<unsigned long long>(max_bytes));
+      RequestDispatcher::EncodeError(t->request_id_, st.code(), st.message(), out);
+    }
+  }
+
+  /** Everything the server runs on; heap-allocated so it can outlive a stuck Stop. */
+  class Core final : public TaskCompleter {
+   public:
+    Core(RequestDispatcher *dispatcher, const Options &options)
+        : dispatcher_(dispatcher), options_(options) {}
+
+    ~Core() {
+      for (u32 i = 0; i < options_.num_slots && slots_ != nullptr; ++i) {
+        std::free(slots_[i].pending_mem);
+      }
+    }
+
+    Status Start(u32 port) {
+      port_ = port;
+      self_ = SelfIdentity();
+      ShmGeometry g{options_.num_slots, options_.ring_bytes, options_.max_message_bytes,
+                    options_.max_outstanding};
+      slots_ = std::make_unique<ShmServedSlot[]>(options_.num_slots);
+      const u32 pending_capacity = 2 * options_.max_outstanding;
+      const size_t pending_bytes =
+          RoundUpTo(MpscRing<u64>::BytesFor(pending_capacity), kCacheLine);
+      for (u32 i = 0; i < options_.num_slots; ++i) {
+        slots_[i].pending_mem = std::aligned_alloc(kCacheLine, pending_bytes);
+        if (slots_[i].pending_mem == nullptr) {
+          return Status::Error(ErrorCode::kOutOfMemory, "shm transport: no memory for slots");
+        }
+        slots_[i].pending = MpscRing<u64>::Create(slots_[i].pending_mem, pending_capacity);
+      }
+      if (Status st = segment_.Create(port, g, self_); !st.ok()) return st;
+      header_ = segment_.Header();
+      // release: clients that see kServing see the initialised segment.
+      header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kServing),
+                                    MemOrder::kRelease);
+      poller_ = std::thread([this] { Run(); });
+      return Status::Ok();
+    }
+
+    /** Drains and stops; true when nothing references the core any more. */
+    bool Stop() {
+      header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopping),
+                                    MemOrder::kSeqCst);
+      stop_deadline_ = MonotonicNs() + kStopGraceNs;
+      // seq_cst: pairs with the poller's park re-check (it reads stopping_ there).
+      stopping_.Store(1, MemOrder::kSeqCst);
+      header_->server_event_.Notify();
+      if (poller_.joinable()) poller_.join();
+      // seq_cst: a completer either sees `stopped_` or is counted in `completing` when we
+      // read it below (Dekker with OnComplete's entry).
+      stopped_.Store(1, MemOrder::kSeqCst);
+      for (u32 i = 0; i < options_.num_slots; ++i) {
+        // seq_cst: the other half of that pair. Completers never block, so this is short.
+        while (slots_[i].completing.Load(MemOrder::kSeqCst) != 0) CpuRelax();
+      }
+      header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopped),
+                                    MemOrder::kSeqCst);
+      bool quiet = true;
+      for (u32 i = 0; i < options_.num_slots; ++i) {
+        segment_.Slot(i)->answer_ready_.Notify();  // clients notice the stop now
+        segment_.Slot(i)->request_room_.Notify();
+        DiscardQueued(i);
+        if (InFlight(slots_[i]) != 0) quiet = false;
+      }
+      if (quiet) {
+        segment_.Destroy();
+      } else {
+        PosixShmBackend::DestroyByName(ShmSegmentName(port_));  // keep our mapping alive
+      }
+      return quiet;
+    }
+
+    ShmServerInfo Info() const {
+      return ShmServerInfo{segment_.Name(), segment_.Size(), kShmTransportVersion, port_,
+                           self_.pid};
+    }
+    const ShmSegmentHeader *Header() const { return header_; }
+
+    /**
+     * A worker finished a client's task: write its answer now when the stream is free
+     * and has room, else hand it to the poller. Never blocks.
+     */
+    void OnComplete(Task *t) override {
+      const u32 i = static_cast<u32>(t->transport_cookie_);
+      ShmServedSlot &s = slots_[i];
+      // seq_cst: Stop stores `stopped_` and then reads this count; either it waits for
+      // us or we see `stopped_` below.
+      s.completing.FetchAdd(1, MemOrder::kSeqCst);
+      Answer(i, s, t);
+      // release: nothing we did to the slot or the segment follows this.
+      s.completing.FetchSub(1, MemOrder::kRelease);
+    }
+
+   private:
+    using Phase = ShmServedSlot::Phase;
+    using Slot = ShmServedSlot;
+
+    /** OnComplete's body: discard, append directly, or queue for the poller. */
+    void Answer(u32 i, ShmServedSlot &s, Task *t) {
+      // seq_cst: pairs with Stop's store (see OnComplete); draining: set before the
+      // poller waits for this slot's credits.
+      if (stopped_.Load(MemOrder::kSeqCst) != 0 || s.draining.Load(MemOrder::kAcquire) != 0) {
+        DeleteTask(t);
+        ReleaseCredit(s);
+        return;
+      }
+      u32 idle = 0;
+      // acquire: the previous writer's appends are complete before ours.
+      if (s.writer.Load(MemOrder::kRelaxed) == 0 &&
+          s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+        thread_local std::vector<char> buf;
+        EncodeAnswerBytes(t, options_.max_message_bytes, &buf);
+        ShmStream *as = segment_.AnswerStream(i);
+        const bool fits = buf.size() <= as->WritableBytes(buf.size());
+        if (fits) as->WritePiece(true, buf.size(), buf.data(), buf.size());
+        s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
+        RecycleBuffer(&buf);
+        if (fits) {
+          segment_.Slot(i)->answer_ready_.Notify();
+          DeleteTask(t);
+          ReleaseCredit(s);
+          return;
+        }
+      }
+      // seq_cst: the count is what the parked poller re-checks (Dekker with its park);
+      // counted first, the poller keeps looking until the push below lands.
+      s.pending_count.FetchAdd(1, MemOrder::kSeqCst);
+      s.pending->Push(reinterpret_cast<u64>(t));  // never full: the credits bound it
+      header_->server_event_.Notify();
+    }
+
+    /** Ends a request's life in the slot; wakes the poller if it waited for this credit. */
+    void ReleaseCredit(ShmServedSlot &s) {
+      // seq_cst: release orders our stream writes and frees before the count; seq_cst
+      // pairs with the poller's credit_wait store and re-read (Dekker).
+      s.answered.FetchAdd(1, MemOrder::kSeqCst);
+      if (s.credit_wait.Load(MemOrder::kSeqCst) != 0) header_->server_event_.Notify();
+    }
+
+    /** Requests of slot s not yet answered or discarded. */
+    static u64 InFlight(const ShmServedSlot &s) {
+      // relaxed accepted: written by the poller, or read after it was joined. acquire
+      // answered: a completer's last touches of the slot come before its count.
+      u64 accepted = s.accepted.Load(MemOrder::kRelaxed);
+      return accepted - s.answered.Load(MemOrder::kAcquire);
+    }
+
+    /** True when slot s may take another request (the poller; reads `answered` rarely). */
+    bool HasCredit(ShmServedSlot &s) {
+      const u64 accepted = s.accepted.Load(MemOrder::kRelaxed);  // relaxed: ours
+      if (accepted - s.answered_seen < options_.max_outstanding) return true;
+      s.answered_seen = s.answered.Load(MemOrder::kAcquire);
+      if (accepted - s.answered_seen >= options_.max_outstanding) {
+        // seq_cst: announce the wait, then re-read (ReleaseCredit does the reverse).
+        s.credit_wait.Store(1, MemOrder::kSeqCst);
+        s.answered_seen = s.answered.Load(MemOrder::kSeqCst);
+        if (accepted - s.answered_seen >= options_.max_outstanding) return false;
+      }
+      if (s.credit_wait.Load(MemOrder::kRelaxed) != 0) {
+        s.credit_wait.Store(0, MemOrder::kRelaxed);  // relaxed: only spares a wake-up
+      }
+      return true;
+    }
+
+    // ---- The poller ----
+
+    void Run() {
+      pthread_setname_np(pthread_self(), "chi-shm-poller");
+      u64 next_reap = MonotonicNs() + kReapIntervalNs;
+      u64 idle_since = 0;
+      for (u32 pass = 0;; ++pass) {
+        bool worked = false;
+        // acquire: a client's slot writes before its membership bump are visible.
+        u32 seq = header_->membership_seq_.Load(MemOrder::kAcquire);
+        if (seq != seen_membership_) {
+          seen_membership_ = seq;
+          Scan(false);
+          worked = true;
+        }
+        const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
+        // By index: a corrupt stream moves its slot from serving_ to draining_.
+        for (size_t k = 0; k < serving_.size(); ++k) {
+          const u32 i = serving_[k];
+          if (reading) worked |= PumpRequests(i);
+          if (slots_[i].phase == Phase::kServing) worked |= PumpAnswers(i);
+        }
+        for (size_t k = 0; k < draining_.size();) {
+          u32 i = draining_[k];
+          if (DrainStep(i)) {
+            draining_[k] = draining_.back();
+            draining_.pop_back();
+            worked = true;
+          } else {
+            ++k;
+          }
+        }
+        if (!reading && (Quiet() || MonotonicNs() >= stop_deadline_)) break;
+        if (worked) {
+          idle_since = 0;
+          if ((pass & 1023) != 0) continue;
+        } else if ((pass & 63) != 0) {
+          CpuRelax();
+          continue;
+        }
+        const u64 now = MonotonicNs();
+        if (now >= next_reap) {
+          Scan(true);
+          next_reap = now + (serving_.empty() && draining_.empty() ? kIdleScanNs : kReapIntervalNs);
+        }
+        if (worked) continue;
+        if (idle_since == 0) idle_since = now;
+        if (now - idle_since < kPollerSpinNs) continue;
+        header_->server_event_.Wait([&] { return ReadyToRun(); },
+                                    reading ? next_reap : stop_deadline_,
+                                    header_->stats_.poller_waits);
+        idle_since = 0;
+      }
+    }
+
+    /** The park re-check: anything that would give the poller work (seq_cst loads). */
+    bool ReadyToRun() {
+      if (stopping_.Load(MemOrder::kSeqCst) != 0 && Quiet()) return true;
+      if (header_->membership_seq_.Load(MemOrder::kSeqCst) != seen_membership_) return true;
+      const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
+      for (u32 i : serving_) {
+        ShmServedSlot &s = slots_[i];
+        if (s.pending_count.Load(MemOrder::kSeqCst) != 0 || !s.errors.empty()) return true;
+        if (reading && segment_.RequestStream(i)->HasDataSeqCst() &&
+            s.accepted.Load(MemOrder::kRelaxed) - s.answered.Load(MemOrder::kSeqCst) <
+                options_.max_outstanding) {
+          return true;
+        }
+        if (s.outgoing_open && segment_.AnswerStream(i)->HasRoomSeqCst(1)) return true;
+      }
+      for (u32 i : draining_) {
+        if (slots_[i].pending_count.Load(MemOrder::kSeqCst) != 0) return true;
+      }
+      return false;
+    }
+
+    /** True when no slot has work in flight (Stop may finish). */
+    bool Quiet() const {
+      for (u32 i = 0; i < options_.num_slots; ++i) {
+        if (InFlight(slots_[i]) != 0) return false;
+      }
+      return true;
+    }
+
+    /** Reads whatever requests slot i has published; dispatches the whole ones. */
+    bool PumpRequests(u32 i) {
+      ShmServedSlot &s = slots_[i];
+      ShmStream *rs = segment_.RequestStream(i);
+      bool worked = false;
+      for (u32 n = 0; n < kRecordsPerPass; ++n) {
+        if (!HasCredit(s)) break;
+        ShmStream::Piece p;
+        ShmStream::PeekResult r = rs->Peek(&p);
+        if (r == ShmStream::PeekResult::kEmpty) break;
+        worked = true;
+        if (r == ShmStream::PeekResult::kCorrupt) {
+          Break(i, ErrorCode::kMalformed);
+          return true;
+        }
+        if (!s.assembling) {
+          if (p.kind != ShmStream::kBegin) {
+            Break(i, ErrorCode::kMalformed);
+            return true;
+          }
+          if (p.message_bytes > options_.max_message_bytes) {
+            Break(i, ErrorCode::kTooLarge);
+            return true;
+          }
+          if (p.bytes == p.message_bytes && p.Contiguous()) {
+            // The record stays unconsumed while decoding, so the client cannot reuse it.
+            Dispatch(i, p.first, p.bytes);
+            rs->Consume(p);
+            continue;
+          }
+          s.assembly.clear();
+          s.assembly_total = p.message_bytes;
+          s.assembling = true;
+        } else if (p.kind != ShmStream::kMore ||
+                   p.bytes > s.assembly_total - s.assembly.size()) {
+          Break(i, ErrorCode::kMalformed);
+          return true;
+        }
+        s.assembly.insert(s.assembly.end(), p.first, p.first + p.first_bytes);
+        s.assembly.insert(s.assembly.end(), p.second, p.second + p.second_bytes);
+        rs->Consume(p);
+        if (s.assembly.size() == s.assembly_total) {
+          s.assembling = false;
+          Dispatch(i, s.assembly.data(), s.assembly.size());
+          RecycleBuffer(&s.assembly);
+        }
+      }
+      if (worked) segment_.Slot(i)->request_room_.Notify();
+      return worked;
+    }
+
+    /** Hands one whole request to the dispatcher; refusals become error answers. */
+    void Dispatch(u32 i, const char *data, u64 len) {
+      ShmServedSlot &s = slots_[i];
+      // relaxed: only the poller writes it; counted before the task can exist.
+      s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+      std::vector<char> error;
+      if (dispatcher_->Dispatch(data, len, this, i, &error)) {
+        // relaxed: a statistic written only by this thread.
+        auto &served = header_->stats_.tasks_served;
+        served.Store(served.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+      } else {
+        s.errors.push_back(std::move(error));
+      }
+    }
+
+    /** Streams queued answers of slot i as far as the client's ring allows. */
+    bool PumpAnswers(u32 i) {
+      ShmServedSlot &s = slots_[i];
+      ShmClientSlot *slot = segment_.Slot(i);
+      ShmStream *as = segment_.AnswerStream(i);
+      bool worked = false;
+      for (;;) {
+        if (!s.outgoing_open) {
+          // relaxed: the ring itself orders the values; the count only says "look".
+          const bool have_task = s.pending_count.Load(MemOrder::kRelaxed) != 0;
+          if (s.errors.empty() && !have_task) break;
+          u32 idle = 0;
+          // acquire: a worker's direct append is complete before ours.
+          if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
+          if (!s.errors.empty()) {
+            s.outgoing = std::move(s.errors.front());
+            s.errors.pop_front();
+          } else {
+            u64 v = 0;
+            if (!s.pending->TryPop(v)) {  // pushed but not yet published
+              s.writer.Store(0, MemOrder::kRelease);
+              break;
+            }
+            s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
+            Task *t = reinterpret_cast<Task *>(v);
+            EncodeAnswerBytes(t, options_.max_message_bytes, &s.outgoing);
+            DeleteTask(t);
+          }
+          s.outgoing_open = true;
+          s.outgoing_sent = 0;
+        }
+        if (!StreamOutgoing(s, slot, as)) break;
+        worked = true;
+      }
+      return worked;
+    }
+
+    /** Writes the open answer's next pieces; true once it is all out (writer released). */
+    bool StreamOutgoing(ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
+      const u64 total = s.outgoing.size();
+      const u64 goal = as->RingBytes() / 4;
+      while (s.outgoing_sent < total) {
+        const u64 left = total - s.outgoing_sent;
+        const u64 want = left < goal ? left : goal;
+        u64 room = as->WritableBytes(want);
+        if (room < want) {
+          // seq_cst: announce the wait, then re-check (the client reads it after consuming).
+          slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);
+          room = as->WritableBytes(want);
+          if (room < want) return false;
+        }
+        const u64 n = left < room ? left : room;
+        as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.data() + s.outgoing_sent, n);
+        s.outgoing_sent += n;
+        slot->answer_ready_.Notify();
+      }
+      slot->runtime_needs_room_.Store(0, MemOrder::kRelaxed);  // relaxed: only a hint
+      s.outgoing_open = false;
+      RecycleBuffer(&s.outgoing);
+      s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
+      ReleaseCredit(s);
+      return true;
+    }
+
+    RequestDispatcher *dispatcher_;
+    Options options_;
+    u32 port_ = 0;
+    ProcessIdentity self_;
+    ShmSegment segment_;
+    ShmSegmentHeader *header_ = nullptr;
+    std::unique_ptr<ShmServedSlot[]> slots_;
+    std::thread poller_;
+    Atomic<u32> stopping_;  ///< Stop asked: read no more requests, finish answers
+    Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers
+    u64 stop_deadline_ = 0;
+    u32 seen_membership_ = 0;
+    std::vector<u32> serving_;   ///< poller only
+    std::vector<u32> draining_;  ///< poller only
+  };
+
+  std::unique_ptr<Core> core_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_H
+// ---- end chi/transport/shm_server.h ----
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
+// ---- end chi/transport/shm_transport.h ----
+// ---- begin chi/transport/zmq_client.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_H
+// ZmqClientTransport: a pure client's connection to its runtime over ZeroMQ
+// (DEALER to the runtime's ROUTER, ipc or tcp). Callers hand tasks over on a
+// lock-free list; one network thread encodes, sends, matches answers by request
+// id and completes the tasks. A lost runtime fails outstanding tasks with
+// kPeerDead (kShutdown when it said goodbye), then the thread reconnects and
+// repeats the ClientConnect handshake; tasks sent meanwhile wait up to
+// reconnect_sec for it. Invariant: every task handed to Send is completed once.
+
+#include <pthread.h>  // naming the network thread
+#include <unistd.h>   // getpid, getuid
+
+#include <climits>  // INT_MAX: wake every blocked sender
+#include <cstring>  // memcpy of monitor events
+#include <deque>    // tasks waiting for a connection
+#include <future>   // result of the first handshake
+#include <memory>   // unique_ptr
+#include <string>   // endpoint
+#include <thread>   // the network thread
+#include <vector>   // request slots, encode buffer
+
+#include <zmq.hpp>  // cppzmq
+
 // ---- begin chi/transport/zmq_common.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
@@ -7961,8 +10126,9 @@ class ZmqClientTransport final : public ClientTransport {
     }
     FailAll(ErrorCode::kShutdown, "the client closed its connection to the runtime");
     if (state_ == State::kReady && socket_) {
-      socket_->set(zmq::sockopt::linger, 100);
-      socket_->send(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait);
+      socket_->set(zmq::sockopt::linger, 100);  // long enough for the Bye, short at exit
+      bye_sent_ = socket_->send(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait)
+                      .has_value();
     }
     CloseSocket();
   }
@@ -8025,9 +10191,11 @@ class ZmqClientTransport final : public ClientTransport {
     socket_->send(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
   }
 
+  /** Closes the socket; what is still queued on it is dropped (a lost runtime, or a Bye). */
   void CloseSocket() {
     if (socket_) {
       zmq_socket_monitor(socket_->handle(), nullptr, 0);
+      if (!bye_sent_) socket_->set(zmq::sockopt::linger, 0);
       socket_->close();
       socket_.reset();
     }
@@ -8266,6 +10434,7 @@ class ZmqClientTransport final : public ClientTransport {
   std::promise<Status> first_result_;
   ConnectAnswer first_answer_;
   bool first_done_ = false;
+  bool bye_sent_ = false;
   State state_ = State::kConnecting;
   bool down_expired_ = false;
   u64 down_since_ = 0;
@@ -8319,7 +10488,7 @@ namespace chi {
 struct ZmqServerStats {
   u64 clients = 0;            ///< registered clients now
   u64 clients_reaped = 0;     ///< clients forgotten because their process died
-  u64 tasks_outstanding = 0;  ///< requests dispatched, answer not yet sent
+  u64 tasks_outstanding = 0;  ///< requests dispatched, answer not yet sent (a Monitor counts itself)
   u64 bytes_held = 0;         ///< answer buffers pooled for reuse (bounded)
   u64 requests = 0;           ///< task requests received
   u64 requests_refused = 0;   ///< requests answered with an error (malformed, not connected, ...)
@@ -8565,14 +10734,15 @@ class ZmqServer final : public TaskCompleter {
     }
     AnswerSlot *slot = TakeSlot();
     slot->peer = peer;
+    outstanding_.FetchAdd(1, MemOrder::kRelaxed);  // before the task can run (Monitor counts it)
     if (!dispatcher_->Dispatch(data, msg.size(), this, reinterpret_cast<u64>(slot), &error_)) {
+      outstanding_.FetchSub(1, MemOrder::kRelaxed);
       refused_.FetchAdd(1, MemOrder::kRelaxed);
       SendTo(peer, error_.data(), error_.size());
       GiveSlot(slot);
       return;
     }
     ++it->second.outstanding;
-    outstanding_.FetchAdd(1, MemOrder::kRelaxed);
   }
 
   void HandleControl(const std::string &peer, u64 id, const zmq::message_t &msg) {
@@ -8746,6 +10916,2333 @@ class ZmqServer final : public TaskCompleter {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_H
 // ---- end chi/transport/zmq_server.h ----
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+// ---- begin chi/gpu/gpu_manager.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_MANAGER_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_MANAGER_H
+// GpuManager: this runtime's GPUs. For each one it maps the pinned and device regions of
+// its queues (queue_set.h), keeps its pool table, launches its orchestrator kernel on a
+// stream of its own, and runs one GpuWorker thread for all of them. Chimaera starts it
+// after the compose pools exist and stops it first; CHI_IPC reaches it from applications.
+// Invariant: no call here waits on a device as a whole, and every wait on the orchestrator
+// is bounded: a GPU that does not stop when asked is reported and its memory left mapped,
+// never freed under a kernel that may still use it.
+
+#include <unistd.h>  // getpid
+
+#include <cstdio>         // fprintf of start-up problems
+#include <memory>         // unique_ptr<Device>
+#include <mutex>          // start/stop and pool registration are rare and serialised
+#include <string>         // segment names, messages
+#include <unordered_map>  // pool -> container binding
+#include <vector>         // devices, bindings
+
+// ---- begin chi/gpu/gpu_api.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_API_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_API_H
+// The GPU runtime API behind one set of names for CUDA and HIP: devices, memory, pinned
+// registration of POSIX shared memory, copies, streams, events, IPC handles, the stack
+// limit and module preloading. Extends the alias layer of chi/memory/gpu_backend.h (which
+// owns SetDevice, Malloc, Free, HostRegister and the IPC calls). Host code only.
+// Invariant: nothing here waits on the device as a whole (no device-wide synchronize):
+// a persistent orchestrator kernel would make such a wait last forever.
+
+#if !defined(CHIMAERA_ENABLE_CUDA) && !defined(CHIMAERA_ENABLE_ROCM)
+#error "chi/gpu/gpu_api.h needs CHIMAERA_ENABLE_CUDA or CHIMAERA_ENABLE_ROCM"
+#endif
+
+#include <time.h>  // nanosleep between stream polls
+
+#include <cstdlib>  // setenv for the module-loading mode
+
+// ---- begin chi/memory/gpu_backend.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_MEMORY_GPU_BACKEND_H
+#define CHI_SINGLE_INCLUDE_CHI_MEMORY_GPU_BACKEND_H
+// GPU memory backends: pinned host memory (a POSIX segment registered with the GPU, so
+// several processes and the GPU share it) and device memory (shared through CUDA/HIP IPC
+// handles). Used by the GPU queues and the device heaps. Invariant: as for every backend,
+// a call either succeeds or leaves nothing registered, mapped or allocated.
+
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+
+#if defined(__HIPCC__) || (defined(CHIMAERA_ENABLE_ROCM) && !defined(CHIMAERA_ENABLE_CUDA))
+#define CHI_MEMORY_USE_HIP 1
+#include <hip/hip_runtime_api.h>  // hipMalloc, hipHostRegister, hipIpc*
+#else
+#define CHI_MEMORY_USE_HIP 0
+#include <cuda_runtime_api.h>  // cudaMalloc, cudaHostRegister, cudaIpc*
+#endif
+
+#include <cstddef>      // size_t
+#include <string>       // std::string for names
+#include <string_view>  // names
+
+namespace chi {
+namespace gpu {
+
+// ---- The CUDA/HIP alias layer: one name per call this header needs ----
+#if CHI_MEMORY_USE_HIP
+using Error = hipError_t;
+using IpcMemHandle = hipIpcMemHandle_t;
+inline constexpr Error kSuccess = hipSuccess;
+inline Error SetDevice(int id) { return hipSetDevice(id); }
+inline Error Malloc(void **p, size_t n) { return hipMalloc(p, n); }
+inline Error Free(void *p) { return hipFree(p); }
+inline Error MemcpyToDevice(void *dst, const void *src, size_t n) {
+  return hipMemcpy(dst, src, n, hipMemcpyHostToDevice);
+}
+inline Error MemcpyToHost(void *dst, const void *src, size_t n) {
+  return hipMemcpy(dst, src, n, hipMemcpyDeviceToHost);
+}
+inline Error HostRegister(void *p, size_t n) {
+  return hipHostRegister(p, n, hipHostRegisterPortable | hipHostRegisterMapped);
+}
+inline Error HostUnregister(void *p) { return hipHostUnregister(p); }
+inline Error HostGetDevicePointer(void **dev, void *host) {
+  return hipHostGetDevicePointer(dev, host, 0);
+}
+inline Error IpcGetMemHandle(IpcMemHandle *h, void *p) { return hipIpcGetMemHandle(h, p); }
+inline Error IpcOpenMemHandle(void **p, IpcMemHandle h) {
+  return hipIpcOpenMemHandle(p, h, hipIpcMemLazyEnablePeerAccess);
+}
+inline Error IpcCloseMemHandle(void *p) { return hipIpcCloseMemHandle(p); }
+inline const char *ErrorString(Error e) { return hipGetErrorString(e); }
+#else
+using Error = cudaError_t;
+using IpcMemHandle = cudaIpcMemHandle_t;
+inline constexpr Error kSuccess = cudaSuccess;
+inline Error SetDevice(int id) { return cudaSetDevice(id); }
+inline Error Malloc(void **p, size_t n) { return cudaMalloc(p, n); }
+inline Error Free(void *p) { return cudaFree(p); }
+inline Error MemcpyToDevice(void *dst, const void *src, size_t n) {
+  return cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);
+}
+inline Error MemcpyToHost(void *dst, const void *src, size_t n) {
+  return cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost);
+}
+inline Error HostRegister(void *p, size_t n) {
+  return cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterMapped);
+}
+inline Error HostUnregister(void *p) { return cudaHostUnregister(p); }
+inline Error HostGetDevicePointer(void **dev, void *host) {
+  return cudaHostGetDevicePointer(dev, host, 0);
+}
+inline Error IpcGetMemHandle(IpcMemHandle *h, void *p) { return cudaIpcGetMemHandle(h, p); }
+inline Error IpcOpenMemHandle(void **p, IpcMemHandle h) {
+  return cudaIpcOpenMemHandle(p, h, cudaIpcMemLazyEnablePeerAccess);
+}
+inline Error IpcCloseMemHandle(void *p) { return cudaIpcCloseMemHandle(p); }
+inline const char *ErrorString(Error e) { return cudaGetErrorString(e); }
+#endif
+
+}  // namespace gpu
+
+/**
+ * A POSIX segment that is also pinned and mapped for the GPU: host processes attach it
+ * by name, kernels reach it through DevicePointer(). Use it through this type (its
+ * Create/Attach/Detach add the GPU registration to PosixShmBackend's).
+ */
+class PinnedShmBackend : public PosixShmBackend {
+ public:
+  PinnedShmBackend() = default;
+  /** Unregisters and unmaps (never unlinks). */
+  ~PinnedShmBackend() { Detach(); }
+
+  /** Creates segment `name` and pins it; undone completely if pinning fails. */
+  Status Create(std::string_view name, u64 data_size,
+                CreateMode mode = CreateMode::kExclusive) {
+    if (Status st = PosixShmBackend::Create(name, data_size, mode); !st.ok()) return st;
+    if (Status st = Pin(); !st.ok()) {
+      PosixShmBackend::Destroy();
+      return st;
+    }
+    return Status::Ok();
+  }
+
+  /** Attaches segment `name` and pins it in this process; undone if pinning fails. */
+  Status Attach(std::string_view name) {
+    if (Status st = PosixShmBackend::Attach(name); !st.ok()) return st;
+    if (Status st = Pin(); !st.ok()) {
+      PosixShmBackend::Detach();
+      return st;
+    }
+    return Status::Ok();
+  }
+
+  /** Unpins and unmaps. Idempotent. */
+  void Detach() {
+    if (!IsAttached()) return;
+    static_cast<void>(gpu::HostUnregister(Base()));  // teardown: unmapping follows anyway
+    PosixShmBackend::Detach();
+  }
+
+  /** Unpins, unmaps and removes the name. */
+  Status Destroy() {
+    if (!IsAttached()) {
+      return Status::Error(ErrorCode::kInvalidArgument, "Destroy: no segment is attached");
+    }
+    std::string name(Name());
+    Detach();
+    return DestroyByName(name);
+  }
+
+  /** The region's base as the GPU addresses it (equal to Base() under unified addressing). */
+  void *DevicePointer() const {
+    void *dev = nullptr;
+    if (!IsAttached() || gpu::HostGetDevicePointer(&dev, Base()) != gpu::kSuccess) return nullptr;
+    return dev;
+  }
+
+ private:
+  /** Registers the whole mapping with the GPU runtime. */
+  Status Pin() {
+    gpu::Error e = gpu::HostRegister(Base(), Size());
+    if (e == gpu::kSuccess) return Status::Ok();
+    return Status::Errorf(ErrorCode::kIo, "cannot pin segment '%s' for the GPU: %s", Name(),
+                          gpu::ErrorString(e));
+  }
+};
+
+/**
+ * Device memory on one GPU, laid out like a segment (header first). The creator owns the
+ * allocation and publishes IpcHandle(); other processes Attach with it. Base() is a device
+ * pointer: the host never dereferences it (headers travel by memcpy).
+ */
+class GpuDeviceBackend : public MemoryBackend {
+ public:
+  GpuDeviceBackend() = default;
+  /** Frees (owner) or closes (attacher) the device region. */
+  ~GpuDeviceBackend() { Detach(); }
+
+  /** Allocates at least `data_size` usable bytes on GPU `gpu_id` and exports an IPC handle. */
+  Status Create(std::string_view name, u64 data_size, int gpu_id) {
+    if (IsAttached() || data_size == 0) {
+      return Status::Errorf(ErrorCode::kInvalidArgument,
+                            "cannot create device region '%.64s': %s", std::string(name).c_str(),
+                            IsAttached() ? "this handle is in use" : "size is zero");
+    }
+    if (Status st = Check(gpu::SetDevice(gpu_id), "select GPU", name); !st.ok()) return st;
+    const u64 size = RegionSize(data_size);
+    void *base = nullptr;
+    if (Status st = Check(gpu::Malloc(&base, size), "allocate", name); !st.ok()) return st;
+    BackendHeader header{};
+    WriteHeader(&header, BackendKind::kGpuDevice, size);
+    Status st = Check(gpu::MemcpyToDevice(base, &header, sizeof(header)), "write header", name);
+    if (st.ok()) st = Check(gpu::IpcGetMemHandle(&ipc_handle_, base), "export IPC handle", name);
+    if (!st.ok()) {
+      static_cast<void>(gpu::Free(base));  // undoing a failed Create; st says why
+      return st;
+    }
+    owner_ = true;
+    gpu_id_ = gpu_id;
+    SetRegion(static_cast<char *>(base), size, name);
+    return Status::Ok();
+  }
+
+  /** Opens another process's device region from its IPC handle and checks its header. */
+  Status Attach(std::string_view name, const gpu::IpcMemHandle &handle, int gpu_id) {
+    if (IsAttached()) {
+      return Status::Errorf(ErrorCode::kInvalidArgument,
+                            "cannot attach device region '%.64s': this handle is in use",
+                            std::string(name).c_str());
+    }
+    if (Status st = Check(gpu::SetDevice(gpu_id), "select GPU", name); !st.ok()) return st;
+    void *base = nullptr;
+    if (Status st = Check(gpu::IpcOpenMemHandle(&base, handle), "open IPC handle", name);
+        !st.ok()) {
+      return st;
+    }
+    BackendHeader header{};
+    Status st = Check(gpu::MemcpyToHost(&header, base, sizeof(header)), "read header", name);
+    if (st.ok() && (header.magic_.Load(MemOrder::kRelaxed) != kBackendMagic ||  // a copy: no race
+                    header.version_ != kBackendVersion)) {
+      st = Status::Errorf(ErrorCode::kVersionMismatch,
+                          "device region '%.64s' has no chi header of version %u",
+                          std::string(name).c_str(), kBackendVersion);
+    }
+    if (!st.ok()) {
+      static_cast<void>(gpu::IpcCloseMemHandle(base));  // undoing a failed Attach; st says why
+      return st;
+    }
+    owner_ = false;
+    gpu_id_ = gpu_id;
+    ipc_handle_ = handle;
+    SetRegion(static_cast<char *>(base), header.size_, name);
+    return Status::Ok();
+  }
+
+  /** Frees (owner) or closes (attacher) the region. Idempotent. */
+  void Detach() {
+    if (!IsAttached()) return;
+    char *base = Base();
+    ClearRegion();
+    // Teardown: there is nothing useful to do if the GPU runtime refuses.
+    if (owner_) {
+      static_cast<void>(gpu::Free(base));
+    } else {
+      static_cast<void>(gpu::IpcCloseMemHandle(base));
+    }
+  }
+
+  /** Same as Detach: device memory has no name to remove. */
+  Status Destroy() {
+    Detach();
+    return Status::Ok();
+  }
+
+  /** What other processes pass to Attach (valid after Create). */
+  const gpu::IpcMemHandle &IpcHandle() const { return ipc_handle_; }
+  int GpuId() const { return gpu_id_; }
+
+ private:
+  /** Turns a CUDA/HIP error into a Status naming the region and the step. */
+  static Status Check(gpu::Error e, const char *what, std::string_view name) {
+    if (e == gpu::kSuccess) return Status::Ok();
+    return Status::Errorf(ErrorCode::kIo, "device region '%.64s': cannot %s: %s",
+                          std::string(name).c_str(), what, gpu::ErrorString(e));
+  }
+
+  gpu::IpcMemHandle ipc_handle_{};
+  bool owner_ = false;
+  int gpu_id_ = 0;
+};
+
+}  // namespace chi
+
+#endif  // CHIMAERA_ENABLE_CUDA || CHIMAERA_ENABLE_ROCM
+#endif  // CHI_SINGLE_INCLUDE_CHI_MEMORY_GPU_BACKEND_H
+// ---- end chi/memory/gpu_backend.h ----
+
+namespace chi::gpu {
+
+#if CHI_MEMORY_USE_HIP
+using Stream = hipStream_t;
+using Event = hipEvent_t;
+inline Error GetDeviceCount(int *n) { return hipGetDeviceCount(n); }
+inline Error GetDevice(int *id) { return hipGetDevice(id); }
+inline Error MallocHost(void **p, size_t n) { return hipHostMalloc(p, n, hipHostMallocPortable); }
+inline Error FreeHost(void *p) { return hipHostFree(p); }
+inline Error Memset(void *p, int v, size_t n) { return hipMemset(p, v, n); }
+inline Error MemsetAsync(void *p, int v, size_t n, Stream s) { return hipMemsetAsync(p, v, n, s); }
+inline Error MemcpyAsync(void *dst, const void *src, size_t n, Stream s) {
+  return hipMemcpyAsync(dst, src, n, hipMemcpyDefault, s);
+}
+inline Error StreamCreate(Stream *s) { return hipStreamCreateWithFlags(s, hipStreamNonBlocking); }
+inline Error StreamDestroy(Stream s) { return hipStreamDestroy(s); }
+inline Error StreamQuery(Stream s) { return hipStreamQuery(s); }
+inline Error StreamSynchronize(Stream s) { return hipStreamSynchronize(s); }
+inline constexpr Error kNotReady = hipErrorNotReady;
+inline Error EventCreate(Event *e) { return hipEventCreate(e); }
+inline Error EventRecord(Event e, Stream s) { return hipEventRecord(e, s); }
+inline Error EventSynchronize(Event e) { return hipEventSynchronize(e); }
+inline Error EventElapsedMs(float *ms, Event a, Event b) { return hipEventElapsedTime(ms, a, b); }
+inline Error EventDestroy(Event e) { return hipEventDestroy(e); }
+// HIP sizes each kernel's scratch from the kernel itself (and HIP 5.2 has no stack limit).
+inline Error SetStackLimit(size_t) { return hipSuccess; }
+inline Error GetStackLimit(size_t *bytes) {
+  *bytes = 0;
+  return hipSuccess;
+}
+inline Error GetLastError() { return hipGetLastError(); }
+inline Error MultiprocessorCount(int *n, int dev) {
+  return hipDeviceGetAttribute(n, hipDeviceAttributeMultiprocessorCount, dev);
+}
+inline const char *DeviceName(int dev, char *buf, size_t n) {
+  hipDeviceProp_t p;
+  if (hipGetDeviceProperties(&p, dev) != hipSuccess) return "unknown";
+  size_t i = 0;
+  for (; i + 1 < n && p.name[i] != '\0'; ++i) buf[i] = p.name[i];
+  buf[i] = '\0';
+  return buf;
+}
+#else
+using Stream = cudaStream_t;
+using Event = cudaEvent_t;
+inline Error GetDeviceCount(int *n) { return cudaGetDeviceCount(n); }
+inline Error GetDevice(int *id) { return cudaGetDevice(id); }
+inline Error MallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, cudaHostAllocPortable); }
+inline Error FreeHost(void *p) { return cudaFreeHost(p); }
+inline Error Memset(void *p, int v, size_t n) { return cudaMemset(p, v, n); }
+inline Error MemsetAsync(void *p, int v, size_t n, Stream s) { return cudaMemsetAsync(p, v, n, s); }
+inline Error MemcpyAsync(void *dst, const void *src, size_t n, Stream s) {
+  return cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s);
+}
+inline Error StreamCreate(Stream *s) { return cudaStreamCreateWithFlags(s, cudaStreamNonBlocking); }
+inline Error StreamDestroy(Stream s) { return cudaStreamDestroy(s); }
+inline Error StreamQuery(Stream s) { return cudaStreamQuery(s); }
+inline Error StreamSynchronize(Stream s) { return cudaStreamSynchronize(s); }
+inline constexpr Error kNotReady = cudaErrorNotReady;
+inline Error EventCreate(Event *e) { return cudaEventCreate(e); }
+inline Error EventRecord(Event e, Stream s) { return cudaEventRecord(e, s); }
+inline Error EventSynchronize(Event e) { return cudaEventSynchronize(e); }
+inline Error EventElapsedMs(float *ms, Event a, Event b) { return cudaEventElapsedTime(ms, a, b); }
+inline Error EventDestroy(Event e) { return cudaEventDestroy(e); }
+inline Error SetStackLimit(size_t bytes) { return cudaDeviceSetLimit(cudaLimitStackSize, bytes); }
+inline Error GetStackLimit(size_t *bytes) { return cudaDeviceGetLimit(bytes, cudaLimitStackSize); }
+inline Error GetLastError() { return cudaGetLastError(); }
+inline Error MultiprocessorCount(int *n, int dev) {
+  return cudaDeviceGetAttribute(n, cudaDevAttrMultiProcessorCount, dev);
+}
+inline const char *DeviceName(int dev, char *buf, size_t n) {
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) return "unknown";
+  size_t i = 0;
+  for (; i + 1 < n && p.name[i] != '\0'; ++i) buf[i] = p.name[i];
+  buf[i] = '\0';
+  return buf;
+}
+#endif
+
+/** A failed call as a Status naming what was being done. */
+inline Status Check(Error e, const char *what) {
+  if (e == kSuccess) return Status::Ok();
+  return Status::Errorf(ErrorCode::kIo, "%s: %s", what, ErrorString(e));
+}
+
+/**
+ * Asks for eager module loading. Lazy loading (CUDA's default) may need a context-wide
+ * synchronisation to load a kernel, which never comes while a persistent kernel runs: the
+ * first launch of a not-yet-loaded kernel would then deadlock. Effective only before the
+ * process's first GPU call; a value the user set is kept.
+ */
+inline void PreferEagerModuleLoading() { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
+
+/** Loads `kernel`'s module now (call before the orchestrator starts, under lazy loading). */
+template <typename Kernel>
+Error PreloadKernel(Kernel *kernel) {
+#if CHI_MEMORY_USE_HIP
+  hipFuncAttributes attr;
+  return hipFuncGetAttributes(&attr, reinterpret_cast<const void *>(kernel));
+#else
+  cudaFuncAttributes attr;
+  return cudaFuncGetAttributes(&attr, kernel);
+#endif
+}
+
+/**
+ * Waits until `stream` has no pending work, polling with growing sleeps up to timeout_ns.
+ * Returns kTimeout instead of hanging when a kernel on it never finishes.
+ */
+inline Status WaitStream(Stream s, u64 timeout_ns) {
+  u64 waited = 0;
+  u64 nap = 2000;
+  for (;;) {
+    const Error e = StreamQuery(s);
+    if (e == kSuccess) return Status::Ok();
+    if (e != kNotReady) return Check(e, "stream query");
+    if (waited >= timeout_ns) {
+      return Status::Errorf(ErrorCode::kTimeout, "GPU stream still busy after %llu ms",
+                            static_cast<unsigned long long>(timeout_ns / 1000000));
+    }
+    timespec ts{0, static_cast<long>(nap)};
+    nanosleep(&ts, nullptr);
+    waited += nap;
+    nap = nap < 1000000 ? nap * 2 : nap;
+  }
+}
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_API_H
+// ---- end chi/gpu/gpu_api.h ----
+// ---- begin chi/gpu/gpu_worker.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+// GpuWorker: the CPU side of every GPU's CPU-facing queues, on one thread (seed 000's
+// GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
+// tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
+// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
+// workers, whose TaskCompleter writes the answer back into the slot.
+// Invariant: every task given to Send completes exactly once, with its answer or an error
+// (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
+
+#include <climits>  // INT_MAX: wake every parked sender
+#include <cstring>  // memcpy of diagnostic and error answers
+#include <memory>   // per-slot arrays
+#include <string>   // the no-GPU reason
+#include <thread>   // the worker thread
+#include <vector>   // links, error answers, broadcast replicas
+
+// ---- begin chi/gpu/gpu_wire.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
+// The bytes in a GPU slot: the envelope every transport uses (transport.h), written and
+// read by typed code that runs on the device and the host alike.
+//   request: [u64 request id][routing header + inputs]   (Task::SerializeBaseIn, SerializeIn)
+//   answer:  [u64 request id][answer header + outputs]   (or the answer header alone on error)
+// Invariant: nothing is ever written past `cap`; a task that does not fit is an error, not
+// a truncated message. The request id is the slot's sequence, so a stale answer is caught.
+// The templates are host-device for any task type; CHI_SERIALIZE_HD_TEMPLATE lets nvcc
+// instantiate them for host-only tasks too (only GPU task types ever run them on the device).
+
+namespace chi::gpu {
+
+/** Bytes of the request-id prefix (as kEnvelopeHeaderBytes in transport.h). */
+inline constexpr u32 kGpuEnvelopeBytes = 8;
+
+/** Writes the envelope id at a 16-byte aligned buffer. */
+CHI_CROSS_FUN inline void PutRequestId(char *buf, u64 id) { *reinterpret_cast<u64 *>(buf) = id; }
+/** Reads the envelope id. */
+CHI_CROSS_FUN inline u64 GetRequestId(const char *buf) {
+  return *reinterpret_cast<const u64 *>(buf);
+}
+
+/**
+ * Encodes t's request into buf (16-byte aligned, `cap` bytes). Returns its length, or 0 with
+ * *error set when the task does not fit (kTooLarge) or cannot be encoded.
+ */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN u32 EncodeRequest(TaskT &t, u64 id, char *buf, u32 cap, ErrorCode *error) {
+  if (cap < kGpuEnvelopeBytes) {
+    *error = ErrorCode::kTooLarge;
+    return 0;
+  }
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  t.SerializeBaseIn(ar);
+  t.SerializeIn(ar);
+  if (!ar.ok()) {
+    *error = ar.code();
+    return 0;
+  }
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/** Encodes an answer that carries only an error; returns its length. */
+CHI_CROSS_FUN inline u32 EncodeErrorAnswer(u64 id, ErrorCode code, const char *msg, char *buf,
+                                           u32 cap) {
+  Task err;
+  err.SetError(code, msg);
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  err.SerializeBaseOut(ar);
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/** Encodes t's answer; an answer larger than `cap` becomes a kTooLarge error answer. */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN u32 EncodeAnswer(TaskT &t, u64 id, char *buf, u32 cap) {
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  t.SerializeBaseOut(ar);
+  t.SerializeOut(ar);
+  if (!ar.ok()) {
+    return EncodeErrorAnswer(id, ErrorCode::kTooLarge,
+                             "the task's outputs exceed the GPU copy space", buf, cap);
+  }
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/**
+ * Reads an answer into t: its outputs, or only the error when the server refused the
+ * request. A wrong id or malformed bytes set kMalformed on t.
+ */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN void DecodeAnswer(TaskT &t, const char *buf, u32 len, u64 expect_id) {
+  if (len < kGpuEnvelopeBytes || GetRequestId(buf) != expect_id) {
+    t.SetError(ErrorCode::kMalformed, "GPU answer is short or names another request");
+    return;
+  }
+  InputArchive head(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
+  Task header;
+  header.SerializeBaseOut(head);
+  if (!head.ok()) {
+    t.SetError(ErrorCode::kMalformed, "GPU answer header is malformed");
+    return;
+  }
+  if (header.rc_ != 0 && head.Remaining() == 0) {  // an error-only answer
+    t.rc_ = header.rc_;
+    t.msg_ = header.msg_;
+    return;
+  }
+  InputArchive full(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
+  t.SerializeBaseOut(full);
+  t.SerializeOut(full);
+  if (!full.ok()) t.SetError(ErrorCode::kMalformed, "GPU answer outputs are malformed");
+}
+
+/** Marks a task held by a GPU-side client complete (only its owning thread reads it). */
+CHI_CROSS_FUN inline void MarkComplete(Task &t) {
+  // release: the decoded outputs are published with the flag.
+  t.state_.Store(task_state::kComplete, MemOrder::kRelease);
+}
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
+// ---- end chi/gpu/gpu_wire.h ----
+// ---- begin chi/gpu/mailbox.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_MAILBOX_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_MAILBOX_H
+// GpuQueue: the slots every GPU route travels through (cpu2gpu, gpu2gpu, gpu2cpu), after
+// seed 001's mailboxes. A client claims a slot, writes its request into the slot's payload
+// and posts; the one server thread that owns the slot answers into the same payload.
+// Invariant: every word has one writer at a time (request: the claiming client; answer and
+// served: the owning server), so no side ever needs a lock or a read-modify-write across
+// PCIe; only clients of one memory race, on the claim words, with a CAS.
+//
+// Protocol for slot s (seq is a per-slot counter, written by the client side only):
+//   client: CAS claim[s] free -> held; write payload; request[s] = seq | len << 32 (release)
+//   server: sees request[s].seq != served[s]; reads payload; runs; writes the answer into
+//           the payload; answer[s] = seq | len << 32 (release); served[s] = seq
+//   client: sees answer[s].seq == seq (then an acquire fence); reads the answer; releases
+//           claim[s] = free.
+// A client that stops waiting (timeout, abort, a dead kernel reclaimed by the host) leaves
+// the claim as kVerify: the next claimer checks answer.seq == the record's seq (the server
+// has finished with the payload) before using the slot, and otherwise moves on. So an
+// abandoned request never corrupts the next one, and the slot heals by itself.
+
+#include <cstddef>  // offsetof
+
+// ---- begin chi/gpu/device_util.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_DEVICE_UTIL_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_DEVICE_UTIL_H
+// Small helpers the GPU mailboxes, the orchestrator loop and the GPU client share: thread
+// ids, spin pauses, a nanosecond clock, the system fence and 16-byte block copies. Each
+// has a host version, so the same protocol code also runs on CPU threads (host tests).
+// Invariant: nothing here blocks; every wait built on these is bounded by its caller.
+
+#if !CHI_IS_GPU
+#include <time.h>  // clock_gettime for the host clock
+#endif
+
+namespace chi::gpu {
+
+/** Monotonic nanoseconds: %globaltimer on NVIDIA, s_memrealtime (100 MHz) on AMD. */
+CHI_CROSS_FUN inline u64 ClockNs() {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#elif CHI_IS_GPU
+  return __builtin_amdgcn_s_memrealtime() * 10;
+#else
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<u64>(ts.tv_sec) * 1000000000ull + static_cast<u64>(ts.tv_nsec);
+#endif
+}
+
+/** Yields the issue slot for about `ns` nanoseconds (a hint; a CPU pause on the host). */
+CHI_CROSS_FUN inline void SpinPause(u32 ns) {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  __nanosleep(ns);
+#elif CHI_IS_GPU
+  (void)ns;
+  __builtin_amdgcn_s_sleep(2);
+#else
+  (void)ns;
+  CpuRelax();
+#endif
+}
+
+/**
+ * The pause for the n-th consecutive empty poll: none for a while (latency), then growing
+ * sleeps up to max_ns, so idle pollers stop flooding L2 or the PCIe link.
+ */
+CHI_CROSS_FUN inline void Backoff(u32 n, u32 max_ns) {
+  if (n < 64) return;
+  u32 ns = 32u << ((n - 64) >> 6 < 6 ? (n - 64) >> 6 : 6);
+  SpinPause(ns < max_ns ? ns : max_ns);
+}
+
+/** Orders every earlier write before every later one, as seen by the CPU and other GPUs. */
+CHI_CROSS_FUN inline void FenceSystem() {
+#if CHI_IS_GPU
+  __threadfence_system();
+#else
+  FenceSeqCst();
+#endif
+}
+
+/** This thread's index in its launch (x-major over the grid); 0 on the host. */
+CHI_CROSS_FUN inline u32 GlobalThreadId() {
+#if CHI_IS_GPU
+  const u32 block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const u32 in_block = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  return block * (blockDim.x * blockDim.y * blockDim.z) + in_block;
+#else
+  return 0;
+#endif
+}
+
+/**
+ * Acquire fence at scope S: orders a relaxed poll that saw new data before the reads of
+ * that data (polls stay relaxed so a batch of them can be in flight at once).
+ */
+template <MemScope S>
+CHI_CROSS_FUN inline void FenceAcquire() {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  cuda::atomic_thread_fence(cuda::std::memory_order_acquire,
+                            S == MemScope::kSystem ? cuda::thread_scope_system
+                                                   : cuda::thread_scope_device);
+#else
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+#endif
+}
+
+/** 16 bytes, the widest plain load and store; buffers copied with it are 16-aligned. */
+struct alignas(16) Chunk16 {
+  u64 lo;
+  u64 hi;
+};
+
+/**
+ * Copies `len` bytes rounded up to 16 between 16-aligned buffers whose capacity is a
+ * multiple of 16. Wide, independent loads: one PCIe or L2 round trip for a whole message.
+ */
+CHI_CROSS_FUN inline void CopyChunks(void *dst, const void *src, u32 len) {
+  auto *d = static_cast<Chunk16 *>(dst);
+  const auto *s = static_cast<const Chunk16 *>(src);
+  const u32 n = (len + 15) / 16;
+  for (u32 i = 0; i < n; ++i) d[i] = s[i];
+}
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_DEVICE_UTIL_H
+// ---- end chi/gpu/device_util.h ----
+
+namespace chi::gpu {
+
+/** Bytes of each slot's payload: the request and, later, the answer (the "copy space"). */
+inline constexpr u32 kGpuPayloadBytes = 1024;
+/** Bytes a GPU client may use for its task object in a slot's record. */
+inline constexpr u32 kGpuTaskBytes = 512;
+/** Returned by TryClaim when every slot is taken. */
+inline constexpr u32 kNoSlot = ~0u;
+
+/** Values of a claim word. */
+namespace claim {
+inline constexpr u32 kFree = 0;    ///< free; the mailbox is idle
+inline constexpr u32 kHeld = 1;    ///< a client owns the slot
+inline constexpr u32 kVerify = 2;  ///< free, but check the mailbox is idle first (>= 2)
+}  // namespace claim
+
+/** How far a GPU client's request in a slot has come. */
+enum class RecordStage : u32 {
+  kLocal = 0,     ///< completed without being posted (an error found before sending)
+  kPosted = 1,    ///< posted; the answer has not been read
+  kAnswered = 2,  ///< the answer was read into the task
+};
+
+/**
+ * A GPU client's private state for one slot (device memory, one per slot): the sequence it
+ * last posted and the task object it waits on. Future<T> holds &task_ only; the record is
+ * found from it by offset, so device futures stay one pointer, like host ones.
+ */
+struct alignas(64) ClientRecord {
+  u32 seq_;             ///< last request sequence posted from this slot
+  u32 slot_;            ///< this record's slot
+  RecordStage stage_;   ///< of the task in task_
+  MemScope scope_;      ///< scope of the queue's mailbox words (which GpuQueue<S> it is)
+  const void *queue_;   ///< the GpuQueue<S> descriptor (device-addressable)
+  u64 reserved_[5];
+  alignas(16) char task_[kGpuTaskBytes];
+};
+static_assert(offsetof(ClientRecord, task_) == 64, "the task starts one line into its record");
+
+/**
+ * One queue's arrays. Scope S is that of the request/answer words: kSystem when one side is
+ * the CPU (pinned memory), kDevice for gpu2gpu. The descriptor is plain data with pointers
+ * valid in this process (pinned memory has the same address on both sides).
+ */
+template <MemScope S>
+struct GpuQueue {
+  u32 num_slots_ = 0;
+  u32 payload_bytes_ = 0;               ///< per slot, a multiple of 16, <= kGpuPayloadBytes
+  u64 max_wait_ns_ = 0;                 ///< a GPU client gives up waiting after this long
+  Atomic<u64, S> *request_ = nullptr;   ///< client -> server: seq | len << 32
+  Atomic<u64, S> *answer_ = nullptr;    ///< server -> client: seq | len << 32
+  char *payload_ = nullptr;             ///< num_slots_ * payload_bytes_
+  Atomic<u32, MemScope::kDevice> *claims_ = nullptr;  ///< client side; see claim::
+  ClientRecord *records_ = nullptr;     ///< GPU-client queues only (else null)
+  u32 *served_ = nullptr;               ///< server side: last sequence answered, per slot
+  const Atomic<u32, MemScope::kSystem> *abort_ = nullptr;  ///< host-visible "give up" flag
+
+  /** The payload of slot s (16-byte aligned). */
+  CHI_CROSS_FUN char *Payload(u32 s) const {
+    return payload_ + static_cast<u64>(s) * payload_bytes_;
+  }
+
+  // ---- Client side ----
+
+  /**
+   * One pass over the slots from `start`: claims a free slot whose mailbox is idle, or
+   * returns kNoSlot. Clients of one launch start at distinct slots, so usually the first
+   * CAS wins.
+   */
+  CHI_CROSS_FUN u32 TryClaim(u32 start) const {
+    for (u32 i = 0; i < num_slots_; ++i) {
+      const u32 s = (start + i) % num_slots_;
+      u32 c = claims_[s].Load(MemOrder::kRelaxed);  // relaxed: a hint; the CAS decides
+      if (c == claim::kHeld) continue;
+      // acquire: the previous owner's record (its seq_) is visible once the slot is ours.
+      if (!claims_[s].CompareExchange(c, claim::kHeld, MemOrder::kAcquire)) continue;
+      if (c == claim::kFree || IsIdle(s)) return s;
+      // release: hand the slot back unchanged; its last request is still being answered.
+      claims_[s].Store(c, MemOrder::kRelease);
+    }
+    return kNoSlot;
+  }
+
+  /** Publishes the request in slot s (its payload is written). */
+  CHI_CROSS_FUN void Post(u32 s, u32 seq, u32 len) const {
+    // release: the payload is visible to the server before the request word.
+    request_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len) << 32, MemOrder::kRelease);
+  }
+
+  /** True once the answer to request `seq` is in slot s; *len is its length. */
+  CHI_CROSS_FUN bool Answered(u32 s, u32 seq, u32 *len) const {
+    // relaxed poll; the acquire fence below orders the answer reads after it.
+    const u64 w = answer_[s].Load(MemOrder::kRelaxed);
+    if (static_cast<u32>(w) != seq) return false;
+    FenceAcquire<S>();
+    *len = static_cast<u32>(w >> 32);
+    return true;
+  }
+
+  /** Gives slot s up; `maybe_pending` when its request may still be unanswered. */
+  CHI_CROSS_FUN void Release(u32 s, bool maybe_pending) const {
+    // release: our reads of the answer and record writes happen before the next owner's.
+    claims_[s].Store(maybe_pending ? claim::kVerify : claim::kFree, MemOrder::kRelease);
+  }
+
+  // ---- Server side ----
+
+  /** The request word of slot s (relaxed: pollers batch these; FenceAcquire before use). */
+  CHI_CROSS_FUN u64 PeekRequest(u32 s) const { return request_[s].Load(MemOrder::kRelaxed); }
+
+  /** Publishes the answer to request `seq` (its bytes are in the payload). */
+  CHI_CROSS_FUN void Answer(u32 s, u32 seq, u32 len) const {
+    // release: the answer bytes are visible to the client before the answer word.
+    answer_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len) << 32, MemOrder::kRelease);
+  }
+
+  // ---- Layout ----
+
+  /** Bytes of the arrays both sides touch: request, answer, payloads. */
+  CHI_CROSS_FUN static u64 SharedBytes(u32 slots, u32 payload_bytes) {
+    return 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes;
+  }
+  /** Bytes of the client side: claims, and records when the clients are GPU threads. */
+  CHI_CROSS_FUN static u64 ClientBytes(u32 slots, bool gpu_clients) {
+    return Lines(4ull * slots) + (gpu_clients ? sizeof(ClientRecord) * slots : 0);
+  }
+  /** Bytes of the server side: the served sequences. */
+  CHI_CROSS_FUN static u64 ServerBytes(u32 slots) { return Lines(4ull * slots); }
+
+  /**
+   * Points a descriptor at zeroed memory: `shared` (SharedBytes), `client` (ClientBytes)
+   * and `server` (ServerBytes), each 64-byte aligned.
+   */
+  CHI_CROSS_FUN static GpuQueue Make(u32 slots, u32 payload_bytes, u64 max_wait_ns,
+                                     char *shared, char *client, bool gpu_clients,
+                                     char *server, const Atomic<u32, MemScope::kSystem> *abort) {
+    GpuQueue q;
+    q.num_slots_ = slots;
+    q.payload_bytes_ = payload_bytes;
+    q.max_wait_ns_ = max_wait_ns;
+    q.request_ = reinterpret_cast<Atomic<u64, S> *>(shared);
+    q.answer_ = reinterpret_cast<Atomic<u64, S> *>(shared + Lines(8ull * slots));
+    q.payload_ = shared + 2 * Lines(8ull * slots);
+    q.claims_ = reinterpret_cast<Atomic<u32, MemScope::kDevice> *>(client);
+    q.records_ = gpu_clients ? reinterpret_cast<ClientRecord *>(client + Lines(4ull * slots))
+                             : nullptr;
+    q.served_ = reinterpret_cast<u32 *>(server);
+    q.abort_ = abort;
+    return q;
+  }
+
+ private:
+  /** True when slot s's last request has been answered (the payload is the client's). */
+  CHI_CROSS_FUN bool IsIdle(u32 s) const {
+    if (records_ == nullptr) return true;  // host clients release only after the answer
+    // relaxed poll; the fence orders the server's answer writes before our new request.
+    if (static_cast<u32>(answer_[s].Load(MemOrder::kRelaxed)) != records_[s].seq_) return false;
+    FenceAcquire<S>();
+    return true;
+  }
+
+  CHI_CROSS_FUN static u64 Lines(u64 bytes) { return (bytes + 63) & ~63ull; }
+};
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_MAILBOX_H
+// ---- end chi/gpu/mailbox.h ----
+
+namespace chi::gpu {
+
+/** Which pools a GPU serves (GpuManager registers them lazily; host tests fake it). */
+class GpuPoolDirectory {
+ public:
+  /** Ok when GPU gpu_id has a container for `pool` (made now if needed), else why not. */
+  virtual Status EnsurePool(u32 gpu_id, PoolId pool) = 0;
+
+ protected:
+  ~GpuPoolDirectory() = default;
+};
+
+/** The CPU's view of one GPU's CPU-facing queues, and its bookkeeping for them. */
+struct GpuLink {
+  u32 gpu_id = 0;
+  GpuQueue<MemScope::kSystem> cpu2gpu;     ///< this process posts; the GPU answers
+  GpuQueue<MemScope::kSystem> gpu2cpu;     ///< GPU threads post; the GpuWorker answers
+  std::unique_ptr<Atomic<u64>[]> pending;  ///< cpu2gpu: the Task* awaiting each slot's answer
+  std::unique_ptr<u32[]> sent;             ///< cpu2gpu: the sequence posted in each slot
+  Atomic<u32> freed;                       ///< cpu2gpu: bumped whenever a slot frees (futex)
+  Atomic<u32> free_waiters;                ///< senders parked on `freed`
+  Atomic<u32> used_slots;                  ///< cpu2gpu: 1 + the highest slot ever claimed
+  Atomic<u64> cpu2gpu_inflight;
+  Atomic<u64> gpu2cpu_inflight;
+
+  /** Binds the link to a GPU's queue descriptors. */
+  void Init(u32 id, const GpuQueue<MemScope::kSystem> &c2g,
+            const GpuQueue<MemScope::kSystem> &g2c) {
+    gpu_id = id;
+    cpu2gpu = c2g;
+    gpu2cpu = g2c;
+    pending = std::make_unique<Atomic<u64>[]>(c2g.num_slots_);
+    sent = std::make_unique<u32[]>(c2g.num_slots_);
+  }
+};
+
+/** The GPU-worker thread and the CPU->GPU transport. */
+class GpuWorker : public ClientTransport, private TaskCompleter {
+ public:
+  static constexpr u32 kSpinPolls = 4096;          ///< empty polls before napping
+  static constexpr u64 kMinNapNs = 20000;          ///< first idle nap
+  static constexpr u64 kMaxNapNs = 1000000;        ///< longest idle nap (gpu2cpu latency when idle)
+  static constexpr u32 kClaimSpins = 256;          ///< full-queue spins before a sender parks
+  static constexpr u64 kDrainTimeoutNs = 5000000000ull;
+
+  GpuWorker() = default;
+  ~GpuWorker() override { Stop(); }
+  GpuWorker(const GpuWorker &) = delete;
+  GpuWorker &operator=(const GpuWorker &) = delete;
+
+  /**
+   * Starts serving `links` (not owned; they outlive Stop). With no links, every send fails
+   * with `no_gpu_reason`.
+   */
+  void Start(PoolManager *pools, WorkOrchestrator *orch, GpuPoolDirectory *directory,
+             std::vector<GpuLink *> links, std::string no_gpu_reason) {
+    pools_ = pools;
+    orch_ = orch;
+    directory_ = directory;
+    links_ = std::move(links);
+    no_gpu_reason_ = std::move(no_gpu_reason);
+    dispatcher_ = std::make_unique<RequestDispatcher>(pools, orch);
+    closing_.Store(0, MemOrder::kRelease);
+    stop_.Store(0, MemOrder::kRelease);
+    if (!links_.empty()) thread_ = std::thread([this] { Loop(); });
+  }
+
+  /**
+   * Refuses new sends (they fail with kShutdown) and waits, bounded, for GPU->CPU tasks
+   * still running in the workers. False when some are still running (their slots must
+   * then stay mapped).
+   */
+  bool StopIntake() {
+    closing_.Store(1, MemOrder::kSeqCst);  // seq_cst: pairs with Send's senders_ count
+    const u64 deadline = NowNs() + kDrainTimeoutNs;
+    for (;;) {
+      u64 busy = senders_.Load(MemOrder::kSeqCst);
+      for (GpuLink *l : links_) busy += l->gpu2cpu_inflight.Load(MemOrder::kAcquire);
+      if (busy == 0) return true;
+      if (NowNs() > deadline) return false;
+      SleepFor(100000);
+    }
+  }
+
+  /** Joins the thread, then fails every CPU->GPU task still waiting with kShutdown. */
+  void Stop() {
+    closing_.Store(1, MemOrder::kSeqCst);
+    stop_.Store(1, MemOrder::kRelease);
+    Wake();
+    if (thread_.joinable()) thread_.join();
+    for (GpuLink *l : links_) {
+      for (u32 s = 0; s < l->cpu2gpu.num_slots_; ++s) {
+        const u64 p = l->pending[s].Exchange(0, MemOrder::kAcquire);
+        if (p == 0) continue;
+        l->cpu2gpu_inflight.FetchSub(1, MemOrder::kRelaxed);
+        Fail(reinterpret_cast<Task *>(p), ErrorCode::kShutdown,
+             "the GPU runtime stopped before the GPU answered");
+      }
+    }
+    links_.clear();
+  }
+
+  /** Routes a LocalGpuBcast / ToLocalGpu task to its GPU(s); always completes it. */
+  bool Send(Task *t) override {
+    senders_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: StopIntake sees us or we see it
+    if (closing_.Load(MemOrder::kSeqCst) != 0) {
+      Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
+    } else if (links_.empty()) {
+      Fail(t, ErrorCode::kUnsupported, no_gpu_reason_.c_str());
+    } else if (t->pool_query_.GetMode() == RoutingMode::kToLocalGpu) {
+      const u32 id = t->pool_query_.GetId();
+      if (id >= links_.size()) {
+        t->SetErrorf(ErrorCode::kInvalidArgument, "ToLocalGpu(%u): this node has %zu GPU(s)", id,
+                     links_.size());
+        CompleteTask(t);
+      } else {
+        SendTo(*links_[id], t);
+      }
+    } else if (links_.size() == 1) {
+      SendTo(*links_[0], t);
+    } else {
+      Broadcast(t);
+    }
+    senders_.FetchSub(1, MemOrder::kSeqCst);
+    return true;
+  }
+
+  /** Fails every outstanding task and stops (ClientTransport). */
+  void Close() override {
+    StopIntake();
+    Stop();
+  }
+  const char *Name() const override { return "gpu"; }
+
+  /**
+   * Diagnostic: posts raw request bytes to GPU `gpu` and copies its raw answer (how tests
+   * check that the orchestrator answers malformed input). On timeout the slot stays held.
+   */
+  Status RawRoundTrip(u32 gpu, const char *bytes, u32 len, std::vector<char> *answer,
+                      u64 timeout_ns) {
+    if (gpu >= links_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
+    GpuLink &l = *links_[gpu];
+    if (len > l.cpu2gpu.payload_bytes_) {
+      return Status::Error(ErrorCode::kTooLarge, "raw request exceeds the copy space");
+    }
+    const u32 s = ClaimHostSlot(l);
+    if (s == kNoSlot) return Status::Error(ErrorCode::kShutdown, "GPU runtime is stopping");
+    std::memcpy(l.cpu2gpu.Payload(s), bytes, len);
+    const u32 seq = ++l.sent[s];
+    l.cpu2gpu.Post(s, seq, len);
+    const u64 deadline = NowNs() + timeout_ns;
+    u32 out = 0;
+    while (!l.cpu2gpu.Answered(s, seq, &out)) {
+      if (NowNs() > deadline) return Status::Error(ErrorCode::kTimeout, "no answer from the GPU");
+      CpuRelax();
+    }
+    answer->assign(l.cpu2gpu.Payload(s), l.cpu2gpu.Payload(s) + out);
+    FreeHostSlot(l, s);
+    return Status::Ok();
+  }
+
+ private:
+  friend class GpuBroadcast;
+
+  /** Posts t to one GPU, or completes it with the reason it cannot go. */
+  void SendTo(GpuLink &l, Task *t) {
+    if (Status st = directory_->EnsurePool(l.gpu_id, t->pool_id_); !st.ok()) {
+      return Fail(t, st.code(), st.message());
+    }
+    const u32 s = ClaimHostSlot(l);
+    if (s == kNoSlot) return Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
+    char *p = l.cpu2gpu.Payload(s);
+    const u32 seq = l.sent[s] + 1;
+    PutRequestId(p, seq);
+    OutputArchive ar(p + kGpuEnvelopeBytes, l.cpu2gpu.payload_bytes_ - kGpuEnvelopeBytes);
+    t->ops_->save_in(*t, ar);
+    if (!ar.ok()) {
+      FreeHostSlot(l, s);
+      t->SetErrorf(ar.code() == ErrorCode::kTooLarge ? ErrorCode::kTooLarge : ar.code(),
+                   "task does not fit the %u-byte GPU copy space", l.cpu2gpu.payload_bytes_);
+      CompleteTask(t);
+      return;
+    }
+    l.sent[s] = seq;
+    l.pending[s].Store(reinterpret_cast<u64>(t), MemOrder::kRelease);  // sent[s] is visible
+    l.cpu2gpu_inflight.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: the Dekker half of Wake
+    l.cpu2gpu.Post(s, seq, kGpuEnvelopeBytes + static_cast<u32>(ar.Size()));
+    Wake();
+  }
+
+  inline void Broadcast(Task *t);
+
+  /** Claims a cpu2gpu slot; blocks (spin, then park) while all are taken. */
+  u32 ClaimHostSlot(GpuLink &l) {
+    thread_local u32 hint = 0;
+    for (u32 n = 0;; ++n) {
+      if (stop_.Load(MemOrder::kAcquire) != 0) return kNoSlot;
+      const u32 seen = l.freed.Load(MemOrder::kAcquire);
+      const u32 s = l.cpu2gpu.TryClaim(hint);
+      if (s != kNoSlot) {
+        hint = s;  // a thread keeps reusing its slot: the worker scans only [0, used_slots)
+        u32 used = l.used_slots.Load(MemOrder::kRelaxed);
+        // relaxed: pending[s], published later with release, is what the scan relies on.
+        while (used < s + 1 && !l.used_slots.CompareExchange(used, s + 1, MemOrder::kRelaxed)) {
+        }
+        return s;
+      }
+      if (n < kClaimSpins) {
+        CpuRelax();
+      } else if (RunContext *r = CurrentRunContext()) {
+        r->GetWorker()->SleepInFiber(r, kMinNapNs);  // a worker never blocks its thread
+      } else {
+        l.free_waiters.FetchAdd(1, MemOrder::kSeqCst);
+        FutexWait(l.freed.Raw(), seen, kMaxNapNs);  // returns at once if a slot freed since
+        l.free_waiters.FetchSub(1, MemOrder::kRelaxed);
+      }
+    }
+  }
+
+  /** Frees a cpu2gpu slot and wakes a parked sender. */
+  void FreeHostSlot(GpuLink &l, u32 s) {
+    l.cpu2gpu.Release(s, false);
+    l.freed.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: read against free_waiters below
+    if (l.free_waiters.Load(MemOrder::kSeqCst) != 0) FutexWake(l.freed.Raw(), INT_MAX);
+  }
+
+  /** Completes t with an error. */
+  static void Fail(Task *t, ErrorCode code, const char *msg) {
+    t->SetError(code, msg);
+    CompleteTask(t);
+  }
+
+  /** Wakes the thread if it naps (after a CPU->GPU post). */
+  void Wake() {
+    FenceSeqCst();  // our post and inflight count are visible before we read sleeping_
+    if (sleeping_.Load(MemOrder::kRelaxed) != 0 && sleeping_.Exchange(0, MemOrder::kAcqRel) != 0) {
+      FutexWake(sleeping_.Raw(), 1);
+    }
+  }
+
+  /** The thread: poll every link; nap (bounded) when idle, since GPUs cannot wake us. */
+  void Loop() {
+    u32 idle = 0;
+    u64 nap = kMinNapNs;
+    while (stop_.Load(MemOrder::kAcquire) == 0) {
+      bool did = false;
+      for (u32 i = 0; i < links_.size(); ++i) {
+        did |= CompleteAnswers(*links_[i]);
+        did |= ServeRequests(*links_[i], i);
+      }
+      if (did) {
+        idle = 0;
+        nap = kMinNapNs;
+        continue;
+      }
+      if (++idle < kSpinPolls) {
+        CpuRelax();
+        continue;
+      }
+      sleeping_.Store(1, MemOrder::kRelaxed);
+      FenceSeqCst();  // sleeping_ is visible before we look for posts (pairs with Wake)
+      u64 inflight = 0;
+      for (GpuLink *l : links_) inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed);
+      if (inflight == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
+        FutexWait(sleeping_.Raw(), 1, nap);
+        nap = nap * 2 < kMaxNapNs ? nap * 2 : kMaxNapNs;
+      }
+      sleeping_.Store(0, MemOrder::kRelaxed);
+      idle = kSpinPolls - 1;  // after a nap, poll once and nap again
+    }
+  }
+
+  /** Completes the CPU->GPU tasks whose answers arrived. */
+  bool CompleteAnswers(GpuLink &l) {
+    if (l.cpu2gpu_inflight.Load(MemOrder::kAcquire) == 0) return false;
+    bool did = false;
+    const u32 used = l.used_slots.Load(MemOrder::kAcquire);  // covers every pending slot
+    for (u32 s = 0; s < used; ++s) {
+      const u64 p = l.pending[s].Load(MemOrder::kAcquire);  // pairs with SendTo's release
+      u32 len = 0;
+      if (p == 0 || !l.cpu2gpu.Answered(s, l.sent[s], &len)) continue;
+      Task *t = reinterpret_cast<Task *>(p);
+      chi::DecodeAnswer(t, l.cpu2gpu.Payload(s), len);
+      l.pending[s].Store(0, MemOrder::kRelaxed);  // only this thread reads it from now on
+      FreeHostSlot(l, s);
+      l.cpu2gpu_inflight.FetchSub(1, MemOrder::kRelease);
+      CompleteTask(t);
+      did = true;
+    }
+    return did;
+  }
+
+  /** Turns new gpu2cpu requests into host tasks (or error answers). */
+  bool ServeRequests(GpuLink &l, u32 index) {
+    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
+    bool did = false;
+    for (u32 s = 0; s < q.num_slots_; ++s) {
+      const u64 w = q.PeekRequest(s);
+      const u32 seq = static_cast<u32>(w);
+      if (seq == q.served_[s]) continue;
+      FenceAcquire<MemScope::kSystem>();  // the payload was written before the request word
+      q.served_[s] = seq;
+      did = true;
+      const u32 len = static_cast<u32>(w >> 32);
+      char *p = q.Payload(s);
+      if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
+        q.Answer(s, seq, EncodeErrorAnswer(seq, ErrorCode::kMalformed,
+                                           "GPU request length is out of range", p,
+                                           q.payload_bytes_));
+        continue;
+      }
+      l.gpu2cpu_inflight.FetchAdd(1, MemOrder::kRelaxed);  // before: the task may finish at once
+      const u64 cookie = static_cast<u64>(index) << 32 | s;
+      if (!dispatcher_->Dispatch(p, len, this, cookie, &error_answer_)) {
+        l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelaxed);
+        const u32 n = static_cast<u32>(error_answer_.size()) < q.payload_bytes_
+                          ? static_cast<u32>(error_answer_.size())
+                          : q.payload_bytes_;
+        std::memcpy(p, error_answer_.data(), n);
+        q.Answer(s, seq, n);
+      }
+    }
+    return did;
+  }
+
+  /** A GPU->CPU task finished on a worker: its answer goes back into its slot. */
+  void OnComplete(Task *t) override {
+    GpuLink &l = *links_[static_cast<u32>(t->transport_cookie_ >> 32)];
+    const u32 s = static_cast<u32>(t->transport_cookie_);
+    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
+    char *p = q.Payload(s);
+    const u64 id = t->request_id_;
+    PutRequestId(p, id);
+    OutputArchive ar(p + kGpuEnvelopeBytes, q.payload_bytes_ - kGpuEnvelopeBytes);
+    t->ops_->save_out(*t, ar);
+    const u32 len = ar.ok() ? kGpuEnvelopeBytes + static_cast<u32>(ar.Size())
+                            : EncodeErrorAnswer(id, ErrorCode::kTooLarge,
+                                                "the task's outputs exceed the GPU copy space", p,
+                                                q.payload_bytes_);
+    t->completer_ = nullptr;
+    DeleteTask(t);
+    q.Answer(s, static_cast<u32>(id), len);
+    l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelease);  // the slot is no longer touched
+  }
+
+  PoolManager *pools_ = nullptr;
+  WorkOrchestrator *orch_ = nullptr;
+  GpuPoolDirectory *directory_ = nullptr;
+  std::vector<GpuLink *> links_;
+  std::string no_gpu_reason_;
+  std::unique_ptr<RequestDispatcher> dispatcher_;
+  std::vector<char> error_answer_;  ///< reused by ServeRequests (error answers only)
+  std::thread thread_;
+  Atomic<u32> closing_;
+  Atomic<u32> stop_;
+  Atomic<u64> senders_;
+  alignas(kCacheLine) Atomic<u32> sleeping_;  ///< futex word: 1 while the thread naps
+};
+
+/**
+ * LocalGpuBcast on a node with several GPUs: one replica per GPU, folded back into the
+ * original (TaskOps::aggregate, GPU 0 first) when the last one answers.
+ */
+class GpuBroadcast final : public TaskCompleter {
+ public:
+  /** Sends t's replicas; t completes when all have. */
+  static void Start(GpuWorker &w, Task *t) {
+    auto *b = new GpuBroadcast();
+    b->orig_ = t;
+    const u32 n = static_cast<u32>(w.links_.size());
+    for (u32 i = 0; i < n; ++i) {
+      Task *rep = t->ops_->clone(*t);
+      if (rep == nullptr) break;
+      rep->pool_query_ = PoolQuery::ToLocalGpu(w.links_[i]->gpu_id);
+      rep->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);
+      rep->completer_ = b;
+      b->replicas_.push_back(rep);
+    }
+    if (b->replicas_.size() != n) {
+      for (Task *rep : b->replicas_) DeleteTask(rep);
+      delete b;
+      return GpuWorker::Fail(t, ErrorCode::kOutOfMemory, "no memory for a GPU broadcast replica");
+    }
+    b->left_.Store(n, MemOrder::kRelease);
+    const std::vector<Task *> reps = b->replicas_;  // b may be gone once the last one answers
+    for (u32 i = 0; i < n; ++i) w.SendTo(*w.links_[i], reps[i]);
+  }
+
+  /** One replica answered; the last one folds them all into the original. */
+  void OnComplete(Task *) override {
+    // acq_rel: the last replica sees every other replica's outputs.
+    if (left_.FetchSub(1, MemOrder::kAcqRel) != 1) return;
+    for (u32 i = 0; i < replicas_.size(); ++i) {
+      replicas_[i]->completer_ = nullptr;
+      orig_->ops_->aggregate(*orig_, *replicas_[i], i);
+      DeleteTask(replicas_[i]);
+    }
+    Task *t = orig_;
+    delete this;
+    CompleteTask(t);
+  }
+
+ private:
+  GpuBroadcast() = default;
+  Task *orig_ = nullptr;
+  std::vector<Task *> replicas_;
+  Atomic<u32> left_;
+};
+
+void GpuWorker::Broadcast(Task *t) { GpuBroadcast::Start(*this, t); }
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+// ---- end chi/gpu/gpu_worker.h ----
+// ---- begin chi/gpu/module_registry.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_MODULE_REGISTRY_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_MODULE_REGISTRY_H
+// GpuModuleRegistry: how the one .cu file that names the application's GPU modules
+// (CHI_GPU_MODULES in orchestrator.h) hands them to the runtime, which may be compiled by
+// a plain C++ compiler: a table of host functions, including the kernel launcher.
+// Invariant: one list per process; the first registration wins and later ones are refused,
+// so the orchestrator never mixes two dispatch tables.
+
+#include <string_view>  // module names
+
+// ---- begin chi/gpu/gpu_server.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_SERVER_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_SERVER_H
+// The orchestrator's body: every thread of the persistent kernel owns a fixed set of slots
+// of its GPU's gpu2gpu queue (slot s belongs to thread s % threads) and of its cpu2gpu queue
+// (counted from the last thread down, so the threads that wait on slow PCIe reads of pinned
+// memory are not the ones the first gpu2gpu slots depend on), polls them, and runs each
+// request's GPU handler itself. Many warps therefore serve in parallel
+// with no shared queue head and no lock. The same code runs on CPU threads in host tests.
+// Invariant: a thread leaves the loop only through the host-visible exit flag; it never
+// waits on anything else, so a request can only be late, never lost or blocking.
+
+// ---- begin chi/gpu/gpu_container.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
+// GPU containers: a module with GPU methods gives a GpuRuntime whose handlers run on the
+// device. It lists them once (GpuMethodList); the application names its GPU modules once
+// (CHI_GPU_MODULES in one .cu file, orchestrator.h) and GpuModuleList folds over them.
+// Invariant: dispatch is resolved at compile time by (module index, method id): no device
+// virtual call, no function pointer into another module's code, so the "illegal
+// instruction from a cross-library vtable" class of bug cannot happen.
+//
+//   struct GpuRuntime {                       // trivially copyable: it is copied to the GPU
+//     static constexpr std::string_view ModuleName() { return "chimaera_demo"; }
+//     CHI_GPU_FUN void GpuSubmit(GpuSubmitTask &t, chi::gpu::GpuRunContext &rctx);
+//     using GpuMethods = chi::gpu::GpuMethodList<
+//         chi::gpu::GpuMethod<Method::kGpuSubmit, GpuSubmitTask, &GpuRuntime::GpuSubmit>>;
+//   };
+
+#include <new>          // placement new of a container's initial state (host)
+#include <string_view>  // module names (host)
+#include <type_traits>  // is_trivially_copyable
+
+namespace chi::gpu {
+
+/** What a GPU handler knows about the task it runs. */
+struct GpuRunContext {
+  u32 gpu_id_ = 0;         ///< the GPU running the handler
+  u32 server_thread_ = 0;  ///< the orchestrator thread (index in its launch)
+  PoolId pool_id_;         ///< the pool of the task
+  bool from_cpu_ = false;  ///< true for tasks that came through the cpu2gpu queue
+};
+
+/** One GPU method: id, task type and the GpuRuntime member that handles it. */
+template <MethodId kId, typename TaskT, auto kHandler>
+struct GpuMethod {
+  static constexpr MethodId kMethodId = kId;
+  using TaskType = TaskT;
+  static constexpr auto kRun = kHandler;
+};
+
+/**
+ * Decodes the inputs of one method's task (routing header already in `base`), runs the
+ * handler and encodes the answer into `buf`, which held the request. Returns its length.
+ */
+template <typename MethodT, typename Runtime>
+CHI_GPU_FUN u32 RunGpuMethod(Runtime &rt, const Task &base, InputArchive &in, u64 id, char *buf,
+                             u32 cap, GpuRunContext &rctx) {
+  typename MethodT::TaskType task;
+  task.CopyBase(base);
+  task.SerializeIn(in);
+  if (!in.ok()) {
+    return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU task inputs are malformed", buf,
+                             cap);
+  }
+  (rt.*MethodT::kRun)(task, rctx);
+  return EncodeAnswer(task, id, buf, cap);  // the request was fully read: buf is free
+}
+
+/** A GpuRuntime's method table. */
+template <typename... Methods>
+struct GpuMethodList {
+  /** True when `method` has a GPU handler. */
+  CHI_CROSS_FUN static constexpr bool Has(MethodId method) {
+    return ((method == Methods::kMethodId) || ...);
+  }
+
+  /** Runs `method`; *found is false (and nothing is written) when it has no handler. */
+  template <typename Runtime>
+  CHI_GPU_FUN static u32 Run(Runtime &rt, MethodId method, const Task &base, InputArchive &in,
+                             u64 id, char *buf, u32 cap, GpuRunContext &rctx, bool *found) {
+    u32 len = 0;
+    *found = ((method == Methods::kMethodId
+                   ? (len = RunGpuMethod<Methods>(rt, base, in, id, buf, cap, rctx), true)
+                   : false) ||
+              ...);
+    return len;
+  }
+};
+
+/** The application's GPU modules, in the order CHI_GPU_MODULES names them. */
+template <typename... Modules>
+struct GpuModuleList {
+  static_assert((std::is_trivially_copyable_v<Modules> && ...),
+                "a GpuRuntime is built on the host and copied to the GPU: keep it trivially "
+                "copyable (chi::Atomic members are)");
+  static constexpr u32 kCount = sizeof...(Modules);
+
+  /** Index of the module registered under `name`, or -1 (host). */
+  static int Find(std::string_view name) {
+    int index = -1;
+    int i = 0;
+    (void)((Modules::ModuleName() == name ? (index = i, true) : (++i, false)) || ...);
+    return index;
+  }
+
+  /** Bytes of module `index`'s container state (host). */
+  static u64 StateBytes(u32 index) {
+    u64 bytes = 0;
+    u32 i = 0;
+    (void)((i++ == index ? (bytes = sizeof(Modules), true) : false) || ...);
+    return bytes;
+  }
+
+  /** Constructs module `index`'s initial container state at host memory `mem` (host). */
+  static void ConstructState(u32 index, void *mem) {
+    u32 i = 0;
+    (void)((i++ == index ? (new (mem) Modules(), true) : false) || ...);
+  }
+
+  /** Runs `method` on module `index`'s container `state`; returns the answer's length. */
+  CHI_GPU_FUN static u32 Run(u32 index, void *state, MethodId method, const Task &base,
+                             InputArchive &in, u64 id, char *buf, u32 cap, GpuRunContext &rctx) {
+    u32 len = 0;
+    bool found = false;
+    u32 i = 0;
+    (void)((i++ == index ? (len = Modules::GpuMethods::Run(*static_cast<Modules *>(state), method,
+                                                           base, in, id, buf, cap, rctx, &found),
+                            true)
+                         : false) ||
+           ...);
+    if (found) return len;
+    return EncodeErrorAnswer(id, ErrorCode::kUnknownMethod,
+                             "the pool's GPU container has no handler for this method", buf, cap);
+  }
+};
+
+// ---- Pool table: which GPU container serves a pool ------------------------------------
+
+/** Pools with GPU containers one GPU can hold. */
+inline constexpr u32 kMaxGpuPools = 64;
+
+/** One pool's GPU container; written by the host only, read by the orchestrator. */
+struct GpuPoolEntry {
+  Atomic<u64, MemScope::kDevice> key_;     ///< PoolId::ToU64(); 0 = empty
+  Atomic<u64, MemScope::kDevice> module_;  ///< module index
+  Atomic<u64, MemScope::kDevice> state_;   ///< device address of the container state
+};
+
+/** A pool binding as the host builds it. */
+struct GpuPoolBinding {
+  PoolId pool;
+  u32 module;
+  void *state;
+};
+
+/** The last lookup of one orchestrator thread (most tasks of a warp go to one pool). */
+struct GpuPoolCache {
+  u32 version_ = ~0u;
+  u64 key_ = 0;
+  u32 module_ = 0;
+  void *state_ = nullptr;
+};
+
+/**
+ * Pool -> (module, container state), open addressing, double-buffered: the host rewrites
+ * the idle copy, then moves version_ to it, so a reader never sees a half-written table.
+ */
+struct GpuPoolTable {
+  Atomic<u32, MemScope::kDevice> version_;  ///< tables_[version_ & 1] is live
+  GpuPoolEntry tables_[2][kMaxGpuPools];
+
+  /** Finds the container of `pool`; false when this GPU has none. */
+  CHI_CROSS_FUN bool Lookup(PoolId pool, u32 *module, void **state, GpuPoolCache *cache) const {
+    // acquire: the live table was completely written before version_ named it.
+    const u32 v = version_.Load(MemOrder::kAcquire);
+    const u64 key = pool.ToU64();
+    if (cache->version_ == v && cache->key_ == key) {
+      *module = cache->module_;
+      *state = cache->state_;
+      return true;
+    }
+    const GpuPoolEntry *t = tables_[v & 1];
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      const GpuPoolEntry &e = t[(Home(key) + i) % kMaxGpuPools];
+      const u64 k = e.key_.Load(MemOrder::kRelaxed);  // relaxed: ordered by the acquire above
+      if (k == 0) return false;
+      if (k != key) continue;
+      *cache = GpuPoolCache{v, key, static_cast<u32>(e.module_.Load(MemOrder::kRelaxed)),
+                            reinterpret_cast<void *>(e.state_.Load(MemOrder::kRelaxed))};
+      *module = cache->module_;
+      *state = cache->state_;
+      return true;
+    }
+    return false;
+  }
+
+  /** Host: rewrites copy `which` with `n` bindings (n <= kMaxGpuPools). */
+  void Fill(u32 which, const GpuPoolBinding *b, u32 n) {
+    GpuPoolEntry *t = tables_[which & 1];
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      t[i].key_.Store(0, MemOrder::kRelaxed);  // relaxed: published by the version flip
+      t[i].module_.Store(0, MemOrder::kRelaxed);
+      t[i].state_.Store(0, MemOrder::kRelaxed);
+    }
+    for (u32 j = 0; j < n && j < kMaxGpuPools; ++j) {
+      const u64 key = b[j].pool.ToU64();
+      u32 at = Home(key);
+      while (t[at].key_.Load(MemOrder::kRelaxed) != 0) at = (at + 1) % kMaxGpuPools;
+      t[at].key_.Store(key, MemOrder::kRelaxed);
+      t[at].module_.Store(b[j].module, MemOrder::kRelaxed);
+      t[at].state_.Store(reinterpret_cast<u64>(b[j].state), MemOrder::kRelaxed);
+    }
+  }
+
+  /** Host, when the table is host memory: installs `n` bindings. */
+  void Publish(const GpuPoolBinding *b, u32 n) {
+    const u32 v = version_.Load(MemOrder::kRelaxed);  // relaxed: the host is the only writer
+    Fill(v + 1, b, n);
+    version_.Store(v + 1, MemOrder::kRelease);  // release: publishes the filled copy
+  }
+
+ private:
+  CHI_CROSS_FUN static u32 Home(u64 key) {
+    return static_cast<u32>((key * 0x9E3779B97F4A7C15ull) >> 58) % kMaxGpuPools;
+  }
+};
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
+// ---- end chi/gpu/gpu_container.h ----
+
+namespace chi::gpu {
+
+/** Slots of one queue a server thread may own (its poll batch). */
+inline constexpr u32 kMaxSlotsPerServerThread = 8;
+/** Longest pause of an idle server thread between polls. */
+inline constexpr u32 kServerIdleMaxNs = 512;
+/** Polls between two reads of the (pinned, so slow to read) exit flag. */
+inline constexpr u32 kExitCheckRounds = 64;
+
+/** Host <-> orchestrator control words of one GPU (pinned memory). */
+struct alignas(64) GpuControl {
+  Atomic<u32, MemScope::kSystem> exit_;     ///< host -> kernel: leave the loop
+  Atomic<u32, MemScope::kSystem> abort_;    ///< host -> every device-side wait: give up
+  Atomic<u32, MemScope::kSystem> started_;  ///< kernel -> host: epoch of the running launch
+};
+
+/** What one launch of the orchestrator needs (passed by value to the kernel). */
+struct ServerArgs {
+  GpuQueue<MemScope::kDevice> *gpu2gpu = nullptr;  ///< descriptor in device memory
+  GpuQueue<MemScope::kSystem> *cpu2gpu = nullptr;  ///< descriptor in device memory
+  GpuControl *control = nullptr;                   ///< pinned
+  GpuPoolTable *pools = nullptr;                   ///< device memory
+  u32 gpu_id = 0;
+  u32 epoch = 0;  ///< launch number, echoed in control->started_
+};
+
+/** Per-thread state of the server loop. */
+struct ServerState {
+  GpuPoolTable *pools;
+  GpuPoolCache cache;
+  GpuRunContext rctx;
+};
+
+/**
+ * Decodes one request in `buf` (len bytes), runs it and writes the answer into `buf`.
+ * Every failure becomes an error answer. Returns the answer's length.
+ */
+template <typename ModuleList>
+CHI_GPU_FUN u32 HandleRequest(char *buf, u32 len, u32 cap, ServerState &st) {
+  const u64 id = GetRequestId(buf);
+  InputArchive in(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
+  Task base;
+  base.SerializeBaseIn(in);
+  if (!in.ok() || !base.pool_query_.IsValid()) {
+    return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU request header is malformed", buf,
+                             cap);
+  }
+  u32 module = 0;
+  void *state = nullptr;
+  if (!st.pools->Lookup(base.pool_id_, &module, &state, &st.cache)) {
+    return EncodeErrorAnswer(id, ErrorCode::kUnknownPool, "no GPU container for this pool", buf,
+                             cap);
+  }
+  st.rctx.pool_id_ = base.pool_id_;
+  return ModuleList::Run(module, state, base.method_, base, in, id, buf, cap, st.rctx);
+}
+
+/** Answers the request `word` of slot s (seq | len << 32). */
+template <typename ModuleList, MemScope S>
+CHI_GPU_FUN void ServeSlot(const GpuQueue<S> &q, u32 s, u64 word, ServerState &st) {
+  alignas(16) char buf[kGpuPayloadBytes];
+  const u32 seq = static_cast<u32>(word);
+  const u32 len = static_cast<u32>(word >> 32);
+  FenceAcquire<S>();  // the payload was written before the request word
+  u32 out;
+  if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
+    out = EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range",
+                            buf, q.payload_bytes_);
+  } else {
+    CopyChunks(buf, q.Payload(s), len);
+    out = HandleRequest<ModuleList>(buf, len, q.payload_bytes_, st);
+  }
+  CopyChunks(q.Payload(s), buf, out);
+  q.Answer(s, seq, out);
+}
+
+/**
+ * Polls this thread's slots of q once (loads first, all in flight together) and serves
+ * the new requests. `served` mirrors q.served_ for those slots. True when any was served.
+ */
+template <typename ModuleList, MemScope S>
+CHI_GPU_FUN bool ServeOwned(const GpuQueue<S> &q, u32 tid, u32 threads, u32 *served,
+                            ServerState &st) {
+  u64 words[kMaxSlotsPerServerThread];
+  u32 owned = 0;
+  for (u32 s = tid; s < q.num_slots_ && owned < kMaxSlotsPerServerThread; s += threads) {
+    words[owned++] = q.PeekRequest(s);
+  }
+  bool did = false;
+  for (u32 k = 0; k < owned; ++k) {
+    const u32 seq = static_cast<u32>(words[k]);
+    if (seq == served[k]) continue;
+    const u32 s = tid + k * threads;
+    ServeSlot<ModuleList>(q, s, words[k], st);
+    served[k] = seq;
+    q.served_[s] = seq;  // survives a pause: the next launch starts from it
+    did = true;
+  }
+  return did;
+}
+
+/** Copies the served sequences of this thread's slots of q into `served`. */
+template <MemScope S>
+CHI_GPU_FUN void LoadServed(const GpuQueue<S> &q, u32 tid, u32 threads, u32 *served) {
+  u32 k = 0;
+  for (u32 s = tid; s < q.num_slots_ && k < kMaxSlotsPerServerThread; s += threads) {
+    served[k++] = q.served_[s];
+  }
+}
+
+/** The orchestrator loop of server thread `tid` of `threads`, until the exit flag is set. */
+template <typename ModuleList>
+CHI_GPU_FUN void ServeLoop(const ServerArgs &a, u32 tid, u32 threads) {
+  const GpuQueue<MemScope::kDevice> g2g = *a.gpu2gpu;  // immutable while the kernel runs
+  const GpuQueue<MemScope::kSystem> c2g = *a.cpu2gpu;
+  u32 served_g2g[kMaxSlotsPerServerThread];
+  u32 served_c2g[kMaxSlotsPerServerThread];
+  const u32 ctid = threads - 1 - tid;  // this thread's place among the cpu2gpu owners
+  LoadServed(g2g, tid, threads, served_g2g);
+  LoadServed(c2g, ctid, threads, served_c2g);
+  ServerState st{a.pools, GpuPoolCache{}, GpuRunContext{}};
+  st.rctx.gpu_id_ = a.gpu_id;
+  st.rctx.server_thread_ = tid;
+  const bool polls_cpu = ctid < c2g.num_slots_;
+  u32 idle = 0;
+  for (u32 round = 1;; ++round) {
+    st.rctx.from_cpu_ = false;
+    bool did = ServeOwned<ModuleList>(g2g, tid, threads, served_g2g, st);
+    if (polls_cpu) {
+      st.rctx.from_cpu_ = true;
+      did |= ServeOwned<ModuleList>(c2g, ctid, threads, served_c2g, st);
+    }
+    if (did) {
+      idle = 0;
+    } else if (idle < (1u << 20)) {
+      Backoff(++idle, kServerIdleMaxNs);
+    } else {
+      Backoff(idle, kServerIdleMaxNs);
+    }
+    // relaxed: a late look at the flag only delays the exit by one more round.
+    if (round % kExitCheckRounds == 0 && a.control->exit_.Load(MemOrder::kRelaxed) != 0) break;
+  }
+}
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_SERVER_H
+// ---- end chi/gpu/gpu_server.h ----
+
+namespace chi::gpu {
+
+/** The application's GPU module list, type-erased (all host functions). */
+struct GpuModuleTable {
+  /** Index of the GPU module registered under a host module name, or -1. */
+  int (*find_module)(std::string_view name);
+  /** Bytes of a module's container state. */
+  u64 (*state_bytes)(u32 index);
+  /** Builds a module's initial container state in host memory (then copied to the GPU). */
+  void (*construct_state)(u32 index, void *mem);
+  /** Launches the orchestrator on `stream` (a cudaStream_t/hipStream_t); a GPU error code. */
+  int (*launch)(const ServerArgs &args, u32 blocks, u32 threads, void *stream);
+  /** How many blocks of `threads` can be resident at once on the current GPU; an error code. */
+  int (*max_resident_blocks)(u32 threads, u32 *blocks);
+  /** The orchestrator's stack frame in bytes (for the stack-size limit); an error code. */
+  int (*kernel_stack_bytes)(u64 *bytes);
+};
+
+/** Where CHI_GPU_MODULES publishes its table. */
+class GpuModuleRegistry {
+ public:
+  /** Publishes `table` (static storage); false when another list was registered first. */
+  static bool Set(const GpuModuleTable *table) {
+    const GpuModuleTable *none = nullptr;
+    // acq_rel: publishes the table's contents; exactly one registration wins.
+    return Slot().CompareExchange(none, table, MemOrder::kAcqRel);
+  }
+  /** The registered table, or nullptr when no .cu file named its GPU modules. */
+  static const GpuModuleTable *Get() { return Slot().Load(MemOrder::kAcquire); }
+
+ private:
+  static Atomic<const GpuModuleTable *> &Slot() {
+    static Atomic<const GpuModuleTable *> slot{nullptr};
+    return slot;
+  }
+};
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_MODULE_REGISTRY_H
+// ---- end chi/gpu/module_registry.h ----
+// ---- begin chi/gpu/queue_set.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_QUEUE_SET_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_QUEUE_SET_H
+// GpuQueueSet: everything one GPU's routes need, carved out of two regions: a pinned one
+// (the control block and the CPU-facing queues: cpu2gpu, gpu2cpu) and a device one (the
+// descriptors kernels read, gpu2gpu, the GPU clients' records, the pool table, the
+// container states). GpuManager carves real pinned and device memory; host tests carve
+// plain memory and play the GPU with CPU threads. Also GpuInfo, what a client kernel gets.
+// Invariant: both regions start zeroed; zero is the idle state of every word.
+
+#include <cstring>  // memcpy of the descriptors (host regions)
+
+namespace chi::gpu {
+
+/** Sizes of one GPU's queues. */
+struct GpuQueueConfig {
+  u32 server_threads = 32;                  ///< orchestrator blocks x threads per block
+  u32 depth = 256;                          ///< slots of each CPU-facing queue (gpu.queue_depth)
+  u32 payload_bytes = kGpuPayloadBytes;     ///< copy space per slot (<= kGpuPayloadBytes)
+  u64 max_wait_ns = 30000000000ull;         ///< GPU clients stop waiting after this long
+  u64 arena_bytes = 1ull << 20;             ///< GPU container states
+};
+
+/** The descriptors kernels read, together at the start of the device region. */
+struct GpuDescriptors {
+  GpuQueue<MemScope::kDevice> gpu2gpu;
+  GpuQueue<MemScope::kSystem> cpu2gpu;
+  GpuQueue<MemScope::kSystem> gpu2cpu;
+};
+
+inline constexpr u64 kGpuInfoMagic = 0x4f464e4955504743ull;  // "CGPUINFO"
+
+/**
+ * What a client kernel needs to submit tasks (CHI_IPC->GetClientGpuInfo): device addresses
+ * of its GPU's queue descriptors. Passed to the kernel by value; CHIMAERA_GPU_INIT keeps a
+ * copy per block.
+ */
+struct GpuInfo {
+  u64 magic_ = 0;                                  ///< kGpuInfoMagic once filled in
+  u32 gpu_id_ = 0;
+  u32 pid_ = 0;                                    ///< stamped into task ids
+  GpuQueue<MemScope::kDevice> *gpu2gpu_ = nullptr; ///< Local() from a kernel
+  GpuQueue<MemScope::kSystem> *gpu2cpu_ = nullptr; ///< ToLocalCpu() from a kernel
+  u32 num_blocks_ = 0;  ///< set by CHIMAERA_GPU_INIT_BLOCKS: spreads blocks over the slots
+  u32 reserved_ = 0;
+};
+
+/** One GPU's queues, control block, pool table and container arena. */
+struct GpuQueueSet {
+  u32 cpu2gpu_slots = 0;
+  u32 gpu2gpu_slots = 0;
+  u32 gpu2cpu_slots = 0;
+  u32 payload_bytes = 0;
+  GpuControl *control = nullptr;        ///< pinned
+  GpuDescriptors host;                  ///< the descriptors' values (pointers valid on both sides)
+  GpuDescriptors *device = nullptr;     ///< where kernels read them (device region)
+  GpuPoolTable *pools = nullptr;        ///< device region
+  char *arena = nullptr;                ///< device region: GPU container states
+  u64 arena_bytes = 0;
+
+  /** Slot counts: gpu2gpu gives every server thread a slot; none exceeds the poll batch. */
+  static void Geometry(const GpuQueueConfig &c, u32 *c2g, u32 *g2g, u32 *g2c) {
+    const u32 threads = c.server_threads == 0 ? 1 : c.server_threads;
+    const u32 depth = RoundUp32(c.depth == 0 ? 1 : c.depth);
+    const u64 cap = static_cast<u64>(threads) * kMaxSlotsPerServerThread;
+    const u32 most = cap > 0x40000000ull ? 0x40000000u : static_cast<u32>(cap);
+    *c2g = depth < most ? depth : most;
+    const u32 g = depth > RoundUp32(threads) ? depth : RoundUp32(threads);
+    *g2g = g < most ? g : most;
+    *g2c = depth;
+  }
+
+  /** Bytes of the pinned region. */
+  static u64 PinnedBytes(const GpuQueueConfig &c) {
+    u32 c2g, g2g, g2c;
+    Geometry(c, &c2g, &g2g, &g2c);
+    using Sys = GpuQueue<MemScope::kSystem>;
+    return Align(sizeof(GpuControl)) + Sys::SharedBytes(c2g, Payload(c)) +
+           Sys::ClientBytes(c2g, false) + Sys::SharedBytes(g2c, Payload(c)) +
+           Sys::ServerBytes(g2c);
+  }
+
+  /** Bytes of the device region. */
+  static u64 DeviceBytes(const GpuQueueConfig &c) {
+    u32 c2g, g2g, g2c;
+    Geometry(c, &c2g, &g2g, &g2c);
+    using Sys = GpuQueue<MemScope::kSystem>;
+    using Dev = GpuQueue<MemScope::kDevice>;
+    return Align(sizeof(GpuDescriptors)) + Align(sizeof(GpuPoolTable)) +
+           Dev::SharedBytes(g2g, Payload(c)) + Dev::ClientBytes(g2g, true) +
+           Dev::ServerBytes(g2g) + Sys::ServerBytes(c2g) + Sys::ClientBytes(g2c, true) +
+           Align(c.arena_bytes);
+  }
+
+  /**
+   * Carves zeroed regions of PinnedBytes and DeviceBytes (64-byte aligned). `pinned` must be
+   * addressable at the same address by the host and the GPU; `device` by the GPU.
+   */
+  static GpuQueueSet Carve(const GpuQueueConfig &c, char *pinned, char *device) {
+    GpuQueueSet q;
+    Geometry(c, &q.cpu2gpu_slots, &q.gpu2gpu_slots, &q.gpu2cpu_slots);
+    q.payload_bytes = Payload(c);
+    using Sys = GpuQueue<MemScope::kSystem>;
+    using Dev = GpuQueue<MemScope::kDevice>;
+    q.control = reinterpret_cast<GpuControl *>(pinned);
+    const auto *abort = &q.control->abort_;
+    char *p = pinned + Align(sizeof(GpuControl));
+    char *c2g_shared = Take(&p, Sys::SharedBytes(q.cpu2gpu_slots, q.payload_bytes));
+    char *c2g_client = Take(&p, Sys::ClientBytes(q.cpu2gpu_slots, false));
+    char *g2c_shared = Take(&p, Sys::SharedBytes(q.gpu2cpu_slots, q.payload_bytes));
+    char *g2c_server = Take(&p, Sys::ServerBytes(q.gpu2cpu_slots));
+    char *d = device;
+    q.device = reinterpret_cast<GpuDescriptors *>(Take(&d, sizeof(GpuDescriptors)));
+    q.pools = reinterpret_cast<GpuPoolTable *>(Take(&d, sizeof(GpuPoolTable)));
+    char *g2g_shared = Take(&d, Dev::SharedBytes(q.gpu2gpu_slots, q.payload_bytes));
+    char *g2g_client = Take(&d, Dev::ClientBytes(q.gpu2gpu_slots, true));
+    char *g2g_server = Take(&d, Dev::ServerBytes(q.gpu2gpu_slots));
+    char *c2g_server = Take(&d, Sys::ServerBytes(q.cpu2gpu_slots));
+    char *g2c_client = Take(&d, Sys::ClientBytes(q.gpu2cpu_slots, true));
+    q.arena = Take(&d, c.arena_bytes);
+    q.arena_bytes = Align(c.arena_bytes);
+    q.host.gpu2gpu = Dev::Make(q.gpu2gpu_slots, q.payload_bytes, c.max_wait_ns, g2g_shared,
+                               g2g_client, true, g2g_server, abort);
+    q.host.cpu2gpu = Sys::Make(q.cpu2gpu_slots, q.payload_bytes, c.max_wait_ns, c2g_shared,
+                               c2g_client, false, c2g_server, abort);
+    q.host.gpu2cpu = Sys::Make(q.gpu2cpu_slots, q.payload_bytes, c.max_wait_ns, g2c_shared,
+                               g2c_client, true, g2c_server, abort);
+    return q;
+  }
+
+  /** Host regions only (tests): writes the descriptors where kernels would read them. */
+  void WriteDescriptorsHost() const { std::memcpy(device, &host, sizeof(host)); }
+
+  /** The orchestrator's launch arguments. */
+  ServerArgs Args(u32 gpu_id, u32 epoch) const {
+    ServerArgs a;
+    a.gpu2gpu = &device->gpu2gpu;
+    a.cpu2gpu = &device->cpu2gpu;
+    a.control = control;
+    a.pools = pools;
+    a.gpu_id = gpu_id;
+    a.epoch = epoch;
+    return a;
+  }
+
+  /** What a client kernel on this GPU receives. */
+  GpuInfo ClientInfo(u32 gpu_id, u32 pid) const {
+    GpuInfo info;
+    info.magic_ = kGpuInfoMagic;
+    info.gpu_id_ = gpu_id;
+    info.pid_ = pid;
+    info.gpu2gpu_ = &device->gpu2gpu;
+    info.gpu2cpu_ = &device->gpu2cpu;
+    return info;
+  }
+
+ private:
+  static u32 Payload(const GpuQueueConfig &c) {
+    u32 b = c.payload_bytes < 64 ? 64 : c.payload_bytes;
+    b = b > kGpuPayloadBytes ? kGpuPayloadBytes : b;
+    return (b + 15) & ~15u;
+  }
+  static u32 RoundUp32(u32 n) { return (n + 31) & ~31u; }
+  static u64 Align(u64 n) { return (n + 63) & ~63ull; }
+  static char *Take(char **cursor, u64 bytes) {
+    char *at = *cursor;
+    *cursor += Align(bytes);
+    return at;
+  }
+};
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_QUEUE_SET_H
+// ---- end chi/gpu/queue_set.h ----
+
+namespace chi::gpu {
+
+/** Per-thread stack every kernel gets (set once, before the orchestrator starts). */
+inline constexpr u64 kGpuStackBytes = 8192;
+/** How long Pause/Stop wait for an orchestrator to leave its loop. */
+inline constexpr u64 kGpuStopTimeoutNs = 10000000000ull;
+/** Alignment of GPU container states in their arena. */
+inline constexpr u64 kGpuStateAlign = 256;
+
+/** The GPUs of this process's runtime (one instance per process). */
+class GpuManager : private GpuPoolDirectory {
+ public:
+  static GpuManager &Get() {
+    static GpuManager instance;
+    return instance;
+  }
+
+  /**
+   * Opens every GPU, launches their orchestrators (when a .cu file registered the GPU
+   * modules) and attaches the CPU->GPU transport to `ipc`. A node without GPUs is not an
+   * error: GPU routes then fail with the reason. Returns the first problem met.
+   */
+  Status Start(const ServerConfig &cfg, PoolManager *pools, WorkOrchestrator *orch,
+               IpcManager *ipc) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (started_) return Status::Ok();
+    pools_ = pools;
+    ipc_ = ipc;
+    blocks_ = cfg.gpu_blocks;
+    threads_ = cfg.gpu_threads_per_block;
+    depth_ = cfg.gpu_queue_depth;
+    table_ = GpuModuleRegistry::Get();
+    start_error_ = Status::Ok();
+    PreferEagerModuleLoading();
+    int n = 0;
+    const Error e = GetDeviceCount(&n);
+    std::string reason;
+    if (e != kSuccess || n == 0) {
+      reason = std::string("this node has no usable GPU (") +
+               (e != kSuccess ? ErrorString(e) : "no device") + ")";
+      n = 0;
+    }
+    for (int i = 0; i < n && start_error_.ok(); ++i) {
+      auto d = std::make_unique<Device>();
+      start_error_ = OpenDevice(*d, i);
+      devices_.push_back(std::move(d));
+    }
+    if (!start_error_.ok()) {
+      reason = start_error_.message();
+      CloseDevices();
+      std::fprintf(stderr, "chi: GPU start failed: %s\n", start_error_.ToString().c_str());
+    }
+    std::vector<GpuLink *> links;
+    for (auto &d : devices_) links.push_back(&d->link);
+    worker_.Start(pools, orch, this, std::move(links), std::move(reason));
+    ipc->AttachGpuTransport(&worker_);
+    started_ = true;
+    return start_error_;
+  }
+
+  /** Stops the orchestrators and the GpuWorker; waiting CPU->GPU tasks fail with kShutdown. */
+  void Stop() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!started_) return;
+    ipc_->AttachGpuTransport(nullptr);
+    const bool drained = worker_.StopIntake();
+    for (auto &d : devices_) {
+      d->set.control->abort_.Store(1, MemOrder::kRelease);  // waiting kernels give up
+      StopKernel(*d);
+    }
+    worker_.Stop();
+    if (!drained) {
+      std::fprintf(stderr, "chi: GPU->CPU tasks still running at stop; GPU queues left mapped\n");
+      for (auto &d : devices_) d->wedged = true;
+    }
+    CloseDevices();
+    started_ = false;
+  }
+
+  /** GPUs in use. */
+  u32 NumGpus() const { return static_cast<u32>(devices_.size()); }
+  /** Why Start failed (ok when it did not). */
+  Status StartError() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return start_error_;
+  }
+
+  /**
+   * Makes every orchestrator leave its loop (waiting, bounded, for each to return), so the
+   * SMs are free for other kernels. Tasks posted meanwhile wait in their slots.
+   */
+  Status PauseGpuOrchestrator() {
+    std::lock_guard<std::mutex> g(mu_);
+    Status first;
+    for (auto &d : devices_) {
+      Status st = StopKernel(*d);
+      if (!st.ok() && first.ok()) first = st;
+    }
+    return first;
+  }
+
+  /** Relaunches the paused orchestrators; they pick up where they stopped. */
+  Status ResumeGpuOrchestrator() {
+    std::lock_guard<std::mutex> g(mu_);
+    Status first;
+    for (auto &d : devices_) {
+      if (d->running || d->wedged || table_ == nullptr) continue;
+      Status st = Launch(*d);
+      if (!st.ok() && first.ok()) first = st;
+    }
+    return first;
+  }
+
+  /**
+   * What a kernel on GPU gpu_id needs to submit tasks (pools created so far get their GPU
+   * containers now). An unknown GPU gives an empty info: the kernel's submits then fail.
+   */
+  GpuInfo GetClientGpuInfo(u32 gpu_id) {
+    if (gpu_id >= devices_.size()) return GpuInfo();
+    Device &d = *devices_[gpu_id];
+    {
+      std::lock_guard<std::mutex> g(sync_mu_);
+      SyncPools(d);
+    }
+    return d.set.ClientInfo(gpu_id, static_cast<u32>(getpid()));
+  }
+
+  /** The gpu2gpu queue of GPU gpu_id (a device address), or nullptr. */
+  GpuQueue<MemScope::kDevice> *GetGpuToGpuQueue(u32 gpu_id) const {
+    return gpu_id < devices_.size() ? &devices_[gpu_id]->set.device->gpu2gpu : nullptr;
+  }
+
+  /** Lets the host resolve ShmPtrs of allocator `id` into GPU-visible memory at `data`. */
+  Status RegisterGpuAllocator(AllocatorId id, void *data, u64 capacity) {
+    return MemoryRegistry::Get().Register(id, data, capacity);
+  }
+
+  /**
+   * Frees the slots that client kernels of GPU gpu_id hold (a kernel that died holding
+   * one). Call only while none of this process's client kernels runs on that GPU; each
+   * slot is reused once its last request has been answered.
+   */
+  Status ReclaimGpuSlots(u32 gpu_id) {
+    if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
+    Device &d = *devices_[gpu_id];
+    std::lock_guard<std::mutex> g(sync_mu_);
+    Status st = SetDeviceFor(d);
+    const auto &g2g = d.set.host.gpu2gpu;
+    const auto &g2c = d.set.host.gpu2cpu;
+    if (st.ok()) st = Check(MemsetAsync(g2g.claims_, claim::kVerify, 4ull * g2g.num_slots_, d.copies),
+                            "reclaim gpu2gpu slots");
+    if (st.ok()) st = Check(MemsetAsync(g2c.claims_, claim::kVerify, 4ull * g2c.num_slots_, d.copies),
+                            "reclaim gpu2cpu slots");
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "reclaim slots");
+    return st;
+  }
+
+  /** Slots of GPU gpu_id's gpu2gpu and gpu2cpu queues that clients hold right now. */
+  Status CountHeldSlots(u32 gpu_id, u32 *gpu2gpu, u32 *gpu2cpu) {
+    if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
+    Device &d = *devices_[gpu_id];
+    std::lock_guard<std::mutex> g(sync_mu_);
+    Status st = SetDeviceFor(d);
+    if (st.ok()) st = CountHeld(d, d.set.host.gpu2gpu.claims_, d.set.host.gpu2gpu.num_slots_, gpu2gpu);
+    if (st.ok()) st = CountHeld(d, d.set.host.gpu2cpu.claims_, d.set.host.gpu2cpu.num_slots_, gpu2cpu);
+    return st;
+  }
+
+  /** Copies the GPU container of `pool` on GPU gpu_id back to the host (tests, stats). */
+  template <typename GpuRuntimeT>
+  Status ReadGpuContainer(u32 gpu_id, PoolId pool, GpuRuntimeT *out) {
+    if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
+    Device &d = *devices_[gpu_id];
+    std::lock_guard<std::mutex> g(sync_mu_);
+    auto it = d.bindings.find(pool.ToU64());
+    if (it == d.bindings.end()) {
+      return Status::Errorf(ErrorCode::kUnknownPool, "pool %s has no container on GPU %u",
+                            pool.ToString().c_str(), gpu_id);
+    }
+    Status st = SetDeviceFor(d);
+    if (st.ok()) st = Check(MemcpyAsync(out, it->second.state, sizeof(GpuRuntimeT), d.copies),
+                            "read GPU container");
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "read GPU container");
+    return st;
+  }
+
+  /** Diagnostic: raw request bytes to GPU gpu_id's orchestrator, raw answer back. */
+  Status RawRequest(u32 gpu_id, const char *bytes, u32 len, std::vector<char> *answer,
+                    u64 timeout_ns) {
+    return worker_.RawRoundTrip(gpu_id, bytes, len, answer, timeout_ns);
+  }
+
+ private:
+  /** One GPU's resources. */
+  struct Device {
+    int id = 0;
+    PinnedShmBackend pinned;   ///< control block, cpu2gpu, gpu2cpu (POSIX shm, pinned)
+    GpuDeviceBackend device;   ///< descriptors, gpu2gpu, records, pool table, containers
+    Stream stream = nullptr;   ///< the orchestrator's own stream
+    Stream copies = nullptr;   ///< table and container copies
+    GpuQueueSet set;
+    GpuLink link;
+    bool running = false;      ///< launched and not yet seen to return
+    bool wedged = false;       ///< did not return when asked: keep its memory mapped
+    u32 epoch = 0;
+    u64 arena_used = 0;
+    std::unordered_map<u64, GpuPoolBinding> bindings;  ///< pool -> its container here
+    Atomic<u64> known[kMaxGpuPools];                   ///< pools with bindings (hot-path check)
+    GpuPoolTable shadow;                               ///< host copy of the pool table
+  };
+
+  GpuManager() = default;
+
+  Status SetDeviceFor(const Device &d) { return Check(SetDevice(d.id), "select GPU"); }
+
+  /** Maps GPU i's regions, carves its queues and launches its orchestrator. */
+  Status OpenDevice(Device &d, int i) {
+    d.id = i;
+    if (Status st = SetDeviceFor(d); !st.ok()) return st;
+    u64 stack = kGpuStackBytes;
+    if (table_ != nullptr) {
+      u64 frame = 0;
+      if (Status st = Check(static_cast<Error>(table_->kernel_stack_bytes(&frame)),
+                            "load the orchestrator kernel");
+          !st.ok()) {
+        return st;
+      }
+      if (frame + 1024 > stack) stack = frame + 1024;
+      u32 resident = 0;
+      if (Status st = Check(static_cast<Error>(table_->max_resident_blocks(threads_, &resident)),
+                            "orchestrator occupancy");
+          !st.ok()) {
+        return st;
+      }
+      if (blocks_ > resident) {
+        return Status::Errorf(ErrorCode::kBadConfig,
+                              "gpu.blocks %u x gpu.threads_per_block %u cannot all be resident on "
+                              "GPU %d (at most %u blocks): a persistent kernel needs every block "
+                              "running", blocks_, threads_, i, resident);
+      }
+    }
+    if (Status st = Check(SetStackLimit(stack), "set the GPU stack size"); !st.ok()) return st;
+    GpuQueueConfig qc;
+    qc.server_threads = blocks_ * threads_;
+    qc.depth = depth_;
+    const std::string name =
+        "chi_gpu_" + std::to_string(getpid()) + "_" + std::to_string(i);
+    if (Status st = d.pinned.Create(name, GpuQueueSet::PinnedBytes(qc), CreateMode::kReplace);
+        !st.ok()) {
+      return st;
+    }
+    if (d.pinned.DevicePointer() != d.pinned.Base()) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "pinned memory is not at the same address on the GPU (needs UVA)");
+    }
+    const u64 device_bytes = GpuQueueSet::DeviceBytes(qc);
+    if (Status st = d.device.Create(name, device_bytes, i); !st.ok()) return st;
+    if (Status st = Check(Memset(d.device.Data(), 0, device_bytes), "clear GPU queues"); !st.ok()) {
+      return st;
+    }
+    if (Status st = Check(StreamCreate(&d.stream), "create the orchestrator stream"); !st.ok()) {
+      return st;
+    }
+    if (Status st = Check(StreamCreate(&d.copies), "create the copy stream"); !st.ok()) return st;
+    d.set = GpuQueueSet::Carve(qc, d.pinned.Data(), d.device.Data());
+    Status st = Check(MemcpyAsync(d.set.device, &d.set.host, sizeof(d.set.host), d.copies),
+                      "write queue descriptors");
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "write queue descriptors");
+    if (!st.ok()) return st;
+    d.link.Init(static_cast<u32>(i), d.set.host.cpu2gpu, d.set.host.gpu2cpu);
+    {
+      std::lock_guard<std::mutex> g(sync_mu_);
+      if (Status s2 = SyncPools(d); !s2.ok()) return s2;  // compose pools, before the launch
+    }
+    return table_ != nullptr ? Launch(d) : Status::Ok();
+  }
+
+  /** Launches d's orchestrator (next epoch). */
+  Status Launch(Device &d) {
+    if (Status st = SetDeviceFor(d); !st.ok()) return st;
+    d.set.control->abort_.Store(0, MemOrder::kRelease);
+    d.set.control->exit_.Store(0, MemOrder::kRelease);  // release: before the kernel reads it
+    ++d.epoch;
+    const int rc = table_->launch(d.set.Args(static_cast<u32>(d.id), d.epoch), blocks_, threads_,
+                                  d.stream);
+    if (Status st = Check(static_cast<Error>(rc), "launch the GPU orchestrator"); !st.ok()) {
+      return st;
+    }
+    d.running = true;
+    return Status::Ok();
+  }
+
+  /** Asks d's orchestrator to return and waits for it (bounded). */
+  Status StopKernel(Device &d) {
+    if (!d.running) return Status::Ok();
+    d.set.control->exit_.Store(1, MemOrder::kRelease);
+    Status st = WaitStream(d.stream, kGpuStopTimeoutNs);
+    if (!st.ok()) {
+      d.wedged = true;
+      return Status::Errorf(st.code(), "GPU %d orchestrator did not stop: %s", d.id, st.message());
+    }
+    d.running = false;
+    return Status::Ok();
+  }
+
+  /** Frees every device (leaking, on purpose, those a kernel may still use). */
+  void CloseDevices() {
+    for (auto &d : devices_) {
+      if (d->wedged) {
+        d.release();  // a kernel may still touch its memory: never free it
+        continue;
+      }
+      SetDeviceFor(*d);
+      if (d->stream != nullptr) StreamDestroy(d->stream);
+      if (d->copies != nullptr) StreamDestroy(d->copies);
+      d->device.Destroy();
+      if (d->pinned.IsAttached()) d->pinned.Destroy();
+    }
+    devices_.clear();
+  }
+
+  /**
+   * Gives every pool whose module has a GPU runtime a container on d, drops those of
+   * destroyed pools, and republishes d's pool table. Caller holds sync_mu_.
+   */
+  Status SyncPools(Device &d) {
+    if (table_ == nullptr || pools_ == nullptr) return Status::Ok();
+    std::vector<GpuPoolBinding> next;
+    std::unordered_map<u64, GpuPoolBinding> kept;
+    Status first;
+    for (const PoolStats &p : pools_->Stats()) {
+      const int module = table_->find_module(p.module_name_);
+      if (module < 0 || next.size() == kMaxGpuPools) continue;
+      const u64 key = p.id_.ToU64();
+      auto it = d.bindings.find(key);
+      GpuPoolBinding b{};
+      if (it != d.bindings.end()) {
+        b = it->second;
+      } else if (Status st = MakeContainer(d, p.id_, static_cast<u32>(module), &b); !st.ok()) {
+        if (first.ok()) first = st;
+        continue;
+      }
+      kept[key] = b;
+      next.push_back(b);
+    }
+    d.bindings = std::move(kept);
+    const u32 v = d.shadow.version_.Load(MemOrder::kRelaxed) + 1;  // relaxed: host-private copy
+    d.shadow.Fill(v, next.data(), static_cast<u32>(next.size()));
+    d.shadow.version_.Store(v, MemOrder::kRelaxed);
+    Status st = SetDeviceFor(d);
+    if (st.ok()) {
+      st = Check(MemcpyAsync(d.set.pools->tables_[v & 1], d.shadow.tables_[v & 1],
+                             sizeof(d.shadow.tables_[0]), d.copies),
+                 "write the GPU pool table");
+    }
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "write the GPU pool table");
+    if (st.ok()) {  // the idle copy is complete on the GPU: now make it the live one
+      st = Check(MemcpyAsync(&d.set.pools->version_, &d.shadow.version_, sizeof(u32), d.copies),
+                 "publish the GPU pool table");
+    }
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "publish the GPU pool table");
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      // relaxed: a stale read only sends EnsurePool to this (locked) slow path again.
+      d.known[i].Store(i < next.size() ? next[i].pool.ToU64() : 0, MemOrder::kRelaxed);
+    }
+    return st.ok() ? first : st;
+  }
+
+  /** Builds module `module`'s initial container for `pool` and copies it into d's arena. */
+  Status MakeContainer(Device &d, PoolId pool, u32 module, GpuPoolBinding *out) {
+    const u64 bytes = table_->state_bytes(module);
+    const u64 at = (d.arena_used + kGpuStateAlign - 1) / kGpuStateAlign * kGpuStateAlign;
+    if (at + bytes > d.set.arena_bytes) {
+      return Status::Errorf(ErrorCode::kOutOfMemory, "GPU %d has no room for pool %s's container",
+                            d.id, pool.ToString().c_str());
+    }
+    std::vector<u64> host((bytes + 7) / 8 + 1);
+    table_->construct_state(module, host.data());
+    Status st = SetDeviceFor(d);
+    if (st.ok()) {
+      st = Check(MemcpyAsync(d.set.arena + at, host.data(), bytes, d.copies), "copy GPU container");
+    }
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "copy GPU container");
+    if (!st.ok()) return st;
+    d.arena_used = at + bytes;
+    *out = GpuPoolBinding{pool, module, d.set.arena + at};
+    return Status::Ok();
+  }
+
+  /** Counts held claim words of one queue (copied back to the host). */
+  Status CountHeld(Device &d, const Atomic<u32, MemScope::kDevice> *claims, u32 n, u32 *held) {
+    std::vector<u32> words(n);
+    Status st = Check(MemcpyAsync(words.data(), claims, 4ull * n, d.copies), "read slot claims");
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "read slot claims");
+    *held = 0;
+    for (u32 w : words) *held += w == claim::kHeld ? 1 : 0;
+    return st;
+  }
+
+  /** GpuPoolDirectory: does GPU gpu_id serve `pool`? Registers it on first use. */
+  Status EnsurePool(u32 gpu_id, PoolId pool) override {
+    Device &d = *devices_[gpu_id];
+    const u64 key = pool.ToU64();
+    if (!pools_->Contains(pool)) {
+      return Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
+                            pool.ToString().c_str());
+    }
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      if (d.known[i].Load(MemOrder::kRelaxed) == key) return Status::Ok();  // relaxed: a hint
+    }
+    if (table_ == nullptr) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "no GPU modules were registered: add CHI_GPU_MODULES(...) to one .cu "
+                           "file of the application");
+    }
+    std::lock_guard<std::mutex> g(sync_mu_);
+    Status st = SyncPools(d);
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      if (d.known[i].Load(MemOrder::kRelaxed) == key) return Status::Ok();
+    }
+    if (!st.ok()) return st;
+    return Status::Errorf(ErrorCode::kUnsupported,
+                          "pool %s has no GPU container: its module is not in CHI_GPU_MODULES",
+                          pool.ToString().c_str());
+  }
+
+  mutable std::mutex mu_;  ///< Start, Stop, Pause, Resume
+  std::mutex sync_mu_;     ///< pool tables and copies
+  bool started_ = false;
+  Status start_error_;
+  PoolManager *pools_ = nullptr;
+  IpcManager *ipc_ = nullptr;
+  const GpuModuleTable *table_ = nullptr;
+  u32 blocks_ = 1;
+  u32 threads_ = 32;
+  u32 depth_ = 256;
+  std::vector<std::unique_ptr<Device>> devices_;
+  GpuWorker worker_;
+};
+
+}  // namespace chi::gpu
+
+/**
+ * The seed's entry point for GPU set-up calls (GetClientGpuInfo, PauseGpuOrchestrator,
+ * ResumeGpuOrchestrator, RegisterGpuAllocator, GetGpuToGpuQueue, ...).
+ */
+#ifndef CHI_IPC
+#define CHI_IPC (&::chi::gpu::GpuManager::Get())
+#endif
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_MANAGER_H
+// ---- end chi/gpu/gpu_manager.h ----
+#endif
 
 namespace chi {
 
@@ -8850,6 +13347,11 @@ class Chimaera {
                               e.pool_name.c_str(), e.mod_name.c_str(), st.message());
       }
     }
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    // After composition: the orchestrators occupy SMs. A GPU problem is logged and then
+    // answered on every GPU route; the CPU runtime still starts.
+    gpu::GpuManager::Get().Start(config_, pools_.get(), orch_.get(), &ipc_);
+#endif
     return Status::Ok();
   }
 
@@ -8863,14 +13365,21 @@ class Chimaera {
     auto zmq = std::make_unique<ZmqServer>();
     ZmqServer::Options opt;
     opt.port = config_.port;
+    opt.spin_ns = static_cast<u64>(EnvSeconds("CHI_ZMQ_SPIN_US", opt.spin_ns / 1e3) * 1e3);
     if (Status st = zmq->Start(dispatcher_.get(), opt); !st.ok()) return st;
+    zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
+    auto shm = std::make_unique<ShmServer>();
+    if (Status st = shm->Start(dispatcher_.get(), config_, config_.port); !st.ok()) return st;
     ConnectAnswer answer;
     answer.runtime_pid = static_cast<u32>(getpid());
     answer.node_id = 0;
     answer.port = config_.port;
     answer.segments = segments_.Describe();
-    zmq->Open(answer);
-    zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
+    ShmServerInfo shm_info = shm->Info();
+    OutputArchive info_ar(answer.shm_info);
+    info_ar(shm_info);
+    shm_server_.Store(shm.release(), MemOrder::kRelease);  // release: Monitor reads it
+    zmq_server_.Load(MemOrder::kAcquire)->Open(answer);    // clients are let in
     return Status::Ok();
   }
 
@@ -8890,6 +13399,17 @@ class Chimaera {
       t.answers_dropped_ = s.answers_dropped;
       out.push_back(t);
     }
+    if (ShmServer *shm = shm_server_.Load(MemOrder::kAcquire)) {
+      const ShmServer::Stats s = shm->GetStats();
+      chimaera::admin::TransportStats t;
+      t.name_ = "shm";
+      t.clients_ = s.clients;
+      t.clients_reaped_ = s.reclaimed_clients;
+      t.bytes_held_ = s.bytes_in_use;
+      t.requests_ = s.tasks_served;
+      t.requests_refused_ = s.broken_streams;
+      out.push_back(t);
+    }
     return out;
   }
 
@@ -8899,7 +13419,7 @@ class Chimaera {
     if (v == nullptr || v[0] == '\0') return fallback;
     char *end = nullptr;
     const double d = std::strtod(v, &end);
-    return (end != nullptr && *end == '\0' && d > 0) ? d : fallback;
+    return (end != nullptr && *end == '\0' && d >= 0) ? d : fallback;
   }
 
   /**
@@ -8908,6 +13428,8 @@ class Chimaera {
    * transport CHI_IPC_MODE / networking.ipc_mode names. CHI_CONNECT_TIMEOUT
    * (seconds, default 5) bounds the first connection; CHI_RECONNECT_TIMEOUT
    * (default 10) is how long tasks wait for a runtime that went away to return.
+   * CHI_ZMQ_SPIN_US (here and in the runtime) sets how long a ZeroMQ network
+   * thread busy-polls after activity before it sleeps (default 20).
    */
   Status ConnectToRuntime() {
     ZmqClientOptions opt;
@@ -8915,16 +13437,28 @@ class Chimaera {
     opt.port = config_.port;
     opt.connect_timeout_sec = EnvSeconds("CHI_CONNECT_TIMEOUT", 5);
     opt.reconnect_sec = EnvSeconds("CHI_RECONNECT_TIMEOUT", 10);
+    opt.spin_ns = static_cast<u64>(EnvSeconds("CHI_ZMQ_SPIN_US", opt.spin_ns / 1e3) * 1e3);
     std::unique_ptr<ZmqClientTransport> zmq;
     ConnectAnswer answer;
     if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
     if (Status st = AttachRuntimeSegments(answer, &client_segments_); !st.ok()) return st;
-    if (config_.ipc_mode == "shm") {
-      return Status::Error(ErrorCode::kUnsupported,
-                           "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
-                           "use CHI_IPC_MODE=ipc or tcp");
-    }
     connect_answer_ = answer;
+    if (config_.ipc_mode == "shm") {  // the handshake told us where the shm segment is
+      ShmServerInfo info;
+      InputArchive info_ar(answer.shm_info.data(), answer.shm_info.size());
+      info_ar(info);
+      if (answer.shm_info.empty() || !info_ar.ok()) {
+        return Status::Error(ErrorCode::kUnsupported,
+                             "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
+                             "use CHI_IPC_MODE=ipc or tcp");
+      }
+      std::unique_ptr<ShmClientTransport> shm;
+      if (Status st = ShmClientTransport::Connect(info, &shm); !st.ok()) return st;
+      zmq->Close();  // the shm slot is the registration from here on
+      transport_ = std::move(shm);
+      ipc_.AttachTransport(transport_.get(), answer.node_id);
+      return Status::Ok();
+    }
     transport_ = std::move(zmq);
     ipc_.AttachTransport(transport_.get(), answer.node_id);
     return Status::Ok();
@@ -8932,8 +13466,15 @@ class Chimaera {
 
   /** Stops the servers (after draining the workers), the workers, and the segments. */
   void StopRuntime() {
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    gpu::GpuManager::Get().Stop();  // first: its GPU->CPU tasks still need the workers
+#endif
     ZmqServer *zmq = zmq_server_.Load(MemOrder::kAcquire);
     if (zmq != nullptr) zmq->BeginShutdown();  // new remote tasks get kShutdown answers
+    if (ShmServer *shm = shm_server_.Exchange(nullptr, MemOrder::kAcqRel)) {
+      shm->Stop();  // stops reading; answers what is in flight (workers still run); tells clients
+      delete shm;
+    }
     if (orch_ != nullptr) orch_->Stop();       // accepted tasks finish; their answers queue
     if (zmq != nullptr) {
       zmq->Stop();  // sends the answers, tells clients, closes
@@ -8970,6 +13511,7 @@ class Chimaera {
   RuntimeSegments segments_;
   std::unique_ptr<RequestDispatcher> dispatcher_;
   Atomic<ZmqServer *> zmq_server_{nullptr};
+  Atomic<ShmServer *> shm_server_{nullptr};
   // pure client
   std::unique_ptr<ClientTransport> transport_;
   std::vector<std::unique_ptr<PosixShmBackend>> client_segments_;

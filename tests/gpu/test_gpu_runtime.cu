@@ -32,6 +32,7 @@ using chimaera::demo::GpuSubmitTask;
 
 const chi::PoolId kPool(420, 0);
 constexpr u64 kKernelTimeoutNs = 120000000000ull;
+constexpr float kTaskWaitSec = 5;  ///< a kernel's wait for one task; it stops at the first miss
 
 /** Results a test kernel leaves in device memory. */
 struct Counters {
@@ -57,12 +58,13 @@ __global__ void SubmitKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 route
                                                    : chi::PoolQuery::Local();
     auto f = client.AsyncGpuSubmit(q, 0, v);
     const u32 expected = route == kToLocalCpu ? v * 2 : v * 3;
-    const bool ok = f.Wait() && f->GetReturnCode() == 0 && f->result_value_ == expected;
+    const bool ok = f.Wait(kTaskWaitSec) && f->GetReturnCode() == 0 && f->result_value_ == expected;
     atomicAdd(ok ? &c->correct : &c->wrong, 1u);
     if (tid == 0) {
       c->value = f.IsValid() ? f->result_value_ : 0;
       c->rc = f.IsValid() ? f->GetReturnCode() : 999;
     }
+    if (!ok) return;  // one miss is enough to fail the test; do not wait out the rest
   }
 }
 
@@ -74,7 +76,8 @@ __global__ void AsyncKernel(chi::gpu::GpuInfo info, chi::PoolId pool, Counters *
   auto b = client.AsyncGpuSubmit(chi::PoolQuery::ToLocalCpu(), 0, 2);
   auto d = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, 3);
   auto e = client.AsyncGpuSubmit(chi::PoolQuery::ToLocalCpu(), 0, 4);
-  const bool ok = a.Wait() && b.Wait() && d.Wait() && e.Wait() && a->result_value_ == 3 &&
+  const bool ok = a.Wait(kTaskWaitSec) && b.Wait(kTaskWaitSec) && d.Wait(kTaskWaitSec) &&
+                  e.Wait(kTaskWaitSec) && a->result_value_ == 3 &&
                   b->result_value_ == 4 && d->result_value_ == 9 && e->result_value_ == 8;
   atomicAdd(ok ? &c->correct : &c->wrong, 1u);
 }
@@ -195,6 +198,7 @@ TEST_CASE("1000 sequential round trips in every route are all correct") {
     c2g += f.Wait(10) && f->GetReturnCode() == 0 && f->result_value_ == i * 3;
     auto g = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, i);
     local += g.Wait(10) && g->GetReturnCode() == 0 && g->result_value_ == i * 2;
+    if (c2g + local != 2 * (i + 1)) break;  // stop at the first miss
   }
   CHECK(c2g == 1000);
   CHECK(local == 1000);

@@ -13,7 +13,8 @@
 //   }
 #pragma once
 
-#include <new>  // placement new of the task into its record
+#include <new>          // placement new of the task into its record
+#include <type_traits>  // is_trivially_destructible
 
 #include "chi/core/ids.h"          // PoolId, MethodId, TaskId, TaskNode
 #include "chi/core/pool_query.h"   // PoolQuery, RoutingMode
@@ -76,6 +77,8 @@ CHI_CROSS_FUN TaskT *StartOn(const GpuQueue<S> *qp, const GpuInfo &info, PoolId 
                              const PoolQuery &query, MethodId method, bool routable,
                              Args &&...args) {
   static_assert(sizeof(TaskT) <= kGpuTaskBytes, "task too large for a GPU client record");
+  static_assert(std::is_trivially_destructible_v<TaskT>,
+                "a task submitted from a kernel lives in a GPU slot: no owning members");
   static_assert(alignof(TaskT) <= 16, "GPU client tasks are 16-byte aligned at most");
   const GpuQueue<S> &q = *qp;
   const u32 s = ClaimSlot(q, ClaimStart(info, q.num_slots_));

@@ -1,6 +1,8 @@
 // The orchestrator's body: every thread of the persistent kernel owns a fixed set of slots
-// of its GPU's gpu2gpu and cpu2gpu queues (slot s belongs to thread s % threads), polls
-// them, and runs each request's GPU handler itself. Many warps therefore serve in parallel
+// of its GPU's gpu2gpu queue (slot s belongs to thread s % threads) and of its cpu2gpu queue
+// (counted from the last thread down, so the threads that wait on slow PCIe reads of pinned
+// memory are not the ones the first gpu2gpu slots depend on), polls them, and runs each
+// request's GPU handler itself. Many warps therefore serve in parallel
 // with no shared queue head and no lock. The same code runs on CPU threads in host tests.
 // Invariant: a thread leaves the loop only through the host-visible exit flag; it never
 // waits on anything else, so a request can only be late, never lost or blocking.
@@ -131,19 +133,20 @@ CHI_GPU_FUN void ServeLoop(const ServerArgs &a, u32 tid, u32 threads) {
   const GpuQueue<MemScope::kSystem> c2g = *a.cpu2gpu;
   u32 served_g2g[kMaxSlotsPerServerThread];
   u32 served_c2g[kMaxSlotsPerServerThread];
+  const u32 ctid = threads - 1 - tid;  // this thread's place among the cpu2gpu owners
   LoadServed(g2g, tid, threads, served_g2g);
-  LoadServed(c2g, tid, threads, served_c2g);
+  LoadServed(c2g, ctid, threads, served_c2g);
   ServerState st{a.pools, GpuPoolCache{}, GpuRunContext{}};
   st.rctx.gpu_id_ = a.gpu_id;
   st.rctx.server_thread_ = tid;
-  const bool polls_cpu = tid < c2g.num_slots_;
+  const bool polls_cpu = ctid < c2g.num_slots_;
   u32 idle = 0;
   for (u32 round = 1;; ++round) {
     st.rctx.from_cpu_ = false;
     bool did = ServeOwned<ModuleList>(g2g, tid, threads, served_g2g, st);
     if (polls_cpu) {
       st.rctx.from_cpu_ = true;
-      did |= ServeOwned<ModuleList>(c2g, tid, threads, served_c2g, st);
+      did |= ServeOwned<ModuleList>(c2g, ctid, threads, served_c2g, st);
     }
     if (did) {
       idle = 0;

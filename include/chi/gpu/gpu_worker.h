@@ -47,6 +47,7 @@ struct GpuLink {
   std::unique_ptr<u32[]> sent;             ///< cpu2gpu: the sequence posted in each slot
   Atomic<u32> freed;                       ///< cpu2gpu: bumped whenever a slot frees (futex)
   Atomic<u32> free_waiters;                ///< senders parked on `freed`
+  Atomic<u32> used_slots;                  ///< cpu2gpu: 1 + the highest slot ever claimed
   Atomic<u64> cpu2gpu_inflight;
   Atomic<u64> gpu2cpu_inflight;
 
@@ -225,7 +226,11 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       const u32 seen = l.freed.Load(MemOrder::kAcquire);
       const u32 s = l.cpu2gpu.TryClaim(hint);
       if (s != kNoSlot) {
-        hint = s + 1;
+        hint = s;  // a thread keeps reusing its slot: the worker scans only [0, used_slots)
+        u32 used = l.used_slots.Load(MemOrder::kRelaxed);
+        // relaxed: pending[s], published later with release, is what the scan relies on.
+        while (used < s + 1 && !l.used_slots.CompareExchange(used, s + 1, MemOrder::kRelaxed)) {
+        }
         return s;
       }
       if (n < kClaimSpins) {
@@ -297,7 +302,8 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
   bool CompleteAnswers(GpuLink &l) {
     if (l.cpu2gpu_inflight.Load(MemOrder::kAcquire) == 0) return false;
     bool did = false;
-    for (u32 s = 0; s < l.cpu2gpu.num_slots_; ++s) {
+    const u32 used = l.used_slots.Load(MemOrder::kAcquire);  // covers every pending slot
+    for (u32 s = 0; s < used; ++s) {
       const u64 p = l.pending[s].Load(MemOrder::kAcquire);  // pairs with SendTo's release
       u32 len = 0;
       if (p == 0 || !l.cpu2gpu.Answered(s, l.sent[s], &len)) continue;

@@ -20,6 +20,7 @@
 #include "chi/runtime/pool_manager.h"       // PoolManager
 #include "chi/runtime/work_orchestrator.h"  // WorkOrchestrator
 #include "chi/transport/client_connect.h"   // RuntimeSegments, ConnectAnswer
+#include "chi/transport/shm_transport.h"    // ShmServer, ShmClientTransport
 #include "chi/transport/zmq_client.h"       // pure clients over ipc/tcp
 #include "chi/transport/zmq_server.h"       // the runtime's network worker
 #if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
@@ -147,14 +148,21 @@ class Chimaera {
     auto zmq = std::make_unique<ZmqServer>();
     ZmqServer::Options opt;
     opt.port = config_.port;
+    opt.spin_ns = static_cast<u64>(EnvSeconds("CHI_ZMQ_SPIN_US", opt.spin_ns / 1e3) * 1e3);
     if (Status st = zmq->Start(dispatcher_.get(), opt); !st.ok()) return st;
+    zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
+    auto shm = std::make_unique<ShmServer>();
+    if (Status st = shm->Start(dispatcher_.get(), config_, config_.port); !st.ok()) return st;
     ConnectAnswer answer;
     answer.runtime_pid = static_cast<u32>(getpid());
     answer.node_id = 0;
     answer.port = config_.port;
     answer.segments = segments_.Describe();
-    zmq->Open(answer);
-    zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
+    ShmServerInfo shm_info = shm->Info();
+    OutputArchive info_ar(answer.shm_info);
+    info_ar(shm_info);
+    shm_server_.Store(shm.release(), MemOrder::kRelease);  // release: Monitor reads it
+    zmq_server_.Load(MemOrder::kAcquire)->Open(answer);    // clients are let in
     return Status::Ok();
   }
 
@@ -174,6 +182,17 @@ class Chimaera {
       t.answers_dropped_ = s.answers_dropped;
       out.push_back(t);
     }
+    if (ShmServer *shm = shm_server_.Load(MemOrder::kAcquire)) {
+      const ShmServer::Stats s = shm->GetStats();
+      chimaera::admin::TransportStats t;
+      t.name_ = "shm";
+      t.clients_ = s.clients;
+      t.clients_reaped_ = s.reclaimed_clients;
+      t.bytes_held_ = s.bytes_in_use;
+      t.requests_ = s.tasks_served;
+      t.requests_refused_ = s.broken_streams;
+      out.push_back(t);
+    }
     return out;
   }
 
@@ -183,7 +202,7 @@ class Chimaera {
     if (v == nullptr || v[0] == '\0') return fallback;
     char *end = nullptr;
     const double d = std::strtod(v, &end);
-    return (end != nullptr && *end == '\0' && d > 0) ? d : fallback;
+    return (end != nullptr && *end == '\0' && d >= 0) ? d : fallback;
   }
 
   /**
@@ -192,6 +211,8 @@ class Chimaera {
    * transport CHI_IPC_MODE / networking.ipc_mode names. CHI_CONNECT_TIMEOUT
    * (seconds, default 5) bounds the first connection; CHI_RECONNECT_TIMEOUT
    * (default 10) is how long tasks wait for a runtime that went away to return.
+   * CHI_ZMQ_SPIN_US (here and in the runtime) sets how long a ZeroMQ network
+   * thread busy-polls after activity before it sleeps (default 20).
    */
   Status ConnectToRuntime() {
     ZmqClientOptions opt;
@@ -199,16 +220,28 @@ class Chimaera {
     opt.port = config_.port;
     opt.connect_timeout_sec = EnvSeconds("CHI_CONNECT_TIMEOUT", 5);
     opt.reconnect_sec = EnvSeconds("CHI_RECONNECT_TIMEOUT", 10);
+    opt.spin_ns = static_cast<u64>(EnvSeconds("CHI_ZMQ_SPIN_US", opt.spin_ns / 1e3) * 1e3);
     std::unique_ptr<ZmqClientTransport> zmq;
     ConnectAnswer answer;
     if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
     if (Status st = AttachRuntimeSegments(answer, &client_segments_); !st.ok()) return st;
-    if (config_.ipc_mode == "shm") {
-      return Status::Error(ErrorCode::kUnsupported,
-                           "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
-                           "use CHI_IPC_MODE=ipc or tcp");
-    }
     connect_answer_ = answer;
+    if (config_.ipc_mode == "shm") {  // the handshake told us where the shm segment is
+      ShmServerInfo info;
+      InputArchive info_ar(answer.shm_info.data(), answer.shm_info.size());
+      info_ar(info);
+      if (answer.shm_info.empty() || !info_ar.ok()) {
+        return Status::Error(ErrorCode::kUnsupported,
+                             "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
+                             "use CHI_IPC_MODE=ipc or tcp");
+      }
+      std::unique_ptr<ShmClientTransport> shm;
+      if (Status st = ShmClientTransport::Connect(info, &shm); !st.ok()) return st;
+      zmq->Close();  // the shm slot is the registration from here on
+      transport_ = std::move(shm);
+      ipc_.AttachTransport(transport_.get(), answer.node_id);
+      return Status::Ok();
+    }
     transport_ = std::move(zmq);
     ipc_.AttachTransport(transport_.get(), answer.node_id);
     return Status::Ok();
@@ -221,6 +254,10 @@ class Chimaera {
 #endif
     ZmqServer *zmq = zmq_server_.Load(MemOrder::kAcquire);
     if (zmq != nullptr) zmq->BeginShutdown();  // new remote tasks get kShutdown answers
+    if (ShmServer *shm = shm_server_.Exchange(nullptr, MemOrder::kAcqRel)) {
+      shm->Stop();  // stops reading; answers what is in flight (workers still run); tells clients
+      delete shm;
+    }
     if (orch_ != nullptr) orch_->Stop();       // accepted tasks finish; their answers queue
     if (zmq != nullptr) {
       zmq->Stop();  // sends the answers, tells clients, closes
@@ -257,6 +294,7 @@ class Chimaera {
   RuntimeSegments segments_;
   std::unique_ptr<RequestDispatcher> dispatcher_;
   Atomic<ZmqServer *> zmq_server_{nullptr};
+  Atomic<ShmServer *> shm_server_{nullptr};
   // pure client
   std::unique_ptr<ClientTransport> transport_;
   std::vector<std::unique_ptr<PosixShmBackend>> client_segments_;

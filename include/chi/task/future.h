@@ -6,8 +6,9 @@
 // GPU slot instead (chi/gpu/gpu_client.h defines the device path).
 #pragma once
 
-#include <climits>  // INT_MAX
-#include <vector>   // WaitAll
+#include <climits>      // INT_MAX
+#include <type_traits>  // is_trivially_destructible: which tasks a kernel can submit
+#include <vector>       // WaitAll
 
 #include "chi/core/atomic.h"          // state word
 #include "chi/core/futex.h"           // parking a client thread
@@ -19,6 +20,9 @@ namespace chi {
 
 #if CHI_GPU_CUDA || CHI_GPU_HIP
 namespace gpu {
+/** Task types a kernel can submit: they live in GPU slots and have nothing to destroy. */
+template <typename TaskT>
+inline constexpr bool kGpuTask = std::is_trivially_destructible_v<TaskT>;
 // Device path of Future (defined in chi/gpu/gpu_client.h, which GPU clients include).
 template <typename TaskT>
 CHI_CROSS_FUN bool WaitTask(TaskT *task, float max_sec);
@@ -59,7 +63,11 @@ class Future {
   CHI_CROSS_FUN bool Wait(float max_sec = 0) {
     if (task_ == nullptr) return false;
 #if CHI_IS_GPU
-    return gpu::WaitTask(task_, max_sec);  // bounded even when max_sec is 0
+    if constexpr (gpu::kGpuTask<TaskT>) {
+      return gpu::WaitTask(task_, max_sec);  // always bounded, even for max_sec = 0
+    } else {
+      return false;  // only GPU task types are ever waited on in a kernel
+    }
 #else
     if (task_->IsComplete()) return true;
     if (RunContext *r = CurrentRunContext()) return WaitInFiber(r, max_sec);
@@ -70,7 +78,11 @@ class Future {
   /** True once outputs are final. */
   CHI_CROSS_FUN bool IsComplete() const {
 #if CHI_IS_GPU
-    return task_ != nullptr && gpu::PollTask(task_);
+    if constexpr (gpu::kGpuTask<TaskT>) {
+      return task_ != nullptr && gpu::PollTask(task_);
+    } else {
+      return false;
+    }
 #else
     return task_ != nullptr && task_->IsComplete();
 #endif
@@ -89,7 +101,7 @@ class Future {
     TaskT *t = task_;
     task_ = nullptr;
 #if CHI_IS_GPU
-    gpu::ReleaseTask(t);  // destroys the task and frees its GPU slot
+    if constexpr (gpu::kGpuTask<TaskT>) gpu::ReleaseTask(t);  // frees the task's GPU slot
 #else
     // acq_rel: pairs with CompleteTask; exactly one side sees the other's bit and frees.
     const u32 prev = t->state_.FetchOr(task_state::kOrphaned, MemOrder::kAcqRel);

@@ -189,7 +189,6 @@ class RuntimeSegments {
     clock_gettime(CLOCK_REALTIME, &ts);
     h->start_ns_ = static_cast<u64>(ts.tv_sec) * 1000000000ull + static_cast<u64>(ts.tv_nsec);
     h->magic_.Store(kRuntimeHeaderMagic, MemOrder::kRelease);  // publishes the fields above
-    port_ = port;
     return Status::Ok();
   }
 
@@ -214,7 +213,6 @@ class RuntimeSegments {
 
  private:
   std::vector<std::unique_ptr<PosixShmBackend>> segments_;
-  u32 port_ = 0;
 };
 
 /**

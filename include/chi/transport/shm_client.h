@@ -139,10 +139,7 @@ class ShmClientTransport final : public ClientTransport {
     if (Status st = segment_.Attach(info); !st.ok()) return st;
     header_ = segment_.Header();
     runtime_ = ProcessIdentity{header_->runtime_pid_, header_->runtime_start_ticks_};
-    if (!segment_.RuntimeAlive()) {
-      Status st = Status::Errorf(ErrorCode::kPeerDead,
-                                 "shm transport: runtime pid %u of segment '%s' is not serving",
-                                 runtime_.pid, info.segment.c_str());
+    if (Status st = segment_.RuntimeStatus(); !st.ok()) {
       segment_.Detach();
       return st;
     }
@@ -253,14 +250,10 @@ class ShmClientTransport final : public ClientTransport {
     if (++e.seq == 0) e.seq = 1;
     const u64 id = (static_cast<u64>(e.seq) << 32) | idx;
     e.task.Store(reinterpret_cast<u64>(t), MemOrder::kRelaxed);  // relaxed: published below
-    // seq_cst: release publishes the task with its id; seq_cst orders it before our read
-    // of failure_ (Dekker with Fail, which stores failure_ and then sweeps the table).
-    e.word.Store(id, MemOrder::kSeqCst);
-    if (failure_.Load(MemOrder::kSeqCst) != 0 || closed_.Load(MemOrder::kSeqCst) != 0) {
-      Status st = FailureStatus();
-      TakeAndFail(idx, id, st.code(), st.message());
-      return;
-    }
+    // release: publishes the task with its id before the request can be answered.
+    e.word.Store(id, MemOrder::kRelease);
+    // The entry this writer will most likely take next: fetch its line while we wait.
+    __builtin_prefetch(&entries_[cursor_], 1);
     EncodeRequest(t, id, &tx_);
     Status st;
     if (tx_.size() > max_message_bytes_) {
@@ -272,7 +265,12 @@ class ShmClientTransport final : public ClientTransport {
     } else {
       st = StreamOut(tx_.data(), tx_.size());
     }
-    Recycle(&tx_);
+    RecycleBuffer(&tx_);
+    // seq_cst fence: orders our entry store before the read of failure_ (Dekker with Fail,
+    // which stores failure_ and then sweeps the table), so a task registered after the
+    // sweep is failed here. Cheap: the stream's seq_cst publish already drained our stores.
+    FenceSeqCst();
+    if (st.ok() && Unhealthy()) st = FailureStatus();
     if (!st.ok()) TakeAndFail(idx, id, st.code(), st.message());
   }
 
@@ -426,7 +424,7 @@ class ShmClientTransport final : public ClientTransport {
     if (rx_.size() == rx_total_) {
       rx_assembling_ = false;
       Deliver(rx_.data(), rx_.size());
-      Recycle(&rx_);
+      RecycleBuffer(&rx_);
     }
     return true;
   }
@@ -546,15 +544,6 @@ class ShmClientTransport final : public ClientTransport {
     }
     table_room_.Notify();
     slot_->request_room_.Notify();
-  }
-
-  /** Frees a buffer's memory once it grew large (keeps small ones warm). */
-  static void Recycle(std::vector<char> *v) {
-    if (v->capacity() > (1u << 20)) {
-      std::vector<char>().swap(*v);
-    } else {
-      v->clear();
-    }
   }
 
   ShmSegment segment_;

@@ -221,12 +221,26 @@ class ShmSegment {
                              ShmStream::BytesFor(header_->ring_bytes_));
   }
 
-  /** True while the runtime that made the segment serves it (state and process). */
-  bool RuntimeAlive() const {
-    // acquire: a stopping runtime's state is read before anything it wrote earlier matters.
-    u32 state = header_->runtime_state_.Load(MemOrder::kAcquire);
-    if (state != static_cast<u32>(ShmRuntimeState::kServing)) return false;
-    return IsProcessAlive(ProcessIdentity{header_->runtime_pid_, header_->runtime_start_ticks_});
+  /**
+   * Ok while the runtime that made the segment serves it; kPeerDead once its process is
+   * gone (a stale segment), kShutdown while it is stopping or stopped.
+   */
+  Status RuntimeStatus() const {
+    // acquire: what the runtime wrote before changing its state is visible after.
+    const u32 state = header_->runtime_state_.Load(MemOrder::kAcquire);
+    const u32 pid = header_->runtime_pid_;
+    if (!IsProcessAlive(ProcessIdentity{pid, header_->runtime_start_ticks_})) {
+      return Status::Errorf(ErrorCode::kPeerDead,
+                            "shm transport: runtime pid %u of segment '%s' is gone", pid,
+                            backend_.Name());
+    }
+    if (state != static_cast<u32>(ShmRuntimeState::kServing)) {
+      return Status::Errorf(ErrorCode::kShutdown,
+                            "shm transport: runtime pid %u of segment '%s' is not serving "
+                            "(stopping or stopped)",
+                            pid, backend_.Name());
+    }
+    return Status::Ok();
   }
 
  private:
@@ -285,13 +299,13 @@ class ShmSegment {
     const ShmSegmentHeader *h = old.Header();
     const bool stopped =
         h->runtime_state_.Load(MemOrder::kAcquire) == static_cast<u32>(ShmRuntimeState::kStopped);
-    const ProcessIdentity owner{h->runtime_pid_, h->runtime_start_ticks_};
-    const bool live = !stopped && IsProcessAlive(owner);
+    const u32 pid = h->runtime_pid_;
+    const bool live = !stopped && IsProcessAlive(ProcessIdentity{pid, h->runtime_start_ticks_});
     old.Detach();
     if (!live) return Status::Ok();
     return Status::Errorf(ErrorCode::kAlreadyExists,
                           "shm transport: port %u is served by runtime pid %u (segment '%s')",
-                          port, owner.pid, name.c_str());
+                          port, pid, name.c_str());
   }
 
   PosixShmBackend backend_;

@@ -1,31 +1,29 @@
-// ShmServer: the runtime side of the shared-memory transport (the runtime's shm network
-// role). One poller thread reads every client's request stream, hands whole requests to
-// the RequestDispatcher, streams large answers back, and reaps the slots of clients that
-// closed, died or wrote garbage. Workers append small answers to the answer stream
-// themselves, so a round trip does not pass through the poller twice.
-// Invariant: a slot is reset for reuse only once its client is gone and none of its tasks
-// is still in flight, so a late answer can never reach the slot's next owner.
+// ShmServer: the runtime side of the shared-memory transport (its shm network role). One
+// poller thread reads every client's request stream, hands whole requests to the
+// RequestDispatcher, streams large answers back and runs the reaper (shm_reaper.h).
+// Workers append small answers to the answer stream themselves, so a round trip passes
+// the poller once. Invariant: only the holder of a slot's `writer` flag appends answers.
 #pragma once
 
 #include <pthread.h>  // pthread_setname_np for the poller thread
 
 #include <cstdlib>  // aligned_alloc / free for the pending-answer rings
 #include <cstring>  // memcpy of request ids
-#include <deque>    // error answers waiting for room (error path only)
 #include <memory>   // unique_ptr
 #include <thread>   // the poller thread
 #include <utility>  // std::move
-#include <vector>   // answer and assembly buffers, the serving list
+#include <vector>   // answer buffers
 
 #include "chi/core/atomic.h"                   // Atomic, CpuRelax
 #include "chi/core/status.h"                   // Status, ErrorCode
 #include "chi/queue/mpsc_ring.h"               // finished tasks handed from workers to the poller
-#include "chi/queue/wait_event.h"              // MonotonicNs, DeadlineAfter
+#include "chi/queue/wait_event.h"              // MonotonicNs for the poller's clock
 #include "chi/runtime/config.h"                // ServerConfig (segment sizes)
 #include "chi/serialize/archive.h"             // OutputArchive for answers
 #include "chi/task/task_ops.h"                 // DeleteTask
 #include "chi/transport/request_dispatcher.h"  // decode + submit, error answers
-#include "chi/transport/shm_process.h"         // liveness of client processes
+#include "chi/transport/shm_process.h"         // SelfIdentity for the segment header
+#include "chi/transport/shm_reaper.h"          // slot life cycle, ShmServedSlot
 #include "chi/transport/shm_segment.h"         // segment layout, ShmServerInfo
 #include "chi/transport/shm_stream.h"          // request and answer streams
 
@@ -114,15 +112,15 @@ class ShmServer {
   /** Current counters. */
   Stats GetStats() const { return core_ == nullptr ? Stats{} : ReadStats(core_->Header()); }
 
-  /** Finds the runtime serving `port`: kNotFound (none), kPeerDead (its runtime is gone). */
+  /**
+   * Finds the runtime serving `port`: kNotFound (none), kPeerDead (a dead runtime's
+   * stale segment), kShutdown (stopping).
+   */
   static Status Probe(u32 port, ShmServerInfo *info) {
     ShmSegment seg;
     if (Status st = seg.AttachByName(ShmSegmentName(port)); !st.ok()) return st;
     const ShmSegmentHeader *h = seg.Header();
-    if (!seg.RuntimeAlive()) {
-      Status st = Status::Errorf(ErrorCode::kPeerDead,
-                                 "shm transport: runtime pid %u of port %u is not serving",
-                                 h->runtime_pid_, port);
+    if (Status st = seg.RuntimeStatus(); !st.ok()) {
       seg.Detach();
       return st;
     }
@@ -150,7 +148,6 @@ class ShmServer {
   static constexpr u64 kReapIntervalNs = 20000000;  ///< liveness checks while clients exist
   static constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is connected
   static constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
-  static constexpr u64 kRetainBytes = 1u << 20;    ///< buffers above this are freed after use
 
   static Stats ReadStats(const ShmSegmentHeader *h) {
     // relaxed: statistics; each counter is read on its own.
@@ -161,15 +158,6 @@ class ShmServer {
     s.tasks_served = h->stats_.tasks_served.Load(MemOrder::kRelaxed);
     s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
     return s;
-  }
-
-  /** Frees a buffer's memory once it grew past kRetainBytes (keeps small ones warm). */
-  static void Recycle(std::vector<char> *v) {
-    if (v->capacity() > kRetainBytes) {
-      std::vector<char>().swap(*v);
-    } else {
-      v->clear();
-    }
   }
 
   /** Encodes a finished task's answer envelope into *out (the task stays alive). */
@@ -188,38 +176,6 @@ class ShmServer {
     }
   }
 
-  /** What the poller knows about one slot (private to this process). */
-  struct alignas(kCacheLine) SlotState {
-    enum class Phase : u32 { kIdle, kServing, kDraining };
-
-    // Line 0: written by the workers that answer (and by the poller when it writes).
-    Atomic<u32> writer;         ///< 1 while someone appends to the answer stream
-    Atomic<u32> completing;     ///< workers inside OnComplete for this slot right now
-    Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
-    Atomic<u64> answered;       ///< requests answered or discarded, ever
-
-    // Line 1: read by the workers, written by the poller only on rare events.
-    alignas(kCacheLine) Atomic<u32> draining;  ///< 1: answers of this slot are discarded
-    Atomic<u32> credit_wait;  ///< 1: the poller stopped reading until an answer frees a credit
-    MpscRing<u64> *pending = nullptr;  ///< finished tasks whose answers the poller writes
-    void *pending_mem = nullptr;
-
-    // The poller's alone. In flight = accepted - answered.
-    alignas(kCacheLine) Atomic<u64> accepted;  ///< requests taken in (and error answers), ever
-    u64 answered_seen = 0;                     ///< the poller's last view of `answered`
-    Phase phase = Phase::kIdle;
-    ProcessIdentity owner;
-    bool owner_dead = false;
-    bool counts_as_reclaimed = false;
-    std::vector<char> assembly;  ///< a request arriving in pieces
-    u64 assembly_total = 0;
-    bool assembling = false;
-    std::vector<char> outgoing;  ///< an answer being streamed (writer held meanwhile)
-    u64 outgoing_sent = 0;
-    bool outgoing_open = false;
-    std::deque<std::vector<char>> errors;  ///< error answers not yet written
-  };
-
   /** Everything the server runs on; heap-allocated so it can outlive a stuck Stop. */
   class Core final : public TaskCompleter {
    public:
@@ -237,7 +193,7 @@ class ShmServer {
       self_ = SelfIdentity();
       ShmGeometry g{options_.num_slots, options_.ring_bytes, options_.max_message_bytes,
                     options_.max_outstanding};
-      slots_ = std::make_unique<SlotState[]>(options_.num_slots);
+      slots_ = std::make_unique<ShmServedSlot[]>(options_.num_slots);
       const u32 pending_capacity = 2 * options_.max_outstanding;
       const size_t pending_bytes =
           RoundUpTo(MpscRing<u64>::BytesFor(pending_capacity), kCacheLine);
@@ -302,7 +258,7 @@ class ShmServer {
      */
     void OnComplete(Task *t) override {
       const u32 i = static_cast<u32>(t->transport_cookie_);
-      SlotState &s = slots_[i];
+      ShmServedSlot &s = slots_[i];
       // seq_cst: Stop stores `stopped_` and then reads this count; either it waits for
       // us or we see `stopped_` below.
       s.completing.FetchAdd(1, MemOrder::kSeqCst);
@@ -312,10 +268,11 @@ class ShmServer {
     }
 
    private:
-    using Phase = SlotState::Phase;
+    using Phase = ShmServedSlot::Phase;
+    using Slot = ShmServedSlot;
 
     /** OnComplete's body: discard, append directly, or queue for the poller. */
-    void Answer(u32 i, SlotState &s, Task *t) {
+    void Answer(u32 i, ShmServedSlot &s, Task *t) {
       // seq_cst: pairs with Stop's store (see OnComplete); draining: set before the
       // poller waits for this slot's credits.
       if (stopped_.Load(MemOrder::kSeqCst) != 0 || s.draining.Load(MemOrder::kAcquire) != 0) {
@@ -333,7 +290,7 @@ class ShmServer {
         const bool fits = buf.size() <= as->WritableBytes(buf.size());
         if (fits) as->WritePiece(true, buf.size(), buf.data(), buf.size());
         s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
-        Recycle(&buf);
+        RecycleBuffer(&buf);
         if (fits) {
           segment_.Slot(i)->answer_ready_.Notify();
           DeleteTask(t);
@@ -349,7 +306,7 @@ class ShmServer {
     }
 
     /** Ends a request's life in the slot; wakes the poller if it waited for this credit. */
-    void ReleaseCredit(SlotState &s) {
+    void ReleaseCredit(ShmServedSlot &s) {
       // seq_cst: release orders our stream writes and frees before the count; seq_cst
       // pairs with the poller's credit_wait store and re-read (Dekker).
       s.answered.FetchAdd(1, MemOrder::kSeqCst);
@@ -357,7 +314,7 @@ class ShmServer {
     }
 
     /** Requests of slot s not yet answered or discarded. */
-    static u64 InFlight(const SlotState &s) {
+    static u64 InFlight(const ShmServedSlot &s) {
       // relaxed accepted: written by the poller, or read after it was joined. acquire
       // answered: a completer's last touches of the slot come before its count.
       u64 accepted = s.accepted.Load(MemOrder::kRelaxed);
@@ -365,7 +322,7 @@ class ShmServer {
     }
 
     /** True when slot s may take another request (the poller; reads `answered` rarely). */
-    bool HasCredit(SlotState &s) {
+    bool HasCredit(ShmServedSlot &s) {
       const u64 accepted = s.accepted.Load(MemOrder::kRelaxed);  // relaxed: ours
       if (accepted - s.answered_seen < options_.max_outstanding) return true;
       s.answered_seen = s.answered.Load(MemOrder::kAcquire);
@@ -442,7 +399,7 @@ class ShmServer {
       if (header_->membership_seq_.Load(MemOrder::kSeqCst) != seen_membership_) return true;
       const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
       for (u32 i : serving_) {
-        SlotState &s = slots_[i];
+        ShmServedSlot &s = slots_[i];
         if (s.pending_count.Load(MemOrder::kSeqCst) != 0 || !s.errors.empty()) return true;
         if (reading && segment_.RequestStream(i)->HasDataSeqCst() &&
             s.accepted.Load(MemOrder::kRelaxed) - s.answered.Load(MemOrder::kSeqCst) <
@@ -467,7 +424,7 @@ class ShmServer {
 
     /** Reads whatever requests slot i has published; dispatches the whole ones. */
     bool PumpRequests(u32 i) {
-      SlotState &s = slots_[i];
+      ShmServedSlot &s = slots_[i];
       ShmStream *rs = segment_.RequestStream(i);
       bool worked = false;
       for (u32 n = 0; n < kRecordsPerPass; ++n) {
@@ -509,7 +466,7 @@ class ShmServer {
         if (s.assembly.size() == s.assembly_total) {
           s.assembling = false;
           Dispatch(i, s.assembly.data(), s.assembly.size());
-          Recycle(&s.assembly);
+          RecycleBuffer(&s.assembly);
         }
       }
       if (worked) segment_.Slot(i)->request_room_.Notify();
@@ -518,7 +475,7 @@ class ShmServer {
 
     /** Hands one whole request to the dispatcher; refusals become error answers. */
     void Dispatch(u32 i, const char *data, u64 len) {
-      SlotState &s = slots_[i];
+      ShmServedSlot &s = slots_[i];
       // relaxed: only the poller writes it; counted before the task can exist.
       s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
       std::vector<char> error;
@@ -533,7 +490,7 @@ class ShmServer {
 
     /** Streams queued answers of slot i as far as the client's ring allows. */
     bool PumpAnswers(u32 i) {
-      SlotState &s = slots_[i];
+      ShmServedSlot &s = slots_[i];
       ShmClientSlot *slot = segment_.Slot(i);
       ShmStream *as = segment_.AnswerStream(i);
       bool worked = false;
@@ -569,7 +526,7 @@ class ShmServer {
     }
 
     /** Writes the open answer's next pieces; true once it is all out (writer released). */
-    bool StreamOutgoing(SlotState &s, ShmClientSlot *slot, ShmStream *as) {
+    bool StreamOutgoing(ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
       const u64 total = s.outgoing.size();
       const u64 goal = as->RingBytes() / 4;
       while (s.outgoing_sent < total) {
@@ -589,176 +546,10 @@ class ShmServer {
       }
       slot->runtime_needs_room_.Store(0, MemOrder::kRelaxed);  // relaxed: only a hint
       s.outgoing_open = false;
-      Recycle(&s.outgoing);
+      RecycleBuffer(&s.outgoing);
       s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
       ReleaseCredit(s);
       return true;
-    }
-
-    // ---- The reaper ----
-
-    /**
-     * Walks the slot table: serves newly active slots, starts draining closed ones and,
-     * with check_liveness, those whose owner died. Publishes the statistics.
-     */
-    void Scan(bool check_liveness) {
-      for (u32 i = 0; i < options_.num_slots; ++i) {
-        ShmClientSlot *slot = segment_.Slot(i);
-        SlotState &s = slots_[i];
-        // acquire: the client's set-up writes come before its state change.
-        const u32 state = slot->state_.Load(MemOrder::kAcquire);
-        const u32 pid = slot->owner_pid_.Load(MemOrder::kAcquire);
-        const ProcessIdentity owner{pid, slot->owner_start_ticks_.Load(MemOrder::kAcquire)};
-        switch (s.phase) {
-          case Phase::kIdle:
-            if (state == static_cast<u32>(ShmSlotState::kActive)) {
-              Activate(i, owner);
-            } else if (pid != 0 && (state == static_cast<u32>(ShmSlotState::kClosed) ||
-                                    (check_liveness && !IsProcessAlive(owner)))) {
-              Reset(i);  // left (or died) before it was ever served
-            }
-            break;
-          case Phase::kServing:
-            if (state == static_cast<u32>(ShmSlotState::kClosed)) {
-              BeginDrain(i, false);
-            } else if (check_liveness && !IsProcessAlive(s.owner)) {
-              s.owner_dead = true;
-              BeginDrain(i, true);
-            }
-            break;
-          case Phase::kDraining:
-            if (check_liveness && !s.owner_dead && !IsProcessAlive(s.owner)) s.owner_dead = true;
-            break;
-        }
-      }
-      PublishStats();
-    }
-
-    /** Starts serving slot i. */
-    void Activate(u32 i, const ProcessIdentity &owner) {
-      SlotState &s = slots_[i];
-      s.phase = Phase::kServing;
-      s.owner = owner;
-      s.owner_dead = false;
-      s.counts_as_reclaimed = false;
-      serving_.push_back(i);
-    }
-
-    /** Stops serving slot i; its tasks finish and their answers are dropped. */
-    void BeginDrain(u32 i, bool counts_as_reclaimed) {
-      SlotState &s = slots_[i];
-      s.phase = Phase::kDraining;
-      s.counts_as_reclaimed = counts_as_reclaimed;
-      // seq_cst: completers that read it from now on drop their answers.
-      s.draining.Store(1, MemOrder::kSeqCst);
-      s.assembling = false;
-      Recycle(&s.assembly);
-      for (size_t k = 0; k < serving_.size(); ++k) {
-        if (serving_[k] == i) {
-          serving_[k] = serving_.back();
-          serving_.pop_back();
-          break;
-        }
-      }
-      draining_.push_back(i);
-      PublishStats();
-    }
-
-    /** The client's request stream is corrupt: tell it, and reclaim the slot once it leaves. */
-    void Break(u32 i, ErrorCode why) {
-      ShmClientSlot *slot = segment_.Slot(i);
-      slot->broken_code_.Store(static_cast<u32>(why), MemOrder::kRelaxed);
-      // seq_cst: pairs with the client's park re-check of its slot state.
-      slot->state_.Store(static_cast<u32>(ShmSlotState::kBroken), MemOrder::kSeqCst);
-      slot->answer_ready_.Notify();
-      slot->request_room_.Notify();
-      auto &broken = header_->stats_.broken_streams;
-      broken.Store(broken.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);  // relaxed: stat
-      BeginDrain(i, true);
-    }
-
-    /** Drops what a draining slot still holds; true once the slot was reset. */
-    bool DrainStep(u32 i) {
-      DiscardQueued(i);
-      SlotState &s = slots_[i];
-      if (InFlight(s) != 0) return false;  // completers' last touches come before their count
-      const u32 state = segment_.Slot(i)->state_.Load(MemOrder::kAcquire);
-      if (state != static_cast<u32>(ShmSlotState::kClosed) && !s.owner_dead) return false;
-      Reset(i);
-      return true;
-    }
-
-    /** Discards the answers and error answers a slot holds (draining or stopped). */
-    void DiscardQueued(u32 i) {
-      SlotState &s = slots_[i];
-      if (s.phase == Phase::kServing && stopped_.Load(MemOrder::kRelaxed) == 0) return;
-      while (!s.errors.empty()) {
-        s.errors.pop_front();
-        ReleaseCredit(s);
-      }
-      if (s.outgoing_open) {
-        s.outgoing_open = false;
-        Recycle(&s.outgoing);
-        s.writer.Store(0, MemOrder::kRelease);  // release: nothing of ours follows
-        ReleaseCredit(s);
-      }
-      u64 v = 0;
-      while (s.pending->TryPop(v)) {
-        s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
-        DeleteTask(reinterpret_cast<Task *>(v));
-        ReleaseCredit(s);
-      }
-    }
-
-    /** Empties slot i and hands it back to the table (the owner is gone, nothing in flight). */
-    void Reset(u32 i) {
-      SlotState &s = slots_[i];
-      ShmClientSlot *slot = segment_.Slot(i);
-      u32 idle = 0;
-      // acquire: a completer that slipped past the draining flag finishes its append first.
-      while (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
-        idle = 0;
-        CpuRelax();
-      }
-      segment_.RequestStream(i)->Reset();
-      segment_.AnswerStream(i)->Reset();
-      new (&slot->answer_ready_) WaitEvent();  // a dead client may have died parked
-      new (&slot->request_room_) WaitEvent();
-      slot->runtime_needs_room_.Store(0, MemOrder::kRelaxed);
-      slot->broken_code_.Store(0, MemOrder::kRelaxed);
-      slot->owner_start_ticks_.Store(0, MemOrder::kRelaxed);
-      slot->generation_.Store(slot->generation_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-      slot->state_.Store(static_cast<u32>(ShmSlotState::kFree), MemOrder::kRelaxed);
-      if (s.phase != Phase::kIdle && s.counts_as_reclaimed) {
-        auto &reclaimed = header_->stats_.reclaimed_clients;
-        reclaimed.Store(reclaimed.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-      }
-      s.phase = Phase::kIdle;
-      s.owner = ProcessIdentity{};
-      s.owner_dead = false;
-      s.counts_as_reclaimed = false;
-      s.assembling = false;
-      Recycle(&s.assembly);
-      s.draining.Store(0, MemOrder::kRelaxed);  // relaxed: no completer of this slot is left
-      s.writer.Store(0, MemOrder::kRelease);
-      // release: the reset slot is complete before a client can claim it.
-      slot->owner_pid_.Store(0, MemOrder::kRelease);
-      PublishStats();
-    }
-
-    /** Writes clients and bytes_in_use into the segment's statistics. */
-    void PublishStats() {
-      u64 bytes = 0;
-      auto count = [&](u32 i) {
-        const SlotState &s = slots_[i];
-        bytes += segment_.RequestStream(i)->UsedBytes() + segment_.AnswerStream(i)->UsedBytes() +
-                 s.assembly.size() + (s.outgoing_open ? s.outgoing.size() - s.outgoing_sent : 0);
-      };
-      for (u32 i : serving_) count(i);
-      for (u32 i : draining_) count(i);
-      // relaxed: statistics, read on their own.
-      header_->stats_.clients.Store(static_cast<u32>(serving_.size()), MemOrder::kRelaxed);
-      header_->stats_.bytes_in_use.Store(bytes, MemOrder::kRelaxed);
     }
 
     RequestDispatcher *dispatcher_;
@@ -767,7 +558,7 @@ class ShmServer {
     ProcessIdentity self_;
     ShmSegment segment_;
     ShmSegmentHeader *header_ = nullptr;
-    std::unique_ptr<SlotState[]> slots_;
+    std::unique_ptr<ShmServedSlot[]> slots_;
     std::thread poller_;
     Atomic<u32> stopping_;  ///< Stop asked: read no more requests, finish answers
     Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers

@@ -13,6 +13,7 @@
 #include <algorithm>  // std::min for wrapped copies
 #include <cstring>    // memcpy in and out of the ring
 #include <new>        // placement new into the caller's region
+#include <vector>     // RecycleBuffer
 
 #include "chi/core/atomic.h"        // Atomic, MemOrder
 #include "chi/core/macros.h"        // kCacheLine, CHI_LIKELY
@@ -249,5 +250,17 @@ class ShmStream {
   alignas(kCacheLine) Atomic<u64> read_pos_;
   u64 cached_write_ = 0;  ///< the reader's last view of write_pos_
 };
+
+/**
+ * Empties a buffer that assembles stream messages, freeing its memory once it grew past
+ * 1 MiB: small buffers stay warm for the next message, one huge message is not kept.
+ */
+inline void RecycleBuffer(std::vector<char> *v) {
+  if (v->capacity() > (1u << 20)) {
+    std::vector<char>().swap(*v);
+  } else {
+    v->clear();
+  }
+}
 
 }  // namespace chi

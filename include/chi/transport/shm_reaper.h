@@ -1,0 +1,282 @@
+// The shared-memory transport's process reaper: the life of the runtime's client slots.
+// ShmServer's poller runs it to notice clients that connect, close, die (their pid is
+// gone) or corrupt their request stream, to drain what they left in flight, and to reset
+// their slot for the next client. Invariant: a slot is reset only once its owner is gone
+// and none of its tasks is in flight, so a late answer never reaches the next owner.
+#pragma once
+
+#include <deque>   // error answers waiting for room (error path only)
+#include <new>     // placement new of a slot's wait events
+#include <vector>  // assembly and answer buffers, slot lists
+
+#include "chi/core/atomic.h"            // Atomic, CpuRelax
+#include "chi/core/status.h"            // ErrorCode
+#include "chi/queue/mpsc_ring.h"        // finished tasks handed from workers to the poller
+#include "chi/task/task_ops.h"          // DeleteTask of discarded answers
+#include "chi/transport/shm_process.h"  // IsProcessAlive
+#include "chi/transport/shm_segment.h"  // the slot table in the segment
+#include "chi/transport/shm_stream.h"   // stream resets, RecycleBuffer
+
+namespace chi {
+
+/** What the runtime knows about one client slot (private to the runtime process). */
+struct alignas(kCacheLine) ShmServedSlot {
+  enum class Phase : u32 { kIdle, kServing, kDraining };
+
+  // Line 0: written by the workers that answer (and by the poller when it writes).
+  Atomic<u32> writer;         ///< 1 while someone appends to the answer stream
+  Atomic<u32> completing;     ///< workers inside OnComplete for this slot right now
+  Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
+  Atomic<u64> answered;       ///< requests answered or discarded, ever
+
+  // Line 1: read by the workers, written by the poller only on rare events.
+  alignas(kCacheLine) Atomic<u32> draining;  ///< 1: answers of this slot are discarded
+  Atomic<u32> credit_wait;  ///< 1: the poller stopped reading until an answer frees a credit
+  MpscRing<u64> *pending = nullptr;  ///< finished tasks whose answers the poller writes
+  void *pending_mem = nullptr;
+
+  // The poller's alone. In flight = accepted - answered.
+  alignas(kCacheLine) Atomic<u64> accepted;  ///< requests taken in (and error answers), ever
+  u64 answered_seen = 0;                     ///< the poller's last view of `answered`
+  Phase phase = Phase::kIdle;
+  ProcessIdentity owner;
+  bool owner_dead = false;
+  bool counts_as_reclaimed = false;
+  std::vector<char> assembly;  ///< a request arriving in pieces
+  u64 assembly_total = 0;
+  bool assembling = false;
+  std::vector<char> outgoing;  ///< an answer being streamed (writer held meanwhile)
+  u64 outgoing_sent = 0;
+  bool outgoing_open = false;
+  std::deque<std::vector<char>> errors;  ///< error answers not yet written
+
+  /** Requests not yet answered or discarded. */
+  u64 InFlight() const {
+    // relaxed accepted: written by the poller, or read after it was joined. acquire
+    // answered: a completer's last touches of the slot come before its count.
+    u64 taken = accepted.Load(MemOrder::kRelaxed);
+    return taken - answered.Load(MemOrder::kAcquire);
+  }
+
+  /** Ends one request's life here; wakes the poller if it waits for this credit. */
+  void ReleaseCredit(WaitEvent &poller) {
+    // seq_cst: release orders our stream writes and frees before the count; seq_cst
+    // pairs with the poller's credit_wait store and re-read (Dekker).
+    answered.FetchAdd(1, MemOrder::kSeqCst);
+    if (credit_wait.Load(MemOrder::kSeqCst) != 0) poller.Notify();
+  }
+};
+
+/** Walks the slot table for the poller and moves slots through their phases. */
+class ShmReaper {
+ public:
+  using Phase = ShmServedSlot::Phase;
+
+  ShmReaper(ShmSegment *segment, ShmServedSlot *slots, u32 num_slots)
+      : segment_(segment), slots_(slots), num_slots_(num_slots) {}
+
+  /** Slots being served (the poller reads their requests). */
+  const std::vector<u32> &Serving() const { return serving_; }
+  /** True while some slot is served or drained (liveness checks are due). */
+  bool Busy() const { return !serving_.empty() || !draining_.empty(); }
+
+  /**
+   * Walks the table: serves newly active slots, starts draining closed ones and, with
+   * check_liveness (it reads /proc), those whose owner died. Publishes the statistics.
+   */
+  void Scan(bool check_liveness) {
+    for (u32 i = 0; i < num_slots_; ++i) {
+      ShmClientSlot *slot = segment_->Slot(i);
+      ShmServedSlot &s = slots_[i];
+      // acquire: the client's set-up writes come before its state change.
+      const u32 state = slot->state_.Load(MemOrder::kAcquire);
+      const u32 pid = slot->owner_pid_.Load(MemOrder::kAcquire);
+      const ProcessIdentity owner{pid, slot->owner_start_ticks_.Load(MemOrder::kAcquire)};
+      switch (s.phase) {
+        case Phase::kIdle:
+          if (state == static_cast<u32>(ShmSlotState::kActive)) {
+            Activate(i, owner);
+          } else if (pid != 0 && (state == static_cast<u32>(ShmSlotState::kClosed) ||
+                                  (check_liveness && !IsProcessAlive(owner)))) {
+            Reset(i);  // left (or died) before it was ever served
+          }
+          break;
+        case Phase::kServing:
+          if (state == static_cast<u32>(ShmSlotState::kClosed)) {
+            BeginDrain(i, false);
+          } else if (check_liveness && !IsProcessAlive(s.owner)) {
+            s.owner_dead = true;
+            BeginDrain(i, true);
+          }
+          break;
+        case Phase::kDraining:
+          if (check_liveness && !s.owner_dead && !IsProcessAlive(s.owner)) s.owner_dead = true;
+          break;
+      }
+    }
+    PublishStats();
+  }
+
+  /** Slot i's request stream is corrupt: tell its client, reclaim the slot once it leaves. */
+  void Break(u32 i, ErrorCode why) {
+    ShmClientSlot *slot = segment_->Slot(i);
+    slot->broken_code_.Store(static_cast<u32>(why), MemOrder::kRelaxed);
+    // seq_cst: pairs with the client's park re-check of its slot state.
+    slot->state_.Store(static_cast<u32>(ShmSlotState::kBroken), MemOrder::kSeqCst);
+    slot->answer_ready_.Notify();
+    slot->request_room_.Notify();
+    auto &broken = segment_->Header()->stats_.broken_streams;
+    broken.Store(broken.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);  // relaxed: a stat
+    BeginDrain(i, true);
+  }
+
+  /** Advances every draining slot; true when one was reset. */
+  bool DrainAll() {
+    bool reset = false;
+    for (size_t k = 0; k < draining_.size();) {
+      if (DrainStep(draining_[k])) {
+        draining_[k] = draining_.back();
+        draining_.pop_back();
+        reset = true;
+      } else {
+        ++k;
+      }
+    }
+    return reset;
+  }
+
+  /** True when a draining slot has answers to drop (the poller's park re-check). */
+  bool DrainingHasWork() const {
+    for (u32 i : draining_) {
+      // seq_cst: the re-check against a completer's seq_cst count.
+      if (slots_[i].pending_count.Load(MemOrder::kSeqCst) != 0) return true;
+    }
+    return false;
+  }
+
+  /** Drops the answers and error answers slot i still holds (draining, or on Stop). */
+  void DiscardQueued(u32 i) {
+    ShmServedSlot &s = slots_[i];
+    WaitEvent &poller = segment_->Header()->server_event_;
+    while (!s.errors.empty()) {
+      s.errors.pop_front();
+      s.ReleaseCredit(poller);
+    }
+    if (s.outgoing_open) {
+      s.outgoing_open = false;
+      RecycleBuffer(&s.outgoing);
+      s.writer.Store(0, MemOrder::kRelease);  // release: nothing of ours follows
+      s.ReleaseCredit(poller);
+    }
+    u64 v = 0;
+    while (s.pending->TryPop(v)) {
+      s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
+      DeleteTask(reinterpret_cast<Task *>(v));
+      s.ReleaseCredit(poller);
+    }
+  }
+
+  /** Writes `clients` and `bytes_in_use` into the segment's statistics. */
+  void PublishStats() {
+    u64 bytes = 0;
+    auto count = [&](u32 i) {
+      const ShmServedSlot &s = slots_[i];
+      bytes += segment_->RequestStream(i)->UsedBytes() + segment_->AnswerStream(i)->UsedBytes() +
+               s.assembly.size() + (s.outgoing_open ? s.outgoing.size() - s.outgoing_sent : 0);
+    };
+    for (u32 i : serving_) count(i);
+    for (u32 i : draining_) count(i);
+    ShmStatsBlock &stats = segment_->Header()->stats_;
+    // relaxed: statistics, read on their own.
+    stats.clients.Store(static_cast<u32>(serving_.size()), MemOrder::kRelaxed);
+    stats.bytes_in_use.Store(bytes, MemOrder::kRelaxed);
+  }
+
+ private:
+  /** Starts serving slot i. */
+  void Activate(u32 i, const ProcessIdentity &owner) {
+    ShmServedSlot &s = slots_[i];
+    s.phase = Phase::kServing;
+    s.owner = owner;
+    s.owner_dead = false;
+    s.counts_as_reclaimed = false;
+    serving_.push_back(i);
+  }
+
+  /** Stops serving slot i; its tasks finish and their answers are dropped. */
+  void BeginDrain(u32 i, bool counts_as_reclaimed) {
+    ShmServedSlot &s = slots_[i];
+    s.phase = Phase::kDraining;
+    s.counts_as_reclaimed = counts_as_reclaimed;
+    // seq_cst: completers that read it from now on drop their answers.
+    s.draining.Store(1, MemOrder::kSeqCst);
+    s.assembling = false;
+    RecycleBuffer(&s.assembly);
+    for (size_t k = 0; k < serving_.size(); ++k) {
+      if (serving_[k] == i) {
+        serving_[k] = serving_.back();
+        serving_.pop_back();
+        break;
+      }
+    }
+    draining_.push_back(i);
+    PublishStats();
+  }
+
+  /** Drops what a draining slot holds; resets it (true) once its owner is gone and idle. */
+  bool DrainStep(u32 i) {
+    DiscardQueued(i);
+    ShmServedSlot &s = slots_[i];
+    if (s.InFlight() != 0) return false;  // completers' last touches come before their count
+    // acquire: the client's last writes to the slot come before its kClosed.
+    const u32 state = segment_->Slot(i)->state_.Load(MemOrder::kAcquire);
+    if (state != static_cast<u32>(ShmSlotState::kClosed) && !s.owner_dead) return false;
+    Reset(i);
+    return true;
+  }
+
+  /** Empties slot i and hands it back to the table (owner gone, nothing in flight). */
+  void Reset(u32 i) {
+    ShmServedSlot &s = slots_[i];
+    ShmClientSlot *slot = segment_->Slot(i);
+    u32 idle = 0;
+    // acquire: a completer that slipped past the draining flag finishes its append first.
+    while (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      idle = 0;
+      CpuRelax();
+    }
+    segment_->RequestStream(i)->Reset();
+    segment_->AnswerStream(i)->Reset();
+    new (&slot->answer_ready_) WaitEvent();  // a dead client may have died parked
+    new (&slot->request_room_) WaitEvent();
+    // relaxed: nobody else uses the slot now; the owner_pid_ release below publishes all.
+    slot->runtime_needs_room_.Store(0, MemOrder::kRelaxed);
+    slot->broken_code_.Store(0, MemOrder::kRelaxed);
+    slot->owner_start_ticks_.Store(0, MemOrder::kRelaxed);
+    slot->generation_.Store(slot->generation_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+    slot->state_.Store(static_cast<u32>(ShmSlotState::kFree), MemOrder::kRelaxed);
+    if (s.phase != Phase::kIdle && s.counts_as_reclaimed) {
+      auto &reclaimed = segment_->Header()->stats_.reclaimed_clients;
+      reclaimed.Store(reclaimed.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+    }
+    s.phase = Phase::kIdle;
+    s.owner = ProcessIdentity{};
+    s.owner_dead = false;
+    s.counts_as_reclaimed = false;
+    s.assembling = false;
+    RecycleBuffer(&s.assembly);
+    s.draining.Store(0, MemOrder::kRelaxed);  // relaxed: no completer of this slot is left
+    s.writer.Store(0, MemOrder::kRelease);
+    // release: the reset slot is complete before a client can claim it.
+    slot->owner_pid_.Store(0, MemOrder::kRelease);
+    PublishStats();
+  }
+
+  ShmSegment *segment_;
+  ShmServedSlot *slots_;
+  u32 num_slots_;
+  std::vector<u32> serving_;   ///< the poller's: slots in Phase::kServing
+  std::vector<u32> draining_;  ///< the poller's: slots in Phase::kDraining
+};
+
+}  // namespace chi

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root: builds every GPU test and the GPU benchmark
+# (CUDA on, sm_90, dependencies from the carried .debs), runs them with time limits, keeps
+# the logs under $OUT (or ./gpu_out), and prints a short summary last.
+# Usage: bash scripts/gpu_run.sh [--no-bench]
+set -uo pipefail
+
+out="${OUT:-$PWD/gpu_out}"
+build="${CHI_GPU_BUILD_DIR:-build-gpu-run}"
+bench=1
+[[ "${1:-}" == "--no-bench" ]] && bench=0
+mkdir -p "$out"
+summary="$out/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+{ nvidia-smi -L; nvcc --version | tail -2; cmake --version | head -1; g++ --version | head -1; } \
+  > "$out/machine.txt" 2>&1
+note "machine: $(head -1 "$out/machine.txt")"
+
+eval "$(bash scripts/unpack-debs.sh .debs /tmp/deps)"
+
+start=$(date +%s)
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHIMAERA_ENABLE_CUDA=ON \
+     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
+     -DCHIMAERA_BUILD_EXAMPLES=OFF > "$out/configure.log" 2>&1; then
+  tail -30 "$out/configure.log"
+  note "configure: FAILED (see configure.log)"
+  cat "$summary"
+  exit 1
+fi
+if ! ninja -C "$build" -j"$(nproc)" chi_gpu_all test_gpu_protocol > "$out/build.log" 2>&1; then
+  grep -E "error|FAILED" "$out/build.log" | head -40
+  note "build: FAILED (see build.log)"
+  cat "$summary"
+  exit 1
+fi
+note "configure + build: $(( $(date +%s) - start )) s"
+
+run() {  # run <name> <timeout seconds> <command...>: logs to $out/<name>.log
+  local name=$1 limit=$2
+  shift 2
+  local t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  note "$name: exit $rc in $(( $(date +%s) - t0 )) s"
+  return $rc
+}
+
+run test_gpu_protocol 120 "$build/tests/gpu/test_gpu_protocol"
+run test_gpu_runtime 300 "$build/tests/gpu/test_gpu_runtime"
+grep -E "test cases|assertions|ERROR|FAILED|skipped" "$out/test_gpu_protocol.log" "$out/test_gpu_runtime.log" \
+  | tee -a "$summary"
+if [[ $bench == 1 ]]; then
+  run bench_gpu 300 "$build/benchmarks/gpu/bench_gpu"
+fi
+run ctest_gpu_label 300 ctest --test-dir "$build" -L gpu --output-on-failure
+grep -E "tests passed|tests failed|Skipped|Failed" "$out/ctest_gpu_label.log" | tee -a "$summary"
+
+echo
+echo "==== failures (first lines) ===="
+grep -h -B2 -A6 -E "ERROR:|FAILED|CHECK\(|REQUIRE" "$out/test_gpu_runtime.log" 2>/dev/null | head -60
+echo
+echo "==== summary ===="
+cat "$summary"
+if [[ $bench == 1 ]]; then
+  echo
+  cat "$out/bench_gpu.log"
+fi
