@@ -75,6 +75,8 @@ set_tests_properties(cmake_consumer_install_tree PROPERTIES FIXTURES_REQUIRED ch
 # ---- Device-side compile checks -----------------------------------------------
 
 set(_chi_device_src ${CMAKE_CURRENT_SOURCE_DIR}/gpu_compile/device_check.cu)
+# include/chi/gpu (orchestrator kernel, GPU client, demo GPU module): needs the GPU build define.
+set(_chi_gpu_device_src ${CMAKE_CURRENT_SOURCE_DIR}/gpu/device_compile_check.cu)
 set(_chi_skip_code 77)
 
 # Registers `name` as a test that only reports why it cannot run; ctest lists it as skipped.
@@ -95,9 +97,13 @@ if(CHI_NVCC)
       COMMAND ${CHI_NVCC} -std=c++20 -arch=sm_90 -I${_chi_root}/${_variant}
               -c ${_chi_device_src} -o ${_chi_pkg_bin}/${_name}.o)
   endforeach()
+  add_test(NAME nvcc_compile_check_gpu
+    COMMAND ${CHI_NVCC} -std=c++20 -arch=sm_90 -DCHIMAERA_ENABLE_CUDA=1 -I${_chi_root}/include
+            -c ${_chi_gpu_device_src} -o ${_chi_pkg_bin}/nvcc_compile_check_gpu.o)
 else()
   chi_add_skipped_test(nvcc_compile_check "nvcc not found")
   chi_add_skipped_test(nvcc_compile_check_single_include "nvcc not found")
+  chi_add_skipped_test(nvcc_compile_check_gpu "nvcc not found")
 endif()
 
 # Debian 12's HIP 5.2: without --offload-arch hipcc silently targets gfx803.
@@ -112,9 +118,14 @@ if(CHI_HIPCC)
       COMMAND ${CHI_HIPCC} --offload-arch=gfx90a -std=c++20 -x hip -I${_chi_root}/${_variant}
               -c ${_chi_device_src} -o ${_chi_pkg_bin}/${_name}.o)
   endforeach()
+  add_test(NAME hip_compile_check_gpu
+    COMMAND ${CHI_HIPCC} --offload-arch=gfx90a -std=c++20 -x hip -DCHIMAERA_ENABLE_ROCM=1
+            -I${_chi_root}/include -c ${_chi_gpu_device_src}
+            -o ${_chi_pkg_bin}/hip_compile_check_gpu.o)
 else()
   chi_add_skipped_test(hip_compile_check "hipcc not found")
   chi_add_skipped_test(hip_compile_check_single_include "hipcc not found")
+  chi_add_skipped_test(hip_compile_check_gpu "hipcc not found")
 endif()
 
 file(MAKE_DIRECTORY ${_chi_pkg_bin})
@@ -123,4 +134,5 @@ set_tests_properties(
   cmake_consumer_install cmake_consumer_install_tree
   nvcc_compile_check nvcc_compile_check_single_include
   hip_compile_check hip_compile_check_single_include
+  nvcc_compile_check_gpu hip_compile_check_gpu
   PROPERTIES LABELS packaging TIMEOUT 600)

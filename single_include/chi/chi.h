@@ -5696,7 +5696,7 @@ CHI_CROSS_FUN void ReleaseTask(TaskT *task);
 template <typename TaskT>
 class Future {
  public:
-  static constexpr u32 kSpinsBeforePark = 4096;
+  static constexpr u32 kSpinsBeforePark = 1024;  ///< ~tens of us of pause loops
   static constexpr u64 kTimedPollNs = 50000;  ///< fiber poll interval for timed waits
 
   Future() = default;
@@ -7595,12 +7595,11 @@ inline Status CheckConnectRequest(const ConnectRequest &req) {
 // ---- begin chi/transport/shm_client.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_H
-// ShmClientTransport: a pure client's connection to a runtime on the same node through
-// the runtime's shared-memory segment (see ShmServer). Send encodes the task into the
-// slot's request stream on the caller's thread; a receiver thread reads answers, completes
-// the tasks and watches the runtime, failing every outstanding task if it dies or stops.
-// Invariant: an outstanding task sits in exactly one table entry, and whoever clears the
-// entry (answer, failure or close) is the only one who completes the task.
+// ShmClientTransport: a pure client's connection to a runtime on this node through the
+// runtime's segment (ShmServer). Send streams the task into its slot's request ring on the
+// caller's thread; a receiver thread completes tasks from the answers and watches the
+// runtime, failing every outstanding task if it dies. Invariant: an outstanding task sits
+// in one table entry, and only whoever clears the entry (answer, failure, close) completes it.
 
 #include <pthread.h>  // pthread_setname_np for the receiver thread
 #include <sched.h>    // sched_yield while Close waits for a writer to leave
@@ -7649,6 +7648,11 @@ class RequestDispatcher {
       EncodeError(request_id, ErrorCode::kMalformed,
                   ar.ok() ? "request has an invalid pool query" : ar.status().message(),
                   error_answer);
+      return false;
+    }
+    if (base.task_flags_.Any(TASK_PERIODIC)) {  // nobody could cancel it from afar
+      EncodeError(request_id, ErrorCode::kUnsupported,
+                  "periodic tasks cannot be submitted from another process", error_answer);
       return false;
     }
     PoolInfo *pool = pools_->Acquire(base.pool_id_);
@@ -7864,12 +7868,11 @@ inline bool IsProcessAlive(const ProcessIdentity &who) {
 // ---- begin chi/transport/shm_stream.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
-// ShmStream: one direction of a shared-memory connection. A byte ring with one writer
-// and one reader (usually in two processes) that carries framed messages of any size
-// in pieces. Both ends are non-blocking, so one runtime poller can serve many streams;
-// the callers decide how to wait (see shm_client.h, shm_server.h).
-// Invariant: the ring only ever holds whole records (16-byte header + payload padded to
-// 16), published by moving write_pos_, so the reader never sees half a record.
+// ShmStream: one direction of a shared-memory connection, a byte ring with one writer and
+// one reader (usually two processes) carrying framed messages of any size in pieces. Both
+// ends are non-blocking so one runtime poller can serve many streams; callers choose how
+// to wait. Invariant: the ring holds only whole records (16-byte header + payload padded
+// to 16), published by moving write_pos_, so the reader never sees half a record.
 //
 // Framing: a message is a kBegin record (its total length and the first bytes that fit)
 // followed by kMore records with the rest. The reader checks every header against what
@@ -9465,6 +9468,7 @@ class ShmServer {
       }
       if (Status st = segment_.Create(port, g, self_); !st.ok()) return st;
       header_ = segment_.Header();
+      reaper_ = std::make_unique<ShmReaper>(&segment_, slots_.get(), options_.num_slots);
       // release: clients that see kServing see the initialised segment.
       header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kServing),
                                     MemOrder::kRelease);
@@ -9494,8 +9498,8 @@ class ShmServer {
       for (u32 i = 0; i < options_.num_slots; ++i) {
         segment_.Slot(i)->answer_ready_.Notify();  // clients notice the stop now
         segment_.Slot(i)->request_room_.Notify();
-        DiscardQueued(i);
-        if (InFlight(slots_[i]) != 0) quiet = false;
+        reaper_->DiscardQueued(i);
+        if (slots_[i].InFlight() != 0) quiet = false;
       }
       if (quiet) {
         segment_.Destroy();
@@ -9528,7 +9532,6 @@ class ShmServer {
 
    private:
     using Phase = ShmServedSlot::Phase;
-    using Slot = ShmServedSlot;
 
     /** OnComplete's body: discard, append directly, or queue for the poller. */
     void Answer(u32 i, ShmServedSlot &s, Task *t) {
@@ -9536,7 +9539,7 @@ class ShmServer {
       // poller waits for this slot's credits.
       if (stopped_.Load(MemOrder::kSeqCst) != 0 || s.draining.Load(MemOrder::kAcquire) != 0) {
         DeleteTask(t);
-        ReleaseCredit(s);
+        s.ReleaseCredit(header_->server_event_);
         return;
       }
       u32 idle = 0;
@@ -9553,7 +9556,7 @@ class ShmServer {
         if (fits) {
           segment_.Slot(i)->answer_ready_.Notify();
           DeleteTask(t);
-          ReleaseCredit(s);
+          s.ReleaseCredit(header_->server_event_);
           return;
         }
       }
@@ -9562,22 +9565,6 @@ class ShmServer {
       s.pending_count.FetchAdd(1, MemOrder::kSeqCst);
       s.pending->Push(reinterpret_cast<u64>(t));  // never full: the credits bound it
       header_->server_event_.Notify();
-    }
-
-    /** Ends a request's life in the slot; wakes the poller if it waited for this credit. */
-    void ReleaseCredit(ShmServedSlot &s) {
-      // seq_cst: release orders our stream writes and frees before the count; seq_cst
-      // pairs with the poller's credit_wait store and re-read (Dekker).
-      s.answered.FetchAdd(1, MemOrder::kSeqCst);
-      if (s.credit_wait.Load(MemOrder::kSeqCst) != 0) header_->server_event_.Notify();
-    }
-
-    /** Requests of slot s not yet answered or discarded. */
-    static u64 InFlight(const ShmServedSlot &s) {
-      // relaxed accepted: written by the poller, or read after it was joined. acquire
-      // answered: a completer's last touches of the slot come before its count.
-      u64 accepted = s.accepted.Load(MemOrder::kRelaxed);
-      return accepted - s.answered.Load(MemOrder::kAcquire);
     }
 
     /** True when slot s may take another request (the poller; reads `answered` rarely). */
@@ -9609,26 +9596,18 @@ class ShmServer {
         u32 seq = header_->membership_seq_.Load(MemOrder::kAcquire);
         if (seq != seen_membership_) {
           seen_membership_ = seq;
-          Scan(false);
+          reaper_->Scan(false);
           worked = true;
         }
         const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
-        // By index: a corrupt stream moves its slot from serving_ to draining_.
-        for (size_t k = 0; k < serving_.size(); ++k) {
-          const u32 i = serving_[k];
+        // By index: a corrupt stream moves its slot out of the serving list.
+        const std::vector<u32> &serving = reaper_->Serving();
+        for (size_t k = 0; k < serving.size(); ++k) {
+          const u32 i = serving[k];
           if (reading) worked |= PumpRequests(i);
           if (slots_[i].phase == Phase::kServing) worked |= PumpAnswers(i);
         }
-        for (size_t k = 0; k < draining_.size();) {
-          u32 i = draining_[k];
-          if (DrainStep(i)) {
-            draining_[k] = draining_.back();
-            draining_.pop_back();
-            worked = true;
-          } else {
-            ++k;
-          }
-        }
+        worked |= reaper_->DrainAll();
         if (!reading && (Quiet() || MonotonicNs() >= stop_deadline_)) break;
         if (worked) {
           idle_since = 0;
@@ -9639,8 +9618,8 @@ class ShmServer {
         }
         const u64 now = MonotonicNs();
         if (now >= next_reap) {
-          Scan(true);
-          next_reap = now + (serving_.empty() && draining_.empty() ? kIdleScanNs : kReapIntervalNs);
+          reaper_->Scan(true);
+          next_reap = now + (reaper_->Busy() ? kReapIntervalNs : kIdleScanNs);
         }
         if (worked) continue;
         if (idle_since == 0) idle_since = now;
@@ -9657,7 +9636,7 @@ class ShmServer {
       if (stopping_.Load(MemOrder::kSeqCst) != 0 && Quiet()) return true;
       if (header_->membership_seq_.Load(MemOrder::kSeqCst) != seen_membership_) return true;
       const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
-      for (u32 i : serving_) {
+      for (u32 i : reaper_->Serving()) {
         ShmServedSlot &s = slots_[i];
         if (s.pending_count.Load(MemOrder::kSeqCst) != 0 || !s.errors.empty()) return true;
         if (reading && segment_.RequestStream(i)->HasDataSeqCst() &&
@@ -9667,16 +9646,13 @@ class ShmServer {
         }
         if (s.outgoing_open && segment_.AnswerStream(i)->HasRoomSeqCst(1)) return true;
       }
-      for (u32 i : draining_) {
-        if (slots_[i].pending_count.Load(MemOrder::kSeqCst) != 0) return true;
-      }
-      return false;
+      return reaper_->DrainingHasWork();
     }
 
     /** True when no slot has work in flight (Stop may finish). */
     bool Quiet() const {
       for (u32 i = 0; i < options_.num_slots; ++i) {
-        if (InFlight(slots_[i]) != 0) return false;
+        if (slots_[i].InFlight() != 0) return false;
       }
       return true;
     }
@@ -9693,16 +9669,16 @@ class ShmServer {
         if (r == ShmStream::PeekResult::kEmpty) break;
         worked = true;
         if (r == ShmStream::PeekResult::kCorrupt) {
-          Break(i, ErrorCode::kMalformed);
+          reaper_->Break(i, ErrorCode::kMalformed);
           return true;
         }
         if (!s.assembling) {
           if (p.kind != ShmStream::kBegin) {
-            Break(i, ErrorCode::kMalformed);
+            reaper_->Break(i, ErrorCode::kMalformed);
             return true;
           }
           if (p.message_bytes > options_.max_message_bytes) {
-            Break(i, ErrorCode::kTooLarge);
+            reaper_->Break(i, ErrorCode::kTooLarge);
             return true;
           }
           if (p.bytes == p.message_bytes && p.Contiguous()) {
@@ -9716,7 +9692,7 @@ class ShmServer {
           s.assembling = true;
         } else if (p.kind != ShmStream::kMore ||
                    p.bytes > s.assembly_total - s.assembly.size()) {
-          Break(i, ErrorCode::kMalformed);
+          reaper_->Break(i, ErrorCode::kMalformed);
           return true;
         }
         s.assembly.insert(s.assembly.end(), p.first, p.first + p.first_bytes);
@@ -9807,7 +9783,7 @@ class ShmServer {
       s.outgoing_open = false;
       RecycleBuffer(&s.outgoing);
       s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
-      ReleaseCredit(s);
+      s.ReleaseCredit(header_->server_event_);
       return true;
     }
 
@@ -9823,8 +9799,7 @@ class ShmServer {
     Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers
     u64 stop_deadline_ = 0;
     u32 seen_membership_ = 0;
-    std::vector<u32> serving_;   ///< poller only
-    std::vector<u32> draining_;  ///< poller only
+    std::unique_ptr<ShmReaper> reaper_;  ///< the poller's (and Stop's, after the join)
   };
 
   std::unique_ptr<Core> core_;
@@ -13357,7 +13332,8 @@ class Chimaera {
 
   /**
    * kServer: the segments (a live runtime on the port is an error, a dead one's
-   * leftovers are removed), then the ZeroMQ endpoints, then clients are let in.
+   * leftovers are removed), the ZeroMQ endpoints (the handshake), the shm server,
+   * then clients are let in with an answer that names all of them.
    */
   Status StartServers() {
     if (Status st = segments_.Create(config_, config_.port); !st.ok()) return st;
@@ -13430,6 +13406,9 @@ class Chimaera {
    * (default 10) is how long tasks wait for a runtime that went away to return.
    * CHI_ZMQ_SPIN_US (here and in the runtime) sets how long a ZeroMQ network
    * thread busy-polls after activity before it sleeps (default 20).
+   * The default mode stays shm (networking.ipc_mode): bench_cross_process measured
+   * a ~3.4 us shm round trip against ~62-70 us over ZeroMQ ipc/tcp on one node;
+   * tcp is the mode that also works when the runtime is on another host.
    */
   Status ConnectToRuntime() {
     ZmqClientOptions opt;
@@ -13471,15 +13450,17 @@ class Chimaera {
 #endif
     ZmqServer *zmq = zmq_server_.Load(MemOrder::kAcquire);
     if (zmq != nullptr) zmq->BeginShutdown();  // new remote tasks get kShutdown answers
-    if (ShmServer *shm = shm_server_.Exchange(nullptr, MemOrder::kAcqRel)) {
-      shm->Stop();  // stops reading; answers what is in flight (workers still run); tells clients
-      delete shm;
-    }
-    if (orch_ != nullptr) orch_->Stop();       // accepted tasks finish; their answers queue
+    // Accepted tasks finish and their answers queue; requests arriving now are refused.
+    // The workers are joined before a server goes, so no Monitor task can still read it.
+    if (orch_ != nullptr) orch_->Stop();
     if (zmq != nullptr) {
       zmq->Stop();  // sends the answers, tells clients, closes
       zmq_server_.Store(nullptr, MemOrder::kRelease);
       delete zmq;
+    }
+    if (ShmServer *shm = shm_server_.Exchange(nullptr, MemOrder::kAcqRel)) {
+      shm->Stop();  // nothing is in flight any more; tells clients, removes its segment
+      delete shm;
     }
     dispatcher_.reset();
     segments_.Destroy();

@@ -37,7 +37,7 @@ CHI_CROSS_FUN void ReleaseTask(TaskT *task);
 template <typename TaskT>
 class Future {
  public:
-  static constexpr u32 kSpinsBeforePark = 4096;
+  static constexpr u32 kSpinsBeforePark = 1024;  ///< ~tens of us of pause loops
   static constexpr u64 kTimedPollNs = 50000;  ///< fiber poll interval for timed waits
 
   Future() = default;

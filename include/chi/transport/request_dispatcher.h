@@ -41,6 +41,11 @@ class RequestDispatcher {
                   error_answer);
       return false;
     }
+    if (base.task_flags_.Any(TASK_PERIODIC)) {  // nobody could cancel it from afar
+      EncodeError(request_id, ErrorCode::kUnsupported,
+                  "periodic tasks cannot be submitted from another process", error_answer);
+      return false;
+    }
     PoolInfo *pool = pools_->Acquire(base.pool_id_);
     if (pool == nullptr) {
       Status st = Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",

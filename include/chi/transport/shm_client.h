@@ -1,9 +1,8 @@
-// ShmClientTransport: a pure client's connection to a runtime on the same node through
-// the runtime's shared-memory segment (see ShmServer). Send encodes the task into the
-// slot's request stream on the caller's thread; a receiver thread reads answers, completes
-// the tasks and watches the runtime, failing every outstanding task if it dies or stops.
-// Invariant: an outstanding task sits in exactly one table entry, and whoever clears the
-// entry (answer, failure or close) is the only one who completes the task.
+// ShmClientTransport: a pure client's connection to a runtime on this node through the
+// runtime's segment (ShmServer). Send streams the task into its slot's request ring on the
+// caller's thread; a receiver thread completes tasks from the answers and watches the
+// runtime, failing every outstanding task if it dies. Invariant: an outstanding task sits
+// in one table entry, and only whoever clears the entry (answer, failure, close) completes it.
 #pragma once
 
 #include <pthread.h>  // pthread_setname_np for the receiver thread

@@ -206,6 +206,7 @@ class ShmServer {
       }
       if (Status st = segment_.Create(port, g, self_); !st.ok()) return st;
       header_ = segment_.Header();
+      reaper_ = std::make_unique<ShmReaper>(&segment_, slots_.get(), options_.num_slots);
       // release: clients that see kServing see the initialised segment.
       header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kServing),
                                     MemOrder::kRelease);
@@ -235,8 +236,8 @@ class ShmServer {
       for (u32 i = 0; i < options_.num_slots; ++i) {
         segment_.Slot(i)->answer_ready_.Notify();  // clients notice the stop now
         segment_.Slot(i)->request_room_.Notify();
-        DiscardQueued(i);
-        if (InFlight(slots_[i]) != 0) quiet = false;
+        reaper_->DiscardQueued(i);
+        if (slots_[i].InFlight() != 0) quiet = false;
       }
       if (quiet) {
         segment_.Destroy();
@@ -269,7 +270,6 @@ class ShmServer {
 
    private:
     using Phase = ShmServedSlot::Phase;
-    using Slot = ShmServedSlot;
 
     /** OnComplete's body: discard, append directly, or queue for the poller. */
     void Answer(u32 i, ShmServedSlot &s, Task *t) {
@@ -277,7 +277,7 @@ class ShmServer {
       // poller waits for this slot's credits.
       if (stopped_.Load(MemOrder::kSeqCst) != 0 || s.draining.Load(MemOrder::kAcquire) != 0) {
         DeleteTask(t);
-        ReleaseCredit(s);
+        s.ReleaseCredit(header_->server_event_);
         return;
       }
       u32 idle = 0;
@@ -294,7 +294,7 @@ class ShmServer {
         if (fits) {
           segment_.Slot(i)->answer_ready_.Notify();
           DeleteTask(t);
-          ReleaseCredit(s);
+          s.ReleaseCredit(header_->server_event_);
           return;
         }
       }
@@ -303,22 +303,6 @@ class ShmServer {
       s.pending_count.FetchAdd(1, MemOrder::kSeqCst);
       s.pending->Push(reinterpret_cast<u64>(t));  // never full: the credits bound it
       header_->server_event_.Notify();
-    }
-
-    /** Ends a request's life in the slot; wakes the poller if it waited for this credit. */
-    void ReleaseCredit(ShmServedSlot &s) {
-      // seq_cst: release orders our stream writes and frees before the count; seq_cst
-      // pairs with the poller's credit_wait store and re-read (Dekker).
-      s.answered.FetchAdd(1, MemOrder::kSeqCst);
-      if (s.credit_wait.Load(MemOrder::kSeqCst) != 0) header_->server_event_.Notify();
-    }
-
-    /** Requests of slot s not yet answered or discarded. */
-    static u64 InFlight(const ShmServedSlot &s) {
-      // relaxed accepted: written by the poller, or read after it was joined. acquire
-      // answered: a completer's last touches of the slot come before its count.
-      u64 accepted = s.accepted.Load(MemOrder::kRelaxed);
-      return accepted - s.answered.Load(MemOrder::kAcquire);
     }
 
     /** True when slot s may take another request (the poller; reads `answered` rarely). */
@@ -350,26 +334,18 @@ class ShmServer {
         u32 seq = header_->membership_seq_.Load(MemOrder::kAcquire);
         if (seq != seen_membership_) {
           seen_membership_ = seq;
-          Scan(false);
+          reaper_->Scan(false);
           worked = true;
         }
         const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
-        // By index: a corrupt stream moves its slot from serving_ to draining_.
-        for (size_t k = 0; k < serving_.size(); ++k) {
-          const u32 i = serving_[k];
+        // By index: a corrupt stream moves its slot out of the serving list.
+        const std::vector<u32> &serving = reaper_->Serving();
+        for (size_t k = 0; k < serving.size(); ++k) {
+          const u32 i = serving[k];
           if (reading) worked |= PumpRequests(i);
           if (slots_[i].phase == Phase::kServing) worked |= PumpAnswers(i);
         }
-        for (size_t k = 0; k < draining_.size();) {
-          u32 i = draining_[k];
-          if (DrainStep(i)) {
-            draining_[k] = draining_.back();
-            draining_.pop_back();
-            worked = true;
-          } else {
-            ++k;
-          }
-        }
+        worked |= reaper_->DrainAll();
         if (!reading && (Quiet() || MonotonicNs() >= stop_deadline_)) break;
         if (worked) {
           idle_since = 0;
@@ -380,8 +356,8 @@ class ShmServer {
         }
         const u64 now = MonotonicNs();
         if (now >= next_reap) {
-          Scan(true);
-          next_reap = now + (serving_.empty() && draining_.empty() ? kIdleScanNs : kReapIntervalNs);
+          reaper_->Scan(true);
+          next_reap = now + (reaper_->Busy() ? kReapIntervalNs : kIdleScanNs);
         }
         if (worked) continue;
         if (idle_since == 0) idle_since = now;
@@ -398,7 +374,7 @@ class ShmServer {
       if (stopping_.Load(MemOrder::kSeqCst) != 0 && Quiet()) return true;
       if (header_->membership_seq_.Load(MemOrder::kSeqCst) != seen_membership_) return true;
       const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
-      for (u32 i : serving_) {
+      for (u32 i : reaper_->Serving()) {
         ShmServedSlot &s = slots_[i];
         if (s.pending_count.Load(MemOrder::kSeqCst) != 0 || !s.errors.empty()) return true;
         if (reading && segment_.RequestStream(i)->HasDataSeqCst() &&
@@ -408,16 +384,13 @@ class ShmServer {
         }
         if (s.outgoing_open && segment_.AnswerStream(i)->HasRoomSeqCst(1)) return true;
       }
-      for (u32 i : draining_) {
-        if (slots_[i].pending_count.Load(MemOrder::kSeqCst) != 0) return true;
-      }
-      return false;
+      return reaper_->DrainingHasWork();
     }
 
     /** True when no slot has work in flight (Stop may finish). */
     bool Quiet() const {
       for (u32 i = 0; i < options_.num_slots; ++i) {
-        if (InFlight(slots_[i]) != 0) return false;
+        if (slots_[i].InFlight() != 0) return false;
       }
       return true;
     }
@@ -434,16 +407,16 @@ class ShmServer {
         if (r == ShmStream::PeekResult::kEmpty) break;
         worked = true;
         if (r == ShmStream::PeekResult::kCorrupt) {
-          Break(i, ErrorCode::kMalformed);
+          reaper_->Break(i, ErrorCode::kMalformed);
           return true;
         }
         if (!s.assembling) {
           if (p.kind != ShmStream::kBegin) {
-            Break(i, ErrorCode::kMalformed);
+            reaper_->Break(i, ErrorCode::kMalformed);
             return true;
           }
           if (p.message_bytes > options_.max_message_bytes) {
-            Break(i, ErrorCode::kTooLarge);
+            reaper_->Break(i, ErrorCode::kTooLarge);
             return true;
           }
           if (p.bytes == p.message_bytes && p.Contiguous()) {
@@ -457,7 +430,7 @@ class ShmServer {
           s.assembling = true;
         } else if (p.kind != ShmStream::kMore ||
                    p.bytes > s.assembly_total - s.assembly.size()) {
-          Break(i, ErrorCode::kMalformed);
+          reaper_->Break(i, ErrorCode::kMalformed);
           return true;
         }
         s.assembly.insert(s.assembly.end(), p.first, p.first + p.first_bytes);
@@ -548,7 +521,7 @@ class ShmServer {
       s.outgoing_open = false;
       RecycleBuffer(&s.outgoing);
       s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
-      ReleaseCredit(s);
+      s.ReleaseCredit(header_->server_event_);
       return true;
     }
 
@@ -564,8 +537,7 @@ class ShmServer {
     Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers
     u64 stop_deadline_ = 0;
     u32 seen_membership_ = 0;
-    std::vector<u32> serving_;   ///< poller only
-    std::vector<u32> draining_;  ///< poller only
+    std::unique_ptr<ShmReaper> reaper_;  ///< the poller's (and Stop's, after the join)
   };
 
   std::unique_ptr<Core> core_;

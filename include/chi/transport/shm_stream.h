@@ -1,9 +1,8 @@
-// ShmStream: one direction of a shared-memory connection. A byte ring with one writer
-// and one reader (usually in two processes) that carries framed messages of any size
-// in pieces. Both ends are non-blocking, so one runtime poller can serve many streams;
-// the callers decide how to wait (see shm_client.h, shm_server.h).
-// Invariant: the ring only ever holds whole records (16-byte header + payload padded to
-// 16), published by moving write_pos_, so the reader never sees half a record.
+// ShmStream: one direction of a shared-memory connection, a byte ring with one writer and
+// one reader (usually two processes) carrying framed messages of any size in pieces. Both
+// ends are non-blocking so one runtime poller can serve many streams; callers choose how
+// to wait. Invariant: the ring holds only whole records (16-byte header + payload padded
+// to 16), published by moving write_pos_, so the reader never sees half a record.
 //
 // Framing: a message is a kBegin record (its total length and the first bytes that fit)
 // followed by kMore records with the rest. The reader checks every header against what
