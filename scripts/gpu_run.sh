@@ -19,6 +19,9 @@ note() { echo "$*" | tee -a "$summary"; }
 note "machine: $(head -1 "$out/machine.txt")"
 
 eval "$(bash scripts/unpack-debs.sh .debs /tmp/deps)"
+# Lazy module loading deadlocks a kernel first launched while the orchestrator runs.
+note "machine's CUDA_MODULE_LOADING: ${CUDA_MODULE_LOADING:-unset} (runs use EAGER)"
+export CUDA_MODULE_LOADING=EAGER
 
 start=$(date +%s)
 if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHIMAERA_ENABLE_CUDA=ON \
@@ -48,13 +51,15 @@ run() {  # run <name> <timeout seconds> <command...>: logs to $out/<name>.log
 }
 
 run test_gpu_protocol 120 "$build/tests/gpu/test_gpu_protocol"
-run test_gpu_runtime 300 "$build/tests/gpu/test_gpu_runtime"
+run test_gpu_runtime 180 "$build/tests/gpu/test_gpu_runtime"
 grep -E "test cases|assertions|ERROR|FAILED|skipped" "$out/test_gpu_protocol.log" "$out/test_gpu_runtime.log" \
   | tee -a "$summary"
 if [[ $bench == 1 ]]; then
-  run bench_gpu 300 "$build/benchmarks/gpu/bench_gpu"
+  run bench_gpu 150 "$build/benchmarks/gpu/bench_gpu"
+  # An orchestrator block on every SM, client kernels sharing the SMs with it.
+  run bench_gpu_all_sms 90 "$build/benchmarks/gpu/bench_gpu" --blocks all
 fi
-run ctest_gpu_label 300 ctest --test-dir "$build" -L gpu --output-on-failure
+run ctest_gpu_label 90 ctest --test-dir "$build" -L gpu --output-on-failure
 grep -E "tests passed|tests failed|Skipped|Failed" "$out/ctest_gpu_label.log" | tee -a "$summary"
 
 echo
@@ -66,4 +71,6 @@ cat "$summary"
 if [[ $bench == 1 ]]; then
   echo
   cat "$out/bench_gpu.log"
+  echo
+  tail -12 "$out/bench_gpu_all_sms.log"
 fi

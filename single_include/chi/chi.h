@@ -8166,7 +8166,7 @@ struct ShmStatsBlock {
   Atomic<u32> clients;           ///< slots being served now
   Atomic<u64> reclaimed_clients; ///< slots taken back from dead or misbehaving clients
   Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
-  Atomic<u64> tasks_served;      ///< requests decoded and submitted
+  Atomic<u64> tasks_served;      ///< requests taken in (refused ones get an error answer)
   Atomic<u64> broken_streams;    ///< request streams found corrupt
   WaitStats poller_waits;        ///< how often the poller parked
 };
@@ -8462,17 +8462,19 @@ class ShmClientTransport final : public ClientTransport {
    * Blocks only for back-pressure (too many outstanding tasks, or a full ring).
    */
   bool Send(Task *task) override {
+    // acquire: a closed transport's state is settled; later calls only read it.
     if (closed_.Load(MemOrder::kAcquire) != 0) return false;
     u32 idle = 0;
     // Fast path: nobody writes and nothing waits, so write it here without queueing.
-    // acquire: the previous writer's stream writes are complete before ours.
+    // relaxed stack read: only a hint (pushers retry the role). acquire role: the
+    // previous writer's stream writes are complete before ours.
     if (submit_head_.Load(MemOrder::kRelaxed) == 0 &&
         writer_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
       WriteTask(task);
       LeaveWriter();
       return true;
     }
-    u64 head = submit_head_.Load(MemOrder::kRelaxed);
+    u64 head = submit_head_.Load(MemOrder::kRelaxed);  // relaxed: the CAS below decides
     do {
       task->transport_cookie_ = head;  // the link of the submission stack
       // seq_cst: pushers and the writer re-check each other (push, then try the role).
@@ -8497,6 +8499,7 @@ class ShmClientTransport final : public ClientTransport {
     slot_->answer_ready_.Notify();
     if (receiver_.joinable()) receiver_.join();
     Fail(ErrorCode::kShutdown, "shm transport: closed with the task outstanding");
+    // acquire: a reclaim by the runtime (new generation) is seen with what it reset.
     if (slot_->owner_pid_.Load(MemOrder::kAcquire) == self_.pid &&
         slot_->generation_.Load(MemOrder::kAcquire) == generation_) {
       // seq_cst: the runtime's rescan (membership bump below) sees the closed state.
@@ -8516,6 +8519,7 @@ class ShmClientTransport final : public ClientTransport {
   ShmSegment &Segment() { return segment_; }
   /** Why the connection failed (kOk while healthy). */
   ErrorCode Failure() const {
+    // acquire: the tasks failed before the code was stored are complete.
     return static_cast<ErrorCode>(failure_.Load(MemOrder::kAcquire));
   }
   /** Tasks sent and not yet answered. */
@@ -8588,6 +8592,7 @@ class ShmClientTransport final : public ClientTransport {
       // acquire: the previous writer's stream writes are complete before ours.
       if (!writer_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
         // The writer re-checks the stack when it leaves; Close keeps the role for good.
+        // seq_cst: Close stores closed_ before taking the role (Dekker with our push).
         if (closed_.Load(MemOrder::kSeqCst) != 0) {
           FailSubmissions(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
         }
@@ -8652,12 +8657,13 @@ class ShmClientTransport final : public ClientTransport {
     Entry &e = entries_[idx];
     if (++e.seq == 0) e.seq = 1;
     const u64 id = (static_cast<u64>(e.seq) << 32) | idx;
+    EncodeRequest(t, id, &tx_);
     e.task.Store(reinterpret_cast<u64>(t), MemOrder::kRelaxed);  // relaxed: published below
-    // release: publishes the task with its id before the request can be answered.
+    // release: the task and our reads of it (encoding) happen before the receiver, which
+    // takes the entry with acquire, completes it; published before the request can travel.
     e.word.Store(id, MemOrder::kRelease);
     // The entry this writer will most likely take next: fetch its line while we wait.
     __builtin_prefetch(&entries_[cursor_], 1);
-    EncodeRequest(t, id, &tx_);
     Status st;
     if (tx_.size() > max_message_bytes_) {
       st = Status::Errorf(ErrorCode::kTooLarge,
@@ -8882,7 +8888,7 @@ class ShmClientTransport final : public ClientTransport {
                        static_cast<u32>(ShmRuntimeState::kStopped);
           },
           DeadlineAfter(period), rx_waits_);
-      if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;
+      if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
       if (ans_->HasData()) return true;
       if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
     }
@@ -8906,7 +8912,7 @@ class ShmClientTransport final : public ClientTransport {
                     "shm transport: runtime pid %u reset this connection: it received a bad "
                     "request stream (%s)",
                     runtime_.pid, ErrorName(code));
-    } else if (slot_->owner_pid_.Load(MemOrder::kAcquire) != self_.pid ||
+    } else if (slot_->owner_pid_.Load(MemOrder::kAcquire) != self_.pid ||  // acquire: reclaim
                slot_->generation_.Load(MemOrder::kAcquire) != generation_ ||
                state != static_cast<u32>(ShmSlotState::kActive)) {
       code = ErrorCode::kPeerDead;
@@ -8935,12 +8941,14 @@ class ShmClientTransport final : public ClientTransport {
       // seq_cst: writers read it after publishing an entry (Dekker with the sweep below).
       failure_.Store(static_cast<u32>(code), MemOrder::kSeqCst);
     }
+    // relaxed: stored by this thread (or by the receiver that Close has joined).
     const ErrorCode first = static_cast<ErrorCode>(failure_.Load(MemOrder::kRelaxed));
     for (u32 i = 0; i < table_size_; ++i) {
       Entry &e = entries_[i];
       // acq_rel: take the entry (see TakeAndFail); acquire sees its task pointer.
       u64 id = e.word.Exchange(0, MemOrder::kAcqRel);
       if (id == 0) continue;
+      // relaxed: the Exchange above acquired the writer's release of the entry.
       Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
       ReleaseEntry();
       FailTask(t, first, failure_msg_);
@@ -9272,7 +9280,7 @@ class ShmReaper {
     s.assembling = false;
     RecycleBuffer(&s.assembly);
     s.draining.Store(0, MemOrder::kRelaxed);  // relaxed: no completer of this slot is left
-    s.writer.Store(0, MemOrder::kRelease);
+    s.writer.Store(0, MemOrder::kRelease);  // release: the stream resets come first
     // release: the reset slot is complete before a client can claim it.
     slot->owner_pid_.Store(0, MemOrder::kRelease);
     PublishStats();
@@ -9307,7 +9315,7 @@ class ShmServer {
     u32 clients = 0;            ///< slots being served
     u64 reclaimed_clients = 0;  ///< slots taken back from dead or misbehaving clients
     u64 bytes_in_use = 0;       ///< unread ring bytes plus partial messages held
-    u64 tasks_served = 0;       ///< requests decoded and submitted
+    u64 tasks_served = 0;       ///< requests taken in (refused ones get an error answer)
     u64 broken_streams = 0;     ///< request streams found corrupt (their slot was reset)
   };
 
@@ -9478,6 +9486,7 @@ class ShmServer {
 
     /** Drains and stops; true when nothing references the core any more. */
     bool Stop() {
+      // seq_cst: clients re-check the state before they park (Dekker with Notify).
       header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopping),
                                     MemOrder::kSeqCst);
       stop_deadline_ = MonotonicNs() + kStopGraceNs;
@@ -9492,6 +9501,7 @@ class ShmServer {
         // seq_cst: the other half of that pair. Completers never block, so this is short.
         while (slots_[i].completing.Load(MemOrder::kSeqCst) != 0) CpuRelax();
       }
+      // seq_cst: as above; every answer we sent precedes it, so clients read those first.
       header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopped),
                                     MemOrder::kSeqCst);
       bool quiet = true;
@@ -9543,7 +9553,8 @@ class ShmServer {
         return;
       }
       u32 idle = 0;
-      // acquire: the previous writer's appends are complete before ours.
+      // relaxed test first: a busy stream costs no write of its line. acquire CAS: the
+      // previous writer's appends are complete before ours.
       if (s.writer.Load(MemOrder::kRelaxed) == 0 &&
           s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
         thread_local std::vector<char> buf;
@@ -9599,7 +9610,8 @@ class ShmServer {
           reaper_->Scan(false);
           worked = true;
         }
-        const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
+        // acquire: Stop wrote stop_deadline_ before it raised the flag.
+        const bool reading = stopping_.Load(MemOrder::kAcquire) == 0;
         // By index: a corrupt stream moves its slot out of the serving list.
         const std::vector<u32> &serving = reaper_->Serving();
         for (size_t k = 0; k < serving.size(); ++k) {
@@ -9635,7 +9647,7 @@ class ShmServer {
     bool ReadyToRun() {
       if (stopping_.Load(MemOrder::kSeqCst) != 0 && Quiet()) return true;
       if (header_->membership_seq_.Load(MemOrder::kSeqCst) != seen_membership_) return true;
-      const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
+      const bool reading = stopping_.Load(MemOrder::kSeqCst) == 0;
       for (u32 i : reaper_->Serving()) {
         ShmServedSlot &s = slots_[i];
         if (s.pending_count.Load(MemOrder::kSeqCst) != 0 || !s.errors.empty()) return true;
@@ -9711,16 +9723,12 @@ class ShmServer {
     /** Hands one whole request to the dispatcher; refusals become error answers. */
     void Dispatch(u32 i, const char *data, u64 len) {
       ShmServedSlot &s = slots_[i];
-      // relaxed: only the poller writes it; counted before the task can exist.
+      // relaxed: only the poller writes these; counted before the answer can exist.
       s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+      auto &served = header_->stats_.tasks_served;
+      served.Store(served.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
       std::vector<char> error;
-      if (dispatcher_->Dispatch(data, len, this, i, &error)) {
-        // relaxed: a statistic written only by this thread.
-        auto &served = header_->stats_.tasks_served;
-        served.Store(served.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-      } else {
-        s.errors.push_back(std::move(error));
-      }
+      if (!dispatcher_->Dispatch(data, len, this, i, &error)) s.errors.push_back(std::move(error));
     }
 
     /** Streams queued answers of slot i as far as the client's ring allows. */
@@ -9743,7 +9751,7 @@ class ShmServer {
           } else {
             u64 v = 0;
             if (!s.pending->TryPop(v)) {  // pushed but not yet published
-              s.writer.Store(0, MemOrder::kRelease);
+              s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
               break;
             }
             s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
@@ -10906,6 +10914,7 @@ class ZmqServer final : public TaskCompleter {
 #include <unistd.h>  // getpid
 
 #include <cstdio>         // fprintf of start-up problems
+#include <cstring>        // memset of private pinned memory
 #include <memory>         // unique_ptr<Device>
 #include <mutex>          // start/stop and pool registration are rare and serialised
 #include <string>         // segment names, messages
@@ -11275,12 +11284,15 @@ inline Status Check(Error e, const char *what) {
 }
 
 /**
- * Asks for eager module loading. Lazy loading (CUDA's default) may need a context-wide
- * synchronisation to load a kernel, which never comes while a persistent kernel runs: the
- * first launch of a not-yet-loaded kernel would then deadlock. Effective only before the
- * process's first GPU call; a value the user set is kept.
+ * Selects eager module loading. Lazy loading (CUDA's default, and what container images
+ * often set) may need a context-wide synchronisation to load a kernel, which never comes
+ * while a persistent kernel runs: the first launch of a not-yet-loaded kernel then
+ * deadlocks (seen on an H200: a client kernel launched after the orchestrator hung).
+ * Effective only before the process's first GPU call; a program that starts CUDA earlier
+ * must set CUDA_MODULE_LOADING=EAGER itself or PreloadKernel every kernel before
+ * CHIMAERA_INIT.
  */
-inline void PreferEagerModuleLoading() { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
+inline void PreferEagerModuleLoading() { setenv("CUDA_MODULE_LOADING", "EAGER", 1); }
 
 /** Loads `kernel`'s module now (call before the orchestrator starts, under lazy loading). */
 template <typename Kernel>
@@ -11643,12 +11655,13 @@ struct GpuQueue {
   // ---- Client side ----
 
   /**
-   * One pass over the slots from `start`: claims a free slot whose mailbox is idle, or
-   * returns kNoSlot. Clients of one launch start at distinct slots, so usually the first
-   * CAS wins.
+   * Looks at up to `window` slots from `start` (all by default): claims a free slot whose
+   * mailbox is idle, or returns kNoSlot. Clients of one launch start at distinct slots, so
+   * usually the first CAS wins.
    */
-  CHI_CROSS_FUN u32 TryClaim(u32 start) const {
-    for (u32 i = 0; i < num_slots_; ++i) {
+  CHI_CROSS_FUN u32 TryClaim(u32 start, u32 window = ~0u) const {
+    const u32 n = window < num_slots_ ? window : num_slots_;
+    for (u32 i = 0; i < n; ++i) {
       const u32 s = (start + i) % num_slots_;
       u32 c = claims_[s].Load(MemOrder::kRelaxed);  // relaxed: a hint; the CAS decides
       if (c == claim::kHeld) continue;
@@ -12964,6 +12977,8 @@ class GpuManager : private GpuPoolDirectory {
     int id = 0;
     PinnedShmBackend pinned;   ///< control block, cpu2gpu, gpu2cpu (POSIX shm, pinned)
     GpuDeviceBackend device;   ///< descriptors, gpu2gpu, records, pool table, containers
+    void *private_pinned = nullptr;  ///< instead of `pinned` where shm cannot be pinned
+    void *private_device = nullptr;  ///< instead of `device` where IPC handles are refused
     Stream stream = nullptr;   ///< the orchestrator's own stream
     Stream copies = nullptr;   ///< table and container copies
     GpuQueueSet set;
@@ -13013,26 +13028,46 @@ class GpuManager : private GpuPoolDirectory {
     qc.depth = depth_;
     const std::string name =
         "chi_gpu_" + std::to_string(getpid()) + "_" + std::to_string(i);
-    if (Status st = d.pinned.Create(name, GpuQueueSet::PinnedBytes(qc), CreateMode::kReplace);
-        !st.ok()) {
+    const u64 pinned_bytes = GpuQueueSet::PinnedBytes(qc);
+    const u64 device_bytes = GpuQueueSet::DeviceBytes(qc);
+    char *pinned = nullptr;
+    char *device = nullptr;
+    // Shareable memory first (a POSIX segment pinned for the GPU, device memory with an IPC
+    // handle, for clients in other processes); private memory if the platform refuses it.
+    if (Status st = d.pinned.Create(name, pinned_bytes, CreateMode::kReplace); st.ok()) {
+      pinned = d.pinned.Data();
+      if (d.pinned.DevicePointer() != d.pinned.Base()) {
+        return Status::Error(ErrorCode::kUnsupported,
+                             "pinned memory is not at the same address on the GPU (needs UVA)");
+      }
+    } else if (Status st2 = Check(MallocHost(&d.private_pinned, pinned_bytes), "pinned memory");
+               st2.ok()) {
+      std::fprintf(stderr, "chi: GPU %d queues in private pinned memory: %s\n", i, st.message());
+      std::memset(d.private_pinned, 0, pinned_bytes);
+      pinned = static_cast<char *>(d.private_pinned);
+    } else {
       return st;
     }
-    if (d.pinned.DevicePointer() != d.pinned.Base()) {
-      return Status::Error(ErrorCode::kUnsupported,
-                           "pinned memory is not at the same address on the GPU (needs UVA)");
-    }
-    const u64 device_bytes = GpuQueueSet::DeviceBytes(qc);
-    if (Status st = d.device.Create(name, device_bytes, i); !st.ok()) return st;
-    if (Status st = Check(Memset(d.device.Data(), 0, device_bytes), "clear GPU queues"); !st.ok()) {
+    if (Status st = d.device.Create(name, device_bytes, i); st.ok()) {
+      device = d.device.Data();
+    } else if (Status st2 = Check(Malloc(&d.private_device, device_bytes), "device memory");
+               st2.ok()) {
+      std::fprintf(stderr, "chi: GPU %d queues in private device memory: %s\n", i, st.message());
+      device = static_cast<char *>(d.private_device);
+    } else {
       return st;
     }
     if (Status st = Check(StreamCreate(&d.stream), "create the orchestrator stream"); !st.ok()) {
       return st;
     }
     if (Status st = Check(StreamCreate(&d.copies), "create the copy stream"); !st.ok()) return st;
-    d.set = GpuQueueSet::Carve(qc, d.pinned.Data(), d.device.Data());
-    Status st = Check(MemcpyAsync(d.set.device, &d.set.host, sizeof(d.set.host), d.copies),
-                      "write queue descriptors");
+    d.set = GpuQueueSet::Carve(qc, pinned, device);
+    // Both on the copy stream, so the clear is ordered before the descriptors land.
+    Status st = Check(MemsetAsync(device, 0, device_bytes, d.copies), "clear GPU queues");
+    if (st.ok()) {
+      st = Check(MemcpyAsync(d.set.device, &d.set.host, sizeof(d.set.host), d.copies),
+                 "write queue descriptors");
+    }
     if (st.ok()) st = Check(StreamSynchronize(d.copies), "write queue descriptors");
     if (!st.ok()) return st;
     d.link.Init(static_cast<u32>(i), d.set.host.cpu2gpu, d.set.host.gpu2cpu);
@@ -13083,6 +13118,8 @@ class GpuManager : private GpuPoolDirectory {
       if (d->copies != nullptr) StreamDestroy(d->copies);
       d->device.Destroy();
       if (d->pinned.IsAttached()) d->pinned.Destroy();
+      if (d->private_device != nullptr) Free(d->private_device);
+      if (d->private_pinned != nullptr) FreeHost(d->private_pinned);
     }
     devices_.clear();
   }

@@ -105,12 +105,15 @@ inline Status Check(Error e, const char *what) {
 }
 
 /**
- * Asks for eager module loading. Lazy loading (CUDA's default) may need a context-wide
- * synchronisation to load a kernel, which never comes while a persistent kernel runs: the
- * first launch of a not-yet-loaded kernel would then deadlock. Effective only before the
- * process's first GPU call; a value the user set is kept.
+ * Selects eager module loading. Lazy loading (CUDA's default, and what container images
+ * often set) may need a context-wide synchronisation to load a kernel, which never comes
+ * while a persistent kernel runs: the first launch of a not-yet-loaded kernel then
+ * deadlocks (seen on an H200: a client kernel launched after the orchestrator hung).
+ * Effective only before the process's first GPU call; a program that starts CUDA earlier
+ * must set CUDA_MODULE_LOADING=EAGER itself or PreloadKernel every kernel before
+ * CHIMAERA_INIT.
  */
-inline void PreferEagerModuleLoading() { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
+inline void PreferEagerModuleLoading() { setenv("CUDA_MODULE_LOADING", "EAGER", 1); }
 
 /** Loads `kernel`'s module now (call before the orchestrator starts, under lazy loading). */
 template <typename Kernel>

@@ -28,6 +28,8 @@ namespace chi::gpu {
 
 /** Longest pause between two polls of a waiting GPU client. */
 inline constexpr u32 kClientIdleMaxNs = 256;
+/** Slots a GPU client looks at per claim attempt (it moves on to the next ones after). */
+inline constexpr u32 kClaimWindow = 32;
 
 /** The record holding a task started by StartTask. */
 template <typename TaskT>
@@ -51,13 +53,18 @@ CHI_CROSS_FUN inline u32 ClaimStart(const GpuInfo &info, u32 slots) {
   return GlobalThreadId();
 }
 
-/** Claims a slot of q, spinning while all are taken; kNoSlot on timeout or abort. */
+/**
+ * Claims a slot of q, spinning while all are taken; kNoSlot on timeout or abort. Each
+ * attempt looks at a small window and the next attempt at the following one, so thousands
+ * of waiting threads do not each sweep the whole queue.
+ */
 template <MemScope S>
 CHI_CROSS_FUN u32 ClaimSlot(const GpuQueue<S> &q, u32 start) {
   const u64 t0 = ClockNs();
   for (u32 n = 0;; ++n) {
-    const u32 s = q.TryClaim(start);
+    const u32 s = q.TryClaim(start, kClaimWindow);
     if (s != kNoSlot) return s;
+    start += kClaimWindow;
     Backoff(n + 64, kClientIdleMaxNs);
     if ((n & 63) == 63) {
       if (q.abort_ != nullptr && q.abort_->Load(MemOrder::kRelaxed) != 0) return kNoSlot;

@@ -10,6 +10,7 @@
 #include <unistd.h>  // getpid
 
 #include <cstdio>         // fprintf of start-up problems
+#include <cstring>        // memset of private pinned memory
 #include <memory>         // unique_ptr<Device>
 #include <mutex>          // start/stop and pool registration are rare and serialised
 #include <string>         // segment names, messages
@@ -223,6 +224,8 @@ class GpuManager : private GpuPoolDirectory {
     int id = 0;
     PinnedShmBackend pinned;   ///< control block, cpu2gpu, gpu2cpu (POSIX shm, pinned)
     GpuDeviceBackend device;   ///< descriptors, gpu2gpu, records, pool table, containers
+    void *private_pinned = nullptr;  ///< instead of `pinned` where shm cannot be pinned
+    void *private_device = nullptr;  ///< instead of `device` where IPC handles are refused
     Stream stream = nullptr;   ///< the orchestrator's own stream
     Stream copies = nullptr;   ///< table and container copies
     GpuQueueSet set;
@@ -272,26 +275,46 @@ class GpuManager : private GpuPoolDirectory {
     qc.depth = depth_;
     const std::string name =
         "chi_gpu_" + std::to_string(getpid()) + "_" + std::to_string(i);
-    if (Status st = d.pinned.Create(name, GpuQueueSet::PinnedBytes(qc), CreateMode::kReplace);
-        !st.ok()) {
+    const u64 pinned_bytes = GpuQueueSet::PinnedBytes(qc);
+    const u64 device_bytes = GpuQueueSet::DeviceBytes(qc);
+    char *pinned = nullptr;
+    char *device = nullptr;
+    // Shareable memory first (a POSIX segment pinned for the GPU, device memory with an IPC
+    // handle, for clients in other processes); private memory if the platform refuses it.
+    if (Status st = d.pinned.Create(name, pinned_bytes, CreateMode::kReplace); st.ok()) {
+      pinned = d.pinned.Data();
+      if (d.pinned.DevicePointer() != d.pinned.Base()) {
+        return Status::Error(ErrorCode::kUnsupported,
+                             "pinned memory is not at the same address on the GPU (needs UVA)");
+      }
+    } else if (Status st2 = Check(MallocHost(&d.private_pinned, pinned_bytes), "pinned memory");
+               st2.ok()) {
+      std::fprintf(stderr, "chi: GPU %d queues in private pinned memory: %s\n", i, st.message());
+      std::memset(d.private_pinned, 0, pinned_bytes);
+      pinned = static_cast<char *>(d.private_pinned);
+    } else {
       return st;
     }
-    if (d.pinned.DevicePointer() != d.pinned.Base()) {
-      return Status::Error(ErrorCode::kUnsupported,
-                           "pinned memory is not at the same address on the GPU (needs UVA)");
-    }
-    const u64 device_bytes = GpuQueueSet::DeviceBytes(qc);
-    if (Status st = d.device.Create(name, device_bytes, i); !st.ok()) return st;
-    if (Status st = Check(Memset(d.device.Data(), 0, device_bytes), "clear GPU queues"); !st.ok()) {
+    if (Status st = d.device.Create(name, device_bytes, i); st.ok()) {
+      device = d.device.Data();
+    } else if (Status st2 = Check(Malloc(&d.private_device, device_bytes), "device memory");
+               st2.ok()) {
+      std::fprintf(stderr, "chi: GPU %d queues in private device memory: %s\n", i, st.message());
+      device = static_cast<char *>(d.private_device);
+    } else {
       return st;
     }
     if (Status st = Check(StreamCreate(&d.stream), "create the orchestrator stream"); !st.ok()) {
       return st;
     }
     if (Status st = Check(StreamCreate(&d.copies), "create the copy stream"); !st.ok()) return st;
-    d.set = GpuQueueSet::Carve(qc, d.pinned.Data(), d.device.Data());
-    Status st = Check(MemcpyAsync(d.set.device, &d.set.host, sizeof(d.set.host), d.copies),
-                      "write queue descriptors");
+    d.set = GpuQueueSet::Carve(qc, pinned, device);
+    // Both on the copy stream, so the clear is ordered before the descriptors land.
+    Status st = Check(MemsetAsync(device, 0, device_bytes, d.copies), "clear GPU queues");
+    if (st.ok()) {
+      st = Check(MemcpyAsync(d.set.device, &d.set.host, sizeof(d.set.host), d.copies),
+                 "write queue descriptors");
+    }
     if (st.ok()) st = Check(StreamSynchronize(d.copies), "write queue descriptors");
     if (!st.ok()) return st;
     d.link.Init(static_cast<u32>(i), d.set.host.cpu2gpu, d.set.host.gpu2cpu);
@@ -342,6 +365,8 @@ class GpuManager : private GpuPoolDirectory {
       if (d->copies != nullptr) StreamDestroy(d->copies);
       d->device.Destroy();
       if (d->pinned.IsAttached()) d->pinned.Destroy();
+      if (d->private_device != nullptr) Free(d->private_device);
+      if (d->private_pinned != nullptr) FreeHost(d->private_pinned);
     }
     devices_.clear();
   }

@@ -89,12 +89,13 @@ struct GpuQueue {
   // ---- Client side ----
 
   /**
-   * One pass over the slots from `start`: claims a free slot whose mailbox is idle, or
-   * returns kNoSlot. Clients of one launch start at distinct slots, so usually the first
-   * CAS wins.
+   * Looks at up to `window` slots from `start` (all by default): claims a free slot whose
+   * mailbox is idle, or returns kNoSlot. Clients of one launch start at distinct slots, so
+   * usually the first CAS wins.
    */
-  CHI_CROSS_FUN u32 TryClaim(u32 start) const {
-    for (u32 i = 0; i < num_slots_; ++i) {
+  CHI_CROSS_FUN u32 TryClaim(u32 start, u32 window = ~0u) const {
+    const u32 n = window < num_slots_ ? window : num_slots_;
+    for (u32 i = 0; i < n; ++i) {
       const u32 s = (start + i) % num_slots_;
       u32 c = claims_[s].Load(MemOrder::kRelaxed);  // relaxed: a hint; the CAS decides
       if (c == claim::kHeld) continue;

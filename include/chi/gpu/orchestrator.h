@@ -35,9 +35,20 @@ __global__ void OrchestratorKernel(ServerArgs args) {
   ServeLoop<ModuleList>(args, tid, threads);
 }
 
-/** Launches ModuleList's orchestrator (host). */
+/**
+ * Launches ModuleList's orchestrator (host). It asks for the largest shared-memory carveout:
+ * an SM's split between L1 and shared memory changes only when the SM is idle, so with an
+ * orchestrator block on every SM a client kernel that needs any shared memory could never
+ * start (seen on an H200 with one block per SM). The orchestrator itself uses none.
+ */
 template <typename ModuleList>
 int LaunchOrchestrator(const ServerArgs &args, u32 blocks, u32 threads, void *stream) {
+#if !CHI_MEMORY_USE_HIP
+  const Error e = cudaFuncSetAttribute(OrchestratorKernel<ModuleList>,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared);
+  if (e != kSuccess) return static_cast<int>(e);
+#endif
   OrchestratorKernel<ModuleList><<<blocks, threads, 0, static_cast<Stream>(stream)>>>(args);
   return static_cast<int>(GetLastError());
 }

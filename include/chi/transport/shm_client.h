@@ -58,17 +58,19 @@ class ShmClientTransport final : public ClientTransport {
    * Blocks only for back-pressure (too many outstanding tasks, or a full ring).
    */
   bool Send(Task *task) override {
+    // acquire: a closed transport's state is settled; later calls only read it.
     if (closed_.Load(MemOrder::kAcquire) != 0) return false;
     u32 idle = 0;
     // Fast path: nobody writes and nothing waits, so write it here without queueing.
-    // acquire: the previous writer's stream writes are complete before ours.
+    // relaxed stack read: only a hint (pushers retry the role). acquire role: the
+    // previous writer's stream writes are complete before ours.
     if (submit_head_.Load(MemOrder::kRelaxed) == 0 &&
         writer_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
       WriteTask(task);
       LeaveWriter();
       return true;
     }
-    u64 head = submit_head_.Load(MemOrder::kRelaxed);
+    u64 head = submit_head_.Load(MemOrder::kRelaxed);  // relaxed: the CAS below decides
     do {
       task->transport_cookie_ = head;  // the link of the submission stack
       // seq_cst: pushers and the writer re-check each other (push, then try the role).
@@ -93,6 +95,7 @@ class ShmClientTransport final : public ClientTransport {
     slot_->answer_ready_.Notify();
     if (receiver_.joinable()) receiver_.join();
     Fail(ErrorCode::kShutdown, "shm transport: closed with the task outstanding");
+    // acquire: a reclaim by the runtime (new generation) is seen with what it reset.
     if (slot_->owner_pid_.Load(MemOrder::kAcquire) == self_.pid &&
         slot_->generation_.Load(MemOrder::kAcquire) == generation_) {
       // seq_cst: the runtime's rescan (membership bump below) sees the closed state.
@@ -112,6 +115,7 @@ class ShmClientTransport final : public ClientTransport {
   ShmSegment &Segment() { return segment_; }
   /** Why the connection failed (kOk while healthy). */
   ErrorCode Failure() const {
+    // acquire: the tasks failed before the code was stored are complete.
     return static_cast<ErrorCode>(failure_.Load(MemOrder::kAcquire));
   }
   /** Tasks sent and not yet answered. */
@@ -184,6 +188,7 @@ class ShmClientTransport final : public ClientTransport {
       // acquire: the previous writer's stream writes are complete before ours.
       if (!writer_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
         // The writer re-checks the stack when it leaves; Close keeps the role for good.
+        // seq_cst: Close stores closed_ before taking the role (Dekker with our push).
         if (closed_.Load(MemOrder::kSeqCst) != 0) {
           FailSubmissions(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
         }
@@ -248,12 +253,13 @@ class ShmClientTransport final : public ClientTransport {
     Entry &e = entries_[idx];
     if (++e.seq == 0) e.seq = 1;
     const u64 id = (static_cast<u64>(e.seq) << 32) | idx;
+    EncodeRequest(t, id, &tx_);
     e.task.Store(reinterpret_cast<u64>(t), MemOrder::kRelaxed);  // relaxed: published below
-    // release: publishes the task with its id before the request can be answered.
+    // release: the task and our reads of it (encoding) happen before the receiver, which
+    // takes the entry with acquire, completes it; published before the request can travel.
     e.word.Store(id, MemOrder::kRelease);
     // The entry this writer will most likely take next: fetch its line while we wait.
     __builtin_prefetch(&entries_[cursor_], 1);
-    EncodeRequest(t, id, &tx_);
     Status st;
     if (tx_.size() > max_message_bytes_) {
       st = Status::Errorf(ErrorCode::kTooLarge,
@@ -478,7 +484,7 @@ class ShmClientTransport final : public ClientTransport {
                        static_cast<u32>(ShmRuntimeState::kStopped);
           },
           DeadlineAfter(period), rx_waits_);
-      if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;
+      if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
       if (ans_->HasData()) return true;
       if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
     }
@@ -502,7 +508,7 @@ class ShmClientTransport final : public ClientTransport {
                     "shm transport: runtime pid %u reset this connection: it received a bad "
                     "request stream (%s)",
                     runtime_.pid, ErrorName(code));
-    } else if (slot_->owner_pid_.Load(MemOrder::kAcquire) != self_.pid ||
+    } else if (slot_->owner_pid_.Load(MemOrder::kAcquire) != self_.pid ||  // acquire: reclaim
                slot_->generation_.Load(MemOrder::kAcquire) != generation_ ||
                state != static_cast<u32>(ShmSlotState::kActive)) {
       code = ErrorCode::kPeerDead;
@@ -531,12 +537,14 @@ class ShmClientTransport final : public ClientTransport {
       // seq_cst: writers read it after publishing an entry (Dekker with the sweep below).
       failure_.Store(static_cast<u32>(code), MemOrder::kSeqCst);
     }
+    // relaxed: stored by this thread (or by the receiver that Close has joined).
     const ErrorCode first = static_cast<ErrorCode>(failure_.Load(MemOrder::kRelaxed));
     for (u32 i = 0; i < table_size_; ++i) {
       Entry &e = entries_[i];
       // acq_rel: take the entry (see TakeAndFail); acquire sees its task pointer.
       u64 id = e.word.Exchange(0, MemOrder::kAcqRel);
       if (id == 0) continue;
+      // relaxed: the Exchange above acquired the writer's release of the entry.
       Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
       ReleaseEntry();
       FailTask(t, first, failure_msg_);

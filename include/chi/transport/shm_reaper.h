@@ -266,7 +266,7 @@ class ShmReaper {
     s.assembling = false;
     RecycleBuffer(&s.assembly);
     s.draining.Store(0, MemOrder::kRelaxed);  // relaxed: no completer of this slot is left
-    s.writer.Store(0, MemOrder::kRelease);
+    s.writer.Store(0, MemOrder::kRelease);  // release: the stream resets come first
     // release: the reset slot is complete before a client can claim it.
     slot->owner_pid_.Store(0, MemOrder::kRelease);
     PublishStats();

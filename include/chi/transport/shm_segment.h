@@ -54,7 +54,7 @@ struct ShmStatsBlock {
   Atomic<u32> clients;           ///< slots being served now
   Atomic<u64> reclaimed_clients; ///< slots taken back from dead or misbehaving clients
   Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
-  Atomic<u64> tasks_served;      ///< requests decoded and submitted
+  Atomic<u64> tasks_served;      ///< requests taken in (refused ones get an error answer)
   Atomic<u64> broken_streams;    ///< request streams found corrupt
   WaitStats poller_waits;        ///< how often the poller parked
 };

@@ -45,7 +45,7 @@ class ShmServer {
     u32 clients = 0;            ///< slots being served
     u64 reclaimed_clients = 0;  ///< slots taken back from dead or misbehaving clients
     u64 bytes_in_use = 0;       ///< unread ring bytes plus partial messages held
-    u64 tasks_served = 0;       ///< requests decoded and submitted
+    u64 tasks_served = 0;       ///< requests taken in (refused ones get an error answer)
     u64 broken_streams = 0;     ///< request streams found corrupt (their slot was reset)
   };
 
@@ -216,6 +216,7 @@ class ShmServer {
 
     /** Drains and stops; true when nothing references the core any more. */
     bool Stop() {
+      // seq_cst: clients re-check the state before they park (Dekker with Notify).
       header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopping),
                                     MemOrder::kSeqCst);
       stop_deadline_ = MonotonicNs() + kStopGraceNs;
@@ -230,6 +231,7 @@ class ShmServer {
         // seq_cst: the other half of that pair. Completers never block, so this is short.
         while (slots_[i].completing.Load(MemOrder::kSeqCst) != 0) CpuRelax();
       }
+      // seq_cst: as above; every answer we sent precedes it, so clients read those first.
       header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopped),
                                     MemOrder::kSeqCst);
       bool quiet = true;
@@ -281,7 +283,8 @@ class ShmServer {
         return;
       }
       u32 idle = 0;
-      // acquire: the previous writer's appends are complete before ours.
+      // relaxed test first: a busy stream costs no write of its line. acquire CAS: the
+      // previous writer's appends are complete before ours.
       if (s.writer.Load(MemOrder::kRelaxed) == 0 &&
           s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
         thread_local std::vector<char> buf;
@@ -337,7 +340,8 @@ class ShmServer {
           reaper_->Scan(false);
           worked = true;
         }
-        const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
+        // acquire: Stop wrote stop_deadline_ before it raised the flag.
+        const bool reading = stopping_.Load(MemOrder::kAcquire) == 0;
         // By index: a corrupt stream moves its slot out of the serving list.
         const std::vector<u32> &serving = reaper_->Serving();
         for (size_t k = 0; k < serving.size(); ++k) {
@@ -373,7 +377,7 @@ class ShmServer {
     bool ReadyToRun() {
       if (stopping_.Load(MemOrder::kSeqCst) != 0 && Quiet()) return true;
       if (header_->membership_seq_.Load(MemOrder::kSeqCst) != seen_membership_) return true;
-      const bool reading = stopping_.Load(MemOrder::kRelaxed) == 0;
+      const bool reading = stopping_.Load(MemOrder::kSeqCst) == 0;
       for (u32 i : reaper_->Serving()) {
         ShmServedSlot &s = slots_[i];
         if (s.pending_count.Load(MemOrder::kSeqCst) != 0 || !s.errors.empty()) return true;
@@ -449,16 +453,12 @@ class ShmServer {
     /** Hands one whole request to the dispatcher; refusals become error answers. */
     void Dispatch(u32 i, const char *data, u64 len) {
       ShmServedSlot &s = slots_[i];
-      // relaxed: only the poller writes it; counted before the task can exist.
+      // relaxed: only the poller writes these; counted before the answer can exist.
       s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+      auto &served = header_->stats_.tasks_served;
+      served.Store(served.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
       std::vector<char> error;
-      if (dispatcher_->Dispatch(data, len, this, i, &error)) {
-        // relaxed: a statistic written only by this thread.
-        auto &served = header_->stats_.tasks_served;
-        served.Store(served.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-      } else {
-        s.errors.push_back(std::move(error));
-      }
+      if (!dispatcher_->Dispatch(data, len, this, i, &error)) s.errors.push_back(std::move(error));
     }
 
     /** Streams queued answers of slot i as far as the client's ring allows. */
@@ -481,7 +481,7 @@ class ShmServer {
           } else {
             u64 v = 0;
             if (!s.pending->TryPop(v)) {  // pushed but not yet published
-              s.writer.Store(0, MemOrder::kRelease);
+              s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
               break;
             }
             s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
