@@ -193,3 +193,52 @@ int MultiLaneChild() {
 const chi_test::ChildRoutine kMultiLane("multi_lane", &MultiLaneChild);
 
 }  // namespace
+
+TEST_CASE("pools listed under compose: exist as soon as CHIMAERA_INIT returns") {
+  const std::string path = "/tmp/chi_compose_" + std::to_string(getpid()) + ".yaml";
+  FILE *f = std::fopen(path.c_str(), "w");
+  std::fputs(
+      "compose:\n"
+      "  - mod_name: chimaera_demo\n    pool_name: composed\n    pool_id: \"260.0\"\n"
+      "    pool_query: local\n    num_containers: 3\n"
+      "  - mod_name: chimaera_demo\n    pool_name: composed2\n    pool_id: \"261.0\"\n",
+      f);
+  std::fclose(f);
+  CHECK(chi_test::RunChild("compose", {{"CHI_SERVER_CONF", path}}) == 0);
+  f = std::fopen(path.c_str(), "w");
+  std::fputs("compose:\n  - mod_name: no_such_module\n    pool_name: broken\n    pool_id: \"262.0\"\n", f);
+  std::fclose(f);
+  CHECK(chi_test::RunChild("compose_unknown_module", {{"CHI_SERVER_CONF", path}}) == 0);
+  std::remove(path.c_str());
+}
+
+namespace {
+
+/** Child: the composed pools answer at once, with the container count from the config. */
+int ComposeChild() {
+  chi_test::ChildChecks c;
+  c.Expect(chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true), "init");
+  chimaera::demo::Client composed(chi::PoolId(260, 0));
+  auto f = composed.AsyncCustom(PoolQuery::Broadcast(), "hi");
+  c.Expect(f.Wait(30) && f->GetReturnCode() == 0, "broadcast to the composed pool");
+  c.Expect(f->visits_ == 3, "three containers from num_containers");
+  chimaera::demo::Client second(chi::PoolId(261, 0));
+  auto g = second.AsyncGpuSubmit(PoolQuery::Local(), 0, 5);
+  c.Expect(g.Wait(30) && g->result_value_ == 10, "second composed pool serves");
+  chi::CHIMAERA_FINALIZE();
+  return c.Result();
+}
+const chi_test::ChildRoutine kCompose("compose", &ComposeChild);
+
+/** Child: a compose entry naming an unknown module makes init fail and says which. */
+int ComposeUnknownModuleChild() {
+  chi_test::ChildChecks c;
+  c.Expect(!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true), "init fails");
+  const std::string msg = chi::Chimaera::Get().LastError().message();
+  c.Expect(msg.find("broken") != std::string::npos, "message names the pool: " + msg);
+  c.Expect(msg.find("no_such_module") != std::string::npos, "message names the module: " + msg);
+  return c.Result();
+}
+const chi_test::ChildRoutine kComposeUnknown("compose_unknown_module", &ComposeUnknownModuleChild);
+
+}  // namespace
