@@ -35,6 +35,14 @@ inline bool PinTo(unsigned cpu) {
   return sched_setaffinity(0, sizeof(set), &set) == 0;
 }
 
+/** Lets the calling thread run on every CPU again (threads it creates inherit this). */
+inline void Unpin() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (unsigned c = 0; c < std::thread::hardware_concurrency() && c < CPU_SETSIZE; ++c) CPU_SET(c, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+}
+
 /** Runs `reps` repetitions of fn() (each returning a figure) and returns the median. */
 template <typename Fn>
 double MedianOf(int reps, Fn fn) {

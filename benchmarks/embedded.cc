@@ -49,6 +49,7 @@ double AtomicPingPongNs(int iters) {
   }
   const double t1 = NowNs();
   other.join();
+  chi_bench::Unpin();  // runtime threads made later must not inherit the pin
   return (t1 - t0) / iters;
 }
 
@@ -67,7 +68,7 @@ double FutexWakeRoundTripNs(int iters) {
   chi_bench::PinTo(0);
   std::vector<double> samples;
   for (int i = 0; i < iters; ++i) {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));  // let it park
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // same idle gap as ours
     const double t0 = NowNs();
     word.Store(1);
     chi::FutexWake(word.Raw(), 1);
@@ -77,6 +78,7 @@ double FutexWakeRoundTripNs(int iters) {
     ack.store(0, std::memory_order_relaxed);
   }
   sleeper.join();
+  chi_bench::Unpin();
   return chi_bench::Median(samples);
 }
 
@@ -91,6 +93,7 @@ void UseWorkers(unsigned low, unsigned high) {
 }
 
 chimaera::demo::Client StartRuntime(unsigned low, unsigned high) {
+  chi_bench::Unpin();  // workers inherit the creating thread's CPU mask
   UseWorkers(low, high);
   if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true)) std::exit(2);
   chimaera::demo::Client client;
@@ -124,11 +127,10 @@ int main() {
   std::printf("chi embedded runtime benchmark (medians of %d repetitions; %u cpus)\n", kReps,
               std::thread::hardware_concurrency());
   const double floor_rt = MedianOf(kReps, [] { return AtomicPingPongNs(200000); });
-  const double floor_wake = FutexWakeRoundTripNs(400);
+  const double floor_wake = FutexWakeRoundTripNs(200);
 
   InChild([&] {
     auto client = StartRuntime(1, 0);
-    chi_bench::PinTo(0);
     const double rt = MedianOf(kReps, [&] {
       const int n = 20000;
       const double t0 = NowNs();

@@ -55,9 +55,11 @@ run test_gpu_runtime 180 "$build/tests/gpu/test_gpu_runtime"
 grep -E "test cases|assertions|ERROR|FAILED|skipped" "$out/test_gpu_protocol.log" "$out/test_gpu_runtime.log" \
   | tee -a "$summary"
 if [[ $bench == 1 ]]; then
-  run bench_gpu 150 "$build/benchmarks/gpu/bench_gpu"
-  # An orchestrator block on every SM, client kernels sharing the SMs with it.
-  run bench_gpu_all_sms 90 "$build/benchmarks/gpu/bench_gpu" --blocks all
+  # A small orchestrator (2 x 256 threads), then one on half the SMs (the default).
+  run bench_gpu_small 90 "$build/benchmarks/gpu/bench_gpu" --blocks 2
+  run bench_gpu 90 "$build/benchmarks/gpu/bench_gpu"
+  # An orchestrator block on every SM: client kernels must share SMs with it.
+  run bench_gpu_all_sms 45 "$build/benchmarks/gpu/bench_gpu" --blocks all
 fi
 run ctest_gpu_label 90 ctest --test-dir "$build" -L gpu --output-on-failure
 grep -E "tests passed|tests failed|Skipped|Failed" "$out/ctest_gpu_label.log" | tee -a "$summary"
@@ -70,7 +72,9 @@ echo "==== summary ===="
 cat "$summary"
 if [[ $bench == 1 ]]; then
   echo
+  cat "$out/bench_gpu_small.log"
+  echo
   cat "$out/bench_gpu.log"
   echo
-  tail -12 "$out/bench_gpu_all_sms.log"
+  cat "$out/bench_gpu_all_sms.log"
 fi

@@ -430,8 +430,8 @@ TEST_CASE("GpuSubmit, WaitTest, LargeOutput, errors and fire-and-forget over shm
   for (int i = 0; i < 100; ++i) client.CustomFireAndForget(PoolQuery::Local(), "fire");
   CheckEcho(client, 100, 6);
   chi::ShmServer::Stats after;
-  CHECK(AwaitStats(TestPort(1), [&](const auto &s) { return s.tasks_served >= before.tasks_served + 101; },
-                   10, &after));
+  auto served_all = [&](const auto &s) { return s.tasks_served >= before.tasks_served + 101; };
+  CHECK(AwaitStats(TestPort(1), served_all, 10, &after));
   const auto t0 = Clock::now();
   while (attached.Transport().Outstanding() != 0 && SecondsSince(t0) < 10) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -477,8 +477,10 @@ TEST_CASE("a client SIGKILLed mid-stream is reclaimed; other clients keep being 
         {{"CHI_TEST_SHM_PORT", std::to_string(port)}, {"CHI_TEST_READY_FD", ready.WriteFd()}});
     REQUIRE(ready.Wait(30));
     // The runtime holds the partial request while the client lives.
-    CHECK(AwaitStats(port, [](const auto &s) { return s.clients == 2 && s.bytes_in_use >= (64u << 10); },
-                     10, &stats));
+    auto holds_partial = [](const auto &s) {
+      return s.clients == 2 && s.bytes_in_use >= (64u << 10);
+    };
+    CHECK(AwaitStats(port, holds_partial, 10, &stats));
     kill(pid, SIGKILL);
     CHECK(chi_test::WaitChild(pid, 30) == 128 + SIGKILL);
   }
@@ -505,7 +507,7 @@ TEST_CASE("a client SIGKILLed mid-stream is reclaimed; other clients keep being 
   CHECK(AwaitStats(port, [](const auto &s) { return s.clients == 1; }, 10, &stats));
 }
 
-TEST_CASE("when the runtime dies, a pending Wait returns kPeerDead and a new runtime takes the port") {
+TEST_CASE("a pending Wait returns kPeerDead when the runtime dies; a new runtime takes the port") {
   const u32 port = TestPort(4);
   auto runtime = std::make_unique<RuntimeProcess>(port);
   {
@@ -516,9 +518,7 @@ TEST_CASE("when the runtime dies, a pending Wait returns kPeerDead and a new run
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     CHECK_FALSE(held.IsComplete());
     CHECK(runtime->Kill() == 128 + SIGKILL);
-    const auto t0 = Clock::now();
-    REQUIRE(held.Wait(5));
-    CHECK(SecondsSince(t0) < 5);
+    REQUIRE(held.Wait(5));  // the client notices the dead runtime within the wait's timeout
     CHECK(held->GetReturnCode() == Code(ErrorCode::kPeerDead));
     CHECK(std::string(held->GetMessage()).find("died") != std::string::npos);
 
@@ -612,7 +612,8 @@ TEST_CASE("bad bytes in a request ring reset only that client's slot") {
 
 TEST_CASE("Connect, Start and Close fail with clear errors and free what they hold") {
   const u32 port = TestPort(6);
-  chi::ShmServerInfo missing{chi::ShmSegmentName(port), 1u << 20, chi::kShmTransportVersion, port, 1};
+  chi::ShmServerInfo missing{chi::ShmSegmentName(port), 1u << 20, chi::kShmTransportVersion, port,
+                             1};
   std::unique_ptr<chi::ShmClientTransport> tr;
   CHECK(chi::ShmClientTransport::Connect(missing, &tr).code() == ErrorCode::kNotFound);
 
@@ -705,10 +706,10 @@ TEST_CASE("round trip of a 16 B task over shm, printed next to a two-process shm
   auto client = CreateDemoPool();
   auto measure = [&](auto submit) {
     std::vector<double> samples;
-    for (int batch = 0; batch < 60; ++batch) {
+    for (int batch = 0; batch < 40; ++batch) {
       auto t0 = Clock::now();
-      for (int i = 0; i < 500; ++i) submit(i);
-      samples.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / 500);
+      for (int i = 0; i < 250; ++i) submit(i);
+      samples.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / 250);
     }
     std::sort(samples.begin(), samples.end());
     return samples[samples.size() / 2];
@@ -728,7 +729,7 @@ TEST_CASE("round trip of a 16 B task over shm, printed next to a two-process shm
   const double gpu_ns = measure(gpu);
   std::sort(floor_ns.begin(), floor_ns.end());
   const double floor = floor_ns[floor_ns.size() / 2];
-  MESSAGE("shm round trip (median of 60 x 500): Custom 16 B " << echo_ns << " ns, GpuSubmit "
+  MESSAGE("shm round trip (median of 40 x 250): Custom 16 B " << echo_ns << " ns, GpuSubmit "
           << gpu_ns << " ns | two-process shm ping-pong " << floor << " ns | ratio "
           << echo_ns / floor << " / " << gpu_ns / floor);
   CHECK(wrong == 0);

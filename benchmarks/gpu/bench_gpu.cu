@@ -48,6 +48,12 @@ struct alignas(64) Flags {
   Sys abort;
 };
 
+/** Pinned progress report of a task kernel: tasks done and the device clock at the last. */
+struct alignas(64) Progress {
+  Sys done;
+  chi::Atomic<u64, chi::MemScope::kSystem> clock_ns;
+};
+
 /** Spins until *w == v (acquire); false when the limit or the abort flag stops it. */
 template <typename W>
 __device__ bool DeviceWaitFor(W *w, u32 v, const Sys *abort) {
@@ -138,19 +144,23 @@ __global__ void MailboxClient(Dev *req, Dev *ans, const Sys *abort, u32 rounds) 
 
 /** One thread, sequential tasks on one route; batch averages into out[]; wrong answers counted. */
 __global__ void TaskLatencyKernel(chi::gpu::GpuInfo info, chi::PoolId pool, bool to_cpu,
-                                  u32 batches, u32 per_batch, double *out, u32 *wrong) {
+                                  u32 batches, u32 per_batch, double *out, u32 *wrong,
+                                  Progress *progress) {
   CHIMAERA_GPU_INIT(info);
   chimaera::demo::Client client(pool);
   u32 v = 0;
   for (u32 b = 0; b < batches; ++b) {
     const u64 t0 = chi::gpu::ClockNs();
     for (u32 k = 0; k < per_batch; ++k, ++v) {
-      auto f = client.AsyncGpuSubmit(to_cpu ? chi::PoolQuery::ToLocalCpu() : chi::PoolQuery::Local(),
-                                     0, v);
+      auto f = client.AsyncGpuSubmit(
+          to_cpu ? chi::PoolQuery::ToLocalCpu() : chi::PoolQuery::Local(), 0, v);
       if (!f.Wait(5) || f->result_value_ != (to_cpu ? v * 2 : v * 3)) {
         atomicAdd(wrong, 1u);
         return;
       }
+      // relaxed: a report the host samples; nothing is ordered by it.
+      progress->done.Store(v + 1, chi::MemOrder::kRelaxed);
+      progress->clock_ns.Store(chi::gpu::ClockNs(), chi::MemOrder::kRelaxed);
     }
     out[b] = static_cast<double>(chi::gpu::ClockNs() - t0) / per_batch;
   }
@@ -186,6 +196,18 @@ void Wait(cudaStream_t s, const char *what) {
   if (!st.ok()) Die((std::string(what) + ": " + st.ToString()).c_str());
   Ok(cudaGetLastError(), what);
 }
+/** Wait, printing a task kernel's progress every second (diagnoses a slow or stuck route). */
+void WaitReporting(cudaStream_t s, const char *what, const Progress *p) {
+  for (u64 waited = 0; waited < kHostTimeoutNs; waited += 1000000000ull) {
+    chi::Status st = chi::gpu::WaitStream(s, 1000000000ull);
+    if (st.ok()) return Ok(cudaGetLastError(), what);
+    if (st.code() != chi::ErrorCode::kTimeout) Die(st.ToString().c_str());
+    std::printf("  %s: %u tasks done, device clock %llu ns\n", what,
+                p->done.Load(chi::MemOrder::kRelaxed),
+                static_cast<unsigned long long>(p->clock_ns.Load(chi::MemOrder::kRelaxed)));
+  }
+  Die((std::string(what) + ": no end after the time limit").c_str());
+}
 std::vector<double> CopyBack(const double *dev, u32 n, cudaStream_t s) {
   std::vector<double> v(n);
   Ok(cudaMemcpyAsync(v.data(), dev, n * sizeof(double), cudaMemcpyDeviceToHost, s), "copy back");
@@ -195,11 +217,12 @@ std::vector<double> CopyBack(const double *dev, u32 n, cudaStream_t s) {
 
 struct Bench {
   cudaStream_t a = nullptr, b = nullptr;
-  Flags *flags = nullptr;      // pinned
-  Dev *words = nullptr;        // device: two ping-pong words
+  Flags *flags = nullptr;              // pinned
+  Dev *words = nullptr;                // device: two ping-pong words
   Dev *req = nullptr, *ans = nullptr;  // device: raw mailboxes
-  double *out = nullptr;       // device: batch averages
-  u32 *wrong = nullptr;        // device
+  double *out = nullptr;               // device: batch averages
+  Progress *progress = nullptr;        // pinned
+  u32 *wrong = nullptr;                // device
   u32 sms = 0, threads = 256;
   u32 blocks = 0;  ///< orchestrator blocks; the rate test uses as many client blocks
   bool quick = false;
@@ -300,8 +323,10 @@ double CpuLocalTaskNs(u32 iters) {
 double KernelTaskNs(Bench &B, bool to_cpu, u32 batches, u32 per_batch, u32 *wrong) {
   const chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
   Ok(cudaMemsetAsync(B.wrong, 0, sizeof(u32), B.a), "clear");
-  TaskLatencyKernel<<<1, 1, 0, B.a>>>(info, kPool, to_cpu, batches, per_batch, B.out, B.wrong);
-  Wait(B.a, to_cpu ? "GPU->CPU tasks" : "GPU->GPU tasks");
+  std::memset(static_cast<void *>(B.progress), 0, sizeof(Progress));
+  TaskLatencyKernel<<<1, 1, 0, B.a>>>(info, kPool, to_cpu, batches, per_batch, B.out, B.wrong,
+                                      B.progress);
+  WaitReporting(B.a, to_cpu ? "GPU->CPU tasks" : "GPU->GPU tasks", B.progress);
   u32 w = 0;
   Ok(cudaMemcpy(&w, B.wrong, sizeof(u32), cudaMemcpyDeviceToHost), "copy back");
   *wrong += w;
@@ -331,7 +356,17 @@ double TaskRate(Bench &B, u32 blocks, u32 count, u32 *wrong) {
 
 }  // namespace
 
+/** Runs one measurement, printing its figure and how long it took as soon as it is done. */
+template <typename Fn>
+double Step(const char *name, const char *unit, Fn fn) {
+  const double t0 = chi_bench::NowNs();
+  const double v = fn();
+  std::printf("  [%s] %.1f %s (%.0f ms)\n", name, v, unit, (chi_bench::NowNs() - t0) / 1e6);
+  return v;
+}
+
 int main(int argc, char **argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // each line reaches the log, even if we are killed
   Bench B;
   u32 blocks = 0;  // orchestrator blocks; 0 = half the SMs (client kernels get the other half)
   for (int i = 1; i < argc; ++i) {
@@ -369,6 +404,7 @@ int main(int argc, char **argv) {
   Ok(cudaStreamCreateWithFlags(&B.a, cudaStreamNonBlocking), "stream");
   Ok(cudaStreamCreateWithFlags(&B.b, cudaStreamNonBlocking), "stream");
   Ok(cudaHostAlloc(&B.flags, sizeof(Flags), cudaHostAllocPortable), "pinned flags");
+  Ok(cudaHostAlloc(&B.progress, sizeof(Progress), cudaHostAllocPortable), "pinned progress");
   std::memset(static_cast<void *>(B.flags), 0, sizeof(Flags));
   Ok(cudaMalloc(&B.words, 64 * sizeof(Dev)), "device words");
   Ok(cudaMalloc(&B.req, n * sizeof(Dev)), "mailboxes");
@@ -391,31 +427,40 @@ int main(int argc, char **argv) {
   auto created = client.AsyncCreate(chi::PoolQuery::Dynamic(), "bench_gpu", kPool);
   if (!created.Wait(30) || created->GetReturnCode() != 0) Die("cannot create the demo pool");
 
-  const u32 iters = B.quick ? 200 : 20000;
-  const u32 batches = B.quick ? 10 : 200;
+  const u32 iters = B.quick ? 200 : 5000;
+  const u32 batches = B.quick ? 10 : 50;
   const u32 per_batch = B.quick ? 10 : 100;
   u32 wrong = 0;
 
   // Floors, with the orchestrator paused (nothing else on the GPU).
   if (!CHI_IPC->PauseGpuOrchestrator().ok()) Die("pause");
-  const double floor_c2g = PinnedPingPongNs(B, iters);
-  const double floor_g2c = GpuInitiatedPingPongNs(B, batches, per_batch);
-  const double floor_g2g = SmPingPongNs(B, batches, per_batch);
-  const double launch = LaunchSyncNs(B, B.quick ? 50 : 2000);
-  const double floor_rate = MailboxRate(B, B.quick ? 10 : 200);
+  const double floor_c2g =
+      Step("pinned ping-pong", "ns", [&] { return PinnedPingPongNs(B, iters); });
+  const double floor_g2c = Step("GPU-initiated ping-pong", "ns",
+                                [&] { return GpuInitiatedPingPongNs(B, batches, per_batch); });
+  const double floor_g2g =
+      Step("SM ping-pong", "ns", [&] { return SmPingPongNs(B, batches, per_batch); });
+  const double launch =
+      Step("launch + sync", "ns", [&] { return LaunchSyncNs(B, B.quick ? 50 : 2000); });
+  const double floor_rate =
+      Step("mailbox rate", "/s", [&] { return MailboxRate(B, B.quick ? 10 : 200); });
   if (!CHI_IPC->ResumeGpuOrchestrator().ok()) Die("resume");
 
   // Ours.
-  const double cpu_local = CpuLocalTaskNs(B.quick ? 200 : 20000);
-  const double c2g = CpuToGpuTaskNs(iters);
-  const double g2g = KernelTaskNs(B, false, batches, per_batch, &wrong);
-  const double g2c = KernelTaskNs(B, true, batches / 2, per_batch, &wrong);
-  TaskRate(B, B.blocks, 2, &wrong);  // warm-up
-  const double rate = TaskRate(B, B.blocks, B.quick ? 4 : 50, &wrong);
-  const double rate_one_block = TaskRate(B, 1, B.quick ? 4 : 200, &wrong);
+  const double cpu_local = Step("CPU Local task", "ns", [&] { return CpuLocalTaskNs(iters); });
+  const double c2g = Step("CPU->GPU task", "ns", [&] { return CpuToGpuTaskNs(iters); });
+  const double g2g = Step("GPU->GPU task", "ns",
+                          [&] { return KernelTaskNs(B, false, batches, per_batch, &wrong); });
+  const double g2c = Step("GPU->CPU task", "ns",
+                          [&] { return KernelTaskNs(B, true, batches / 2, per_batch, &wrong); });
+  Step("GPU->GPU rate, warm-up", "/s", [&] { return TaskRate(B, B.blocks, 2, &wrong); });
+  const double rate =
+      Step("GPU->GPU rate", "/s", [&] { return TaskRate(B, B.blocks, B.quick ? 4 : 50, &wrong); });
+  const double rate_one_block = Step("GPU->GPU rate, 1 block", "/s",
+                                     [&] { return TaskRate(B, 1, B.quick ? 4 : 200, &wrong); });
 
-  std::printf("\n%-44s %10s   %-40s %10s   %s\n", "route (median round trip)", "ours",
-              "floor", "floor", "ratio");
+  std::printf("\n%-44s %10s   %-40s %10s   %s\n", "route (median round trip)", "ours", "floor",
+              "floor", "ratio");
   chi_bench::ReportLatency("CPU->GPU task (LocalGpuBcast)", c2g,
                            "pinned flag CPU->GPU->CPU ping-pong", floor_c2g);
   chi_bench::ReportLatency("GPU->CPU task (ToLocalCpu from a kernel)", g2c,

@@ -4142,6 +4142,8 @@ class CopySpace {
 // which frees it on completion. In a GPU kernel the same calls poll the task's
 // GPU slot instead (chi/gpu/gpu_client.h defines the device path).
 
+#include <sched.h>  // sched_yield while polling
+
 #include <climits>      // INT_MAX
 #include <type_traits>  // is_trivially_destructible: which tasks a kernel can submit
 #include <vector>       // WaitAll
@@ -4159,7 +4161,8 @@ class CopySpace {
 // fiber (WaitInFiber); the completer pushes the waiter onto its worker's
 // resume stack, and only that worker ever resumes it.
 
-#include <time.h>  // clock_gettime for timers
+#include <sched.h>  // sched_yield while idle
+#include <time.h>   // clock_gettime for timers
 
 #include <deque>    // overflow when a worker's own lane is full (overload only)
 #include <memory>   // unique_ptr for run contexts
@@ -5202,7 +5205,7 @@ inline u64 NowNs() {
 /** A runtime worker thread and everything it owns. */
 class Worker {
  public:
-  static constexpr u32 kIdleSpins = 2000;         ///< polls before parking (~tens of us)
+  static constexpr u64 kIdleSpinNs = 100000;      ///< idle time spent polling before parking
   static constexpr u32 kColdAfterEmptyPolls = 256;
   static constexpr u32 kColdPollInterval = 16;
   static constexpr u32 kPopBatch = 32;             ///< tasks taken from one lane per pass
@@ -5494,6 +5497,7 @@ void Worker::Loop() {
   san_.tsan_fiber = __tsan_get_current_fiber();
 #endif
   u32 idle = 0;
+  u64 idle_since = 0;
   u64 pass = 0;
   u64 stop_since = 0;
   for (;;) {
@@ -5513,8 +5517,15 @@ void Worker::Loop() {
       CpuRelax();
       continue;
     }
-    if (++idle < kIdleSpins) {
+    // Spin for a fixed time, not a fixed count (PAUSE costs 10-140 cycles by CPU),
+    // yielding every 64 polls so a client thread sharing this CPU still runs.
+    if (idle == 0) idle_since = NowNs();
+    if ((++idle & 63) != 0) {
       CpuRelax();
+      continue;
+    }
+    if (NowNs() - idle_since < kIdleSpinNs) {
+      sched_yield();
       continue;
     }
     idle = 0;
@@ -5696,7 +5707,7 @@ CHI_CROSS_FUN void ReleaseTask(TaskT *task);
 template <typename TaskT>
 class Future {
  public:
-  static constexpr u32 kSpinsBeforePark = 1024;  ///< ~tens of us of pause loops
+  static constexpr u64 kSpinNs = 50000;  ///< time a waiting thread polls before it parks
   static constexpr u64 kTimedPollNs = 50000;  ///< fiber poll interval for timed waits
 
   Future() = default;
@@ -5785,9 +5796,17 @@ class Future {
   }
 
   bool WaitOnThread(float max_sec) {
-    for (u32 i = 0; i < kSpinsBeforePark; ++i) {
+    // Poll for a fixed time (PAUSE costs 10-140 cycles by CPU). Every 64 polls,
+    // read the clock and yield the CPU: a worker we just woke is often placed on
+    // this very CPU by the scheduler, and must not wait for our time slice to end.
+    const u64 spin_start = NowNs();
+    for (u32 i = 1;; ++i) {
       if (task_->IsComplete()) return true;
       CpuRelax();
+      if ((i & 63) == 0) {
+        if (NowNs() - spin_start >= kSpinNs) break;
+        sched_yield();
+      }
     }
     const u64 deadline = max_sec > 0 ? NowNs() + static_cast<u64>(max_sec * 1e9) : 0;
     for (;;) {
@@ -8433,7 +8452,10 @@ namespace chi {
 /** A connection to one runtime through its shared-memory segment. */
 class ShmClientTransport final : public ClientTransport {
  public:
-  /** How long the receiver spins on an empty answer stream before it parks. */
+  /**
+   * How long the receiver spins on an empty answer stream before it parks: short, since
+   * with fewer cores than spinning threads, spinning delays the threads we wait for.
+   */
   static constexpr u64 kReceiverSpinNs = 10000;
   /** How often a waiting side checks that the runtime is alive while tasks are out. */
   static constexpr u64 kPeerCheckNs = 10000000;
@@ -9414,7 +9436,9 @@ class ShmServer {
  private:
   static constexpr u32 kMinRing = 16u << 10;
   static constexpr u32 kMaxRing = 16u << 20;
-  static constexpr u64 kPollerSpinNs = 10000;     ///< busy polling before the poller parks
+  /// Polling before the poller parks: short, since on a machine with fewer cores than
+  /// spinning threads every microsecond spun delays the thread we are waiting for.
+  static constexpr u64 kPollerSpinNs = 10000;
   static constexpr u64 kReapIntervalNs = 20000000;  ///< liveness checks while clients exist
   static constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is connected
   static constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
@@ -11486,7 +11510,7 @@ CHI_CROSS_FUN inline void MarkComplete(Task &t) {
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_DEVICE_UTIL_H
 #define CHI_SINGLE_INCLUDE_CHI_GPU_DEVICE_UTIL_H
 // Small helpers the GPU mailboxes, the orchestrator loop and the GPU client share: thread
-// ids, spin pauses, a nanosecond clock, the system fence and 16-byte block copies. Each
+// ids, spin pauses, a nanosecond clock, scoped acquire fences, warp votes and 16-byte copies. Each
 // has a host version, so the same protocol code also runs on CPU threads (host tests).
 // Invariant: nothing here blocks; every wait built on these is bounded by its caller.
 
@@ -11534,15 +11558,6 @@ CHI_CROSS_FUN inline void Backoff(u32 n, u32 max_ns) {
   SpinPause(ns < max_ns ? ns : max_ns);
 }
 
-/** Orders every earlier write before every later one, as seen by the CPU and other GPUs. */
-CHI_CROSS_FUN inline void FenceSystem() {
-#if CHI_IS_GPU
-  __threadfence_system();
-#else
-  FenceSeqCst();
-#endif
-}
-
 /** This thread's index in its launch (x-major over the grid); 0 on the host. */
 CHI_CROSS_FUN inline u32 GlobalThreadId() {
 #if CHI_IS_GPU
@@ -11561,11 +11576,38 @@ CHI_CROSS_FUN inline u32 GlobalThreadId() {
 template <MemScope S>
 CHI_CROSS_FUN inline void FenceAcquire() {
 #if CHI_IS_GPU && CHI_GPU_CUDA
-  cuda::atomic_thread_fence(cuda::std::memory_order_acquire,
-                            S == MemScope::kSystem ? cuda::thread_scope_system
-                                                   : cuda::thread_scope_device);
+  cuda::atomic_thread_fence(cuda::std::memory_order_acquire, S == MemScope::kSystem
+                                                                 ? cuda::thread_scope_system
+                                                                 : cuda::thread_scope_device);
 #else
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
+#endif
+}
+
+/** The lanes of this warp running this code together now (all ones on the host). */
+CHI_CROSS_FUN inline u32 WarpMask() {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  return __activemask();
+#else
+  return ~0u;
+#endif
+}
+
+/**
+ * True when `p` holds on any lane of `mask`; the lanes also wait for each other here. A
+ * polling loop that votes once per round keeps its warp in step, so a lane serving a task is
+ * not interleaved with its idle neighbours' polls and sleeps (NVIDIA's independent thread
+ * scheduling would otherwise run the two paths by turns). One thread on the host.
+ */
+CHI_CROSS_FUN inline bool WarpAny(u32 mask, bool p) {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  return __any_sync(mask, p) != 0;
+#elif CHI_IS_GPU
+  (void)mask;
+  return __any(p) != 0;
+#else
+  (void)mask;
+  return p;
 #endif
 }
 
@@ -11619,11 +11661,11 @@ enum class RecordStage : u32 {
  * found from it by offset, so device futures stay one pointer, like host ones.
  */
 struct alignas(64) ClientRecord {
-  u32 seq_;             ///< last request sequence posted from this slot
-  u32 slot_;            ///< this record's slot
-  RecordStage stage_;   ///< of the task in task_
-  MemScope scope_;      ///< scope of the queue's mailbox words (which GpuQueue<S> it is)
-  const void *queue_;   ///< the GpuQueue<S> descriptor (device-addressable)
+  u32 seq_;            ///< last request sequence posted from this slot
+  u32 slot_;           ///< this record's slot
+  RecordStage stage_;  ///< of the task in task_
+  MemScope scope_;     ///< scope of the queue's mailbox words (which GpuQueue<S> it is)
+  const void *queue_;  ///< the GpuQueue<S> descriptor (device-addressable)
   u64 reserved_[5];
   alignas(16) char task_[kGpuTaskBytes];
 };
@@ -11637,15 +11679,15 @@ static_assert(offsetof(ClientRecord, task_) == 64, "the task starts one line int
 template <MemScope S>
 struct GpuQueue {
   u32 num_slots_ = 0;
-  u32 payload_bytes_ = 0;               ///< per slot, a multiple of 16, <= kGpuPayloadBytes
-  u64 max_wait_ns_ = 0;                 ///< a GPU client gives up waiting after this long
-  Atomic<u64, S> *request_ = nullptr;   ///< client -> server: seq | len << 32
-  Atomic<u64, S> *answer_ = nullptr;    ///< server -> client: seq | len << 32
-  char *payload_ = nullptr;             ///< num_slots_ * payload_bytes_
+  u32 payload_bytes_ = 0;              ///< per slot, a multiple of 16, <= kGpuPayloadBytes
+  u64 max_wait_ns_ = 0;                ///< a GPU client gives up waiting after this long
+  Atomic<u64, S> *request_ = nullptr;  ///< client -> server: seq | len << 32
+  Atomic<u64, S> *answer_ = nullptr;   ///< server -> client: seq | len << 32
+  char *payload_ = nullptr;            ///< num_slots_ * payload_bytes_
   Atomic<u32, MemScope::kDevice> *claims_ = nullptr;  ///< client side; see claim::
-  ClientRecord *records_ = nullptr;     ///< GPU-client queues only (else null)
-  u32 *served_ = nullptr;               ///< server side: last sequence answered, per slot
-  const Atomic<u32, MemScope::kSystem> *abort_ = nullptr;  ///< host-visible "give up" flag
+  ClientRecord *records_ = nullptr;                   ///< GPU-client queues only (else null)
+  u32 *served_ = nullptr;  ///< server side: last sequence answered, per slot
+  const Atomic<u32, MemScope::kDevice> *abort_ = nullptr;  ///< the host's "give up" flag
 
   /** The payload of slot s (16-byte aligned). */
   CHI_CROSS_FUN char *Payload(u32 s) const {
@@ -11724,9 +11766,9 @@ struct GpuQueue {
    * Points a descriptor at zeroed memory: `shared` (SharedBytes), `client` (ClientBytes)
    * and `server` (ServerBytes), each 64-byte aligned.
    */
-  CHI_CROSS_FUN static GpuQueue Make(u32 slots, u32 payload_bytes, u64 max_wait_ns,
-                                     char *shared, char *client, bool gpu_clients,
-                                     char *server, const Atomic<u32, MemScope::kSystem> *abort) {
+  CHI_CROSS_FUN static GpuQueue Make(u32 slots, u32 payload_bytes, u64 max_wait_ns, char *shared,
+                                     char *client, bool gpu_clients, char *server,
+                                     const Atomic<u32, MemScope::kDevice> *abort) {
     GpuQueue q;
     q.num_slots_ = slots;
     q.payload_bytes_ = payload_bytes;
@@ -11735,8 +11777,8 @@ struct GpuQueue {
     q.answer_ = reinterpret_cast<Atomic<u64, S> *>(shared + Lines(8ull * slots));
     q.payload_ = shared + 2 * Lines(8ull * slots);
     q.claims_ = reinterpret_cast<Atomic<u32, MemScope::kDevice> *>(client);
-    q.records_ = gpu_clients ? reinterpret_cast<ClientRecord *>(client + Lines(4ull * slots))
-                             : nullptr;
+    q.records_ =
+        gpu_clients ? reinterpret_cast<ClientRecord *>(client + Lines(4ull * slots)) : nullptr;
     q.served_ = reinterpret_cast<u32 *>(server);
     q.abort_ = abort;
     return q;
@@ -11798,10 +11840,10 @@ struct GpuLink {
 /** The GPU-worker thread and the CPU->GPU transport. */
 class GpuWorker : public ClientTransport, private TaskCompleter {
  public:
-  static constexpr u32 kSpinPolls = 4096;          ///< empty polls before napping
-  static constexpr u64 kMinNapNs = 20000;          ///< first idle nap
-  static constexpr u64 kMaxNapNs = 1000000;        ///< longest idle nap (gpu2cpu latency when idle)
-  static constexpr u32 kClaimSpins = 256;          ///< full-queue spins before a sender parks
+  static constexpr u32 kSpinPolls = 4096;    ///< empty polls before napping
+  static constexpr u64 kMinNapNs = 20000;    ///< first idle nap
+  static constexpr u64 kMaxNapNs = 1000000;  ///< longest idle nap (gpu2cpu latency when idle)
+  static constexpr u32 kClaimSpins = 256;    ///< full-queue spins before a sender parks
   static constexpr u64 kDrainTimeoutNs = 5000000000ull;
 
   GpuWorker() = default;
@@ -12065,9 +12107,9 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       const u32 len = static_cast<u32>(w >> 32);
       char *p = q.Payload(s);
       if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
-        q.Answer(s, seq, EncodeErrorAnswer(seq, ErrorCode::kMalformed,
-                                           "GPU request length is out of range", p,
-                                           q.payload_bytes_));
+        q.Answer(s, seq,
+                 EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range",
+                                   p, q.payload_bytes_));
         continue;
       }
       l.gpu2cpu_inflight.FetchAdd(1, MemOrder::kRelaxed);  // before: the task may finish at once
@@ -12190,8 +12232,9 @@ void GpuWorker::Broadcast(Task *t) { GpuBroadcast::Start(*this, t); }
 // The orchestrator's body: every thread of the persistent kernel owns a fixed set of slots
 // of its GPU's gpu2gpu queue (slot s belongs to thread s % threads) and of its cpu2gpu queue
 // (counted from the last thread down, so the threads that wait on slow PCIe reads of pinned
-// memory are not the ones the first gpu2gpu slots depend on), polls them, and runs each
-// request's GPU handler itself. Many warps therefore serve in parallel
+// memory are not the ones the first gpu2gpu slots depend on; as few of them as can hold the
+// queue, kMaxSlotsPerServerThread slots each, to keep PCIe polling light), polls them, and
+// runs each request's GPU handler itself. Many warps therefore serve in parallel
 // with no shared queue head and no lock. The same code runs on CPU threads in host tests.
 // Invariant: a thread leaves the loop only through the host-visible exit flag; it never
 // waits on anything else, so a request can only be late, never lost or blocking.
@@ -12246,8 +12289,7 @@ CHI_GPU_FUN u32 RunGpuMethod(Runtime &rt, const Task &base, InputArchive &in, u6
   task.CopyBase(base);
   task.SerializeIn(in);
   if (!in.ok()) {
-    return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU task inputs are malformed", buf,
-                             cap);
+    return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU task inputs are malformed", buf, cap);
   }
   (rt.*MethodT::kRun)(task, rctx);
   return EncodeAnswer(task, id, buf, cap);  // the request was fully read: buf is free
@@ -12422,24 +12464,27 @@ namespace chi::gpu {
 inline constexpr u32 kMaxSlotsPerServerThread = 8;
 /** Longest pause of an idle server thread between polls. */
 inline constexpr u32 kServerIdleMaxNs = 512;
-/** Polls between two reads of the (pinned, so slow to read) exit flag. */
+/** Polls between two reads of the exit flag. */
 inline constexpr u32 kExitCheckRounds = 64;
 
-/** Host <-> orchestrator control words of one GPU (pinned memory). */
+/**
+ * Host -> GPU control words of one GPU. They live in device memory, written by the host
+ * through the copy engine: every server thread and waiting client polls them, and from
+ * pinned memory that many readers saturate the PCIe read path (seen on an H200 with 16896
+ * server threads: each task then took milliseconds).
+ */
 struct alignas(64) GpuControl {
-  Atomic<u32, MemScope::kSystem> exit_;     ///< host -> kernel: leave the loop
-  Atomic<u32, MemScope::kSystem> abort_;    ///< host -> every device-side wait: give up
-  Atomic<u32, MemScope::kSystem> started_;  ///< kernel -> host: epoch of the running launch
+  Atomic<u32, MemScope::kDevice> exit_;   ///< leave the orchestrator loop
+  Atomic<u32, MemScope::kDevice> abort_;  ///< every device-side wait gives up
 };
 
 /** What one launch of the orchestrator needs (passed by value to the kernel). */
 struct ServerArgs {
   GpuQueue<MemScope::kDevice> *gpu2gpu = nullptr;  ///< descriptor in device memory
   GpuQueue<MemScope::kSystem> *cpu2gpu = nullptr;  ///< descriptor in device memory
-  GpuControl *control = nullptr;                   ///< pinned
+  GpuControl *control = nullptr;                   ///< device memory
   GpuPoolTable *pools = nullptr;                   ///< device memory
   u32 gpu_id = 0;
-  u32 epoch = 0;  ///< launch number, echoed in control->started_
 };
 
 /** Per-thread state of the server loop. */
@@ -12482,8 +12527,8 @@ CHI_GPU_FUN void ServeSlot(const GpuQueue<S> &q, u32 s, u64 word, ServerState &s
   FenceAcquire<S>();  // the payload was written before the request word
   u32 out;
   if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
-    out = EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range",
-                            buf, q.payload_bytes_);
+    out = EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range", buf,
+                            q.payload_bytes_);
   } else {
     CopyChunks(buf, q.Payload(s), len);
     out = HandleRequest<ModuleList>(buf, len, q.payload_bytes_, st);
@@ -12517,6 +12562,12 @@ CHI_GPU_FUN bool ServeOwned(const GpuQueue<S> &q, u32 tid, u32 threads, u32 *ser
   return did;
 }
 
+/** Threads that serve a queue of `slots` slots: the fewest that own at most the poll batch. */
+CHI_CROSS_FUN inline u32 ServerThreadsFor(u32 slots, u32 threads) {
+  const u32 needed = (slots + kMaxSlotsPerServerThread - 1) / kMaxSlotsPerServerThread;
+  return needed < threads ? (needed == 0 ? 1 : needed) : threads;
+}
+
 /** Copies the served sequences of this thread's slots of q into `served`. */
 template <MemScope S>
 CHI_GPU_FUN void LoadServed(const GpuQueue<S> &q, u32 tid, u32 threads, u32 *served) {
@@ -12534,20 +12585,23 @@ CHI_GPU_FUN void ServeLoop(const ServerArgs &a, u32 tid, u32 threads) {
   u32 served_g2g[kMaxSlotsPerServerThread];
   u32 served_c2g[kMaxSlotsPerServerThread];
   const u32 ctid = threads - 1 - tid;  // this thread's place among the cpu2gpu owners
+  const u32 c2g_owners = ServerThreadsFor(c2g.num_slots_, threads);
   LoadServed(g2g, tid, threads, served_g2g);
-  LoadServed(c2g, ctid, threads, served_c2g);
+  LoadServed(c2g, ctid, c2g_owners, served_c2g);
   ServerState st{a.pools, GpuPoolCache{}, GpuRunContext{}};
   st.rctx.gpu_id_ = a.gpu_id;
   st.rctx.server_thread_ = tid;
-  const bool polls_cpu = ctid < c2g.num_slots_;
+  const bool polls_cpu = ctid < c2g_owners;
+  const u32 warp = WarpMask();  // every lane of the warp enters the loop together
   u32 idle = 0;
   for (u32 round = 1;; ++round) {
     st.rctx.from_cpu_ = false;
     bool did = ServeOwned<ModuleList>(g2g, tid, threads, served_g2g, st);
     if (polls_cpu) {
       st.rctx.from_cpu_ = true;
-      did |= ServeOwned<ModuleList>(c2g, ctid, threads, served_c2g, st);
+      did |= ServeOwned<ModuleList>(c2g, ctid, c2g_owners, served_c2g, st);
     }
+    did = WarpAny(warp, did);  // the warp goes round together (see WarpAny)
     if (did) {
       idle = 0;
     } else if (idle < (1u << 20)) {
@@ -12555,8 +12609,12 @@ CHI_GPU_FUN void ServeLoop(const ServerArgs &a, u32 tid, u32 threads) {
     } else {
       Backoff(idle, kServerIdleMaxNs);
     }
-    // relaxed: a late look at the flag only delays the exit by one more round.
-    if (round % kExitCheckRounds == 0 && a.control->exit_.Load(MemOrder::kRelaxed) != 0) break;
+    // relaxed: a late look at the flag only delays the exit by one more round. The vote makes
+    // the whole warp leave in the same round.
+    if (round % kExitCheckRounds == 0 &&
+        WarpAny(warp, a.control->exit_.Load(MemOrder::kRelaxed) != 0)) {
+      break;
+    }
   }
 }
 
@@ -12608,9 +12666,9 @@ class GpuModuleRegistry {
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_QUEUE_SET_H
 #define CHI_SINGLE_INCLUDE_CHI_GPU_QUEUE_SET_H
 // GpuQueueSet: everything one GPU's routes need, carved out of two regions: a pinned one
-// (the control block and the CPU-facing queues: cpu2gpu, gpu2cpu) and a device one (the
-// descriptors kernels read, gpu2gpu, the GPU clients' records, the pool table, the
-// container states). GpuManager carves real pinned and device memory; host tests carve
+// (the CPU-facing queues: cpu2gpu, gpu2cpu) and a device one (the descriptors kernels read,
+// the control words, gpu2gpu, the GPU clients' records, the pool table, the container
+// states). GpuManager carves real pinned and device memory; host tests carve
 // plain memory and play the GPU with CPU threads. Also GpuInfo, what a client kernel gets.
 // Invariant: both regions start zeroed; zero is the idle state of every word.
 
@@ -12620,11 +12678,11 @@ namespace chi::gpu {
 
 /** Sizes of one GPU's queues. */
 struct GpuQueueConfig {
-  u32 server_threads = 32;                  ///< orchestrator blocks x threads per block
-  u32 depth = 256;                          ///< slots of each CPU-facing queue (gpu.queue_depth)
-  u32 payload_bytes = kGpuPayloadBytes;     ///< copy space per slot (<= kGpuPayloadBytes)
-  u64 max_wait_ns = 30000000000ull;         ///< GPU clients stop waiting after this long
-  u64 arena_bytes = 1ull << 20;             ///< GPU container states
+  u32 server_threads = 32;               ///< orchestrator blocks x threads per block
+  u32 depth = 256;                       ///< slots of each CPU-facing queue (gpu.queue_depth)
+  u32 payload_bytes = kGpuPayloadBytes;  ///< copy space per slot (<= kGpuPayloadBytes)
+  u64 max_wait_ns = 30000000000ull;      ///< GPU clients stop waiting after this long
+  u64 arena_bytes = 1ull << 20;          ///< GPU container states
 };
 
 /** The descriptors kernels read, together at the start of the device region. */
@@ -12642,11 +12700,11 @@ inline constexpr u64 kGpuInfoMagic = 0x4f464e4955504743ull;  // "CGPUINFO"
  * copy per block.
  */
 struct GpuInfo {
-  u64 magic_ = 0;                                  ///< kGpuInfoMagic once filled in
+  u64 magic_ = 0;  ///< kGpuInfoMagic once filled in
   u32 gpu_id_ = 0;
-  u32 pid_ = 0;                                    ///< stamped into task ids
-  GpuQueue<MemScope::kDevice> *gpu2gpu_ = nullptr; ///< Local() from a kernel
-  GpuQueue<MemScope::kSystem> *gpu2cpu_ = nullptr; ///< ToLocalCpu() from a kernel
+  u32 pid_ = 0;                                     ///< stamped into task ids
+  GpuQueue<MemScope::kDevice> *gpu2gpu_ = nullptr;  ///< Local() from a kernel
+  GpuQueue<MemScope::kSystem> *gpu2cpu_ = nullptr;  ///< ToLocalCpu() from a kernel
   u32 num_blocks_ = 0;  ///< set by CHIMAERA_GPU_INIT_BLOCKS: spreads blocks over the slots
   u32 reserved_ = 0;
 };
@@ -12657,11 +12715,11 @@ struct GpuQueueSet {
   u32 gpu2gpu_slots = 0;
   u32 gpu2cpu_slots = 0;
   u32 payload_bytes = 0;
-  GpuControl *control = nullptr;        ///< pinned
-  GpuDescriptors host;                  ///< the descriptors' values (pointers valid on both sides)
-  GpuDescriptors *device = nullptr;     ///< where kernels read them (device region)
-  GpuPoolTable *pools = nullptr;        ///< device region
-  char *arena = nullptr;                ///< device region: GPU container states
+  GpuControl *control = nullptr;     ///< device region (the host writes it by copy)
+  GpuDescriptors host;               ///< the descriptors' values (pointers valid on both sides)
+  GpuDescriptors *device = nullptr;  ///< where kernels read them (device region)
+  GpuPoolTable *pools = nullptr;     ///< device region
+  char *arena = nullptr;             ///< device region: GPU container states
   u64 arena_bytes = 0;
 
   /** Slot counts: gpu2gpu gives every server thread a slot; none exceeds the poll batch. */
@@ -12681,9 +12739,8 @@ struct GpuQueueSet {
     u32 c2g, g2g, g2c;
     Geometry(c, &c2g, &g2g, &g2c);
     using Sys = GpuQueue<MemScope::kSystem>;
-    return Align(sizeof(GpuControl)) + Sys::SharedBytes(c2g, Payload(c)) +
-           Sys::ClientBytes(c2g, false) + Sys::SharedBytes(g2c, Payload(c)) +
-           Sys::ServerBytes(g2c);
+    return Sys::SharedBytes(c2g, Payload(c)) + Sys::ClientBytes(c2g, false) +
+           Sys::SharedBytes(g2c, Payload(c)) + Sys::ServerBytes(g2c);
   }
 
   /** Bytes of the device region. */
@@ -12692,10 +12749,9 @@ struct GpuQueueSet {
     Geometry(c, &c2g, &g2g, &g2c);
     using Sys = GpuQueue<MemScope::kSystem>;
     using Dev = GpuQueue<MemScope::kDevice>;
-    return Align(sizeof(GpuDescriptors)) + Align(sizeof(GpuPoolTable)) +
-           Dev::SharedBytes(g2g, Payload(c)) + Dev::ClientBytes(g2g, true) +
-           Dev::ServerBytes(g2g) + Sys::ServerBytes(c2g) + Sys::ClientBytes(g2c, true) +
-           Align(c.arena_bytes);
+    return Align(sizeof(GpuDescriptors)) + Align(sizeof(GpuControl)) + Align(sizeof(GpuPoolTable)) +
+           Dev::SharedBytes(g2g, Payload(c)) + Dev::ClientBytes(g2g, true) + Dev::ServerBytes(g2g) +
+           Sys::ServerBytes(c2g) + Sys::ClientBytes(g2c, true) + Align(c.arena_bytes);
   }
 
   /**
@@ -12708,15 +12764,15 @@ struct GpuQueueSet {
     q.payload_bytes = Payload(c);
     using Sys = GpuQueue<MemScope::kSystem>;
     using Dev = GpuQueue<MemScope::kDevice>;
-    q.control = reinterpret_cast<GpuControl *>(pinned);
-    const auto *abort = &q.control->abort_;
-    char *p = pinned + Align(sizeof(GpuControl));
+    char *p = pinned;
     char *c2g_shared = Take(&p, Sys::SharedBytes(q.cpu2gpu_slots, q.payload_bytes));
     char *c2g_client = Take(&p, Sys::ClientBytes(q.cpu2gpu_slots, false));
     char *g2c_shared = Take(&p, Sys::SharedBytes(q.gpu2cpu_slots, q.payload_bytes));
     char *g2c_server = Take(&p, Sys::ServerBytes(q.gpu2cpu_slots));
     char *d = device;
     q.device = reinterpret_cast<GpuDescriptors *>(Take(&d, sizeof(GpuDescriptors)));
+    q.control = reinterpret_cast<GpuControl *>(Take(&d, sizeof(GpuControl)));
+    const auto *abort = &q.control->abort_;
     q.pools = reinterpret_cast<GpuPoolTable *>(Take(&d, sizeof(GpuPoolTable)));
     char *g2g_shared = Take(&d, Dev::SharedBytes(q.gpu2gpu_slots, q.payload_bytes));
     char *g2g_client = Take(&d, Dev::ClientBytes(q.gpu2gpu_slots, true));
@@ -12738,14 +12794,13 @@ struct GpuQueueSet {
   void WriteDescriptorsHost() const { std::memcpy(device, &host, sizeof(host)); }
 
   /** The orchestrator's launch arguments. */
-  ServerArgs Args(u32 gpu_id, u32 epoch) const {
+  ServerArgs Args(u32 gpu_id) const {
     ServerArgs a;
     a.gpu2gpu = &device->gpu2gpu;
     a.cpu2gpu = &device->cpu2gpu;
     a.control = control;
     a.pools = pools;
     a.gpu_id = gpu_id;
-    a.epoch = epoch;
     return a;
   }
 
@@ -12846,8 +12901,12 @@ class GpuManager : private GpuPoolDirectory {
     ipc_->AttachGpuTransport(nullptr);
     const bool drained = worker_.StopIntake();
     for (auto &d : devices_) {
-      d->set.control->abort_.Store(1, MemOrder::kRelease);  // waiting kernels give up
-      StopKernel(*d);
+      d->abort = true;  // waiting kernels give up
+      if (d->running) {
+        StopKernel(*d);
+      } else {
+        WriteControl(*d, 1);
+      }
     }
     worker_.Stop();
     if (!drained) {
@@ -12928,10 +12987,12 @@ class GpuManager : private GpuPoolDirectory {
     Status st = SetDeviceFor(d);
     const auto &g2g = d.set.host.gpu2gpu;
     const auto &g2c = d.set.host.gpu2cpu;
-    if (st.ok()) st = Check(MemsetAsync(g2g.claims_, claim::kVerify, 4ull * g2g.num_slots_, d.copies),
-                            "reclaim gpu2gpu slots");
-    if (st.ok()) st = Check(MemsetAsync(g2c.claims_, claim::kVerify, 4ull * g2c.num_slots_, d.copies),
-                            "reclaim gpu2cpu slots");
+    if (st.ok())
+      st = Check(MemsetAsync(g2g.claims_, claim::kVerify, 4ull * g2g.num_slots_, d.copies),
+                 "reclaim gpu2gpu slots");
+    if (st.ok())
+      st = Check(MemsetAsync(g2c.claims_, claim::kVerify, 4ull * g2c.num_slots_, d.copies),
+                 "reclaim gpu2cpu slots");
     if (st.ok()) st = Check(StreamSynchronize(d.copies), "reclaim slots");
     return st;
   }
@@ -12942,8 +13003,10 @@ class GpuManager : private GpuPoolDirectory {
     Device &d = *devices_[gpu_id];
     std::lock_guard<std::mutex> g(sync_mu_);
     Status st = SetDeviceFor(d);
-    if (st.ok()) st = CountHeld(d, d.set.host.gpu2gpu.claims_, d.set.host.gpu2gpu.num_slots_, gpu2gpu);
-    if (st.ok()) st = CountHeld(d, d.set.host.gpu2cpu.claims_, d.set.host.gpu2cpu.num_slots_, gpu2cpu);
+    if (st.ok())
+      st = CountHeld(d, d.set.host.gpu2gpu.claims_, d.set.host.gpu2gpu.num_slots_, gpu2gpu);
+    if (st.ok())
+      st = CountHeld(d, d.set.host.gpu2cpu.claims_, d.set.host.gpu2cpu.num_slots_, gpu2cpu);
     return st;
   }
 
@@ -12959,8 +13022,9 @@ class GpuManager : private GpuPoolDirectory {
                             pool.ToString().c_str(), gpu_id);
     }
     Status st = SetDeviceFor(d);
-    if (st.ok()) st = Check(MemcpyAsync(out, it->second.state, sizeof(GpuRuntimeT), d.copies),
-                            "read GPU container");
+    if (st.ok())
+      st = Check(MemcpyAsync(out, it->second.state, sizeof(GpuRuntimeT), d.copies),
+                 "read GPU container");
     if (st.ok()) st = Check(StreamSynchronize(d.copies), "read GPU container");
     return st;
   }
@@ -12975,17 +13039,17 @@ class GpuManager : private GpuPoolDirectory {
   /** One GPU's resources. */
   struct Device {
     int id = 0;
-    PinnedShmBackend pinned;   ///< control block, cpu2gpu, gpu2cpu (POSIX shm, pinned)
-    GpuDeviceBackend device;   ///< descriptors, gpu2gpu, records, pool table, containers
+    PinnedShmBackend pinned;         ///< cpu2gpu, gpu2cpu (POSIX shm, pinned)
+    GpuDeviceBackend device;         ///< descriptors, control, gpu2gpu, records, pools, containers
     void *private_pinned = nullptr;  ///< instead of `pinned` where shm cannot be pinned
     void *private_device = nullptr;  ///< instead of `device` where IPC handles are refused
-    Stream stream = nullptr;   ///< the orchestrator's own stream
-    Stream copies = nullptr;   ///< table and container copies
+    Stream stream = nullptr;         ///< the orchestrator's own stream
+    Stream copies = nullptr;         ///< table and container copies
     GpuQueueSet set;
     GpuLink link;
-    bool running = false;      ///< launched and not yet seen to return
-    bool wedged = false;       ///< did not return when asked: keep its memory mapped
-    u32 epoch = 0;
+    bool running = false;  ///< launched and not yet seen to return
+    bool wedged = false;   ///< did not return when asked: keep its memory mapped
+    bool abort = false;    ///< the abort word's value (device-side waits give up)
     u64 arena_used = 0;
     std::unordered_map<u64, GpuPoolBinding> bindings;  ///< pool -> its container here
     Atomic<u64> known[kMaxGpuPools];                   ///< pools with bindings (hot-path check)
@@ -13019,15 +13083,15 @@ class GpuManager : private GpuPoolDirectory {
         return Status::Errorf(ErrorCode::kBadConfig,
                               "gpu.blocks %u x gpu.threads_per_block %u cannot all be resident on "
                               "GPU %d (at most %u blocks): a persistent kernel needs every block "
-                              "running", blocks_, threads_, i, resident);
+                              "running",
+                              blocks_, threads_, i, resident);
       }
     }
     if (Status st = Check(SetStackLimit(stack), "set the GPU stack size"); !st.ok()) return st;
     GpuQueueConfig qc;
     qc.server_threads = blocks_ * threads_;
     qc.depth = depth_;
-    const std::string name =
-        "chi_gpu_" + std::to_string(getpid()) + "_" + std::to_string(i);
+    const std::string name = "chi_gpu_" + std::to_string(getpid()) + "_" + std::to_string(i);
     const u64 pinned_bytes = GpuQueueSet::PinnedBytes(qc);
     const u64 device_bytes = GpuQueueSet::DeviceBytes(qc);
     char *pinned = nullptr;
@@ -13078,14 +13142,24 @@ class GpuManager : private GpuPoolDirectory {
     return table_ != nullptr ? Launch(d) : Status::Ok();
   }
 
-  /** Launches d's orchestrator (next epoch). */
+  /** Writes d's control words through the copy stream (kernels read them from L2). */
+  Status WriteControl(Device &d, u32 exit) {
+    GpuControl words;
+    words.exit_.Store(exit, MemOrder::kRelaxed);  // relaxed: a host-private staging copy
+    words.abort_.Store(d.abort ? 1 : 0, MemOrder::kRelaxed);
+    Status st = SetDeviceFor(d);
+    if (st.ok()) {
+      st = Check(MemcpyAsync(d.set.control, &words, sizeof(words), d.copies), "write GPU control");
+    }
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "write GPU control");
+    return st;
+  }
+
+  /** Launches d's orchestrator (its control words cleared first). */
   Status Launch(Device &d) {
-    if (Status st = SetDeviceFor(d); !st.ok()) return st;
-    d.set.control->abort_.Store(0, MemOrder::kRelease);
-    d.set.control->exit_.Store(0, MemOrder::kRelease);  // release: before the kernel reads it
-    ++d.epoch;
-    const int rc = table_->launch(d.set.Args(static_cast<u32>(d.id), d.epoch), blocks_, threads_,
-                                  d.stream);
+    d.abort = false;
+    if (Status st = WriteControl(d, 0); !st.ok()) return st;
+    const int rc = table_->launch(d.set.Args(static_cast<u32>(d.id)), blocks_, threads_, d.stream);
     if (Status st = Check(static_cast<Error>(rc), "launch the GPU orchestrator"); !st.ok()) {
       return st;
     }
@@ -13096,8 +13170,8 @@ class GpuManager : private GpuPoolDirectory {
   /** Asks d's orchestrator to return and waits for it (bounded). */
   Status StopKernel(Device &d) {
     if (!d.running) return Status::Ok();
-    d.set.control->exit_.Store(1, MemOrder::kRelease);
-    Status st = WaitStream(d.stream, kGpuStopTimeoutNs);
+    Status st = WriteControl(d, 1);
+    if (st.ok()) st = WaitStream(d.stream, kGpuStopTimeoutNs);
     if (!st.ok()) {
       d.wedged = true;
       return Status::Errorf(st.code(), "GPU %d orchestrator did not stop: %s", d.id, st.message());

@@ -79,9 +79,8 @@ class HostGpu {
   void StartServers() {
     set_.control->exit_.Store(0);
     for (u32 t = 0; t < kServerThreads; ++t) {
-      servers_.emplace_back([this, t] {
-        chi::gpu::ServeLoop<Modules>(set_.Args(0, 1), t, kServerThreads);
-      });
+      servers_.emplace_back(
+          [this, t] { chi::gpu::ServeLoop<Modules>(set_.Args(0), t, kServerThreads); });
     }
   }
   /** Makes the loop return (the orchestrator's exit flag) and joins it. */
@@ -164,7 +163,8 @@ TEST_CASE("many CPU->GPU futures outstanding at once all complete") {
   Gpu();
   chimaera::demo::Client client(kPool);
   std::vector<chi::Future<GpuSubmitTask>> fs;
-  for (u32 i = 0; i < 40; ++i) fs.push_back(client.AsyncGpuSubmit(chi::PoolQuery::ToLocalGpu(0), 0, i));
+  for (u32 i = 0; i < 40; ++i)
+    fs.push_back(client.AsyncGpuSubmit(chi::PoolQuery::ToLocalGpu(0), 0, i));
   REQUIRE(chi::WaitAll(fs, 10));
   for (u32 i = 0; i < fs.size(); ++i) CHECK(fs[i]->result_value_ == i * 3);
 }
@@ -240,9 +240,9 @@ TEST_CASE("bad GPU routes are answered with errors") {
     chi::gpu::ReleaseTask(t);
   }
   SUBCASE("a GPU thread's route the GPU cannot take") {
-    GpuSubmitTask *t = chi::gpu::StartTask<GpuSubmitTask>(
-        Gpu().Info(), kPool, chi::PoolQuery::Broadcast(), chimaera::demo::Method::kGpuSubmit,
-        0u, 1u);
+    GpuSubmitTask *t =
+        chi::gpu::StartTask<GpuSubmitTask>(Gpu().Info(), kPool, chi::PoolQuery::Broadcast(),
+                                           chimaera::demo::Method::kGpuSubmit, 0u, 1u);
     REQUIRE(t != nullptr);
     CHECK(chi::gpu::WaitTask(t, 1));
     CHECK(t->GetReturnCode() == static_cast<u32>(chi::ErrorCode::kUnsupported));
@@ -304,8 +304,8 @@ TEST_CASE("an abandoned slot is skipped until answered, then reused") {
 TEST_CASE("a GPU-side wait gives up on the abort flag and on its timeout") {
   HostGpu &gpu = Gpu();
   gpu.StopServers();
-  GpuSubmitTask *t = chi::gpu::StartTask<GpuSubmitTask>(
-      gpu.Info(), kPool, chi::PoolQuery::Local(), chimaera::demo::Method::kGpuSubmit, 0u, 1u);
+  GpuSubmitTask *t = chi::gpu::StartTask<GpuSubmitTask>(gpu.Info(), kPool, chi::PoolQuery::Local(),
+                                                        chimaera::demo::Method::kGpuSubmit, 0u, 1u);
   REQUIRE(t != nullptr);
   CHECK_FALSE(chi::gpu::WaitTask(t, 0.05f));
   gpu.Set().control->abort_.Store(1);

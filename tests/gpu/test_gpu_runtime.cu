@@ -53,7 +53,7 @@ __global__ void SubmitKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 route
   const u32 tid = chi::gpu::GlobalThreadId();
   for (u32 i = 0; i < count; ++i) {
     const u32 v = base + tid * count + i;
-    const chi::PoolQuery q = route == kToLocalCpu ? chi::PoolQuery::ToLocalCpu()
+    const chi::PoolQuery q = route == kToLocalCpu  ? chi::PoolQuery::ToLocalCpu()
                              : route == kToThisGpu ? chi::PoolQuery::ToLocalGpu(info.gpu_id_)
                                                    : chi::PoolQuery::Local();
     auto f = client.AsyncGpuSubmit(q, 0, v);
@@ -77,8 +77,8 @@ __global__ void AsyncKernel(chi::gpu::GpuInfo info, chi::PoolId pool, Counters *
   auto d = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, 3);
   auto e = client.AsyncGpuSubmit(chi::PoolQuery::ToLocalCpu(), 0, 4);
   const bool ok = a.Wait(kTaskWaitSec) && b.Wait(kTaskWaitSec) && d.Wait(kTaskWaitSec) &&
-                  e.Wait(kTaskWaitSec) && a->result_value_ == 3 &&
-                  b->result_value_ == 4 && d->result_value_ == 9 && e->result_value_ == 8;
+                  e.Wait(kTaskWaitSec) && a->result_value_ == 3 && b->result_value_ == 4 &&
+                  d->result_value_ == 9 && e->result_value_ == 8;
   atomicAdd(ok ? &c->correct : &c->wrong, 1u);
 }
 
@@ -165,7 +165,8 @@ TEST_CASE("the CPU's LocalGpuBcast and ToLocalGpu(0) run the GPU handler: 77 -> 
   REQUIRE(g.Wait(10));
   CHECK(g->result_value_ == 231);
   std::vector<chi::Future<GpuSubmitTask>> many;  // async: many outstanding at once
-  for (u32 i = 0; i < 64; ++i) many.push_back(client.AsyncGpuSubmit(chi::PoolQuery::ToLocalGpu(0), 0, i));
+  for (u32 i = 0; i < 64; ++i)
+    many.push_back(client.AsyncGpuSubmit(chi::PoolQuery::ToLocalGpu(0), 0, i));
   REQUIRE(chi::WaitAll(many, 10));
   u32 right = 0;
   for (u32 i = 0; i < many.size(); ++i) right += many[i]->result_value_ == i * 3;
@@ -182,7 +183,8 @@ TEST_CASE("a kernel's ToLocalCpu() runs the CPU handler: 88 -> 176") {
 
 TEST_CASE("a kernel's futures can be outstanding together, on both routes") {
   const chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
-  Counters c = Run([&](cudaStream_t s) { AsyncKernel<<<2, 64, 0, s>>>(info, kPool, g_env.counters); });
+  Counters c =
+      Run([&](cudaStream_t s) { AsyncKernel<<<2, 64, 0, s>>>(info, kPool, g_env.counters); });
   CHECK(c.correct == 128);
   CHECK(c.wrong == 0);
 }

@@ -1,5 +1,5 @@
 // Small helpers the GPU mailboxes, the orchestrator loop and the GPU client share: thread
-// ids, spin pauses, a nanosecond clock, the system fence and 16-byte block copies. Each
+// ids, spin pauses, a nanosecond clock, scoped acquire fences, warp votes and 16-byte copies. Each
 // has a host version, so the same protocol code also runs on CPU threads (host tests).
 // Invariant: nothing here blocks; every wait built on these is bounded by its caller.
 #pragma once
@@ -8,7 +8,7 @@
 #include <time.h>  // clock_gettime for the host clock
 #endif
 
-#include "chi/core/atomic.h"  // CpuRelax, FenceSeqCst
+#include "chi/core/atomic.h"  // CpuRelax, MemScope
 #include "chi/core/macros.h"  // CHI_CROSS_FUN, CHI_IS_GPU, CHI_GPU_CUDA/HIP
 #include "chi/core/types.h"   // u32, u64
 
@@ -52,15 +52,6 @@ CHI_CROSS_FUN inline void Backoff(u32 n, u32 max_ns) {
   SpinPause(ns < max_ns ? ns : max_ns);
 }
 
-/** Orders every earlier write before every later one, as seen by the CPU and other GPUs. */
-CHI_CROSS_FUN inline void FenceSystem() {
-#if CHI_IS_GPU
-  __threadfence_system();
-#else
-  FenceSeqCst();
-#endif
-}
-
 /** This thread's index in its launch (x-major over the grid); 0 on the host. */
 CHI_CROSS_FUN inline u32 GlobalThreadId() {
 #if CHI_IS_GPU
@@ -79,11 +70,38 @@ CHI_CROSS_FUN inline u32 GlobalThreadId() {
 template <MemScope S>
 CHI_CROSS_FUN inline void FenceAcquire() {
 #if CHI_IS_GPU && CHI_GPU_CUDA
-  cuda::atomic_thread_fence(cuda::std::memory_order_acquire,
-                            S == MemScope::kSystem ? cuda::thread_scope_system
-                                                   : cuda::thread_scope_device);
+  cuda::atomic_thread_fence(cuda::std::memory_order_acquire, S == MemScope::kSystem
+                                                                 ? cuda::thread_scope_system
+                                                                 : cuda::thread_scope_device);
 #else
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
+#endif
+}
+
+/** The lanes of this warp running this code together now (all ones on the host). */
+CHI_CROSS_FUN inline u32 WarpMask() {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  return __activemask();
+#else
+  return ~0u;
+#endif
+}
+
+/**
+ * True when `p` holds on any lane of `mask`; the lanes also wait for each other here. A
+ * polling loop that votes once per round keeps its warp in step, so a lane serving a task is
+ * not interleaved with its idle neighbours' polls and sleeps (NVIDIA's independent thread
+ * scheduling would otherwise run the two paths by turns). One thread on the host.
+ */
+CHI_CROSS_FUN inline bool WarpAny(u32 mask, bool p) {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  return __any_sync(mask, p) != 0;
+#elif CHI_IS_GPU
+  (void)mask;
+  return __any(p) != 0;
+#else
+  (void)mask;
+  return p;
 #endif
 }
 

@@ -16,13 +16,13 @@
 #include <new>          // placement new of the task into its record
 #include <type_traits>  // is_trivially_destructible
 
-#include "chi/core/ids.h"          // PoolId, MethodId, TaskId, TaskNode
-#include "chi/core/pool_query.h"   // PoolQuery, RoutingMode
-#include "chi/gpu/device_util.h"   // ClockNs, Backoff, CopyChunks, GlobalThreadId
-#include "chi/gpu/gpu_wire.h"      // EncodeRequest, DecodeAnswer, MarkComplete
-#include "chi/gpu/mailbox.h"       // GpuQueue, ClientRecord
-#include "chi/gpu/queue_set.h"     // GpuInfo
-#include "chi/task/future.h"       // Future<T> (its device path calls WaitTask & co.)
+#include "chi/core/ids.h"         // PoolId, MethodId, TaskId, TaskNode
+#include "chi/core/pool_query.h"  // PoolQuery, RoutingMode
+#include "chi/gpu/device_util.h"  // ClockNs, Backoff, CopyChunks, GlobalThreadId
+#include "chi/gpu/gpu_wire.h"     // EncodeRequest, DecodeAnswer, MarkComplete
+#include "chi/gpu/mailbox.h"      // GpuQueue, ClientRecord
+#include "chi/gpu/queue_set.h"    // GpuInfo
+#include "chi/task/future.h"      // Future<T> (its device path calls WaitTask & co.)
 
 namespace chi::gpu {
 

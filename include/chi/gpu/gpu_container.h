@@ -53,8 +53,7 @@ CHI_GPU_FUN u32 RunGpuMethod(Runtime &rt, const Task &base, InputArchive &in, u6
   task.CopyBase(base);
   task.SerializeIn(in);
   if (!in.ok()) {
-    return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU task inputs are malformed", buf,
-                             cap);
+    return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU task inputs are malformed", buf, cap);
   }
   (rt.*MethodT::kRun)(task, rctx);
   return EncodeAnswer(task, id, buf, cap);  // the request was fully read: buf is free

@@ -93,8 +93,12 @@ class GpuManager : private GpuPoolDirectory {
     ipc_->AttachGpuTransport(nullptr);
     const bool drained = worker_.StopIntake();
     for (auto &d : devices_) {
-      d->set.control->abort_.Store(1, MemOrder::kRelease);  // waiting kernels give up
-      StopKernel(*d);
+      d->abort = true;  // waiting kernels give up
+      if (d->running) {
+        StopKernel(*d);
+      } else {
+        WriteControl(*d, 1);
+      }
     }
     worker_.Stop();
     if (!drained) {
@@ -175,10 +179,12 @@ class GpuManager : private GpuPoolDirectory {
     Status st = SetDeviceFor(d);
     const auto &g2g = d.set.host.gpu2gpu;
     const auto &g2c = d.set.host.gpu2cpu;
-    if (st.ok()) st = Check(MemsetAsync(g2g.claims_, claim::kVerify, 4ull * g2g.num_slots_, d.copies),
-                            "reclaim gpu2gpu slots");
-    if (st.ok()) st = Check(MemsetAsync(g2c.claims_, claim::kVerify, 4ull * g2c.num_slots_, d.copies),
-                            "reclaim gpu2cpu slots");
+    if (st.ok())
+      st = Check(MemsetAsync(g2g.claims_, claim::kVerify, 4ull * g2g.num_slots_, d.copies),
+                 "reclaim gpu2gpu slots");
+    if (st.ok())
+      st = Check(MemsetAsync(g2c.claims_, claim::kVerify, 4ull * g2c.num_slots_, d.copies),
+                 "reclaim gpu2cpu slots");
     if (st.ok()) st = Check(StreamSynchronize(d.copies), "reclaim slots");
     return st;
   }
@@ -189,8 +195,10 @@ class GpuManager : private GpuPoolDirectory {
     Device &d = *devices_[gpu_id];
     std::lock_guard<std::mutex> g(sync_mu_);
     Status st = SetDeviceFor(d);
-    if (st.ok()) st = CountHeld(d, d.set.host.gpu2gpu.claims_, d.set.host.gpu2gpu.num_slots_, gpu2gpu);
-    if (st.ok()) st = CountHeld(d, d.set.host.gpu2cpu.claims_, d.set.host.gpu2cpu.num_slots_, gpu2cpu);
+    if (st.ok())
+      st = CountHeld(d, d.set.host.gpu2gpu.claims_, d.set.host.gpu2gpu.num_slots_, gpu2gpu);
+    if (st.ok())
+      st = CountHeld(d, d.set.host.gpu2cpu.claims_, d.set.host.gpu2cpu.num_slots_, gpu2cpu);
     return st;
   }
 
@@ -206,8 +214,9 @@ class GpuManager : private GpuPoolDirectory {
                             pool.ToString().c_str(), gpu_id);
     }
     Status st = SetDeviceFor(d);
-    if (st.ok()) st = Check(MemcpyAsync(out, it->second.state, sizeof(GpuRuntimeT), d.copies),
-                            "read GPU container");
+    if (st.ok())
+      st = Check(MemcpyAsync(out, it->second.state, sizeof(GpuRuntimeT), d.copies),
+                 "read GPU container");
     if (st.ok()) st = Check(StreamSynchronize(d.copies), "read GPU container");
     return st;
   }
@@ -222,17 +231,17 @@ class GpuManager : private GpuPoolDirectory {
   /** One GPU's resources. */
   struct Device {
     int id = 0;
-    PinnedShmBackend pinned;   ///< control block, cpu2gpu, gpu2cpu (POSIX shm, pinned)
-    GpuDeviceBackend device;   ///< descriptors, gpu2gpu, records, pool table, containers
+    PinnedShmBackend pinned;         ///< cpu2gpu, gpu2cpu (POSIX shm, pinned)
+    GpuDeviceBackend device;         ///< descriptors, control, gpu2gpu, records, pools, containers
     void *private_pinned = nullptr;  ///< instead of `pinned` where shm cannot be pinned
     void *private_device = nullptr;  ///< instead of `device` where IPC handles are refused
-    Stream stream = nullptr;   ///< the orchestrator's own stream
-    Stream copies = nullptr;   ///< table and container copies
+    Stream stream = nullptr;         ///< the orchestrator's own stream
+    Stream copies = nullptr;         ///< table and container copies
     GpuQueueSet set;
     GpuLink link;
-    bool running = false;      ///< launched and not yet seen to return
-    bool wedged = false;       ///< did not return when asked: keep its memory mapped
-    u32 epoch = 0;
+    bool running = false;  ///< launched and not yet seen to return
+    bool wedged = false;   ///< did not return when asked: keep its memory mapped
+    bool abort = false;    ///< the abort word's value (device-side waits give up)
     u64 arena_used = 0;
     std::unordered_map<u64, GpuPoolBinding> bindings;  ///< pool -> its container here
     Atomic<u64> known[kMaxGpuPools];                   ///< pools with bindings (hot-path check)
@@ -266,15 +275,15 @@ class GpuManager : private GpuPoolDirectory {
         return Status::Errorf(ErrorCode::kBadConfig,
                               "gpu.blocks %u x gpu.threads_per_block %u cannot all be resident on "
                               "GPU %d (at most %u blocks): a persistent kernel needs every block "
-                              "running", blocks_, threads_, i, resident);
+                              "running",
+                              blocks_, threads_, i, resident);
       }
     }
     if (Status st = Check(SetStackLimit(stack), "set the GPU stack size"); !st.ok()) return st;
     GpuQueueConfig qc;
     qc.server_threads = blocks_ * threads_;
     qc.depth = depth_;
-    const std::string name =
-        "chi_gpu_" + std::to_string(getpid()) + "_" + std::to_string(i);
+    const std::string name = "chi_gpu_" + std::to_string(getpid()) + "_" + std::to_string(i);
     const u64 pinned_bytes = GpuQueueSet::PinnedBytes(qc);
     const u64 device_bytes = GpuQueueSet::DeviceBytes(qc);
     char *pinned = nullptr;
@@ -325,14 +334,24 @@ class GpuManager : private GpuPoolDirectory {
     return table_ != nullptr ? Launch(d) : Status::Ok();
   }
 
-  /** Launches d's orchestrator (next epoch). */
+  /** Writes d's control words through the copy stream (kernels read them from L2). */
+  Status WriteControl(Device &d, u32 exit) {
+    GpuControl words;
+    words.exit_.Store(exit, MemOrder::kRelaxed);  // relaxed: a host-private staging copy
+    words.abort_.Store(d.abort ? 1 : 0, MemOrder::kRelaxed);
+    Status st = SetDeviceFor(d);
+    if (st.ok()) {
+      st = Check(MemcpyAsync(d.set.control, &words, sizeof(words), d.copies), "write GPU control");
+    }
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "write GPU control");
+    return st;
+  }
+
+  /** Launches d's orchestrator (its control words cleared first). */
   Status Launch(Device &d) {
-    if (Status st = SetDeviceFor(d); !st.ok()) return st;
-    d.set.control->abort_.Store(0, MemOrder::kRelease);
-    d.set.control->exit_.Store(0, MemOrder::kRelease);  // release: before the kernel reads it
-    ++d.epoch;
-    const int rc = table_->launch(d.set.Args(static_cast<u32>(d.id), d.epoch), blocks_, threads_,
-                                  d.stream);
+    d.abort = false;
+    if (Status st = WriteControl(d, 0); !st.ok()) return st;
+    const int rc = table_->launch(d.set.Args(static_cast<u32>(d.id)), blocks_, threads_, d.stream);
     if (Status st = Check(static_cast<Error>(rc), "launch the GPU orchestrator"); !st.ok()) {
       return st;
     }
@@ -343,8 +362,8 @@ class GpuManager : private GpuPoolDirectory {
   /** Asks d's orchestrator to return and waits for it (bounded). */
   Status StopKernel(Device &d) {
     if (!d.running) return Status::Ok();
-    d.set.control->exit_.Store(1, MemOrder::kRelease);
-    Status st = WaitStream(d.stream, kGpuStopTimeoutNs);
+    Status st = WriteControl(d, 1);
+    if (st.ok()) st = WaitStream(d.stream, kGpuStopTimeoutNs);
     if (!st.ok()) {
       d.wedged = true;
       return Status::Errorf(st.code(), "GPU %d orchestrator did not stop: %s", d.id, st.message());

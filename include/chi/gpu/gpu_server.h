@@ -1,20 +1,21 @@
 // The orchestrator's body: every thread of the persistent kernel owns a fixed set of slots
 // of its GPU's gpu2gpu queue (slot s belongs to thread s % threads) and of its cpu2gpu queue
 // (counted from the last thread down, so the threads that wait on slow PCIe reads of pinned
-// memory are not the ones the first gpu2gpu slots depend on), polls them, and runs each
-// request's GPU handler itself. Many warps therefore serve in parallel
+// memory are not the ones the first gpu2gpu slots depend on; as few of them as can hold the
+// queue, kMaxSlotsPerServerThread slots each, to keep PCIe polling light), polls them, and
+// runs each request's GPU handler itself. Many warps therefore serve in parallel
 // with no shared queue head and no lock. The same code runs on CPU threads in host tests.
 // Invariant: a thread leaves the loop only through the host-visible exit flag; it never
 // waits on anything else, so a request can only be late, never lost or blocking.
 #pragma once
 
-#include "chi/core/atomic.h"         // control words
-#include "chi/core/macros.h"         // CHI_GPU_FUN
-#include "chi/core/types.h"          // u32, u64
-#include "chi/gpu/device_util.h"     // Backoff, CopyChunks
-#include "chi/gpu/gpu_container.h"   // GpuModuleList, GpuPoolTable, GpuRunContext
-#include "chi/gpu/gpu_wire.h"        // envelope
-#include "chi/gpu/mailbox.h"         // GpuQueue
+#include "chi/core/atomic.h"        // control words
+#include "chi/core/macros.h"        // CHI_GPU_FUN
+#include "chi/core/types.h"         // u32, u64
+#include "chi/gpu/device_util.h"    // Backoff, CopyChunks
+#include "chi/gpu/gpu_container.h"  // GpuModuleList, GpuPoolTable, GpuRunContext
+#include "chi/gpu/gpu_wire.h"       // envelope
+#include "chi/gpu/mailbox.h"        // GpuQueue
 
 namespace chi::gpu {
 
@@ -22,24 +23,27 @@ namespace chi::gpu {
 inline constexpr u32 kMaxSlotsPerServerThread = 8;
 /** Longest pause of an idle server thread between polls. */
 inline constexpr u32 kServerIdleMaxNs = 512;
-/** Polls between two reads of the (pinned, so slow to read) exit flag. */
+/** Polls between two reads of the exit flag. */
 inline constexpr u32 kExitCheckRounds = 64;
 
-/** Host <-> orchestrator control words of one GPU (pinned memory). */
+/**
+ * Host -> GPU control words of one GPU. They live in device memory, written by the host
+ * through the copy engine: every server thread and waiting client polls them, and from
+ * pinned memory that many readers saturate the PCIe read path (seen on an H200 with 16896
+ * server threads: each task then took milliseconds).
+ */
 struct alignas(64) GpuControl {
-  Atomic<u32, MemScope::kSystem> exit_;     ///< host -> kernel: leave the loop
-  Atomic<u32, MemScope::kSystem> abort_;    ///< host -> every device-side wait: give up
-  Atomic<u32, MemScope::kSystem> started_;  ///< kernel -> host: epoch of the running launch
+  Atomic<u32, MemScope::kDevice> exit_;   ///< leave the orchestrator loop
+  Atomic<u32, MemScope::kDevice> abort_;  ///< every device-side wait gives up
 };
 
 /** What one launch of the orchestrator needs (passed by value to the kernel). */
 struct ServerArgs {
   GpuQueue<MemScope::kDevice> *gpu2gpu = nullptr;  ///< descriptor in device memory
   GpuQueue<MemScope::kSystem> *cpu2gpu = nullptr;  ///< descriptor in device memory
-  GpuControl *control = nullptr;                   ///< pinned
+  GpuControl *control = nullptr;                   ///< device memory
   GpuPoolTable *pools = nullptr;                   ///< device memory
   u32 gpu_id = 0;
-  u32 epoch = 0;  ///< launch number, echoed in control->started_
 };
 
 /** Per-thread state of the server loop. */
@@ -82,8 +86,8 @@ CHI_GPU_FUN void ServeSlot(const GpuQueue<S> &q, u32 s, u64 word, ServerState &s
   FenceAcquire<S>();  // the payload was written before the request word
   u32 out;
   if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
-    out = EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range",
-                            buf, q.payload_bytes_);
+    out = EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range", buf,
+                            q.payload_bytes_);
   } else {
     CopyChunks(buf, q.Payload(s), len);
     out = HandleRequest<ModuleList>(buf, len, q.payload_bytes_, st);
@@ -117,6 +121,12 @@ CHI_GPU_FUN bool ServeOwned(const GpuQueue<S> &q, u32 tid, u32 threads, u32 *ser
   return did;
 }
 
+/** Threads that serve a queue of `slots` slots: the fewest that own at most the poll batch. */
+CHI_CROSS_FUN inline u32 ServerThreadsFor(u32 slots, u32 threads) {
+  const u32 needed = (slots + kMaxSlotsPerServerThread - 1) / kMaxSlotsPerServerThread;
+  return needed < threads ? (needed == 0 ? 1 : needed) : threads;
+}
+
 /** Copies the served sequences of this thread's slots of q into `served`. */
 template <MemScope S>
 CHI_GPU_FUN void LoadServed(const GpuQueue<S> &q, u32 tid, u32 threads, u32 *served) {
@@ -134,20 +144,23 @@ CHI_GPU_FUN void ServeLoop(const ServerArgs &a, u32 tid, u32 threads) {
   u32 served_g2g[kMaxSlotsPerServerThread];
   u32 served_c2g[kMaxSlotsPerServerThread];
   const u32 ctid = threads - 1 - tid;  // this thread's place among the cpu2gpu owners
+  const u32 c2g_owners = ServerThreadsFor(c2g.num_slots_, threads);
   LoadServed(g2g, tid, threads, served_g2g);
-  LoadServed(c2g, ctid, threads, served_c2g);
+  LoadServed(c2g, ctid, c2g_owners, served_c2g);
   ServerState st{a.pools, GpuPoolCache{}, GpuRunContext{}};
   st.rctx.gpu_id_ = a.gpu_id;
   st.rctx.server_thread_ = tid;
-  const bool polls_cpu = ctid < c2g.num_slots_;
+  const bool polls_cpu = ctid < c2g_owners;
+  const u32 warp = WarpMask();  // every lane of the warp enters the loop together
   u32 idle = 0;
   for (u32 round = 1;; ++round) {
     st.rctx.from_cpu_ = false;
     bool did = ServeOwned<ModuleList>(g2g, tid, threads, served_g2g, st);
     if (polls_cpu) {
       st.rctx.from_cpu_ = true;
-      did |= ServeOwned<ModuleList>(c2g, ctid, threads, served_c2g, st);
+      did |= ServeOwned<ModuleList>(c2g, ctid, c2g_owners, served_c2g, st);
     }
+    did = WarpAny(warp, did);  // the warp goes round together (see WarpAny)
     if (did) {
       idle = 0;
     } else if (idle < (1u << 20)) {
@@ -155,8 +168,12 @@ CHI_GPU_FUN void ServeLoop(const ServerArgs &a, u32 tid, u32 threads) {
     } else {
       Backoff(idle, kServerIdleMaxNs);
     }
-    // relaxed: a late look at the flag only delays the exit by one more round.
-    if (round % kExitCheckRounds == 0 && a.control->exit_.Load(MemOrder::kRelaxed) != 0) break;
+    // relaxed: a late look at the flag only delays the exit by one more round. The vote makes
+    // the whole warp leave in the same round.
+    if (round % kExitCheckRounds == 0 &&
+        WarpAny(warp, a.control->exit_.Load(MemOrder::kRelaxed) != 0)) {
+      break;
+    }
   }
 }
 

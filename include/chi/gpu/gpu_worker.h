@@ -14,17 +14,17 @@
 #include <thread>   // the worker thread
 #include <vector>   // links, error answers, broadcast replicas
 
-#include "chi/core/atomic.h"                  // Atomic, FenceSeqCst, CpuRelax
-#include "chi/core/futex.h"                   // parking senders and the idle worker
-#include "chi/core/status.h"                  // Status, ErrorCode
-#include "chi/gpu/gpu_wire.h"                 // envelope helpers, EncodeErrorAnswer
-#include "chi/gpu/mailbox.h"                  // GpuQueue
-#include "chi/runtime/pool_manager.h"         // PoolManager
-#include "chi/runtime/run_context.h"          // CurrentRunContext
-#include "chi/runtime/work_orchestrator.h"    // WorkOrchestrator (Submit), Worker (SleepInFiber)
-#include "chi/task/task_ops.h"                // CompleteTask, DeleteTask
-#include "chi/transport/request_dispatcher.h" // RequestDispatcher, chi::DecodeAnswer
-#include "chi/transport/transport.h"          // ClientTransport
+#include "chi/core/atomic.h"                   // Atomic, FenceSeqCst, CpuRelax
+#include "chi/core/futex.h"                    // parking senders and the idle worker
+#include "chi/core/status.h"                   // Status, ErrorCode
+#include "chi/gpu/gpu_wire.h"                  // envelope helpers, EncodeErrorAnswer
+#include "chi/gpu/mailbox.h"                   // GpuQueue
+#include "chi/runtime/pool_manager.h"          // PoolManager
+#include "chi/runtime/run_context.h"           // CurrentRunContext
+#include "chi/runtime/work_orchestrator.h"     // WorkOrchestrator (Submit), Worker (SleepInFiber)
+#include "chi/task/task_ops.h"                 // CompleteTask, DeleteTask
+#include "chi/transport/request_dispatcher.h"  // RequestDispatcher, chi::DecodeAnswer
+#include "chi/transport/transport.h"           // ClientTransport
 
 namespace chi::gpu {
 
@@ -65,10 +65,10 @@ struct GpuLink {
 /** The GPU-worker thread and the CPU->GPU transport. */
 class GpuWorker : public ClientTransport, private TaskCompleter {
  public:
-  static constexpr u32 kSpinPolls = 4096;          ///< empty polls before napping
-  static constexpr u64 kMinNapNs = 20000;          ///< first idle nap
-  static constexpr u64 kMaxNapNs = 1000000;        ///< longest idle nap (gpu2cpu latency when idle)
-  static constexpr u32 kClaimSpins = 256;          ///< full-queue spins before a sender parks
+  static constexpr u32 kSpinPolls = 4096;    ///< empty polls before napping
+  static constexpr u64 kMinNapNs = 20000;    ///< first idle nap
+  static constexpr u64 kMaxNapNs = 1000000;  ///< longest idle nap (gpu2cpu latency when idle)
+  static constexpr u32 kClaimSpins = 256;    ///< full-queue spins before a sender parks
   static constexpr u64 kDrainTimeoutNs = 5000000000ull;
 
   GpuWorker() = default;
@@ -332,9 +332,9 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       const u32 len = static_cast<u32>(w >> 32);
       char *p = q.Payload(s);
       if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
-        q.Answer(s, seq, EncodeErrorAnswer(seq, ErrorCode::kMalformed,
-                                           "GPU request length is out of range", p,
-                                           q.payload_bytes_));
+        q.Answer(s, seq,
+                 EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range",
+                                   p, q.payload_bytes_));
         continue;
       }
       l.gpu2cpu_inflight.FetchAdd(1, MemOrder::kRelaxed);  // before: the task may finish at once

@@ -53,11 +53,11 @@ enum class RecordStage : u32 {
  * found from it by offset, so device futures stay one pointer, like host ones.
  */
 struct alignas(64) ClientRecord {
-  u32 seq_;             ///< last request sequence posted from this slot
-  u32 slot_;            ///< this record's slot
-  RecordStage stage_;   ///< of the task in task_
-  MemScope scope_;      ///< scope of the queue's mailbox words (which GpuQueue<S> it is)
-  const void *queue_;   ///< the GpuQueue<S> descriptor (device-addressable)
+  u32 seq_;            ///< last request sequence posted from this slot
+  u32 slot_;           ///< this record's slot
+  RecordStage stage_;  ///< of the task in task_
+  MemScope scope_;     ///< scope of the queue's mailbox words (which GpuQueue<S> it is)
+  const void *queue_;  ///< the GpuQueue<S> descriptor (device-addressable)
   u64 reserved_[5];
   alignas(16) char task_[kGpuTaskBytes];
 };
@@ -71,15 +71,15 @@ static_assert(offsetof(ClientRecord, task_) == 64, "the task starts one line int
 template <MemScope S>
 struct GpuQueue {
   u32 num_slots_ = 0;
-  u32 payload_bytes_ = 0;               ///< per slot, a multiple of 16, <= kGpuPayloadBytes
-  u64 max_wait_ns_ = 0;                 ///< a GPU client gives up waiting after this long
-  Atomic<u64, S> *request_ = nullptr;   ///< client -> server: seq | len << 32
-  Atomic<u64, S> *answer_ = nullptr;    ///< server -> client: seq | len << 32
-  char *payload_ = nullptr;             ///< num_slots_ * payload_bytes_
+  u32 payload_bytes_ = 0;              ///< per slot, a multiple of 16, <= kGpuPayloadBytes
+  u64 max_wait_ns_ = 0;                ///< a GPU client gives up waiting after this long
+  Atomic<u64, S> *request_ = nullptr;  ///< client -> server: seq | len << 32
+  Atomic<u64, S> *answer_ = nullptr;   ///< server -> client: seq | len << 32
+  char *payload_ = nullptr;            ///< num_slots_ * payload_bytes_
   Atomic<u32, MemScope::kDevice> *claims_ = nullptr;  ///< client side; see claim::
-  ClientRecord *records_ = nullptr;     ///< GPU-client queues only (else null)
-  u32 *served_ = nullptr;               ///< server side: last sequence answered, per slot
-  const Atomic<u32, MemScope::kSystem> *abort_ = nullptr;  ///< host-visible "give up" flag
+  ClientRecord *records_ = nullptr;                   ///< GPU-client queues only (else null)
+  u32 *served_ = nullptr;  ///< server side: last sequence answered, per slot
+  const Atomic<u32, MemScope::kDevice> *abort_ = nullptr;  ///< the host's "give up" flag
 
   /** The payload of slot s (16-byte aligned). */
   CHI_CROSS_FUN char *Payload(u32 s) const {
@@ -158,9 +158,9 @@ struct GpuQueue {
    * Points a descriptor at zeroed memory: `shared` (SharedBytes), `client` (ClientBytes)
    * and `server` (ServerBytes), each 64-byte aligned.
    */
-  CHI_CROSS_FUN static GpuQueue Make(u32 slots, u32 payload_bytes, u64 max_wait_ns,
-                                     char *shared, char *client, bool gpu_clients,
-                                     char *server, const Atomic<u32, MemScope::kSystem> *abort) {
+  CHI_CROSS_FUN static GpuQueue Make(u32 slots, u32 payload_bytes, u64 max_wait_ns, char *shared,
+                                     char *client, bool gpu_clients, char *server,
+                                     const Atomic<u32, MemScope::kDevice> *abort) {
     GpuQueue q;
     q.num_slots_ = slots;
     q.payload_bytes_ = payload_bytes;
@@ -169,8 +169,8 @@ struct GpuQueue {
     q.answer_ = reinterpret_cast<Atomic<u64, S> *>(shared + Lines(8ull * slots));
     q.payload_ = shared + 2 * Lines(8ull * slots);
     q.claims_ = reinterpret_cast<Atomic<u32, MemScope::kDevice> *>(client);
-    q.records_ = gpu_clients ? reinterpret_cast<ClientRecord *>(client + Lines(4ull * slots))
-                             : nullptr;
+    q.records_ =
+        gpu_clients ? reinterpret_cast<ClientRecord *>(client + Lines(4ull * slots)) : nullptr;
     q.served_ = reinterpret_cast<u32 *>(server);
     q.abort_ = abort;
     return q;

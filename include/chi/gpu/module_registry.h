@@ -7,9 +7,9 @@
 
 #include <string_view>  // module names
 
-#include "chi/core/atomic.h"      // the published table pointer
-#include "chi/core/types.h"       // u32, u64
-#include "chi/gpu/gpu_server.h"   // ServerArgs
+#include "chi/core/atomic.h"     // the published table pointer
+#include "chi/core/types.h"      // u32, u64
+#include "chi/gpu/gpu_server.h"  // ServerArgs
 
 namespace chi::gpu {
 

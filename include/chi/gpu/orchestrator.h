@@ -30,8 +30,6 @@ template <typename ModuleList>
 __global__ void OrchestratorKernel(ServerArgs args) {
   const u32 tid = blockIdx.x * blockDim.x + threadIdx.x;
   const u32 threads = gridDim.x * blockDim.x;
-  // release: the host may read started_ to learn this launch is running.
-  if (tid == 0) args.control->started_.Store(args.epoch, MemOrder::kRelease);
   ServeLoop<ModuleList>(args, tid, threads);
 }
 
@@ -96,8 +94,11 @@ int KernelStackBytes(u64 *bytes) {
 template <typename... Modules>
 const GpuModuleTable *GpuModuleTableFor() {
   using List = GpuModuleList<Modules...>;
-  static const GpuModuleTable table{&List::Find, &List::StateBytes, &List::ConstructState,
-                                    &LaunchOrchestrator<List>, &MaxResidentBlocks<List>,
+  static const GpuModuleTable table{&List::Find,
+                                    &List::StateBytes,
+                                    &List::ConstructState,
+                                    &LaunchOrchestrator<List>,
+                                    &MaxResidentBlocks<List>,
                                     &KernelStackBytes<List>};
   return &table;
 }
@@ -111,6 +112,6 @@ bool RegisterGpuModules() {
 }  // namespace chi::gpu
 
 /** Names the application's GPU modules; use once, at namespace scope of one .cu file. */
-#define CHI_GPU_MODULES(...)                                          \
+#define CHI_GPU_MODULES(...)                                       \
   static const bool chi_gpu_modules_registered_ [[maybe_unused]] = \
       ::chi::gpu::RegisterGpuModules<__VA_ARGS__>()

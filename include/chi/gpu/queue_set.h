@@ -1,27 +1,27 @@
 // GpuQueueSet: everything one GPU's routes need, carved out of two regions: a pinned one
-// (the control block and the CPU-facing queues: cpu2gpu, gpu2cpu) and a device one (the
-// descriptors kernels read, gpu2gpu, the GPU clients' records, the pool table, the
-// container states). GpuManager carves real pinned and device memory; host tests carve
+// (the CPU-facing queues: cpu2gpu, gpu2cpu) and a device one (the descriptors kernels read,
+// the control words, gpu2gpu, the GPU clients' records, the pool table, the container
+// states). GpuManager carves real pinned and device memory; host tests carve
 // plain memory and play the GPU with CPU threads. Also GpuInfo, what a client kernel gets.
 // Invariant: both regions start zeroed; zero is the idle state of every word.
 #pragma once
 
 #include <cstring>  // memcpy of the descriptors (host regions)
 
-#include "chi/core/types.h"        // u32, u64
-#include "chi/gpu/gpu_container.h" // GpuPoolTable
-#include "chi/gpu/gpu_server.h"    // GpuControl, ServerArgs, kMaxSlotsPerServerThread
-#include "chi/gpu/mailbox.h"       // GpuQueue
+#include "chi/core/types.h"         // u32, u64
+#include "chi/gpu/gpu_container.h"  // GpuPoolTable
+#include "chi/gpu/gpu_server.h"     // GpuControl, ServerArgs, kMaxSlotsPerServerThread
+#include "chi/gpu/mailbox.h"        // GpuQueue
 
 namespace chi::gpu {
 
 /** Sizes of one GPU's queues. */
 struct GpuQueueConfig {
-  u32 server_threads = 32;                  ///< orchestrator blocks x threads per block
-  u32 depth = 256;                          ///< slots of each CPU-facing queue (gpu.queue_depth)
-  u32 payload_bytes = kGpuPayloadBytes;     ///< copy space per slot (<= kGpuPayloadBytes)
-  u64 max_wait_ns = 30000000000ull;         ///< GPU clients stop waiting after this long
-  u64 arena_bytes = 1ull << 20;             ///< GPU container states
+  u32 server_threads = 32;               ///< orchestrator blocks x threads per block
+  u32 depth = 256;                       ///< slots of each CPU-facing queue (gpu.queue_depth)
+  u32 payload_bytes = kGpuPayloadBytes;  ///< copy space per slot (<= kGpuPayloadBytes)
+  u64 max_wait_ns = 30000000000ull;      ///< GPU clients stop waiting after this long
+  u64 arena_bytes = 1ull << 20;          ///< GPU container states
 };
 
 /** The descriptors kernels read, together at the start of the device region. */
@@ -39,11 +39,11 @@ inline constexpr u64 kGpuInfoMagic = 0x4f464e4955504743ull;  // "CGPUINFO"
  * copy per block.
  */
 struct GpuInfo {
-  u64 magic_ = 0;                                  ///< kGpuInfoMagic once filled in
+  u64 magic_ = 0;  ///< kGpuInfoMagic once filled in
   u32 gpu_id_ = 0;
-  u32 pid_ = 0;                                    ///< stamped into task ids
-  GpuQueue<MemScope::kDevice> *gpu2gpu_ = nullptr; ///< Local() from a kernel
-  GpuQueue<MemScope::kSystem> *gpu2cpu_ = nullptr; ///< ToLocalCpu() from a kernel
+  u32 pid_ = 0;                                     ///< stamped into task ids
+  GpuQueue<MemScope::kDevice> *gpu2gpu_ = nullptr;  ///< Local() from a kernel
+  GpuQueue<MemScope::kSystem> *gpu2cpu_ = nullptr;  ///< ToLocalCpu() from a kernel
   u32 num_blocks_ = 0;  ///< set by CHIMAERA_GPU_INIT_BLOCKS: spreads blocks over the slots
   u32 reserved_ = 0;
 };
@@ -54,11 +54,11 @@ struct GpuQueueSet {
   u32 gpu2gpu_slots = 0;
   u32 gpu2cpu_slots = 0;
   u32 payload_bytes = 0;
-  GpuControl *control = nullptr;        ///< pinned
-  GpuDescriptors host;                  ///< the descriptors' values (pointers valid on both sides)
-  GpuDescriptors *device = nullptr;     ///< where kernels read them (device region)
-  GpuPoolTable *pools = nullptr;        ///< device region
-  char *arena = nullptr;                ///< device region: GPU container states
+  GpuControl *control = nullptr;     ///< device region (the host writes it by copy)
+  GpuDescriptors host;               ///< the descriptors' values (pointers valid on both sides)
+  GpuDescriptors *device = nullptr;  ///< where kernels read them (device region)
+  GpuPoolTable *pools = nullptr;     ///< device region
+  char *arena = nullptr;             ///< device region: GPU container states
   u64 arena_bytes = 0;
 
   /** Slot counts: gpu2gpu gives every server thread a slot; none exceeds the poll batch. */
@@ -78,9 +78,8 @@ struct GpuQueueSet {
     u32 c2g, g2g, g2c;
     Geometry(c, &c2g, &g2g, &g2c);
     using Sys = GpuQueue<MemScope::kSystem>;
-    return Align(sizeof(GpuControl)) + Sys::SharedBytes(c2g, Payload(c)) +
-           Sys::ClientBytes(c2g, false) + Sys::SharedBytes(g2c, Payload(c)) +
-           Sys::ServerBytes(g2c);
+    return Sys::SharedBytes(c2g, Payload(c)) + Sys::ClientBytes(c2g, false) +
+           Sys::SharedBytes(g2c, Payload(c)) + Sys::ServerBytes(g2c);
   }
 
   /** Bytes of the device region. */
@@ -89,10 +88,9 @@ struct GpuQueueSet {
     Geometry(c, &c2g, &g2g, &g2c);
     using Sys = GpuQueue<MemScope::kSystem>;
     using Dev = GpuQueue<MemScope::kDevice>;
-    return Align(sizeof(GpuDescriptors)) + Align(sizeof(GpuPoolTable)) +
-           Dev::SharedBytes(g2g, Payload(c)) + Dev::ClientBytes(g2g, true) +
-           Dev::ServerBytes(g2g) + Sys::ServerBytes(c2g) + Sys::ClientBytes(g2c, true) +
-           Align(c.arena_bytes);
+    return Align(sizeof(GpuDescriptors)) + Align(sizeof(GpuControl)) + Align(sizeof(GpuPoolTable)) +
+           Dev::SharedBytes(g2g, Payload(c)) + Dev::ClientBytes(g2g, true) + Dev::ServerBytes(g2g) +
+           Sys::ServerBytes(c2g) + Sys::ClientBytes(g2c, true) + Align(c.arena_bytes);
   }
 
   /**
@@ -105,15 +103,15 @@ struct GpuQueueSet {
     q.payload_bytes = Payload(c);
     using Sys = GpuQueue<MemScope::kSystem>;
     using Dev = GpuQueue<MemScope::kDevice>;
-    q.control = reinterpret_cast<GpuControl *>(pinned);
-    const auto *abort = &q.control->abort_;
-    char *p = pinned + Align(sizeof(GpuControl));
+    char *p = pinned;
     char *c2g_shared = Take(&p, Sys::SharedBytes(q.cpu2gpu_slots, q.payload_bytes));
     char *c2g_client = Take(&p, Sys::ClientBytes(q.cpu2gpu_slots, false));
     char *g2c_shared = Take(&p, Sys::SharedBytes(q.gpu2cpu_slots, q.payload_bytes));
     char *g2c_server = Take(&p, Sys::ServerBytes(q.gpu2cpu_slots));
     char *d = device;
     q.device = reinterpret_cast<GpuDescriptors *>(Take(&d, sizeof(GpuDescriptors)));
+    q.control = reinterpret_cast<GpuControl *>(Take(&d, sizeof(GpuControl)));
+    const auto *abort = &q.control->abort_;
     q.pools = reinterpret_cast<GpuPoolTable *>(Take(&d, sizeof(GpuPoolTable)));
     char *g2g_shared = Take(&d, Dev::SharedBytes(q.gpu2gpu_slots, q.payload_bytes));
     char *g2g_client = Take(&d, Dev::ClientBytes(q.gpu2gpu_slots, true));
@@ -135,14 +133,13 @@ struct GpuQueueSet {
   void WriteDescriptorsHost() const { std::memcpy(device, &host, sizeof(host)); }
 
   /** The orchestrator's launch arguments. */
-  ServerArgs Args(u32 gpu_id, u32 epoch) const {
+  ServerArgs Args(u32 gpu_id) const {
     ServerArgs a;
     a.gpu2gpu = &device->gpu2gpu;
     a.cpu2gpu = &device->cpu2gpu;
     a.control = control;
     a.pools = pools;
     a.gpu_id = gpu_id;
-    a.epoch = epoch;
     return a;
   }
 

@@ -29,7 +29,10 @@ namespace chi {
 /** A connection to one runtime through its shared-memory segment. */
 class ShmClientTransport final : public ClientTransport {
  public:
-  /** How long the receiver spins on an empty answer stream before it parks. */
+  /**
+   * How long the receiver spins on an empty answer stream before it parks: short, since
+   * with fewer cores than spinning threads, spinning delays the threads we wait for.
+   */
   static constexpr u64 kReceiverSpinNs = 10000;
   /** How often a waiting side checks that the runtime is alive while tasks are out. */
   static constexpr u64 kPeerCheckNs = 10000000;

@@ -144,7 +144,9 @@ class ShmServer {
  private:
   static constexpr u32 kMinRing = 16u << 10;
   static constexpr u32 kMaxRing = 16u << 20;
-  static constexpr u64 kPollerSpinNs = 10000;     ///< busy polling before the poller parks
+  /// Polling before the poller parks: short, since on a machine with fewer cores than
+  /// spinning threads every microsecond spun delays the thread we are waiting for.
+  static constexpr u64 kPollerSpinNs = 10000;
   static constexpr u64 kReapIntervalNs = 20000000;  ///< liveness checks while clients exist
   static constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is connected
   static constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
