@@ -19,7 +19,7 @@ note() { echo "$*" | tee -a "$summary"; }
 note "machine: $(head -1 "$out/machine.txt")"
 
 eval "$(bash scripts/unpack-debs.sh .debs /tmp/deps)"
-# Lazy module loading deadlocks a kernel first launched while the orchestrator runs.
+# Lazy module loading can deadlock a kernel first launched while the orchestrator runs.
 note "machine's CUDA_MODULE_LOADING: ${CUDA_MODULE_LOADING:-unset} (runs use EAGER)"
 export CUDA_MODULE_LOADING=EAGER
 

@@ -11308,10 +11308,9 @@ inline Status Check(Error e, const char *what) {
 }
 
 /**
- * Selects eager module loading. Lazy loading (CUDA's default, and what container images
- * often set) may need a context-wide synchronisation to load a kernel, which never comes
- * while a persistent kernel runs: the first launch of a not-yet-loaded kernel then
- * deadlocks (seen on an H200: a client kernel launched after the orchestrator hung).
+ * Selects eager module loading. Lazy loading (CUDA's default) may need a context-wide
+ * synchronisation to load a kernel, which never comes while a persistent kernel runs: the
+ * first launch of a not-yet-loaded kernel can then deadlock (CUDA's lazy-loading notes).
  * Effective only before the process's first GPU call; a program that starts CUDA earlier
  * must set CUDA_MODULE_LOADING=EAGER itself or PreloadKernel every kernel before
  * CHIMAERA_INIT.

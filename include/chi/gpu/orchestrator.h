@@ -36,8 +36,8 @@ __global__ void OrchestratorKernel(ServerArgs args) {
 /**
  * Launches ModuleList's orchestrator (host). It asks for the largest shared-memory carveout:
  * an SM's split between L1 and shared memory changes only when the SM is idle, so with an
- * orchestrator block on every SM a client kernel that needs any shared memory could never
- * start (seen on an H200 with one block per SM). The orchestrator itself uses none.
+ * orchestrator block on every SM a client kernel needing more shared memory than the split
+ * left could not start until the orchestrator pauses. The orchestrator itself uses none.
  */
 template <typename ModuleList>
 int LaunchOrchestrator(const ServerArgs &args, u32 blocks, u32 threads, void *stream) {
