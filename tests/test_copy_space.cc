@@ -3,6 +3,8 @@
 // derailing the stream, and timeouts on either end leave the next message intact.
 #include <doctest/doctest.h>
 
+#include "fork_helpers.h"
+
 #include <chi/transport/copy_space.h>
 
 #include <poll.h>         // poll on a pidfd: bounded wait for a child
@@ -26,50 +28,10 @@ namespace {
 constexpr u64 kSecond = 1000000000ull;
 constexpr u64 kMillisecond = 1000000ull;
 
-/** An anonymous MAP_SHARED mapping: private to the test, shared with forked children. */
-class SharedRegion {
- public:
-  explicit SharedRegion(size_t bytes) : bytes_(bytes) {
-    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(p != MAP_FAILED);
-    mem_ = static_cast<char *>(p);
-  }
-  ~SharedRegion() { munmap(mem_, bytes_); }
-  SharedRegion(const SharedRegion &) = delete;
-  SharedRegion &operator=(const SharedRegion &) = delete;
-  char *get() const { return mem_; }
+using chi_test::ForkChild;
+using chi_test::SharedRegion;
+using chi_test::WaitChild;
 
- private:
-  char *mem_ = nullptr;
-  size_t bytes_;
-};
-
-/** Runs fn in a forked child that exits 0 when fn returns true, 1 otherwise. */
-template <typename Fn>
-pid_t ForkChild(Fn fn) {
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    bool ok = fn();
-    _exit(ok ? 0 : 1);
-  }
-  return pid;
-}
-
-/** Waits at most timeout_ms for the child; kills it if it overstays. True on exit code 0. */
-bool WaitChild(pid_t pid, int timeout_ms = 20000) {
-  int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  bool exited = true;
-  if (fd >= 0) {
-    pollfd pfd{fd, POLLIN, 0};
-    exited = poll(&pfd, 1, timeout_ms) == 1;
-    close(fd);
-  }
-  if (!exited) kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return exited && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
 
 /** Deterministic bytes for message `index` of `len` bytes (splitmix64 stream). */
 std::vector<char> Pattern(u64 index, u64 len) {

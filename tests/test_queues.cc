@@ -2,6 +2,8 @@
 // delivery across threads and processes, back-pressure, futex wake-ups and timeouts.
 #include <doctest/doctest.h>
 
+#include "fork_helpers.h"
+
 #include <chi/queue/mpsc_ring.h>
 #include <chi/queue/spsc_ring.h>
 #include <chi/queue/task_queue.h>
@@ -26,62 +28,10 @@ namespace {
 constexpr u64 kSecond = 1000000000ull;
 constexpr u64 kMillion = 1000000;
 
-/** An anonymous MAP_SHARED mapping: private to the test, shared with forked children. */
-class SharedRegion {
- public:
-  explicit SharedRegion(size_t bytes) : bytes_(bytes) {
-    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(p != MAP_FAILED);
-    mem_ = p;
-  }
-  ~SharedRegion() { munmap(mem_, bytes_); }
-  SharedRegion(const SharedRegion &) = delete;
-  SharedRegion &operator=(const SharedRegion &) = delete;
-  void *get() const { return mem_; }
+using chi_test::ForkChild;
+using chi_test::SharedRegion;
+using chi_test::WaitChild;
 
- private:
-  void *mem_ = nullptr;
-  size_t bytes_;
-};
-
-/** Runs fn in a forked child that exits 0 when fn returns true, 1 otherwise. */
-template <typename Fn>
-pid_t ForkChild(Fn fn) {
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    bool ok = fn();
-    _exit(ok ? 0 : 1);
-  }
-  return pid;
-}
-
-/** Waits at most timeout_ms for the child; kills it if it overstays. True on exit code 0. */
-bool WaitChild(pid_t pid, int timeout_ms = 20000) {
-  int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  bool exited = true;
-  if (fd >= 0) {
-    pollfd pfd{fd, POLLIN, 0};
-    exited = poll(&pfd, 1, timeout_ms) == 1;
-    close(fd);
-  } else {
-    u64 deadline = chi::MonotonicNs() + static_cast<u64>(timeout_ms) * 1000000ull;
-    int status = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (chi::MonotonicNs() > deadline) {
-        exited = false;
-        break;
-      }
-      timespec ms{0, 1000000};
-      nanosleep(&ms, nullptr);
-    }
-    if (exited) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  if (!exited) kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return exited && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
 
 /** Yields until pred() holds or timeout_ns passes; returns pred(). */
 template <typename Pred>
