@@ -55,7 +55,7 @@ class EnvGuard {
 class TempFile {
  public:
   explicit TempFile(const std::string &text) {
-    std::string tmpl = "/tmp/chi_cfg_XXXXXX";
+    std::string tmpl = "/tmp/chi_cfg_" + std::string(6, 'X');  // mkstemp pattern
     std::vector<char> buf(tmpl.begin(), tmpl.end());
     buf.push_back('\0');
     int fd = mkstemp(buf.data());

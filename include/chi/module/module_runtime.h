@@ -89,7 +89,7 @@ class ModuleRuntime : public Container {
  public:
   void Run(MethodId method, Task *task, RunContext &rctx) override {
     if (!Derived::Methods::Dispatch(static_cast<Derived &>(*this), method, task, rctx)) {
-      task->SetError(ErrorCode::kUnknownMethod, "method not implemented by module");
+      task->SetError(ErrorCode::kUnknownMethod, "the module has no handler for this method");
     }
   }
   bool HasMethod(MethodId method) const override { return Derived::Methods::Has(method); }
