@@ -5195,6 +5195,23 @@ struct WorkerStats {
   }
 };
 
+/**
+ * Work a worker polls besides its lanes: a transport's request rings read in place, so a
+ * request reaches a worker without a thread hop. Called on the worker's thread only.
+ */
+class WorkerPoller {
+ public:
+  /** Worker `worker_id` starts polling (after it started, woke up, or got this poller). */
+  virtual void BeginPolling(u32 worker_id) = 0;
+  /** One loop pass: takes in whatever waits; true when it did work. */
+  virtual bool Poll() = 0;
+  /** The worker will park or exit: stop counting on it; true when work waits after all. */
+  virtual bool EndPolling(u32 worker_id) = 0;
+
+ protected:
+  ~WorkerPoller() = default;
+};
+
 /** Monotonic nanoseconds. */
 inline u64 NowNs() {
   timespec ts;
@@ -5240,6 +5257,22 @@ class Worker {
     // seq_cst fence: our push must be visible before we read parked_, mirroring Park().
     FenceSeqCst();
     if (parked_.Load(MemOrder::kRelaxed) != 0) ForceWake();
+  }
+
+  /**
+   * Swaps the external poller called every loop pass from `from` to `to` (either may be
+   * nullptr; any thread); false when `from` was not the one installed. Returns once the
+   * loop no longer uses `from`, so its owner may then go.
+   */
+  bool ReplacePoller(WorkerPoller *from, WorkerPoller *to) {
+    WorkerPoller *expected = from;
+    // seq_cst: swap, then read poll_seq_; the loop bumps poll_seq_, then reads poller_.
+    if (!poller_.CompareExchange(expected, to, MemOrder::kSeqCst)) return false;
+    const u64 seq = poll_seq_.Load(MemOrder::kSeqCst);
+    if ((seq & 1) == 0) return true;
+    // acquire: the loop's last use of `from` precedes its next bump.
+    while (poll_seq_.Load(MemOrder::kAcquire) == seq) sched_yield();
+    return true;
   }
 
   /** Queues a suspended fiber to be resumed by this worker (any thread). */
@@ -5316,6 +5349,8 @@ class Worker {
   inline void Loop();
   inline bool PollLanes(u64 pass);
   inline bool DrainResumes();
+  inline bool PollExternal();
+  inline bool EndExternalPolling();
   inline bool RunDueTimers(bool stopping);
   inline bool HasWork() const;
   inline void Park();
@@ -5369,6 +5404,9 @@ class Worker {
   alignas(kCacheLine) Atomic<u32> parked_;   ///< futex word: 1 while sleeping
   alignas(kCacheLine) Atomic<u64> resume_;   ///< Treiber stack of RunContexts to resume
   alignas(kCacheLine) Atomic<u32> stop_;
+  Atomic<WorkerPoller *> poller_{nullptr};  ///< external poller (ReplacePoller)
+  Atomic<u64> poll_seq_;                    ///< odd while the loop uses poller_
+  WorkerPoller *begun_ = nullptr;           ///< the loop's: poller told BeginPolling
   Atomic<u64> tasks_done_;
   Atomic<u64> parks_;
 };
@@ -5504,6 +5542,7 @@ void Worker::Loop() {
     ++pass;
     bool did = DrainResumes();
     did |= PollLanes(pass);
+    did |= PollExternal();
     if ((pass & (kColdPollInterval - 1)) == 0 || !did) did |= RunDueTimers(false);
     if (did) {
       idle = 0;
@@ -5529,8 +5568,10 @@ void Worker::Loop() {
       continue;
     }
     idle = 0;
+    if (EndExternalPolling()) continue;
     Park();
   }
+  EndExternalPolling();
   tls_current_worker = nullptr;
 }
 
@@ -5572,6 +5613,34 @@ bool Worker::PollLanes(u64 pass) {
     }
   }
   return did;
+}
+
+bool Worker::PollExternal() {
+  // relaxed: a hint; the seq_cst load below decides.
+  if (begun_ == nullptr && poller_.Load(MemOrder::kRelaxed) == nullptr) return false;
+  // seq_cst: bump, then read poller_ (ReplacePoller does the reverse).
+  poll_seq_.FetchAdd(1, MemOrder::kSeqCst);
+  WorkerPoller *p = poller_.Load(MemOrder::kSeqCst);
+  bool did = false;
+  if (p != nullptr) {
+    if (begun_ != p) p->BeginPolling(id_);
+    begun_ = p;
+    did = p->Poll();
+  } else {
+    begun_ = nullptr;  // removed: its owner no longer counts on us
+  }
+  poll_seq_.FetchAdd(1, MemOrder::kRelease);  // release: our use of p precedes it
+  return did;
+}
+
+bool Worker::EndExternalPolling() {
+  if (begun_ == nullptr) return false;
+  poll_seq_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: as in PollExternal
+  WorkerPoller *p = poller_.Load(MemOrder::kSeqCst);
+  const bool work = p == begun_ && p->EndPolling(id_);
+  begun_ = nullptr;
+  poll_seq_.FetchAdd(1, MemOrder::kRelease);  // release: as in PollExternal
+  return work;
 }
 
 bool Worker::DrainResumes() {
@@ -6189,7 +6258,7 @@ class ModuleRuntime : public Container {
  public:
   void Run(MethodId method, Task *task, RunContext &rctx) override {
     if (!Derived::Methods::Dispatch(static_cast<Derived &>(*this), method, task, rctx)) {
-      task->SetError(ErrorCode::kUnknownMethod, "method not implemented by module");
+      task->SetError(ErrorCode::kUnknownMethod, "the module has no handler for this method");
     }
   }
   bool HasMethod(MethodId method) const override { return Derived::Methods::Has(method); }
@@ -7000,6 +7069,15 @@ class WorkOrchestrator {
     for (auto &w : workers_) w->Wake();
   }
 
+  /** Installs `p` on every low-latency worker that has no external poller yet. */
+  void InstallPoller(WorkerPoller *p) {
+    for (Worker *w : low_) w->ReplacePoller(nullptr, p);
+  }
+  /** Removes `p` wherever it is installed; returns once no worker uses it. */
+  void RemovePoller(WorkerPoller *p) {
+    for (Worker *w : low_) w->ReplacePoller(p, nullptr);
+  }
+
   /** Counters of every worker. */
   std::vector<WorkerStats> Stats() const {
     std::vector<WorkerStats> out;
@@ -7708,6 +7786,9 @@ class RequestDispatcher {
     return true;
   }
 
+  /** The orchestrator requests are submitted to (transports install worker pollers there). */
+  WorkOrchestrator *Orchestrator() const { return orch_; }
+
   /** Encodes a finished server-side task's answer and frees the task. */
   static void EncodeAnswer(Task *t, std::vector<char> *out) {
     const u64 request_id = t->request_id_;
@@ -8153,7 +8234,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 1;
+inline constexpr u32 kShmTransportVersion = 2;
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -8222,6 +8303,10 @@ struct ShmSegmentHeader {
   Atomic<u32> runtime_state_;  ///< ShmRuntimeState
   // Line 1: bumped by clients that connect or close, so the runtime rescans the table.
   alignas(kCacheLine) Atomic<u32> membership_seq_;
+  /// Runtime workers polling the request streams right now, one bit per worker id mod 64
+  /// (changes only when one parks or wakes): while non-zero a client does not wake the
+  /// poller after a request.
+  Atomic<u64> worker_readers_;
   // Line 2: the runtime's poller parks here; clients and workers notify it.
   alignas(kCacheLine) WaitEvent server_event_;
   // Line 3: statistics, written by the poller.
@@ -8457,6 +8542,11 @@ class ShmClientTransport final : public ClientTransport {
    * with fewer cores than spinning threads, spinning delays the threads we wait for.
    */
   static constexpr u64 kReceiverSpinNs = 10000;
+  /**
+   * The same while tasks are outstanding: an answer is due, and a parked receiver costs
+   * the runtime a futex wake and us a wake-up per answer. It yields every 64 polls.
+   */
+  static constexpr u64 kReceiverBusySpinNs = 200000;
   /** How often a waiting side checks that the runtime is alive while tasks are out. */
   static constexpr u64 kPeerCheckNs = 10000000;
   /** The same with nothing outstanding. */
@@ -8751,7 +8841,9 @@ class ShmClientTransport final : public ClientTransport {
       const u64 n = left < room ? left : room;
       req_->WritePiece(sent == 0, len, data + sent, n);
       sent += n;
-      header_->server_event_.Notify();
+      // seq_cst: read after our seq_cst publish; a worker clears its bit, then re-checks
+      // the streams (Dekker), so while one polls the poller need not be woken.
+      if (header_->worker_readers_.Load(MemOrder::kSeqCst) == 0) header_->server_event_.Notify();
     }
     return Status::Ok();
   }
@@ -8891,12 +8983,16 @@ class ShmClientTransport final : public ClientTransport {
 
   /** Waits for the next answer; false when the receiver should stop. */
   bool AwaitAnswer() {
-    const u64 spin_end = MonotonicNs() + kReceiverSpinNs;
+    const u64 start = MonotonicNs();
     for (u32 i = 1;; ++i) {
       if (ans_->HasData()) return true;
       if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
       CpuRelax();
-      if ((i & 63) == 0 && MonotonicNs() >= spin_end) break;
+      if ((i & 63) != 0) continue;
+      const u64 spun = MonotonicNs() - start;
+      if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) break;
+      // A thread we are waiting for (a runtime worker, the caller) may share this CPU.
+      sched_yield();
     }
     for (;;) {
       const u64 period = Outstanding() != 0 ? kPeerCheckNs : kIdleCheckNs;
@@ -9025,11 +9121,12 @@ class ShmClientTransport final : public ClientTransport {
 // ---- begin chi/transport/shm_server.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_H
-// ShmServer: the runtime side of the shared-memory transport (its shm network role). One
-// poller thread reads every client's request stream, hands whole requests to the
-// RequestDispatcher, streams large answers back and runs the reaper (shm_reaper.h).
-// Workers append small answers to the answer stream themselves, so a round trip passes
-// the poller once. Invariant: only the holder of a slot's `writer` flag appends answers.
+// ShmServer: the runtime side of the shared-memory transport (its shm network role).
+// Awake low-latency workers read small requests straight from the clients' request streams
+// (a WorkerPoller) and append small answers themselves, so a round trip needs no thread
+// hop; the poller thread serves while they sleep and handles the rest (pieces, errors,
+// large answers, the reaper in shm_reaper.h). Invariant: only the holder of a slot's
+// `reader` flag reads its requests, only the holder of its `writer` flag appends answers.
 
 #include <pthread.h>  // pthread_setname_np for the poller thread
 
@@ -9047,11 +9144,40 @@ class ShmClientTransport final : public ClientTransport {
 // ShmServer's poller runs it to notice clients that connect, close, die (their pid is
 // gone) or corrupt their request stream, to drain what they left in flight, and to reset
 // their slot for the next client. Invariant: a slot is reset only once its owner is gone
-// and none of its tasks is in flight, so a late answer never reaches the next owner.
+// and none of its tasks is in flight (checked holding the slot's reader flag, since workers
+// take requests in too), so a late answer never reaches the next owner.
 
 #include <deque>   // error answers waiting for room (error path only)
 #include <new>     // placement new of a slot's wait events
 #include <vector>  // assembly and answer buffers, slot lists
+
+// ---- begin chi/runtime/spin_lock.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
+#define CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
+// A test-and-test-and-set spin lock for very short critical sections in the
+// runtime (CoMutex wait tables). Never held across a fiber switch or a syscall.
+
+namespace chi {
+
+/** Minimal spin lock (BasicLockable, so std::lock_guard works). */
+class SpinLock {
+ public:
+  void lock() {
+    for (;;) {
+      // acquire: the critical section sees the previous holder's writes.
+      if (word_.Exchange(1, MemOrder::kAcquire) == 0) return;
+      while (word_.Load(MemOrder::kRelaxed) != 0) CpuRelax();
+    }
+  }
+  void unlock() { word_.Store(0, MemOrder::kRelease); }  // release: publish the section
+
+ private:
+  Atomic<u32> word_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
+// ---- end chi/runtime/spin_lock.h ----
 
 namespace chi {
 
@@ -9061,6 +9187,7 @@ struct alignas(kCacheLine) ShmServedSlot {
 
   // Line 0: written by the workers that answer (and by the poller when it writes).
   Atomic<u32> writer;         ///< 1 while someone appends to the answer stream
+  Atomic<u32> reader;         ///< 1 while someone (poller or worker) reads the request stream
   Atomic<u32> completing;     ///< workers inside OnComplete for this slot right now
   Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
   Atomic<u64> answered;       ///< requests answered or discarded, ever
@@ -9070,21 +9197,58 @@ struct alignas(kCacheLine) ShmServedSlot {
   Atomic<u32> credit_wait;  ///< 1: the poller stopped reading until an answer frees a credit
   MpscRing<u64> *pending = nullptr;  ///< finished tasks whose answers the poller writes
   void *pending_mem = nullptr;
+  Atomic<u32> error_count;  ///< entries of `errors` (the poller's park re-check)
+  SpinLock errors_lock;     ///< guards `errors` (pushed by any reader, popped by the poller)
+  std::deque<std::vector<char>> errors;  ///< error answers not yet written
 
-  // The poller's alone. In flight = accepted - answered.
+  // The reader flag holder's. In flight = accepted - answered.
   alignas(kCacheLine) Atomic<u64> accepted;  ///< requests taken in (and error answers), ever
-  u64 answered_seen = 0;                     ///< the poller's last view of `answered`
+  u64 answered_seen = 0;                     ///< the reader's last view of `answered`
+  bool assembling = false;                   ///< a request arriving in pieces (the poller's)
   Phase phase = Phase::kIdle;
   ProcessIdentity owner;
   bool owner_dead = false;
   bool counts_as_reclaimed = false;
   std::vector<char> assembly;  ///< a request arriving in pieces
   u64 assembly_total = 0;
-  bool assembling = false;
   std::vector<char> outgoing;  ///< an answer being streamed (writer held meanwhile)
   u64 outgoing_sent = 0;
   bool outgoing_open = false;
-  std::deque<std::vector<char>> errors;  ///< error answers not yet written
+
+  /** Queues an error answer for the poller to write (any reader). */
+  void PushError(std::vector<char> &&answer) {
+    errors_lock.lock();
+    errors.push_back(std::move(answer));
+    errors_lock.unlock();
+    // seq_cst: the count is what the parked poller re-checks (Dekker with its park).
+    error_count.FetchAdd(1, MemOrder::kSeqCst);
+  }
+
+  /** Takes the oldest error answer; false when there is none. */
+  bool PopError(std::vector<char> *out) {
+    if (error_count.Load(MemOrder::kRelaxed) == 0) return false;  // relaxed: a hint
+    errors_lock.lock();
+    const bool have = !errors.empty();
+    if (have) {
+      *out = std::move(errors.front());
+      errors.pop_front();
+    }
+    errors_lock.unlock();
+    if (have) error_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: only a "look" hint
+    return have;
+  }
+
+  /** Takes the reader flag, waiting for a worker that holds it (never long: it never blocks). */
+  void LockReader() {
+    u32 idle = 0;
+    // acquire: the previous reader's reads and counts are complete before ours.
+    while (!reader.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      idle = 0;
+      CpuRelax();
+    }
+  }
+  /** Hands the reader flag back. */
+  void UnlockReader() { reader.Store(0, MemOrder::kRelease); }  // release: our reads first
 
   /** Requests not yet answered or discarded. */
   u64 InFlight() const {
@@ -9108,8 +9272,9 @@ class ShmReaper {
  public:
   using Phase = ShmServedSlot::Phase;
 
-  ShmReaper(ShmSegment *segment, ShmServedSlot *slots, u32 num_slots)
-      : segment_(segment), slots_(slots), num_slots_(num_slots) {}
+  /** serving_bits: one bit per slot, set while workers may read its requests. */
+  ShmReaper(ShmSegment *segment, ShmServedSlot *slots, u32 num_slots, Atomic<u64> *serving_bits)
+      : segment_(segment), slots_(slots), num_slots_(num_slots), serving_bits_(serving_bits) {}
 
   /** Slots being served (the poller reads their requests). */
   const std::vector<u32> &Serving() const { return serving_; }
@@ -9194,10 +9359,8 @@ class ShmReaper {
   void DiscardQueued(u32 i) {
     ShmServedSlot &s = slots_[i];
     WaitEvent &poller = segment_->Header()->server_event_;
-    while (!s.errors.empty()) {
-      s.errors.pop_front();
-      s.ReleaseCredit(poller);
-    }
+    std::vector<char> dropped;
+    while (s.PopError(&dropped)) s.ReleaseCredit(poller);
     if (s.outgoing_open) {
       s.outgoing_open = false;
       RecycleBuffer(&s.outgoing);
@@ -9237,6 +9400,8 @@ class ShmReaper {
     s.owner_dead = false;
     s.counts_as_reclaimed = false;
     serving_.push_back(i);
+    // release: the slot's set-up above precedes a worker's read of the bit.
+    serving_bits_[i / 64].FetchOr(1ull << (i % 64), MemOrder::kRelease);
   }
 
   /** Stops serving slot i; its tasks finish and their answers are dropped. */
@@ -9244,6 +9409,9 @@ class ShmReaper {
     ShmServedSlot &s = slots_[i];
     s.phase = Phase::kDraining;
     s.counts_as_reclaimed = counts_as_reclaimed;
+    // relaxed: readers check the bit holding the reader flag, which DrainStep takes after
+    // this, so none takes a request in once DrainStep has seen the slot idle.
+    serving_bits_[i / 64].FetchAnd(~(1ull << (i % 64)), MemOrder::kRelaxed);
     // seq_cst: completers that read it from now on drop their answers.
     s.draining.Store(1, MemOrder::kSeqCst);
     s.assembling = false;
@@ -9263,7 +9431,10 @@ class ShmReaper {
   bool DrainStep(u32 i) {
     DiscardQueued(i);
     ShmServedSlot &s = slots_[i];
-    if (s.InFlight() != 0) return false;  // completers' last touches come before their count
+    s.LockReader();  // a worker that took a request in has counted it when it lets go
+    const bool busy = s.InFlight() != 0;  // completers' last touches come before their count
+    s.UnlockReader();
+    if (busy) return false;
     // acquire: the client's last writes to the slot come before its kClosed.
     const u32 state = segment_->Slot(i)->state_.Load(MemOrder::kAcquire);
     if (state != static_cast<u32>(ShmSlotState::kClosed) && !s.owner_dead) return false;
@@ -9281,6 +9452,7 @@ class ShmReaper {
       idle = 0;
       CpuRelax();
     }
+    s.LockReader();  // a worker that glanced at the stream is gone from it
     segment_->RequestStream(i)->Reset();
     segment_->AnswerStream(i)->Reset();
     new (&slot->answer_ready_) WaitEvent();  // a dead client may have died parked
@@ -9302,6 +9474,7 @@ class ShmReaper {
     s.assembling = false;
     RecycleBuffer(&s.assembly);
     s.draining.Store(0, MemOrder::kRelaxed);  // relaxed: no completer of this slot is left
+    s.UnlockReader();
     s.writer.Store(0, MemOrder::kRelease);  // release: the stream resets come first
     // release: the reset slot is complete before a client can claim it.
     slot->owner_pid_.Store(0, MemOrder::kRelease);
@@ -9311,6 +9484,7 @@ class ShmReaper {
   ShmSegment *segment_;
   ShmServedSlot *slots_;
   u32 num_slots_;
+  Atomic<u64> *serving_bits_;  ///< the Core's; set in Activate, cleared in BeginDrain
   std::vector<u32> serving_;   ///< the poller's: slots in Phase::kServing
   std::vector<u32> draining_;  ///< the poller's: slots in Phase::kDraining
 };
@@ -9471,7 +9645,7 @@ class ShmServer {
   }
 
   /** Everything the server runs on; heap-allocated so it can outlive a stuck Stop. */
-  class Core final : public TaskCompleter {
+  class Core final : public TaskCompleter, public WorkerPoller {
    public:
     Core(RequestDispatcher *dispatcher, const Options &options)
         : dispatcher_(dispatcher), options_(options) {}
@@ -9488,6 +9662,8 @@ class ShmServer {
       ShmGeometry g{options_.num_slots, options_.ring_bytes, options_.max_message_bytes,
                     options_.max_outstanding};
       slots_ = std::make_unique<ShmServedSlot[]>(options_.num_slots);
+      serving_words_ = (options_.num_slots + 63) / 64;
+      serving_bits_ = std::make_unique<Atomic<u64>[]>(serving_words_);
       const u32 pending_capacity = 2 * options_.max_outstanding;
       const size_t pending_bytes =
           RoundUpTo(MpscRing<u64>::BytesFor(pending_capacity), kCacheLine);
@@ -9500,16 +9676,20 @@ class ShmServer {
       }
       if (Status st = segment_.Create(port, g, self_); !st.ok()) return st;
       header_ = segment_.Header();
-      reaper_ = std::make_unique<ShmReaper>(&segment_, slots_.get(), options_.num_slots);
+      reaper_ = std::make_unique<ShmReaper>(&segment_, slots_.get(), options_.num_slots,
+                                            serving_bits_.get());
       // release: clients that see kServing see the initialised segment.
       header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kServing),
                                     MemOrder::kRelease);
       poller_ = std::thread([this] { Run(); });
+      if (WorkOrchestrator *orch = dispatcher_->Orchestrator()) orch->InstallPoller(this);
       return Status::Ok();
     }
 
     /** Drains and stops; true when nothing references the core any more. */
     bool Stop() {
+      // Workers read no more requests: from here on only the poller touches the streams.
+      if (WorkOrchestrator *orch = dispatcher_->Orchestrator()) orch->RemovePoller(this);
       // seq_cst: clients re-check the state before they park (Dekker with Notify).
       header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopping),
                                     MemOrder::kSeqCst);
@@ -9564,8 +9744,90 @@ class ShmServer {
       s.completing.FetchSub(1, MemOrder::kRelease);
     }
 
+    /** A worker starts reading requests: clients need not wake the poller any more. */
+    void BeginPolling(u32 worker_id) override {
+      // seq_cst: clients read the mask after publishing a request (Dekker with EndPolling).
+      header_->worker_readers_.FetchOr(1ull << (worker_id % 64), MemOrder::kSeqCst);
+    }
+
+    /** A worker's pass: takes in the small requests of every served slot it can read now. */
+    bool Poll() override {
+      // acquire: Stop's flag; a stopping server reads no more requests.
+      if (stopping_.Load(MemOrder::kAcquire) != 0) return false;
+      bool did = false;
+      for (u32 w = 0; w < serving_words_; ++w) {
+        // acquire: a slot's set-up (Activate) precedes its bit.
+        u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);
+        while (bits != 0) {
+          const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
+          bits &= bits - 1;
+          did |= WorkerPump(i);
+        }
+      }
+      return did;
+    }
+
+    /**
+     * A worker is going to park: clients must wake the poller again. A request published
+     * before they could see that is handed to the poller here (never lost).
+     */
+    bool EndPolling(u32 worker_id) override {
+      // seq_cst: clear, then re-check the streams (clients publish, then read the mask).
+      header_->worker_readers_.FetchAnd(~(1ull << (worker_id % 64)), MemOrder::kSeqCst);
+      for (u32 w = 0; w < serving_words_; ++w) {
+        u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);  // acquire: as in Poll
+        while (bits != 0) {
+          const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
+          bits &= bits - 1;
+          if (segment_.RequestStream(i)->HasDataSeqCst()) {
+            header_->server_event_.Notify();
+            return false;
+          }
+        }
+      }
+      return false;
+    }
+
    private:
     using Phase = ShmServedSlot::Phase;
+
+    /**
+     * Takes in slot i's whole, contiguous requests on a worker. Anything else (pieces, a
+     * corrupt stream, no credit) stays for the poller, which is woken to handle it.
+     */
+    bool WorkerPump(u32 i) {
+      ShmServedSlot &s = slots_[i];
+      ShmStream *rs = segment_.RequestStream(i);
+      // Cheap tests first: an idle or busy slot costs no write of the flag's line.
+      if (!rs->HasData() || s.reader.Load(MemOrder::kRelaxed) != 0) return false;
+      u32 idle = 0;
+      // acquire: the previous reader's reads and counts are complete before ours.
+      if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+      bool worked = false;
+      bool leave = false;
+      // relaxed: BeginDrain clears the bit before the reaper takes the flag we hold.
+      const bool serving = (serving_bits_[i / 64].Load(MemOrder::kRelaxed) >> (i % 64)) & 1;
+      if (serving && s.assembling) leave = rs->HasData();
+      for (u32 n = 0; serving && !leave && n < kRecordsPerPass; ++n) {
+        if (!HasCredit(s)) break;  // the credit's release wakes the poller
+        ShmStream::Piece p;
+        ShmStream::PeekResult r = rs->Peek(&p);
+        if (r == ShmStream::PeekResult::kEmpty) break;
+        if (r != ShmStream::PeekResult::kReady || p.kind != ShmStream::kBegin ||
+            p.bytes != p.message_bytes || !p.Contiguous() ||
+            p.message_bytes > options_.max_message_bytes) {
+          leave = true;
+          break;
+        }
+        Dispatch(i, p.first, p.bytes);  // decoded in place, as in PumpRequests
+        rs->Consume(p);
+        worked = true;
+      }
+      s.UnlockReader();
+      if (worked) segment_.Slot(i)->request_room_.Notify();
+      if (leave) header_->server_event_.Notify();
+      return worked;
+    }
 
     /** OnComplete's body: discard, append directly, or queue for the poller. */
     void Answer(u32 i, ShmServedSlot &s, Task *t) {
@@ -9674,7 +9936,10 @@ class ShmServer {
       const bool reading = stopping_.Load(MemOrder::kSeqCst) == 0;
       for (u32 i : reaper_->Serving()) {
         ShmServedSlot &s = slots_[i];
-        if (s.pending_count.Load(MemOrder::kSeqCst) != 0 || !s.errors.empty()) return true;
+        if (s.pending_count.Load(MemOrder::kSeqCst) != 0 ||
+            s.error_count.Load(MemOrder::kSeqCst) != 0) {
+          return true;
+        }
         if (reading && segment_.RequestStream(i)->HasDataSeqCst() &&
             s.accepted.Load(MemOrder::kRelaxed) - s.answered.Load(MemOrder::kSeqCst) <
                 options_.max_outstanding) {
@@ -9696,6 +9961,17 @@ class ShmServer {
     /** Reads whatever requests slot i has published; dispatches the whole ones. */
     bool PumpRequests(u32 i) {
       ShmServedSlot &s = slots_[i];
+      u32 idle = 0;
+      // acquire: a worker's reads and counts are complete before ours. Busy: a worker reads.
+      if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+      const bool worked = PumpRequestsLocked(i, s);
+      s.UnlockReader();
+      if (worked) segment_.Slot(i)->request_room_.Notify();
+      return worked;
+    }
+
+    /** PumpRequests' body, holding slot i's reader flag. */
+    bool PumpRequestsLocked(u32 i, ShmServedSlot &s) {
       ShmStream *rs = segment_.RequestStream(i);
       bool worked = false;
       for (u32 n = 0; n < kRecordsPerPass; ++n) {
@@ -9740,19 +10016,21 @@ class ShmServer {
           RecycleBuffer(&s.assembly);
         }
       }
-      if (worked) segment_.Slot(i)->request_room_.Notify();
       return worked;
     }
 
-    /** Hands one whole request to the dispatcher; refusals become error answers. */
+    /** Hands one whole request to the dispatcher (reader flag held); refusals get error answers. */
     void Dispatch(u32 i, const char *data, u64 len) {
       ShmServedSlot &s = slots_[i];
-      // relaxed: only the poller writes these; counted before the answer can exist.
+      // relaxed: only the reader flag's holder writes it; counted before the answer exists.
       s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-      auto &served = header_->stats_.tasks_served;
-      served.Store(served.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-      std::vector<char> error;
-      if (!dispatcher_->Dispatch(data, len, this, i, &error)) s.errors.push_back(std::move(error));
+      // relaxed: a statistic, bumped by the readers of every slot.
+      header_->stats_.tasks_served.FetchAdd(1, MemOrder::kRelaxed);
+      std::vector<char> error;  // allocates only for a refusal
+      if (!dispatcher_->Dispatch(data, len, this, i, &error)) {
+        s.PushError(std::move(error));
+        header_->server_event_.Notify();  // the poller writes error answers
+      }
     }
 
     /** Streams queued answers of slot i as far as the client's ring allows. */
@@ -9765,14 +10043,12 @@ class ShmServer {
         if (!s.outgoing_open) {
           // relaxed: the ring itself orders the values; the count only says "look".
           const bool have_task = s.pending_count.Load(MemOrder::kRelaxed) != 0;
-          if (s.errors.empty() && !have_task) break;
+          const bool have_error = s.error_count.Load(MemOrder::kRelaxed) != 0;  // relaxed: hint
+          if (!have_error && !have_task) break;
           u32 idle = 0;
           // acquire: a worker's direct append is complete before ours.
           if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
-          if (!s.errors.empty()) {
-            s.outgoing = std::move(s.errors.front());
-            s.errors.pop_front();
-          } else {
+          if (!have_error || !s.PopError(&s.outgoing)) {  // error answers go first
             u64 v = 0;
             if (!s.pending->TryPop(v)) {  // pushed but not yet published
               s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
@@ -9826,6 +10102,8 @@ class ShmServer {
     ShmSegment segment_;
     ShmSegmentHeader *header_ = nullptr;
     std::unique_ptr<ShmServedSlot[]> slots_;
+    u32 serving_words_ = 0;
+    std::unique_ptr<Atomic<u64>[]> serving_bits_;  ///< slots workers may read (the reaper's)
     std::thread poller_;
     Atomic<u32> stopping_;  ///< Stop asked: read no more requests, finish answers
     Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers
@@ -11475,8 +11753,9 @@ CHI_CROSS_FUN void DecodeAnswer(TaskT &t, const char *buf, u32 len, u64 expect_i
 
 /** Marks a task held by a GPU-side client complete (only its owning thread reads it). */
 CHI_CROSS_FUN inline void MarkComplete(Task &t) {
-  // release: the decoded outputs are published with the flag.
-  t.state_.Store(task_state::kComplete, MemOrder::kRelease);
+  // relaxed: the owning thread wrote the outputs and is the only reader (futures are per
+  // thread), so program order suffices; a release would cost a fence per task.
+  t.state_.Store(task_state::kComplete, MemOrder::kRelaxed);
 }
 
 }  // namespace chi::gpu
@@ -11616,15 +11895,34 @@ struct alignas(16) Chunk16 {
   u64 hi;
 };
 
+/** Chunks CopyChunks loads before it stores any (256 bytes: most messages in one trip). */
+inline constexpr u32 kCopyBatchChunks = 16;
+
 /**
  * Copies `len` bytes rounded up to 16 between 16-aligned buffers whose capacity is a
- * multiple of 16. Wide, independent loads: one PCIe or L2 round trip for a whole message.
+ * multiple of 16. Each batch issues all its loads before its first store: nvcc keeps a
+ * plain copy loop's loads and stores in order (a store might alias the next load), which
+ * made every 16 bytes read from pinned memory (or L2) one round trip of its own, in turn.
  */
 CHI_CROSS_FUN inline void CopyChunks(void *dst, const void *src, u32 len) {
   auto *d = static_cast<Chunk16 *>(dst);
   const auto *s = static_cast<const Chunk16 *>(src);
   const u32 n = (len + 15) / 16;
-  for (u32 i = 0; i < n; ++i) d[i] = s[i];
+#if CHI_IS_GPU
+  for (u32 i = 0; i < n; i += kCopyBatchChunks) {
+    Chunk16 r[kCopyBatchChunks];
+#pragma unroll
+    for (u32 j = 0; j < kCopyBatchChunks; ++j) {
+      if (i + j < n) r[j] = s[i + j];
+    }
+#pragma unroll
+    for (u32 j = 0; j < kCopyBatchChunks; ++j) {
+      if (i + j < n) d[i + j] = r[j];
+    }
+  }
+#else
+  for (u32 i = 0; i < n; ++i) d[i] = s[i];  // the host caches pinned memory: a plain copy
+#endif
 }
 
 }  // namespace chi::gpu
@@ -11704,10 +12002,14 @@ struct GpuQueue {
     const u32 n = window < num_slots_ ? window : num_slots_;
     for (u32 i = 0; i < n; ++i) {
       const u32 s = (start + i) % num_slots_;
-      u32 c = claims_[s].Load(MemOrder::kRelaxed);  // relaxed: a hint; the CAS decides
-      if (c == claim::kHeld) continue;
+      // CAS first, expecting a free slot (the common case): a load before it would add one
+      // L2 round trip to every claim. On failure c holds the word; only kVerify is retried.
       // acquire: the previous owner's record (its seq_) is visible once the slot is ours.
-      if (!claims_[s].CompareExchange(c, claim::kHeld, MemOrder::kAcquire)) continue;
+      u32 c = claim::kFree;
+      if (!claims_[s].CompareExchange(c, claim::kHeld, MemOrder::kAcquire)) {
+        if (c == claim::kHeld) continue;
+        if (!claims_[s].CompareExchange(c, claim::kHeld, MemOrder::kAcquire)) continue;
+      }
       if (c == claim::kFree || IsIdle(s)) return s;
       // release: hand the slot back unchanged; its last request is still being answered.
       claims_[s].Store(c, MemOrder::kRelease);
@@ -12061,8 +12363,13 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       }
       sleeping_.Store(1, MemOrder::kRelaxed);
       FenceSeqCst();  // sleeping_ is visible before we look for posts (pairs with Wake)
+      // Never nap while any task is out: a GPU answer cannot wake us, and a kernel waiting on
+      // a GPU->CPU answer usually posts its next request right after.
       u64 inflight = 0;
-      for (GpuLink *l : links_) inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed);
+      for (GpuLink *l : links_) {
+        inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) +
+                    l->gpu2cpu_inflight.Load(MemOrder::kRelaxed);
+      }
       if (inflight == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
         FutexWait(sleeping_.Raw(), 1, nap);
         nap = nap * 2 < kMaxNapNs ? nap * 2 : kMaxNapNs;
@@ -13642,34 +13949,6 @@ inline IpcManager &GetIpcManager() { return Chimaera::Get().Ipc(); }
 #include <sched.h>        // sched_yield for callers outside a task
 #include <unordered_map>  // major -> blocked tasks
 #include <vector>         // blocked tasks of one group
-
-// ---- begin chi/runtime/spin_lock.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
-#define CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
-// A test-and-test-and-set spin lock for very short critical sections in the
-// runtime (CoMutex wait tables). Never held across a fiber switch or a syscall.
-
-namespace chi {
-
-/** Minimal spin lock (BasicLockable, so std::lock_guard works). */
-class SpinLock {
- public:
-  void lock() {
-    for (;;) {
-      // acquire: the critical section sees the previous holder's writes.
-      if (word_.Exchange(1, MemOrder::kAcquire) == 0) return;
-      while (word_.Load(MemOrder::kRelaxed) != 0) CpuRelax();
-    }
-  }
-  void unlock() { word_.Store(0, MemOrder::kRelease); }  // release: publish the section
-
- private:
-  Atomic<u32> word_;
-};
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
-// ---- end chi/runtime/spin_lock.h ----
 
 namespace chi {
 
