@@ -2,13 +2,17 @@
 # On the GPU machine, from the repository root: builds every GPU test and the GPU benchmark
 # (CUDA on, sm_90, dependencies from the carried .debs), runs them with time limits, keeps
 # the logs under $OUT (or ./gpu_out), and prints a short summary last.
-# Usage: bash scripts/gpu_run.sh [--no-bench]
+# Usage: bash scripts/gpu_run.sh [--no-bench | --short]
+#   --short: one benchmark run (the default orchestrator) and no ctest re-run, to save
+#   device time when the tests and figures are all that is needed.
 set -uo pipefail
 
 out="${OUT:-$PWD/gpu_out}"
 build="${CHI_GPU_BUILD_DIR:-build-gpu-run}"
 bench=1
+short=0
 [[ "${1:-}" == "--no-bench" ]] && bench=0
+[[ "${1:-}" == "--short" ]] && short=1
 mkdir -p "$out"
 summary="$out/summary.txt"
 : > "$summary"
@@ -56,13 +60,17 @@ grep -E "test cases|assertions|ERROR|FAILED|skipped" "$out/test_gpu_protocol.log
   | tee -a "$summary"
 if [[ $bench == 1 ]]; then
   # A small orchestrator (2 x 256 threads), then one on half the SMs (the default).
-  run bench_gpu_small 90 "$build/benchmarks/gpu/bench_gpu" --blocks 2
   run bench_gpu 90 "$build/benchmarks/gpu/bench_gpu"
-  # An orchestrator block on every SM: client kernels must share SMs with it.
-  run bench_gpu_all_sms 45 "$build/benchmarks/gpu/bench_gpu" --blocks all
+  if [[ $short == 0 ]]; then
+    run bench_gpu_small 90 "$build/benchmarks/gpu/bench_gpu" --blocks 2
+    # An orchestrator block on every SM: client kernels must share SMs with it.
+    run bench_gpu_all_sms 45 "$build/benchmarks/gpu/bench_gpu" --blocks all
+  fi
 fi
-run ctest_gpu_label 90 ctest --test-dir "$build" -L gpu --output-on-failure
-grep -E "tests passed|tests failed|Skipped|Failed" "$out/ctest_gpu_label.log" | tee -a "$summary"
+if [[ $short == 0 ]]; then
+  run ctest_gpu_label 90 ctest --test-dir "$build" -L gpu --output-on-failure
+  grep -E "tests passed|tests failed|Skipped|Failed" "$out/ctest_gpu_label.log" | tee -a "$summary"
+fi
 
 echo
 echo "==== failures (first lines) ===="
@@ -71,10 +79,7 @@ echo
 echo "==== summary ===="
 cat "$summary"
 if [[ $bench == 1 ]]; then
-  echo
-  cat "$out/bench_gpu_small.log"
-  echo
-  cat "$out/bench_gpu.log"
-  echo
-  cat "$out/bench_gpu_all_sms.log"
+  for log in bench_gpu bench_gpu_small bench_gpu_all_sms; do
+    [[ -f "$out/$log.log" ]] && { echo; cat "$out/$log.log"; }
+  done
 fi

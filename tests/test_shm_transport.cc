@@ -666,6 +666,37 @@ TEST_CASE("Connect, Start and Close fail with clear errors and free what they ho
   CheckEcho(client, 64, 13);
 }
 
+TEST_CASE("awake workers take requests in themselves; once they park the poller serves again") {
+  const u32 port = TestPort(0);  // the first test's runtime is gone by now
+  RuntimeProcess runtime(port);
+  AttachedClient attached(runtime.Info());
+  auto client = CreateDemoPool();
+  // Back to back: the worker that ran one task still polls when the next request lands.
+  for (u32 i = 0; i < 200; ++i) CheckEcho(client, 16, 100 + i);
+  chi::ShmServer::Stats stats;
+  REQUIRE(chi::ShmServer::ProbeStats(port, &stats).ok());
+  CHECK(stats.worker_taken > 0);
+  CHECK(stats.worker_taken <= stats.tasks_served);
+
+  // Idle workers park and clear their bits, so clients wake the poller again.
+  const chi::ShmSegmentHeader *header = attached.Transport().Segment().Header();
+  auto readers = [&] { return header->worker_readers_.Load(chi::MemOrder::kSeqCst); };
+  const auto t0 = Clock::now();
+  while (readers() != 0 && SecondsSince(t0) < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(readers() == 0);
+  // Requests sent while nobody polls the rings are still served (by the poller, or by a
+  // worker it woke), whatever their size.
+  for (u32 i = 0; i < 20; ++i) {
+    CheckEcho(client, i % 2 == 0 ? 16 : 300000, 400 + i);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  chi::ShmServer::Stats after;
+  REQUIRE(chi::ShmServer::ProbeStats(port, &after).ok());
+  CHECK(after.tasks_served == stats.tasks_served + 20);
+}
+
 TEST_CASE("round trip of a 16 B task over shm, printed next to a two-process shm ping-pong") {
   // The floor: two processes bouncing a counter through one shared page.
   constexpr u32 kRounds = 200000;

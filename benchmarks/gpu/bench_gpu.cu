@@ -5,6 +5,8 @@
 //   CPU->GPU task        vs  pinned-flag CPU->GPU->CPU ping-pong (persistent kernel)
 //   GPU->CPU task        vs  GPU-initiated pinned ping-pong (a CPU thread answers)
 //   GPU->GPU task        vs  SM<->SM ping-pong through device memory
+// Then the stages: the submit part of each route, a raw cpu2gpu slot round trip (the queue
+// without a task), and one GPU thread timing fence, copy, publish, encode, serve, decode.
 // Every device-side spin is bounded by a time limit and a pinned abort flag.
 // Without a GPU it prints "skipped: no GPU" and exits 77 (the ctest smoke run uses --quick).
 #include <chi/chi.h>
@@ -31,6 +33,7 @@ CHI_GPU_MODULES(chimaera::demo::GpuRuntime);
 namespace {
 
 using chi::u32;
+using chi::u8;
 using chi::u64;
 using Sys = chi::Atomic<u32, chi::MemScope::kSystem>;
 using Dev = chi::Atomic<u32, chi::MemScope::kDevice>;
@@ -142,18 +145,24 @@ __global__ void MailboxClient(Dev *req, Dev *ans, const Sys *abort, u32 rounds) 
 
 // ---- Our routes from a kernel ------------------------------------------------------------
 
-/** One thread, sequential tasks on one route; batch averages into out[]; wrong answers counted. */
+/**
+ * One thread, sequential tasks on one route; batch averages into out[] and, of the time
+ * spent submitting (claim, encode, post), into submit_out[]; wrong answers counted.
+ */
 __global__ void TaskLatencyKernel(chi::gpu::GpuInfo info, chi::PoolId pool, bool to_cpu,
-                                  u32 batches, u32 per_batch, double *out, u32 *wrong,
-                                  Progress *progress) {
+                                  u32 batches, u32 per_batch, double *out, double *submit_out,
+                                  u32 *wrong, Progress *progress) {
   CHIMAERA_GPU_INIT(info);
   chimaera::demo::Client client(pool);
   u32 v = 0;
   for (u32 b = 0; b < batches; ++b) {
     const u64 t0 = chi::gpu::ClockNs();
+    u64 submitting = 0;
     for (u32 k = 0; k < per_batch; ++k, ++v) {
+      const u64 s0 = chi::gpu::ClockNs();
       auto f = client.AsyncGpuSubmit(
           to_cpu ? chi::PoolQuery::ToLocalCpu() : chi::PoolQuery::Local(), 0, v);
+      submitting += chi::gpu::ClockNs() - s0;
       if (!f.Wait(5) || f->result_value_ != (to_cpu ? v * 2 : v * 3)) {
         atomicAdd(wrong, 1u);
         return;
@@ -163,7 +172,86 @@ __global__ void TaskLatencyKernel(chi::gpu::GpuInfo info, chi::PoolId pool, bool
       progress->clock_ns.Store(chi::gpu::ClockNs(), chi::MemOrder::kRelaxed);
     }
     out[b] = static_cast<double>(chi::gpu::ClockNs() - t0) / per_batch;
+    submit_out[b] = static_cast<double>(submitting) / per_batch;
   }
+}
+
+// ---- Per-stage device costs (one thread, averaged over `iters` rounds each) -------------
+
+/** What StageKernel measures, in ns per round (len: the demo task's request bytes). */
+struct StageCosts {
+  double len;
+  double fence_sys;            ///< acquire fence at system scope (before reading a payload)
+  double copy_pinned;          ///< the request out of pinned memory (CopyChunks)
+  double copy_device;          ///< the request out of device memory (CopyChunks)
+  double publish_pinned;       ///< payload into pinned memory + release store of its word
+  double publish_device;       ///< payload into device memory + release store of its word
+  double encode;               ///< client: build the task and encode its request
+  double handle;               ///< server: decode, run the demo handler, encode the answer
+  double decode;               ///< client: decode the answer into the task
+};
+
+/** Times each stage of a task's trip on its own (pinned and device: 1 KiB scratch each). */
+__global__ void StageKernel(char *pinned, char *device, chi::gpu::GpuPoolTable *pools,
+                            chi::PoolId pool, u32 iters, StageCosts *out, u32 *sink) {
+  using List = chi::gpu::GpuModuleList<chimaera::demo::GpuRuntime>;
+  constexpr u32 kCap = chi::gpu::kGpuPayloadBytes;
+  alignas(16) char req[kCap];
+  alignas(16) char buf[kCap];
+  u32 acc = 0;
+  chi::ErrorCode err = chi::ErrorCode::kOk;
+  auto make = [&](u32 v) {
+    chimaera::demo::GpuSubmitTask t(0, v);
+    t.pool_id_ = pool;
+    t.pool_query_ = chi::PoolQuery::Local();
+    t.method_ = chimaera::demo::Method::kGpuSubmit;
+    return chi::gpu::EncodeRequest(t, v, req, kCap, &err);
+  };
+  const u32 len = make(1);
+  chi::gpu::CopyChunks(pinned, req, len);
+  chi::gpu::CopyChunks(device, req, len);
+  auto * const pinned_word = reinterpret_cast<Sys *>(pinned + kCap);
+  auto * const device_word = reinterpret_cast<Dev *>(device + kCap);
+  auto time = [&](auto &&fn) {
+    const u64 t0 = chi::gpu::ClockNs();
+    for (u32 i = 0; i < iters; ++i) fn(i);
+    return static_cast<double>(chi::gpu::ClockNs() - t0) / iters;
+  };
+  StageCosts c;
+  c.len = len;
+  c.fence_sys = time([&](u32) { chi::gpu::FenceAcquire<chi::MemScope::kSystem>(); });
+  c.copy_pinned = time([&](u32) {
+    chi::gpu::FenceAcquire<chi::MemScope::kSystem>();  // as the server does: no stale L1 lines
+    chi::gpu::CopyChunks(buf, pinned, len);
+    acc += static_cast<u8>(buf[len - 1]);
+  });
+  c.copy_device = time([&](u32) {
+    chi::gpu::FenceAcquire<chi::MemScope::kDevice>();
+    chi::gpu::CopyChunks(buf, device, len);
+    acc += static_cast<u8>(buf[len - 1]);
+  });
+  c.publish_pinned = time([&](u32 i) {
+    chi::gpu::CopyChunks(pinned, req, len);
+    pinned_word->Store(i, chi::MemOrder::kRelease);
+  });
+  c.publish_device = time([&](u32 i) {
+    chi::gpu::CopyChunks(device, req, len);
+    device_word->Store(i, chi::MemOrder::kRelease);
+  });
+  c.encode = time([&](u32 i) { acc += make(i) + static_cast<u8>(req[len - 1]); });
+  chi::gpu::ServerState st{pools, chi::gpu::GpuPoolCache{}, chi::gpu::GpuRunContext{}};
+  u32 answer_len = 0;
+  c.handle = time([&](u32) {
+    chi::gpu::CopyChunks(buf, req, len);
+    answer_len = chi::gpu::HandleRequest<List>(buf, len, kCap, st);
+  });
+  c.decode = time([&](u32 i) {
+    chimaera::demo::GpuSubmitTask t;
+    chi::gpu::DecodeAnswer(t, buf, answer_len, chi::gpu::GetRequestId(buf));
+    acc += t.result_value_ + i;
+  });
+  *out = c;
+  *sink = acc;
 }
 
 /** Every thread submits `count` GPU->GPU tasks back to back (the rate benchmark). */
@@ -296,13 +384,36 @@ double MailboxRate(Bench &B, u32 rounds) {
   return static_cast<double>(n) * rounds / (ms * 1e-3);
 }
 
-double CpuToGpuTaskNs(u32 iters) {
+/** Median CPU->GPU task round trip; *submit_ns: the median time AsyncGpuSubmit took. */
+double CpuToGpuTaskNs(u32 iters, double *submit_ns) {
   chimaera::demo::Client client(kPool);
   std::vector<double> v;
+  std::vector<double> sub;
   for (u32 i = 0; i < iters; ++i) {
     const double t0 = chi_bench::NowNs();
     auto f = client.AsyncGpuSubmit(chi::PoolQuery::LocalGpuBcast(), 0, i);
+    sub.push_back(chi_bench::NowNs() - t0);
     if (!f.Wait(10) || f->result_value_ != i * 3) Die("a CPU->GPU task failed");
+    v.push_back(chi_bench::NowNs() - t0);
+  }
+  *submit_ns = chi_bench::Median(std::vector<double>(sub.begin() + iters / 10, sub.end()));
+  return chi_bench::Median(std::vector<double>(v.begin() + iters / 10, v.end()));
+}
+
+/**
+ * Median round trip of a 4-byte request through a real cpu2gpu slot, polled by the caller:
+ * the orchestrator answers it with an error at once (no copy-in, no handler), so this is
+ * the queue's own cost (post, GPU poll, answer) without the task's.
+ */
+double RawSlotRoundTripNs(u32 iters) {
+  std::vector<double> v;
+  std::vector<char> answer;
+  const char bytes[4] = {1, 2, 3, 4};
+  for (u32 i = 0; i < iters; ++i) {
+    const double t0 = chi_bench::NowNs();
+    if (!CHI_IPC->RawRequest(0, bytes, sizeof(bytes), &answer, kHostTimeoutNs).ok()) {
+      Die("a raw cpu2gpu request got no answer");
+    }
     v.push_back(chi_bench::NowNs() - t0);
   }
   return chi_bench::Median(std::vector<double>(v.begin() + iters / 10, v.end()));
@@ -320,18 +431,53 @@ double CpuLocalTaskNs(u32 iters) {
   return chi_bench::Median(v);
 }
 
-double KernelTaskNs(Bench &B, bool to_cpu, u32 batches, u32 per_batch, u32 *wrong) {
+/** Median task round trip from a kernel; *submit_ns: the part spent submitting. */
+double KernelTaskNs(Bench &B, bool to_cpu, u32 batches, u32 per_batch, u32 *wrong,
+                    double *submit_ns) {
   const chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
   Ok(cudaMemsetAsync(B.wrong, 0, sizeof(u32), B.a), "clear");
   std::memset(static_cast<void *>(B.progress), 0, sizeof(Progress));
-  TaskLatencyKernel<<<1, 1, 0, B.a>>>(info, kPool, to_cpu, batches, per_batch, B.out, B.wrong,
-                                      B.progress);
+  TaskLatencyKernel<<<1, 1, 0, B.a>>>(info, kPool, to_cpu, batches, per_batch, B.out,
+                                      B.out + 2048, B.wrong, B.progress);
   WaitReporting(B.a, to_cpu ? "GPU->CPU tasks" : "GPU->GPU tasks", B.progress);
   u32 w = 0;
   Ok(cudaMemcpy(&w, B.wrong, sizeof(u32), cudaMemcpyDeviceToHost), "copy back");
   *wrong += w;
+  std::vector<double> sub = CopyBack(B.out + 2048, batches, B.a);
+  *submit_ns = chi_bench::Median(std::vector<double>(sub.begin() + 1, sub.end()));
   std::vector<double> v = CopyBack(B.out, batches, B.a);
   return chi_bench::Median(std::vector<double>(v.begin() + 1, v.end()));  // batch 0: warm-up
+}
+
+/** Runs StageKernel against a private pool table holding one demo GPU container. */
+StageCosts StageCostsOnDevice(Bench &B, u32 iters) {
+  using Table = chi::gpu::GpuPoolTable;
+  void *state = nullptr;
+  Table *table = nullptr;
+  char *pinned = nullptr;
+  char *device = nullptr;
+  StageCosts *out = nullptr;
+  Ok(cudaMalloc(&state, sizeof(chimaera::demo::GpuRuntime)), "stage state");
+  Ok(cudaMemset(state, 0, sizeof(chimaera::demo::GpuRuntime)), "stage state");
+  Ok(cudaMalloc(&table, sizeof(Table)), "stage table");
+  Ok(cudaHostAlloc(&pinned, 2 * chi::gpu::kGpuPayloadBytes, cudaHostAllocPortable), "pinned");
+  Ok(cudaMalloc(&device, 2 * chi::gpu::kGpuPayloadBytes), "stage device");
+  Ok(cudaMalloc(&out, sizeof(StageCosts)), "stage out");
+  std::vector<u64> host_table((sizeof(Table) + 7) / 8, 0);  // zero: the table's idle state
+  auto *t = reinterpret_cast<Table *>(host_table.data());
+  const chi::gpu::GpuPoolBinding binding{kPool, 0, state};
+  t->Publish(&binding, 1);
+  Ok(cudaMemcpy(table, t, sizeof(Table), cudaMemcpyHostToDevice), "stage table");
+  StageKernel<<<1, 1, 0, B.a>>>(pinned, device, table, kPool, iters, out, B.wrong);
+  Wait(B.a, "stage costs");
+  StageCosts c;
+  Ok(cudaMemcpy(&c, out, sizeof(c), cudaMemcpyDeviceToHost), "stage out");
+  cudaFree(state);
+  cudaFree(table);
+  cudaFreeHost(pinned);
+  cudaFree(device);
+  cudaFree(out);
+  return c;
 }
 
 double TaskRate(Bench &B, u32 blocks, u32 count, u32 *wrong) {
@@ -420,6 +566,7 @@ int main(int argc, char **argv) {
   Ok(chi::gpu::PreloadKernel(MailboxClient), "load kernels");
   Ok(chi::gpu::PreloadKernel(TaskLatencyKernel), "load kernels");
   Ok(chi::gpu::PreloadKernel(TaskRateKernel), "load kernels");
+  Ok(chi::gpu::PreloadKernel(StageKernel), "load kernels");
   if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true)) Die("CHIMAERA_INIT failed");
   std::remove(conf.c_str());
   if (!CHI_IPC->StartError().ok()) Die(CHI_IPC->StartError().ToString().c_str());
@@ -444,15 +591,22 @@ int main(int argc, char **argv) {
       Step("launch + sync", "ns", [&] { return LaunchSyncNs(B, B.quick ? 50 : 2000); });
   const double floor_rate =
       Step("mailbox rate", "/s", [&] { return MailboxRate(B, B.quick ? 10 : 200); });
+  const StageCosts stage = StageCostsOnDevice(B, B.quick ? 20 : 1000);
   if (!CHI_IPC->ResumeGpuOrchestrator().ok()) Die("resume");
 
   // Ours.
   const double cpu_local = Step("CPU Local task", "ns", [&] { return CpuLocalTaskNs(iters); });
-  const double c2g = Step("CPU->GPU task", "ns", [&] { return CpuToGpuTaskNs(iters); });
-  const double g2g = Step("GPU->GPU task", "ns",
-                          [&] { return KernelTaskNs(B, false, batches, per_batch, &wrong); });
-  const double g2c = Step("GPU->CPU task", "ns",
-                          [&] { return KernelTaskNs(B, true, batches / 2, per_batch, &wrong); });
+  double c2g_submit = 0, g2g_submit = 0, g2c_submit = 0;
+  const double c2g =
+      Step("CPU->GPU task", "ns", [&] { return CpuToGpuTaskNs(iters, &c2g_submit); });
+  const double raw_c2g =
+      Step("raw cpu2gpu slot round trip", "ns", [&] { return RawSlotRoundTripNs(iters); });
+  const double g2g = Step("GPU->GPU task", "ns", [&] {
+    return KernelTaskNs(B, false, batches, per_batch, &wrong, &g2g_submit);
+  });
+  const double g2c = Step("GPU->CPU task", "ns", [&] {
+    return KernelTaskNs(B, true, batches / 2, per_batch, &wrong, &g2c_submit);
+  });
   Step("GPU->GPU rate, warm-up", "/s", [&] { return TaskRate(B, B.blocks, 2, &wrong); });
   const double rate =
       Step("GPU->GPU rate", "/s", [&] { return TaskRate(B, B.blocks, B.quick ? 4 : 50, &wrong); });
@@ -478,6 +632,20 @@ int main(int argc, char **argv) {
   chi_bench::ReportRate(label, rate, name, floor_rate);
   std::snprintf(label, sizeof(label), "GPU->GPU tasks/s, 1 x %u threads", B.threads);
   chi_bench::ReportRate(label, rate_one_block);
+  std::printf("\nstages (ns; device figures: one thread, mean of %u rounds each)\n",
+              B.quick ? 20u : 1000u);
+  std::printf("  CPU->GPU: submit (AsyncGpuSubmit) %.0f of %.0f; raw slot round trip %.0f\n",
+              c2g_submit, c2g, raw_c2g);
+  std::printf("  GPU->GPU: submit %.0f of %.0f;  GPU->CPU: submit %.0f of %.0f\n", g2g_submit,
+              g2g, g2c_submit, g2c);
+  std::printf("  request %.0f B; fence.sys %.0f; fence + copy from pinned %.0f, from device"
+              " %.0f\n",
+              stage.len, stage.fence_sys, stage.copy_pinned, stage.copy_device);
+  std::printf("  publish (payload + release word): pinned %.0f, device %.0f\n",
+              stage.publish_pinned, stage.publish_device);
+  std::printf("  encode request %.0f; serve (decode, run, encode answer) %.0f; decode answer"
+              " %.0f\n",
+              stage.encode, stage.handle, stage.decode);
   std::printf("wrong answers: %u\n", wrong);
   chi::CHIMAERA_FINALIZE();
   return wrong == 0 ? 0 : 1;

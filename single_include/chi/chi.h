@@ -7761,7 +7761,8 @@ class RequestDispatcher {
     }
     Container *c = pool->FirstLocal();
     Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
-    const bool has_method = c != nullptr && c->HasMethod(base.method_);
+    // Asked only on failure: the virtual call is not free on the hot path.
+    const bool has_method = t == nullptr && c != nullptr && c->HasMethod(base.method_);
     pools_->Release(pool);
     if (t == nullptr) {
       Status st = has_method ? Status::Errorf(ErrorCode::kMalformed,
@@ -8268,6 +8269,7 @@ struct ShmStatsBlock {
   Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
   Atomic<u64> tasks_served;      ///< requests taken in (refused ones get an error answer)
   Atomic<u64> broken_streams;    ///< request streams found corrupt
+  Atomic<u64> worker_taken;      ///< requests runtime workers took in themselves (no poller)
   WaitStats poller_waits;        ///< how often the poller parked
 };
 
@@ -9129,6 +9131,7 @@ class ShmClientTransport final : public ClientTransport {
 // `reader` flag reads its requests, only the holder of its `writer` flag appends answers.
 
 #include <pthread.h>  // pthread_setname_np for the poller thread
+#include <sched.h>    // sched_yield while the poller spins
 
 #include <cstdlib>  // aligned_alloc / free for the pending-answer rings
 #include <cstring>  // memcpy of request ids
@@ -9513,6 +9516,7 @@ class ShmServer {
     u64 bytes_in_use = 0;       ///< unread ring bytes plus partial messages held
     u64 tasks_served = 0;       ///< requests taken in (refused ones get an error answer)
     u64 broken_streams = 0;     ///< request streams found corrupt (their slot was reset)
+    u64 worker_taken = 0;       ///< requests workers took in straight from the rings
   };
 
   /** The options for a runtime configuration: shm.main_size split over the slots' rings. */
@@ -9625,6 +9629,7 @@ class ShmServer {
     s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
     s.tasks_served = h->stats_.tasks_served.Load(MemOrder::kRelaxed);
     s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
+    s.worker_taken = h->stats_.worker_taken.Load(MemOrder::kRelaxed);
     return s;
   }
 
@@ -9688,8 +9693,11 @@ class ShmServer {
 
     /** Drains and stops; true when nothing references the core any more. */
     bool Stop() {
-      // Workers read no more requests: from here on only the poller touches the streams.
+      // Workers read no more requests: from here on only the poller touches the streams,
+      // so clients must wake it again (seq_cst: as in EndPolling).
       if (WorkOrchestrator *orch = dispatcher_->Orchestrator()) orch->RemovePoller(this);
+      header_->worker_readers_.Store(0, MemOrder::kSeqCst);
+      header_->server_event_.Notify();
       // seq_cst: clients re-check the state before they park (Dekker with Notify).
       header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopping),
                                     MemOrder::kSeqCst);
@@ -9803,7 +9811,7 @@ class ShmServer {
       u32 idle = 0;
       // acquire: the previous reader's reads and counts are complete before ours.
       if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
-      bool worked = false;
+      u64 taken = 0;
       bool leave = false;
       // relaxed: BeginDrain clears the bit before the reaper takes the flag we hold.
       const bool serving = (serving_bits_[i / 64].Load(MemOrder::kRelaxed) >> (i % 64)) & 1;
@@ -9821,12 +9829,16 @@ class ShmServer {
         }
         Dispatch(i, p.first, p.bytes);  // decoded in place, as in PumpRequests
         rs->Consume(p);
-        worked = true;
+        ++taken;
       }
       s.UnlockReader();
-      if (worked) segment_.Slot(i)->request_room_.Notify();
+      if (taken != 0) {
+        // relaxed: a statistic.
+        header_->stats_.worker_taken.FetchAdd(taken, MemOrder::kRelaxed);
+        segment_.Slot(i)->request_room_.Notify();
+      }
       if (leave) header_->server_event_.Notify();
-      return worked;
+      return taken != 0;
     }
 
     /** OnComplete's body: discard, append directly, or queue for the poller. */
@@ -9921,7 +9933,10 @@ class ShmServer {
         }
         if (worked) continue;
         if (idle_since == 0) idle_since = now;
-        if (now - idle_since < kPollerSpinNs) continue;
+        if (now - idle_since < kPollerSpinNs) {
+          sched_yield();  // a worker or client sharing this CPU runs meanwhile
+          continue;
+        }
         header_->server_event_.Wait([&] { return ReadyToRun(); },
                                     reading ? next_reap : stop_deadline_,
                                     header_->stats_.poller_waits);
@@ -9961,6 +9976,8 @@ class ShmServer {
     /** Reads whatever requests slot i has published; dispatches the whole ones. */
     bool PumpRequests(u32 i) {
       ShmServedSlot &s = slots_[i];
+      // An empty stream costs no write of the flag's line (workers write it as they answer).
+      if (!segment_.RequestStream(i)->HasData()) return false;
       u32 idle = 0;
       // acquire: a worker's reads and counts are complete before ours. Busy: a worker reads.
       if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
@@ -11733,22 +11750,17 @@ CHI_CROSS_FUN void DecodeAnswer(TaskT &t, const char *buf, u32 len, u64 expect_i
     t.SetError(ErrorCode::kMalformed, "GPU answer is short or names another request");
     return;
   }
-  InputArchive head(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
-  Task header;
-  header.SerializeBaseOut(head);
-  if (!head.ok()) {
+  // One pass, straight into t: the answer header is t's rc_ and msg_ (SerializeBaseOut), so
+  // decoding it into a scratch Task first only cost a zero-filled Task and a second pass.
+  InputArchive in(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
+  t.SerializeBaseOut(in);
+  if (!in.ok()) {
     t.SetError(ErrorCode::kMalformed, "GPU answer header is malformed");
     return;
   }
-  if (header.rc_ != 0 && head.Remaining() == 0) {  // an error-only answer
-    t.rc_ = header.rc_;
-    t.msg_ = header.msg_;
-    return;
-  }
-  InputArchive full(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
-  t.SerializeBaseOut(full);
-  t.SerializeOut(full);
-  if (!full.ok()) t.SetError(ErrorCode::kMalformed, "GPU answer outputs are malformed");
+  if (t.rc_ != 0 && in.Remaining() == 0) return;  // an error-only answer: rc_ and msg_ are set
+  t.SerializeOut(in);
+  if (!in.ok()) t.SetError(ErrorCode::kMalformed, "GPU answer outputs are malformed");
 }
 
 /** Marks a task held by a GPU-side client complete (only its owning thread reads it). */
@@ -11895,34 +11907,18 @@ struct alignas(16) Chunk16 {
   u64 hi;
 };
 
-/** Chunks CopyChunks loads before it stores any (256 bytes: most messages in one trip). */
-inline constexpr u32 kCopyBatchChunks = 16;
-
 /**
  * Copies `len` bytes rounded up to 16 between 16-aligned buffers whose capacity is a
- * multiple of 16. Each batch issues all its loads before its first store: nvcc keeps a
- * plain copy loop's loads and stores in order (a store might alias the next load), which
- * made every 16 bytes read from pinned memory (or L2) one round trip of its own, in turn.
+ * multiple of 16. A plain loop on purpose: loading a whole batch before storing measured no
+ * faster on an H200 (84 bytes from pinned memory: about 1.65 us either way) and raised the
+ * orchestrator from 96 to 164 registers a thread, which can keep client blocks from sharing
+ * an SM with it.
  */
 CHI_CROSS_FUN inline void CopyChunks(void *dst, const void *src, u32 len) {
   auto *d = static_cast<Chunk16 *>(dst);
   const auto *s = static_cast<const Chunk16 *>(src);
   const u32 n = (len + 15) / 16;
-#if CHI_IS_GPU
-  for (u32 i = 0; i < n; i += kCopyBatchChunks) {
-    Chunk16 r[kCopyBatchChunks];
-#pragma unroll
-    for (u32 j = 0; j < kCopyBatchChunks; ++j) {
-      if (i + j < n) r[j] = s[i + j];
-    }
-#pragma unroll
-    for (u32 j = 0; j < kCopyBatchChunks; ++j) {
-      if (i + j < n) d[i + j] = r[j];
-    }
-  }
-#else
-  for (u32 i = 0; i < n; ++i) d[i] = s[i];  // the host caches pinned memory: a plain copy
-#endif
+  for (u32 i = 0; i < n; ++i) d[i] = s[i];
 }
 
 }  // namespace chi::gpu
@@ -11984,6 +11980,11 @@ struct GpuQueue {
   Atomic<u32, MemScope::kDevice> *claims_ = nullptr;  ///< client side; see claim::
   ClientRecord *records_ = nullptr;                   ///< GPU-client queues only (else null)
   u32 *served_ = nullptr;  ///< server side: last sequence answered, per slot
+  /**
+   * Host-client queues only (else null): bumped after every post, so the GPU polls this
+   * one pinned word instead of every slot's request word (hundreds of PCIe reads a round).
+   */
+  Atomic<u64, S> *doorbell_ = nullptr;
   const Atomic<u32, MemScope::kDevice> *abort_ = nullptr;  ///< the host's "give up" flag
 
   /** The payload of slot s (16-byte aligned). */
@@ -12017,10 +12018,12 @@ struct GpuQueue {
     return kNoSlot;
   }
 
-  /** Publishes the request in slot s (its payload is written). */
+  /** Publishes the request in slot s (its payload is written), and rings the doorbell. */
   CHI_CROSS_FUN void Post(u32 s, u32 seq, u32 len) const {
     // release: the payload is visible to the server before the request word.
     request_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len) << 32, MemOrder::kRelease);
+    // release: a server that sees the new count then sees the request word (after its fence).
+    if (doorbell_ != nullptr) doorbell_->FetchAdd(1, MemOrder::kRelease);
   }
 
   /** True once the answer to request `seq` is in slot s; *len is its length. */
@@ -12041,6 +12044,9 @@ struct GpuQueue {
 
   // ---- Server side ----
 
+  /** The doorbell count (relaxed; FenceAcquire before reading request words it covers). */
+  CHI_CROSS_FUN u64 Doorbell() const { return doorbell_->Load(MemOrder::kRelaxed); }
+
   /** The request word of slot s (relaxed: pollers batch these; FenceAcquire before use). */
   CHI_CROSS_FUN u64 PeekRequest(u32 s) const { return request_[s].Load(MemOrder::kRelaxed); }
 
@@ -12052,9 +12058,9 @@ struct GpuQueue {
 
   // ---- Layout ----
 
-  /** Bytes of the arrays both sides touch: request, answer, payloads. */
+  /** Bytes of the arrays both sides touch: request, answer, payloads, doorbell line. */
   CHI_CROSS_FUN static u64 SharedBytes(u32 slots, u32 payload_bytes) {
-    return 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes;
+    return 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes + 64;
   }
   /** Bytes of the client side: claims, and records when the clients are GPU threads. */
   CHI_CROSS_FUN static u64 ClientBytes(u32 slots, bool gpu_clients) {
@@ -12081,6 +12087,10 @@ struct GpuQueue {
     q.records_ =
         gpu_clients ? reinterpret_cast<ClientRecord *>(client + Lines(4ull * slots)) : nullptr;
     q.served_ = reinterpret_cast<u32 *>(server);
+    q.doorbell_ = gpu_clients ? nullptr
+                              : reinterpret_cast<Atomic<u64, S> *>(
+                                    shared + 2 * Lines(8ull * slots) +
+                                    static_cast<u64>(slots) * payload_bytes);
     q.abort_ = abort;
     return q;
   }
@@ -12539,7 +12549,8 @@ void GpuWorker::Broadcast(Task *t) { GpuBroadcast::Start(*this, t); }
 // of its GPU's gpu2gpu queue (slot s belongs to thread s % threads) and of its cpu2gpu queue
 // (counted from the last thread down, so the threads that wait on slow PCIe reads of pinned
 // memory are not the ones the first gpu2gpu slots depend on; as few of them as can hold the
-// queue, kMaxSlotsPerServerThread slots each, to keep PCIe polling light), polls them, and
+// queue, kMaxSlotsPerServerThread slots each, to keep PCIe polling light; they read one
+// doorbell word a round and scan their cpu2gpu slots only when it moved), polls them, and
 // runs each request's GPU handler itself. Many warps therefore serve in parallel
 // with no shared queue head and no lock. The same code runs on CPU threads in host tests.
 // Invariant: a thread leaves the loop only through the host-visible exit flag; it never
@@ -12900,10 +12911,22 @@ CHI_GPU_FUN void ServeLoop(const ServerArgs &a, u32 tid, u32 threads) {
   const bool polls_cpu = ctid < c2g_owners;
   const u32 warp = WarpMask();  // every lane of the warp enters the loop together
   u32 idle = 0;
+  u64 bell_seen = ~0ull;  // never a real count: the first round scans (posts before a pause)
   for (u32 round = 1;; ++round) {
     st.rctx.from_cpu_ = false;
     bool did = ServeOwned<ModuleList>(g2g, tid, threads, served_g2g, st);
-    if (polls_cpu) {
+    // cpu2gpu: one pinned word a round (the doorbell); the slots only when it moved. The
+    // count is read before the scan, so a post the scan misses moves it again.
+    bool scan_cpu = polls_cpu;
+    if (scan_cpu && c2g.doorbell_ != nullptr) {
+      const u64 bell = c2g.Doorbell();
+      scan_cpu = bell != bell_seen;
+      if (scan_cpu) {
+        FenceAcquire<MemScope::kSystem>();  // request words posted before that count show
+        bell_seen = bell;
+      }
+    }
+    if (scan_cpu) {
       st.rctx.from_cpu_ = true;
       did |= ServeOwned<ModuleList>(c2g, ctid, c2g_owners, served_c2g, st);
     }

@@ -113,7 +113,10 @@ struct alignas(16) Chunk16 {
 
 /**
  * Copies `len` bytes rounded up to 16 between 16-aligned buffers whose capacity is a
- * multiple of 16. Wide, independent loads: one PCIe or L2 round trip for a whole message.
+ * multiple of 16. A plain loop on purpose: loading a whole batch before storing measured no
+ * faster on an H200 (84 bytes from pinned memory: about 1.65 us either way) and raised the
+ * orchestrator from 96 to 164 registers a thread, which can keep client blocks from sharing
+ * an SM with it.
  */
 CHI_CROSS_FUN inline void CopyChunks(void *dst, const void *src, u32 len) {
   auto *d = static_cast<Chunk16 *>(dst);

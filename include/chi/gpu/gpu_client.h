@@ -87,37 +87,45 @@ CHI_CROSS_FUN TaskT *StartOn(const GpuQueue<S> *qp, const GpuInfo &info, PoolId 
   static_assert(std::is_trivially_destructible_v<TaskT>,
                 "a task submitted from a kernel lives in a GPU slot: no owning members");
   static_assert(alignof(TaskT) <= 16, "GPU client tasks are 16-byte aligned at most");
+  static_assert(std::is_trivially_copyable_v<TaskT>,
+                "a GPU client task is built on the stack and its bytes copied into its record");
   const GpuQueue<S> &q = *qp;
   const u32 s = ClaimSlot(q, ClaimStart(info, q.num_slots_));
   if (s == kNoSlot) return nullptr;
   ClientRecord &r = q.records_[s];
-  TaskT *t = new (r.task_) TaskT(static_cast<Args &&>(args)...);
+  // The task is built and encoded on this thread's stack, then its bytes go into the record
+  // in wide stores: encoding straight from the record read it back field by field, each
+  // read an L2 round trip waiting behind the archive's previous store.
+  alignas(16) char local[(sizeof(TaskT) + 15) & ~static_cast<size_t>(15)];
+  TaskT &task = *new (local) TaskT(static_cast<Args &&>(args)...);
   const u32 seq = r.seq_ + 1;
-  t->pool_id_ = pool;
-  t->pool_query_ = query;
-  t->method_ = method;
+  task.pool_id_ = pool;
+  task.pool_query_ = query;
+  task.method_ = method;
   const u64 unique = static_cast<u64>(GlobalThreadId()) << 32 | seq;
-  t->task_id_ = TaskId{0, info.pid_, unique};
-  t->task_node_ = TaskNode(unique, 0);
+  task.task_id_ = TaskId{0, info.pid_, unique};
+  task.task_node_ = TaskNode(unique, 0);
   r.slot_ = s;
   r.scope_ = S;
   r.queue_ = qp;
   r.stage_ = RecordStage::kLocal;
-  if (!routable) {
-    t->SetError(ErrorCode::kUnsupported,
-                "from a GPU kernel use PoolQuery::Local(), ToLocalGpu(this GPU) or ToLocalCpu()");
-    MarkComplete(*t);
-    return t;
-  }
   alignas(16) char buf[kGpuPayloadBytes];
-  ErrorCode error = ErrorCode::kOk;
-  const u32 len = EncodeRequest(*t, seq, buf, q.payload_bytes_, &error);
-  if (len == 0) {
-    t->SetError(error, error == ErrorCode::kTooLarge ? "task is larger than the GPU copy space"
-                                                     : "task inputs cannot be encoded");
-    MarkComplete(*t);
-    return t;
+  u32 len = 0;
+  if (!routable) {
+    task.SetError(ErrorCode::kUnsupported,
+                  "from a GPU kernel use PoolQuery::Local(), ToLocalGpu(this GPU) or ToLocalCpu()");
+  } else {
+    ErrorCode error = ErrorCode::kOk;
+    len = EncodeRequest(task, seq, buf, q.payload_bytes_, &error);
+    if (len == 0) {
+      task.SetError(error, error == ErrorCode::kTooLarge ? "task is larger than the GPU copy space"
+                                                         : "task inputs cannot be encoded");
+    }
   }
+  if (len == 0) MarkComplete(task);  // an error found before sending: complete at once
+  CopyChunks(r.task_, local, sizeof(TaskT));
+  TaskT *t = reinterpret_cast<TaskT *>(r.task_);
+  if (len == 0) return t;
   CopyChunks(q.Payload(s), buf, len);
   r.seq_ = seq;  // before the post: a later claimer compares the answer against it
   r.stage_ = RecordStage::kPosted;

@@ -2,7 +2,8 @@
 // of its GPU's gpu2gpu queue (slot s belongs to thread s % threads) and of its cpu2gpu queue
 // (counted from the last thread down, so the threads that wait on slow PCIe reads of pinned
 // memory are not the ones the first gpu2gpu slots depend on; as few of them as can hold the
-// queue, kMaxSlotsPerServerThread slots each, to keep PCIe polling light), polls them, and
+// queue, kMaxSlotsPerServerThread slots each, to keep PCIe polling light; they read one
+// doorbell word a round and scan their cpu2gpu slots only when it moved), polls them, and
 // runs each request's GPU handler itself. Many warps therefore serve in parallel
 // with no shared queue head and no lock. The same code runs on CPU threads in host tests.
 // Invariant: a thread leaves the loop only through the host-visible exit flag; it never
@@ -153,10 +154,22 @@ CHI_GPU_FUN void ServeLoop(const ServerArgs &a, u32 tid, u32 threads) {
   const bool polls_cpu = ctid < c2g_owners;
   const u32 warp = WarpMask();  // every lane of the warp enters the loop together
   u32 idle = 0;
+  u64 bell_seen = ~0ull;  // never a real count: the first round scans (posts before a pause)
   for (u32 round = 1;; ++round) {
     st.rctx.from_cpu_ = false;
     bool did = ServeOwned<ModuleList>(g2g, tid, threads, served_g2g, st);
-    if (polls_cpu) {
+    // cpu2gpu: one pinned word a round (the doorbell); the slots only when it moved. The
+    // count is read before the scan, so a post the scan misses moves it again.
+    bool scan_cpu = polls_cpu;
+    if (scan_cpu && c2g.doorbell_ != nullptr) {
+      const u64 bell = c2g.Doorbell();
+      scan_cpu = bell != bell_seen;
+      if (scan_cpu) {
+        FenceAcquire<MemScope::kSystem>();  // request words posted before that count show
+        bell_seen = bell;
+      }
+    }
+    if (scan_cpu) {
       st.rctx.from_cpu_ = true;
       did |= ServeOwned<ModuleList>(c2g, ctid, c2g_owners, served_c2g, st);
     }

@@ -287,8 +287,13 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       }
       sleeping_.Store(1, MemOrder::kRelaxed);
       FenceSeqCst();  // sleeping_ is visible before we look for posts (pairs with Wake)
+      // Never nap while any task is out: a GPU answer cannot wake us, and a kernel waiting on
+      // a GPU->CPU answer usually posts its next request right after.
       u64 inflight = 0;
-      for (GpuLink *l : links_) inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed);
+      for (GpuLink *l : links_) {
+        inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) +
+                    l->gpu2cpu_inflight.Load(MemOrder::kRelaxed);
+      }
       if (inflight == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
         FutexWait(sleeping_.Raw(), 1, nap);
         nap = nap * 2 < kMaxNapNs ? nap * 2 : kMaxNapNs;

@@ -79,6 +79,11 @@ struct GpuQueue {
   Atomic<u32, MemScope::kDevice> *claims_ = nullptr;  ///< client side; see claim::
   ClientRecord *records_ = nullptr;                   ///< GPU-client queues only (else null)
   u32 *served_ = nullptr;  ///< server side: last sequence answered, per slot
+  /**
+   * Host-client queues only (else null): bumped after every post, so the GPU polls this
+   * one pinned word instead of every slot's request word (hundreds of PCIe reads a round).
+   */
+  Atomic<u64, S> *doorbell_ = nullptr;
   const Atomic<u32, MemScope::kDevice> *abort_ = nullptr;  ///< the host's "give up" flag
 
   /** The payload of slot s (16-byte aligned). */
@@ -97,10 +102,14 @@ struct GpuQueue {
     const u32 n = window < num_slots_ ? window : num_slots_;
     for (u32 i = 0; i < n; ++i) {
       const u32 s = (start + i) % num_slots_;
-      u32 c = claims_[s].Load(MemOrder::kRelaxed);  // relaxed: a hint; the CAS decides
-      if (c == claim::kHeld) continue;
+      // CAS first, expecting a free slot (the common case): a load before it would add one
+      // L2 round trip to every claim. On failure c holds the word; only kVerify is retried.
       // acquire: the previous owner's record (its seq_) is visible once the slot is ours.
-      if (!claims_[s].CompareExchange(c, claim::kHeld, MemOrder::kAcquire)) continue;
+      u32 c = claim::kFree;
+      if (!claims_[s].CompareExchange(c, claim::kHeld, MemOrder::kAcquire)) {
+        if (c == claim::kHeld) continue;
+        if (!claims_[s].CompareExchange(c, claim::kHeld, MemOrder::kAcquire)) continue;
+      }
       if (c == claim::kFree || IsIdle(s)) return s;
       // release: hand the slot back unchanged; its last request is still being answered.
       claims_[s].Store(c, MemOrder::kRelease);
@@ -108,10 +117,12 @@ struct GpuQueue {
     return kNoSlot;
   }
 
-  /** Publishes the request in slot s (its payload is written). */
+  /** Publishes the request in slot s (its payload is written), and rings the doorbell. */
   CHI_CROSS_FUN void Post(u32 s, u32 seq, u32 len) const {
     // release: the payload is visible to the server before the request word.
     request_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len) << 32, MemOrder::kRelease);
+    // release: a server that sees the new count then sees the request word (after its fence).
+    if (doorbell_ != nullptr) doorbell_->FetchAdd(1, MemOrder::kRelease);
   }
 
   /** True once the answer to request `seq` is in slot s; *len is its length. */
@@ -132,6 +143,9 @@ struct GpuQueue {
 
   // ---- Server side ----
 
+  /** The doorbell count (relaxed; FenceAcquire before reading request words it covers). */
+  CHI_CROSS_FUN u64 Doorbell() const { return doorbell_->Load(MemOrder::kRelaxed); }
+
   /** The request word of slot s (relaxed: pollers batch these; FenceAcquire before use). */
   CHI_CROSS_FUN u64 PeekRequest(u32 s) const { return request_[s].Load(MemOrder::kRelaxed); }
 
@@ -143,9 +157,9 @@ struct GpuQueue {
 
   // ---- Layout ----
 
-  /** Bytes of the arrays both sides touch: request, answer, payloads. */
+  /** Bytes of the arrays both sides touch: request, answer, payloads, doorbell line. */
   CHI_CROSS_FUN static u64 SharedBytes(u32 slots, u32 payload_bytes) {
-    return 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes;
+    return 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes + 64;
   }
   /** Bytes of the client side: claims, and records when the clients are GPU threads. */
   CHI_CROSS_FUN static u64 ClientBytes(u32 slots, bool gpu_clients) {
@@ -172,6 +186,10 @@ struct GpuQueue {
     q.records_ =
         gpu_clients ? reinterpret_cast<ClientRecord *>(client + Lines(4ull * slots)) : nullptr;
     q.served_ = reinterpret_cast<u32 *>(server);
+    q.doorbell_ = gpu_clients ? nullptr
+                              : reinterpret_cast<Atomic<u64, S> *>(
+                                    shared + 2 * Lines(8ull * slots) +
+                                    static_cast<u64>(slots) * payload_bytes);
     q.abort_ = abort;
     return q;
   }

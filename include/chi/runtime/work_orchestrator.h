@@ -108,6 +108,15 @@ class WorkOrchestrator {
     for (auto &w : workers_) w->Wake();
   }
 
+  /** Installs `p` on every low-latency worker that has no external poller yet. */
+  void InstallPoller(WorkerPoller *p) {
+    for (Worker *w : low_) w->ReplacePoller(nullptr, p);
+  }
+  /** Removes `p` wherever it is installed; returns once no worker uses it. */
+  void RemovePoller(WorkerPoller *p) {
+    for (Worker *w : low_) w->ReplacePoller(p, nullptr);
+  }
+
   /** Counters of every worker. */
   std::vector<WorkerStats> Stats() const {
     std::vector<WorkerStats> out;

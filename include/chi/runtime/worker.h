@@ -49,6 +49,23 @@ struct WorkerStats {
   }
 };
 
+/**
+ * Work a worker polls besides its lanes: a transport's request rings read in place, so a
+ * request reaches a worker without a thread hop. Called on the worker's thread only.
+ */
+class WorkerPoller {
+ public:
+  /** Worker `worker_id` starts polling (after it started, woke up, or got this poller). */
+  virtual void BeginPolling(u32 worker_id) = 0;
+  /** One loop pass: takes in whatever waits; true when it did work. */
+  virtual bool Poll() = 0;
+  /** The worker will park or exit: stop counting on it; true when work waits after all. */
+  virtual bool EndPolling(u32 worker_id) = 0;
+
+ protected:
+  ~WorkerPoller() = default;
+};
+
 /** Monotonic nanoseconds. */
 inline u64 NowNs() {
   timespec ts;
@@ -94,6 +111,22 @@ class Worker {
     // seq_cst fence: our push must be visible before we read parked_, mirroring Park().
     FenceSeqCst();
     if (parked_.Load(MemOrder::kRelaxed) != 0) ForceWake();
+  }
+
+  /**
+   * Swaps the external poller called every loop pass from `from` to `to` (either may be
+   * nullptr; any thread); false when `from` was not the one installed. Returns once the
+   * loop no longer uses `from`, so its owner may then go.
+   */
+  bool ReplacePoller(WorkerPoller *from, WorkerPoller *to) {
+    WorkerPoller *expected = from;
+    // seq_cst: swap, then read poll_seq_; the loop bumps poll_seq_, then reads poller_.
+    if (!poller_.CompareExchange(expected, to, MemOrder::kSeqCst)) return false;
+    const u64 seq = poll_seq_.Load(MemOrder::kSeqCst);
+    if ((seq & 1) == 0) return true;
+    // acquire: the loop's last use of `from` precedes its next bump.
+    while (poll_seq_.Load(MemOrder::kAcquire) == seq) sched_yield();
+    return true;
   }
 
   /** Queues a suspended fiber to be resumed by this worker (any thread). */
@@ -170,6 +203,8 @@ class Worker {
   inline void Loop();
   inline bool PollLanes(u64 pass);
   inline bool DrainResumes();
+  inline bool PollExternal();
+  inline bool EndExternalPolling();
   inline bool RunDueTimers(bool stopping);
   inline bool HasWork() const;
   inline void Park();
@@ -223,6 +258,9 @@ class Worker {
   alignas(kCacheLine) Atomic<u32> parked_;   ///< futex word: 1 while sleeping
   alignas(kCacheLine) Atomic<u64> resume_;   ///< Treiber stack of RunContexts to resume
   alignas(kCacheLine) Atomic<u32> stop_;
+  Atomic<WorkerPoller *> poller_{nullptr};  ///< external poller (ReplacePoller)
+  Atomic<u64> poll_seq_;                    ///< odd while the loop uses poller_
+  WorkerPoller *begun_ = nullptr;           ///< the loop's: poller told BeginPolling
   Atomic<u64> tasks_done_;
   Atomic<u64> parks_;
 };
@@ -358,6 +396,7 @@ void Worker::Loop() {
     ++pass;
     bool did = DrainResumes();
     did |= PollLanes(pass);
+    did |= PollExternal();
     if ((pass & (kColdPollInterval - 1)) == 0 || !did) did |= RunDueTimers(false);
     if (did) {
       idle = 0;
@@ -383,8 +422,10 @@ void Worker::Loop() {
       continue;
     }
     idle = 0;
+    if (EndExternalPolling()) continue;
     Park();
   }
+  EndExternalPolling();
   tls_current_worker = nullptr;
 }
 
@@ -426,6 +467,34 @@ bool Worker::PollLanes(u64 pass) {
     }
   }
   return did;
+}
+
+bool Worker::PollExternal() {
+  // relaxed: a hint; the seq_cst load below decides.
+  if (begun_ == nullptr && poller_.Load(MemOrder::kRelaxed) == nullptr) return false;
+  // seq_cst: bump, then read poller_ (ReplacePoller does the reverse).
+  poll_seq_.FetchAdd(1, MemOrder::kSeqCst);
+  WorkerPoller *p = poller_.Load(MemOrder::kSeqCst);
+  bool did = false;
+  if (p != nullptr) {
+    if (begun_ != p) p->BeginPolling(id_);
+    begun_ = p;
+    did = p->Poll();
+  } else {
+    begun_ = nullptr;  // removed: its owner no longer counts on us
+  }
+  poll_seq_.FetchAdd(1, MemOrder::kRelease);  // release: our use of p precedes it
+  return did;
+}
+
+bool Worker::EndExternalPolling() {
+  if (begun_ == nullptr) return false;
+  poll_seq_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: as in PollExternal
+  WorkerPoller *p = poller_.Load(MemOrder::kSeqCst);
+  const bool work = p == begun_ && p->EndPolling(id_);
+  begun_ = nullptr;
+  poll_seq_.FetchAdd(1, MemOrder::kRelease);  // release: as in PollExternal
+  return work;
 }
 
 bool Worker::DrainResumes() {

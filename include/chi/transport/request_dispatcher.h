@@ -55,7 +55,8 @@ class RequestDispatcher {
     }
     Container *c = pool->FirstLocal();
     Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
-    const bool has_method = c != nullptr && c->HasMethod(base.method_);
+    // Asked only on failure: the virtual call is not free on the hot path.
+    const bool has_method = t == nullptr && c != nullptr && c->HasMethod(base.method_);
     pools_->Release(pool);
     if (t == nullptr) {
       Status st = has_method ? Status::Errorf(ErrorCode::kMalformed,
@@ -79,6 +80,9 @@ class RequestDispatcher {
     }
     return true;
   }
+
+  /** The orchestrator requests are submitted to (transports install worker pollers there). */
+  WorkOrchestrator *Orchestrator() const { return orch_; }
 
   /** Encodes a finished server-side task's answer and frees the task. */
   static void EncodeAnswer(Task *t, std::vector<char> *out) {

@@ -34,6 +34,11 @@ class ShmClientTransport final : public ClientTransport {
    * with fewer cores than spinning threads, spinning delays the threads we wait for.
    */
   static constexpr u64 kReceiverSpinNs = 10000;
+  /**
+   * The same while tasks are outstanding: an answer is due, and a parked receiver costs
+   * the runtime a futex wake and us a wake-up per answer. It yields every 64 polls.
+   */
+  static constexpr u64 kReceiverBusySpinNs = 200000;
   /** How often a waiting side checks that the runtime is alive while tasks are out. */
   static constexpr u64 kPeerCheckNs = 10000000;
   /** The same with nothing outstanding. */
@@ -328,7 +333,9 @@ class ShmClientTransport final : public ClientTransport {
       const u64 n = left < room ? left : room;
       req_->WritePiece(sent == 0, len, data + sent, n);
       sent += n;
-      header_->server_event_.Notify();
+      // seq_cst: read after our seq_cst publish; a worker clears its bit, then re-checks
+      // the streams (Dekker), so while one polls the poller need not be woken.
+      if (header_->worker_readers_.Load(MemOrder::kSeqCst) == 0) header_->server_event_.Notify();
     }
     return Status::Ok();
   }
@@ -468,12 +475,16 @@ class ShmClientTransport final : public ClientTransport {
 
   /** Waits for the next answer; false when the receiver should stop. */
   bool AwaitAnswer() {
-    const u64 spin_end = MonotonicNs() + kReceiverSpinNs;
+    const u64 start = MonotonicNs();
     for (u32 i = 1;; ++i) {
       if (ans_->HasData()) return true;
       if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
       CpuRelax();
-      if ((i & 63) == 0 && MonotonicNs() >= spin_end) break;
+      if ((i & 63) != 0) continue;
+      const u64 spun = MonotonicNs() - start;
+      if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) break;
+      // A thread we are waiting for (a runtime worker, the caller) may share this CPU.
+      sched_yield();
     }
     for (;;) {
       const u64 period = Outstanding() != 0 ? kPeerCheckNs : kIdleCheckNs;

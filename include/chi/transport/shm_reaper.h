@@ -2,7 +2,8 @@
 // ShmServer's poller runs it to notice clients that connect, close, die (their pid is
 // gone) or corrupt their request stream, to drain what they left in flight, and to reset
 // their slot for the next client. Invariant: a slot is reset only once its owner is gone
-// and none of its tasks is in flight, so a late answer never reaches the next owner.
+// and none of its tasks is in flight (checked holding the slot's reader flag, since workers
+// take requests in too), so a late answer never reaches the next owner.
 #pragma once
 
 #include <deque>   // error answers waiting for room (error path only)
@@ -12,6 +13,7 @@
 #include "chi/core/atomic.h"            // Atomic, CpuRelax
 #include "chi/core/status.h"            // ErrorCode
 #include "chi/queue/mpsc_ring.h"        // finished tasks handed from workers to the poller
+#include "chi/runtime/spin_lock.h"      // error answers queued by workers and the poller
 #include "chi/task/task_ops.h"          // DeleteTask of discarded answers
 #include "chi/transport/shm_process.h"  // IsProcessAlive
 #include "chi/transport/shm_segment.h"  // the slot table in the segment
@@ -25,6 +27,7 @@ struct alignas(kCacheLine) ShmServedSlot {
 
   // Line 0: written by the workers that answer (and by the poller when it writes).
   Atomic<u32> writer;         ///< 1 while someone appends to the answer stream
+  Atomic<u32> reader;         ///< 1 while someone (poller or worker) reads the request stream
   Atomic<u32> completing;     ///< workers inside OnComplete for this slot right now
   Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
   Atomic<u64> answered;       ///< requests answered or discarded, ever
@@ -34,21 +37,58 @@ struct alignas(kCacheLine) ShmServedSlot {
   Atomic<u32> credit_wait;  ///< 1: the poller stopped reading until an answer frees a credit
   MpscRing<u64> *pending = nullptr;  ///< finished tasks whose answers the poller writes
   void *pending_mem = nullptr;
+  Atomic<u32> error_count;  ///< entries of `errors` (the poller's park re-check)
+  SpinLock errors_lock;     ///< guards `errors` (pushed by any reader, popped by the poller)
+  std::deque<std::vector<char>> errors;  ///< error answers not yet written
 
-  // The poller's alone. In flight = accepted - answered.
+  // The reader flag holder's. In flight = accepted - answered.
   alignas(kCacheLine) Atomic<u64> accepted;  ///< requests taken in (and error answers), ever
-  u64 answered_seen = 0;                     ///< the poller's last view of `answered`
+  u64 answered_seen = 0;                     ///< the reader's last view of `answered`
+  bool assembling = false;                   ///< a request arriving in pieces (the poller's)
   Phase phase = Phase::kIdle;
   ProcessIdentity owner;
   bool owner_dead = false;
   bool counts_as_reclaimed = false;
   std::vector<char> assembly;  ///< a request arriving in pieces
   u64 assembly_total = 0;
-  bool assembling = false;
   std::vector<char> outgoing;  ///< an answer being streamed (writer held meanwhile)
   u64 outgoing_sent = 0;
   bool outgoing_open = false;
-  std::deque<std::vector<char>> errors;  ///< error answers not yet written
+
+  /** Queues an error answer for the poller to write (any reader). */
+  void PushError(std::vector<char> &&answer) {
+    errors_lock.lock();
+    errors.push_back(std::move(answer));
+    errors_lock.unlock();
+    // seq_cst: the count is what the parked poller re-checks (Dekker with its park).
+    error_count.FetchAdd(1, MemOrder::kSeqCst);
+  }
+
+  /** Takes the oldest error answer; false when there is none. */
+  bool PopError(std::vector<char> *out) {
+    if (error_count.Load(MemOrder::kRelaxed) == 0) return false;  // relaxed: a hint
+    errors_lock.lock();
+    const bool have = !errors.empty();
+    if (have) {
+      *out = std::move(errors.front());
+      errors.pop_front();
+    }
+    errors_lock.unlock();
+    if (have) error_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: only a "look" hint
+    return have;
+  }
+
+  /** Takes the reader flag, waiting for a worker that holds it (never long: it never blocks). */
+  void LockReader() {
+    u32 idle = 0;
+    // acquire: the previous reader's reads and counts are complete before ours.
+    while (!reader.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      idle = 0;
+      CpuRelax();
+    }
+  }
+  /** Hands the reader flag back. */
+  void UnlockReader() { reader.Store(0, MemOrder::kRelease); }  // release: our reads first
 
   /** Requests not yet answered or discarded. */
   u64 InFlight() const {
@@ -72,8 +112,9 @@ class ShmReaper {
  public:
   using Phase = ShmServedSlot::Phase;
 
-  ShmReaper(ShmSegment *segment, ShmServedSlot *slots, u32 num_slots)
-      : segment_(segment), slots_(slots), num_slots_(num_slots) {}
+  /** serving_bits: one bit per slot, set while workers may read its requests. */
+  ShmReaper(ShmSegment *segment, ShmServedSlot *slots, u32 num_slots, Atomic<u64> *serving_bits)
+      : segment_(segment), slots_(slots), num_slots_(num_slots), serving_bits_(serving_bits) {}
 
   /** Slots being served (the poller reads their requests). */
   const std::vector<u32> &Serving() const { return serving_; }
@@ -158,10 +199,8 @@ class ShmReaper {
   void DiscardQueued(u32 i) {
     ShmServedSlot &s = slots_[i];
     WaitEvent &poller = segment_->Header()->server_event_;
-    while (!s.errors.empty()) {
-      s.errors.pop_front();
-      s.ReleaseCredit(poller);
-    }
+    std::vector<char> dropped;
+    while (s.PopError(&dropped)) s.ReleaseCredit(poller);
     if (s.outgoing_open) {
       s.outgoing_open = false;
       RecycleBuffer(&s.outgoing);
@@ -201,6 +240,8 @@ class ShmReaper {
     s.owner_dead = false;
     s.counts_as_reclaimed = false;
     serving_.push_back(i);
+    // release: the slot's set-up above precedes a worker's read of the bit.
+    serving_bits_[i / 64].FetchOr(1ull << (i % 64), MemOrder::kRelease);
   }
 
   /** Stops serving slot i; its tasks finish and their answers are dropped. */
@@ -208,6 +249,9 @@ class ShmReaper {
     ShmServedSlot &s = slots_[i];
     s.phase = Phase::kDraining;
     s.counts_as_reclaimed = counts_as_reclaimed;
+    // relaxed: readers check the bit holding the reader flag, which DrainStep takes after
+    // this, so none takes a request in once DrainStep has seen the slot idle.
+    serving_bits_[i / 64].FetchAnd(~(1ull << (i % 64)), MemOrder::kRelaxed);
     // seq_cst: completers that read it from now on drop their answers.
     s.draining.Store(1, MemOrder::kSeqCst);
     s.assembling = false;
@@ -227,7 +271,10 @@ class ShmReaper {
   bool DrainStep(u32 i) {
     DiscardQueued(i);
     ShmServedSlot &s = slots_[i];
-    if (s.InFlight() != 0) return false;  // completers' last touches come before their count
+    s.LockReader();  // a worker that took a request in has counted it when it lets go
+    const bool busy = s.InFlight() != 0;  // completers' last touches come before their count
+    s.UnlockReader();
+    if (busy) return false;
     // acquire: the client's last writes to the slot come before its kClosed.
     const u32 state = segment_->Slot(i)->state_.Load(MemOrder::kAcquire);
     if (state != static_cast<u32>(ShmSlotState::kClosed) && !s.owner_dead) return false;
@@ -245,6 +292,7 @@ class ShmReaper {
       idle = 0;
       CpuRelax();
     }
+    s.LockReader();  // a worker that glanced at the stream is gone from it
     segment_->RequestStream(i)->Reset();
     segment_->AnswerStream(i)->Reset();
     new (&slot->answer_ready_) WaitEvent();  // a dead client may have died parked
@@ -266,6 +314,7 @@ class ShmReaper {
     s.assembling = false;
     RecycleBuffer(&s.assembly);
     s.draining.Store(0, MemOrder::kRelaxed);  // relaxed: no completer of this slot is left
+    s.UnlockReader();
     s.writer.Store(0, MemOrder::kRelease);  // release: the stream resets come first
     // release: the reset slot is complete before a client can claim it.
     slot->owner_pid_.Store(0, MemOrder::kRelease);
@@ -275,6 +324,7 @@ class ShmReaper {
   ShmSegment *segment_;
   ShmServedSlot *slots_;
   u32 num_slots_;
+  Atomic<u64> *serving_bits_;  ///< the Core's; set in Activate, cleared in BeginDrain
   std::vector<u32> serving_;   ///< the poller's: slots in Phase::kServing
   std::vector<u32> draining_;  ///< the poller's: slots in Phase::kDraining
 };

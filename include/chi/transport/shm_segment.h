@@ -22,7 +22,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 1;
+inline constexpr u32 kShmTransportVersion = 2;
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -56,6 +56,7 @@ struct ShmStatsBlock {
   Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
   Atomic<u64> tasks_served;      ///< requests taken in (refused ones get an error answer)
   Atomic<u64> broken_streams;    ///< request streams found corrupt
+  Atomic<u64> worker_taken;      ///< requests runtime workers took in themselves (no poller)
   WaitStats poller_waits;        ///< how often the poller parked
 };
 
@@ -91,6 +92,10 @@ struct ShmSegmentHeader {
   Atomic<u32> runtime_state_;  ///< ShmRuntimeState
   // Line 1: bumped by clients that connect or close, so the runtime rescans the table.
   alignas(kCacheLine) Atomic<u32> membership_seq_;
+  /// Runtime workers polling the request streams right now, one bit per worker id mod 64
+  /// (changes only when one parks or wakes): while non-zero a client does not wake the
+  /// poller after a request.
+  Atomic<u64> worker_readers_;
   // Line 2: the runtime's poller parks here; clients and workers notify it.
   alignas(kCacheLine) WaitEvent server_event_;
   // Line 3: statistics, written by the poller.

@@ -1,11 +1,13 @@
-// ShmServer: the runtime side of the shared-memory transport (its shm network role). One
-// poller thread reads every client's request stream, hands whole requests to the
-// RequestDispatcher, streams large answers back and runs the reaper (shm_reaper.h).
-// Workers append small answers to the answer stream themselves, so a round trip passes
-// the poller once. Invariant: only the holder of a slot's `writer` flag appends answers.
+// ShmServer: the runtime side of the shared-memory transport (its shm network role).
+// Awake low-latency workers read small requests straight from the clients' request streams
+// (a WorkerPoller) and append small answers themselves, so a round trip needs no thread
+// hop; the poller thread serves while they sleep and handles the rest (pieces, errors,
+// large answers, the reaper in shm_reaper.h). Invariant: only the holder of a slot's
+// `reader` flag reads its requests, only the holder of its `writer` flag appends answers.
 #pragma once
 
 #include <pthread.h>  // pthread_setname_np for the poller thread
+#include <sched.h>    // sched_yield while the poller spins
 
 #include <cstdlib>  // aligned_alloc / free for the pending-answer rings
 #include <cstring>  // memcpy of request ids
@@ -19,6 +21,7 @@
 #include "chi/queue/mpsc_ring.h"               // finished tasks handed from workers to the poller
 #include "chi/queue/wait_event.h"              // MonotonicNs for the poller's clock
 #include "chi/runtime/config.h"                // ServerConfig (segment sizes)
+#include "chi/runtime/work_orchestrator.h"     // WorkerPoller installed on the workers
 #include "chi/serialize/archive.h"             // OutputArchive for answers
 #include "chi/task/task_ops.h"                 // DeleteTask
 #include "chi/transport/request_dispatcher.h"  // decode + submit, error answers
@@ -47,6 +50,7 @@ class ShmServer {
     u64 bytes_in_use = 0;       ///< unread ring bytes plus partial messages held
     u64 tasks_served = 0;       ///< requests taken in (refused ones get an error answer)
     u64 broken_streams = 0;     ///< request streams found corrupt (their slot was reset)
+    u64 worker_taken = 0;       ///< requests workers took in straight from the rings
   };
 
   /** The options for a runtime configuration: shm.main_size split over the slots' rings. */
@@ -159,6 +163,7 @@ class ShmServer {
     s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
     s.tasks_served = h->stats_.tasks_served.Load(MemOrder::kRelaxed);
     s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
+    s.worker_taken = h->stats_.worker_taken.Load(MemOrder::kRelaxed);
     return s;
   }
 
@@ -179,7 +184,7 @@ class ShmServer {
   }
 
   /** Everything the server runs on; heap-allocated so it can outlive a stuck Stop. */
-  class Core final : public TaskCompleter {
+  class Core final : public TaskCompleter, public WorkerPoller {
    public:
     Core(RequestDispatcher *dispatcher, const Options &options)
         : dispatcher_(dispatcher), options_(options) {}
@@ -196,6 +201,8 @@ class ShmServer {
       ShmGeometry g{options_.num_slots, options_.ring_bytes, options_.max_message_bytes,
                     options_.max_outstanding};
       slots_ = std::make_unique<ShmServedSlot[]>(options_.num_slots);
+      serving_words_ = (options_.num_slots + 63) / 64;
+      serving_bits_ = std::make_unique<Atomic<u64>[]>(serving_words_);
       const u32 pending_capacity = 2 * options_.max_outstanding;
       const size_t pending_bytes =
           RoundUpTo(MpscRing<u64>::BytesFor(pending_capacity), kCacheLine);
@@ -208,16 +215,23 @@ class ShmServer {
       }
       if (Status st = segment_.Create(port, g, self_); !st.ok()) return st;
       header_ = segment_.Header();
-      reaper_ = std::make_unique<ShmReaper>(&segment_, slots_.get(), options_.num_slots);
+      reaper_ = std::make_unique<ShmReaper>(&segment_, slots_.get(), options_.num_slots,
+                                            serving_bits_.get());
       // release: clients that see kServing see the initialised segment.
       header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kServing),
                                     MemOrder::kRelease);
       poller_ = std::thread([this] { Run(); });
+      if (WorkOrchestrator *orch = dispatcher_->Orchestrator()) orch->InstallPoller(this);
       return Status::Ok();
     }
 
     /** Drains and stops; true when nothing references the core any more. */
     bool Stop() {
+      // Workers read no more requests: from here on only the poller touches the streams,
+      // so clients must wake it again (seq_cst: as in EndPolling).
+      if (WorkOrchestrator *orch = dispatcher_->Orchestrator()) orch->RemovePoller(this);
+      header_->worker_readers_.Store(0, MemOrder::kSeqCst);
+      header_->server_event_.Notify();
       // seq_cst: clients re-check the state before they park (Dekker with Notify).
       header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopping),
                                     MemOrder::kSeqCst);
@@ -272,8 +286,94 @@ class ShmServer {
       s.completing.FetchSub(1, MemOrder::kRelease);
     }
 
+    /** A worker starts reading requests: clients need not wake the poller any more. */
+    void BeginPolling(u32 worker_id) override {
+      // seq_cst: clients read the mask after publishing a request (Dekker with EndPolling).
+      header_->worker_readers_.FetchOr(1ull << (worker_id % 64), MemOrder::kSeqCst);
+    }
+
+    /** A worker's pass: takes in the small requests of every served slot it can read now. */
+    bool Poll() override {
+      // acquire: Stop's flag; a stopping server reads no more requests.
+      if (stopping_.Load(MemOrder::kAcquire) != 0) return false;
+      bool did = false;
+      for (u32 w = 0; w < serving_words_; ++w) {
+        // acquire: a slot's set-up (Activate) precedes its bit.
+        u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);
+        while (bits != 0) {
+          const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
+          bits &= bits - 1;
+          did |= WorkerPump(i);
+        }
+      }
+      return did;
+    }
+
+    /**
+     * A worker is going to park: clients must wake the poller again. A request published
+     * before they could see that is handed to the poller here (never lost).
+     */
+    bool EndPolling(u32 worker_id) override {
+      // seq_cst: clear, then re-check the streams (clients publish, then read the mask).
+      header_->worker_readers_.FetchAnd(~(1ull << (worker_id % 64)), MemOrder::kSeqCst);
+      for (u32 w = 0; w < serving_words_; ++w) {
+        u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);  // acquire: as in Poll
+        while (bits != 0) {
+          const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
+          bits &= bits - 1;
+          if (segment_.RequestStream(i)->HasDataSeqCst()) {
+            header_->server_event_.Notify();
+            return false;
+          }
+        }
+      }
+      return false;
+    }
+
    private:
     using Phase = ShmServedSlot::Phase;
+
+    /**
+     * Takes in slot i's whole, contiguous requests on a worker. Anything else (pieces, a
+     * corrupt stream, no credit) stays for the poller, which is woken to handle it.
+     */
+    bool WorkerPump(u32 i) {
+      ShmServedSlot &s = slots_[i];
+      ShmStream *rs = segment_.RequestStream(i);
+      // Cheap tests first: an idle or busy slot costs no write of the flag's line.
+      if (!rs->HasData() || s.reader.Load(MemOrder::kRelaxed) != 0) return false;
+      u32 idle = 0;
+      // acquire: the previous reader's reads and counts are complete before ours.
+      if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+      u64 taken = 0;
+      bool leave = false;
+      // relaxed: BeginDrain clears the bit before the reaper takes the flag we hold.
+      const bool serving = (serving_bits_[i / 64].Load(MemOrder::kRelaxed) >> (i % 64)) & 1;
+      if (serving && s.assembling) leave = rs->HasData();
+      for (u32 n = 0; serving && !leave && n < kRecordsPerPass; ++n) {
+        if (!HasCredit(s)) break;  // the credit's release wakes the poller
+        ShmStream::Piece p;
+        ShmStream::PeekResult r = rs->Peek(&p);
+        if (r == ShmStream::PeekResult::kEmpty) break;
+        if (r != ShmStream::PeekResult::kReady || p.kind != ShmStream::kBegin ||
+            p.bytes != p.message_bytes || !p.Contiguous() ||
+            p.message_bytes > options_.max_message_bytes) {
+          leave = true;
+          break;
+        }
+        Dispatch(i, p.first, p.bytes);  // decoded in place, as in PumpRequests
+        rs->Consume(p);
+        ++taken;
+      }
+      s.UnlockReader();
+      if (taken != 0) {
+        // relaxed: a statistic.
+        header_->stats_.worker_taken.FetchAdd(taken, MemOrder::kRelaxed);
+        segment_.Slot(i)->request_room_.Notify();
+      }
+      if (leave) header_->server_event_.Notify();
+      return taken != 0;
+    }
 
     /** OnComplete's body: discard, append directly, or queue for the poller. */
     void Answer(u32 i, ShmServedSlot &s, Task *t) {
@@ -367,7 +467,10 @@ class ShmServer {
         }
         if (worked) continue;
         if (idle_since == 0) idle_since = now;
-        if (now - idle_since < kPollerSpinNs) continue;
+        if (now - idle_since < kPollerSpinNs) {
+          sched_yield();  // a worker or client sharing this CPU runs meanwhile
+          continue;
+        }
         header_->server_event_.Wait([&] { return ReadyToRun(); },
                                     reading ? next_reap : stop_deadline_,
                                     header_->stats_.poller_waits);
@@ -382,7 +485,10 @@ class ShmServer {
       const bool reading = stopping_.Load(MemOrder::kSeqCst) == 0;
       for (u32 i : reaper_->Serving()) {
         ShmServedSlot &s = slots_[i];
-        if (s.pending_count.Load(MemOrder::kSeqCst) != 0 || !s.errors.empty()) return true;
+        if (s.pending_count.Load(MemOrder::kSeqCst) != 0 ||
+            s.error_count.Load(MemOrder::kSeqCst) != 0) {
+          return true;
+        }
         if (reading && segment_.RequestStream(i)->HasDataSeqCst() &&
             s.accepted.Load(MemOrder::kRelaxed) - s.answered.Load(MemOrder::kSeqCst) <
                 options_.max_outstanding) {
@@ -404,6 +510,19 @@ class ShmServer {
     /** Reads whatever requests slot i has published; dispatches the whole ones. */
     bool PumpRequests(u32 i) {
       ShmServedSlot &s = slots_[i];
+      // An empty stream costs no write of the flag's line (workers write it as they answer).
+      if (!segment_.RequestStream(i)->HasData()) return false;
+      u32 idle = 0;
+      // acquire: a worker's reads and counts are complete before ours. Busy: a worker reads.
+      if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+      const bool worked = PumpRequestsLocked(i, s);
+      s.UnlockReader();
+      if (worked) segment_.Slot(i)->request_room_.Notify();
+      return worked;
+    }
+
+    /** PumpRequests' body, holding slot i's reader flag. */
+    bool PumpRequestsLocked(u32 i, ShmServedSlot &s) {
       ShmStream *rs = segment_.RequestStream(i);
       bool worked = false;
       for (u32 n = 0; n < kRecordsPerPass; ++n) {
@@ -448,19 +567,21 @@ class ShmServer {
           RecycleBuffer(&s.assembly);
         }
       }
-      if (worked) segment_.Slot(i)->request_room_.Notify();
       return worked;
     }
 
-    /** Hands one whole request to the dispatcher; refusals become error answers. */
+    /** Hands one whole request to the dispatcher (reader flag held); refusals get error answers. */
     void Dispatch(u32 i, const char *data, u64 len) {
       ShmServedSlot &s = slots_[i];
-      // relaxed: only the poller writes these; counted before the answer can exist.
+      // relaxed: only the reader flag's holder writes it; counted before the answer exists.
       s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-      auto &served = header_->stats_.tasks_served;
-      served.Store(served.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-      std::vector<char> error;
-      if (!dispatcher_->Dispatch(data, len, this, i, &error)) s.errors.push_back(std::move(error));
+      // relaxed: a statistic, bumped by the readers of every slot.
+      header_->stats_.tasks_served.FetchAdd(1, MemOrder::kRelaxed);
+      std::vector<char> error;  // allocates only for a refusal
+      if (!dispatcher_->Dispatch(data, len, this, i, &error)) {
+        s.PushError(std::move(error));
+        header_->server_event_.Notify();  // the poller writes error answers
+      }
     }
 
     /** Streams queued answers of slot i as far as the client's ring allows. */
@@ -473,14 +594,12 @@ class ShmServer {
         if (!s.outgoing_open) {
           // relaxed: the ring itself orders the values; the count only says "look".
           const bool have_task = s.pending_count.Load(MemOrder::kRelaxed) != 0;
-          if (s.errors.empty() && !have_task) break;
+          const bool have_error = s.error_count.Load(MemOrder::kRelaxed) != 0;  // relaxed: hint
+          if (!have_error && !have_task) break;
           u32 idle = 0;
           // acquire: a worker's direct append is complete before ours.
           if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
-          if (!s.errors.empty()) {
-            s.outgoing = std::move(s.errors.front());
-            s.errors.pop_front();
-          } else {
+          if (!have_error || !s.PopError(&s.outgoing)) {  // error answers go first
             u64 v = 0;
             if (!s.pending->TryPop(v)) {  // pushed but not yet published
               s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
@@ -534,6 +653,8 @@ class ShmServer {
     ShmSegment segment_;
     ShmSegmentHeader *header_ = nullptr;
     std::unique_ptr<ShmServedSlot[]> slots_;
+    u32 serving_words_ = 0;
+    std::unique_ptr<Atomic<u64>[]> serving_bits_;  ///< slots workers may read (the reaper's)
     std::thread poller_;
     Atomic<u32> stopping_;  ///< Stop asked: read no more requests, finish answers
     Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers
