@@ -324,7 +324,7 @@ class ShmReaper {
   ShmSegment *segment_;
   ShmServedSlot *slots_;
   u32 num_slots_;
-  Atomic<u64> *serving_bits_;  ///< the Core's; set in Activate, cleared in BeginDrain
+  Atomic<u64> *serving_bits_;  ///< the ShmServerCore's; set in Activate, cleared in BeginDrain
   std::vector<u32> serving_;   ///< the poller's: slots in Phase::kServing
   std::vector<u32> draining_;  ///< the poller's: slots in Phase::kDraining
 };

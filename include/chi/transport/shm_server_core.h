@@ -1,0 +1,573 @@
+// The working part of ShmServer (shm_server.h): the poller thread, the workers'
+// in-place reading of request streams (a WorkerPoller), answers, and the reaper's
+// slot life cycle. Heap-allocated by ShmServer so it can outlive a stuck Stop.
+// Invariant: only the holder of a slot's `reader` flag reads its requests, only the
+// holder of its `writer` flag appends answers.
+#pragma once
+
+
+#include <pthread.h>  // pthread_setname_np for the poller thread
+#include <sched.h>    // sched_yield while the poller spins
+
+#include <cstdlib>  // aligned_alloc / free for the pending-answer rings
+#include <cstring>  // memcpy of request ids
+#include <memory>   // unique_ptr
+#include <thread>   // the poller thread
+#include <utility>  // std::move
+#include <vector>   // answer buffers
+
+#include "chi/core/atomic.h"                   // Atomic, CpuRelax
+#include "chi/core/status.h"                   // Status, ErrorCode
+#include "chi/queue/mpsc_ring.h"               // finished tasks handed from workers to the poller
+#include "chi/queue/wait_event.h"              // MonotonicNs for the poller's clock
+#include "chi/runtime/config.h"                // ServerConfig (segment sizes)
+#include "chi/runtime/work_orchestrator.h"     // WorkerPoller installed on the workers
+#include "chi/serialize/archive.h"             // OutputArchive for answers
+#include "chi/task/task_ops.h"                 // DeleteTask
+#include "chi/transport/request_dispatcher.h"  // decode + submit, error answers
+#include "chi/transport/shm_process.h"         // SelfIdentity for the segment header
+#include "chi/transport/shm_reaper.h"          // slot life cycle, ShmServedSlot
+#include "chi/transport/shm_segment.h"         // segment layout, ShmServerInfo
+#include "chi/transport/shm_stream.h"          // request and answer streams
+
+namespace chi {
+
+/** Segment geometry and limits (ShmServer::OptionsFor derives them from the config). */
+struct ShmServerOptions {
+  u32 num_slots = 32;                    ///< clients served at once
+  u32 ring_bytes = 1u << 20;             ///< each stream's ring (messages may be larger)
+  u64 max_message_bytes = 256ull << 20;  ///< largest request or answer
+  u32 max_outstanding = 1024;            ///< requests in flight per client
+};
+
+/** What the transport is doing (also readable from other processes: ProbeStats). */
+struct ShmServerStats {
+  u32 clients = 0;            ///< slots being served
+  u64 reclaimed_clients = 0;  ///< slots taken back from dead or misbehaving clients
+  u64 bytes_in_use = 0;       ///< unread ring bytes plus partial messages held
+  u64 tasks_served = 0;       ///< requests taken in (refused ones get an error answer)
+  u64 broken_streams = 0;     ///< request streams found corrupt (their slot was reset)
+  u64 worker_taken = 0;       ///< requests workers took in straight from the rings
+};
+
+namespace shm_server {
+inline constexpr u32 kMinRing = 16u << 10;
+inline constexpr u32 kMaxRing = 16u << 20;
+/// Polling before the poller parks: short, since on a machine with fewer cores than
+/// spinning threads every microsecond spun delays the thread we are waiting for.
+inline constexpr u64 kPollerSpinNs = 10000;
+inline constexpr u64 kReapIntervalNs = 20000000;  ///< liveness checks while clients exist
+inline constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is connected
+inline constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
+inline constexpr u64 kStopGraceNs = 5000000000ull;  ///< Stop waits this long for running tasks
+
+inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
+  // relaxed: statistics; each counter is read on its own.
+  ShmServerStats s;
+  s.clients = h->stats_.clients.Load(MemOrder::kRelaxed);
+  s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kRelaxed);
+  s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
+  s.tasks_served = h->stats_.tasks_served.Load(MemOrder::kRelaxed);
+  s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
+  s.worker_taken = h->stats_.worker_taken.Load(MemOrder::kRelaxed);
+  return s;
+}
+
+/** Encodes a finished task's answer envelope into *out (the task stays alive). */
+inline void EncodeShmAnswer(Task *t, u64 max_bytes, std::vector<char> *out) {
+  out->resize(kEnvelopeHeaderBytes);
+  std::memcpy(out->data(), &t->request_id_, sizeof(u64));
+  OutputArchive ar(*out);
+  t->ops_->save_out(*t, ar);
+  if (out->size() > max_bytes) {
+    Status st = Status::Errorf(ErrorCode::kTooLarge,
+                               "answer of %llu bytes exceeds the shm transport's %llu-byte "
+                               "limit (shm.client_data_size)",
+                               static_cast<unsigned long long>(out->size()),
+                               static_cast<unsigned long long>(max_bytes));
+    RequestDispatcher::EncodeError(t->request_id_, st.code(), st.message(), out);
+  }
+}
+}  // namespace shm_server
+
+/** Everything the server runs on; heap-allocated so it can outlive a stuck Stop. */
+class ShmServerCore final : public TaskCompleter, public WorkerPoller {
+ public:
+  ShmServerCore(RequestDispatcher *dispatcher, const ShmServerOptions &options)
+      : dispatcher_(dispatcher), options_(options) {}
+
+  ~ShmServerCore() {
+    for (u32 i = 0; i < options_.num_slots && slots_ != nullptr; ++i) {
+      std::free(slots_[i].pending_mem);
+    }
+  }
+
+  Status Start(u32 port) {
+    port_ = port;
+    self_ = SelfIdentity();
+    ShmGeometry g{options_.num_slots, options_.ring_bytes, options_.max_message_bytes,
+                  options_.max_outstanding};
+    slots_ = std::make_unique<ShmServedSlot[]>(options_.num_slots);
+    serving_words_ = (options_.num_slots + 63) / 64;
+    serving_bits_ = std::make_unique<Atomic<u64>[]>(serving_words_);
+    const u32 pending_capacity = 2 * options_.max_outstanding;
+    const size_t pending_bytes =
+        RoundUpTo(MpscRing<u64>::BytesFor(pending_capacity), kCacheLine);
+    for (u32 i = 0; i < options_.num_slots; ++i) {
+      slots_[i].pending_mem = std::aligned_alloc(kCacheLine, pending_bytes);
+      if (slots_[i].pending_mem == nullptr) {
+        return Status::Error(ErrorCode::kOutOfMemory, "shm transport: no memory for slots");
+      }
+      slots_[i].pending = MpscRing<u64>::Create(slots_[i].pending_mem, pending_capacity);
+    }
+    if (Status st = segment_.Create(port, g, self_); !st.ok()) return st;
+    header_ = segment_.Header();
+    reaper_ = std::make_unique<ShmReaper>(&segment_, slots_.get(), options_.num_slots,
+                                          serving_bits_.get());
+    // release: clients that see kServing see the initialised segment.
+    header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kServing),
+                                  MemOrder::kRelease);
+    poller_ = std::thread([this] { Run(); });
+    if (WorkOrchestrator *orch = dispatcher_->Orchestrator()) orch->InstallPoller(this);
+    return Status::Ok();
+  }
+
+  /** Drains and stops; true when nothing references the core any more. */
+  bool Stop() {
+    // Workers read no more requests: from here on only the poller touches the streams,
+    // so clients must wake it again (seq_cst: as in EndPolling).
+    if (WorkOrchestrator *orch = dispatcher_->Orchestrator()) orch->RemovePoller(this);
+    header_->worker_readers_.Store(0, MemOrder::kSeqCst);
+    header_->server_event_.Notify();
+    // seq_cst: clients re-check the state before they park (Dekker with Notify).
+    header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopping),
+                                  MemOrder::kSeqCst);
+    stop_deadline_ = MonotonicNs() + shm_server::kStopGraceNs;
+    // seq_cst: pairs with the poller's park re-check (it reads stopping_ there).
+    stopping_.Store(1, MemOrder::kSeqCst);
+    header_->server_event_.Notify();
+    if (poller_.joinable()) poller_.join();
+    // seq_cst: a completer either sees `stopped_` or is counted in `completing` when we
+    // read it below (Dekker with OnComplete's entry).
+    stopped_.Store(1, MemOrder::kSeqCst);
+    for (u32 i = 0; i < options_.num_slots; ++i) {
+      // seq_cst: the other half of that pair. Completers never block, so this is short.
+      while (slots_[i].completing.Load(MemOrder::kSeqCst) != 0) CpuRelax();
+    }
+    // seq_cst: as above; every answer we sent precedes it, so clients read those first.
+    header_->runtime_state_.Store(static_cast<u32>(ShmRuntimeState::kStopped),
+                                  MemOrder::kSeqCst);
+    bool quiet = true;
+    for (u32 i = 0; i < options_.num_slots; ++i) {
+      segment_.Slot(i)->answer_ready_.Notify();  // clients notice the stop now
+      segment_.Slot(i)->request_room_.Notify();
+      reaper_->DiscardQueued(i);
+      if (slots_[i].InFlight() != 0) quiet = false;
+    }
+    if (quiet) {
+      segment_.Destroy();
+    } else {
+      PosixShmBackend::DestroyByName(ShmSegmentName(port_));  // keep our mapping alive
+    }
+    return quiet;
+  }
+
+  ShmServerInfo Info() const {
+    return ShmServerInfo{segment_.Name(), segment_.Size(), kShmTransportVersion, port_,
+                         self_.pid};
+  }
+  const ShmSegmentHeader *Header() const { return header_; }
+
+  /**
+   * A worker finished a client's task: write its answer now when the stream is free
+   * and has room, else hand it to the poller. Never blocks.
+   */
+  void OnComplete(Task *t) override {
+    const u32 i = static_cast<u32>(t->transport_cookie_);
+    ShmServedSlot &s = slots_[i];
+    // seq_cst: Stop stores `stopped_` and then reads this count; either it waits for
+    // us or we see `stopped_` below.
+    s.completing.FetchAdd(1, MemOrder::kSeqCst);
+    Answer(i, s, t);
+    // release: nothing we did to the slot or the segment follows this.
+    s.completing.FetchSub(1, MemOrder::kRelease);
+  }
+
+  /** A worker starts reading requests: clients need not wake the poller any more. */
+  void BeginPolling(u32 worker_id) override {
+    // seq_cst: clients read the mask after publishing a request (Dekker with EndPolling).
+    header_->worker_readers_.FetchOr(1ull << (worker_id % 64), MemOrder::kSeqCst);
+  }
+
+  /** A worker's pass: takes in the small requests of every served slot it can read now. */
+  bool Poll() override {
+    // acquire: Stop's flag; a stopping server reads no more requests.
+    if (stopping_.Load(MemOrder::kAcquire) != 0) return false;
+    bool did = false;
+    for (u32 w = 0; w < serving_words_; ++w) {
+      // acquire: a slot's set-up (Activate) precedes its bit.
+      u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);
+      while (bits != 0) {
+        const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
+        bits &= bits - 1;
+        did |= WorkerPump(i);
+      }
+    }
+    return did;
+  }
+
+  /**
+   * A worker is going to park: clients must wake the poller again. A request published
+   * before they could see that is handed to the poller here (never lost).
+   */
+  bool EndPolling(u32 worker_id) override {
+    // seq_cst: clear, then re-check the streams (clients publish, then read the mask).
+    header_->worker_readers_.FetchAnd(~(1ull << (worker_id % 64)), MemOrder::kSeqCst);
+    for (u32 w = 0; w < serving_words_; ++w) {
+      u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);  // acquire: as in Poll
+      while (bits != 0) {
+        const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
+        bits &= bits - 1;
+        if (segment_.RequestStream(i)->HasDataSeqCst()) {
+          header_->server_event_.Notify();
+          return false;
+        }
+      }
+    }
+    return false;
+  }
+
+ private:
+  using Phase = ShmServedSlot::Phase;
+
+  /**
+   * Takes in slot i's whole, contiguous requests on a worker. Anything else (pieces, a
+   * corrupt stream, no credit) stays for the poller, which is woken to handle it.
+   */
+  bool WorkerPump(u32 i) {
+    ShmServedSlot &s = slots_[i];
+    ShmStream *rs = segment_.RequestStream(i);
+    // Cheap tests first: an idle or busy slot costs no write of the flag's line.
+    if (!rs->HasData() || s.reader.Load(MemOrder::kRelaxed) != 0) return false;
+    u32 idle = 0;
+    // acquire: the previous reader's reads and counts are complete before ours.
+    if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+    u64 taken = 0;
+    bool leave = false;
+    // relaxed: BeginDrain clears the bit before the reaper takes the flag we hold.
+    const bool serving = (serving_bits_[i / 64].Load(MemOrder::kRelaxed) >> (i % 64)) & 1;
+    if (serving && s.assembling) leave = rs->HasData();
+    for (u32 n = 0; serving && !leave && n < shm_server::kRecordsPerPass; ++n) {
+      if (!HasCredit(s)) break;  // the credit's release wakes the poller
+      ShmStream::Piece p;
+      ShmStream::PeekResult r = rs->Peek(&p);
+      if (r == ShmStream::PeekResult::kEmpty) break;
+      if (r != ShmStream::PeekResult::kReady || p.kind != ShmStream::kBegin ||
+          p.bytes != p.message_bytes || !p.Contiguous() ||
+          p.message_bytes > options_.max_message_bytes) {
+        leave = true;
+        break;
+      }
+      Dispatch(i, p.first, p.bytes);  // decoded in place, as in PumpRequests
+      rs->Consume(p);
+      ++taken;
+    }
+    s.UnlockReader();
+    if (taken != 0) {
+      // relaxed: a statistic.
+      header_->stats_.worker_taken.FetchAdd(taken, MemOrder::kRelaxed);
+      segment_.Slot(i)->request_room_.Notify();
+    }
+    if (leave) header_->server_event_.Notify();
+    return taken != 0;
+  }
+
+  /** OnComplete's body: discard, append directly, or queue for the poller. */
+  void Answer(u32 i, ShmServedSlot &s, Task *t) {
+    // seq_cst: pairs with Stop's store (see OnComplete); draining: set before the
+    // poller waits for this slot's credits.
+    if (stopped_.Load(MemOrder::kSeqCst) != 0 || s.draining.Load(MemOrder::kAcquire) != 0) {
+      DeleteTask(t);
+      s.ReleaseCredit(header_->server_event_);
+      return;
+    }
+    u32 idle = 0;
+    // relaxed test first: a busy stream costs no write of its line. acquire CAS: the
+    // previous writer's appends are complete before ours.
+    if (s.writer.Load(MemOrder::kRelaxed) == 0 &&
+        s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      thread_local std::vector<char> buf;
+      shm_server::EncodeShmAnswer(t, options_.max_message_bytes, &buf);
+      ShmStream *as = segment_.AnswerStream(i);
+      const bool fits = buf.size() <= as->WritableBytes(buf.size());
+      if (fits) as->WritePiece(true, buf.size(), buf.data(), buf.size());
+      s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
+      RecycleBuffer(&buf);
+      if (fits) {
+        segment_.Slot(i)->answer_ready_.Notify();
+        DeleteTask(t);
+        s.ReleaseCredit(header_->server_event_);
+        return;
+      }
+    }
+    // seq_cst: the count is what the parked poller re-checks (Dekker with its park);
+    // counted first, the poller keeps looking until the push below lands.
+    s.pending_count.FetchAdd(1, MemOrder::kSeqCst);
+    s.pending->Push(reinterpret_cast<u64>(t));  // never full: the credits bound it
+    header_->server_event_.Notify();
+  }
+
+  /** True when slot s may take another request (the poller; reads `answered` rarely). */
+  bool HasCredit(ShmServedSlot &s) {
+    const u64 accepted = s.accepted.Load(MemOrder::kRelaxed);  // relaxed: ours
+    if (accepted - s.answered_seen < options_.max_outstanding) return true;
+    s.answered_seen = s.answered.Load(MemOrder::kAcquire);
+    if (accepted - s.answered_seen >= options_.max_outstanding) {
+      // seq_cst: announce the wait, then re-read (ReleaseCredit does the reverse).
+      s.credit_wait.Store(1, MemOrder::kSeqCst);
+      s.answered_seen = s.answered.Load(MemOrder::kSeqCst);
+      if (accepted - s.answered_seen >= options_.max_outstanding) return false;
+    }
+    if (s.credit_wait.Load(MemOrder::kRelaxed) != 0) {
+      s.credit_wait.Store(0, MemOrder::kRelaxed);  // relaxed: only spares a wake-up
+    }
+    return true;
+  }
+
+  // ---- The poller ----
+
+  void Run() {
+    pthread_setname_np(pthread_self(), "chi-shm-poller");
+    u64 next_reap = MonotonicNs() + shm_server::kReapIntervalNs;
+    u64 idle_since = 0;
+    for (u32 pass = 0;; ++pass) {
+      bool worked = false;
+      // acquire: a client's slot writes before its membership bump are visible.
+      u32 seq = header_->membership_seq_.Load(MemOrder::kAcquire);
+      if (seq != seen_membership_) {
+        seen_membership_ = seq;
+        reaper_->Scan(false);
+        worked = true;
+      }
+      // acquire: Stop wrote stop_deadline_ before it raised the flag.
+      const bool reading = stopping_.Load(MemOrder::kAcquire) == 0;
+      // By index: a corrupt stream moves its slot out of the serving list.
+      const std::vector<u32> &serving = reaper_->Serving();
+      for (size_t k = 0; k < serving.size(); ++k) {
+        const u32 i = serving[k];
+        if (reading) worked |= PumpRequests(i);
+        if (slots_[i].phase == Phase::kServing) worked |= PumpAnswers(i);
+      }
+      worked |= reaper_->DrainAll();
+      if (!reading && (Quiet() || MonotonicNs() >= stop_deadline_)) break;
+      if (worked) {
+        idle_since = 0;
+        if ((pass & 1023) != 0) continue;
+      } else if ((pass & 63) != 0) {
+        CpuRelax();
+        continue;
+      }
+      const u64 now = MonotonicNs();
+      if (now >= next_reap) {
+        reaper_->Scan(true);
+        next_reap = now + (reaper_->Busy() ? shm_server::kReapIntervalNs : shm_server::kIdleScanNs);
+      }
+      if (worked) continue;
+      if (idle_since == 0) idle_since = now;
+      if (now - idle_since < shm_server::kPollerSpinNs) {
+        sched_yield();  // a worker or client sharing this CPU runs meanwhile
+        continue;
+      }
+      header_->server_event_.Wait([&] { return ReadyToRun(); },
+                                  reading ? next_reap : stop_deadline_,
+                                  header_->stats_.poller_waits);
+      idle_since = 0;
+    }
+  }
+
+  /** The park re-check: anything that would give the poller work (seq_cst loads). */
+  bool ReadyToRun() {
+    if (stopping_.Load(MemOrder::kSeqCst) != 0 && Quiet()) return true;
+    if (header_->membership_seq_.Load(MemOrder::kSeqCst) != seen_membership_) return true;
+    const bool reading = stopping_.Load(MemOrder::kSeqCst) == 0;
+    for (u32 i : reaper_->Serving()) {
+      ShmServedSlot &s = slots_[i];
+      if (s.pending_count.Load(MemOrder::kSeqCst) != 0 ||
+          s.error_count.Load(MemOrder::kSeqCst) != 0) {
+        return true;
+      }
+      if (reading && segment_.RequestStream(i)->HasDataSeqCst() &&
+          s.accepted.Load(MemOrder::kRelaxed) - s.answered.Load(MemOrder::kSeqCst) <
+              options_.max_outstanding) {
+        return true;
+      }
+      if (s.outgoing_open && segment_.AnswerStream(i)->HasRoomSeqCst(1)) return true;
+    }
+    return reaper_->DrainingHasWork();
+  }
+
+  /** True when no slot has work in flight (Stop may finish). */
+  bool Quiet() const {
+    for (u32 i = 0; i < options_.num_slots; ++i) {
+      if (slots_[i].InFlight() != 0) return false;
+    }
+    return true;
+  }
+
+  /** Reads whatever requests slot i has published; dispatches the whole ones. */
+  bool PumpRequests(u32 i) {
+    ShmServedSlot &s = slots_[i];
+    // An empty stream costs no write of the flag's line (workers write it as they answer).
+    if (!segment_.RequestStream(i)->HasData()) return false;
+    u32 idle = 0;
+    // acquire: a worker's reads and counts are complete before ours. Busy: a worker reads.
+    if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+    const bool worked = PumpRequestsLocked(i, s);
+    s.UnlockReader();
+    if (worked) segment_.Slot(i)->request_room_.Notify();
+    return worked;
+  }
+
+  /** PumpRequests' body, holding slot i's reader flag. */
+  bool PumpRequestsLocked(u32 i, ShmServedSlot &s) {
+    ShmStream *rs = segment_.RequestStream(i);
+    bool worked = false;
+    for (u32 n = 0; n < shm_server::kRecordsPerPass; ++n) {
+      if (!HasCredit(s)) break;
+      ShmStream::Piece p;
+      ShmStream::PeekResult r = rs->Peek(&p);
+      if (r == ShmStream::PeekResult::kEmpty) break;
+      worked = true;
+      if (r == ShmStream::PeekResult::kCorrupt) {
+        reaper_->Break(i, ErrorCode::kMalformed);
+        return true;
+      }
+      if (!s.assembling) {
+        if (p.kind != ShmStream::kBegin) {
+          reaper_->Break(i, ErrorCode::kMalformed);
+          return true;
+        }
+        if (p.message_bytes > options_.max_message_bytes) {
+          reaper_->Break(i, ErrorCode::kTooLarge);
+          return true;
+        }
+        if (p.bytes == p.message_bytes && p.Contiguous()) {
+          // The record stays unconsumed while decoding, so the client cannot reuse it.
+          Dispatch(i, p.first, p.bytes);
+          rs->Consume(p);
+          continue;
+        }
+        s.assembly.clear();
+        s.assembly_total = p.message_bytes;
+        s.assembling = true;
+      } else if (p.kind != ShmStream::kMore ||
+                 p.bytes > s.assembly_total - s.assembly.size()) {
+        reaper_->Break(i, ErrorCode::kMalformed);
+        return true;
+      }
+      s.assembly.insert(s.assembly.end(), p.first, p.first + p.first_bytes);
+      s.assembly.insert(s.assembly.end(), p.second, p.second + p.second_bytes);
+      rs->Consume(p);
+      if (s.assembly.size() == s.assembly_total) {
+        s.assembling = false;
+        Dispatch(i, s.assembly.data(), s.assembly.size());
+        RecycleBuffer(&s.assembly);
+      }
+    }
+    return worked;
+  }
+
+  /** Hands one whole request to the dispatcher (reader flag held); refusals get error answers. */
+  void Dispatch(u32 i, const char *data, u64 len) {
+    ShmServedSlot &s = slots_[i];
+    // relaxed: only the reader flag's holder writes it; counted before the answer exists.
+    s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+    // relaxed: a statistic, bumped by the readers of every slot.
+    header_->stats_.tasks_served.FetchAdd(1, MemOrder::kRelaxed);
+    std::vector<char> error;  // allocates only for a refusal
+    if (!dispatcher_->Dispatch(data, len, this, i, &error)) {
+      s.PushError(std::move(error));
+      header_->server_event_.Notify();  // the poller writes error answers
+    }
+  }
+
+  /** Streams queued answers of slot i as far as the client's ring allows. */
+  bool PumpAnswers(u32 i) {
+    ShmServedSlot &s = slots_[i];
+    ShmClientSlot *slot = segment_.Slot(i);
+    ShmStream *as = segment_.AnswerStream(i);
+    bool worked = false;
+    for (;;) {
+      if (!s.outgoing_open) {
+        // relaxed: the ring itself orders the values; the count only says "look".
+        const bool have_task = s.pending_count.Load(MemOrder::kRelaxed) != 0;
+        const bool have_error = s.error_count.Load(MemOrder::kRelaxed) != 0;  // relaxed: hint
+        if (!have_error && !have_task) break;
+        u32 idle = 0;
+        // acquire: a worker's direct append is complete before ours.
+        if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
+        if (!have_error || !s.PopError(&s.outgoing)) {  // error answers go first
+          u64 v = 0;
+          if (!s.pending->TryPop(v)) {  // pushed but not yet published
+            s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
+            break;
+          }
+          s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
+          Task *t = reinterpret_cast<Task *>(v);
+          shm_server::EncodeShmAnswer(t, options_.max_message_bytes, &s.outgoing);
+          DeleteTask(t);
+        }
+        s.outgoing_open = true;
+        s.outgoing_sent = 0;
+      }
+      if (!StreamOutgoing(s, slot, as)) break;
+      worked = true;
+    }
+    return worked;
+  }
+
+  /** Writes the open answer's next pieces; true once it is all out (writer released). */
+  bool StreamOutgoing(ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
+    const u64 total = s.outgoing.size();
+    const u64 goal = as->RingBytes() / 4;
+    while (s.outgoing_sent < total) {
+      const u64 left = total - s.outgoing_sent;
+      const u64 want = left < goal ? left : goal;
+      u64 room = as->WritableBytes(want);
+      if (room < want) {
+        // seq_cst: announce the wait, then re-check (the client reads it after consuming).
+        slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);
+        room = as->WritableBytes(want);
+        if (room < want) return false;
+      }
+      const u64 n = left < room ? left : room;
+      as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.data() + s.outgoing_sent, n);
+      s.outgoing_sent += n;
+      slot->answer_ready_.Notify();
+    }
+    slot->runtime_needs_room_.Store(0, MemOrder::kRelaxed);  // relaxed: only a hint
+    s.outgoing_open = false;
+    RecycleBuffer(&s.outgoing);
+    s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
+    s.ReleaseCredit(header_->server_event_);
+    return true;
+  }
+
+  RequestDispatcher *dispatcher_;
+  ShmServerOptions options_;
+  u32 port_ = 0;
+  ProcessIdentity self_;
+  ShmSegment segment_;
+  ShmSegmentHeader *header_ = nullptr;
+  std::unique_ptr<ShmServedSlot[]> slots_;
+  u32 serving_words_ = 0;
+  std::unique_ptr<Atomic<u64>[]> serving_bits_;  ///< slots workers may read (the reaper's)
+  std::thread poller_;
+  Atomic<u32> stopping_;  ///< Stop asked: read no more requests, finish answers
+  Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers
+  u64 stop_deadline_ = 0;
+  u32 seen_membership_ = 0;
+  std::unique_ptr<ShmReaper> reaper_;  ///< the poller's (and Stop's, after the join)
+};
+
+}  // namespace chi
