@@ -5158,15 +5158,14 @@ struct TaskOpsFor {
     t.SerializeBaseIn(ar);
     static_cast<T &>(t).SerializeIn(ar);
   }
-  static void SaveOut(Task &t, OutputArchive &ar) {
+  /** Answer header + outputs, written (OutputArchive) or read (InputArchive) alike. */
+  template <typename Ar>
+  static void Out(Task &t, Ar &ar) {
     t.SerializeBaseOut(ar);
     static_cast<T &>(t).SerializeOut(ar);
   }
-  static void LoadOut(Task &t, InputArchive &ar) {
-    t.SerializeBaseOut(ar);
-    static_cast<T &>(t).SerializeOut(ar);
-  }
-  static constexpr TaskOps kOps{&Destroy, &Clone, &Aggregate, &SaveIn, &SaveOut, &LoadOut};
+  static constexpr TaskOps kOps{&Destroy, &Clone, &Aggregate, &SaveIn, &Out<OutputArchive>,
+                                &Out<InputArchive>};
 };
 
 }  // namespace detail
@@ -5269,9 +5268,9 @@ class Worker {
 
   /** Wakes the worker if it is parked; call after publishing work for it. */
   void Wake() {
-    // seq_cst fence: our push must be visible before we read parked_, mirroring Park().
-    FenceSeqCst();
-    if (parked_.Load(MemOrder::kRelaxed) != 0) ForceWake();
+    // seq_cst load: every publish that precedes a Wake is itself seq_cst (the lane's
+    // slot store, Resume's CAS), so this pairs with Park()'s fence without a second one.
+    if (parked_.Load(MemOrder::kSeqCst) != 0) ForceWake();
   }
 
   /**
@@ -5295,8 +5294,9 @@ class Worker {
     u64 head = resume_.Load(MemOrder::kRelaxed);
     do {
       r->next_ = reinterpret_cast<RunContext *>(head);
-      // release: the fiber's state and the completed task are visible to the resumer.
-    } while (!resume_.CompareExchange(head, reinterpret_cast<u64>(r), MemOrder::kRelease));
+      // seq_cst: publishes the fiber and its completed task to the resumer, and is the
+      // store half of the Dekker pair Wake() completes with its seq_cst load.
+    } while (!resume_.CompareExchange(head, reinterpret_cast<u64>(r), MemOrder::kSeqCst));
     if (tls_current_worker != this) Wake();
   }
 
@@ -7734,6 +7734,19 @@ inline Status CheckConnectRequest(const ConnectRequest &req) {
 
 namespace chi {
 
+/** Starts an envelope in *out (the request id, nothing else) and returns an archive appending to it. */
+inline OutputArchive BeginEnvelope(u64 request_id, std::vector<char> *out) {
+  out->resize(kEnvelopeHeaderBytes);
+  std::memcpy(out->data(), &request_id, sizeof(request_id));
+  return OutputArchive(*out);
+}
+
+/** Encodes a finished task's answer envelope into *out; the task stays alive. */
+inline void EncodeAnswerKeep(Task *t, std::vector<char> *out) {
+  OutputArchive ar = BeginEnvelope(t->request_id_, out);
+  t->ops_->save_out(*t, ar);
+}
+
 /** Decodes requests for one runtime and encodes the answers. */
 class RequestDispatcher {
  public:
@@ -7807,11 +7820,7 @@ class RequestDispatcher {
 
   /** Encodes a finished server-side task's answer and frees the task. */
   static void EncodeAnswer(Task *t, std::vector<char> *out) {
-    const u64 request_id = t->request_id_;
-    out->resize(kEnvelopeHeaderBytes);
-    std::memcpy(out->data(), &request_id, sizeof(request_id));
-    OutputArchive ar(*out);
-    t->ops_->save_out(*t, ar);
+    EncodeAnswerKeep(t, out);
     t->completer_ = nullptr;
     DeleteTask(t);
   }
@@ -7821,9 +7830,7 @@ class RequestDispatcher {
                           std::vector<char> *out) {
     Task err;
     err.SetError(code, msg);
-    out->resize(kEnvelopeHeaderBytes);
-    std::memcpy(out->data(), &request_id, sizeof(request_id));
-    OutputArchive ar(*out);
+    OutputArchive ar = BeginEnvelope(request_id, out);
     err.SerializeBaseOut(ar);
   }
 
@@ -7834,9 +7841,7 @@ class RequestDispatcher {
 
 /** Client side: writes the request envelope for a stamped task. */
 inline void EncodeRequest(Task *t, u64 request_id, std::vector<char> *out) {
-  out->resize(kEnvelopeHeaderBytes);
-  std::memcpy(out->data(), &request_id, sizeof(request_id));
-  OutputArchive ar(*out);
+  OutputArchive ar = BeginEnvelope(request_id, out);
   t->ops_->save_in(*t, ar);
 }
 
@@ -9568,10 +9573,7 @@ inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
 
 /** Encodes a finished task's answer envelope into *out (the task stays alive). */
 inline void EncodeShmAnswer(Task *t, u64 max_bytes, std::vector<char> *out) {
-  out->resize(kEnvelopeHeaderBytes);
-  std::memcpy(out->data(), &t->request_id_, sizeof(u64));
-  OutputArchive ar(*out);
-  t->ops_->save_out(*t, ar);
+  EncodeAnswerKeep(t, out);
   if (out->size() > max_bytes) {
     Status st = Status::Errorf(ErrorCode::kTooLarge,
                                "answer of %llu bytes exceeds the shm transport's %llu-byte "

@@ -66,9 +66,9 @@ class Worker {
 
   /** Wakes the worker if it is parked; call after publishing work for it. */
   void Wake() {
-    // seq_cst fence: our push must be visible before we read parked_, mirroring Park().
-    FenceSeqCst();
-    if (parked_.Load(MemOrder::kRelaxed) != 0) ForceWake();
+    // seq_cst load: every publish that precedes a Wake is itself seq_cst (the lane's
+    // slot store, Resume's CAS), so this pairs with Park()'s fence without a second one.
+    if (parked_.Load(MemOrder::kSeqCst) != 0) ForceWake();
   }
 
   /**
@@ -92,8 +92,9 @@ class Worker {
     u64 head = resume_.Load(MemOrder::kRelaxed);
     do {
       r->next_ = reinterpret_cast<RunContext *>(head);
-      // release: the fiber's state and the completed task are visible to the resumer.
-    } while (!resume_.CompareExchange(head, reinterpret_cast<u64>(r), MemOrder::kRelease));
+      // seq_cst: publishes the fiber and its completed task to the resumer, and is the
+      // store half of the Dekker pair Wake() completes with its seq_cst load.
+    } while (!resume_.CompareExchange(head, reinterpret_cast<u64>(r), MemOrder::kSeqCst));
     if (tls_current_worker != this) Wake();
   }
 

@@ -57,15 +57,14 @@ struct TaskOpsFor {
     t.SerializeBaseIn(ar);
     static_cast<T &>(t).SerializeIn(ar);
   }
-  static void SaveOut(Task &t, OutputArchive &ar) {
+  /** Answer header + outputs, written (OutputArchive) or read (InputArchive) alike. */
+  template <typename Ar>
+  static void Out(Task &t, Ar &ar) {
     t.SerializeBaseOut(ar);
     static_cast<T &>(t).SerializeOut(ar);
   }
-  static void LoadOut(Task &t, InputArchive &ar) {
-    t.SerializeBaseOut(ar);
-    static_cast<T &>(t).SerializeOut(ar);
-  }
-  static constexpr TaskOps kOps{&Destroy, &Clone, &Aggregate, &SaveIn, &SaveOut, &LoadOut};
+  static constexpr TaskOps kOps{&Destroy, &Clone, &Aggregate, &SaveIn, &Out<OutputArchive>,
+                                &Out<InputArchive>};
 };
 
 }  // namespace detail

@@ -13,6 +13,19 @@
 
 namespace chi {
 
+/** Starts an envelope in *out (the request id, nothing else) and returns an archive appending to it. */
+inline OutputArchive BeginEnvelope(u64 request_id, std::vector<char> *out) {
+  out->resize(kEnvelopeHeaderBytes);
+  std::memcpy(out->data(), &request_id, sizeof(request_id));
+  return OutputArchive(*out);
+}
+
+/** Encodes a finished task's answer envelope into *out; the task stays alive. */
+inline void EncodeAnswerKeep(Task *t, std::vector<char> *out) {
+  OutputArchive ar = BeginEnvelope(t->request_id_, out);
+  t->ops_->save_out(*t, ar);
+}
+
 /** Decodes requests for one runtime and encodes the answers. */
 class RequestDispatcher {
  public:
@@ -86,11 +99,7 @@ class RequestDispatcher {
 
   /** Encodes a finished server-side task's answer and frees the task. */
   static void EncodeAnswer(Task *t, std::vector<char> *out) {
-    const u64 request_id = t->request_id_;
-    out->resize(kEnvelopeHeaderBytes);
-    std::memcpy(out->data(), &request_id, sizeof(request_id));
-    OutputArchive ar(*out);
-    t->ops_->save_out(*t, ar);
+    EncodeAnswerKeep(t, out);
     t->completer_ = nullptr;
     DeleteTask(t);
   }
@@ -100,9 +109,7 @@ class RequestDispatcher {
                           std::vector<char> *out) {
     Task err;
     err.SetError(code, msg);
-    out->resize(kEnvelopeHeaderBytes);
-    std::memcpy(out->data(), &request_id, sizeof(request_id));
-    OutputArchive ar(*out);
+    OutputArchive ar = BeginEnvelope(request_id, out);
     err.SerializeBaseOut(ar);
   }
 
@@ -113,9 +120,7 @@ class RequestDispatcher {
 
 /** Client side: writes the request envelope for a stamped task. */
 inline void EncodeRequest(Task *t, u64 request_id, std::vector<char> *out) {
-  out->resize(kEnvelopeHeaderBytes);
-  std::memcpy(out->data(), &request_id, sizeof(request_id));
-  OutputArchive ar(*out);
+  OutputArchive ar = BeginEnvelope(request_id, out);
   t->ops_->save_in(*t, ar);
 }
 

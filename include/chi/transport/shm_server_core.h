@@ -75,10 +75,7 @@ inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
 
 /** Encodes a finished task's answer envelope into *out (the task stays alive). */
 inline void EncodeShmAnswer(Task *t, u64 max_bytes, std::vector<char> *out) {
-  out->resize(kEnvelopeHeaderBytes);
-  std::memcpy(out->data(), &t->request_id_, sizeof(u64));
-  OutputArchive ar(*out);
-  t->ops_->save_out(*t, ar);
+  EncodeAnswerKeep(t, out);
   if (out->size() > max_bytes) {
     Status st = Status::Errorf(ErrorCode::kTooLarge,
                                "answer of %llu bytes exceeds the shm transport's %llu-byte "
