@@ -6,8 +6,9 @@
 //   GPU->CPU task        vs  GPU-initiated pinned ping-pong (a CPU thread answers)
 //   GPU->GPU task        vs  SM<->SM ping-pong through device memory
 // Then the stages: the submit part of each route, a raw cpu2gpu slot round trip (the queue
-// without a task), and one GPU thread timing fence, copy, publish, encode, serve, decode.
-// Every device-side spin is bounded by a time limit and a pinned abort flag.
+// without a task), and one GPU thread timing fence, copy, publish, encode, serve, decode
+// (stage_costs.cuh); the cpu2gpu owner probe and the mini orchestrator (owner_probe.cuh;
+// --probe: every probe combination). Every device-side spin is bounded by a time limit and a pinned abort flag.
 // Without a GPU it prints "skipped: no GPU" and exits 77 (the ctest smoke run uses --quick).
 #include <chi/chi.h>
 #include <chi/gpu/gpu_manager.h>
@@ -16,6 +17,7 @@
 #include <chi/mods/demo/demo_runtime.h>
 #include <chi/runtime/chimaera.h>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -27,57 +29,15 @@
 #include <vector>
 
 #include "../bench_util.h"
+#include "bench_gpu_util.cuh"
+#include "owner_probe.cuh"
+#include "stage_costs.cuh"
 
 CHI_GPU_MODULES(chimaera::demo::GpuRuntime);
 
 namespace {
 
-using chi::u32;
-using chi::u8;
-using chi::u64;
-using Sys = chi::Atomic<u32, chi::MemScope::kSystem>;
-using Dev = chi::Atomic<u32, chi::MemScope::kDevice>;
-
-const chi::PoolId kPool(430, 0);
-constexpr u64 kSpinLimitNs = 20000000000ull;  ///< no device spin outlives this
-constexpr u64 kHostTimeoutNs = 30000000000ull;
-
-/** Pinned words shared by the floor kernels and the host. */
-struct alignas(64) Flags {
-  Sys ping;
-  u32 pad0[15];
-  Sys pong;
-  u32 pad1[15];
-  Sys abort;
-};
-
-/** Pinned progress report of a task kernel: tasks done and the device clock at the last. */
-struct alignas(64) Progress {
-  Sys done;
-  chi::Atomic<u64, chi::MemScope::kSystem> clock_ns;
-};
-
-/** Spins until *w == v (acquire); false when the limit or the abort flag stops it. */
-template <typename W>
-__device__ bool DeviceWaitFor(W *w, u32 v, const Sys *abort) {
-  const u64 t0 = chi::gpu::ClockNs();
-  for (u32 n = 0;; ++n) {
-    if (w->Load(chi::MemOrder::kAcquire) == v) return true;
-    if ((n & 1023) == 1023 &&
-        (abort->Load(chi::MemOrder::kRelaxed) != 0 || chi::gpu::ClockNs() - t0 > kSpinLimitNs)) {
-      return false;
-    }
-  }
-}
-
-/** Host side of a wait on a pinned word, bounded. */
-bool HostWaitFor(Sys *w, u32 v) {
-  const double t0 = chi_bench::NowNs();
-  while (w->Load(chi::MemOrder::kAcquire) != v) {
-    if (chi_bench::NowNs() - t0 > 1e10) return false;
-  }
-  return true;
-}
+using namespace bench_gpu;
 
 // ---- Floors ------------------------------------------------------------------------
 
@@ -176,84 +136,6 @@ __global__ void TaskLatencyKernel(chi::gpu::GpuInfo info, chi::PoolId pool, bool
   }
 }
 
-// ---- Per-stage device costs (one thread, averaged over `iters` rounds each) -------------
-
-/** What StageKernel measures, in ns per round (len: the demo task's request bytes). */
-struct StageCosts {
-  double len;
-  double fence_sys;            ///< acquire fence at system scope (before reading a payload)
-  double copy_pinned;          ///< the request out of pinned memory (CopyChunks)
-  double copy_device;          ///< the request out of device memory (CopyChunks)
-  double publish_pinned;       ///< payload into pinned memory + release store of its word
-  double publish_device;       ///< payload into device memory + release store of its word
-  double encode;               ///< client: build the task and encode its request
-  double handle;               ///< server: decode, run the demo handler, encode the answer
-  double decode;               ///< client: decode the answer into the task
-};
-
-/** Times each stage of a task's trip on its own (pinned and device: 1 KiB scratch each). */
-__global__ void StageKernel(char *pinned, char *device, chi::gpu::GpuPoolTable *pools,
-                            chi::PoolId pool, u32 iters, StageCosts *out, u32 *sink) {
-  using List = chi::gpu::GpuModuleList<chimaera::demo::GpuRuntime>;
-  constexpr u32 kCap = chi::gpu::kGpuPayloadBytes;
-  alignas(16) char req[kCap];
-  alignas(16) char buf[kCap];
-  u32 acc = 0;
-  chi::ErrorCode err = chi::ErrorCode::kOk;
-  auto make = [&](u32 v) {
-    chimaera::demo::GpuSubmitTask t(0, v);
-    t.pool_id_ = pool;
-    t.pool_query_ = chi::PoolQuery::Local();
-    t.method_ = chimaera::demo::Method::kGpuSubmit;
-    return chi::gpu::EncodeRequest(t, v, req, kCap, &err);
-  };
-  const u32 len = make(1);
-  chi::gpu::CopyChunks(pinned, req, len);
-  chi::gpu::CopyChunks(device, req, len);
-  auto * const pinned_word = reinterpret_cast<Sys *>(pinned + kCap);
-  auto * const device_word = reinterpret_cast<Dev *>(device + kCap);
-  auto time = [&](auto &&fn) {
-    const u64 t0 = chi::gpu::ClockNs();
-    for (u32 i = 0; i < iters; ++i) fn(i);
-    return static_cast<double>(chi::gpu::ClockNs() - t0) / iters;
-  };
-  StageCosts c;
-  c.len = len;
-  c.fence_sys = time([&](u32) { chi::gpu::FenceAcquire<chi::MemScope::kSystem>(); });
-  c.copy_pinned = time([&](u32) {
-    chi::gpu::FenceAcquire<chi::MemScope::kSystem>();  // as the server does: no stale L1 lines
-    chi::gpu::CopyChunks(buf, pinned, len);
-    acc += static_cast<u8>(buf[len - 1]);
-  });
-  c.copy_device = time([&](u32) {
-    chi::gpu::FenceAcquire<chi::MemScope::kDevice>();
-    chi::gpu::CopyChunks(buf, device, len);
-    acc += static_cast<u8>(buf[len - 1]);
-  });
-  c.publish_pinned = time([&](u32 i) {
-    chi::gpu::CopyChunks(pinned, req, len);
-    pinned_word->Store(i, chi::MemOrder::kRelease);
-  });
-  c.publish_device = time([&](u32 i) {
-    chi::gpu::CopyChunks(device, req, len);
-    device_word->Store(i, chi::MemOrder::kRelease);
-  });
-  c.encode = time([&](u32 i) { acc += make(i) + static_cast<u8>(req[len - 1]); });
-  chi::gpu::ServerState st{pools, chi::gpu::GpuPoolCache{}, chi::gpu::GpuRunContext{}};
-  u32 answer_len = 0;
-  c.handle = time([&](u32) {
-    chi::gpu::CopyChunks(buf, req, len);
-    answer_len = chi::gpu::HandleRequest<List>(buf, len, kCap, st);
-  });
-  c.decode = time([&](u32 i) {
-    chimaera::demo::GpuSubmitTask t;
-    chi::gpu::DecodeAnswer(t, buf, answer_len, chi::gpu::GetRequestId(buf));
-    acc += t.result_value_ + i;
-  });
-  *out = c;
-  *sink = acc;
-}
-
 /** Every thread submits `count` GPU->GPU tasks back to back (the rate benchmark). */
 __global__ void TaskRateKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 count, u32 *wrong) {
   CHIMAERA_GPU_INIT(info);
@@ -267,54 +149,6 @@ __global__ void TaskRateKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 cou
     }
   }
 }
-
-// ---- Host helpers ----------------------------------------------------------------------
-
-/** Reports and leaves at once: no clean-up that could wait on a kernel that never ends. */
-void Die(const char *what) {
-  std::printf("bench_gpu: %s\n", what);
-  std::fflush(stdout);
-  std::_Exit(1);
-}
-void Ok(cudaError_t e, const char *what) {
-  if (e != cudaSuccess) Die((std::string(what) + ": " + cudaGetErrorString(e)).c_str());
-}
-void Wait(cudaStream_t s, const char *what) {
-  chi::Status st = chi::gpu::WaitStream(s, kHostTimeoutNs);
-  if (!st.ok()) Die((std::string(what) + ": " + st.ToString()).c_str());
-  Ok(cudaGetLastError(), what);
-}
-/** Wait, printing a task kernel's progress every second (diagnoses a slow or stuck route). */
-void WaitReporting(cudaStream_t s, const char *what, const Progress *p) {
-  for (u64 waited = 0; waited < kHostTimeoutNs; waited += 1000000000ull) {
-    chi::Status st = chi::gpu::WaitStream(s, 1000000000ull);
-    if (st.ok()) return Ok(cudaGetLastError(), what);
-    if (st.code() != chi::ErrorCode::kTimeout) Die(st.ToString().c_str());
-    std::printf("  %s: %u tasks done, device clock %llu ns\n", what,
-                p->done.Load(chi::MemOrder::kRelaxed),
-                static_cast<unsigned long long>(p->clock_ns.Load(chi::MemOrder::kRelaxed)));
-  }
-  Die((std::string(what) + ": no end after the time limit").c_str());
-}
-std::vector<double> CopyBack(const double *dev, u32 n, cudaStream_t s) {
-  std::vector<double> v(n);
-  Ok(cudaMemcpyAsync(v.data(), dev, n * sizeof(double), cudaMemcpyDeviceToHost, s), "copy back");
-  Ok(cudaStreamSynchronize(s), "copy back");
-  return v;
-}
-
-struct Bench {
-  cudaStream_t a = nullptr, b = nullptr;
-  Flags *flags = nullptr;              // pinned
-  Dev *words = nullptr;                // device: two ping-pong words
-  Dev *req = nullptr, *ans = nullptr;  // device: raw mailboxes
-  double *out = nullptr;               // device: batch averages
-  Progress *progress = nullptr;        // pinned
-  u32 *wrong = nullptr;                // device
-  u32 sms = 0, threads = 256;
-  u32 blocks = 0;  ///< orchestrator blocks; the rate test uses as many client blocks
-  bool quick = false;
-};
 
 double PinnedPingPongNs(Bench &B, u32 iters) {
   std::memset(static_cast<void *>(B.flags), 0, sizeof(Flags));
@@ -449,37 +283,6 @@ double KernelTaskNs(Bench &B, bool to_cpu, u32 batches, u32 per_batch, u32 *wron
   return chi_bench::Median(std::vector<double>(v.begin() + 1, v.end()));  // batch 0: warm-up
 }
 
-/** Runs StageKernel against a private pool table holding one demo GPU container. */
-StageCosts StageCostsOnDevice(Bench &B, u32 iters) {
-  using Table = chi::gpu::GpuPoolTable;
-  void *state = nullptr;
-  Table *table = nullptr;
-  char *pinned = nullptr;
-  char *device = nullptr;
-  StageCosts *out = nullptr;
-  Ok(cudaMalloc(&state, sizeof(chimaera::demo::GpuRuntime)), "stage state");
-  Ok(cudaMemset(state, 0, sizeof(chimaera::demo::GpuRuntime)), "stage state");
-  Ok(cudaMalloc(&table, sizeof(Table)), "stage table");
-  Ok(cudaHostAlloc(&pinned, 2 * chi::gpu::kGpuPayloadBytes, cudaHostAllocPortable), "pinned");
-  Ok(cudaMalloc(&device, 2 * chi::gpu::kGpuPayloadBytes), "stage device");
-  Ok(cudaMalloc(&out, sizeof(StageCosts)), "stage out");
-  std::vector<u64> host_table((sizeof(Table) + 7) / 8, 0);  // zero: the table's idle state
-  auto *t = reinterpret_cast<Table *>(host_table.data());
-  const chi::gpu::GpuPoolBinding binding{kPool, 0, state};
-  t->Publish(&binding, 1);
-  Ok(cudaMemcpy(table, t, sizeof(Table), cudaMemcpyHostToDevice), "stage table");
-  StageKernel<<<1, 1, 0, B.a>>>(pinned, device, table, kPool, iters, out, B.wrong);
-  Wait(B.a, "stage costs");
-  StageCosts c;
-  Ok(cudaMemcpy(&c, out, sizeof(c), cudaMemcpyDeviceToHost), "stage out");
-  cudaFree(state);
-  cudaFree(table);
-  cudaFreeHost(pinned);
-  cudaFree(device);
-  cudaFree(out);
-  return c;
-}
-
 double TaskRate(Bench &B, u32 blocks, u32 count, u32 *wrong) {
   const chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
   Ok(cudaMemsetAsync(B.wrong, 0, sizeof(u32), B.a), "clear");
@@ -517,6 +320,11 @@ int main(int argc, char **argv) {
   u32 blocks = 0;  // orchestrator blocks; 0 = half the SMs (client kernels get the other half)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) B.quick = true;
+    if (std::strcmp(argv[i], "--probe") == 0) B.probe = true;
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      B.threads = static_cast<u32>(std::atoi(argv[++i]));
+      if (B.threads == 0 || B.threads > 1024 || B.threads % 32 != 0) Die("--threads: 32..1024");
+    }
     if (std::strcmp(argv[i], "--blocks") == 0 && i + 1 < argc) {
       ++i;
       blocks = std::strcmp(argv[i], "all") == 0 ? ~0u : static_cast<u32>(std::atoi(argv[i]));
@@ -567,6 +375,12 @@ int main(int argc, char **argv) {
   Ok(chi::gpu::PreloadKernel(TaskLatencyKernel), "load kernels");
   Ok(chi::gpu::PreloadKernel(TaskRateKernel), "load kernels");
   Ok(chi::gpu::PreloadKernel(StageKernel), "load kernels");
+  Ok(chi::gpu::PreloadKernel(owner_probe::OwnerKernel), "load kernels");
+  Ok(chi::gpu::PreloadKernel(
+         owner_probe::MiniOrchestrator<chi::gpu::GpuModuleList<chimaera::demo::GpuRuntime>>),
+     "load kernels");
+  ProbeMemory probe;
+  probe.Allocate();
   if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true)) Die("CHIMAERA_INIT failed");
   std::remove(conf.c_str());
   if (!CHI_IPC->StartError().ok()) Die(CHI_IPC->StartError().ToString().c_str());
@@ -592,7 +406,14 @@ int main(int argc, char **argv) {
   const double floor_rate =
       Step("mailbox rate", "/s", [&] { return MailboxRate(B, B.quick ? 10 : 200); });
   const StageCosts stage = StageCostsOnDevice(B, B.quick ? 20 : 1000);
+  if (!B.quick) {
+    OwnerProbe(B, probe, iters, B.probe, "GPU otherwise idle");
+    MiniOrchestratorProbe(B, iters, 1, 32);
+    MiniOrchestratorProbe(B, iters, 1, 256);
+    MiniOrchestratorProbe(B, iters, B.blocks, B.threads);
+  }
   if (!CHI_IPC->ResumeGpuOrchestrator().ok()) Die("resume");
+  if (!B.quick) OwnerProbe(B, probe, iters, false, "orchestrator running");
 
   // Ours.
   const double cpu_local = Step("CPU Local task", "ns", [&] { return CpuLocalTaskNs(iters); });
@@ -646,7 +467,11 @@ int main(int argc, char **argv) {
   std::printf("  encode request %.0f; serve (decode, run, encode answer) %.0f; decode answer"
               " %.0f\n",
               stage.encode, stage.handle, stage.decode);
+  std::printf("  ServeSlot from pinned: 4-byte request %.0f, demo task %.0f; claim + release"
+              " of a device slot %.0f\n",
+              stage.serve_raw, stage.serve_task, stage.claim_release);
   std::printf("wrong answers: %u\n", wrong);
   chi::CHIMAERA_FINALIZE();
+  probe.Free();
   return wrong == 0 ? 0 : 1;
 }

@@ -42,6 +42,15 @@
 
 #define CHI_INLINE inline __attribute__((always_inline))
 
+// Fully unrolls the loop that follows (a pragma cannot come from a template). GPU polling
+// loops need it: with constant indices their arrays stay in registers, so a batch of loads
+// is in flight together instead of each waiting for the previous one's store to the stack.
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define CHI_UNROLL _Pragma("unroll")
+#else
+#define CHI_UNROLL _Pragma("GCC unroll 16")
+#endif
+
 // Branch hints for checks that almost never fire on the hot path.
 #define CHI_LIKELY(x) __builtin_expect(!!(x), 1)
 #define CHI_UNLIKELY(x) __builtin_expect(!!(x), 0)

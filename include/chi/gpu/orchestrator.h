@@ -25,9 +25,20 @@
 
 namespace chi::gpu {
 
+/**
+ * Registers an orchestrator thread may use. Its poll batches keep their words in registers
+ * (gpu_server.h), which took it from 96 to 175; capped at 128 (a few spills on the serve
+ * path) so that client blocks still fit on an SM beside an orchestrator block.
+ */
+#if CHI_GPU_CUDA
+#define CHI_ORCHESTRATOR_MAX_REGS __maxnreg__(128)
+#else
+#define CHI_ORCHESTRATOR_MAX_REGS
+#endif
+
 /** The orchestrator: serves this GPU's queues with the module list's handlers. */
 template <typename ModuleList>
-__global__ void OrchestratorKernel(ServerArgs args) {
+__global__ void CHI_ORCHESTRATOR_MAX_REGS OrchestratorKernel(ServerArgs args) {
   const u32 tid = blockIdx.x * blockDim.x + threadIdx.x;
   const u32 threads = gridDim.x * blockDim.x;
   ServeLoop<ModuleList>(args, tid, threads);
