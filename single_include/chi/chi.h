@@ -11949,6 +11949,19 @@ CHI_CROSS_FUN inline bool WarpAny(u32 mask, bool p) {
 #endif
 }
 
+/** How many lanes of `mask` hold `p` (the lanes also wait for each other); p on the host. */
+CHI_CROSS_FUN inline u32 WarpCount(u32 mask, bool p) {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  return static_cast<u32>(__popc(__ballot_sync(mask, p)));
+#elif CHI_IS_GPU
+  (void)mask;
+  return static_cast<u32>(__popcll(__ballot(p)));
+#else
+  (void)mask;
+  return p ? 1u : 0u;
+#endif
+}
+
 /** 16 bytes, the widest plain load and store; buffers copied with it are 16-aligned. */
 struct alignas(16) Chunk16 {
   u64 lo;
@@ -12969,6 +12982,46 @@ CHI_GPU_FUN void LoadServed(const GpuQueue<S> &q, u32 tid, u32 threads, u32 *ser
   }
 }
 
+/**
+ * One round of a cpu2gpu owner (every lane of the warp calls it; `polls_cpu` marks the
+ * owners). Each owner reads, in one batch and so one PCIe round trip, the doorbell and the
+ * request word of its first slot: host threads claim the lowest free slots, so with up to
+ * one submitter per owner every post is found and served in that one read. The doorbell
+ * counts every post; the owners add the posts they took that way (warp-wide) to the count
+ * they have seen, and only when the doorbell is ahead of it do they fence and scan all
+ * their slots. A post the scan misses keeps the doorbell ahead, so it is found next round.
+ * True when this thread served a request.
+ */
+template <typename ModuleList>
+CHI_GPU_FUN bool ServeCpuPosts(const GpuQueue<MemScope::kSystem> &q, u32 ctid, u32 owners,
+                               bool polls_cpu, u32 warp, u32 *served, u64 *bell_seen,
+                               ServerState &st) {
+  u64 bell = 0;
+  bool fast = false;
+  if (polls_cpu) {
+    st.rctx.from_cpu_ = true;
+    // Both loads are relaxed and independent: they travel together. No doorbell (a queue
+    // without one): every round scans, below.
+    bell = q.doorbell_ != nullptr ? q.Doorbell() : ~*bell_seen;
+    const u64 first = q.PeekRequest(ctid);  // ctid < owners <= num_slots_
+    fast = static_cast<u32>(first) != served[0];
+    if (fast) {
+      ServeSlot<ModuleList>(q, ctid, first, st);  // its acquire fence orders the payload read
+      served[0] = static_cast<u32>(first);
+      q.served_[ctid] = served[0];  // survives a pause: the next launch starts from it
+    }
+  }
+  *bell_seen += WarpCount(warp, fast);
+  bool did = fast;
+  if (polls_cpu && bell != *bell_seen) {
+    FenceAcquire<MemScope::kSystem>();  // request words posted before that count show
+    *bell_seen = bell;
+    did |= ServeOwned<ModuleList>(q, ctid, owners, served, st);
+  }
+  st.rctx.from_cpu_ = false;
+  return did;
+}
+
 /** The orchestrator loop of server thread `tid` of `threads`, until the exit flag is set. */
 template <typename ModuleList>
 CHI_GPU_FUN void ServeLoop(const ServerArgs &a, u32 tid, u32 threads) {
@@ -12988,23 +13041,9 @@ CHI_GPU_FUN void ServeLoop(const ServerArgs &a, u32 tid, u32 threads) {
   u32 idle = 0;
   u64 bell_seen = ~0ull;  // never a real count: the first round scans (posts before a pause)
   for (u32 round = 1;; ++round) {
-    st.rctx.from_cpu_ = false;
     bool did = ServeOwned<ModuleList>(g2g, tid, threads, served_g2g, st);
-    // cpu2gpu: one pinned word a round (the doorbell); the slots only when it moved. The
-    // count is read before the scan, so a post the scan misses moves it again.
-    bool scan_cpu = polls_cpu;
-    if (scan_cpu && c2g.doorbell_ != nullptr) {
-      const u64 bell = c2g.Doorbell();
-      scan_cpu = bell != bell_seen;
-      if (scan_cpu) {
-        FenceAcquire<MemScope::kSystem>();  // request words posted before that count show
-        bell_seen = bell;
-      }
-    }
-    if (scan_cpu) {
-      st.rctx.from_cpu_ = true;
-      did |= ServeOwned<ModuleList>(c2g, ctid, c2g_owners, served_c2g, st);
-    }
+    did |= ServeCpuPosts<ModuleList>(c2g, ctid, c2g_owners, polls_cpu, warp, served_c2g,
+                                     &bell_seen, st);
     did = WarpAny(warp, did);  // the warp goes round together (see WarpAny)
     if (did) {
       idle = 0;

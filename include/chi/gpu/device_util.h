@@ -105,6 +105,19 @@ CHI_CROSS_FUN inline bool WarpAny(u32 mask, bool p) {
 #endif
 }
 
+/** How many lanes of `mask` hold `p` (the lanes also wait for each other); p on the host. */
+CHI_CROSS_FUN inline u32 WarpCount(u32 mask, bool p) {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  return static_cast<u32>(__popc(__ballot_sync(mask, p)));
+#elif CHI_IS_GPU
+  (void)mask;
+  return static_cast<u32>(__popcll(__ballot(p)));
+#else
+  (void)mask;
+  return p ? 1u : 0u;
+#endif
+}
+
 /** 16 bytes, the widest plain load and store; buffers copied with it are 16-aligned. */
 struct alignas(16) Chunk16 {
   u64 lo;

@@ -122,14 +122,19 @@ CHI_CROSS_FUN TaskT *StartOn(const GpuQueue<S> *qp, const GpuInfo &info, PoolId 
                                                          : "task inputs cannot be encoded");
     }
   }
-  if (len == 0) MarkComplete(task);  // an error found before sending: complete at once
-  CopyChunks(r.task_, local, sizeof(TaskT));
   TaskT *t = reinterpret_cast<TaskT *>(r.task_);
-  if (len == 0) return t;
+  if (len == 0) {
+    MarkComplete(task);  // an error found before sending: complete at once
+    CopyChunks(r.task_, local, sizeof(TaskT));
+    return t;
+  }
   CopyChunks(q.Payload(s), buf, len);
   r.seq_ = seq;  // before the post: a later claimer compares the answer against it
   r.stage_ = RecordStage::kPosted;
   q.Post(s, seq, len);
+  // After the post: only this thread reads the record's task until it releases the slot, so
+  // its bytes go out while the server works (the post's release fence need not wait on them).
+  CopyChunks(r.task_, local, sizeof(TaskT));
   return t;
 }
 
