@@ -56,7 +56,9 @@ run() {  # run <name> <timeout seconds> <command...>: logs to $out/<name>.log
 
 run test_gpu_protocol 120 "$build/tests/gpu/test_gpu_protocol"
 run test_gpu_runtime 180 "$build/tests/gpu/test_gpu_runtime"
+run test_gpu_client_process 180 "$build/tests/gpu/test_gpu_client_process"
 grep -E "test cases|assertions|ERROR|FAILED|skipped" "$out/test_gpu_protocol.log" "$out/test_gpu_runtime.log" \
+  "$out/test_gpu_client_process.log" \
   | tee -a "$summary"
 if [[ $bench == 1 ]]; then
   # A small orchestrator (2 x 256 threads), then one on half the SMs (the default).

@@ -6,6 +6,7 @@
 #include <unistd.h>  // close, unlink, write
 
 #include <chi/runtime/config.h>
+#include <chi/runtime/hostfile.h>
 
 #include <array>       // the saved variable names
 #include <filesystem>  // locating config/ from this file
@@ -46,8 +47,9 @@ class EnvGuard {
   void Set(const char *name, const std::string &value) { setenv(name, value.c_str(), 1); }
 
  private:
-  static constexpr std::array<const char *, 3> kNames = {"CHI_SERVER_CONF", "CHI_PORT",
-                                                         "CHI_IPC_MODE"};
+  static constexpr std::array<const char *, 6> kNames = {
+      "CHI_SERVER_CONF",     "CHI_PORT",         "CHI_IPC_MODE", "CHI_CONNECT_TIMEOUT",
+      "CHI_RECONNECT_TIMEOUT", "CHI_ZMQ_SPIN_US"};
   std::vector<std::optional<std::string>> saved_;
 };
 
@@ -127,6 +129,9 @@ TEST_CASE("the default config parses to the ServerConfig defaults") {
   CHECK(cfg.port == 9413);
   CHECK(cfg.hostfile.empty());
   CHECK(cfg.ipc_mode == "shm");
+  CHECK(cfg.connect_timeout_sec == 5);
+  CHECK(cfg.reconnect_timeout_sec == 10);
+  CHECK(cfg.zmq_spin_us == 20);
   CHECK(cfg.gpu_blocks == 1);
   CHECK(cfg.gpu_threads_per_block == 32);
   CHECK(cfg.gpu_queue_depth == 256);
@@ -159,6 +164,9 @@ networking:
   port: 10000
   hostfile: /etc/chi/hosts
   ipc_mode: tcp
+  connect_timeout_s: 2.5
+  reconnect_timeout_s: 30
+  zmq_spin_us: 0
 gpu:
   blocks: 8
   threads_per_block: 256
@@ -189,6 +197,9 @@ compose:
   CHECK(cfg.port == 10000);
   CHECK(cfg.hostfile == "/etc/chi/hosts");
   CHECK(cfg.ipc_mode == "tcp");
+  CHECK(cfg.connect_timeout_sec == 2.5);
+  CHECK(cfg.reconnect_timeout_sec == 30);
+  CHECK(cfg.zmq_spin_us == 0);
   CHECK(cfg.gpu_blocks == 8);
   CHECK(cfg.gpu_threads_per_block == 256);
   CHECK(cfg.gpu_queue_depth == 512);
@@ -516,6 +527,69 @@ TEST_CASE("a bad CHI_PORT or CHI_IPC_MODE is an error naming the variable") {
     CAPTURE(st.message());
     REQUIRE_FALSE(st.ok());
     CHECK(Contains(st, "CHI_IPC_MODE: expected one of shm|ipc|tcp"));
+  }
+}
+
+TEST_CASE("the client timeouts and the ZeroMQ spin are read in seconds and microseconds") {
+  ServerConfig cfg;
+  Status st = chi::ParseServerConfig(
+      "networking:\n  connect_timeout_s: 0.25\n  reconnect_timeout_s: 0\n  zmq_spin_us: 1000000\n",
+      &cfg);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  CHECK(cfg.connect_timeout_sec == 0.25);
+  CHECK(cfg.reconnect_timeout_sec == 0);
+  CHECK(cfg.zmq_spin_us == 1000000);
+}
+
+TEST_CASE("a bad client timeout or ZeroMQ spin is an error naming its key") {
+  for (const char *bad : {"-1", "abc", "1e3", "5s", "86401", "[1]", "\"\""}) {
+    CAPTURE(bad);
+    ExpectBadConfig(std::string("networking:\n  connect_timeout_s: ") + bad + "\n",
+                    {"networking.connect_timeout_s", "seconds"});
+    ExpectBadConfig(std::string("networking:\n  reconnect_timeout_s: ") + bad + "\n",
+                    {"networking.reconnect_timeout_s", "seconds"});
+  }
+  ExpectBadConfig("networking:\n  zmq_spin_us: 1000001\n",
+                  {"networking.zmq_spin_us", "out of range 0..1000000"});
+  ExpectBadConfig("networking:\n  zmq_spin_us: 2.5\n",
+                  {"networking.zmq_spin_us", "unsigned integer"});
+}
+
+TEST_CASE("CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT and CHI_ZMQ_SPIN_US override their keys") {
+  EnvGuard env;
+  TempFile file(
+      "networking:\n  connect_timeout_s: 1\n  reconnect_timeout_s: 2\n  zmq_spin_us: 3\n");
+  env.Set("CHI_SERVER_CONF", file.path());
+  ServerConfig cfg;
+  REQUIRE(chi::LoadServerConfig(&cfg).ok());
+  CHECK(cfg.connect_timeout_sec == 1);
+  CHECK(cfg.reconnect_timeout_sec == 2);
+  CHECK(cfg.zmq_spin_us == 3);
+  env.Set("CHI_CONNECT_TIMEOUT", "0.3");
+  env.Set("CHI_RECONNECT_TIMEOUT", "20");
+  env.Set("CHI_ZMQ_SPIN_US", "50");
+  Status st = chi::LoadServerConfig(&cfg);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  CHECK(cfg.connect_timeout_sec == 0.3);
+  CHECK(cfg.reconnect_timeout_sec == 20);
+  CHECK(cfg.zmq_spin_us == 50);
+}
+
+TEST_CASE("a bad CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT or CHI_ZMQ_SPIN_US names it") {
+  for (const char *name : {"CHI_CONNECT_TIMEOUT", "CHI_RECONNECT_TIMEOUT", "CHI_ZMQ_SPIN_US"}) {
+    for (const char *bad : {"-1", "soon", "99999999"}) {
+      EnvGuard env;
+      env.Set(name, bad);
+      ServerConfig cfg;
+      Status st = chi::LoadServerConfig(&cfg);
+      CAPTURE(name);
+      CAPTURE(st.message());
+      REQUIRE_FALSE(st.ok());
+      CHECK(st.code() == ErrorCode::kBadConfig);
+      CHECK(Contains(st, name));
+      CHECK(Contains(st, std::string("'") + bad + "'"));
+      CHECK(cfg == ServerConfig{});
+    }
   }
 }
 

@@ -495,7 +495,6 @@ TEST_CASE("stopping the runtime with tasks in flight answers every waiter and a 
     CHECK(stop.Wait(15));
     CHECK(answered + failed == held.size());
     CHECK(server->WaitExit() == 0);
-    if (mode == "shm") continue;  // a shm client does not reconnect (see the issue note)
 
     // While no runtime runs a task waits; the restarted runtime answers it.
     auto pending = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 1, 7);
@@ -509,10 +508,31 @@ TEST_CASE("stopping the runtime with tasks in flight answers every waiter and a 
     REQUIRE(g.Wait(20));
     CHECK(g->GetReturnCode() == 0);
     CHECK(g->result_value_ == 15);
-    auto *zmq = dynamic_cast<chi::ZmqClientTransport *>(chi::Chimaera::Get().GetTransport());
-    REQUIRE(zmq != nullptr);
-    CHECK(zmq->RuntimePid() == static_cast<u32>(server->pid()));
-    CHECK(zmq->Stats().reconnects >= 1);
+    // The same connection object rejoined the new runtime process.
+    chi::ClientTransport *tr = chi::Chimaera::Get().GetTransport();
+    if (mode == "shm") {
+      auto *shm = dynamic_cast<chi::ShmReconnectingTransport *>(tr);
+      REQUIRE(shm != nullptr);
+      CHECK(shm->RuntimePid() == static_cast<u32>(server->pid()));
+      CHECK(shm->Reconnects() >= 1);
+      CHECK(shm->Current()->Failure() == chi::ErrorCode::kOk);
+    } else {
+      auto *zmq = dynamic_cast<chi::ZmqClientTransport *>(tr);
+      REQUIRE(zmq != nullptr);
+      CHECK(zmq->RuntimePid() == static_cast<u32>(server->pid()));
+      CHECK(zmq->Stats().reconnects >= 1);
+    }
+    // Many tasks over the rejoined connection, every answer checked.
+    std::vector<chi::Future<chimaera::demo::GpuSubmitTask>> many;
+    for (u32 v = 0; v < 500; ++v) {
+      many.push_back(again.AsyncGpuSubmit(chi::PoolQuery::Local(), 2, v));
+    }
+    u32 right = 0;
+    for (u32 v = 0; v < 500; ++v) {
+      right += many[v].Wait(20) && many[v]->GetReturnCode() == 0 &&
+               many[v]->result_value_ == v * 2 + 2;
+    }
+    CHECK(right == 500);
     CHECK(StopThroughSession());
     CHECK(server->WaitExit() == 0);
   }

@@ -768,6 +768,128 @@ TEST_CASE("round trip of a 16 B task over shm, printed next to a two-process shm
   const double floor = floor_ns[floor_ns.size() / 2];
   MESSAGE("shm round trip (median of 40 x 250): Custom 16 B " << echo_ns << " ns, GpuSubmit "
           << gpu_ns << " ns | two-process shm ping-pong " << floor << " ns | ratio "
-          << echo_ns / floor << " / " << gpu_ns / floor);
+          << echo_ns / floor << " / " << gpu_ns / floor << " | answers delivered by waiting "
+          << "callers: " << attached.Transport().HelpedAnswers());
   CHECK(wrong == 0);
+  CHECK(attached.Transport().StrayAnswers() == 0);
+}
+
+namespace {
+/** A wait helper for the tests below: counts its runs and completes one task. */
+struct CountingHelper {
+  chi::Atomic<u32> runs;
+  chi::Atomic<u32> inside;           ///< runs in progress
+  chi::Atomic<u64> to_complete{0};   ///< a Task* to complete on the next run
+  u64 hold_ns = 0;                   ///< how long each run lasts
+
+  static void Run(void *ctx) {
+    auto *h = static_cast<CountingHelper *>(ctx);
+    h->inside.FetchAdd(1, chi::MemOrder::kSeqCst);
+    h->runs.FetchAdd(1, chi::MemOrder::kSeqCst);
+    if (u64 t = h->to_complete.Exchange(0, chi::MemOrder::kAcqRel)) {
+      chi::CompleteTask(reinterpret_cast<chi::Task *>(t));
+    }
+    const auto until = Clock::now() + std::chrono::nanoseconds(h->hold_ns);
+    while (Clock::now() < until) chi::CpuRelax();
+    h->inside.FetchSub(1, chi::MemOrder::kSeqCst);
+  }
+};
+
+/** A task only the test completes (never sent anywhere). */
+chi::Future<chimaera::demo::CustomTask> LocalTask() {
+  return chi::Future<chimaera::demo::CustomTask>(
+      chi::NewTask<chimaera::demo::CustomTask>(chi::TaskBuffer("x", 1)));
+}
+}  // namespace
+
+TEST_CASE("a thread spinning in Future::Wait runs the installed wait helper, and only that one") {
+  CountingHelper counting;
+  chi::WaitHelper helper(&CountingHelper::Run, &counting);
+  REQUIRE(chi::WaitHelper::Install(&helper));
+  CountingHelper other_counting;
+  chi::WaitHelper other(&CountingHelper::Run, &other_counting);
+  CHECK_FALSE(chi::WaitHelper::Install(&other));  // one helper per process
+
+  // Nobody but the helper completes this task: Wait returns only because it ran.
+  auto f = LocalTask();
+  counting.to_complete.Store(reinterpret_cast<u64>(f.get()), chi::MemOrder::kRelease);
+  CHECK(f.Wait(10));
+  CHECK(counting.runs.Load() >= 1);
+  CHECK(other_counting.runs.Load() == 0);
+
+  chi::WaitHelper::Remove(&other);  // not installed: changes nothing
+  auto g = LocalTask();
+  counting.to_complete.Store(reinterpret_cast<u64>(g.get()), chi::MemOrder::kRelease);
+  CHECK(g.Wait(10));
+
+  chi::WaitHelper::Remove(&helper);
+  const u32 runs = counting.runs.Load();
+  auto h = LocalTask();
+  counting.to_complete.Store(reinterpret_cast<u64>(h.get()), chi::MemOrder::kRelease);
+  CHECK_FALSE(h.Wait(0.01f));  // no helper any more, so nothing completes it
+  CHECK(counting.runs.Load() == runs);
+  chi::CompleteTask(h.get());
+  CHECK(h.Wait(1));
+  REQUIRE(chi::WaitHelper::Install(&other));  // the slot is free again
+  chi::WaitHelper::Remove(&other);
+}
+
+TEST_CASE("removing a wait helper waits for the threads running it") {
+  CountingHelper counting;
+  counting.hold_ns = 200000;
+  chi::WaitHelper helper(&CountingHelper::Run, &counting);
+  REQUIRE(chi::WaitHelper::Install(&helper));
+  chi::Atomic<u32> stop;
+  std::vector<std::thread> spinners;
+  for (int i = 0; i < 2; ++i) {
+    spinners.emplace_back([&] {
+      while (stop.Load(chi::MemOrder::kAcquire) == 0) chi::WaitHelper::Run();
+    });
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (counting.runs.Load() < 4 && Clock::now() < deadline) std::this_thread::yield();
+  REQUIRE(counting.runs.Load() >= 4);
+  for (int round = 0; round < 20; ++round) {
+    chi::WaitHelper::Remove(&helper);
+    CHECK(counting.inside.Load() == 0);  // nobody is inside once Remove returns
+    const u32 runs = counting.runs.Load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(counting.runs.Load() == runs);  // and nobody starts again
+    REQUIRE(chi::WaitHelper::Install(&helper));
+    const u32 before = counting.runs.Load();
+    while (counting.runs.Load() == before && Clock::now() < deadline) std::this_thread::yield();
+  }
+  chi::WaitHelper::Remove(&helper);
+  stop.Store(1, chi::MemOrder::kRelease);
+  for (auto &t : spinners) t.join();
+  CHECK(counting.inside.Load() == 0);
+}
+
+TEST_CASE("threads waiting at once deliver each other's answers and every task gets its own") {
+  RuntimeProcess runtime(TestPort(1));  // that test's runtime is gone by now
+  AttachedClient attached(runtime.Info());
+  auto client = CreateDemoPool();
+  constexpr u32 kThreads = 4;
+  constexpr u32 kRounds = 1500;
+  chi::Atomic<u32> wrong;
+  std::vector<std::thread> threads;
+  for (u32 id = 0; id < kThreads; ++id) {
+    threads.emplace_back([&, id] {
+      for (u32 i = 0; i < kRounds; ++i) {
+        const std::string data = Pattern(16 + (i % 3) * 1000, id * 100000 + i);
+        auto f = client.AsyncCustom(PoolQuery::Local(), data);
+        auto g = client.AsyncGpuSubmit(PoolQuery::Local(), id, i);
+        const bool ok = f.Wait(30) && f->GetReturnCode() == 0 && f->data_.view() == data &&
+                        g.Wait(30) && g->GetReturnCode() == 0 && g->result_value_ == i * 2 + id;
+        if (!ok) wrong.FetchAdd(1, chi::MemOrder::kRelaxed);
+      }
+    });
+  }
+  for (auto &t : threads) t.join();
+  CHECK(wrong.Load() == 0);
+  CHECK(attached.Transport().Outstanding() == 0);
+  CHECK(attached.Transport().StrayAnswers() == 0);
+  CHECK(attached.Transport().Failure() == ErrorCode::kOk);
+  MESSAGE("answers delivered by waiting callers: " << attached.Transport().HelpedAnswers()
+          << " of " << 2 * kThreads * kRounds);
 }

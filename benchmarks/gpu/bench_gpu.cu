@@ -470,6 +470,8 @@ int main(int argc, char **argv) {
   std::printf("  ServeSlot from pinned: 4-byte request %.0f, demo task %.0f; claim + release"
               " of a device slot %.0f\n",
               stage.serve_raw, stage.serve_task, stage.claim_release);
+  std::printf("  StartOn (a kernel's whole submit, one thread, device queue) %.0f\n",
+              stage.start_on);
   std::printf("wrong answers: %u\n", wrong);
   chi::CHIMAERA_FINALIZE();
   probe.Free();

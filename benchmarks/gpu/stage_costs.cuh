@@ -6,6 +6,7 @@
 #include <vector>  // the host copy of the pool table
 
 #include "bench_gpu_util.cuh"
+#include "chi/gpu/gpu_client.h"  // StartOn, the whole submit from a kernel
 #include "chi/gpu/gpu_server.h"  // ServeSlot, HandleRequest
 #include "chi/mods/demo/demo_tasks.h"  // the demo task and its GPU runtime
 
@@ -27,6 +28,7 @@ struct StageCosts {
   double serve_raw;            ///< ServeSlot on a pinned queue: a 4-byte request (refused)
   double serve_task;           ///< ServeSlot on a pinned queue: the demo task's request
   double claim_release;        ///< TryClaim + Release of a free slot of a device queue
+  double start_on;             ///< a kernel's whole submit (StartOn) into a device queue
 };
 
 /** Times each stage of a task's trip on its own (pinned and device: 1 KiB scratch each). */
@@ -115,6 +117,22 @@ __global__ void StageKernel(char *pinned, char *device, char *queue_pinned, char
     acc += slot;
     dq.Release(slot, false);
   });
+  {
+    chi::gpu::GpuInfo info;
+    info.magic_ = chi::gpu::kGpuInfoMagic;
+    u64 spent = 0;
+    for (u32 i = 0; i < iters; ++i) {
+      const u64 t0 = chi::gpu::ClockNs();
+      auto *t = chi::gpu::StartOn<chimaera::demo::GpuSubmitTask>(
+          &dq, info, pool, chi::PoolQuery::Local(), chimaera::demo::Method::kGpuSubmit, true, 0u,
+          i);
+      spent += chi::gpu::ClockNs() - t0;
+      chi::gpu::ClientRecord *r = chi::gpu::RecordOf(t);
+      dq.Answer(r->slot_, r->seq_, 0);  // as if served: the slot is idle again
+      chi::gpu::ReleaseTask(t);
+    }
+    c.start_on = static_cast<double>(spent) / iters;
+  }
   make(1);
   c.serve_raw = serve(4);
   c.serve_task = serve(len);

@@ -28,6 +28,7 @@
 #include "chi/transport/copy_space.h"        // streaming byte ring
 #include "chi/task/future.h"                 // chi::Future
 #include "chi/runtime/chimaera.h"            // CHIMAERA_INIT / CHIMAERA_FINALIZE
+#include "chi/runtime/hostfile.h"            // ParseHostfile: a multi-node runtime's nodes
 #include "chi/runtime/co_mutex.h"            // CoMutex
 #include "chi/runtime/co_rw_lock.h"          // CoRwLock
 #include "chi/mods/admin/admin_client.h"     // chimaera::admin::Client

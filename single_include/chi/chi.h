@@ -615,6 +615,10 @@ class PoolQuery {
 
   CHI_CROSS_FUN constexpr RoutingMode GetMode() const { return mode_; }
   CHI_CROSS_FUN constexpr bool IsNull() const { return mode_ == RoutingMode::kNull; }
+  /** True for the CPU -> GPU routes (LocalGpuBcast, ToLocalGpu), which GPU queues carry. */
+  CHI_CROSS_FUN constexpr bool IsGpuRoute() const {
+    return mode_ == RoutingMode::kLocalGpuBcast || mode_ == RoutingMode::kToLocalGpu;
+  }
   /** Container id (DirectId), node id (Physical) or GPU id (ToLocalGpu). */
   CHI_CROSS_FUN constexpr u32 GetId() const { return static_cast<u32>(value_); }
   CHI_CROSS_FUN constexpr u64 GetHash() const { return value_; }
@@ -4149,7 +4153,9 @@ class CopySpace {
 // runtime task it suspends the fiber instead, so the worker keeps running
 // other tasks. Dropping an unfinished Future hands the task to the runtime,
 // which frees it on completion. In a GPU kernel the same calls poll the task's
-// GPU slot instead (chi/gpu/gpu_client.h defines the device path).
+// GPU slot instead (chi/gpu/gpu_client.h defines the device path). While a host
+// thread spins it runs the process's WaitHelper, if one is installed (a pure client's
+// shm transport: the waiting caller delivers ready answers itself).
 
 #include <sched.h>  // sched_yield while polling
 
@@ -5796,6 +5802,71 @@ CHI_CROSS_FUN void ReleaseTask(TaskT *task);
 }  // namespace gpu
 #endif
 
+/**
+ * A per-process hook that a thread spinning in Future::Wait runs on every poll (only
+ * there: never in a runtime fiber, never on a GPU, never once the thread parks). A pure
+ * client's transport installs one so that a waiting caller takes ready answers off the
+ * wire itself instead of waiting for the transport's receiver thread to wake it. A plain
+ * function pointer, not a virtual: with none installed a poll costs one relaxed load.
+ */
+class WaitHelper {
+ public:
+  using Fn = void (*)(void *ctx);
+  /** The helper calls fn(ctx); fn must be cheap when it has nothing to do, and never block. */
+  constexpr WaitHelper(Fn fn, void *ctx) : fn_(fn), ctx_(ctx) {}
+
+  /** Installs h unless another helper is installed; true when h is now the helper. */
+  static bool Install(WaitHelper *h) {
+    WaitHelper *none = nullptr;
+    // release: fn_/ctx_ and whatever ctx points to are set up before a waiter runs them.
+    return installed_.CompareExchange(none, h, MemOrder::kRelease);
+  }
+
+  /** Uninstalls h (if installed) and returns once no thread is running any helper. */
+  static void Remove(WaitHelper *h) {
+    WaitHelper *expected = h;
+    // seq_cst: clear, then read the count (Dekker with Run's count-then-load).
+    installed_.CompareExchange(expected, nullptr, MemOrder::kSeqCst);
+    // seq_cst: the second half of that pair; a runner we see leaves with release.
+    while (running_.Load(MemOrder::kSeqCst) != 0) sched_yield();
+  }
+
+  /**
+   * Counts a thread entering Future::Wait's spin phase while a helper is installed;
+   * true when counted (pair it with EndSpin). The helper's owner reads Spinners() to
+   * leave ready answers to the waiting callers first.
+   */
+  static bool BeginSpin() {
+    // relaxed: a hint for the helper's owner; nothing is published through it.
+    if (installed_.Load(MemOrder::kRelaxed) == nullptr) return false;
+    spinners_.FetchAdd(1, MemOrder::kRelaxed);
+    return true;
+  }
+  /** Ends what a successful BeginSpin counted. */
+  static void EndSpin() { spinners_.FetchSub(1, MemOrder::kRelaxed); }  // relaxed: a hint
+  /** Threads spinning in Future::Wait with a helper installed right now (a hint). */
+  static u32 Spinners() { return spinners_.Load(MemOrder::kRelaxed); }  // relaxed: a hint
+
+  /** Runs the installed helper, if any (Future::Wait's spin loop). */
+  static void Run() {
+    // relaxed: only a hint; the helper is re-read below inside the count.
+    if (installed_.Load(MemOrder::kRelaxed) == nullptr) return;
+    // seq_cst: count, then load the helper; Remove does the reverse, so it waits for us
+    // or we see its nullptr.
+    running_.FetchAdd(1, MemOrder::kSeqCst);
+    if (WaitHelper *h = installed_.Load(MemOrder::kSeqCst)) h->fn_(h->ctx_);
+    // release: our use of the helper happens before Remove sees the count drop.
+    running_.FetchSub(1, MemOrder::kRelease);
+  }
+
+ private:
+  Fn fn_;
+  void *ctx_;
+  static inline Atomic<WaitHelper *> installed_{nullptr};
+  static inline Atomic<u32> running_{0};   ///< threads inside Run's call right now
+  static inline Atomic<u32> spinners_{0};  ///< threads in a counted spin phase
+};
+
 /** Owns one submitted task until it completes and the caller is done with it. */
 template <typename TaskT>
 class Future {
@@ -5889,18 +5960,34 @@ class Future {
   }
 
   bool WaitOnThread(float max_sec) {
-    // Poll for a fixed time (PAUSE costs 10-140 cycles by CPU). Every 64 polls,
-    // read the clock and yield the CPU: a worker we just woke is often placed on
-    // this very CPU by the scheduler, and must not wait for our time slice to end.
+    const bool counted = WaitHelper::BeginSpin();
+    const bool done = SpinOnThread();
+    if (counted) WaitHelper::EndSpin();
+    if (done) return true;
+    return ParkOnThread(max_sec);
+  }
+
+  /** Wait's spin phase on a thread: true when the task completed within kSpinNs. */
+  bool SpinOnThread() {
+    // Poll for a fixed time (PAUSE costs 10-140 cycles by CPU), running the process's
+    // wait helper on each poll. Every 64 polls, read the clock and yield the CPU: a
+    // worker we just woke is often placed on this very CPU by the scheduler, and must
+    // not wait for our time slice to end.
     const u64 spin_start = NowNs();
     for (u32 i = 1;; ++i) {
       if (task_->IsComplete()) return true;
+      WaitHelper::Run();
+      if (task_->IsComplete()) return true;
       CpuRelax();
       if ((i & 63) == 0) {
-        if (NowNs() - spin_start >= kSpinNs) break;
+        if (NowNs() - spin_start >= kSpinNs) return false;
         sched_yield();
       }
     }
+  }
+
+  /** Wait's second phase: parks on the task's state word until completion or max_sec. */
+  bool ParkOnThread(float max_sec) {
     const u64 deadline = max_sec > 0 ? NowNs() + static_cast<u64>(max_sec * 1e9) : 0;
     for (;;) {
       u32 s = task_->state_.Load(MemOrder::kAcquire);
@@ -5946,7 +6033,7 @@ bool WaitAll(std::vector<Future<TaskT>> &futures, float max_sec = 0) {
 
 #include <cstdio>   // fprintf for init errors
 #include <climits>  // INT_MAX
-#include <cstdlib>  // getenv, atexit, strtod
+#include <cstdlib>  // getenv, atexit
 #include <memory>   // unique_ptr
 #include <mutex>    // init/finalize are serialised
 #include <string>   // last error text
@@ -5955,16 +6042,351 @@ bool WaitAll(std::vector<Future<TaskT>> &futures, float max_sec = 0) {
 #ifndef CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_RUNTIME_H
 #define CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_RUNTIME_H
 // Runtime half of the admin module: creates pools (running each container's
-// kCreate), destroys them once drained, stops the runtime, reports statistics.
+// kCreate), destroys them once drained, stops the runtime, reports statistics,
+// records client memory registrations and sets up GPU containers on request.
 // Always registered: the runtime creates the admin pool (kAdminPoolId) at start.
+
+#include <unistd.h>  // getpid: the runtime's own memory needs no IPC handle
 
 #include <memory>  // unique_ptr<PoolInfo>
 
+// ---- begin chi/gpu/gpu_ipc_cache.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_CACHE_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_CACHE_H
+// Client memory the runtime may read: what RegisterMemory records, and the runtime's cache
+// of opened CUDA/HIP IPC handles (seed 002: open lazily, once, and keep it). Compiles without
+// CUDA: the GPU calls come through GpuIpcOps, which GpuManager installs; host tests use a fake.
+// Invariant: one open per (pid, device, handle bytes); an entry goes when its client registers
+// a different handle at an overlapping address (address reuse) or when its process is dead.
+
+#include <unistd.h>  // getpid: the runtime's own registrations need no IPC open
+
+#include <cstring>  // memcmp of handle bytes, memcpy of host reads
+#include <mutex>    // registration is a control path (an open takes 45 us - 1.2 ms)
+#include <vector>   // regions, mappings, read buffers
+
+namespace chi::gpu {
+
+/** Where registered memory lives (admin RegisterMemory; the seed's values). */
+enum class MemoryType : u32 {
+  kCpuMemory = 0,         ///< ordinary host memory
+  kPinnedHostMemory = 1,  ///< host memory pinned for the GPU
+  kGpuDeviceMemory = 2,   ///< device memory, shared through an IPC handle
+};
+
+/** An opaque CUDA/HIP IPC memory handle (both are 64 bytes). */
+struct IpcHandleBytes {
+  u64 words[8] = {};
+
+  bool operator==(const IpcHandleBytes &o) const {
+    return std::memcmp(words, o.words, sizeof(words)) == 0;
+  }
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(words[0], words[1], words[2], words[3], words[4], words[5], words[6], words[7]);
+  }
+};
+
+/** One registration: a client's range and how the runtime reaches it. */
+struct MemoryRegistration {
+  u32 pid = 0;                               ///< the registering process
+  MemoryType type = MemoryType::kCpuMemory;  ///< where the bytes live
+  u32 device = 0;                            ///< GPU ordinal (kGpuDeviceMemory)
+  u64 address = 0;                           ///< the client's address of the first byte
+  u64 bytes = 0;                             ///< length of the range
+  u64 alloc_offset = 0;  ///< address minus the base of its allocation (the handle's target)
+  IpcHandleBytes handle;  ///< kGpuDeviceMemory: the allocation's IPC handle
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    u32 t = static_cast<u32>(type);
+    ar(pid, t, device, address, bytes, alloc_offset, handle);
+    type = static_cast<MemoryType>(t);
+  }
+};
+
+/**
+ * The GPU calls the runtime's cache needs (GpuManager installs them; no GPU: none).
+ * open: maps another process's allocation; close: gives the mapping up (GpuManager defers
+ * the unmap until its orchestrators stop: an unmap may wait for the whole device);
+ * copy_to_host: device -> host on a stream of the runtime's own (never a device-wide wait).
+ */
+struct GpuIpcOps {
+  Status (*open)(u32 device, const IpcHandleBytes &handle, void **base);
+  void (*close)(u32 device, void *base);
+  Status (*copy_to_host)(u32 device, void *dst, const void *src, u64 bytes);
+};
+
+/** The client side's GPU call: fills device, alloc_offset and handle for a device range. */
+using DescribeDeviceMemoryFn = Status (*)(const void *ptr, u64 bytes, MemoryRegistration *reg);
+
+/** The runtime's GpuManager: makes GPU gpu_id serve `pool` (for directly attached clients). */
+using EnsureGpuPoolFn = Status (*)(u32 gpu_id, PoolId pool);
+
+/**
+ * The seams between CUDA-free code (admin handlers, IpcManager, this cache) and the GPU
+ * build, which installs them at start; nullptr where this process has no GPU layer.
+ */
+struct GpuHooks {
+  Atomic<const GpuIpcOps *> runtime_ops{nullptr};
+  Atomic<EnsureGpuPoolFn> ensure_pool{nullptr};
+  Atomic<DescribeDeviceMemoryFn> describe{nullptr};
+
+  static GpuHooks &Get() {
+    static GpuHooks hooks;
+    return hooks;
+  }
+};
+
+/**
+ * Registered client ranges and the IPC mappings behind them. Opener provides
+ * Status Open(u32 device, const IpcHandleBytes &, void **base), void Close(u32, void *)
+ * and Status CopyToHost(u32 device, void *dst, const void *src, u64 bytes).
+ * Calls are serialised by one mutex: this is the registration path, not the task path
+ * (a runtime handler translates once per task and copies outside any queue).
+ */
+template <typename Opener>
+class GpuIpcCache {
+ public:
+  explicit GpuIpcCache(Opener opener = Opener(), u32 self_pid = static_cast<u32>(getpid()))
+      : opener_(opener), self_pid_(self_pid) {}
+  ~GpuIpcCache() { Clear(); }
+  GpuIpcCache(const GpuIpcCache &) = delete;
+  GpuIpcCache &operator=(const GpuIpcCache &) = delete;
+
+  /**
+   * Records r. A region of the same client that overlaps r with another handle or type is
+   * dropped first (the client freed it and reused the address), and its mapping closed once
+   * nothing else uses it. Nothing is opened here.
+   */
+  Status Register(const MemoryRegistration &r) {
+    if (r.pid == 0 || r.bytes == 0 || r.address == 0 || r.address + r.bytes < r.address) {
+      return Status::Error(ErrorCode::kInvalidArgument,
+                           "RegisterMemory: null address, zero size or a range that wraps");
+    }
+    if (static_cast<u32>(r.type) > static_cast<u32>(MemoryType::kGpuDeviceMemory)) {
+      return Status::Errorf(ErrorCode::kInvalidArgument, "RegisterMemory: unknown memory type %u",
+                            static_cast<u32>(r.type));
+    }
+    if (r.type != MemoryType::kGpuDeviceMemory && r.pid != self_pid_) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "RegisterMemory: host memory of another process is not visible to "
+                           "the runtime; register device memory (kGpuDeviceMemory) instead");
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    for (size_t i = 0; i < regions_.size();) {
+      const MemoryRegistration &o = regions_[i];
+      const bool overlaps = o.pid == r.pid && o.address < r.address + r.bytes &&
+                            r.address < o.address + o.bytes;
+      if (overlaps && SameTarget(o, r) && o.address == r.address) {
+        regions_[i] = r;  // the same memory registered again: keep its mapping
+        return Status::Ok();
+      }
+      if (overlaps) {
+        RemoveRegion(i);
+        continue;
+      }
+      ++i;
+    }
+    regions_.push_back(r);
+    return Status::Ok();
+  }
+
+  /**
+   * The runtime's address of client `pid`'s [address, address + bytes), opening the IPC
+   * handle on first use. kNotFound when no single registration covers the range.
+   * The pointer stays valid until that client re-registers the address or dies.
+   */
+  Status Translate(u32 pid, u64 address, u64 bytes, void **out, MemoryType *type = nullptr,
+                   u32 *device = nullptr) {
+    std::lock_guard<std::mutex> g(mu_);
+    return TranslateLocked(pid, address, bytes, out, type, device);
+  }
+
+  /** Copies client `pid`'s range into *out (device memory through the opener). */
+  Status Read(u32 pid, u64 address, u64 bytes, std::vector<char> *out) {
+    std::lock_guard<std::mutex> g(mu_);  // held while copying: no close can race the copy
+    void *p = nullptr;
+    MemoryType type = MemoryType::kCpuMemory;
+    u32 device = 0;
+    if (Status st = TranslateLocked(pid, address, bytes, &p, &type, &device); !st.ok()) return st;
+    out->resize(bytes);
+    if (type != MemoryType::kGpuDeviceMemory) {
+      std::memcpy(out->data(), p, bytes);
+      return Status::Ok();
+    }
+    return opener_.CopyToHost(device, out->data(), p, bytes);
+  }
+
+  /** Drops every region and mapping of `pid`; returns how many regions went. */
+  u32 DropPid(u32 pid) {
+    std::lock_guard<std::mutex> g(mu_);
+    u32 n = 0;
+    for (size_t i = 0; i < regions_.size();) {
+      if (regions_[i].pid == pid) {
+        RemoveRegion(i);
+        ++n;
+      } else {
+        ++i;
+      }
+    }
+    return n;
+  }
+
+  /** Drops the regions of every process for which alive(pid) is false. */
+  template <typename Alive>
+  u32 DropDead(Alive alive) {
+    std::vector<u32> dead;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (const MemoryRegistration &r : regions_) {
+        bool seen = false;
+        for (u32 d : dead) seen |= d == r.pid;
+        if (!seen && r.pid != self_pid_ && !alive(r.pid)) dead.push_back(r.pid);
+      }
+    }
+    u32 n = 0;
+    for (u32 pid : dead) n += DropPid(pid);
+    return n;
+  }
+
+  /** Forgets everything, closing every open mapping. */
+  void Clear() {
+    std::lock_guard<std::mutex> g(mu_);
+    while (!regions_.empty()) RemoveRegion(regions_.size() - 1);
+  }
+
+  size_t Regions() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return regions_.size();
+  }
+  size_t OpenMappings() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return maps_.size();
+  }
+  /** IPC opens and closes so far (each open is slow: the cache exists to keep this low). */
+  u64 Opens() const { return opens_.Load(MemOrder::kRelaxed); }    // relaxed: a statistic
+  u64 Closes() const { return closes_.Load(MemOrder::kRelaxed); }  // relaxed: a statistic
+
+ private:
+  /** One opened IPC handle, shared by the regions of one allocation. */
+  struct Mapping {
+    u32 pid;
+    u32 device;
+    IpcHandleBytes handle;
+    void *base;
+  };
+
+  static bool SameTarget(const MemoryRegistration &a, const MemoryRegistration &b) {
+    return a.type == b.type && a.device == b.device && a.handle == b.handle &&
+           a.address - a.alloc_offset == b.address - b.alloc_offset;
+  }
+  static bool SameKey(const Mapping &m, const MemoryRegistration &r) {
+    return m.pid == r.pid && m.device == r.device && m.handle == r.handle;
+  }
+
+  /** Removes region i; closes its mapping when no other region uses it. */
+  void RemoveRegion(size_t i) {
+    const MemoryRegistration r = regions_[i];
+    regions_[i] = regions_.back();
+    regions_.pop_back();
+    if (r.type != MemoryType::kGpuDeviceMemory) return;
+    for (const MemoryRegistration &o : regions_) {
+      if (o.type == MemoryType::kGpuDeviceMemory && o.pid == r.pid && o.device == r.device &&
+          o.handle == r.handle) {
+        return;  // still in use
+      }
+    }
+    for (size_t k = 0; k < maps_.size(); ++k) {
+      if (!SameKey(maps_[k], r)) continue;
+      opener_.Close(maps_[k].device, maps_[k].base);
+      closes_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+      maps_[k] = maps_.back();
+      maps_.pop_back();
+      return;
+    }
+  }
+
+  Status TranslateLocked(u32 pid, u64 address, u64 bytes, void **out, MemoryType *type,
+                         u32 *device) {
+    for (const MemoryRegistration &r : regions_) {
+      if (r.pid != pid || address < r.address || address - r.address > r.bytes ||
+          bytes > r.bytes - (address - r.address)) {
+        continue;
+      }
+      if (type != nullptr) *type = r.type;
+      if (device != nullptr) *device = r.device;
+      const u64 into = address - r.address;
+      if (r.type != MemoryType::kGpuDeviceMemory || r.pid == self_pid_) {
+        *out = reinterpret_cast<void *>(address);  // our own memory: the address is ours
+        return Status::Ok();
+      }
+      void *base = nullptr;
+      for (const Mapping &m : maps_) {
+        if (SameKey(m, r)) base = m.base;
+      }
+      if (base == nullptr) {
+        if (Status st = opener_.Open(r.device, r.handle, &base); !st.ok()) return st;
+        opens_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+        maps_.push_back(Mapping{r.pid, r.device, r.handle, base});
+      }
+      *out = static_cast<char *>(base) + r.alloc_offset + into;
+      return Status::Ok();
+    }
+    return Status::Errorf(ErrorCode::kNotFound,
+                          "process %u registered no memory covering 0x%llx + %llu bytes", pid,
+                          static_cast<unsigned long long>(address),
+                          static_cast<unsigned long long>(bytes));
+  }
+
+  Opener opener_;
+  u32 self_pid_;
+  mutable std::mutex mu_;
+  std::vector<MemoryRegistration> regions_;
+  std::vector<Mapping> maps_;
+  Atomic<u64> opens_;
+  Atomic<u64> closes_;
+};
+
+/** The opener of the runtime's own cache: the installed GpuIpcOps, or a clear refusal. */
+struct HookedIpcOpener {
+  Status Open(u32 device, const IpcHandleBytes &h, void **base) const {
+    const GpuIpcOps *ops = GpuHooks::Get().runtime_ops.Load(MemOrder::kAcquire);
+    if (ops == nullptr) return NoGpu();
+    return ops->open(device, h, base);
+  }
+  void Close(u32 device, void *base) const {
+    if (const GpuIpcOps *ops = GpuHooks::Get().runtime_ops.Load(MemOrder::kAcquire)) {
+      ops->close(device, base);
+    }
+  }
+  Status CopyToHost(u32 device, void *dst, const void *src, u64 bytes) const {
+    const GpuIpcOps *ops = GpuHooks::Get().runtime_ops.Load(MemOrder::kAcquire);
+    if (ops == nullptr) return NoGpu();
+    return ops->copy_to_host(device, dst, src, bytes);
+  }
+  static Status NoGpu() {
+    return Status::Error(ErrorCode::kUnsupported,
+                         "this runtime has no GPU (or was built without CUDA/HIP): it cannot "
+                         "open device memory of another process");
+  }
+};
+
+/** The runtime's registrations (admin RegisterMemory fills it; handlers read through it). */
+inline GpuIpcCache<HookedIpcOpener> &ClientMemory() {
+  static GpuIpcCache<HookedIpcOpener> cache;
+  return cache;
+}
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_CACHE_H
+// ---- end chi/gpu/gpu_ipc_cache.h ----
 // ---- begin chi/mods/admin/admin_tasks.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_TASKS_H
 #define CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_TASKS_H
 // Tasks of the admin module (chimaera::admin): pool creation and destruction,
-// runtime stop, and the Monitor report. Method ids match chimaera_mod.yaml.
+// runtime stop, the Monitor report, client memory registration and GPU pool set-up.
+// Method ids match chimaera_mod.yaml.
 
 #include <string_view>  // names
 #include <vector>       // report contents
@@ -6085,6 +6507,8 @@ struct Method {
   static constexpr chi::MethodId kCreatePool = 10;
   static constexpr chi::MethodId kDestroyPool = 11;
   static constexpr chi::MethodId kStopRuntime = 12;
+  static constexpr chi::MethodId kRegisterMemory = 13;
+  static constexpr chi::MethodId kGpuAttachPool = 14;
 };
 
 /** Name under which the admin module registers. */
@@ -6138,6 +6562,41 @@ struct DestroyPoolTask : public chi::Task {
 struct StopRuntimeTask : public chi::Task {
   template <typename Ar>
   void SerializeIn(Ar &) {}
+  template <typename Ar>
+  void SerializeOut(Ar &) {}
+};
+
+/**
+ * Tells the runtime about a client's memory (IpcManager::RegisterMemory sends it). Device
+ * memory carries its allocation's IPC handle; the runtime opens it on first use.
+ */
+struct RegisterMemoryTask : public chi::Task {
+  IN chi::gpu::MemoryRegistration reg_;
+
+  RegisterMemoryTask() = default;
+  explicit RegisterMemoryTask(const chi::gpu::MemoryRegistration &reg) : reg_(reg) {}
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(reg_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &) {}
+};
+
+/**
+ * Makes sure GPU gpu_id_ of the runtime has a container for pool target_ (a client that
+ * submits straight into the GPU's queue asks once per pool; the runtime's GpuManager builds it).
+ */
+struct GpuAttachPoolTask : public chi::Task {
+  IN chi::u32 gpu_id_ = 0;
+  IN chi::PoolId target_;
+
+  GpuAttachPoolTask() = default;
+  GpuAttachPoolTask(chi::u32 gpu_id, chi::PoolId target) : gpu_id_(gpu_id), target_(target) {}
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(gpu_id_, target_);
+  }
   template <typename Ar>
   void SerializeOut(Ar &) {}
 };
@@ -6301,7 +6760,7 @@ class ModuleRuntime : public Container {
 #define CHI_SINGLE_INCLUDE_CHI_RUNTIME_CONFIG_H
 // Runtime configuration: ServerConfig, read from YAML (yaml-cpp) by
 // ParseServerConfig, and LoadServerConfig (CHI_SERVER_CONF or the embedded
-// default, then CHI_PORT / CHI_IPC_MODE); also the hostfile reader. Used once at
+// default, then the CHI_* environment overrides); also the hostfile reader. Used once at
 // start-up by Chimaera::Init. Invariant: every failure is a kBadConfig Status
 // naming the key (or variable, or file); no exception escapes these functions.
 
@@ -6367,6 +6826,16 @@ networking:
   # How a pure client reaches the runtime on its node: shm, ipc or tcp.
   # The environment variable CHI_IPC_MODE overrides it.
   ipc_mode: shm
+  # Seconds a pure client waits for its first connection to the runtime,
+  # 0 .. 86400 (decimals allowed). CHI_CONNECT_TIMEOUT overrides it.
+  connect_timeout_s: 5
+  # Seconds tasks of a pure client wait for a runtime that went away to come
+  # back (every transport reconnects), 0 .. 86400. CHI_RECONNECT_TIMEOUT
+  # overrides it.
+  reconnect_timeout_s: 10
+  # Microseconds a ZeroMQ network thread (client or runtime) keeps polling
+  # after activity before it sleeps, 0 .. 1000000. CHI_ZMQ_SPIN_US overrides it.
+  zmq_spin_us: 20
 
 # The persistent GPU orchestrator kernel (used only in GPU builds).
 gpu:
@@ -6432,6 +6901,9 @@ struct ServerConfig {
   u32 port = 9413;               ///< yaml: networking.port; env CHI_PORT overrides
   std::string hostfile;          ///< yaml: networking.hostfile ("" = single node)
   std::string ipc_mode = "shm";  ///< yaml: networking.ipc_mode; env CHI_IPC_MODE overrides
+  double connect_timeout_sec = 5;     ///< networking.connect_timeout_s; CHI_CONNECT_TIMEOUT
+  double reconnect_timeout_sec = 10;  ///< networking.reconnect_timeout_s; CHI_RECONNECT_TIMEOUT
+  u32 zmq_spin_us = 20;               ///< networking.zmq_spin_us; CHI_ZMQ_SPIN_US overrides
   // gpu
   u32 gpu_blocks = 1;              ///< yaml: gpu.blocks
   u32 gpu_threads_per_block = 32;  ///< yaml: gpu.threads_per_block
@@ -6458,6 +6930,8 @@ inline constexpr u64 kMinShmSegment = 64ull << 10;      ///< each shm.*_size
 inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
 inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
 inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
+inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
+inline constexpr u64 kMaxZmqSpinUs = 1000000;           ///< networking.zmq_spin_us
 
 namespace detail {
 
@@ -6522,6 +6996,16 @@ inline std::string FormatSize(u64 bytes) {
     ++u;
   }
   return std::to_string(bytes) + (u < 0 ? std::string() : std::string(1, units[u]));
+}
+
+/** Parses a plain decimal number of seconds ("5", "0.25") in [0, hi]. */
+inline bool ParseSeconds(const std::string &s, double hi, double *out) {
+  if (s.empty() || s.find_first_not_of("0123456789.") != std::string::npos) return false;
+  char *end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !(v >= 0 && v <= hi)) return false;
+  *out = v;
+  return true;
 }
 
 /** True for the transports a pure client may use (networking.ipc_mode, CHI_IPC_MODE). */
@@ -6664,13 +7148,23 @@ class ConfigReader {
     });
   }
 
-  /** networking: port, hostfile and ipc_mode. */
+  /** networking: port, hostfile, ipc_mode, the client's timeouts and the ZeroMQ spin. */
   Status ReadNetworking(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
-    static constexpr std::array<std::string_view, 3> kKeys = {"port", "hostfile", "ipc_mode"};
+    static constexpr std::array<std::string_view, 6> kKeys = {
+        "port", "hostfile", "ipc_mode", "connect_timeout_s", "reconnect_timeout_s",
+        "zmq_spin_us"};
     return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
                                           const std::string &p) {
       if (key == "port") return ReadU32(v, p, 1, 65535, &cfg->port);
       if (key == "hostfile") return ReadString(v, p, true, &cfg->hostfile);
+      if (key == "zmq_spin_us") return ReadU32(v, p, 0, kMaxZmqSpinUs, &cfg->zmq_spin_us);
+      if (key == "connect_timeout_s" || key == "reconnect_timeout_s") {
+        double *field = key == "connect_timeout_s" ? &cfg->connect_timeout_sec
+                                                   : &cfg->reconnect_timeout_sec;
+        if (v.IsScalar() && ParseSeconds(v.Scalar(), kMaxTimeoutSec, field)) return Status::Ok();
+        return Fail(v, p + ": expected seconds 0.." + std::to_string(
+                               static_cast<u64>(kMaxTimeoutSec)) + ", got " + DescribeNode(v));
+      }
       std::string mode;
       if (Status st = ReadString(v, p, false, &mode); !st.ok()) return st;
       if (!IsIpcMode(mode)) {
@@ -6804,55 +7298,6 @@ inline Status ReadSmallFile(const std::string &path, const char *what, std::stri
   return Status::Ok();
 }
 
-/**
- * Appends the hosts named by one hostfile pattern: "node[01-04,7]-ib" gives
- * node01-ib .. node04-ib and node7-ib; a range keeps the width of its first
- * number (zero padding). Returns false with *why set on a malformed pattern.
- */
-inline bool ExpandHostPattern(std::string_view pattern, const std::string &prefix,
-                              std::vector<std::string> *out, std::string *why) {
-  constexpr size_t kMaxHosts = 1u << 20;
-  auto fail = [why](std::string reason) {
-    *why = std::move(reason);
-    return false;
-  };
-  const size_t open = pattern.find('[');
-  const size_t stray = pattern.find(']');
-  if (open == std::string_view::npos) {
-    if (stray != std::string_view::npos) return fail("']' without '['");
-    if (out->size() >= kMaxHosts) return fail("more than 1048576 hosts");
-    out->push_back(prefix + std::string(pattern));
-    return true;
-  }
-  if (stray < open) return fail("']' without '['");
-  const size_t close = pattern.find(']', open);
-  if (close == std::string_view::npos) return fail("'[' without ']'");
-  const std::string head = prefix + std::string(pattern.substr(0, open));
-  const std::string_view rest = pattern.substr(close + 1);
-  std::string_view items = pattern.substr(open + 1, close - open - 1);
-  while (true) {
-    const size_t comma = items.find(',');
-    const std::string_view item = items.substr(0, comma);
-    const size_t dash = item.find('-');
-    const std::string_view lo_text = item.substr(0, dash);
-    const std::string_view hi_text =
-        dash == std::string_view::npos ? lo_text : item.substr(dash + 1);
-    u64 lo = 0, hi = 0;
-    if (!ParseUnsigned(lo_text, 0xffffffffull, &lo) ||
-        !ParseUnsigned(hi_text, 0xffffffffull, &hi) || hi < lo) {
-      return fail("bad range '" + std::string(item) + "' (expected N or LO-HI, LO <= HI)");
-    }
-    for (u64 v = lo; v <= hi; ++v) {
-      std::string num = std::to_string(v);
-      if (num.size() < lo_text.size()) num.insert(0, lo_text.size() - num.size(), '0');
-      if (!ExpandHostPattern(rest, head + num, out, why)) return false;
-    }
-    if (comma == std::string_view::npos) break;
-    items = items.substr(comma + 1);
-  }
-  return true;
-}
-
 }  // namespace detail
 
 /**
@@ -6883,59 +7328,11 @@ inline Status ParseServerConfig(std::string_view yaml_text, ServerConfig *out,
 }
 
 /**
- * Reads the hosts of a hostfile given as text: one host per line, blank lines and
- * '#' comments skipped, ranges such as "node[01-04]" expanded. Replaces *hosts on success.
- */
-inline Status ParseHostfileText(std::string_view text, std::vector<std::string> *hosts,
-                                std::string_view source_name = "<string>") {
-  try {
-    std::vector<std::string> found;
-    size_t line_no = 0;
-    while (!text.empty()) {
-      const size_t nl = text.find('\n');
-      std::string_view line = text.substr(0, nl);
-      text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
-      ++line_no;
-      line = line.substr(0, line.find('#'));
-      const auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
-      while (!line.empty() && is_space(line.front())) line.remove_prefix(1);
-      while (!line.empty() && is_space(line.back())) line.remove_suffix(1);
-      if (line.empty()) continue;
-      std::string why;
-      if (std::any_of(line.begin(), line.end(), is_space)) {
-        why = "expected one host per line, got '" + std::string(line) + "'";
-      } else if (detail::ExpandHostPattern(line, "", &found, &why)) {
-        continue;
-      }
-      return detail::ConfigError(source_name, static_cast<int>(line_no) - 1, why);
-    }
-    *hosts = std::move(found);
-    return Status::Ok();
-  } catch (const std::exception &e) {
-    return detail::ConfigError(source_name, -1, std::string("cannot read hosts: ") + e.what());
-  } catch (...) {
-    return detail::ConfigError(source_name, -1, "cannot read hosts: unknown exception");
-  }
-}
-
-/** Reads a hostfile (see ParseHostfileText); a missing or unreadable file names the path. */
-inline Status ParseHostfile(const std::string &path, std::vector<std::string> *hosts) {
-  try {
-    std::string text;
-    if (Status st = detail::ReadSmallFile(path, "hostfile", &text); !st.ok()) return st;
-    return ParseHostfileText(text, hosts, path);
-  } catch (const std::exception &e) {
-    return detail::ConfigError(path, -1, std::string("cannot read hostfile: ") + e.what());
-  } catch (...) {
-    return detail::ConfigError(path, -1, "cannot read hostfile: unknown exception");
-  }
-}
-
-/**
  * The configuration the runtime uses: the file named by CHI_SERVER_CONF (an error
- * names the path when it cannot be read), else the embedded default; then CHI_PORT
- * and CHI_IPC_MODE override (a bad value is an error naming the variable). Empty
- * variables count as unset. *out is replaced only on success.
+ * names the path when it cannot be read), else the embedded default; then CHI_PORT,
+ * CHI_IPC_MODE, CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT (seconds) and CHI_ZMQ_SPIN_US
+ * override their keys (a bad value is an error naming the variable). Empty variables
+ * count as unset. *out is replaced only on success.
  */
 inline Status LoadServerConfig(ServerConfig *out) {
   try {
@@ -6964,6 +7361,21 @@ inline Status LoadServerConfig(ServerConfig *out) {
       }
       cfg.ipc_mode = mode;
     }
+    // The client's timeouts (seconds) and the ZeroMQ spin (whole microseconds).
+    for (const char *name : {"CHI_CONNECT_TIMEOUT", "CHI_RECONNECT_TIMEOUT", "CHI_ZMQ_SPIN_US"}) {
+      const char *v = std::getenv(name);
+      if (v == nullptr || v[0] == '\0') continue;
+      const char kind = name[4];  // C(onnect), R(econnect) or Z(mq)
+      double *field = kind == 'C' ? &cfg.connect_timeout_sec : &cfg.reconnect_timeout_sec;
+      u64 us = 0;
+      const bool ok = kind == 'Z' ? detail::ParseUnsigned(v, kMaxZmqSpinUs, &us)
+                                  : detail::ParseSeconds(v, kMaxTimeoutSec, field);
+      if (!ok) {
+        return Status::Errorf(ErrorCode::kBadConfig, "%s: expected %s, got '%.40s'", name,
+                              kind == 'Z' ? "microseconds 0..1000000" : "seconds 0..86400", v);
+      }
+      if (kind == 'Z') cfg.zmq_spin_us = static_cast<u32>(us);
+    }
     *out = std::move(cfg);
     return Status::Ok();
   } catch (const std::exception &e) {
@@ -6981,8 +7393,10 @@ inline Status LoadServerConfig(ServerConfig *out) {
 #define CHI_SINGLE_INCLUDE_CHI_RUNTIME_IPC_MANAGER_H
 // IpcManager: how a client hands tasks to the runtime. It stamps each task's
 // identity (TaskId, TaskNode: a subtask keeps its parent's major) and submits
-// it to the embedded runtime's WorkOrchestrator, returning a Future. A task
-// that cannot be submitted still yields a completed Future carrying the error.
+// it to the embedded runtime's WorkOrchestrator (or a pure client's transport, or the GPU
+// transport for LocalGpuBcast/ToLocalGpu), returning a Future. A task that cannot be
+// submitted still yields a completed Future carrying the error. RegisterMemory tells the
+// runtime about memory its handlers may read (admin RegisterMemory).
 
 #include <unistd.h>  // getpid
 
@@ -6994,6 +7408,8 @@ inline Status LoadServerConfig(ServerConfig *out) {
 // kHighLatency), and is where every task enters the runtime (Submit).
 // Client threads block when a lane is full (back-pressure); worker threads
 // never block on a lane, since they may be the only consumer of it.
+
+#include <sched.h>  // sched_yield while the last submitters finish
 
 #include <cstdlib>  // aligned_alloc/free for the queue region
 #include <memory>   // unique_ptr<Worker>
@@ -7051,7 +7467,10 @@ class WorkOrchestrator {
   /** Refuses new tasks, lets workers drain their lanes, joins them and frees the queue. */
   void Stop() {
     if (workers_.empty()) return;
-    accepting_.Store(0, MemOrder::kRelease);
+    accepting_.Store(0, MemOrder::kSeqCst);  // seq_cst: before reading submitting_ (Dekker)
+    // Submits already past the check finish their push (workers still drain, so a full lane
+    // frees up); the tasks they pushed are run before the workers stop.
+    while (submitting_.Load(MemOrder::kSeqCst) != 0) sched_yield();
     for (auto &w : workers_) w->RequestStop();
     for (auto &w : workers_) w->Join();
     workers_.clear();
@@ -7076,12 +7495,21 @@ class WorkOrchestrator {
     const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
     Worker *me = tls_current_worker;
     if (me != nullptr && me->GetRole() == (high ? WorkerRole::kHighLatency : WorkerRole::kLowLatency)) {
-      me->PushLocal(t);
+      me->PushLocal(t);  // a worker: Stop joins it before freeing anything
       return true;
+    }
+    // Other threads (transport servers, applications) are counted, so that Stop frees the
+    // lanes only once none of them is still pushing into one.
+    // seq_cst: count, then check accepting_; Stop does the reverse (Dekker).
+    submitting_.FetchAdd(1, MemOrder::kSeqCst);
+    if (CHI_UNLIKELY(accepting_.Load(MemOrder::kSeqCst) == 0)) {
+      submitting_.FetchSub(1, MemOrder::kRelease);
+      return false;
     }
     thread_local u32 rotate = 0;
     const std::vector<Worker *> &set = high ? high_ : low_;
     SubmitTo(set[rotate++ % set.size()], t);
+    submitting_.FetchSub(1, MemOrder::kRelease);  // release: our push before Stop's free
     return true;
   }
 
@@ -7136,6 +7564,7 @@ class WorkOrchestrator {
   u32 lanes_per_worker_ = 1;
   TaskQueue *queue_ = nullptr;
   Atomic<u32> accepting_;
+  alignas(kCacheLine) Atomic<u32> submitting_;  ///< non-worker threads inside Submit
 };
 
 // ---- Fan-out (Range / Broadcast), run inside the original task's fiber ----
@@ -7222,6 +7651,8 @@ class IpcManager {
   }
   /** Hands LocalGpuBcast / ToLocalGpu tasks to the GPU manager's transport (nullptr detaches). */
   void AttachGpuTransport(ClientTransport *gpu) { gpu_transport_.Store(gpu, MemOrder::kRelease); }
+  /** Where requests from other processes for GPU routes go (RequestDispatcher::RouteGpuTo). */
+  const Atomic<ClientTransport *> *GpuRoute() const { return &gpu_transport_; }
   /** True when tasks can currently be submitted. */
   bool IsConnected() const {
     WorkOrchestrator *orch = orch_.Load(MemOrder::kAcquire);
@@ -7259,6 +7690,57 @@ class IpcManager {
     SendRaw(t);
   }
 
+  /**
+   * Tells the runtime about [ptr, ptr + bytes) so that its handlers can read it
+   * (chi::gpu::ClientMemory().Translate/Read with this process's pid). kGpuDeviceMemory:
+   * the allocation's CUDA/HIP IPC handle travels in an admin RegisterMemory task; the
+   * runtime opens it on first use and caches it (re-registering the address with another
+   * allocation replaces it; a dead client's entries are dropped). Host memory is only
+   * visible to an embedded runtime (same process); a pure client gets kUnsupported.
+   * Errors: kInvalidArgument (null, zero size, not device memory, past the allocation's
+   * end), kUnsupported (no GPU layer here or in the runtime), kTimeout.
+   */
+  Status RegisterMemory(void *ptr, u64 bytes, gpu::MemoryType type, float timeout_sec = 30) {
+    if (ptr == nullptr || bytes == 0) {
+      return Status::Error(ErrorCode::kInvalidArgument, "RegisterMemory: null pointer or zero size");
+    }
+    if (static_cast<u32>(type) > static_cast<u32>(gpu::MemoryType::kGpuDeviceMemory)) {
+      return Status::Errorf(ErrorCode::kInvalidArgument, "RegisterMemory: unknown memory type %u",
+                            static_cast<u32>(type));
+    }
+    gpu::MemoryRegistration reg;
+    reg.pid = static_cast<u32>(getpid());
+    reg.type = type;
+    reg.address = reinterpret_cast<u64>(ptr);
+    reg.bytes = bytes;
+    if (type == gpu::MemoryType::kGpuDeviceMemory) {
+      gpu::DescribeDeviceMemoryFn describe = gpu::GpuHooks::Get().describe.Load(MemOrder::kAcquire);
+      if (describe == nullptr) {
+        return Status::Error(ErrorCode::kUnsupported,
+                             "RegisterMemory(kGpuDeviceMemory): this program was built without "
+                             "CUDA/HIP (CHIMAERA_ENABLE_CUDA / CHIMAERA_ENABLE_ROCM)");
+      }
+      if (Status st = describe(ptr, bytes, &reg); !st.ok()) return st;
+    } else if (orch_.Load(MemOrder::kAcquire) == nullptr) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "RegisterMemory: host memory of a client process is not visible to a "
+                           "runtime in another process; register device memory instead");
+    }
+    auto *t = NewTask<chimaera::admin::RegisterMemoryTask>(reg);
+    if (t == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "RegisterMemory task");
+    t->pool_id_ = kAdminPoolId;
+    t->pool_query_ = PoolQuery::Local();
+    t->method_ = chimaera::admin::Method::kRegisterMemory;
+    Future<chimaera::admin::RegisterMemoryTask> f = Send(t);
+    if (!f.Wait(timeout_sec)) {
+      return Status::Error(ErrorCode::kTimeout, "RegisterMemory: the runtime did not answer");
+    }
+    if (f->GetReturnCode() != 0) {
+      return Status::Error(static_cast<ErrorCode>(f->GetReturnCode()), f->GetMessage());
+    }
+    return Status::Ok();
+  }
+
   /** Requests a periodic task to stop after its current run. */
   static void Cancel(Task *t) {
     t->state_.FetchOr(task_state::kCancelRequested, MemOrder::kRelease);
@@ -7267,8 +7749,7 @@ class IpcManager {
  private:
   void SendRaw(Task *t) {
     Stamp(t);
-    const RoutingMode mode = t->pool_query_.GetMode();
-    if (mode == RoutingMode::kLocalGpuBcast || mode == RoutingMode::kToLocalGpu) {
+    if (t->pool_query_.IsGpuRoute()) {
       ClientTransport *gpu = gpu_transport_.Load(MemOrder::kAcquire);
       if (gpu != nullptr && gpu->Send(t)) return;  // CPU -> GPU: the GPU manager answers
     }
@@ -7380,6 +7861,39 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     if (on_stop_ != nullptr) on_stop_();
   }
 
+  /**
+   * Records a client's memory (chi::gpu::ClientMemory). Device memory of another process
+   * needs this runtime's GPU layer; its IPC handle is opened on first use, not here.
+   */
+  void RegisterMemory(RegisterMemoryTask &task, chi::RunContext &) {
+    chi::gpu::MemoryRegistration reg = task.reg_;
+    if (reg.pid != task.task_id_.pid_) {
+      return task.SetErrorf(chi::ErrorCode::kInvalidArgument,
+                            "RegisterMemory: registration names pid %u but came from pid %u",
+                            reg.pid, task.task_id_.pid_);
+    }
+    if (reg.type == chi::gpu::MemoryType::kGpuDeviceMemory &&
+        reg.pid != static_cast<chi::u32>(getpid()) &&
+        chi::gpu::GpuHooks::Get().runtime_ops.Load(chi::MemOrder::kAcquire) == nullptr) {
+      const chi::Status st = chi::gpu::HookedIpcOpener::NoGpu();
+      return task.SetError(st.code(), st.message());
+    }
+    chi::Status st = chi::gpu::ClientMemory().Register(reg);
+    if (!st.ok()) task.SetError(st.code(), st.message());
+  }
+
+  /** Gives GPU gpu_id_ a container for pool target_ (GpuManager does the work). */
+  void GpuAttachPool(GpuAttachPoolTask &task, chi::RunContext &) {
+    chi::gpu::EnsureGpuPoolFn ensure =
+        chi::gpu::GpuHooks::Get().ensure_pool.Load(chi::MemOrder::kAcquire);
+    if (ensure == nullptr) {
+      return task.SetError(chi::ErrorCode::kUnsupported,
+                           "this runtime has no GPU (or was built without CUDA/HIP)");
+    }
+    chi::Status st = ensure(task.gpu_id_, task.target_);
+    if (!st.ok()) task.SetError(st.code(), st.message());
+  }
+
   /** Fills the report with every worker's and pool's counters. */
   void MonitorStats(MonitorTask &task, chi::RunContext &) {
     MonitorReport report;
@@ -7397,7 +7911,11 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
       chi::Method<Method::kMonitor, MonitorTask, &Runtime::MonitorStats, "Monitor">,
       chi::Method<Method::kCreatePool, CreatePoolTask, &Runtime::CreatePool, "CreatePool">,
       chi::Method<Method::kDestroyPool, DestroyPoolTask, &Runtime::DestroyPool, "DestroyPool">,
-      chi::Method<Method::kStopRuntime, StopRuntimeTask, &Runtime::StopRuntime, "StopRuntime">>;
+      chi::Method<Method::kStopRuntime, StopRuntimeTask, &Runtime::StopRuntime, "StopRuntime">,
+      chi::Method<Method::kRegisterMemory, RegisterMemoryTask, &Runtime::RegisterMemory,
+                  "RegisterMemory">,
+      chi::Method<Method::kGpuAttachPool, GpuAttachPoolTask, &Runtime::GpuAttachPool,
+                  "GpuAttachPool">>;
 
  private:
   chi::PoolManager *pools_ = nullptr;
@@ -7464,7 +7982,7 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 namespace chi {
 
 /** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
-inline constexpr u32 kConnectProtocolVersion = 1;
+inline constexpr u32 kConnectProtocolVersion = 2;
 /** Bumped whenever RuntimeHeader (the start of the main segment) changes. */
 inline constexpr u32 kRuntimeHeaderVersion = 1;
 inline constexpr u64 kRuntimeHeaderMagic = 0x5254494843ull;  // "CHITR"
@@ -7505,10 +8023,16 @@ struct ConnectAnswer {
   u64 client_id = 0;                  ///< this client's registration number
   std::vector<SegmentInfo> segments;  ///< main, client data, runtime data
   std::vector<char> shm_info;         ///< the shm server's serialized info (empty: none)
+  /**
+   * The runtime's GPU queues a client may attach (chi/gpu/gpu_connect_info.h, versioned
+   * inside); empty when the runtime has no GPU or cannot share its queues.
+   */
+  std::vector<char> gpu_info;
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(rc, msg, protocol_version, runtime_pid, node_id, port, client_id, segments, shm_info);
+    ar(rc, msg, protocol_version, runtime_pid, node_id, port, client_id, segments, shm_info,
+       gpu_info);
   }
   /** The answer as a Status (ok when accepted). */
   Status ToStatus() const {
@@ -7709,7 +8233,8 @@ inline Status CheckConnectRequest(const ConnectRequest &req) {
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
 // The shared-memory transport, both ends: ShmServer (the runtime's poller and process
-// reaper) and ShmClientTransport (a pure client's connection). The fastest way between
+// reaper) and ShmClientTransport (a pure client's connection), which
+// ShmReconnectingTransport replaces when the runtime restarts. The fastest way between
 // a client and a runtime on the same node; each client owns its slot of the runtime's
 // segment, so a client that dies or misbehaves can only wedge (and lose) its own slot.
 
@@ -7718,18 +8243,15 @@ inline Status CheckConnectRequest(const ConnectRequest &req) {
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_H
 // ShmClientTransport: a pure client's connection to a runtime on this node through the
 // runtime's segment (ShmServer). Send streams the task into its slot's request ring on the
-// caller's thread; a receiver thread completes tasks from the answers and watches the
-// runtime, failing every outstanding task if it dies. Invariant: an outstanding task sits
-// in one table entry, and only whoever clears the entry (answer, failure, close) completes it.
+// caller's thread; the receiving half (ShmClientReceiver, shm_client_receive.h) completes
+// tasks from the answers and fails every outstanding task if the runtime dies. One
+// connection, one runtime: ShmReconnectingTransport (shm_reconnect.h) replaces a lost one.
+// Invariant: one writer at a time streams requests (the writer_ role).
 
-#include <pthread.h>  // pthread_setname_np for the receiver thread
-#include <sched.h>    // sched_yield while Close waits for a writer to leave
+#include <sched.h>  // sched_yield while Close waits for a writer to leave
 
-#include <cstdio>   // snprintf of failure messages
-#include <cstring>  // memcpy of request ids
-#include <memory>   // unique_ptr
-#include <thread>   // the receiver thread
-#include <vector>   // request and answer buffers
+#include <memory>  // unique_ptr
+#include <vector>  // the request buffer
 
 // ---- begin chi/transport/request_dispatcher.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
@@ -7760,6 +8282,13 @@ inline void EncodeAnswerKeep(Task *t, std::vector<char> *out) {
 class RequestDispatcher {
  public:
   RequestDispatcher(PoolManager *pools, WorkOrchestrator *orch) : pools_(pools), orch_(orch) {}
+
+  /**
+   * Where requests for a GPU route (LocalGpuBcast, ToLocalGpu) go instead of the workers:
+   * the runtime's GPU transport, read at each request (it comes and goes with the GPUs).
+   * Without it, or while it is null, those requests reach the router, which refuses them.
+   */
+  void RouteGpuTo(const Atomic<ClientTransport *> *gpu) { gpu_ = gpu; }
 
   /**
    * Decodes one request and submits its task with `completer` and `cookie`
@@ -7815,6 +8344,12 @@ class RequestDispatcher {
     t->completer_ = completer;
     t->transport_cookie_ = cookie;
     t->request_id_ = request_id;  // echoed back in the answer
+    if (gpu_ != nullptr && t->pool_query_.IsGpuRoute()) {
+      // acquire: the GPU transport is fully started before we hand it tasks.
+      if (ClientTransport *g = gpu_->Load(MemOrder::kAcquire); g != nullptr && g->Send(t)) {
+        return true;  // the GPU transport completes it (answer or error) through completer_
+      }
+    }
     if (!orch_->Submit(t)) {
       t->completer_ = nullptr;
       DeleteTask(t);
@@ -7845,6 +8380,7 @@ class RequestDispatcher {
 
  private:
   PoolManager *pools_;
+  const Atomic<ClientTransport *> *gpu_ = nullptr;  ///< see RouteGpuTo
   WorkOrchestrator *orch_;
 };
 
@@ -7883,6 +8419,25 @@ inline void DecodeAnswer(Task *t, const char *data, u64 len) {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
 // ---- end chi/transport/request_dispatcher.h ----
+// ---- begin chi/transport/shm_client_receive.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_RECEIVE_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_RECEIVE_H
+// ShmClientReceiver: the receiving half of a pure client's shm connection (ShmClientTransport
+// in shm_client.h adds the sending half). It owns the table of outstanding tasks and turns
+// answers into completed tasks, either on its receiver thread or on a caller spinning in
+// Future::Wait (through the process's WaitHelper), and watches the runtime's liveness.
+// Invariant: only the holder of the receiver role (rx_role_) reads the answer stream, and
+// only whoever clears a task's table entry (answer, failure, close) completes the task.
+
+#include <pthread.h>  // pthread_setname_np for the receiver thread
+#include <sched.h>    // sched_yield while the receiver spins
+
+#include <cstdio>   // snprintf of failure messages
+#include <cstring>  // memcpy of request ids
+#include <memory>   // unique_ptr of the table
+#include <thread>   // the receiver thread
+#include <vector>   // the answer assembly buffer
+
 // ---- begin chi/transport/shm_process.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
@@ -8565,8 +9120,8 @@ class ShmSegment {
 
 namespace chi {
 
-/** A connection to one runtime through its shared-memory segment. */
-class ShmClientTransport final : public ClientTransport {
+/** The receiving half of one shm connection (see the file comment); a base class only. */
+class ShmClientReceiver : public ClientTransport {
  public:
   /**
    * How long the receiver spins on an empty answer stream before it parks: short, since
@@ -8582,7 +9137,378 @@ class ShmClientTransport final : public ClientTransport {
   static constexpr u64 kPeerCheckNs = 10000000;
   /** The same with nothing outstanding. */
   static constexpr u64 kIdleCheckNs = 200000000;
+  /** Most answers one turn of the role takes (the receiver or a helping caller). */
+  static constexpr u32 kAnswersPerTurn = 64;
 
+  /** Why the connection failed (kOk while healthy). */
+  ErrorCode Failure() const {
+    // acquire: the tasks failed before the code was stored are complete.
+    return static_cast<ErrorCode>(failure_.Load(MemOrder::kAcquire));
+  }
+  /** Tasks sent and not yet answered. */
+  u32 Outstanding() const {
+    // acquire: a snapshot of two counters (released never passes claimed).
+    u64 released = released_.Load(MemOrder::kAcquire);
+    return static_cast<u32>(claimed_.Load(MemOrder::kAcquire) - released);
+  }
+  /** Answers that matched no outstanding task (ignored). */
+  u64 StrayAnswers() const { return stray_answers_.Load(MemOrder::kRelaxed); }
+  /** Answers delivered by callers waiting in Future::Wait rather than the receiver thread. */
+  u64 HelpedAnswers() const { return helped_answers_.Load(MemOrder::kRelaxed); }
+  /** The runtime process this connection serves with. */
+  u32 RuntimePid() const { return runtime_.pid; }
+
+ protected:
+  /** One outstanding task: word = its request id (0 = free), task = the Task*. */
+  struct alignas(32) Entry {
+    Atomic<u64> word;
+    Atomic<u64> task;
+    u32 seq = 0;  ///< the writer's use count, the high half of request ids
+  };
+
+  ShmClientReceiver() = default;
+
+  /** Starts the receiver thread and offers this connection's answers to waiting callers. */
+  void StartReceiving() {
+    helper_installed_ = WaitHelper::Install(&helper_);  // before the thread, which reads it
+    receiver_ = std::thread([this] { ReceiveLoop(); });
+  }
+
+  /**
+   * Stops receiving for good: no caller helps any more, the receiver has left, and this
+   * thread holds the role (the answer stream is no longer read). Close's first half.
+   */
+  void StopReceiving() {
+    if (helper_installed_) WaitHelper::Remove(&helper_);  // returns once no caller helps
+    rx_stop_.Store(1, MemOrder::kSeqCst);  // seq_cst: the receiver's park re-check reads it
+    slot_->answer_ready_.Notify();
+    if (receiver_.joinable()) receiver_.join();
+    u32 idle = 0;
+    // acquire: the last holder's stream reads are done; we keep the role for good.
+    while (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      idle = 0;
+      CpuRelax();
+    }
+  }
+
+  /** True once the connection failed or was closed (seq_cst: part of park re-checks). */
+  bool Unhealthy() const {
+    return failure_.Load(MemOrder::kSeqCst) != 0 || closed_.Load(MemOrder::kSeqCst) != 0;
+  }
+
+  /** The error a task gets when the connection can no longer carry it. */
+  Status FailureStatus() const {
+    // acquire: failure_msg_ was written before failure_.
+    if (u32 code = failure_.Load(MemOrder::kAcquire); code != 0) {
+      return Status::Error(static_cast<ErrorCode>(code), failure_msg_);
+    }
+    return Status::Error(ErrorCode::kShutdown, "shm transport: closed");
+  }
+
+  /** Completes a task that never got an entry. */
+  static void FailTask(Task *t, ErrorCode code, const char *msg) {
+    t->SetError(code, msg);
+    CompleteTask(t);
+  }
+
+  /** Completes entry idx's task with an error if it still holds request `id`. */
+  void TakeAndFail(u32 idx, u64 id, ErrorCode code, const char *msg) {
+    Entry &e = entries_[idx];
+    Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));  // relaxed: ours
+    u64 expected = id;
+    // acq_rel: exactly one of answer, failure sweep or this takes the entry.
+    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) return;
+    ReleaseEntry();
+    FailTask(t, code, msg);
+  }
+
+  /** Counts a freed entry and wakes a writer waiting for one. */
+  void ReleaseEntry() {
+    // seq_cst: the writer's park re-check reads the count (Dekker with Notify).
+    released_.FetchAdd(1, MemOrder::kSeqCst);
+    table_room_.Notify();
+  }
+
+  /**
+   * Marks the connection failed (first reason wins) and completes every outstanding
+   * task with it. Called by the receiver thread, or by Close once it has stopped.
+   */
+  void Fail(ErrorCode code, const char *msg) {
+    if (failure_.Load(MemOrder::kRelaxed) == 0) {  // relaxed: only this thread stores it
+      std::snprintf(failure_msg_, sizeof(failure_msg_), "%s", msg);
+      // seq_cst: writers read it after publishing an entry (Dekker with the sweep below).
+      failure_.Store(static_cast<u32>(code), MemOrder::kSeqCst);
+    }
+    // relaxed: stored by this thread (or by the receiver that Close has joined).
+    const ErrorCode first = static_cast<ErrorCode>(failure_.Load(MemOrder::kRelaxed));
+    for (u32 i = 0; i < table_size_; ++i) {
+      Entry &e = entries_[i];
+      // acq_rel: take the entry (see TakeAndFail); acquire sees its task pointer.
+      u64 id = e.word.Exchange(0, MemOrder::kAcqRel);
+      if (id == 0) continue;
+      // relaxed: the Exchange above acquired the writer's release of the entry.
+      Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
+      ReleaseEntry();
+      FailTask(t, first, failure_msg_);
+    }
+    table_room_.Notify();
+    slot_->request_room_.Notify();
+  }
+
+  // The connection (set by Open, read-only afterwards).
+  ShmSegment segment_;
+  ShmSegmentHeader *header_ = nullptr;
+  ShmClientSlot *slot_ = nullptr;
+  ShmStream *req_ = nullptr;
+  ShmStream *ans_ = nullptr;
+  u32 slot_index_ = 0;
+  u32 generation_ = 0;
+  ProcessIdentity self_;
+  ProcessIdentity runtime_;
+  u64 max_message_bytes_ = 0;
+  u32 table_size_ = 0;
+  std::unique_ptr<Entry[]> entries_;
+
+  // The writer's (ShmClientTransport), read here by Outstanding.
+  alignas(kCacheLine) Atomic<u64> claimed_;  ///< entries the writer has taken, ever
+  // Written only when a writer parks; read by every release.
+  alignas(kCacheLine) WaitEvent table_room_;  ///< a writer parks here while the table is full
+
+  // Read on every send, written once.
+  alignas(kCacheLine) Atomic<u32> closed_;
+  Atomic<u32> failure_;  ///< ErrorCode that ended the connection (0 = healthy)
+  char failure_msg_[Status::kMaxMessage] = {};
+
+ private:
+  // ---- Receiving (the receiver thread, or a caller helping while it waits) ----
+
+  /** The WaitHelper entry point: ctx is the connection. */
+  static void HelpThunk(void *ctx) { static_cast<ShmClientReceiver *>(ctx)->HelpDeliver(); }
+
+  /**
+   * A caller spinning in Future::Wait: delivers every whole answer that is ready (any
+   * caller's, not only its own) unless someone else holds the role. Never waits, and
+   * leaves split answers, corrupt streams and failures to the receiver thread.
+   */
+  void HelpDeliver() {
+    // relaxed role test first: a busy role costs no write of its line.
+    if (!ans_->HasData() || rx_role_.Load(MemOrder::kRelaxed) != 0) return;
+    u32 idle = 0;
+    // acquire: the previous holder's stream reads (and consume) are complete before ours.
+    if (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) return;
+    u64 delivered = 0;
+    ShmStream::Piece p;
+    while (delivered < kAnswersPerTurn && !rx_assembling_ &&
+           ans_->Peek(&p) == ShmStream::PeekResult::kReady && p.kind == ShmStream::kBegin &&
+           p.bytes == p.message_bytes && p.Contiguous()) {
+      Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
+      ans_->Consume(p);
+      NotifyRuntimeRoom();
+      ++delivered;
+    }
+    rx_role_.Store(0, MemOrder::kRelease);  // release: our reads precede the next holder's
+    // relaxed: a statistic.
+    if (delivered != 0) helped_answers_.FetchAdd(delivered, MemOrder::kRelaxed);
+  }
+
+  void ReceiveLoop() {
+    pthread_setname_np(pthread_self(), "chi-shm-client");
+    bool deferred = false;
+    for (;;) {
+      if (!ans_->HasData()) {
+        deferred = false;
+        if (!AwaitAnswer()) return;
+        continue;
+      }
+      // A caller spinning in Future::Wait takes ready answers itself (HelpDeliver), sooner
+      // than a hand-off through this thread would wake it: give it the first go. What it
+      // leaves (split answers, or an answer nobody took meanwhile) is ours.
+      if (!deferred && helper_installed_ && WaitHelper::Spinners() != 0) {
+        deferred = true;
+        sched_yield();
+        continue;
+      }
+      deferred = false;
+      u32 idle = 0;
+      // acquire: as in HelpDeliver. Busy: a waiting caller is delivering; look again.
+      if (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+        CpuRelax();
+        continue;
+      }
+      bool go_on = true;
+      for (u32 n = 0; go_on && n < kAnswersPerTurn; ++n) {
+        ShmStream::Piece p;
+        const ShmStream::PeekResult r = ans_->Peek(&p);
+        if (r == ShmStream::PeekResult::kEmpty) break;
+        if (r == ShmStream::PeekResult::kCorrupt) {
+          Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
+          go_on = false;
+        } else {
+          go_on = OnPiece(p);
+        }
+      }
+      rx_role_.Store(0, MemOrder::kRelease);  // release: as in HelpDeliver
+      if (!go_on) return;
+    }
+  }
+
+  /** Takes one answer record; false when the stream is out of step (the connection fails). */
+  bool OnPiece(const ShmStream::Piece &p) {
+    if (!rx_assembling_) {
+      if (p.kind != ShmStream::kBegin) {
+        Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
+        return false;
+      }
+      if (p.bytes == p.message_bytes && p.Contiguous()) {
+        Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
+        ans_->Consume(p);
+        NotifyRuntimeRoom();
+        return true;
+      }
+      rx_.clear();
+      rx_total_ = p.message_bytes;
+      rx_assembling_ = true;
+    } else if (p.kind != ShmStream::kMore || p.bytes > rx_total_ - rx_.size()) {
+      Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
+      return false;
+    }
+    rx_.insert(rx_.end(), p.first, p.first + p.first_bytes);
+    rx_.insert(rx_.end(), p.second, p.second + p.second_bytes);
+    ans_->Consume(p);
+    NotifyRuntimeRoom();
+    if (rx_.size() == rx_total_) {
+      rx_assembling_ = false;
+      Deliver(rx_.data(), rx_.size());
+      RecycleBuffer(&rx_);
+    }
+    return true;
+  }
+
+  /** Completes the task an answer names; answers naming no outstanding task are ignored. */
+  void Deliver(const char *data, u64 len) {
+    u64 id = 0;
+    if (len >= kEnvelopeHeaderBytes) std::memcpy(&id, data, sizeof(id));
+    const u32 idx = static_cast<u32>(id);
+    if (id == 0 || idx >= table_size_) {
+      stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+      return;
+    }
+    Entry &e = entries_[idx];
+    // relaxed: the request -> runtime -> answer chain orders the writer's store before us.
+    Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
+    u64 expected = id;
+    // acq_rel: exactly one of answer, failure sweep or a failed send takes the entry.
+    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) {
+      stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+      return;
+    }
+    DecodeAnswer(t, data, len);
+    ReleaseEntry();
+    CompleteTask(t);
+  }
+
+  /** Tells a runtime that waits for room in our answer stream that there is some. */
+  void NotifyRuntimeRoom() {
+    // seq_cst: after our seq_cst consume; pairs with the runtime's flag-then-re-check.
+    if (slot_->runtime_needs_room_.Load(MemOrder::kSeqCst) != 0) header_->server_event_.Notify();
+  }
+
+  /** Waits for the next answer; false when the receiver should stop. */
+  bool AwaitAnswer() {
+    const u64 start = MonotonicNs();
+    for (u32 i = 1;; ++i) {
+      if (ans_->HasData()) return true;
+      if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
+      CpuRelax();
+      if ((i & 63) != 0) continue;
+      const u64 spun = MonotonicNs() - start;
+      if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) break;
+      // A thread we are waiting for (a runtime worker, the caller) may share this CPU.
+      sched_yield();
+    }
+    for (;;) {
+      const u64 period = Outstanding() != 0 ? kPeerCheckNs : kIdleCheckNs;
+      WaitResult r = slot_->answer_ready_.Wait(
+          [&] {
+            // seq_cst: re-checks against the runtime's publishes and Close's stop flag.
+            return ans_->HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
+                   slot_->state_.Load(MemOrder::kSeqCst) !=
+                       static_cast<u32>(ShmSlotState::kActive) ||
+                   header_->runtime_state_.Load(MemOrder::kSeqCst) ==
+                       static_cast<u32>(ShmRuntimeState::kStopped);
+          },
+          DeadlineAfter(period), rx_waits_);
+      if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
+      if (ans_->HasData()) return true;
+      if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
+    }
+  }
+
+  /**
+   * Checks the slot and the runtime (the process itself only when check_process);
+   * fails the connection and returns false when they are gone. Answers already in
+   * the stream are still delivered first (the caller re-checks it).
+   */
+  bool PeerHealthy(bool check_process) {
+    char msg[Status::kMaxMessage];
+    ErrorCode code = ErrorCode::kOk;
+    // acquire: whatever the runtime wrote before changing the state is visible after.
+    const u32 state = slot_->state_.Load(MemOrder::kAcquire);
+    const u32 runtime_state = header_->runtime_state_.Load(MemOrder::kAcquire);
+    if (state == static_cast<u32>(ShmSlotState::kBroken)) {
+      u32 why = slot_->broken_code_.Load(MemOrder::kRelaxed);  // relaxed: set before the state
+      code = why != 0 ? static_cast<ErrorCode>(why) : ErrorCode::kMalformed;
+      std::snprintf(msg, sizeof(msg),
+                    "shm transport: runtime pid %u reset this connection: it received a bad "
+                    "request stream (%s)",
+                    runtime_.pid, ErrorName(code));
+    } else if (slot_->owner_pid_.Load(MemOrder::kAcquire) != self_.pid ||  // acquire: reclaim
+               slot_->generation_.Load(MemOrder::kAcquire) != generation_ ||
+               state != static_cast<u32>(ShmSlotState::kActive)) {
+      code = ErrorCode::kPeerDead;
+      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u took this connection back",
+                    runtime_.pid);
+    } else if (runtime_state == static_cast<u32>(ShmRuntimeState::kStopped)) {
+      code = ErrorCode::kShutdown;
+      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u stopped", runtime_.pid);
+    } else if (check_process && !IsProcessAlive(runtime_)) {
+      code = ErrorCode::kPeerDead;
+      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u died", runtime_.pid);
+    }
+    if (code == ErrorCode::kOk) return true;
+    if (ans_->HasData()) return false;  // deliver what arrived before the end first
+    Fail(code, msg);
+    return false;
+  }
+
+ protected:
+  // The receiver's.
+  alignas(kCacheLine) Atomic<u64> released_;  ///< entries freed, ever (answers and failures)
+  Atomic<u32> rx_stop_;
+  Atomic<u64> stray_answers_;
+  Atomic<u64> helped_answers_;
+  WaitStats rx_waits_;  ///< the receiver's parks
+
+ private:
+  // The role's: read and written only by the holder of rx_role_.
+  alignas(kCacheLine) Atomic<u32> rx_role_;  ///< 1 while a thread reads the answer stream
+  std::vector<char> rx_;
+  u64 rx_total_ = 0;
+  bool rx_assembling_ = false;
+  WaitHelper helper_{&HelpThunk, this};
+  bool helper_installed_ = false;  ///< set before the receiver starts, then read-only
+  std::thread receiver_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_RECEIVE_H
+// ---- end chi/transport/shm_client_receive.h ----
+
+namespace chi {
+
+/** A connection to one runtime through its shared-memory segment. */
+class ShmClientTransport final : public ShmClientReceiver {
+ public:
   /**
    * Attaches the segment `info` names, checks it (kNotFound, kSizeMismatch,
    * kVersionMismatch, kPeerDead for a runtime that is gone) and claims a free client
@@ -8626,8 +9552,17 @@ class ShmClientTransport final : public ClientTransport {
     return true;
   }
 
-  /** Fails every outstanding task with kShutdown and hands the slot back. Idempotent. */
+  /** Fails every outstanding task with kShutdown, hands the slot back, unmaps. Idempotent. */
   void Close() override {
+    Retire();
+    segment_.Detach();
+  }
+
+  /**
+   * Close without unmapping the segment: a sender that still holds this connection may
+   * read the runtime's state (Usable) until the owner calls Close. Idempotent.
+   */
+  void Retire() {
     if (closed_.Exchange(1, MemOrder::kSeqCst) != 0 || slot_ == nullptr) return;
     table_room_.Notify();  // a writer parked for room sees closed_ and leaves
     slot_->request_room_.Notify();
@@ -8638,9 +9573,7 @@ class ShmClientTransport final : public ClientTransport {
       sched_yield();
     }
     FailSubmissions(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
-    rx_stop_.Store(1, MemOrder::kSeqCst);  // seq_cst: the receiver's park re-check reads it
-    slot_->answer_ready_.Notify();
-    if (receiver_.joinable()) receiver_.join();
+    StopReceiving();  // no caller helps and the receiver has left: the stream is ours
     Fail(ErrorCode::kShutdown, "shm transport: closed with the task outstanding");
     // acquire: a reclaim by the runtime (new generation) is seen with what it reset.
     if (slot_->owner_pid_.Load(MemOrder::kAcquire) == self_.pid &&
@@ -8650,8 +9583,18 @@ class ShmClientTransport final : public ClientTransport {
     }
     header_->membership_seq_.FetchAdd(1, MemOrder::kSeqCst);
     header_->server_event_.Notify();
-    slot_ = nullptr;
-    segment_.Detach();
+  }
+
+  /**
+   * True while new tasks can go this way: the connection has not failed and the runtime
+   * still serves (a stopping runtime refuses new requests before its stop reaches the
+   * receiver). Safe on a retired connection; not after Close.
+   */
+  bool Usable() const {
+    // acquire: as in Failure; relaxed state: a line the runtime writes only at start and stop.
+    return failure_.Load(MemOrder::kAcquire) == 0 && closed_.Load(MemOrder::kAcquire) == 0 &&
+           header_->runtime_state_.Load(MemOrder::kRelaxed) ==
+               static_cast<u32>(ShmRuntimeState::kServing);
   }
 
   const char *Name() const override { return "shm"; }
@@ -8660,28 +9603,8 @@ class ShmClientTransport final : public ClientTransport {
   u32 SlotIndex() const { return slot_index_; }
   /** The mapped segment (tests and diagnostics). */
   ShmSegment &Segment() { return segment_; }
-  /** Why the connection failed (kOk while healthy). */
-  ErrorCode Failure() const {
-    // acquire: the tasks failed before the code was stored are complete.
-    return static_cast<ErrorCode>(failure_.Load(MemOrder::kAcquire));
-  }
-  /** Tasks sent and not yet answered. */
-  u32 Outstanding() const {
-    // acquire: a snapshot of two counters (released never passes claimed).
-    u64 released = released_.Load(MemOrder::kAcquire);
-    return static_cast<u32>(claimed_.Load(MemOrder::kAcquire) - released);
-  }
-  /** Answers that matched no outstanding task (ignored). */
-  u64 StrayAnswers() const { return stray_answers_.Load(MemOrder::kRelaxed); }
 
  private:
-  /** One outstanding task: word = its request id (0 = free), task = the Task*. */
-  struct alignas(32) Entry {
-    Atomic<u64> word;
-    Atomic<u64> task;
-    u32 seq = 0;  ///< the writer's use count, the high half of request ids
-  };
-
   ShmClientTransport() = default;
 
   /** Attaches, checks and claims a slot; starts the receiver. */
@@ -8722,7 +9645,7 @@ class ShmClientTransport final : public ClientTransport {
     // seq_cst: the runtime's park re-check reads the sequence (Dekker with Notify).
     header_->membership_seq_.FetchAdd(1, MemOrder::kSeqCst);
     header_->server_event_.Notify();
-    receiver_ = std::thread([this] { ReceiveLoop(); });
+    StartReceiving();
     return Status::Ok();
   }
 
@@ -8893,262 +9816,237 @@ class ShmClientTransport final : public ClientTransport {
     }
   }
 
-  /** True once the connection failed or was closed (seq_cst: part of park re-checks). */
-  bool Unhealthy() const {
-    return failure_.Load(MemOrder::kSeqCst) != 0 || closed_.Load(MemOrder::kSeqCst) != 0;
-  }
-
-  /** The error a task gets when the connection can no longer carry it. */
-  Status FailureStatus() const {
-    // acquire: failure_msg_ was written before failure_.
-    if (u32 code = failure_.Load(MemOrder::kAcquire); code != 0) {
-      return Status::Error(static_cast<ErrorCode>(code), failure_msg_);
-    }
-    return Status::Error(ErrorCode::kShutdown, "shm transport: closed");
-  }
-
-  /** Completes a task that never got an entry. */
-  static void FailTask(Task *t, ErrorCode code, const char *msg) {
-    t->SetError(code, msg);
-    CompleteTask(t);
-  }
-
-  /** Completes entry idx's task with an error if it still holds request `id`. */
-  void TakeAndFail(u32 idx, u64 id, ErrorCode code, const char *msg) {
-    Entry &e = entries_[idx];
-    Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));  // relaxed: ours
-    u64 expected = id;
-    // acq_rel: exactly one of answer, failure sweep or this takes the entry.
-    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) return;
-    ReleaseEntry();
-    FailTask(t, code, msg);
-  }
-
-  /** Counts a freed entry and wakes a writer waiting for one. */
-  void ReleaseEntry() {
-    // seq_cst: the writer's park re-check reads the count (Dekker with Notify).
-    released_.FetchAdd(1, MemOrder::kSeqCst);
-    table_room_.Notify();
-  }
-
-  // ---- Receiving (the receiver thread) ----
-
-  void ReceiveLoop() {
-    pthread_setname_np(pthread_self(), "chi-shm-client");
-    for (;;) {
-      ShmStream::Piece p;
-      switch (ans_->Peek(&p)) {
-        case ShmStream::PeekResult::kReady:
-          if (!OnPiece(p)) return;
-          break;
-        case ShmStream::PeekResult::kCorrupt:
-          Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
-          return;
-        case ShmStream::PeekResult::kEmpty:
-          if (!AwaitAnswer()) return;
-          break;
-      }
-    }
-  }
-
-  /** Takes one answer record; false when the stream is out of step (the connection fails). */
-  bool OnPiece(const ShmStream::Piece &p) {
-    if (!rx_assembling_) {
-      if (p.kind != ShmStream::kBegin) {
-        Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
-        return false;
-      }
-      if (p.bytes == p.message_bytes && p.Contiguous()) {
-        Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
-        ans_->Consume(p);
-        NotifyRuntimeRoom();
-        return true;
-      }
-      rx_.clear();
-      rx_total_ = p.message_bytes;
-      rx_assembling_ = true;
-    } else if (p.kind != ShmStream::kMore || p.bytes > rx_total_ - rx_.size()) {
-      Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
-      return false;
-    }
-    rx_.insert(rx_.end(), p.first, p.first + p.first_bytes);
-    rx_.insert(rx_.end(), p.second, p.second + p.second_bytes);
-    ans_->Consume(p);
-    NotifyRuntimeRoom();
-    if (rx_.size() == rx_total_) {
-      rx_assembling_ = false;
-      Deliver(rx_.data(), rx_.size());
-      RecycleBuffer(&rx_);
-    }
-    return true;
-  }
-
-  /** Completes the task an answer names; answers naming no outstanding task are ignored. */
-  void Deliver(const char *data, u64 len) {
-    u64 id = 0;
-    if (len >= kEnvelopeHeaderBytes) std::memcpy(&id, data, sizeof(id));
-    const u32 idx = static_cast<u32>(id);
-    if (id == 0 || idx >= table_size_) {
-      stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
-      return;
-    }
-    Entry &e = entries_[idx];
-    // relaxed: the request -> runtime -> answer chain orders the writer's store before us.
-    Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
-    u64 expected = id;
-    // acq_rel: exactly one of answer, failure sweep or a failed send takes the entry.
-    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) {
-      stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
-      return;
-    }
-    DecodeAnswer(t, data, len);
-    ReleaseEntry();
-    CompleteTask(t);
-  }
-
-  /** Tells a runtime that waits for room in our answer stream that there is some. */
-  void NotifyRuntimeRoom() {
-    // seq_cst: after our seq_cst consume; pairs with the runtime's flag-then-re-check.
-    if (slot_->runtime_needs_room_.Load(MemOrder::kSeqCst) != 0) header_->server_event_.Notify();
-  }
-
-  /** Waits for the next answer; false when the receiver should stop. */
-  bool AwaitAnswer() {
-    const u64 start = MonotonicNs();
-    for (u32 i = 1;; ++i) {
-      if (ans_->HasData()) return true;
-      if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
-      CpuRelax();
-      if ((i & 63) != 0) continue;
-      const u64 spun = MonotonicNs() - start;
-      if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) break;
-      // A thread we are waiting for (a runtime worker, the caller) may share this CPU.
-      sched_yield();
-    }
-    for (;;) {
-      const u64 period = Outstanding() != 0 ? kPeerCheckNs : kIdleCheckNs;
-      WaitResult r = slot_->answer_ready_.Wait(
-          [&] {
-            // seq_cst: re-checks against the runtime's publishes and Close's stop flag.
-            return ans_->HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
-                   slot_->state_.Load(MemOrder::kSeqCst) !=
-                       static_cast<u32>(ShmSlotState::kActive) ||
-                   header_->runtime_state_.Load(MemOrder::kSeqCst) ==
-                       static_cast<u32>(ShmRuntimeState::kStopped);
-          },
-          DeadlineAfter(period), rx_waits_);
-      if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
-      if (ans_->HasData()) return true;
-      if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
-    }
-  }
-
-  /**
-   * Checks the slot and the runtime (the process itself only when check_process);
-   * fails the connection and returns false when they are gone. Answers already in
-   * the stream are still delivered first (the caller re-checks it).
-   */
-  bool PeerHealthy(bool check_process) {
-    char msg[Status::kMaxMessage];
-    ErrorCode code = ErrorCode::kOk;
-    // acquire: whatever the runtime wrote before changing the state is visible after.
-    const u32 state = slot_->state_.Load(MemOrder::kAcquire);
-    const u32 runtime_state = header_->runtime_state_.Load(MemOrder::kAcquire);
-    if (state == static_cast<u32>(ShmSlotState::kBroken)) {
-      u32 why = slot_->broken_code_.Load(MemOrder::kRelaxed);  // relaxed: set before the state
-      code = why != 0 ? static_cast<ErrorCode>(why) : ErrorCode::kMalformed;
-      std::snprintf(msg, sizeof(msg),
-                    "shm transport: runtime pid %u reset this connection: it received a bad "
-                    "request stream (%s)",
-                    runtime_.pid, ErrorName(code));
-    } else if (slot_->owner_pid_.Load(MemOrder::kAcquire) != self_.pid ||  // acquire: reclaim
-               slot_->generation_.Load(MemOrder::kAcquire) != generation_ ||
-               state != static_cast<u32>(ShmSlotState::kActive)) {
-      code = ErrorCode::kPeerDead;
-      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u took this connection back",
-                    runtime_.pid);
-    } else if (runtime_state == static_cast<u32>(ShmRuntimeState::kStopped)) {
-      code = ErrorCode::kShutdown;
-      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u stopped", runtime_.pid);
-    } else if (check_process && !IsProcessAlive(runtime_)) {
-      code = ErrorCode::kPeerDead;
-      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u died", runtime_.pid);
-    }
-    if (code == ErrorCode::kOk) return true;
-    if (ans_->HasData()) return false;  // deliver what arrived before the end first
-    Fail(code, msg);
-    return false;
-  }
-
-  /**
-   * Marks the connection failed (first reason wins) and completes every outstanding
-   * task with it. Called by the receiver thread, or by Close once it has stopped.
-   */
-  void Fail(ErrorCode code, const char *msg) {
-    if (failure_.Load(MemOrder::kRelaxed) == 0) {  // relaxed: only this thread stores it
-      std::snprintf(failure_msg_, sizeof(failure_msg_), "%s", msg);
-      // seq_cst: writers read it after publishing an entry (Dekker with the sweep below).
-      failure_.Store(static_cast<u32>(code), MemOrder::kSeqCst);
-    }
-    // relaxed: stored by this thread (or by the receiver that Close has joined).
-    const ErrorCode first = static_cast<ErrorCode>(failure_.Load(MemOrder::kRelaxed));
-    for (u32 i = 0; i < table_size_; ++i) {
-      Entry &e = entries_[i];
-      // acq_rel: take the entry (see TakeAndFail); acquire sees its task pointer.
-      u64 id = e.word.Exchange(0, MemOrder::kAcqRel);
-      if (id == 0) continue;
-      // relaxed: the Exchange above acquired the writer's release of the entry.
-      Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
-      ReleaseEntry();
-      FailTask(t, first, failure_msg_);
-    }
-    table_room_.Notify();
-    slot_->request_room_.Notify();
-  }
-
-  ShmSegment segment_;
-  ShmSegmentHeader *header_ = nullptr;
-  ShmClientSlot *slot_ = nullptr;
-  ShmStream *req_ = nullptr;
-  ShmStream *ans_ = nullptr;
-  u32 slot_index_ = 0;
-  u32 generation_ = 0;
-  ProcessIdentity self_;
-  ProcessIdentity runtime_;
-  u64 max_message_bytes_ = 0;
-  u32 table_size_ = 0;
-  std::unique_ptr<Entry[]> entries_;
-
-  // Senders.
+  // The writer's.
   alignas(kCacheLine) Atomic<u64> submit_head_;  ///< stack of tasks to send (link: cookie)
   Atomic<u32> writer_;    ///< 1 while a thread streams requests (Close keeps it)
   u32 cursor_ = 0;        ///< the writer's next entry to try
-  Atomic<u64> claimed_;   ///< entries the writer has taken, ever
   u64 released_seen_ = 0; ///< the writer's last view of released_
   std::vector<char> tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
-  // Written only when a writer parks; read by every release.
-  alignas(kCacheLine) WaitEvent table_room_;  ///< a writer parks here while the table is full
-
-  // Read on every send, written once.
-  alignas(kCacheLine) Atomic<u32> closed_;
-  Atomic<u32> failure_;  ///< ErrorCode that ended the connection (0 = healthy)
-  char failure_msg_[Status::kMaxMessage] = {};
-
-  // The receiver's.
-  alignas(kCacheLine) Atomic<u64> released_;  ///< entries freed, ever (answers and failures)
-  Atomic<u32> rx_stop_;
-  Atomic<u64> stray_answers_;
-  WaitStats rx_waits_;  ///< the receiver's parks
-  std::vector<char> rx_;
-  u64 rx_total_ = 0;
-  bool rx_assembling_ = false;
-  std::thread receiver_;
 };
 
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_H
 // ---- end chi/transport/shm_client.h ----
+// ---- begin chi/transport/shm_reconnect.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_RECONNECT_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_RECONNECT_H
+// ShmReconnectingTransport: what a pure client with CHI_IPC_MODE=shm talks through. It
+// sends over one ShmClientTransport at a time; when that connection's runtime stops or
+// dies, the connection fails its outstanding tasks (kShutdown / kPeerDead) and the next
+// Send starts a reconnection: a thread repeats the ClientConnect handshake, attaches the
+// new segment and claims a new slot for up to the reconnect time, while tasks sent in the
+// meantime wait for it (they fail with kPeerDead if it does not come back in time).
+// Invariant: every task handed to Send is completed once; a replaced connection object
+// (and its segment mapping) lives until Close, so a sender still holding it finds it
+// retired and retries.
+
+#include <pthread.h>  // naming the reconnect thread
+
+#include <climits>  // INT_MAX: wake the reconnect thread
+#include <cstdio>   // snprintf of the failure message
+#include <memory>   // unique_ptr of connections
+#include <thread>   // the reconnect thread
+#include <vector>   // replaced connections
+
+namespace chi {
+
+/**
+ * How to find the runtime again: a ClientConnect handshake (chimaera.h does it over
+ * ZeroMQ) that fills *info with the shm server's description, waiting at most
+ * timeout_sec for a runtime to answer. A plain function pointer: it runs only while
+ * reconnecting.
+ */
+struct ShmRejoin {
+  Status (*handshake)(void *ctx, double timeout_sec, ShmServerInfo *info) = nullptr;
+  void *ctx = nullptr;
+  double reconnect_sec = 10;  ///< networking.reconnect_timeout_s
+};
+
+/** A shm client connection that rejoins a restarted runtime (see the file comment). */
+class ShmReconnectingTransport final : public ClientTransport {
+ public:
+  /** Pause between handshakes that fail at once (a refusal, a segment not there yet). */
+  static constexpr u64 kRetryPauseNs = 20000000;
+  /** Most one handshake waits, so a long window still notices Close. */
+  static constexpr double kHandshakeSliceSec = 1.0;
+
+  /** Takes over a connected first connection. */
+  ShmReconnectingTransport(std::unique_ptr<ShmClientTransport> first, const ShmRejoin &rejoin)
+      : rejoin_(rejoin) {
+    current_.Store(first.get(), MemOrder::kRelease);  // release: before any Send sees it
+    connections_.push_back(std::move(first));
+    thread_ = std::thread([this] { Loop(); });  // parked until a Send finds the runtime gone
+  }
+  ~ShmReconnectingTransport() override { Close(); }
+  ShmReconnectingTransport(const ShmReconnectingTransport &) = delete;
+  ShmReconnectingTransport &operator=(const ShmReconnectingTransport &) = delete;
+
+  /**
+   * Sends over the current connection while it is healthy; otherwise queues the task
+   * for the reconnection (started here if none runs). False only once closed.
+   */
+  bool Send(Task *task) override {
+    for (;;) {
+      // acquire: a connection published by the reconnect thread is fully set up.
+      ShmClientTransport *c = current_.Load(MemOrder::kAcquire);
+      if (c->Usable() && c->Send(task)) return true;
+      // seq_cst: Close sets the flag before it fails the queue (Dekker with our push).
+      if (closed_.Load(MemOrder::kSeqCst) != 0) return false;
+      // relaxed: re-read with acquire at the top; a replaced connection is retried.
+      if (current_.Load(MemOrder::kRelaxed) != c) continue;
+      Queue(task);
+      return true;
+    }
+  }
+
+  /** Stops reconnecting, fails queued tasks with kShutdown, closes every connection. */
+  void Close() override {
+    if (closed_.Exchange(1, MemOrder::kSeqCst) != 0) return;
+    Kick();
+    if (thread_.joinable()) thread_.join();
+    FailQueued(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
+    for (auto &c : connections_) c->Close();
+  }
+
+  const char *Name() const override { return "shm"; }
+
+  /** The connection in use (tests and diagnostics). */
+  ShmClientTransport *Current() { return current_.Load(MemOrder::kAcquire); }
+  /** The runtime process of the connection in use. */
+  u32 RuntimePid() { return Current()->RuntimePid(); }
+  /** Successful reconnections so far. */
+  u64 Reconnects() const { return reconnects_.Load(MemOrder::kRelaxed); }
+
+ private:
+  /** Pushes a task for the reconnect thread and makes sure it runs. */
+  void Queue(Task *task) {
+    u64 head = queue_head_.Load(MemOrder::kRelaxed);  // relaxed: the CAS decides
+    do {
+      task->transport_cookie_ = head;
+      // seq_cst: the push precedes our kick and Close's flag check (see Close, Loop).
+    } while (!queue_head_.CompareExchange(head, reinterpret_cast<u64>(task), MemOrder::kSeqCst));
+    Kick();
+    // seq_cst: push, then read the flag; Close sets it, then takes the queue. If we see
+    // it unset, Close's take sees our push; if set, we may be too late: fail it ourselves.
+    if (closed_.Load(MemOrder::kSeqCst) != 0) {
+      FailQueued(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
+    }
+  }
+
+  /** Wakes the reconnect thread. */
+  void Kick() {
+    kicks_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: after the push it announces
+    FutexWake(kicks_.Raw(), INT_MAX);
+  }
+
+  /** The reconnect thread: one window per batch of queued tasks, until Close. */
+  void Loop() {
+    pthread_setname_np(pthread_self(), "chi-shm-rejoin");
+    for (;;) {
+      // acquire: tasks pushed before the kick we read are visible to the drain below.
+      const u32 seen = kicks_.Load(MemOrder::kAcquire);
+      if (closed_.Load(MemOrder::kAcquire) != 0) break;  // acquire: Close's flag
+      if (queue_head_.Load(MemOrder::kAcquire) != 0) Window();
+      if (closed_.Load(MemOrder::kAcquire) != 0) break;
+      // seq_cst: a push before a kick we did not see yet is found here.
+      if (queue_head_.Load(MemOrder::kSeqCst) == 0) FutexWait(kicks_.Raw(), seen, 0);
+    }
+  }
+
+  /**
+   * Gets a healthy connection within reconnect_sec and sends the queued tasks over it;
+   * fails them with kPeerDead when no runtime answers in time.
+   */
+  void Window() {
+    const u64 deadline = MonotonicNs() + static_cast<u64>(rejoin_.reconnect_sec * 1e9);
+    Status last = Status::Error(ErrorCode::kPeerDead, "shm transport: no runtime came back");
+    for (;;) {
+      if (closed_.Load(MemOrder::kAcquire) != 0) return;  // Close fails the queue
+      ShmClientTransport *c = current_.Load(MemOrder::kAcquire);
+      if (c->Usable()) {
+        for (Task *t = TakeQueued(); t != nullptr;) {
+          Task *next = reinterpret_cast<Task *>(t->transport_cookie_);
+          if (!c->Send(t)) FailTask(t, ErrorCode::kShutdown, "shm transport: closed");
+          t = next;
+        }
+        return;
+      }
+      const u64 now = MonotonicNs();
+      if (now >= deadline) break;
+      double left = static_cast<double>(deadline - now) / 1e9;
+      if (rejoin_.handshake == nullptr) break;
+      ShmServerInfo info;
+      last = rejoin_.handshake(rejoin_.ctx, left < kHandshakeSliceSec ? left : kHandshakeSliceSec,
+                               &info);
+      std::unique_ptr<ShmClientTransport> next;
+      if (last.ok()) last = ShmClientTransport::Connect(info, &next);
+      if (last.ok() && !next->Usable()) {  // the old runtime, on its way out
+        last = Status::Error(ErrorCode::kShutdown, "shm transport: the runtime is stopping");
+        next.reset();
+      }
+      if (!last.ok()) {
+        if (last.code() != ErrorCode::kTimeout) {  // a pause that Close (a kick) cuts short
+          FutexWait(kicks_.Raw(), kicks_.Load(MemOrder::kAcquire), kRetryPauseNs);
+        }
+        continue;
+      }
+      // Retire the old connection first (it is failed or its runtime is leaving), so the
+      // new one may help waiters; its mapping stays until Close, for senders holding it.
+      c->Retire();
+      current_.Store(next.get(), MemOrder::kRelease);  // release: set up before senders use it
+      connections_.push_back(std::move(next));
+      reconnects_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+    }
+    char msg[Status::kMaxMessage];
+    std::snprintf(msg, sizeof(msg),
+                  "shm transport: the runtime went away and did not come back within %.1f s "
+                  "(last try: %s)", rejoin_.reconnect_sec, last.message());
+    FailQueued(ErrorCode::kPeerDead, msg);
+  }
+
+  /** Completes a task with an error. */
+  static void FailTask(Task *t, ErrorCode code, const char *msg) {
+    t->SetError(code, msg);
+    CompleteTask(t);
+  }
+
+  /** Takes the queue, oldest first. */
+  Task *TakeQueued() {
+    // acquire: the pushers' writes to the tasks are visible.
+    u64 head = queue_head_.Exchange(0, MemOrder::kAcquire);
+    Task *fifo = nullptr;
+    while (head != 0) {
+      Task *t = reinterpret_cast<Task *>(head);
+      head = t->transport_cookie_;
+      t->transport_cookie_ = reinterpret_cast<u64>(fifo);
+      fifo = t;
+    }
+    return fifo;
+  }
+
+  /** Completes every queued task with an error. */
+  void FailQueued(ErrorCode code, const char *msg) {
+    for (Task *t = TakeQueued(); t != nullptr;) {
+      Task *next = reinterpret_cast<Task *>(t->transport_cookie_);
+      FailTask(t, code, msg);
+      t = next;
+    }
+  }
+
+  ShmRejoin rejoin_;
+  Atomic<ShmClientTransport *> current_{nullptr};
+  std::vector<std::unique_ptr<ShmClientTransport>> connections_;  ///< the reconnect thread's
+  Atomic<u64> queue_head_;  ///< tasks waiting for a connection (link: transport_cookie_)
+  Atomic<u32> kicks_;       ///< the reconnect thread's futex word
+  Atomic<u32> closed_;
+  Atomic<u64> reconnects_;
+  std::thread thread_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_RECONNECT_H
+// ---- end chi/transport/shm_reconnect.h ----
 // ---- begin chi/transport/shm_server.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_H
@@ -9458,8 +10356,8 @@ class ShmReaper {
     serving_bits_[i / 64].FetchAnd(~(1ull << (i % 64)), MemOrder::kRelaxed);
     // seq_cst: completers that read it from now on drop their answers.
     s.draining.Store(1, MemOrder::kSeqCst);
-    s.assembling = false;
-    RecycleBuffer(&s.assembly);
+    // The partial request (assembling, assembly) belongs to the reader flag's holder; a
+    // worker may hold it now. Reset clears both under the flag.
     for (size_t k = 0; k < serving_.size(); ++k) {
       if (serving_[k] == i) {
         serving_[k] = serving_.back();
@@ -11274,6 +12172,8 @@ class ZmqServer final : public TaskCompleter {
 // its queues (queue_set.h), keeps its pool table, launches its orchestrator kernel on a
 // stream of its own, and runs one GpuWorker thread for all of them. Chimaera starts it
 // after the compose pools exist and stops it first; CHI_IPC reaches it from applications.
+// It describes the queues to pure clients (ConnectAnswer::gpu_info), and in a pure client
+// it holds the attachment to a runtime's queues (gpu_client_queues.h).
 // Invariant: no call here waits on a device as a whole, and every wait on the orchestrator
 // is bounded: a GPU that does not stop when asked is reported and its memory left mapped,
 // never freed under a kernel that may still use it.
@@ -11651,6 +12551,32 @@ inline Status Check(Error e, const char *what) {
 }
 
 /**
+ * Selects GPU `id` for the calling thread while in scope, then gives the thread back the GPU
+ * it had: the runtime's calls run on application threads (a CPU->GPU submit, CHIMAERA_INIT),
+ * and an application's own streams and events belong to the GPU it chose.
+ */
+class DeviceScope {
+ public:
+  explicit DeviceScope(int id) {
+    restore_ = GetDevice(&previous_) == kSuccess && previous_ != id;
+    status_ = Check(SetDevice(id), "select GPU");
+  }
+  ~DeviceScope() {
+    if (restore_) static_cast<void>(SetDevice(previous_));
+  }
+  DeviceScope(const DeviceScope &) = delete;
+  DeviceScope &operator=(const DeviceScope &) = delete;
+
+  /** Whether the selection worked. */
+  const Status &status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+  Status status_;
+};
+
+/**
  * Selects eager module loading. Lazy loading (CUDA's default) may need a context-wide
  * synchronisation to load a kernel, which never comes while a persistent kernel runs: the
  * first launch of a not-yet-loaded kernel can then deadlock (CUDA's lazy-loading notes).
@@ -11697,130 +12623,38 @@ inline Status WaitStream(Stream s, u64 timeout_ns) {
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_API_H
 // ---- end chi/gpu/gpu_api.h ----
-// ---- begin chi/gpu/gpu_worker.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
-// GpuWorker: the CPU side of every GPU's CPU-facing queues, on one thread (seed 000's
-// GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
-// tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
-// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
-// workers, whose TaskCompleter writes the answer back into the slot.
-// Invariant: every task given to Send completes exactly once, with its answer or an error
-// (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
+// ---- begin chi/gpu/gpu_client_queues.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
+// A pure client's direct way to the runtime's GPUs: from the handshake's GPU blob it attaches
+// each GPU's pinned queue segment (POSIX shm, registered with the driver here too), rebases
+// the cpu2gpu queue onto its own mapping and runs a client-mode GpuWorker over it, so that
+// LocalGpuBcast / ToLocalGpu tasks go straight to the runtime's orchestrators, with no CPU
+// hop through the runtime. The orchestrators stay in the runtime process.
+// MPS: this process only writes pinned memory and polls it from the CPU; it never runs a
+// kernel for the route. Without MPS, two processes that both run kernels on one GPU
+// time-slice (~4.5 ms per round trip measured), so keep GPU polling in the runtime.
+// Invariant: a client's claims live in the shared segment with its pid (host_slots.h), so a
+// client that dies holding slots loses them to the runtime's reaper, never forever.
 
-#include <climits>  // INT_MAX: wake every parked sender
-#include <cstring>  // memcpy of diagnostic and error answers
-#include <memory>   // per-slot arrays
-#include <string>   // the no-GPU reason
-#include <thread>   // the worker thread
-#include <vector>   // links, error answers, broadcast replicas
+#include <cstdio>  // fprintf of why the direct route is not used
+#include <memory>  // per-GPU attachments
+#include <string>  // messages
+#include <vector>  // attachments, links
 
-// ---- begin chi/gpu/gpu_wire.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
-// The bytes in a GPU slot: the envelope every transport uses (transport.h), written and
-// read by typed code that runs on the device and the host alike.
-//   request: [u64 request id][routing header + inputs]   (Task::SerializeBaseIn, SerializeIn)
-//   answer:  [u64 request id][answer header + outputs]   (or the answer header alone on error)
-// Invariant: nothing is ever written past `cap`; a task that does not fit is an error, not
-// a truncated message. The request id is the slot's sequence, so a stale answer is caught.
-// The templates are host-device for any task type; CHI_SERIALIZE_HD_TEMPLATE lets nvcc
-// instantiate them for host-only tasks too (only GPU task types ever run them on the device).
+// ---- begin chi/gpu/gpu_connect_info.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONNECT_INFO_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONNECT_INFO_H
+// The GPU part of the ClientConnect handshake (ConnectAnswer::gpu_info, an opaque versioned
+// blob): per GPU, the runtime's pinned queue segment (name, size, version) and where the
+// cpu2gpu queue's arrays sit inside it. The runtime describes; a pure client built with
+// CUDA/HIP attaches the segment and rebases the queue onto its own mapping (gpu_client_queues.h).
+// Invariant: only offsets cross processes, never pointers; every offset is checked against
+// the segment's size before the client touches the memory.
 
-namespace chi::gpu {
+#include <string>  // segment names
+#include <vector>  // the blob, per-GPU entries
 
-/** Bytes of the request-id prefix (as kEnvelopeHeaderBytes in transport.h). */
-inline constexpr u32 kGpuEnvelopeBytes = 8;
-
-/** Writes the envelope id at a 16-byte aligned buffer. */
-CHI_CROSS_FUN inline void PutRequestId(char *buf, u64 id) { *reinterpret_cast<u64 *>(buf) = id; }
-/** Reads the envelope id. */
-CHI_CROSS_FUN inline u64 GetRequestId(const char *buf) {
-  return *reinterpret_cast<const u64 *>(buf);
-}
-
-/**
- * Encodes t's request into buf (16-byte aligned, `cap` bytes). Returns its length, or 0 with
- * *error set when the task does not fit (kTooLarge) or cannot be encoded.
- */
-CHI_SERIALIZE_HD_TEMPLATE
-template <typename TaskT>
-CHI_CROSS_FUN u32 EncodeRequest(TaskT &t, u64 id, char *buf, u32 cap, ErrorCode *error) {
-  if (cap < kGpuEnvelopeBytes) {
-    *error = ErrorCode::kTooLarge;
-    return 0;
-  }
-  PutRequestId(buf, id);
-  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
-  t.SerializeBaseIn(ar);
-  t.SerializeIn(ar);
-  if (!ar.ok()) {
-    *error = ar.code();
-    return 0;
-  }
-  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
-}
-
-/** Encodes an answer that carries only an error; returns its length. */
-CHI_CROSS_FUN inline u32 EncodeErrorAnswer(u64 id, ErrorCode code, const char *msg, char *buf,
-                                           u32 cap) {
-  Task err;
-  err.SetError(code, msg);
-  PutRequestId(buf, id);
-  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
-  err.SerializeBaseOut(ar);
-  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
-}
-
-/** Encodes t's answer; an answer larger than `cap` becomes a kTooLarge error answer. */
-CHI_SERIALIZE_HD_TEMPLATE
-template <typename TaskT>
-CHI_CROSS_FUN u32 EncodeAnswer(TaskT &t, u64 id, char *buf, u32 cap) {
-  PutRequestId(buf, id);
-  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
-  t.SerializeBaseOut(ar);
-  t.SerializeOut(ar);
-  if (!ar.ok()) {
-    return EncodeErrorAnswer(id, ErrorCode::kTooLarge,
-                             "the task's outputs exceed the GPU copy space", buf, cap);
-  }
-  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
-}
-
-/**
- * Reads an answer into t: its outputs, or only the error when the server refused the
- * request. A wrong id or malformed bytes set kMalformed on t.
- */
-CHI_SERIALIZE_HD_TEMPLATE
-template <typename TaskT>
-CHI_CROSS_FUN void DecodeAnswer(TaskT &t, const char *buf, u32 len, u64 expect_id) {
-  if (len < kGpuEnvelopeBytes || GetRequestId(buf) != expect_id) {
-    t.SetError(ErrorCode::kMalformed, "GPU answer is short or names another request");
-    return;
-  }
-  // One pass, straight into t: the answer header is t's rc_ and msg_ (SerializeBaseOut), so
-  // decoding it into a scratch Task first only cost a zero-filled Task and a second pass.
-  InputArchive in(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
-  t.SerializeBaseOut(in);
-  if (!in.ok()) {
-    t.SetError(ErrorCode::kMalformed, "GPU answer header is malformed");
-    return;
-  }
-  if (t.rc_ != 0 && in.Remaining() == 0) return;  // an error-only answer: rc_ and msg_ are set
-  t.SerializeOut(in);
-  if (!in.ok()) t.SetError(ErrorCode::kMalformed, "GPU answer outputs are malformed");
-}
-
-/** Marks a task held by a GPU-side client complete (only its owning thread reads it). */
-CHI_CROSS_FUN inline void MarkComplete(Task &t) {
-  // relaxed: the owning thread wrote the outputs and is the only reader (futures are per
-  // thread), so program order suffices; a release would cost a fence per task.
-  t.state_.Store(task_state::kComplete, MemOrder::kRelaxed);
-}
-
-}  // namespace chi::gpu
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
-// ---- end chi/gpu/gpu_wire.h ----
 // ---- begin chi/gpu/mailbox.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_MAILBOX_H
 #define CHI_SINGLE_INCLUDE_CHI_GPU_MAILBOX_H
@@ -12188,448 +13022,138 @@ struct GpuQueue {
 
 namespace chi::gpu {
 
-/** Which pools a GPU serves (GpuManager registers them lazily; host tests fake it). */
-class GpuPoolDirectory {
- public:
-  /** Ok when GPU gpu_id has a container for `pool` (made now if needed), else why not. */
-  virtual Status EnsurePool(u32 gpu_id, PoolId pool) = 0;
+/** Bumped whenever GpuConnectInfo or GpuQueueAttachInfo changes. */
+inline constexpr u32 kGpuConnectInfoVersion = 1;
 
- protected:
-  ~GpuPoolDirectory() = default;
-};
-
-/** The CPU's view of one GPU's CPU-facing queues, and its bookkeeping for them. */
-struct GpuLink {
+/** One GPU's cpu2gpu queue as a client process must see it. */
+struct GpuQueueAttachInfo {
   u32 gpu_id = 0;
-  GpuQueue<MemScope::kSystem> cpu2gpu;     ///< this process posts; the GPU answers
-  GpuQueue<MemScope::kSystem> gpu2cpu;     ///< GPU threads post; the GpuWorker answers
-  std::unique_ptr<Atomic<u64>[]> pending;  ///< cpu2gpu: the Task* awaiting each slot's answer
-  std::unique_ptr<u32[]> sent;             ///< cpu2gpu: the sequence posted in each slot
-  Atomic<u32> freed;                       ///< cpu2gpu: bumped whenever a slot frees (futex)
-  Atomic<u32> free_waiters;                ///< senders parked on `freed`
-  Atomic<u32> used_slots;                  ///< cpu2gpu: 1 + the highest slot ever claimed
-  Atomic<u64> cpu2gpu_inflight;
-  Atomic<u64> gpu2cpu_inflight;
+  std::string segment;     ///< PosixShmBackend name of the pinned segment
+  u64 segment_size = 0;    ///< whole mapping, bytes
+  u32 segment_version = 0; ///< kBackendVersion of the runtime's build
+  u32 cpu2gpu_slots = 0;
+  u32 gpu2cpu_slots = 0;   ///< for information: clients never serve gpu2cpu
+  u32 gpu2gpu_slots = 0;   ///< for information: gpu2gpu is device memory of the runtime
+  u32 payload_bytes = 0;   ///< copy space per cpu2gpu slot
+  u64 max_wait_ns = 0;
+  // Byte offsets of the cpu2gpu arrays from the segment's Data().
+  u64 request_off = 0;
+  u64 answer_off = 0;
+  u64 payload_off = 0;
+  u64 claims_off = 0;
+  u64 doorbell_off = 0;
 
-  /** Binds the link to a GPU's queue descriptors. */
-  void Init(u32 id, const GpuQueue<MemScope::kSystem> &c2g,
-            const GpuQueue<MemScope::kSystem> &g2c) {
-    gpu_id = id;
-    cpu2gpu = c2g;
-    gpu2cpu = g2c;
-    pending = std::make_unique<Atomic<u64>[]>(c2g.num_slots_);
-    sent = std::make_unique<u32[]>(c2g.num_slots_);
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(gpu_id, segment, segment_size, segment_version, cpu2gpu_slots, gpu2cpu_slots,
+       gpu2gpu_slots, payload_bytes, max_wait_ns, request_off, answer_off, payload_off,
+       claims_off, doorbell_off);
   }
 };
 
-/** The GPU-worker thread and the CPU->GPU transport. */
-class GpuWorker : public ClientTransport, private TaskCompleter {
- public:
-  static constexpr u32 kSpinPolls = 4096;    ///< empty polls before napping
-  static constexpr u64 kMinNapNs = 20000;    ///< first idle nap
-  static constexpr u64 kMaxNapNs = 1000000;  ///< longest idle nap (gpu2cpu latency when idle)
-  static constexpr u32 kClaimSpins = 256;    ///< full-queue spins before a sender parks
-  static constexpr u64 kDrainTimeoutNs = 5000000000ull;
+/** The whole blob: every GPU a client may submit to directly. */
+struct GpuConnectInfo {
+  u32 version = kGpuConnectInfoVersion;
+  u32 runtime_pid = 0;
+  std::vector<GpuQueueAttachInfo> gpus;
 
-  GpuWorker() = default;
-  ~GpuWorker() override { Stop(); }
-  GpuWorker(const GpuWorker &) = delete;
-  GpuWorker &operator=(const GpuWorker &) = delete;
-
-  /**
-   * Starts serving `links` (not owned; they outlive Stop). With no links, every send fails
-   * with `no_gpu_reason`.
-   */
-  void Start(PoolManager *pools, WorkOrchestrator *orch, GpuPoolDirectory *directory,
-             std::vector<GpuLink *> links, std::string no_gpu_reason) {
-    pools_ = pools;
-    orch_ = orch;
-    directory_ = directory;
-    links_ = std::move(links);
-    no_gpu_reason_ = std::move(no_gpu_reason);
-    dispatcher_ = std::make_unique<RequestDispatcher>(pools, orch);
-    closing_.Store(0, MemOrder::kRelease);
-    stop_.Store(0, MemOrder::kRelease);
-    if (!links_.empty()) thread_ = std::thread([this] { Loop(); });
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(version, runtime_pid, gpus);
   }
-
-  /**
-   * Refuses new sends (they fail with kShutdown) and waits, bounded, for GPU->CPU tasks
-   * still running in the workers. False when some are still running (their slots must
-   * then stay mapped).
-   */
-  bool StopIntake() {
-    closing_.Store(1, MemOrder::kSeqCst);  // seq_cst: pairs with Send's senders_ count
-    const u64 deadline = NowNs() + kDrainTimeoutNs;
-    for (;;) {
-      u64 busy = senders_.Load(MemOrder::kSeqCst);
-      for (GpuLink *l : links_) busy += l->gpu2cpu_inflight.Load(MemOrder::kAcquire);
-      if (busy == 0) return true;
-      if (NowNs() > deadline) return false;
-      SleepFor(100000);
-    }
-  }
-
-  /** Joins the thread, then fails every CPU->GPU task still waiting with kShutdown. */
-  void Stop() {
-    closing_.Store(1, MemOrder::kSeqCst);
-    stop_.Store(1, MemOrder::kRelease);
-    Wake();
-    if (thread_.joinable()) thread_.join();
-    for (GpuLink *l : links_) {
-      for (u32 s = 0; s < l->cpu2gpu.num_slots_; ++s) {
-        const u64 p = l->pending[s].Exchange(0, MemOrder::kAcquire);
-        if (p == 0) continue;
-        l->cpu2gpu_inflight.FetchSub(1, MemOrder::kRelaxed);
-        Fail(reinterpret_cast<Task *>(p), ErrorCode::kShutdown,
-             "the GPU runtime stopped before the GPU answered");
-      }
-    }
-    links_.clear();
-  }
-
-  /** Routes a LocalGpuBcast / ToLocalGpu task to its GPU(s); always completes it. */
-  bool Send(Task *t) override {
-    senders_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: StopIntake sees us or we see it
-    if (closing_.Load(MemOrder::kSeqCst) != 0) {
-      Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
-    } else if (links_.empty()) {
-      Fail(t, ErrorCode::kUnsupported, no_gpu_reason_.c_str());
-    } else if (t->pool_query_.GetMode() == RoutingMode::kToLocalGpu) {
-      const u32 id = t->pool_query_.GetId();
-      if (id >= links_.size()) {
-        t->SetErrorf(ErrorCode::kInvalidArgument, "ToLocalGpu(%u): this node has %zu GPU(s)", id,
-                     links_.size());
-        CompleteTask(t);
-      } else {
-        SendTo(*links_[id], t);
-      }
-    } else if (links_.size() == 1) {
-      SendTo(*links_[0], t);
-    } else {
-      Broadcast(t);
-    }
-    senders_.FetchSub(1, MemOrder::kSeqCst);
-    return true;
-  }
-
-  /** Fails every outstanding task and stops (ClientTransport). */
-  void Close() override {
-    StopIntake();
-    Stop();
-  }
-  const char *Name() const override { return "gpu"; }
-
-  /**
-   * Diagnostic: posts raw request bytes to GPU `gpu` and copies its raw answer (how tests
-   * check that the orchestrator answers malformed input). On timeout the slot stays held.
-   */
-  Status RawRoundTrip(u32 gpu, const char *bytes, u32 len, std::vector<char> *answer,
-                      u64 timeout_ns) {
-    if (gpu >= links_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
-    GpuLink &l = *links_[gpu];
-    if (len > l.cpu2gpu.payload_bytes_) {
-      return Status::Error(ErrorCode::kTooLarge, "raw request exceeds the copy space");
-    }
-    const u32 s = ClaimHostSlot(l);
-    if (s == kNoSlot) return Status::Error(ErrorCode::kShutdown, "GPU runtime is stopping");
-    std::memcpy(l.cpu2gpu.Payload(s), bytes, len);
-    const u32 seq = ++l.sent[s];
-    l.cpu2gpu.Post(s, seq, len);
-    const u64 deadline = NowNs() + timeout_ns;
-    u32 out = 0;
-    while (!l.cpu2gpu.Answered(s, seq, &out)) {
-      if (NowNs() > deadline) return Status::Error(ErrorCode::kTimeout, "no answer from the GPU");
-      CpuRelax();
-    }
-    answer->assign(l.cpu2gpu.Payload(s), l.cpu2gpu.Payload(s) + out);
-    FreeHostSlot(l, s);
-    return Status::Ok();
-  }
-
- private:
-  friend class GpuBroadcast;
-
-  /** Posts t to one GPU, or completes it with the reason it cannot go. */
-  void SendTo(GpuLink &l, Task *t) {
-    if (Status st = directory_->EnsurePool(l.gpu_id, t->pool_id_); !st.ok()) {
-      return Fail(t, st.code(), st.message());
-    }
-    const u32 s = ClaimHostSlot(l);
-    if (s == kNoSlot) return Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
-    char *p = l.cpu2gpu.Payload(s);
-    const u32 seq = l.sent[s] + 1;
-    PutRequestId(p, seq);
-    OutputArchive ar(p + kGpuEnvelopeBytes, l.cpu2gpu.payload_bytes_ - kGpuEnvelopeBytes);
-    t->ops_->save_in(*t, ar);
-    if (!ar.ok()) {
-      FreeHostSlot(l, s);
-      t->SetErrorf(ar.code() == ErrorCode::kTooLarge ? ErrorCode::kTooLarge : ar.code(),
-                   "task does not fit the %u-byte GPU copy space", l.cpu2gpu.payload_bytes_);
-      CompleteTask(t);
-      return;
-    }
-    l.sent[s] = seq;
-    l.pending[s].Store(reinterpret_cast<u64>(t), MemOrder::kRelease);  // sent[s] is visible
-    l.cpu2gpu_inflight.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: the Dekker half of Wake
-    l.cpu2gpu.Post(s, seq, kGpuEnvelopeBytes + static_cast<u32>(ar.Size()));
-    Wake();
-  }
-
-  inline void Broadcast(Task *t);
-
-  /** Claims a cpu2gpu slot; blocks (spin, then park) while all are taken. */
-  u32 ClaimHostSlot(GpuLink &l) {
-    thread_local u32 hint = 0;
-    for (u32 n = 0;; ++n) {
-      if (stop_.Load(MemOrder::kAcquire) != 0) return kNoSlot;
-      const u32 seen = l.freed.Load(MemOrder::kAcquire);
-      const u32 s = l.cpu2gpu.TryClaim(hint);
-      if (s != kNoSlot) {
-        hint = s;  // a thread keeps reusing its slot: the worker scans only [0, used_slots)
-        u32 used = l.used_slots.Load(MemOrder::kRelaxed);
-        // relaxed: pending[s], published later with release, is what the scan relies on.
-        while (used < s + 1 && !l.used_slots.CompareExchange(used, s + 1, MemOrder::kRelaxed)) {
-        }
-        return s;
-      }
-      if (n < kClaimSpins) {
-        CpuRelax();
-      } else if (RunContext *r = CurrentRunContext()) {
-        r->GetWorker()->SleepInFiber(r, kMinNapNs);  // a worker never blocks its thread
-      } else {
-        l.free_waiters.FetchAdd(1, MemOrder::kSeqCst);
-        FutexWait(l.freed.Raw(), seen, kMaxNapNs);  // returns at once if a slot freed since
-        l.free_waiters.FetchSub(1, MemOrder::kRelaxed);
-      }
-    }
-  }
-
-  /** Frees a cpu2gpu slot and wakes a parked sender. */
-  void FreeHostSlot(GpuLink &l, u32 s) {
-    l.cpu2gpu.Release(s, false);
-    l.freed.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: read against free_waiters below
-    if (l.free_waiters.Load(MemOrder::kSeqCst) != 0) FutexWake(l.freed.Raw(), INT_MAX);
-  }
-
-  /** Completes t with an error. */
-  static void Fail(Task *t, ErrorCode code, const char *msg) {
-    t->SetError(code, msg);
-    CompleteTask(t);
-  }
-
-  /** Wakes the thread if it naps (after a CPU->GPU post). */
-  void Wake() {
-    FenceSeqCst();  // our post and inflight count are visible before we read sleeping_
-    if (sleeping_.Load(MemOrder::kRelaxed) != 0 && sleeping_.Exchange(0, MemOrder::kAcqRel) != 0) {
-      FutexWake(sleeping_.Raw(), 1);
-    }
-  }
-
-  /** The thread: poll every link; nap (bounded) when idle, since GPUs cannot wake us. */
-  void Loop() {
-    u32 idle = 0;
-    u64 nap = kMinNapNs;
-    while (stop_.Load(MemOrder::kAcquire) == 0) {
-      bool did = false;
-      for (u32 i = 0; i < links_.size(); ++i) {
-        did |= CompleteAnswers(*links_[i]);
-        did |= ServeRequests(*links_[i], i);
-      }
-      if (did) {
-        idle = 0;
-        nap = kMinNapNs;
-        continue;
-      }
-      if (++idle < kSpinPolls) {
-        CpuRelax();
-        continue;
-      }
-      sleeping_.Store(1, MemOrder::kRelaxed);
-      FenceSeqCst();  // sleeping_ is visible before we look for posts (pairs with Wake)
-      // Never nap while any task is out: a GPU answer cannot wake us, and a kernel waiting on
-      // a GPU->CPU answer usually posts its next request right after.
-      u64 inflight = 0;
-      for (GpuLink *l : links_) {
-        inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) +
-                    l->gpu2cpu_inflight.Load(MemOrder::kRelaxed);
-      }
-      if (inflight == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
-        FutexWait(sleeping_.Raw(), 1, nap);
-        nap = nap * 2 < kMaxNapNs ? nap * 2 : kMaxNapNs;
-      }
-      sleeping_.Store(0, MemOrder::kRelaxed);
-      idle = kSpinPolls - 1;  // after a nap, poll once and nap again
-    }
-  }
-
-  /** Completes the CPU->GPU tasks whose answers arrived. */
-  bool CompleteAnswers(GpuLink &l) {
-    if (l.cpu2gpu_inflight.Load(MemOrder::kAcquire) == 0) return false;
-    bool did = false;
-    const u32 used = l.used_slots.Load(MemOrder::kAcquire);  // covers every pending slot
-    for (u32 s = 0; s < used; ++s) {
-      const u64 p = l.pending[s].Load(MemOrder::kAcquire);  // pairs with SendTo's release
-      u32 len = 0;
-      if (p == 0 || !l.cpu2gpu.Answered(s, l.sent[s], &len)) continue;
-      Task *t = reinterpret_cast<Task *>(p);
-      chi::DecodeAnswer(t, l.cpu2gpu.Payload(s), len);
-      l.pending[s].Store(0, MemOrder::kRelaxed);  // only this thread reads it from now on
-      FreeHostSlot(l, s);
-      l.cpu2gpu_inflight.FetchSub(1, MemOrder::kRelease);
-      CompleteTask(t);
-      did = true;
-    }
-    return did;
-  }
-
-  /** Turns new gpu2cpu requests into host tasks (or error answers). */
-  bool ServeRequests(GpuLink &l, u32 index) {
-    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
-    bool did = false;
-    for (u32 s = 0; s < q.num_slots_; ++s) {
-      const u64 w = q.PeekRequest(s);
-      const u32 seq = static_cast<u32>(w);
-      if (seq == q.served_[s]) continue;
-      FenceAcquire<MemScope::kSystem>();  // the payload was written before the request word
-      q.served_[s] = seq;
-      did = true;
-      const u32 len = static_cast<u32>(w >> 32);
-      char *p = q.Payload(s);
-      if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
-        q.Answer(s, seq,
-                 EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range",
-                                   p, q.payload_bytes_));
-        continue;
-      }
-      l.gpu2cpu_inflight.FetchAdd(1, MemOrder::kRelaxed);  // before: the task may finish at once
-      const u64 cookie = static_cast<u64>(index) << 32 | s;
-      if (!dispatcher_->Dispatch(p, len, this, cookie, &error_answer_)) {
-        l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelaxed);
-        const u32 n = static_cast<u32>(error_answer_.size()) < q.payload_bytes_
-                          ? static_cast<u32>(error_answer_.size())
-                          : q.payload_bytes_;
-        std::memcpy(p, error_answer_.data(), n);
-        q.Answer(s, seq, n);
-      }
-    }
-    return did;
-  }
-
-  /** A GPU->CPU task finished on a worker: its answer goes back into its slot. */
-  void OnComplete(Task *t) override {
-    GpuLink &l = *links_[static_cast<u32>(t->transport_cookie_ >> 32)];
-    const u32 s = static_cast<u32>(t->transport_cookie_);
-    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
-    char *p = q.Payload(s);
-    const u64 id = t->request_id_;
-    PutRequestId(p, id);
-    OutputArchive ar(p + kGpuEnvelopeBytes, q.payload_bytes_ - kGpuEnvelopeBytes);
-    t->ops_->save_out(*t, ar);
-    const u32 len = ar.ok() ? kGpuEnvelopeBytes + static_cast<u32>(ar.Size())
-                            : EncodeErrorAnswer(id, ErrorCode::kTooLarge,
-                                                "the task's outputs exceed the GPU copy space", p,
-                                                q.payload_bytes_);
-    t->completer_ = nullptr;
-    DeleteTask(t);
-    q.Answer(s, static_cast<u32>(id), len);
-    l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelease);  // the slot is no longer touched
-  }
-
-  PoolManager *pools_ = nullptr;
-  WorkOrchestrator *orch_ = nullptr;
-  GpuPoolDirectory *directory_ = nullptr;
-  std::vector<GpuLink *> links_;
-  std::string no_gpu_reason_;
-  std::unique_ptr<RequestDispatcher> dispatcher_;
-  std::vector<char> error_answer_;  ///< reused by ServeRequests (error answers only)
-  std::thread thread_;
-  Atomic<u32> closing_;
-  Atomic<u32> stop_;
-  Atomic<u64> senders_;
-  alignas(kCacheLine) Atomic<u32> sleeping_;  ///< futex word: 1 while the thread naps
 };
+
+/** Encodes the blob for ConnectAnswer::gpu_info (empty when there is no GPU to offer). */
+inline std::vector<char> EncodeGpuConnectInfo(const GpuConnectInfo &info) {
+  std::vector<char> out;
+  if (info.gpus.empty()) return out;
+  OutputArchive ar(out);
+  ar(info);
+  return out;
+}
+
+/** Decodes the blob; empty means "no GPU queues offered" (ok, no entries). */
+inline Status DecodeGpuConnectInfo(const std::vector<char> &blob, GpuConnectInfo *out) {
+  *out = GpuConnectInfo();
+  if (blob.empty()) return Status::Ok();
+  u32 version = 0;
+  InputArchive peek(blob.data(), blob.size());
+  peek(version);
+  if (!peek.ok() || version != kGpuConnectInfoVersion) {
+    return Status::Errorf(ErrorCode::kVersionMismatch,
+                          "the runtime describes its GPU queues in version %u; this client "
+                          "understands %u (rebuild the client against the runtime's chi)",
+                          version, kGpuConnectInfoVersion);
+  }
+  InputArchive ar(blob.data(), blob.size());
+  ar(*out);
+  if (!ar.ok()) return Status::Error(ErrorCode::kMalformed, "malformed GPU queue description");
+  return Status::Ok();
+}
+
+/** Describes cpu2gpu queue `q`, carved in the segment whose Data() is `data`. */
+inline GpuQueueAttachInfo DescribeCpu2Gpu(u32 gpu_id, const GpuQueue<MemScope::kSystem> &q,
+                                          const char *data) {
+  GpuQueueAttachInfo i;
+  i.gpu_id = gpu_id;
+  i.cpu2gpu_slots = q.num_slots_;
+  i.payload_bytes = q.payload_bytes_;
+  i.max_wait_ns = q.max_wait_ns_;
+  auto off = [data](const void *p) { return static_cast<u64>(static_cast<const char *>(p) - data); };
+  i.request_off = off(q.request_);
+  i.answer_off = off(q.answer_);
+  i.payload_off = off(q.payload_);
+  i.claims_off = off(q.claims_);
+  i.doorbell_off = off(q.doorbell_);
+  return i;
+}
 
 /**
- * LocalGpuBcast on a node with several GPUs: one replica per GPU, folded back into the
- * original (TaskOps::aggregate, GPU 0 first) when the last one answers.
+ * The client's cpu2gpu descriptor over its own mapping (`data` = its Data(), `data_bytes`
+ * long). Server-side arrays (served_) and the abort word are not in the segment and stay
+ * null: a host client never reads them. kMalformed when an array would leave the segment.
  */
-class GpuBroadcast final : public TaskCompleter {
- public:
-  /** Sends t's replicas; t completes when all have. */
-  static void Start(GpuWorker &w, Task *t) {
-    auto *b = new GpuBroadcast();
-    b->orig_ = t;
-    const u32 n = static_cast<u32>(w.links_.size());
-    for (u32 i = 0; i < n; ++i) {
-      Task *rep = t->ops_->clone(*t);
-      if (rep == nullptr) break;
-      rep->pool_query_ = PoolQuery::ToLocalGpu(w.links_[i]->gpu_id);
-      rep->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);
-      rep->completer_ = b;
-      b->replicas_.push_back(rep);
-    }
-    if (b->replicas_.size() != n) {
-      for (Task *rep : b->replicas_) DeleteTask(rep);
-      delete b;
-      return GpuWorker::Fail(t, ErrorCode::kOutOfMemory, "no memory for a GPU broadcast replica");
-    }
-    b->left_.Store(n, MemOrder::kRelease);
-    const std::vector<Task *> reps = b->replicas_;  // b may be gone once the last one answers
-    for (u32 i = 0; i < n; ++i) w.SendTo(*w.links_[i], reps[i]);
+inline Status RebaseCpu2Gpu(const GpuQueueAttachInfo &i, char *data, u64 data_bytes,
+                            GpuQueue<MemScope::kSystem> *out) {
+  const u64 n = i.cpu2gpu_slots;
+  struct Span {
+    u64 off;
+    u64 bytes;
+  };
+  const Span spans[5] = {{i.request_off, 8 * n},
+                         {i.answer_off, 8 * n},
+                         {i.payload_off, n * i.payload_bytes},
+                         {i.claims_off, 4 * n},
+                         {i.doorbell_off, 8}};
+  if (n == 0 || i.payload_bytes == 0 || i.payload_bytes % 16 != 0) {
+    return Status::Error(ErrorCode::kMalformed, "GPU queue description has no slots");
   }
-
-  /** One replica answered; the last one folds them all into the original. */
-  void OnComplete(Task *) override {
-    // acq_rel: the last replica sees every other replica's outputs.
-    if (left_.FetchSub(1, MemOrder::kAcqRel) != 1) return;
-    for (u32 i = 0; i < replicas_.size(); ++i) {
-      replicas_[i]->completer_ = nullptr;
-      orig_->ops_->aggregate(*orig_, *replicas_[i], i);
-      DeleteTask(replicas_[i]);
+  for (const Span &s : spans) {
+    if (s.off % 8 != 0 || s.off > data_bytes || s.bytes > data_bytes - s.off) {
+      return Status::Errorf(ErrorCode::kMalformed,
+                            "GPU %u queue array at offset %llu (+%llu) leaves its %llu-byte "
+                            "segment",
+                            i.gpu_id, static_cast<unsigned long long>(s.off),
+                            static_cast<unsigned long long>(s.bytes),
+                            static_cast<unsigned long long>(data_bytes));
     }
-    Task *t = orig_;
-    delete this;
-    CompleteTask(t);
   }
-
- private:
-  GpuBroadcast() = default;
-  Task *orig_ = nullptr;
-  std::vector<Task *> replicas_;
-  Atomic<u32> left_;
-};
-
-void GpuWorker::Broadcast(Task *t) { GpuBroadcast::Start(*this, t); }
+  GpuQueue<MemScope::kSystem> q;
+  q.num_slots_ = i.cpu2gpu_slots;
+  q.payload_bytes_ = i.payload_bytes;
+  q.max_wait_ns_ = i.max_wait_ns;
+  q.request_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.request_off);
+  q.answer_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.answer_off);
+  q.payload_ = data + i.payload_off;
+  q.claims_ = reinterpret_cast<Atomic<u32, MemScope::kDevice> *>(data + i.claims_off);
+  q.doorbell_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.doorbell_off);
+  *out = q;
+  return Status::Ok();
+}
 
 }  // namespace chi::gpu
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
-// ---- end chi/gpu/gpu_worker.h ----
-// ---- begin chi/gpu/module_registry.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_MODULE_REGISTRY_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_MODULE_REGISTRY_H
-// GpuModuleRegistry: how the one .cu file that names the application's GPU modules
-// (CHI_GPU_MODULES in orchestrator.h) hands them to the runtime, which may be compiled by
-// a plain C++ compiler: a table of host functions, including the kernel launcher.
-// Invariant: one list per process; the first registration wins and later ones are refused,
-// so the orchestrator never mixes two dispatch tables.
-
-#include <string_view>  // module names
-
-// ---- begin chi/gpu/gpu_server.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_SERVER_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_SERVER_H
-// The orchestrator's body: every thread of the persistent kernel owns a fixed set of slots
-// of its GPU's gpu2gpu queue (slot s belongs to thread s % threads) and of its cpu2gpu queue
-// (counted from the last thread down, so the threads that wait on slow PCIe reads of pinned
-// memory are not the ones the first gpu2gpu slots depend on; as few of them as can hold the
-// queue, kMaxSlotsPerServerThread slots each, to keep PCIe polling light; they read one
-// doorbell word a round and scan their cpu2gpu slots only when it moved), polls them, and
-// runs each request's GPU handler itself. Many warps therefore serve in parallel
-// with no shared queue head and no lock. The same code runs on CPU threads in host tests.
-// Invariant: a thread leaves the loop only through the host-visible exit flag; it never
-// waits on anything else, so a request can only be late, never lost or blocking.
-
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONNECT_INFO_H
+// ---- end chi/gpu/gpu_connect_info.h ----
 // ---- begin chi/gpu/gpu_container.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
 #define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
@@ -12650,6 +13174,113 @@ void GpuWorker::Broadcast(Task *t) { GpuBroadcast::Start(*this, t); }
 #include <new>          // placement new of a container's initial state (host)
 #include <string_view>  // module names (host)
 #include <type_traits>  // is_trivially_copyable
+
+// ---- begin chi/gpu/gpu_wire.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
+// The bytes in a GPU slot: the envelope every transport uses (transport.h), written and
+// read by typed code that runs on the device and the host alike.
+//   request: [u64 request id][routing header + inputs]   (Task::SerializeBaseIn, SerializeIn)
+//   answer:  [u64 request id][answer header + outputs]   (or the answer header alone on error)
+// Invariant: nothing is ever written past `cap`; a task that does not fit is an error, not
+// a truncated message. The request id is the slot's sequence, so a stale answer is caught.
+// The templates are host-device for any task type; CHI_SERIALIZE_HD_TEMPLATE lets nvcc
+// instantiate them for host-only tasks too (only GPU task types ever run them on the device).
+
+namespace chi::gpu {
+
+/** Bytes of the request-id prefix (as kEnvelopeHeaderBytes in transport.h). */
+inline constexpr u32 kGpuEnvelopeBytes = 8;
+
+/** Writes the envelope id at a 16-byte aligned buffer. */
+CHI_CROSS_FUN inline void PutRequestId(char *buf, u64 id) { *reinterpret_cast<u64 *>(buf) = id; }
+/** Reads the envelope id. */
+CHI_CROSS_FUN inline u64 GetRequestId(const char *buf) {
+  return *reinterpret_cast<const u64 *>(buf);
+}
+
+/**
+ * Encodes t's request into buf (16-byte aligned, `cap` bytes). Returns its length, or 0 with
+ * *error set when the task does not fit (kTooLarge) or cannot be encoded.
+ */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN u32 EncodeRequest(TaskT &t, u64 id, char *buf, u32 cap, ErrorCode *error) {
+  if (cap < kGpuEnvelopeBytes) {
+    *error = ErrorCode::kTooLarge;
+    return 0;
+  }
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  t.SerializeBaseIn(ar);
+  t.SerializeIn(ar);
+  if (!ar.ok()) {
+    *error = ar.code();
+    return 0;
+  }
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/** Encodes an answer that carries only an error; returns its length. */
+CHI_CROSS_FUN inline u32 EncodeErrorAnswer(u64 id, ErrorCode code, const char *msg, char *buf,
+                                           u32 cap) {
+  Task err;
+  err.SetError(code, msg);
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  err.SerializeBaseOut(ar);
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/** Encodes t's answer; an answer larger than `cap` becomes a kTooLarge error answer. */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN u32 EncodeAnswer(TaskT &t, u64 id, char *buf, u32 cap) {
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  t.SerializeBaseOut(ar);
+  t.SerializeOut(ar);
+  if (!ar.ok()) {
+    return EncodeErrorAnswer(id, ErrorCode::kTooLarge,
+                             "the task's outputs exceed the GPU copy space", buf, cap);
+  }
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/**
+ * Reads an answer into t: its outputs, or only the error when the server refused the
+ * request. A wrong id or malformed bytes set kMalformed on t.
+ */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN void DecodeAnswer(TaskT &t, const char *buf, u32 len, u64 expect_id) {
+  if (len < kGpuEnvelopeBytes || GetRequestId(buf) != expect_id) {
+    t.SetError(ErrorCode::kMalformed, "GPU answer is short or names another request");
+    return;
+  }
+  // One pass, straight into t: the answer header is t's rc_ and msg_ (SerializeBaseOut), so
+  // decoding it into a scratch Task first only cost a zero-filled Task and a second pass.
+  InputArchive in(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
+  t.SerializeBaseOut(in);
+  if (!in.ok()) {
+    t.SetError(ErrorCode::kMalformed, "GPU answer header is malformed");
+    return;
+  }
+  if (t.rc_ != 0 && in.Remaining() == 0) return;  // an error-only answer: rc_ and msg_ are set
+  t.SerializeOut(in);
+  if (!in.ok()) t.SetError(ErrorCode::kMalformed, "GPU answer outputs are malformed");
+}
+
+/** Marks a task held by a GPU-side client complete (only its owning thread reads it). */
+CHI_CROSS_FUN inline void MarkComplete(Task &t) {
+  // relaxed: the owning thread wrote the outputs and is the only reader (futures are per
+  // thread), so program order suffices; a release would cost a fence per task.
+  t.state_.Store(task_state::kComplete, MemOrder::kRelaxed);
+}
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
+// ---- end chi/gpu/gpu_wire.h ----
 
 namespace chi::gpu {
 
@@ -12848,6 +13479,908 @@ struct GpuPoolTable {
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
 // ---- end chi/gpu/gpu_container.h ----
+// ---- begin chi/gpu/gpu_worker.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+// GpuWorker: the CPU side of every GPU's CPU-facing queues, on one thread (seed 000's
+// GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
+// tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
+// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
+// workers, whose TaskCompleter writes the answer back into the slot.
+// A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
+// gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
+// Invariant: every task given to Send completes exactly once, with its answer or an error
+// (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
+
+#include <unistd.h>  // getpid: the claim words hold the claimer's pid
+
+#include <climits>  // INT_MAX: wake every parked sender
+#include <cstring>  // memcpy of diagnostic and error answers
+#include <memory>   // per-slot arrays
+#include <string>   // the no-GPU reason
+#include <thread>   // the worker thread
+#include <vector>   // links, error answers, broadcast replicas
+
+// ---- begin chi/gpu/host_slots.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
+// How CPU processes share one GPU's cpu2gpu queue: the runtime's GpuWorker and every pure
+// client that attached the queue's pinned segment claim slots with a CAS on the slot's
+// claim word (in that shared segment), which holds the claimer's pid while the slot is held.
+// Invariant: the claim word is the only ownership record, so a dead claimer is always
+// identifiable, and its slot is freed only once the request it posted has been answered.
+// Only host code uses these claim words (GPU clients use gpu2gpu/gpu2cpu, see mailbox.h).
+
+namespace chi::gpu {
+
+using HostQueue = GpuQueue<MemScope::kSystem>;
+
+/** Claims a free slot for process `pid`, looking from `start`; kNoSlot when all are held. */
+inline u32 ClaimHostSlot(const HostQueue &q, u32 start, u32 pid) {
+  for (u32 i = 0; i < q.num_slots_; ++i) {
+    const u32 s = (start + i) % q.num_slots_;
+    u32 expected = claim::kFree;
+    // acquire: the previous owner's request word and payload reads come before our use.
+    if (q.claims_[s].CompareExchange(expected, pid, MemOrder::kAcquire)) return s;
+  }
+  return kNoSlot;
+}
+
+/**
+ * The sequence number the next request in held slot s must carry: one past the last one
+ * any process posted there (a per-process counter would repeat the server's served value).
+ */
+inline u32 NextHostSeq(const HostQueue &q, u32 s) {
+  // relaxed: our claim's acquire ordered the previous owner's post (it released the claim
+  // after its post) before this read.
+  return static_cast<u32>(q.request_[s].Load(MemOrder::kRelaxed)) + 1;
+}
+
+/** Gives held slot s back (its answer has been read, or it was never posted). */
+inline void ReleaseHostSlot(const HostQueue &q, u32 s) {
+  // release: our reads of the answer happen before the next owner writes the payload.
+  q.claims_[s].Store(claim::kFree, MemOrder::kRelease);
+}
+
+/** The pid holding slot s (0 when free). */
+inline u32 HostSlotOwner(const HostQueue &q, u32 s) {
+  return q.claims_[s].Load(MemOrder::kAcquire);  // acquire: pairs with the claim CAS
+}
+
+/** Slots held right now (by any process). */
+inline u32 CountHeldHostSlots(const HostQueue &q) {
+  u32 n = 0;
+  for (u32 s = 0; s < q.num_slots_; ++s) n += HostSlotOwner(q, s) != 0 ? 1 : 0;
+  return n;
+}
+
+/**
+ * Frees the slots held by dead processes (alive(pid) false), skipping `self_pid`, once
+ * their last request has been answered: the GPU no longer touches the payload then.
+ * Slots still waiting for an answer are left for a later call. Returns how many it freed.
+ */
+template <typename Alive>
+u32 ReapDeadHostClaims(const HostQueue &q, u32 self_pid, Alive alive) {
+  u32 freed = 0;
+  for (u32 s = 0; s < q.num_slots_; ++s) {
+    u32 owner = HostSlotOwner(q, s);
+    if (owner == claim::kFree || owner == self_pid || alive(owner)) continue;
+    // acquire: the answer word is read before we hand the payload to another claimer.
+    const u32 answered = static_cast<u32>(q.answer_[s].Load(MemOrder::kAcquire));
+    const u32 posted = static_cast<u32>(q.request_[s].Load(MemOrder::kAcquire));
+    if (answered != posted) continue;  // the GPU has not answered yet
+    // release: a CAS, so a live process cannot lose a slot it claimed meanwhile.
+    if (q.claims_[s].CompareExchange(owner, claim::kFree, MemOrder::kRelease)) ++freed;
+  }
+  return freed;
+}
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
+// ---- end chi/gpu/host_slots.h ----
+
+namespace chi::gpu {
+
+/** Which pools a GPU serves (GpuManager registers them lazily; host tests fake it). */
+class GpuPoolDirectory {
+ public:
+  /** Ok when GPU gpu_id has a container for `pool` (made now if needed), else why not. */
+  virtual Status EnsurePool(u32 gpu_id, PoolId pool) = 0;
+
+ protected:
+  ~GpuPoolDirectory() = default;
+};
+
+/** The CPU's view of one GPU's CPU-facing queues, and its bookkeeping for them. */
+struct GpuLink {
+  u32 gpu_id = 0;
+  GpuQueue<MemScope::kSystem> cpu2gpu;     ///< this process posts; the GPU answers
+  GpuQueue<MemScope::kSystem> gpu2cpu;     ///< GPU threads post; the GpuWorker answers
+  std::unique_ptr<Atomic<u64>[]> pending;  ///< cpu2gpu: the Task* awaiting each slot's answer
+  std::unique_ptr<u32[]> sent;             ///< cpu2gpu: the sequence we posted in each slot
+  Atomic<u32> freed;                       ///< cpu2gpu: bumped whenever a slot frees (futex)
+  Atomic<u32> free_waiters;                ///< senders parked on `freed`
+  Atomic<u32> used_slots;                  ///< cpu2gpu: 1 + the highest slot ever claimed
+  Atomic<u64> cpu2gpu_inflight;
+  Atomic<u64> gpu2cpu_inflight;
+
+  /** Binds the link to a GPU's queue descriptors. */
+  void Init(u32 id, const GpuQueue<MemScope::kSystem> &c2g,
+            const GpuQueue<MemScope::kSystem> &g2c) {
+    gpu_id = id;
+    cpu2gpu = c2g;
+    gpu2cpu = g2c;
+    pending = std::make_unique<Atomic<u64>[]>(c2g.num_slots_);
+    sent = std::make_unique<u32[]>(c2g.num_slots_);
+  }
+};
+
+/** The GPU-worker thread and the CPU->GPU transport. */
+class GpuWorker : public ClientTransport, private TaskCompleter {
+ public:
+  static constexpr u32 kSpinPolls = 4096;    ///< empty polls before napping
+  static constexpr u64 kMinNapNs = 20000;    ///< first idle nap
+  static constexpr u64 kMaxNapNs = 1000000;  ///< longest idle nap (gpu2cpu latency when idle)
+  static constexpr u32 kClaimSpins = 256;    ///< full-queue spins before a sender parks
+  static constexpr u64 kDrainTimeoutNs = 5000000000ull;
+  static constexpr u64 kReapPeriodNs = 100000000;  ///< how often the runtime looks for dead clients
+
+  GpuWorker() = default;
+  ~GpuWorker() override { Stop(); }
+  GpuWorker(const GpuWorker &) = delete;
+  GpuWorker &operator=(const GpuWorker &) = delete;
+
+  /**
+   * Starts serving `links` (not owned; they outlive Stop). With no links, every send fails
+   * with `no_gpu_reason`. `runtime` = this process runs the orchestrators: it also reaps
+   * the cpu2gpu slots and registrations of dead client processes (a client's worker passes
+   * false, with no gpu2cpu queue in its links and null pools/orch).
+   */
+  void Start(PoolManager *pools, WorkOrchestrator *orch, GpuPoolDirectory *directory,
+             std::vector<GpuLink *> links, std::string no_gpu_reason, bool runtime = true) {
+    runtime_ = runtime;
+    pid_ = static_cast<u32>(getpid());
+    pools_ = pools;
+    orch_ = orch;
+    directory_ = directory;
+    links_ = std::move(links);
+    no_gpu_reason_ = std::move(no_gpu_reason);
+    dispatcher_ = std::make_unique<RequestDispatcher>(pools, orch);
+    closing_.Store(0, MemOrder::kRelease);
+    stop_.Store(0, MemOrder::kRelease);
+    if (!links_.empty()) {
+      thread_ = std::thread([this] { Loop(); });
+      // A process has one wait helper: a pure client's shm transport may hold it already.
+      helping_ = WaitHelper::Install(&helper_);
+    }
+  }
+
+  /**
+   * Refuses new sends (they fail with kShutdown) and waits, bounded, for GPU->CPU tasks
+   * still running in the workers. False when some are still running (their slots must
+   * then stay mapped).
+   */
+  bool StopIntake() {
+    closing_.Store(1, MemOrder::kSeqCst);  // seq_cst: pairs with Send's senders_ count
+    const u64 deadline = NowNs() + kDrainTimeoutNs;
+    for (;;) {
+      u64 busy = senders_.Load(MemOrder::kSeqCst);
+      for (GpuLink *l : links_) busy += l->gpu2cpu_inflight.Load(MemOrder::kAcquire);
+      if (busy == 0) return true;
+      if (NowNs() > deadline) return false;
+      SleepFor(100000);
+    }
+  }
+
+  /** Joins the thread, then fails every CPU->GPU task still waiting with kShutdown. */
+  void Stop() {
+    closing_.Store(1, MemOrder::kSeqCst);
+    stop_.Store(1, MemOrder::kRelease);
+    Wake();
+    if (helping_) WaitHelper::Remove(&helper_);  // returns once no waiter is inside it
+    helping_ = false;
+    if (thread_.joinable()) thread_.join();
+    for (GpuLink *l : links_) {
+      for (u32 s = 0; s < l->cpu2gpu.num_slots_; ++s) {
+        const u64 p = l->pending[s].Exchange(0, MemOrder::kAcquire);
+        if (p == 0) continue;
+        l->cpu2gpu_inflight.FetchSub(1, MemOrder::kRelaxed);
+        Fail(reinterpret_cast<Task *>(p), ErrorCode::kShutdown,
+             "the GPU runtime stopped before the GPU answered");
+      }
+    }
+    links_.clear();
+  }
+
+  /** Routes a LocalGpuBcast / ToLocalGpu task to its GPU(s); always completes it. */
+  bool Send(Task *t) override {
+    senders_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: StopIntake sees us or we see it
+    if (closing_.Load(MemOrder::kSeqCst) != 0) {
+      Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
+    } else if (links_.empty()) {
+      Fail(t, ErrorCode::kUnsupported, no_gpu_reason_.c_str());
+    } else if (t->pool_query_.GetMode() == RoutingMode::kToLocalGpu) {
+      const u32 id = t->pool_query_.GetId();
+      if (id >= links_.size()) {
+        t->SetErrorf(ErrorCode::kInvalidArgument, "ToLocalGpu(%u): this node has %zu GPU(s)", id,
+                     links_.size());
+        CompleteTask(t);
+      } else {
+        SendTo(*links_[id], t);
+      }
+    } else if (links_.size() == 1) {
+      SendTo(*links_[0], t);
+    } else {
+      Broadcast(t);
+    }
+    senders_.FetchSub(1, MemOrder::kSeqCst);
+    return true;
+  }
+
+  /** Fails every outstanding task and stops (ClientTransport). */
+  void Close() override {
+    StopIntake();
+    Stop();
+  }
+  const char *Name() const override { return "gpu"; }
+
+  /**
+   * Diagnostic: posts raw request bytes to GPU `gpu` and copies its raw answer (how tests
+   * check that the orchestrator answers malformed input). On timeout the slot stays held.
+   */
+  Status RawRoundTrip(u32 gpu, const char *bytes, u32 len, std::vector<char> *answer,
+                      u64 timeout_ns) {
+    if (gpu >= links_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
+    GpuLink &l = *links_[gpu];
+    if (len > l.cpu2gpu.payload_bytes_) {
+      return Status::Error(ErrorCode::kTooLarge, "raw request exceeds the copy space");
+    }
+    const u32 s = ClaimSlot(l);
+    if (s == kNoSlot) return Status::Error(ErrorCode::kShutdown, "GPU runtime is stopping");
+    std::memcpy(l.cpu2gpu.Payload(s), bytes, len);
+    const u32 seq = NextHostSeq(l.cpu2gpu, s);
+    l.sent[s] = seq;
+    l.cpu2gpu.Post(s, seq, len);
+    const u64 deadline = NowNs() + timeout_ns;
+    u32 out = 0;
+    while (!l.cpu2gpu.Answered(s, seq, &out)) {
+      if (NowNs() > deadline) return Status::Error(ErrorCode::kTimeout, "no answer from the GPU");
+      CpuRelax();
+    }
+    answer->assign(l.cpu2gpu.Payload(s), l.cpu2gpu.Payload(s) + out);
+    FreeHostSlot(l, s);
+    return Status::Ok();
+  }
+
+  /** Tasks this worker posted straight into a cpu2gpu queue (no CPU transport on the way). */
+  u64 Posted() const { return posted_.Load(MemOrder::kRelaxed); }  // relaxed: a statistic
+
+  /**
+   * Frees cpu2gpu slots held by dead processes (once answered) and drops dead processes'
+   * memory registrations; the runtime's thread does this every kReapPeriodNs. Returns the
+   * slots freed.
+   */
+  u32 ReapDeadClients() {
+    u32 freed = 0;
+    for (GpuLink *l : links_) {
+      freed += ReapDeadHostClaims(l->cpu2gpu, pid_, [](u32 pid) { return ProcessAlive(pid); });
+    }
+    if (freed != 0) {
+      for (GpuLink *l : links_) {
+        l->freed.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: read against free_waiters
+        if (l->free_waiters.Load(MemOrder::kSeqCst) != 0) FutexWake(l->freed.Raw(), INT_MAX);
+      }
+    }
+    ClientMemory().DropDead([](u32 pid) { return ProcessAlive(pid); });
+    return freed;
+  }
+
+ private:
+  friend class GpuBroadcast;
+
+  /** Posts t to one GPU, or completes it with the reason it cannot go. */
+  void SendTo(GpuLink &l, Task *t) {
+    if (Status st = directory_->EnsurePool(l.gpu_id, t->pool_id_); !st.ok()) {
+      return Fail(t, st.code(), st.message());
+    }
+    const u32 s = ClaimSlot(l);
+    if (s == kNoSlot) return Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
+    char *p = l.cpu2gpu.Payload(s);
+    const u32 seq = NextHostSeq(l.cpu2gpu, s);
+    PutRequestId(p, seq);
+    OutputArchive ar(p + kGpuEnvelopeBytes, l.cpu2gpu.payload_bytes_ - kGpuEnvelopeBytes);
+    t->ops_->save_in(*t, ar);
+    if (!ar.ok()) {
+      FreeHostSlot(l, s);
+      t->SetErrorf(ar.code() == ErrorCode::kTooLarge ? ErrorCode::kTooLarge : ar.code(),
+                   "task does not fit the %u-byte GPU copy space", l.cpu2gpu.payload_bytes_);
+      CompleteTask(t);
+      return;
+    }
+    l.sent[s] = seq;
+    l.pending[s].Store(reinterpret_cast<u64>(t), MemOrder::kRelease);  // sent[s] is visible
+    l.cpu2gpu_inflight.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: the Dekker half of Wake
+    l.cpu2gpu.Post(s, seq, kGpuEnvelopeBytes + static_cast<u32>(ar.Size()));
+    posted_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+    Wake();
+  }
+
+  inline void Broadcast(Task *t);
+
+  /**
+   * Claims a cpu2gpu slot for this process; blocks (spin, then park) while all are taken.
+   * Slots other processes hold come back when they finish (or, dead, when reaped).
+   */
+  u32 ClaimSlot(GpuLink &l) {
+    thread_local u32 hint = 0;
+    for (u32 n = 0;; ++n) {
+      if (stop_.Load(MemOrder::kAcquire) != 0) return kNoSlot;
+      const u32 seen = l.freed.Load(MemOrder::kAcquire);
+      const u32 s = ClaimHostSlot(l.cpu2gpu, hint, pid_);
+      if (s != kNoSlot) {
+        hint = s;  // a thread keeps reusing its slot: the worker scans only [0, used_slots)
+        u32 used = l.used_slots.Load(MemOrder::kRelaxed);
+        // relaxed: pending[s], published later with release, is what the scan relies on.
+        while (used < s + 1 && !l.used_slots.CompareExchange(used, s + 1, MemOrder::kRelaxed)) {
+        }
+        return s;
+      }
+      if (n < kClaimSpins) {
+        CpuRelax();
+      } else if (RunContext *r = CurrentRunContext()) {
+        r->GetWorker()->SleepInFiber(r, kMinNapNs);  // a worker never blocks its thread
+      } else {
+        l.free_waiters.FetchAdd(1, MemOrder::kSeqCst);
+        FutexWait(l.freed.Raw(), seen, kMaxNapNs);  // returns at once if a slot freed since
+        l.free_waiters.FetchSub(1, MemOrder::kRelaxed);
+      }
+    }
+  }
+
+  /** Frees a cpu2gpu slot and wakes a parked sender. */
+  void FreeHostSlot(GpuLink &l, u32 s) {
+    ReleaseHostSlot(l.cpu2gpu, s);
+    l.freed.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: read against free_waiters below
+    if (l.free_waiters.Load(MemOrder::kSeqCst) != 0) FutexWake(l.freed.Raw(), INT_MAX);
+  }
+
+  /** Completes t with an error. */
+  static void Fail(Task *t, ErrorCode code, const char *msg) {
+    t->SetError(code, msg);
+    CompleteTask(t);
+  }
+
+  /** Wakes the thread if it naps (after a CPU->GPU post). */
+  void Wake() {
+    FenceSeqCst();  // our post and inflight count are visible before we read sleeping_
+    if (sleeping_.Load(MemOrder::kRelaxed) != 0 && sleeping_.Exchange(0, MemOrder::kAcqRel) != 0) {
+      FutexWake(sleeping_.Raw(), 1);
+    }
+  }
+
+  /** The thread: poll every link; nap (bounded) when idle, since GPUs cannot wake us. */
+  void Loop() {
+    u32 idle = 0;
+    u64 nap = kMinNapNs;
+    u64 next_reap = NowNs() + kReapPeriodNs;
+    u32 rounds = 0;
+    while (stop_.Load(MemOrder::kAcquire) == 0) {
+      bool did = false;
+      // The clock is read once every 1024 rounds (and after each nap): cheap even when busy.
+      if (runtime_ && (++rounds & 1023) == 0 && NowNs() > next_reap) {
+        did |= ReapDeadClients() != 0;
+        next_reap = NowNs() + kReapPeriodNs;
+      }
+      did |= TakeAnswers();
+      for (u32 i = 0; i < links_.size(); ++i) did |= ServeRequests(*links_[i], i);
+      if (did) {
+        idle = 0;
+        nap = kMinNapNs;
+        continue;
+      }
+      if (++idle < kSpinPolls) {
+        CpuRelax();
+        continue;
+      }
+      sleeping_.Store(1, MemOrder::kRelaxed);
+      FenceSeqCst();  // sleeping_ is visible before we look for posts (pairs with Wake)
+      // Never nap while any task is out: a GPU answer cannot wake us, and a kernel waiting on
+      // a GPU->CPU answer usually posts its next request right after.
+      u64 inflight = 0;
+      for (GpuLink *l : links_) {
+        inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) +
+                    l->gpu2cpu_inflight.Load(MemOrder::kRelaxed);
+      }
+      if (inflight == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
+        FutexWait(sleeping_.Raw(), 1, nap);
+        nap = nap * 2 < kMaxNapNs ? nap * 2 : kMaxNapNs;
+      }
+      sleeping_.Store(0, MemOrder::kRelaxed);
+      idle = kSpinPolls - 1;  // after a nap, poll once and nap again
+      rounds = 1023;          // and look at the reaper's clock
+    }
+  }
+
+  /**
+   * Completes the CPU->GPU tasks whose answers arrived, on every link, unless another
+   * thread is doing it: the worker's loop, or a caller spinning in Future::Wait (through
+   * the wait helper), who so takes its own answer without a hop through this thread.
+   */
+  bool TakeAnswers() {
+    // relaxed: a cheap first look; the CAS below orders the work.
+    if (answering_.Load(MemOrder::kRelaxed) != 0) return false;
+    u32 idle = 0;
+    // acquire: the previous holder's slot frees and task completions happen before ours.
+    if (!answering_.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+    bool did = false;
+    for (GpuLink *l : links_) did |= CompleteAnswers(*l);
+    answering_.Store(0, MemOrder::kRelease);  // release: our work before the next holder's
+    return did;
+  }
+
+  /**
+   * The wait helper's entry (future.h): a waiting caller's poll. Callers waiting on other
+   * tasks pass through here too, so with nothing out on any GPU it only reads counters.
+   */
+  static void HelpWaiters(void *self) {
+    auto *w = static_cast<GpuWorker *>(self);
+    for (GpuLink *l : w->links_) {
+      // relaxed: a hint; TakeAnswers' CAS and CompleteAnswers' acquire order the real work.
+      if (l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) != 0) {
+        w->TakeAnswers();
+        return;
+      }
+    }
+  }
+
+  /** Completes the CPU->GPU tasks of link l whose answers arrived (TakeAnswers' holder). */
+  bool CompleteAnswers(GpuLink &l) {
+    if (l.cpu2gpu_inflight.Load(MemOrder::kAcquire) == 0) return false;
+    bool did = false;
+    const u32 used = l.used_slots.Load(MemOrder::kAcquire);  // covers every pending slot
+    for (u32 s = 0; s < used; ++s) {
+      const u64 p = l.pending[s].Load(MemOrder::kAcquire);  // pairs with SendTo's release
+      u32 len = 0;
+      if (p == 0 || !l.cpu2gpu.Answered(s, l.sent[s], &len)) continue;
+      Task *t = reinterpret_cast<Task *>(p);
+      chi::DecodeAnswer(t, l.cpu2gpu.Payload(s), len);
+      l.pending[s].Store(0, MemOrder::kRelaxed);  // only this thread reads it from now on
+      FreeHostSlot(l, s);
+      l.cpu2gpu_inflight.FetchSub(1, MemOrder::kRelease);
+      CompleteTask(t);
+      did = true;
+    }
+    return did;
+  }
+
+  /** Turns new gpu2cpu requests into host tasks (or error answers). */
+  bool ServeRequests(GpuLink &l, u32 index) {
+    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
+    bool did = false;
+    for (u32 s = 0; s < q.num_slots_; ++s) {
+      const u64 w = q.PeekRequest(s);
+      const u32 seq = static_cast<u32>(w);
+      if (seq == q.served_[s]) continue;
+      FenceAcquire<MemScope::kSystem>();  // the payload was written before the request word
+      q.served_[s] = seq;
+      did = true;
+      const u32 len = static_cast<u32>(w >> 32);
+      char *p = q.Payload(s);
+      if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
+        q.Answer(s, seq,
+                 EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range",
+                                   p, q.payload_bytes_));
+        continue;
+      }
+      l.gpu2cpu_inflight.FetchAdd(1, MemOrder::kRelaxed);  // before: the task may finish at once
+      const u64 cookie = static_cast<u64>(index) << 32 | s;
+      if (!dispatcher_->Dispatch(p, len, this, cookie, &error_answer_)) {
+        l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelaxed);
+        const u32 n = static_cast<u32>(error_answer_.size()) < q.payload_bytes_
+                          ? static_cast<u32>(error_answer_.size())
+                          : q.payload_bytes_;
+        std::memcpy(p, error_answer_.data(), n);
+        q.Answer(s, seq, n);
+      }
+    }
+    return did;
+  }
+
+  /** A GPU->CPU task finished on a worker: its answer goes back into its slot. */
+  void OnComplete(Task *t) override {
+    GpuLink &l = *links_[static_cast<u32>(t->transport_cookie_ >> 32)];
+    const u32 s = static_cast<u32>(t->transport_cookie_);
+    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
+    char *p = q.Payload(s);
+    const u64 id = t->request_id_;
+    PutRequestId(p, id);
+    OutputArchive ar(p + kGpuEnvelopeBytes, q.payload_bytes_ - kGpuEnvelopeBytes);
+    t->ops_->save_out(*t, ar);
+    const u32 len = ar.ok() ? kGpuEnvelopeBytes + static_cast<u32>(ar.Size())
+                            : EncodeErrorAnswer(id, ErrorCode::kTooLarge,
+                                                "the task's outputs exceed the GPU copy space", p,
+                                                q.payload_bytes_);
+    t->completer_ = nullptr;
+    DeleteTask(t);
+    q.Answer(s, static_cast<u32>(id), len);
+    l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelease);  // the slot is no longer touched
+  }
+
+  PoolManager *pools_ = nullptr;
+  WorkOrchestrator *orch_ = nullptr;
+  GpuPoolDirectory *directory_ = nullptr;
+  std::vector<GpuLink *> links_;
+  std::string no_gpu_reason_;
+  std::unique_ptr<RequestDispatcher> dispatcher_;
+  std::vector<char> error_answer_;  ///< reused by ServeRequests (error answers only)
+  std::thread thread_;
+  bool runtime_ = true;  ///< serves gpu2cpu and reaps dead clients (false: a client's worker)
+  u32 pid_ = 0;          ///< what our claim words hold
+  Atomic<u64> posted_;
+  Atomic<u32> closing_;
+  Atomic<u32> stop_;
+  Atomic<u64> senders_;
+  alignas(kCacheLine) Atomic<u32> sleeping_;  ///< futex word: 1 while the thread naps
+  alignas(kCacheLine) Atomic<u32> answering_;  ///< 1 while a thread runs CompleteAnswers
+  WaitHelper helper_{&GpuWorker::HelpWaiters, this};
+  bool helping_ = false;  ///< helper_ is installed
+};
+
+/**
+ * LocalGpuBcast on a node with several GPUs: one replica per GPU, folded back into the
+ * original (TaskOps::aggregate, GPU 0 first) when the last one answers.
+ */
+class GpuBroadcast final : public TaskCompleter {
+ public:
+  /** Sends t's replicas; t completes when all have. */
+  static void Start(GpuWorker &w, Task *t) {
+    auto *b = new GpuBroadcast();
+    b->orig_ = t;
+    const u32 n = static_cast<u32>(w.links_.size());
+    for (u32 i = 0; i < n; ++i) {
+      Task *rep = t->ops_->clone(*t);
+      if (rep == nullptr) break;
+      rep->pool_query_ = PoolQuery::ToLocalGpu(w.links_[i]->gpu_id);
+      rep->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);
+      rep->completer_ = b;
+      b->replicas_.push_back(rep);
+    }
+    if (b->replicas_.size() != n) {
+      for (Task *rep : b->replicas_) DeleteTask(rep);
+      delete b;
+      return GpuWorker::Fail(t, ErrorCode::kOutOfMemory, "no memory for a GPU broadcast replica");
+    }
+    b->left_.Store(n, MemOrder::kRelease);
+    const std::vector<Task *> reps = b->replicas_;  // b may be gone once the last one answers
+    for (u32 i = 0; i < n; ++i) w.SendTo(*w.links_[i], reps[i]);
+  }
+
+  /** One replica answered; the last one folds them all into the original. */
+  void OnComplete(Task *) override {
+    // acq_rel: the last replica sees every other replica's outputs.
+    if (left_.FetchSub(1, MemOrder::kAcqRel) != 1) return;
+    for (u32 i = 0; i < replicas_.size(); ++i) {
+      replicas_[i]->completer_ = nullptr;
+      orig_->ops_->aggregate(*orig_, *replicas_[i], i);
+      DeleteTask(replicas_[i]);
+    }
+    Task *t = orig_;
+    delete this;
+    CompleteTask(t);
+  }
+
+ private:
+  GpuBroadcast() = default;
+  Task *orig_ = nullptr;
+  std::vector<Task *> replicas_;
+  Atomic<u32> left_;
+};
+
+void GpuWorker::Broadcast(Task *t) { GpuBroadcast::Start(*this, t); }
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+// ---- end chi/gpu/gpu_worker.h ----
+
+namespace chi::gpu {
+
+/** This client process's attachment to the runtime's GPU queues. */
+class GpuClientQueues : private GpuPoolDirectory {
+ public:
+  GpuClientQueues() = default;
+  ~GpuClientQueues() { Detach(); }
+  GpuClientQueues(const GpuClientQueues &) = delete;
+  GpuClientQueues &operator=(const GpuClientQueues &) = delete;
+
+  /**
+   * Attaches the GPUs `blob` (ConnectAnswer::gpu_info) offers and routes `ipc`'s GPU tasks
+   * to them. An empty blob is not an error (no GPU queues: GPU tasks keep going to the
+   * runtime through the transport); a failure leaves nothing attached.
+   */
+  Status Attach(const std::vector<char> &blob, IpcManager *ipc) {
+    Detach();
+    GpuConnectInfo info;
+    if (Status st = DecodeGpuConnectInfo(blob, &info); !st.ok()) return st;
+    for (u32 i = 0; i < info.gpus.size(); ++i) {
+      const GpuQueueAttachInfo &g = info.gpus[i];
+      if (g.gpu_id != i) break;  // ToLocalGpu(id) indexes the links: only a 0..n-1 prefix
+      auto a = std::make_unique<Attached>();
+      if (Status st = a->Map(g); !st.ok()) {
+        gpus_.clear();
+        return st;
+      }
+      gpus_.push_back(std::move(a));
+    }
+    if (gpus_.empty()) return Status::Ok();
+    std::vector<GpuLink *> links;
+    for (auto &a : gpus_) links.push_back(&a->link);
+    ipc_ = ipc;
+    worker_.Start(nullptr, nullptr, this, std::move(links), "", false);
+    ipc->AttachGpuTransport(&worker_);
+    return Status::Ok();
+  }
+
+  /**
+   * Stops the direct route: GPU tasks still waiting fail with kShutdown. Slots whose
+   * answers had not come stay claimed by this pid until the process exits (the runtime
+   * reaps them then): the GPU may still write their payloads.
+   */
+  void Detach() {
+    if (ipc_ != nullptr) ipc_->AttachGpuTransport(nullptr);
+    if (!gpus_.empty()) {
+      worker_.StopIntake();
+      worker_.Stop();
+    }
+    gpus_.clear();
+    ipc_ = nullptr;
+  }
+
+  /** GPUs attached (0: GPU tasks go through the runtime's transport). */
+  u32 NumGpus() const { return static_cast<u32>(gpus_.size()); }
+  /** GPU gpu's cpu2gpu queue as this process maps it (gpu < NumGpus()). */
+  const GpuQueue<MemScope::kSystem> &Cpu2Gpu(u32 gpu) const { return gpus_[gpu]->link.cpu2gpu; }
+  /** What the runtime announced for GPU gpu (gpu < NumGpus()). */
+  const GpuQueueAttachInfo &Info(u32 gpu) const { return gpus_[gpu]->info; }
+  /** True when GPU gpu's segment is also pinned in this process. */
+  bool Pinned(u32 gpu) const { return gpus_[gpu]->pinned.IsAttached(); }
+  /** Tasks posted straight into a cpu2gpu queue so far. */
+  u64 Posted() const { return worker_.Posted(); }
+
+ private:
+  /** One GPU's mapping and link. */
+  struct Attached {
+    GpuQueueAttachInfo info;
+    PinnedShmBackend pinned;  ///< the segment, registered with the driver here
+    PosixShmBackend plain;    ///< the segment unpinned, where this process cannot pin it
+    GpuLink link;
+    std::unique_ptr<Atomic<u64>[]> known;  ///< pools the runtime has set up on this GPU
+
+    /** Attaches and checks the segment, then rebases the queue onto it. */
+    Status Map(const GpuQueueAttachInfo &g) {
+      info = g;
+      if (g.segment_version != kBackendVersion) {
+        return Status::Errorf(ErrorCode::kVersionMismatch,
+                              "GPU queue segment '%s' has layout version %u; this client "
+                              "understands %u",
+                              g.segment.c_str(), g.segment_version, kBackendVersion);
+      }
+      // Pinning here is not needed for correctness (the runtime pinned the pages); it lets
+      // this process's own kernels reach the queue and matches the runtime's mapping.
+      PosixShmBackend *seg = &pinned;
+      if (Status st = pinned.Attach(g.segment); !st.ok()) {
+        if (Status st2 = plain.Attach(g.segment); !st2.ok()) return st2;
+        std::fprintf(stderr, "chi: GPU %u queue attached unpinned: %s\n", g.gpu_id, st.message());
+        seg = &plain;
+      }
+      if (seg->Size() != g.segment_size) {
+        return Status::Errorf(ErrorCode::kSizeMismatch,
+                              "GPU queue segment '%s' is %llu bytes; the runtime announced %llu",
+                              g.segment.c_str(), static_cast<unsigned long long>(seg->Size()),
+                              static_cast<unsigned long long>(g.segment_size));
+      }
+      GpuQueue<MemScope::kSystem> q;
+      if (Status st = RebaseCpu2Gpu(g, seg->Data(), seg->DataSize(), &q); !st.ok()) return st;
+      link.Init(g.gpu_id, q, GpuQueue<MemScope::kSystem>());
+      known = std::make_unique<Atomic<u64>[]>(kMaxGpuPools);
+      return Status::Ok();
+    }
+  };
+
+  /**
+   * GpuPoolDirectory: the runtime's GPU gpu_id must have a container for `pool`. Asked of
+   * the runtime once per pool (an admin GpuAttachPool round trip), then remembered.
+   */
+  Status EnsurePool(u32 gpu_id, PoolId pool) override {
+    Atomic<u64> *known = gpus_[gpu_id]->known.get();
+    const u64 key = pool.ToU64();
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      if (known[i].Load(MemOrder::kRelaxed) == key) return Status::Ok();  // relaxed: a hint
+    }
+    auto *t = ipc_->NewTask<chimaera::admin::GpuAttachPoolTask>(gpu_id, pool);
+    if (t == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "GpuAttachPool task");
+    t->pool_id_ = kAdminPoolId;
+    t->pool_query_ = PoolQuery::Local();
+    t->method_ = chimaera::admin::Method::kGpuAttachPool;
+    Future<chimaera::admin::GpuAttachPoolTask> f = ipc_->Send(t);
+    if (!f.Wait(kAttachPoolWaitSec)) {
+      return Status::Error(ErrorCode::kTimeout, "the runtime did not set up the GPU pool");
+    }
+    if (f->GetReturnCode() != 0) {
+      return Status::Error(static_cast<ErrorCode>(f->GetReturnCode()), f->GetMessage());
+    }
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      u64 empty = 0;
+      // relaxed: the entry is only a cache of the runtime's answer.
+      if (known[i].CompareExchange(empty, key, MemOrder::kRelaxed) || empty == key) break;
+    }
+    return Status::Ok();
+  }
+
+  static constexpr float kAttachPoolWaitSec = 30;
+
+  std::vector<std::unique_ptr<Attached>> gpus_;
+  IpcManager *ipc_ = nullptr;
+  GpuWorker worker_;
+};
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
+// ---- end chi/gpu/gpu_client_queues.h ----
+// ---- begin chi/gpu/gpu_ipc_ops.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_OPS_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_OPS_H
+// The CUDA/HIP half of memory registration: a client describes a device range (its device,
+// its allocation's IPC handle, its offset in that allocation) and a runtime opens and closes
+// such handles. Both are installed into GpuHooks (gpu_ipc_cache.h) by the GPU build, so the
+// CUDA-free code (IpcManager, admin, the cache) reaches them. Host code only.
+// Invariant: an IPC handle always names a whole allocation, so the offset travels with it.
+
+#include <cstring>  // memcpy of the handle bytes
+
+namespace chi::gpu {
+
+static_assert(sizeof(IpcMemHandle) <= sizeof(IpcHandleBytes), "an IPC handle fits the bytes");
+
+/**
+ * The device, base and size of the allocation holding device pointer p.
+ * kInvalidArgument when p is not device memory of this process.
+ */
+inline Status DeviceAllocationOf(const void *p, int *device, char **base, u64 *size) {
+#if CHI_MEMORY_USE_HIP
+  hipPointerAttribute_t a;
+  if (hipPointerGetAttributes(&a, p) != hipSuccess || a.memoryType != hipMemoryTypeDevice) {
+    static_cast<void>(hipGetLastError());  // clear the sticky-free error of a failed query
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "RegisterMemory: %p is not device memory of this process", p);
+  }
+  *device = a.device;
+  hipDeviceptr_t b = nullptr;
+  size_t n = 0;
+  if (hipMemGetAddressRange(&b, &n, const_cast<void *>(p)) != hipSuccess) {
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "RegisterMemory: no allocation contains %p", p);
+  }
+  *base = static_cast<char *>(b);
+  *size = n;
+  return Status::Ok();
+#else
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess || a.type != cudaMemoryTypeDevice) {
+    static_cast<void>(cudaGetLastError());  // clear the error of a failed query
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "RegisterMemory: %p is not device memory of this process", p);
+  }
+  *device = a.device;
+  // The runtime API has no allocation-range query: ask the driver's, through the runtime.
+  using RangeFn = int (*)(unsigned long long *, size_t *, unsigned long long);
+  static const RangeFn range = [] {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      return static_cast<RangeFn>(nullptr);
+    }
+    return reinterpret_cast<RangeFn>(fn);
+  }();
+  if (range == nullptr) {
+    return Status::Error(ErrorCode::kUnsupported,
+                         "RegisterMemory: the CUDA driver offers no cuMemGetAddressRange");
+  }
+  unsigned long long b = 0;
+  size_t n = 0;
+  if (range(&b, &n, reinterpret_cast<unsigned long long>(p)) != 0) {
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "RegisterMemory: no allocation contains %p", p);
+  }
+  *base = reinterpret_cast<char *>(b);
+  *size = n;
+  return Status::Ok();
+#endif
+}
+
+/**
+ * Client side (GpuHooks::describe): fills reg's device, alloc_offset and handle for the
+ * device range [ptr, ptr + bytes), which must lie inside one allocation.
+ */
+inline Status DescribeDeviceMemory(const void *ptr, u64 bytes, MemoryRegistration *reg) {
+  int device = 0;
+  char *base = nullptr;
+  u64 size = 0;
+  if (Status st = DeviceAllocationOf(ptr, &device, &base, &size); !st.ok()) return st;
+  const u64 offset = static_cast<u64>(static_cast<const char *>(ptr) - base);
+  if (bytes > size - offset) {
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "RegisterMemory: %llu bytes from %p run past the end of its "
+                          "%llu-byte allocation",
+                          static_cast<unsigned long long>(bytes), ptr,
+                          static_cast<unsigned long long>(size));
+  }
+  IpcMemHandle h;
+  if (Error e = IpcGetMemHandle(&h, base); e != kSuccess) {
+    return Status::Errorf(ErrorCode::kUnsupported,
+                          "RegisterMemory: cannot export an IPC handle for %p: %s", ptr,
+                          ErrorString(e));
+  }
+  reg->device = static_cast<u32>(device);
+  reg->alloc_offset = offset;
+  reg->handle = IpcHandleBytes();
+  std::memcpy(reg->handle.words, &h, sizeof(h));
+  return Status::Ok();
+}
+
+/** Runtime side: maps another process's allocation on `device` (slow: cache the result). */
+inline Status OpenIpcHandle(u32 device, const IpcHandleBytes &bytes, void **base) {
+  const DeviceScope scope(static_cast<int>(device));  // the caller keeps its own GPU
+  if (!scope.status().ok()) return scope.status();
+  IpcMemHandle h;
+  std::memcpy(&h, bytes.words, sizeof(h));
+  return Check(IpcOpenMemHandle(base, h), "open a client's IPC memory handle");
+}
+
+/**
+ * Runtime side: unmaps what OpenIpcHandle mapped. It may wait for the whole device: call it
+ * only while no orchestrator runs (GpuManager retires mappings until then).
+ */
+inline void CloseIpcHandle(u32 device, void *base) {
+  // Teardown: a refusal leaves nothing we could undo.
+  const DeviceScope scope(static_cast<int>(device));
+  static_cast<void>(IpcCloseMemHandle(base));
+}
+
+/** Installs DescribeDeviceMemory for IpcManager::RegisterMemory in every GPU build. */
+inline const bool kDeviceMemoryDescriberInstalled = [] {
+  GpuHooks::Get().describe.Store(&DescribeDeviceMemory, MemOrder::kRelease);  // before use
+  return true;
+}();
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_OPS_H
+// ---- end chi/gpu/gpu_ipc_ops.h ----
+// ---- begin chi/gpu/module_registry.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_MODULE_REGISTRY_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_MODULE_REGISTRY_H
+// GpuModuleRegistry: how the one .cu file that names the application's GPU modules
+// (CHI_GPU_MODULES in orchestrator.h) hands them to the runtime, which may be compiled by
+// a plain C++ compiler: a table of host functions, including the kernel launcher.
+// Invariant: one list per process; the first registration wins and later ones are refused,
+// so the orchestrator never mixes two dispatch tables.
+
+#include <string_view>  // module names
+
+// ---- begin chi/gpu/gpu_server.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_SERVER_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_SERVER_H
+// The orchestrator's body: every thread of the persistent kernel owns a fixed set of slots
+// of its GPU's gpu2gpu queue (slot s belongs to thread s % threads) and of its cpu2gpu queue
+// (counted from the last thread down, so the threads that wait on slow PCIe reads of pinned
+// memory are not the ones the first gpu2gpu slots depend on; as few of them as can hold the
+// queue, kMaxSlotsPerServerThread slots each, to keep PCIe polling light; they read one
+// doorbell word a round and scan their cpu2gpu slots only when it moved), polls them, and
+// runs each request's GPU handler itself. Many warps therefore serve in parallel
+// with no shared queue head and no lock. The same code runs on CPU threads in host tests.
+// Invariant: a thread leaves the loop only through the host-visible exit flag; it never
+// waits on anything else, so a request can only be late, never lost or blocking.
 
 namespace chi::gpu {
 
@@ -13333,6 +14866,10 @@ class GpuManager : private GpuPoolDirectory {
     for (auto &d : devices_) links.push_back(&d->link);
     worker_.Start(pools, orch, this, std::move(links), std::move(reason));
     ipc->AttachGpuTransport(&worker_);
+    if (!devices_.empty()) {  // release: the devices above are set up before a hook runs
+      GpuHooks::Get().runtime_ops.Store(&kRuntimeIpcOps, MemOrder::kRelease);
+      GpuHooks::Get().ensure_pool.Store(&EnsurePoolForClient, MemOrder::kRelease);
+    }
     started_ = true;
     return start_error_;
   }
@@ -13342,6 +14879,10 @@ class GpuManager : private GpuPoolDirectory {
     std::lock_guard<std::mutex> g(mu_);
     if (!started_) return;
     ipc_->AttachGpuTransport(nullptr);
+    // release: a handler that still sees the hooks finds the devices open (workers drained).
+    GpuHooks::Get().ensure_pool.Store(nullptr, MemOrder::kRelease);
+    ClientMemory().Clear();  // retires every client IPC mapping (unmapped below)
+    GpuHooks::Get().runtime_ops.Store(nullptr, MemOrder::kRelease);
     const bool drained = worker_.StopIntake();
     for (auto &d : devices_) {
       d->abort = true;  // waiting kernels give up
@@ -13352,6 +14893,9 @@ class GpuManager : private GpuPoolDirectory {
       }
     }
     worker_.Stop();
+    bool all_stopped = true;
+    for (auto &d : devices_) all_stopped &= !d->running;
+    if (all_stopped) CloseRetired();  // no kernel left for the unmap to wait on
     if (!drained) {
       std::fprintf(stderr, "chi: GPU->CPU tasks still running at stop; GPU queues left mapped\n");
       for (auto &d : devices_) d->wedged = true;
@@ -13362,6 +14906,50 @@ class GpuManager : private GpuPoolDirectory {
 
   /** GPUs in use. */
   u32 NumGpus() const { return static_cast<u32>(devices_.size()); }
+
+  /**
+   * ConnectAnswer::gpu_info: the cpu2gpu queues pure clients may attach (GPUs whose queues
+   * are in a shareable pinned segment, from GPU 0 on); empty when there are none.
+   */
+  std::vector<char> DescribeQueuesForClients() const {
+    GpuConnectInfo info;
+    info.runtime_pid = static_cast<u32>(getpid());
+    for (const auto &d : devices_) {
+      if (!d->pinned.IsAttached()) break;  // private memory: clients cannot reach it
+      GpuQueueAttachInfo g = DescribeCpu2Gpu(static_cast<u32>(d->id), d->set.host.cpu2gpu,
+                                             d->pinned.Data());
+      g.segment = d->pinned.Name();
+      g.segment_size = d->pinned.Size();
+      g.segment_version = d->pinned.Header()->version_;
+      g.gpu2cpu_slots = d->set.gpu2cpu_slots;
+      g.gpu2gpu_slots = d->set.gpu2gpu_slots;
+      info.gpus.push_back(std::move(g));
+    }
+    return EncodeGpuConnectInfo(info);
+  }
+
+  /** A pure client: attaches the queues `gpu_info` offers (see GpuClientQueues::Attach). */
+  Status AttachClientQueues(const std::vector<char> &gpu_info, IpcManager *ipc) {
+    client_ipc_ = ipc;
+    return client_.Attach(gpu_info, ipc);
+  }
+  /** A pure client: stops using the runtime's GPU queues. */
+  void DetachClientQueues() {
+    client_.Detach();
+    client_ipc_ = nullptr;
+  }
+  /** A pure client's attachment (NumGpus() == 0 when GPU tasks go through the transport). */
+  const GpuClientQueues &ClientQueues() const { return client_; }
+
+  /** IpcManager::RegisterMemory of this process's runtime or runtime connection. */
+  Status RegisterMemory(void *ptr, u64 bytes, MemoryType type) {
+    IpcManager *ipc = ipc_ != nullptr ? ipc_ : client_ipc_;
+    if (ipc == nullptr) return Status::Error(ErrorCode::kShutdown, "chi is not initialised");
+    return ipc->RegisterMemory(ptr, bytes, type);
+  }
+
+  /** Frees cpu2gpu slots of dead client processes now (the GPU worker also does it). */
+  u32 ReapDeadClients() { return worker_.ReapDeadClients(); }
   /** Why Start failed (ok when it did not). */
   Status StartError() const {
     std::lock_guard<std::mutex> g(mu_);
@@ -13379,6 +14967,7 @@ class GpuManager : private GpuPoolDirectory {
       Status st = StopKernel(*d);
       if (!st.ok() && first.ok()) first = st;
     }
+    if (first.ok()) CloseRetired();
     return first;
   }
 
@@ -13427,7 +15016,8 @@ class GpuManager : private GpuPoolDirectory {
     if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
     Device &d = *devices_[gpu_id];
     std::lock_guard<std::mutex> g(sync_mu_);
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     const auto &g2g = d.set.host.gpu2gpu;
     const auto &g2c = d.set.host.gpu2cpu;
     if (st.ok())
@@ -13445,7 +15035,8 @@ class GpuManager : private GpuPoolDirectory {
     if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
     Device &d = *devices_[gpu_id];
     std::lock_guard<std::mutex> g(sync_mu_);
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     if (st.ok())
       st = CountHeld(d, d.set.host.gpu2gpu.claims_, d.set.host.gpu2gpu.num_slots_, gpu2gpu);
     if (st.ok())
@@ -13464,7 +15055,8 @@ class GpuManager : private GpuPoolDirectory {
       return Status::Errorf(ErrorCode::kUnknownPool, "pool %s has no container on GPU %u",
                             pool.ToString().c_str(), gpu_id);
     }
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     if (st.ok())
       st = Check(MemcpyAsync(out, it->second.state, sizeof(GpuRuntimeT), d.copies),
                  "read GPU container");
@@ -13501,12 +15093,56 @@ class GpuManager : private GpuPoolDirectory {
 
   GpuManager() = default;
 
-  Status SetDeviceFor(const Device &d) { return Check(SetDevice(d.id), "select GPU"); }
+  /** GpuIpcOps::copy_to_host: on the device's copy stream (never a device-wide wait). */
+  static Status CopyToHostHook(u32 device, void *dst, const void *src, u64 bytes) {
+    GpuManager &m = Get();
+    if (device >= m.devices_.size()) {
+      return Status::Errorf(ErrorCode::kInvalidArgument, "no GPU %u in this runtime", device);
+    }
+    Device &d = *m.devices_[device];
+    std::lock_guard<std::mutex> g(m.sync_mu_);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
+    if (st.ok()) st = Check(MemcpyAsync(dst, src, bytes, d.copies), "read client memory");
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "read client memory");
+    return st;
+  }
+
+  /** GpuHooks::ensure_pool: admin GpuAttachPool from a directly attached client. */
+  static Status EnsurePoolForClient(u32 gpu_id, PoolId pool) {
+    GpuManager &m = Get();
+    if (gpu_id >= m.devices_.size()) {
+      return Status::Errorf(ErrorCode::kInvalidArgument, "no GPU %u in this runtime", gpu_id);
+    }
+    return m.EnsurePool(gpu_id, pool);
+  }
+  /**
+   * GpuIpcOps::close. Unmapping an IPC handle may wait for the whole device (seen on an
+   * H200: it never returned under a running orchestrator), so the mapping is only retired
+   * here and unmapped once the orchestrators have stopped (Pause or Stop).
+   */
+  static void RetireIpcMapping(u32 device, void *base) {
+    GpuManager &m = Get();
+    std::lock_guard<std::mutex> g(m.retire_mu_);
+    m.retired_.push_back(Retired{device, base});
+  }
+
+  /** Unmaps the retired IPC mappings (call only while no orchestrator runs). */
+  void CloseRetired() {
+    std::lock_guard<std::mutex> g(retire_mu_);
+    for (const Retired &r : retired_) CloseIpcHandle(r.device, r.base);
+    retired_.clear();
+  }
+
+  static inline const GpuIpcOps kRuntimeIpcOps{&OpenIpcHandle, &RetireIpcMapping,
+                                               &CopyToHostHook};
+
 
   /** Maps GPU i's regions, carves its queues and launches its orchestrator. */
   Status OpenDevice(Device &d, int i) {
     d.id = i;
-    if (Status st = SetDeviceFor(d); !st.ok()) return st;
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    if (!scope.status().ok()) return scope.status();
     u64 stack = kGpuStackBytes;
     if (table_ != nullptr) {
       u64 frame = 0;
@@ -13590,7 +15226,8 @@ class GpuManager : private GpuPoolDirectory {
     GpuControl words;
     words.exit_.Store(exit, MemOrder::kRelaxed);  // relaxed: a host-private staging copy
     words.abort_.Store(d.abort ? 1 : 0, MemOrder::kRelaxed);
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     if (st.ok()) {
       st = Check(MemcpyAsync(d.set.control, &words, sizeof(words), d.copies), "write GPU control");
     }
@@ -13630,7 +15267,7 @@ class GpuManager : private GpuPoolDirectory {
         d.release();  // a kernel may still touch its memory: never free it
         continue;
       }
-      SetDeviceFor(*d);
+      const DeviceScope scope(d->id);
       if (d->stream != nullptr) StreamDestroy(d->stream);
       if (d->copies != nullptr) StreamDestroy(d->copies);
       d->device.Destroy();
@@ -13669,7 +15306,8 @@ class GpuManager : private GpuPoolDirectory {
     const u32 v = d.shadow.version_.Load(MemOrder::kRelaxed) + 1;  // relaxed: host-private copy
     d.shadow.Fill(v, next.data(), static_cast<u32>(next.size()));
     d.shadow.version_.Store(v, MemOrder::kRelaxed);
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     if (st.ok()) {
       st = Check(MemcpyAsync(d.set.pools->tables_[v & 1], d.shadow.tables_[v & 1],
                              sizeof(d.shadow.tables_[0]), d.copies),
@@ -13698,7 +15336,8 @@ class GpuManager : private GpuPoolDirectory {
     }
     std::vector<u64> host((bytes + 7) / 8 + 1);
     table_->construct_state(module, host.data());
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     if (st.ok()) {
       st = Check(MemcpyAsync(d.set.arena + at, host.data(), bytes, d.copies), "copy GPU container");
     }
@@ -13758,6 +15397,14 @@ class GpuManager : private GpuPoolDirectory {
   u32 depth_ = 256;
   std::vector<std::unique_ptr<Device>> devices_;
   GpuWorker worker_;
+  struct Retired {
+    u32 device;
+    void *base;
+  };
+  std::mutex retire_mu_;          ///< retired_ (IPC closes come from worker threads)
+  std::vector<Retired> retired_;  ///< client IPC mappings waiting for the kernels to stop
+  GpuClientQueues client_;             ///< a pure client's attachment (empty in a runtime)
+  IpcManager *client_ipc_ = nullptr;   ///< a pure client's IpcManager
 };
 
 }  // namespace chi::gpu
@@ -13892,10 +15539,11 @@ class Chimaera {
   Status StartServers() {
     if (Status st = segments_.Create(config_, config_.port); !st.ok()) return st;
     dispatcher_ = std::make_unique<RequestDispatcher>(pools_.get(), orch_.get());
+    dispatcher_->RouteGpuTo(ipc_.GpuRoute());  // other processes' GPU-route tasks
     auto zmq = std::make_unique<ZmqServer>();
     ZmqServer::Options opt;
     opt.port = config_.port;
-    opt.spin_ns = static_cast<u64>(EnvSeconds("CHI_ZMQ_SPIN_US", opt.spin_ns / 1e3) * 1e3);
+    opt.spin_ns = static_cast<u64>(config_.zmq_spin_us) * 1000;
     if (Status st = zmq->Start(dispatcher_.get(), opt); !st.ok()) return st;
     zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
     auto shm = std::make_unique<ShmServer>();
@@ -13905,6 +15553,9 @@ class Chimaera {
     answer.node_id = 0;
     answer.port = config_.port;
     answer.segments = segments_.Describe();
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    answer.gpu_info = gpu::GpuManager::Get().DescribeQueuesForClients();  // direct GPU route
+#endif
     ShmServerInfo shm_info = shm->Info();
     OutputArchive info_ar(answer.shm_info);
     info_ar(shm_info);
@@ -13943,58 +15594,78 @@ class Chimaera {
     return out;
   }
 
-  /** Seconds from environment variable `name` (unset, empty or invalid: `fallback`). */
-  static double EnvSeconds(const char *name, double fallback) {
-    const char *v = std::getenv(name);
-    if (v == nullptr || v[0] == '\0') return fallback;
-    char *end = nullptr;
-    const double d = std::strtod(v, &end);
-    return (end != nullptr && *end == '\0' && d >= 0) ? d : fallback;
-  }
-
   /**
-   * A pure client: handshake with the runtime on this node (CHI_PORT), attach its
-   * segments (version and size checked), then route every task through the
-   * transport CHI_IPC_MODE / networking.ipc_mode names. CHI_CONNECT_TIMEOUT
-   * (seconds, default 5) bounds the first connection; CHI_RECONNECT_TIMEOUT
-   * (default 10) is how long tasks wait for a runtime that went away to return.
-   * CHI_ZMQ_SPIN_US (here and in the runtime) sets how long a ZeroMQ network
-   * thread busy-polls after activity before it sleeps (default 20).
-   * The default mode stays shm (networking.ipc_mode): bench_cross_process measured
-   * a ~3.4 us shm round trip against ~62-70 us over ZeroMQ ipc/tcp on one node;
-   * tcp is the mode that also works when the runtime is on another host.
+   * A pure client: handshake with the runtime on this node (networking.port), attach
+   * its segments (version and size checked), then route every task through the
+   * transport networking.ipc_mode names. networking.connect_timeout_s bounds the first
+   * connection; networking.reconnect_timeout_s is how long tasks wait for a runtime
+   * that went away to return (shm repeats this handshake to rejoin it);
+   * networking.zmq_spin_us (here and in the runtime) is how long a ZeroMQ network
+   * thread busy-polls after activity before it sleeps. Each has a CHI_* environment
+   * override (config.h). The default mode stays shm: bench_cross_process measured a
+   * ~2 us shm round trip against ~62-70 us over ZeroMQ ipc/tcp on one node (16-core
+   * host); tcp is the mode that also works when the runtime is on another host.
    */
   Status ConnectToRuntime() {
-    ZmqClientOptions opt;
+    ZmqClientOptions &opt = handshake_opt_;
     opt.mode = config_.ipc_mode == "tcp" ? "tcp" : "ipc";
     opt.port = config_.port;
-    opt.connect_timeout_sec = EnvSeconds("CHI_CONNECT_TIMEOUT", 5);
-    opt.reconnect_sec = EnvSeconds("CHI_RECONNECT_TIMEOUT", 10);
-    opt.spin_ns = static_cast<u64>(EnvSeconds("CHI_ZMQ_SPIN_US", opt.spin_ns / 1e3) * 1e3);
+    opt.connect_timeout_sec = config_.connect_timeout_sec;
+    opt.reconnect_sec = config_.reconnect_timeout_sec;
+    opt.spin_ns = static_cast<u64>(config_.zmq_spin_us) * 1000;
     std::unique_ptr<ZmqClientTransport> zmq;
     ConnectAnswer answer;
     if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
     if (Status st = AttachRuntimeSegments(answer, &client_segments_); !st.ok()) return st;
     connect_answer_ = answer;
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    if (Status st = gpu::GpuManager::Get().AttachClientQueues(answer.gpu_info, &ipc_); !st.ok()) {
+      std::fprintf(stderr, "chi: GPU tasks go through the runtime: %s\n", st.ToString().c_str());
+    }
+#endif
     if (config_.ipc_mode == "shm") {  // the handshake told us where the shm segment is
       ShmServerInfo info;
-      InputArchive info_ar(answer.shm_info.data(), answer.shm_info.size());
-      info_ar(info);
-      if (answer.shm_info.empty() || !info_ar.ok()) {
-        return Status::Error(ErrorCode::kUnsupported,
-                             "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
-                             "use CHI_IPC_MODE=ipc or tcp");
-      }
+      if (Status st = ShmInfoOf(answer, &info); !st.ok()) return st;
       std::unique_ptr<ShmClientTransport> shm;
       if (Status st = ShmClientTransport::Connect(info, &shm); !st.ok()) return st;
       zmq->Close();  // the shm slot is the registration from here on
-      transport_ = std::move(shm);
+      ShmRejoin rejoin;
+      rejoin.handshake = &ShmHandshake;
+      rejoin.ctx = &handshake_opt_;
+      rejoin.reconnect_sec = config_.reconnect_timeout_sec;
+      transport_ = std::make_unique<ShmReconnectingTransport>(std::move(shm), rejoin);
       ipc_.AttachTransport(transport_.get(), answer.node_id);
       return Status::Ok();
     }
     transport_ = std::move(zmq);
     ipc_.AttachTransport(transport_.get(), answer.node_id);
     return Status::Ok();
+  }
+
+  /** The shm server's description in a handshake answer (kUnsupported when it has none). */
+  static Status ShmInfoOf(const ConnectAnswer &answer, ShmServerInfo *info) {
+    InputArchive info_ar(answer.shm_info.data(), answer.shm_info.size());
+    info_ar(*info);
+    if (answer.shm_info.empty() || !info_ar.ok()) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
+                           "use CHI_IPC_MODE=ipc or tcp");
+    }
+    return Status::Ok();
+  }
+
+  /**
+   * The shm client's way back to a restarted runtime (ShmRejoin; its reconnect thread):
+   * a fresh ClientConnect handshake over ZeroMQ, waiting at most timeout_sec.
+   */
+  static Status ShmHandshake(void *ctx, double timeout_sec, ShmServerInfo *info) {
+    ZmqClientOptions opt = *static_cast<const ZmqClientOptions *>(ctx);
+    opt.connect_timeout_sec = timeout_sec;
+    std::unique_ptr<ZmqClientTransport> zmq;
+    ConnectAnswer answer;
+    if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
+    zmq->Close();  // as at start: the new shm slot is the registration
+    return ShmInfoOf(answer, info);
   }
 
   /** Stops the servers (after draining the workers), the workers, and the segments. */
@@ -14025,6 +15696,9 @@ class Chimaera {
 
   /** A pure client: fails what is pending, closes the transport, detaches the segments. */
   void Disconnect() {
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    gpu::GpuManager::Get().DetachClientQueues();  // GPU tasks still waiting fail first
+#endif
     ipc_.AttachTransport(nullptr, 0);
     if (transport_ != nullptr) transport_->Close();
     transport_.reset();
@@ -14051,6 +15725,7 @@ class Chimaera {
   std::unique_ptr<ClientTransport> transport_;
   std::vector<std::unique_ptr<PosixShmBackend>> client_segments_;
   ConnectAnswer connect_answer_;
+  ZmqClientOptions handshake_opt_;  ///< read by the shm reconnect thread (ShmHandshake)
 };
 
 /**
@@ -14071,6 +15746,124 @@ inline IpcManager &GetIpcManager() { return Chimaera::Get().Ipc(); }
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_CHIMAERA_H
 // ---- end chi/runtime/chimaera.h ----
+// ---- begin chi/runtime/hostfile.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_HOSTFILE_H
+#define CHI_SINGLE_INCLUDE_CHI_RUNTIME_HOSTFILE_H
+// Hostfiles: the node list of a multi-node runtime (networking.hostfile), one host per
+// line, '#' comments, and bracket ranges ("node[01-04]", "rack[1-2]-gpu[0,3]") expanded in
+// order. Split out of config.h, which reads the file's path; errors name file and line.
+
+#include <string>       // host names
+#include <string_view>  // patterns
+#include <vector>       // the host list
+
+namespace chi {
+
+namespace detail {
+
+/**
+ * Appends the hosts named by one hostfile pattern: "node[01-04,7]-ib" gives
+ * node01-ib .. node04-ib and node7-ib; a range keeps the width of its first
+ * number (zero padding). Returns false with *why set on a malformed pattern.
+ */
+inline bool ExpandHostPattern(std::string_view pattern, const std::string &prefix,
+                              std::vector<std::string> *out, std::string *why) {
+  constexpr size_t kMaxHosts = 1u << 20;
+  auto fail = [why](std::string reason) {
+    *why = std::move(reason);
+    return false;
+  };
+  const size_t open = pattern.find('[');
+  const size_t stray = pattern.find(']');
+  if (open == std::string_view::npos) {
+    if (stray != std::string_view::npos) return fail("']' without '['");
+    if (out->size() >= kMaxHosts) return fail("more than 1048576 hosts");
+    out->push_back(prefix + std::string(pattern));
+    return true;
+  }
+  if (stray < open) return fail("']' without '['");
+  const size_t close = pattern.find(']', open);
+  if (close == std::string_view::npos) return fail("'[' without ']'");
+  const std::string head = prefix + std::string(pattern.substr(0, open));
+  const std::string_view rest = pattern.substr(close + 1);
+  std::string_view items = pattern.substr(open + 1, close - open - 1);
+  while (true) {
+    const size_t comma = items.find(',');
+    const std::string_view item = items.substr(0, comma);
+    const size_t dash = item.find('-');
+    const std::string_view lo_text = item.substr(0, dash);
+    const std::string_view hi_text =
+        dash == std::string_view::npos ? lo_text : item.substr(dash + 1);
+    u64 lo = 0, hi = 0;
+    if (!ParseUnsigned(lo_text, 0xffffffffull, &lo) ||
+        !ParseUnsigned(hi_text, 0xffffffffull, &hi) || hi < lo) {
+      return fail("bad range '" + std::string(item) + "' (expected N or LO-HI, LO <= HI)");
+    }
+    for (u64 v = lo; v <= hi; ++v) {
+      std::string num = std::to_string(v);
+      if (num.size() < lo_text.size()) num.insert(0, lo_text.size() - num.size(), '0');
+      if (!ExpandHostPattern(rest, head + num, out, why)) return false;
+    }
+    if (comma == std::string_view::npos) break;
+    items = items.substr(comma + 1);
+  }
+  return true;
+}
+
+}  // namespace detail
+
+/**
+ * Reads the hosts of a hostfile given as text: one host per line, blank lines and
+ * '#' comments skipped, ranges such as "node[01-04]" expanded. Replaces *hosts on success.
+ */
+inline Status ParseHostfileText(std::string_view text, std::vector<std::string> *hosts,
+                                std::string_view source_name = "<string>") {
+  try {
+    std::vector<std::string> found;
+    size_t line_no = 0;
+    while (!text.empty()) {
+      const size_t nl = text.find('\n');
+      std::string_view line = text.substr(0, nl);
+      text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+      ++line_no;
+      line = line.substr(0, line.find('#'));
+      const auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
+      while (!line.empty() && is_space(line.front())) line.remove_prefix(1);
+      while (!line.empty() && is_space(line.back())) line.remove_suffix(1);
+      if (line.empty()) continue;
+      std::string why;
+      if (std::any_of(line.begin(), line.end(), is_space)) {
+        why = "expected one host per line, got '" + std::string(line) + "'";
+      } else if (detail::ExpandHostPattern(line, "", &found, &why)) {
+        continue;
+      }
+      return detail::ConfigError(source_name, static_cast<int>(line_no) - 1, why);
+    }
+    *hosts = std::move(found);
+    return Status::Ok();
+  } catch (const std::exception &e) {
+    return detail::ConfigError(source_name, -1, std::string("cannot read hosts: ") + e.what());
+  } catch (...) {
+    return detail::ConfigError(source_name, -1, "cannot read hosts: unknown exception");
+  }
+}
+
+/** Reads a hostfile (see ParseHostfileText); a missing or unreadable file names the path. */
+inline Status ParseHostfile(const std::string &path, std::vector<std::string> *hosts) {
+  try {
+    std::string text;
+    if (Status st = detail::ReadSmallFile(path, "hostfile", &text); !st.ok()) return st;
+    return ParseHostfileText(text, hosts, path);
+  } catch (const std::exception &e) {
+    return detail::ConfigError(path, -1, std::string("cannot read hostfile: ") + e.what());
+  } catch (...) {
+    return detail::ConfigError(path, -1, "cannot read hostfile: unknown exception");
+  }
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_HOSTFILE_H
+// ---- end chi/runtime/hostfile.h ----
 // ---- begin chi/runtime/co_mutex.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_CO_MUTEX_H
 #define CHI_SINGLE_INCLUDE_CHI_RUNTIME_CO_MUTEX_H

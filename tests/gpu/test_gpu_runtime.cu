@@ -312,9 +312,13 @@ TEST_CASE("ToLocalGpu(1) reaches the second GPU when there is one") {
     return;
   }
   chimaera::demo::Client client(kPool);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
   auto f = client.AsyncGpuSubmit(chi::PoolQuery::ToLocalGpu(1), 1, 77);
   REQUIRE(f.Wait(10));
   CHECK(f->result_value_ == 232);
+  int current = -1;
+  REQUIRE(cudaGetDevice(&current) == cudaSuccess);
+  CHECK(current == 0);  // reaching GPU 1 did not move this thread off its own GPU
   auto g = client.AsyncGpuSubmit(chi::PoolQuery::LocalGpuBcast(), 0, 77);  // every GPU
   REQUIRE(g.Wait(10));
   CHECK(g->result_value_ == 231);
@@ -344,7 +348,13 @@ int main(int argc, char **argv) {
     std::printf("cannot prepare the GPU test memory\n");
     return 1;
   }
+  if (cudaSetDevice(0) != cudaSuccess) return 1;
   if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true)) return 1;
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != 0) {
+    std::printf("CHIMAERA_INIT moved this thread from GPU 0 to GPU %d\n", current);
+    return 1;
+  }
   std::remove(conf.c_str());
   const chi::Status gpu = CHI_IPC->StartError();
   if (!gpu.ok()) {

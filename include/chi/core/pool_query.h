@@ -65,6 +65,10 @@ class PoolQuery {
 
   CHI_CROSS_FUN constexpr RoutingMode GetMode() const { return mode_; }
   CHI_CROSS_FUN constexpr bool IsNull() const { return mode_ == RoutingMode::kNull; }
+  /** True for the CPU -> GPU routes (LocalGpuBcast, ToLocalGpu), which GPU queues carry. */
+  CHI_CROSS_FUN constexpr bool IsGpuRoute() const {
+    return mode_ == RoutingMode::kLocalGpuBcast || mode_ == RoutingMode::kToLocalGpu;
+  }
   /** Container id (DirectId), node id (Physical) or GPU id (ToLocalGpu). */
   CHI_CROSS_FUN constexpr u32 GetId() const { return static_cast<u32>(value_); }
   CHI_CROSS_FUN constexpr u64 GetHash() const { return value_; }

@@ -105,6 +105,32 @@ inline Status Check(Error e, const char *what) {
 }
 
 /**
+ * Selects GPU `id` for the calling thread while in scope, then gives the thread back the GPU
+ * it had: the runtime's calls run on application threads (a CPU->GPU submit, CHIMAERA_INIT),
+ * and an application's own streams and events belong to the GPU it chose.
+ */
+class DeviceScope {
+ public:
+  explicit DeviceScope(int id) {
+    restore_ = GetDevice(&previous_) == kSuccess && previous_ != id;
+    status_ = Check(SetDevice(id), "select GPU");
+  }
+  ~DeviceScope() {
+    if (restore_) static_cast<void>(SetDevice(previous_));
+  }
+  DeviceScope(const DeviceScope &) = delete;
+  DeviceScope &operator=(const DeviceScope &) = delete;
+
+  /** Whether the selection worked. */
+  const Status &status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+  Status status_;
+};
+
+/**
  * Selects eager module loading. Lazy loading (CUDA's default) may need a context-wide
  * synchronisation to load a kernel, which never comes while a persistent kernel runs: the
  * first launch of a not-yet-loaded kernel can then deadlock (CUDA's lazy-loading notes).

@@ -2,6 +2,8 @@
 // its queues (queue_set.h), keeps its pool table, launches its orchestrator kernel on a
 // stream of its own, and runs one GpuWorker thread for all of them. Chimaera starts it
 // after the compose pools exist and stops it first; CHI_IPC reaches it from applications.
+// It describes the queues to pure clients (ConnectAnswer::gpu_info), and in a pure client
+// it holds the attachment to a runtime's queues (gpu_client_queues.h).
 // Invariant: no call here waits on a device as a whole, and every wait on the orchestrator
 // is bounded: a GPU that does not stop when asked is reported and its memory left mapped,
 // never freed under a kernel that may still use it.
@@ -19,6 +21,9 @@
 
 #include "chi/core/status.h"             // Status
 #include "chi/gpu/gpu_api.h"             // the CUDA/HIP layer, PinnedShmBackend, GpuDeviceBackend
+#include "chi/gpu/gpu_client_queues.h"   // a pure client's attachment to a runtime's queues
+#include "chi/gpu/gpu_connect_info.h"    // describing the queues to clients
+#include "chi/gpu/gpu_ipc_ops.h"         // opening clients' IPC handles
 #include "chi/gpu/gpu_worker.h"          // GpuWorker, GpuLink, GpuPoolDirectory
 #include "chi/gpu/module_registry.h"     // the application's GPU module list
 #include "chi/gpu/queue_set.h"           // GpuQueueSet, GpuInfo
@@ -82,6 +87,10 @@ class GpuManager : private GpuPoolDirectory {
     for (auto &d : devices_) links.push_back(&d->link);
     worker_.Start(pools, orch, this, std::move(links), std::move(reason));
     ipc->AttachGpuTransport(&worker_);
+    if (!devices_.empty()) {  // release: the devices above are set up before a hook runs
+      GpuHooks::Get().runtime_ops.Store(&kRuntimeIpcOps, MemOrder::kRelease);
+      GpuHooks::Get().ensure_pool.Store(&EnsurePoolForClient, MemOrder::kRelease);
+    }
     started_ = true;
     return start_error_;
   }
@@ -91,6 +100,10 @@ class GpuManager : private GpuPoolDirectory {
     std::lock_guard<std::mutex> g(mu_);
     if (!started_) return;
     ipc_->AttachGpuTransport(nullptr);
+    // release: a handler that still sees the hooks finds the devices open (workers drained).
+    GpuHooks::Get().ensure_pool.Store(nullptr, MemOrder::kRelease);
+    ClientMemory().Clear();  // retires every client IPC mapping (unmapped below)
+    GpuHooks::Get().runtime_ops.Store(nullptr, MemOrder::kRelease);
     const bool drained = worker_.StopIntake();
     for (auto &d : devices_) {
       d->abort = true;  // waiting kernels give up
@@ -101,6 +114,9 @@ class GpuManager : private GpuPoolDirectory {
       }
     }
     worker_.Stop();
+    bool all_stopped = true;
+    for (auto &d : devices_) all_stopped &= !d->running;
+    if (all_stopped) CloseRetired();  // no kernel left for the unmap to wait on
     if (!drained) {
       std::fprintf(stderr, "chi: GPU->CPU tasks still running at stop; GPU queues left mapped\n");
       for (auto &d : devices_) d->wedged = true;
@@ -111,6 +127,50 @@ class GpuManager : private GpuPoolDirectory {
 
   /** GPUs in use. */
   u32 NumGpus() const { return static_cast<u32>(devices_.size()); }
+
+  /**
+   * ConnectAnswer::gpu_info: the cpu2gpu queues pure clients may attach (GPUs whose queues
+   * are in a shareable pinned segment, from GPU 0 on); empty when there are none.
+   */
+  std::vector<char> DescribeQueuesForClients() const {
+    GpuConnectInfo info;
+    info.runtime_pid = static_cast<u32>(getpid());
+    for (const auto &d : devices_) {
+      if (!d->pinned.IsAttached()) break;  // private memory: clients cannot reach it
+      GpuQueueAttachInfo g = DescribeCpu2Gpu(static_cast<u32>(d->id), d->set.host.cpu2gpu,
+                                             d->pinned.Data());
+      g.segment = d->pinned.Name();
+      g.segment_size = d->pinned.Size();
+      g.segment_version = d->pinned.Header()->version_;
+      g.gpu2cpu_slots = d->set.gpu2cpu_slots;
+      g.gpu2gpu_slots = d->set.gpu2gpu_slots;
+      info.gpus.push_back(std::move(g));
+    }
+    return EncodeGpuConnectInfo(info);
+  }
+
+  /** A pure client: attaches the queues `gpu_info` offers (see GpuClientQueues::Attach). */
+  Status AttachClientQueues(const std::vector<char> &gpu_info, IpcManager *ipc) {
+    client_ipc_ = ipc;
+    return client_.Attach(gpu_info, ipc);
+  }
+  /** A pure client: stops using the runtime's GPU queues. */
+  void DetachClientQueues() {
+    client_.Detach();
+    client_ipc_ = nullptr;
+  }
+  /** A pure client's attachment (NumGpus() == 0 when GPU tasks go through the transport). */
+  const GpuClientQueues &ClientQueues() const { return client_; }
+
+  /** IpcManager::RegisterMemory of this process's runtime or runtime connection. */
+  Status RegisterMemory(void *ptr, u64 bytes, MemoryType type) {
+    IpcManager *ipc = ipc_ != nullptr ? ipc_ : client_ipc_;
+    if (ipc == nullptr) return Status::Error(ErrorCode::kShutdown, "chi is not initialised");
+    return ipc->RegisterMemory(ptr, bytes, type);
+  }
+
+  /** Frees cpu2gpu slots of dead client processes now (the GPU worker also does it). */
+  u32 ReapDeadClients() { return worker_.ReapDeadClients(); }
   /** Why Start failed (ok when it did not). */
   Status StartError() const {
     std::lock_guard<std::mutex> g(mu_);
@@ -128,6 +188,7 @@ class GpuManager : private GpuPoolDirectory {
       Status st = StopKernel(*d);
       if (!st.ok() && first.ok()) first = st;
     }
+    if (first.ok()) CloseRetired();
     return first;
   }
 
@@ -176,7 +237,8 @@ class GpuManager : private GpuPoolDirectory {
     if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
     Device &d = *devices_[gpu_id];
     std::lock_guard<std::mutex> g(sync_mu_);
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     const auto &g2g = d.set.host.gpu2gpu;
     const auto &g2c = d.set.host.gpu2cpu;
     if (st.ok())
@@ -194,7 +256,8 @@ class GpuManager : private GpuPoolDirectory {
     if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
     Device &d = *devices_[gpu_id];
     std::lock_guard<std::mutex> g(sync_mu_);
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     if (st.ok())
       st = CountHeld(d, d.set.host.gpu2gpu.claims_, d.set.host.gpu2gpu.num_slots_, gpu2gpu);
     if (st.ok())
@@ -213,7 +276,8 @@ class GpuManager : private GpuPoolDirectory {
       return Status::Errorf(ErrorCode::kUnknownPool, "pool %s has no container on GPU %u",
                             pool.ToString().c_str(), gpu_id);
     }
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     if (st.ok())
       st = Check(MemcpyAsync(out, it->second.state, sizeof(GpuRuntimeT), d.copies),
                  "read GPU container");
@@ -250,12 +314,56 @@ class GpuManager : private GpuPoolDirectory {
 
   GpuManager() = default;
 
-  Status SetDeviceFor(const Device &d) { return Check(SetDevice(d.id), "select GPU"); }
+  /** GpuIpcOps::copy_to_host: on the device's copy stream (never a device-wide wait). */
+  static Status CopyToHostHook(u32 device, void *dst, const void *src, u64 bytes) {
+    GpuManager &m = Get();
+    if (device >= m.devices_.size()) {
+      return Status::Errorf(ErrorCode::kInvalidArgument, "no GPU %u in this runtime", device);
+    }
+    Device &d = *m.devices_[device];
+    std::lock_guard<std::mutex> g(m.sync_mu_);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
+    if (st.ok()) st = Check(MemcpyAsync(dst, src, bytes, d.copies), "read client memory");
+    if (st.ok()) st = Check(StreamSynchronize(d.copies), "read client memory");
+    return st;
+  }
+
+  /** GpuHooks::ensure_pool: admin GpuAttachPool from a directly attached client. */
+  static Status EnsurePoolForClient(u32 gpu_id, PoolId pool) {
+    GpuManager &m = Get();
+    if (gpu_id >= m.devices_.size()) {
+      return Status::Errorf(ErrorCode::kInvalidArgument, "no GPU %u in this runtime", gpu_id);
+    }
+    return m.EnsurePool(gpu_id, pool);
+  }
+  /**
+   * GpuIpcOps::close. Unmapping an IPC handle may wait for the whole device (seen on an
+   * H200: it never returned under a running orchestrator), so the mapping is only retired
+   * here and unmapped once the orchestrators have stopped (Pause or Stop).
+   */
+  static void RetireIpcMapping(u32 device, void *base) {
+    GpuManager &m = Get();
+    std::lock_guard<std::mutex> g(m.retire_mu_);
+    m.retired_.push_back(Retired{device, base});
+  }
+
+  /** Unmaps the retired IPC mappings (call only while no orchestrator runs). */
+  void CloseRetired() {
+    std::lock_guard<std::mutex> g(retire_mu_);
+    for (const Retired &r : retired_) CloseIpcHandle(r.device, r.base);
+    retired_.clear();
+  }
+
+  static inline const GpuIpcOps kRuntimeIpcOps{&OpenIpcHandle, &RetireIpcMapping,
+                                               &CopyToHostHook};
+
 
   /** Maps GPU i's regions, carves its queues and launches its orchestrator. */
   Status OpenDevice(Device &d, int i) {
     d.id = i;
-    if (Status st = SetDeviceFor(d); !st.ok()) return st;
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    if (!scope.status().ok()) return scope.status();
     u64 stack = kGpuStackBytes;
     if (table_ != nullptr) {
       u64 frame = 0;
@@ -339,7 +447,8 @@ class GpuManager : private GpuPoolDirectory {
     GpuControl words;
     words.exit_.Store(exit, MemOrder::kRelaxed);  // relaxed: a host-private staging copy
     words.abort_.Store(d.abort ? 1 : 0, MemOrder::kRelaxed);
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     if (st.ok()) {
       st = Check(MemcpyAsync(d.set.control, &words, sizeof(words), d.copies), "write GPU control");
     }
@@ -379,7 +488,7 @@ class GpuManager : private GpuPoolDirectory {
         d.release();  // a kernel may still touch its memory: never free it
         continue;
       }
-      SetDeviceFor(*d);
+      const DeviceScope scope(d->id);
       if (d->stream != nullptr) StreamDestroy(d->stream);
       if (d->copies != nullptr) StreamDestroy(d->copies);
       d->device.Destroy();
@@ -418,7 +527,8 @@ class GpuManager : private GpuPoolDirectory {
     const u32 v = d.shadow.version_.Load(MemOrder::kRelaxed) + 1;  // relaxed: host-private copy
     d.shadow.Fill(v, next.data(), static_cast<u32>(next.size()));
     d.shadow.version_.Store(v, MemOrder::kRelaxed);
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     if (st.ok()) {
       st = Check(MemcpyAsync(d.set.pools->tables_[v & 1], d.shadow.tables_[v & 1],
                              sizeof(d.shadow.tables_[0]), d.copies),
@@ -447,7 +557,8 @@ class GpuManager : private GpuPoolDirectory {
     }
     std::vector<u64> host((bytes + 7) / 8 + 1);
     table_->construct_state(module, host.data());
-    Status st = SetDeviceFor(d);
+    const DeviceScope scope(d.id);  // the caller keeps its own GPU
+    Status st = scope.status();
     if (st.ok()) {
       st = Check(MemcpyAsync(d.set.arena + at, host.data(), bytes, d.copies), "copy GPU container");
     }
@@ -507,6 +618,14 @@ class GpuManager : private GpuPoolDirectory {
   u32 depth_ = 256;
   std::vector<std::unique_ptr<Device>> devices_;
   GpuWorker worker_;
+  struct Retired {
+    u32 device;
+    void *base;
+  };
+  std::mutex retire_mu_;          ///< retired_ (IPC closes come from worker threads)
+  std::vector<Retired> retired_;  ///< client IPC mappings waiting for the kernels to stop
+  GpuClientQueues client_;             ///< a pure client's attachment (empty in a runtime)
+  IpcManager *client_ipc_ = nullptr;   ///< a pure client's IpcManager
 };
 
 }  // namespace chi::gpu

@@ -3,9 +3,13 @@
 // tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
 // gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
 // workers, whose TaskCompleter writes the answer back into the slot.
+// A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
+// gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
 // Invariant: every task given to Send completes exactly once, with its answer or an error
 // (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
 #pragma once
+
+#include <unistd.h>  // getpid: the claim words hold the claimer's pid
 
 #include <climits>  // INT_MAX: wake every parked sender
 #include <cstring>  // memcpy of diagnostic and error answers
@@ -17,12 +21,16 @@
 #include "chi/core/atomic.h"                   // Atomic, FenceSeqCst, CpuRelax
 #include "chi/core/futex.h"                    // parking senders and the idle worker
 #include "chi/core/status.h"                   // Status, ErrorCode
+#include "chi/gpu/gpu_ipc_cache.h"             // ClientMemory: dead clients' registrations
 #include "chi/gpu/gpu_wire.h"                  // envelope helpers, EncodeErrorAnswer
+#include "chi/gpu/host_slots.h"                // cpu2gpu claims shared across processes
 #include "chi/gpu/mailbox.h"                   // GpuQueue
 #include "chi/runtime/pool_manager.h"          // PoolManager
 #include "chi/runtime/run_context.h"           // CurrentRunContext
 #include "chi/runtime/work_orchestrator.h"     // WorkOrchestrator (Submit), Worker (SleepInFiber)
+#include "chi/task/future.h"                   // WaitHelper: waiting callers take answers
 #include "chi/task/task_ops.h"                 // CompleteTask, DeleteTask
+#include "chi/transport/client_connect.h"      // ProcessAlive for the dead-client reaper
 #include "chi/transport/request_dispatcher.h"  // RequestDispatcher, chi::DecodeAnswer
 #include "chi/transport/transport.h"           // ClientTransport
 
@@ -44,7 +52,7 @@ struct GpuLink {
   GpuQueue<MemScope::kSystem> cpu2gpu;     ///< this process posts; the GPU answers
   GpuQueue<MemScope::kSystem> gpu2cpu;     ///< GPU threads post; the GpuWorker answers
   std::unique_ptr<Atomic<u64>[]> pending;  ///< cpu2gpu: the Task* awaiting each slot's answer
-  std::unique_ptr<u32[]> sent;             ///< cpu2gpu: the sequence posted in each slot
+  std::unique_ptr<u32[]> sent;             ///< cpu2gpu: the sequence we posted in each slot
   Atomic<u32> freed;                       ///< cpu2gpu: bumped whenever a slot frees (futex)
   Atomic<u32> free_waiters;                ///< senders parked on `freed`
   Atomic<u32> used_slots;                  ///< cpu2gpu: 1 + the highest slot ever claimed
@@ -70,6 +78,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
   static constexpr u64 kMaxNapNs = 1000000;  ///< longest idle nap (gpu2cpu latency when idle)
   static constexpr u32 kClaimSpins = 256;    ///< full-queue spins before a sender parks
   static constexpr u64 kDrainTimeoutNs = 5000000000ull;
+  static constexpr u64 kReapPeriodNs = 100000000;  ///< how often the runtime looks for dead clients
 
   GpuWorker() = default;
   ~GpuWorker() override { Stop(); }
@@ -78,10 +87,14 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
 
   /**
    * Starts serving `links` (not owned; they outlive Stop). With no links, every send fails
-   * with `no_gpu_reason`.
+   * with `no_gpu_reason`. `runtime` = this process runs the orchestrators: it also reaps
+   * the cpu2gpu slots and registrations of dead client processes (a client's worker passes
+   * false, with no gpu2cpu queue in its links and null pools/orch).
    */
   void Start(PoolManager *pools, WorkOrchestrator *orch, GpuPoolDirectory *directory,
-             std::vector<GpuLink *> links, std::string no_gpu_reason) {
+             std::vector<GpuLink *> links, std::string no_gpu_reason, bool runtime = true) {
+    runtime_ = runtime;
+    pid_ = static_cast<u32>(getpid());
     pools_ = pools;
     orch_ = orch;
     directory_ = directory;
@@ -90,7 +103,11 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     dispatcher_ = std::make_unique<RequestDispatcher>(pools, orch);
     closing_.Store(0, MemOrder::kRelease);
     stop_.Store(0, MemOrder::kRelease);
-    if (!links_.empty()) thread_ = std::thread([this] { Loop(); });
+    if (!links_.empty()) {
+      thread_ = std::thread([this] { Loop(); });
+      // A process has one wait helper: a pure client's shm transport may hold it already.
+      helping_ = WaitHelper::Install(&helper_);
+    }
   }
 
   /**
@@ -115,6 +132,8 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     closing_.Store(1, MemOrder::kSeqCst);
     stop_.Store(1, MemOrder::kRelease);
     Wake();
+    if (helping_) WaitHelper::Remove(&helper_);  // returns once no waiter is inside it
+    helping_ = false;
     if (thread_.joinable()) thread_.join();
     for (GpuLink *l : links_) {
       for (u32 s = 0; s < l->cpu2gpu.num_slots_; ++s) {
@@ -171,10 +190,11 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     if (len > l.cpu2gpu.payload_bytes_) {
       return Status::Error(ErrorCode::kTooLarge, "raw request exceeds the copy space");
     }
-    const u32 s = ClaimHostSlot(l);
+    const u32 s = ClaimSlot(l);
     if (s == kNoSlot) return Status::Error(ErrorCode::kShutdown, "GPU runtime is stopping");
     std::memcpy(l.cpu2gpu.Payload(s), bytes, len);
-    const u32 seq = ++l.sent[s];
+    const u32 seq = NextHostSeq(l.cpu2gpu, s);
+    l.sent[s] = seq;
     l.cpu2gpu.Post(s, seq, len);
     const u64 deadline = NowNs() + timeout_ns;
     u32 out = 0;
@@ -187,6 +207,29 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     return Status::Ok();
   }
 
+  /** Tasks this worker posted straight into a cpu2gpu queue (no CPU transport on the way). */
+  u64 Posted() const { return posted_.Load(MemOrder::kRelaxed); }  // relaxed: a statistic
+
+  /**
+   * Frees cpu2gpu slots held by dead processes (once answered) and drops dead processes'
+   * memory registrations; the runtime's thread does this every kReapPeriodNs. Returns the
+   * slots freed.
+   */
+  u32 ReapDeadClients() {
+    u32 freed = 0;
+    for (GpuLink *l : links_) {
+      freed += ReapDeadHostClaims(l->cpu2gpu, pid_, [](u32 pid) { return ProcessAlive(pid); });
+    }
+    if (freed != 0) {
+      for (GpuLink *l : links_) {
+        l->freed.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: read against free_waiters
+        if (l->free_waiters.Load(MemOrder::kSeqCst) != 0) FutexWake(l->freed.Raw(), INT_MAX);
+      }
+    }
+    ClientMemory().DropDead([](u32 pid) { return ProcessAlive(pid); });
+    return freed;
+  }
+
  private:
   friend class GpuBroadcast;
 
@@ -195,10 +238,10 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     if (Status st = directory_->EnsurePool(l.gpu_id, t->pool_id_); !st.ok()) {
       return Fail(t, st.code(), st.message());
     }
-    const u32 s = ClaimHostSlot(l);
+    const u32 s = ClaimSlot(l);
     if (s == kNoSlot) return Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
     char *p = l.cpu2gpu.Payload(s);
-    const u32 seq = l.sent[s] + 1;
+    const u32 seq = NextHostSeq(l.cpu2gpu, s);
     PutRequestId(p, seq);
     OutputArchive ar(p + kGpuEnvelopeBytes, l.cpu2gpu.payload_bytes_ - kGpuEnvelopeBytes);
     t->ops_->save_in(*t, ar);
@@ -213,18 +256,22 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     l.pending[s].Store(reinterpret_cast<u64>(t), MemOrder::kRelease);  // sent[s] is visible
     l.cpu2gpu_inflight.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: the Dekker half of Wake
     l.cpu2gpu.Post(s, seq, kGpuEnvelopeBytes + static_cast<u32>(ar.Size()));
+    posted_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
     Wake();
   }
 
   inline void Broadcast(Task *t);
 
-  /** Claims a cpu2gpu slot; blocks (spin, then park) while all are taken. */
-  u32 ClaimHostSlot(GpuLink &l) {
+  /**
+   * Claims a cpu2gpu slot for this process; blocks (spin, then park) while all are taken.
+   * Slots other processes hold come back when they finish (or, dead, when reaped).
+   */
+  u32 ClaimSlot(GpuLink &l) {
     thread_local u32 hint = 0;
     for (u32 n = 0;; ++n) {
       if (stop_.Load(MemOrder::kAcquire) != 0) return kNoSlot;
       const u32 seen = l.freed.Load(MemOrder::kAcquire);
-      const u32 s = l.cpu2gpu.TryClaim(hint);
+      const u32 s = ClaimHostSlot(l.cpu2gpu, hint, pid_);
       if (s != kNoSlot) {
         hint = s;  // a thread keeps reusing its slot: the worker scans only [0, used_slots)
         u32 used = l.used_slots.Load(MemOrder::kRelaxed);
@@ -247,7 +294,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
 
   /** Frees a cpu2gpu slot and wakes a parked sender. */
   void FreeHostSlot(GpuLink &l, u32 s) {
-    l.cpu2gpu.Release(s, false);
+    ReleaseHostSlot(l.cpu2gpu, s);
     l.freed.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: read against free_waiters below
     if (l.free_waiters.Load(MemOrder::kSeqCst) != 0) FutexWake(l.freed.Raw(), INT_MAX);
   }
@@ -270,12 +317,17 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
   void Loop() {
     u32 idle = 0;
     u64 nap = kMinNapNs;
+    u64 next_reap = NowNs() + kReapPeriodNs;
+    u32 rounds = 0;
     while (stop_.Load(MemOrder::kAcquire) == 0) {
       bool did = false;
-      for (u32 i = 0; i < links_.size(); ++i) {
-        did |= CompleteAnswers(*links_[i]);
-        did |= ServeRequests(*links_[i], i);
+      // The clock is read once every 1024 rounds (and after each nap): cheap even when busy.
+      if (runtime_ && (++rounds & 1023) == 0 && NowNs() > next_reap) {
+        did |= ReapDeadClients() != 0;
+        next_reap = NowNs() + kReapPeriodNs;
       }
+      did |= TakeAnswers();
+      for (u32 i = 0; i < links_.size(); ++i) did |= ServeRequests(*links_[i], i);
       if (did) {
         idle = 0;
         nap = kMinNapNs;
@@ -300,10 +352,43 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       }
       sleeping_.Store(0, MemOrder::kRelaxed);
       idle = kSpinPolls - 1;  // after a nap, poll once and nap again
+      rounds = 1023;          // and look at the reaper's clock
     }
   }
 
-  /** Completes the CPU->GPU tasks whose answers arrived. */
+  /**
+   * Completes the CPU->GPU tasks whose answers arrived, on every link, unless another
+   * thread is doing it: the worker's loop, or a caller spinning in Future::Wait (through
+   * the wait helper), who so takes its own answer without a hop through this thread.
+   */
+  bool TakeAnswers() {
+    // relaxed: a cheap first look; the CAS below orders the work.
+    if (answering_.Load(MemOrder::kRelaxed) != 0) return false;
+    u32 idle = 0;
+    // acquire: the previous holder's slot frees and task completions happen before ours.
+    if (!answering_.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+    bool did = false;
+    for (GpuLink *l : links_) did |= CompleteAnswers(*l);
+    answering_.Store(0, MemOrder::kRelease);  // release: our work before the next holder's
+    return did;
+  }
+
+  /**
+   * The wait helper's entry (future.h): a waiting caller's poll. Callers waiting on other
+   * tasks pass through here too, so with nothing out on any GPU it only reads counters.
+   */
+  static void HelpWaiters(void *self) {
+    auto *w = static_cast<GpuWorker *>(self);
+    for (GpuLink *l : w->links_) {
+      // relaxed: a hint; TakeAnswers' CAS and CompleteAnswers' acquire order the real work.
+      if (l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) != 0) {
+        w->TakeAnswers();
+        return;
+      }
+    }
+  }
+
+  /** Completes the CPU->GPU tasks of link l whose answers arrived (TakeAnswers' holder). */
   bool CompleteAnswers(GpuLink &l) {
     if (l.cpu2gpu_inflight.Load(MemOrder::kAcquire) == 0) return false;
     bool did = false;
@@ -384,10 +469,16 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
   std::unique_ptr<RequestDispatcher> dispatcher_;
   std::vector<char> error_answer_;  ///< reused by ServeRequests (error answers only)
   std::thread thread_;
+  bool runtime_ = true;  ///< serves gpu2cpu and reaps dead clients (false: a client's worker)
+  u32 pid_ = 0;          ///< what our claim words hold
+  Atomic<u64> posted_;
   Atomic<u32> closing_;
   Atomic<u32> stop_;
   Atomic<u64> senders_;
   alignas(kCacheLine) Atomic<u32> sleeping_;  ///< futex word: 1 while the thread naps
+  alignas(kCacheLine) Atomic<u32> answering_;  ///< 1 while a thread runs CompleteAnswers
+  WaitHelper helper_{&GpuWorker::HelpWaiters, this};
+  bool helping_ = false;  ///< helper_ is installed
 };
 
 /**

@@ -8,7 +8,7 @@
 
 #include <cstdio>   // fprintf for init errors
 #include <climits>  // INT_MAX
-#include <cstdlib>  // getenv, atexit, strtod
+#include <cstdlib>  // getenv, atexit
 #include <memory>   // unique_ptr
 #include <mutex>    // init/finalize are serialised
 #include <string>   // last error text
@@ -146,10 +146,11 @@ class Chimaera {
   Status StartServers() {
     if (Status st = segments_.Create(config_, config_.port); !st.ok()) return st;
     dispatcher_ = std::make_unique<RequestDispatcher>(pools_.get(), orch_.get());
+    dispatcher_->RouteGpuTo(ipc_.GpuRoute());  // other processes' GPU-route tasks
     auto zmq = std::make_unique<ZmqServer>();
     ZmqServer::Options opt;
     opt.port = config_.port;
-    opt.spin_ns = static_cast<u64>(EnvSeconds("CHI_ZMQ_SPIN_US", opt.spin_ns / 1e3) * 1e3);
+    opt.spin_ns = static_cast<u64>(config_.zmq_spin_us) * 1000;
     if (Status st = zmq->Start(dispatcher_.get(), opt); !st.ok()) return st;
     zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
     auto shm = std::make_unique<ShmServer>();
@@ -159,6 +160,9 @@ class Chimaera {
     answer.node_id = 0;
     answer.port = config_.port;
     answer.segments = segments_.Describe();
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    answer.gpu_info = gpu::GpuManager::Get().DescribeQueuesForClients();  // direct GPU route
+#endif
     ShmServerInfo shm_info = shm->Info();
     OutputArchive info_ar(answer.shm_info);
     info_ar(shm_info);
@@ -197,58 +201,78 @@ class Chimaera {
     return out;
   }
 
-  /** Seconds from environment variable `name` (unset, empty or invalid: `fallback`). */
-  static double EnvSeconds(const char *name, double fallback) {
-    const char *v = std::getenv(name);
-    if (v == nullptr || v[0] == '\0') return fallback;
-    char *end = nullptr;
-    const double d = std::strtod(v, &end);
-    return (end != nullptr && *end == '\0' && d >= 0) ? d : fallback;
-  }
-
   /**
-   * A pure client: handshake with the runtime on this node (CHI_PORT), attach its
-   * segments (version and size checked), then route every task through the
-   * transport CHI_IPC_MODE / networking.ipc_mode names. CHI_CONNECT_TIMEOUT
-   * (seconds, default 5) bounds the first connection; CHI_RECONNECT_TIMEOUT
-   * (default 10) is how long tasks wait for a runtime that went away to return.
-   * CHI_ZMQ_SPIN_US (here and in the runtime) sets how long a ZeroMQ network
-   * thread busy-polls after activity before it sleeps (default 20).
-   * The default mode stays shm (networking.ipc_mode): bench_cross_process measured
-   * a ~3.4 us shm round trip against ~62-70 us over ZeroMQ ipc/tcp on one node;
-   * tcp is the mode that also works when the runtime is on another host.
+   * A pure client: handshake with the runtime on this node (networking.port), attach
+   * its segments (version and size checked), then route every task through the
+   * transport networking.ipc_mode names. networking.connect_timeout_s bounds the first
+   * connection; networking.reconnect_timeout_s is how long tasks wait for a runtime
+   * that went away to return (shm repeats this handshake to rejoin it);
+   * networking.zmq_spin_us (here and in the runtime) is how long a ZeroMQ network
+   * thread busy-polls after activity before it sleeps. Each has a CHI_* environment
+   * override (config.h). The default mode stays shm: bench_cross_process measured a
+   * ~2 us shm round trip against ~62-70 us over ZeroMQ ipc/tcp on one node (16-core
+   * host); tcp is the mode that also works when the runtime is on another host.
    */
   Status ConnectToRuntime() {
-    ZmqClientOptions opt;
+    ZmqClientOptions &opt = handshake_opt_;
     opt.mode = config_.ipc_mode == "tcp" ? "tcp" : "ipc";
     opt.port = config_.port;
-    opt.connect_timeout_sec = EnvSeconds("CHI_CONNECT_TIMEOUT", 5);
-    opt.reconnect_sec = EnvSeconds("CHI_RECONNECT_TIMEOUT", 10);
-    opt.spin_ns = static_cast<u64>(EnvSeconds("CHI_ZMQ_SPIN_US", opt.spin_ns / 1e3) * 1e3);
+    opt.connect_timeout_sec = config_.connect_timeout_sec;
+    opt.reconnect_sec = config_.reconnect_timeout_sec;
+    opt.spin_ns = static_cast<u64>(config_.zmq_spin_us) * 1000;
     std::unique_ptr<ZmqClientTransport> zmq;
     ConnectAnswer answer;
     if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
     if (Status st = AttachRuntimeSegments(answer, &client_segments_); !st.ok()) return st;
     connect_answer_ = answer;
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    if (Status st = gpu::GpuManager::Get().AttachClientQueues(answer.gpu_info, &ipc_); !st.ok()) {
+      std::fprintf(stderr, "chi: GPU tasks go through the runtime: %s\n", st.ToString().c_str());
+    }
+#endif
     if (config_.ipc_mode == "shm") {  // the handshake told us where the shm segment is
       ShmServerInfo info;
-      InputArchive info_ar(answer.shm_info.data(), answer.shm_info.size());
-      info_ar(info);
-      if (answer.shm_info.empty() || !info_ar.ok()) {
-        return Status::Error(ErrorCode::kUnsupported,
-                             "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
-                             "use CHI_IPC_MODE=ipc or tcp");
-      }
+      if (Status st = ShmInfoOf(answer, &info); !st.ok()) return st;
       std::unique_ptr<ShmClientTransport> shm;
       if (Status st = ShmClientTransport::Connect(info, &shm); !st.ok()) return st;
       zmq->Close();  // the shm slot is the registration from here on
-      transport_ = std::move(shm);
+      ShmRejoin rejoin;
+      rejoin.handshake = &ShmHandshake;
+      rejoin.ctx = &handshake_opt_;
+      rejoin.reconnect_sec = config_.reconnect_timeout_sec;
+      transport_ = std::make_unique<ShmReconnectingTransport>(std::move(shm), rejoin);
       ipc_.AttachTransport(transport_.get(), answer.node_id);
       return Status::Ok();
     }
     transport_ = std::move(zmq);
     ipc_.AttachTransport(transport_.get(), answer.node_id);
     return Status::Ok();
+  }
+
+  /** The shm server's description in a handshake answer (kUnsupported when it has none). */
+  static Status ShmInfoOf(const ConnectAnswer &answer, ShmServerInfo *info) {
+    InputArchive info_ar(answer.shm_info.data(), answer.shm_info.size());
+    info_ar(*info);
+    if (answer.shm_info.empty() || !info_ar.ok()) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
+                           "use CHI_IPC_MODE=ipc or tcp");
+    }
+    return Status::Ok();
+  }
+
+  /**
+   * The shm client's way back to a restarted runtime (ShmRejoin; its reconnect thread):
+   * a fresh ClientConnect handshake over ZeroMQ, waiting at most timeout_sec.
+   */
+  static Status ShmHandshake(void *ctx, double timeout_sec, ShmServerInfo *info) {
+    ZmqClientOptions opt = *static_cast<const ZmqClientOptions *>(ctx);
+    opt.connect_timeout_sec = timeout_sec;
+    std::unique_ptr<ZmqClientTransport> zmq;
+    ConnectAnswer answer;
+    if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
+    zmq->Close();  // as at start: the new shm slot is the registration
+    return ShmInfoOf(answer, info);
   }
 
   /** Stops the servers (after draining the workers), the workers, and the segments. */
@@ -279,6 +303,9 @@ class Chimaera {
 
   /** A pure client: fails what is pending, closes the transport, detaches the segments. */
   void Disconnect() {
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    gpu::GpuManager::Get().DetachClientQueues();  // GPU tasks still waiting fail first
+#endif
     ipc_.AttachTransport(nullptr, 0);
     if (transport_ != nullptr) transport_->Close();
     transport_.reset();
@@ -305,6 +332,7 @@ class Chimaera {
   std::unique_ptr<ClientTransport> transport_;
   std::vector<std::unique_ptr<PosixShmBackend>> client_segments_;
   ConnectAnswer connect_answer_;
+  ZmqClientOptions handshake_opt_;  ///< read by the shm reconnect thread (ShmHandshake)
 };
 
 /**

@@ -1,6 +1,6 @@
 // Runtime configuration: ServerConfig, read from YAML (yaml-cpp) by
 // ParseServerConfig, and LoadServerConfig (CHI_SERVER_CONF or the embedded
-// default, then CHI_PORT / CHI_IPC_MODE); also the hostfile reader. Used once at
+// default, then the CHI_* environment overrides); also the hostfile reader. Used once at
 // start-up by Chimaera::Init. Invariant: every failure is a kBadConfig Status
 // naming the key (or variable, or file); no exception escapes these functions.
 #pragma once
@@ -52,6 +52,9 @@ struct ServerConfig {
   u32 port = 9413;               ///< yaml: networking.port; env CHI_PORT overrides
   std::string hostfile;          ///< yaml: networking.hostfile ("" = single node)
   std::string ipc_mode = "shm";  ///< yaml: networking.ipc_mode; env CHI_IPC_MODE overrides
+  double connect_timeout_sec = 5;     ///< networking.connect_timeout_s; CHI_CONNECT_TIMEOUT
+  double reconnect_timeout_sec = 10;  ///< networking.reconnect_timeout_s; CHI_RECONNECT_TIMEOUT
+  u32 zmq_spin_us = 20;               ///< networking.zmq_spin_us; CHI_ZMQ_SPIN_US overrides
   // gpu
   u32 gpu_blocks = 1;              ///< yaml: gpu.blocks
   u32 gpu_threads_per_block = 32;  ///< yaml: gpu.threads_per_block
@@ -78,6 +81,8 @@ inline constexpr u64 kMinShmSegment = 64ull << 10;      ///< each shm.*_size
 inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
 inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
 inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
+inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
+inline constexpr u64 kMaxZmqSpinUs = 1000000;           ///< networking.zmq_spin_us
 
 namespace detail {
 
@@ -142,6 +147,16 @@ inline std::string FormatSize(u64 bytes) {
     ++u;
   }
   return std::to_string(bytes) + (u < 0 ? std::string() : std::string(1, units[u]));
+}
+
+/** Parses a plain decimal number of seconds ("5", "0.25") in [0, hi]. */
+inline bool ParseSeconds(const std::string &s, double hi, double *out) {
+  if (s.empty() || s.find_first_not_of("0123456789.") != std::string::npos) return false;
+  char *end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !(v >= 0 && v <= hi)) return false;
+  *out = v;
+  return true;
 }
 
 /** True for the transports a pure client may use (networking.ipc_mode, CHI_IPC_MODE). */
@@ -284,13 +299,23 @@ class ConfigReader {
     });
   }
 
-  /** networking: port, hostfile and ipc_mode. */
+  /** networking: port, hostfile, ipc_mode, the client's timeouts and the ZeroMQ spin. */
   Status ReadNetworking(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
-    static constexpr std::array<std::string_view, 3> kKeys = {"port", "hostfile", "ipc_mode"};
+    static constexpr std::array<std::string_view, 6> kKeys = {
+        "port", "hostfile", "ipc_mode", "connect_timeout_s", "reconnect_timeout_s",
+        "zmq_spin_us"};
     return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
                                           const std::string &p) {
       if (key == "port") return ReadU32(v, p, 1, 65535, &cfg->port);
       if (key == "hostfile") return ReadString(v, p, true, &cfg->hostfile);
+      if (key == "zmq_spin_us") return ReadU32(v, p, 0, kMaxZmqSpinUs, &cfg->zmq_spin_us);
+      if (key == "connect_timeout_s" || key == "reconnect_timeout_s") {
+        double *field = key == "connect_timeout_s" ? &cfg->connect_timeout_sec
+                                                   : &cfg->reconnect_timeout_sec;
+        if (v.IsScalar() && ParseSeconds(v.Scalar(), kMaxTimeoutSec, field)) return Status::Ok();
+        return Fail(v, p + ": expected seconds 0.." + std::to_string(
+                               static_cast<u64>(kMaxTimeoutSec)) + ", got " + DescribeNode(v));
+      }
       std::string mode;
       if (Status st = ReadString(v, p, false, &mode); !st.ok()) return st;
       if (!IsIpcMode(mode)) {
@@ -424,55 +449,6 @@ inline Status ReadSmallFile(const std::string &path, const char *what, std::stri
   return Status::Ok();
 }
 
-/**
- * Appends the hosts named by one hostfile pattern: "node[01-04,7]-ib" gives
- * node01-ib .. node04-ib and node7-ib; a range keeps the width of its first
- * number (zero padding). Returns false with *why set on a malformed pattern.
- */
-inline bool ExpandHostPattern(std::string_view pattern, const std::string &prefix,
-                              std::vector<std::string> *out, std::string *why) {
-  constexpr size_t kMaxHosts = 1u << 20;
-  auto fail = [why](std::string reason) {
-    *why = std::move(reason);
-    return false;
-  };
-  const size_t open = pattern.find('[');
-  const size_t stray = pattern.find(']');
-  if (open == std::string_view::npos) {
-    if (stray != std::string_view::npos) return fail("']' without '['");
-    if (out->size() >= kMaxHosts) return fail("more than 1048576 hosts");
-    out->push_back(prefix + std::string(pattern));
-    return true;
-  }
-  if (stray < open) return fail("']' without '['");
-  const size_t close = pattern.find(']', open);
-  if (close == std::string_view::npos) return fail("'[' without ']'");
-  const std::string head = prefix + std::string(pattern.substr(0, open));
-  const std::string_view rest = pattern.substr(close + 1);
-  std::string_view items = pattern.substr(open + 1, close - open - 1);
-  while (true) {
-    const size_t comma = items.find(',');
-    const std::string_view item = items.substr(0, comma);
-    const size_t dash = item.find('-');
-    const std::string_view lo_text = item.substr(0, dash);
-    const std::string_view hi_text =
-        dash == std::string_view::npos ? lo_text : item.substr(dash + 1);
-    u64 lo = 0, hi = 0;
-    if (!ParseUnsigned(lo_text, 0xffffffffull, &lo) ||
-        !ParseUnsigned(hi_text, 0xffffffffull, &hi) || hi < lo) {
-      return fail("bad range '" + std::string(item) + "' (expected N or LO-HI, LO <= HI)");
-    }
-    for (u64 v = lo; v <= hi; ++v) {
-      std::string num = std::to_string(v);
-      if (num.size() < lo_text.size()) num.insert(0, lo_text.size() - num.size(), '0');
-      if (!ExpandHostPattern(rest, head + num, out, why)) return false;
-    }
-    if (comma == std::string_view::npos) break;
-    items = items.substr(comma + 1);
-  }
-  return true;
-}
-
 }  // namespace detail
 
 /**
@@ -503,59 +479,11 @@ inline Status ParseServerConfig(std::string_view yaml_text, ServerConfig *out,
 }
 
 /**
- * Reads the hosts of a hostfile given as text: one host per line, blank lines and
- * '#' comments skipped, ranges such as "node[01-04]" expanded. Replaces *hosts on success.
- */
-inline Status ParseHostfileText(std::string_view text, std::vector<std::string> *hosts,
-                                std::string_view source_name = "<string>") {
-  try {
-    std::vector<std::string> found;
-    size_t line_no = 0;
-    while (!text.empty()) {
-      const size_t nl = text.find('\n');
-      std::string_view line = text.substr(0, nl);
-      text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
-      ++line_no;
-      line = line.substr(0, line.find('#'));
-      const auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
-      while (!line.empty() && is_space(line.front())) line.remove_prefix(1);
-      while (!line.empty() && is_space(line.back())) line.remove_suffix(1);
-      if (line.empty()) continue;
-      std::string why;
-      if (std::any_of(line.begin(), line.end(), is_space)) {
-        why = "expected one host per line, got '" + std::string(line) + "'";
-      } else if (detail::ExpandHostPattern(line, "", &found, &why)) {
-        continue;
-      }
-      return detail::ConfigError(source_name, static_cast<int>(line_no) - 1, why);
-    }
-    *hosts = std::move(found);
-    return Status::Ok();
-  } catch (const std::exception &e) {
-    return detail::ConfigError(source_name, -1, std::string("cannot read hosts: ") + e.what());
-  } catch (...) {
-    return detail::ConfigError(source_name, -1, "cannot read hosts: unknown exception");
-  }
-}
-
-/** Reads a hostfile (see ParseHostfileText); a missing or unreadable file names the path. */
-inline Status ParseHostfile(const std::string &path, std::vector<std::string> *hosts) {
-  try {
-    std::string text;
-    if (Status st = detail::ReadSmallFile(path, "hostfile", &text); !st.ok()) return st;
-    return ParseHostfileText(text, hosts, path);
-  } catch (const std::exception &e) {
-    return detail::ConfigError(path, -1, std::string("cannot read hostfile: ") + e.what());
-  } catch (...) {
-    return detail::ConfigError(path, -1, "cannot read hostfile: unknown exception");
-  }
-}
-
-/**
  * The configuration the runtime uses: the file named by CHI_SERVER_CONF (an error
- * names the path when it cannot be read), else the embedded default; then CHI_PORT
- * and CHI_IPC_MODE override (a bad value is an error naming the variable). Empty
- * variables count as unset. *out is replaced only on success.
+ * names the path when it cannot be read), else the embedded default; then CHI_PORT,
+ * CHI_IPC_MODE, CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT (seconds) and CHI_ZMQ_SPIN_US
+ * override their keys (a bad value is an error naming the variable). Empty variables
+ * count as unset. *out is replaced only on success.
  */
 inline Status LoadServerConfig(ServerConfig *out) {
   try {
@@ -583,6 +511,21 @@ inline Status LoadServerConfig(ServerConfig *out) {
                               "CHI_IPC_MODE: expected one of shm|ipc|tcp, got '%.40s'", mode);
       }
       cfg.ipc_mode = mode;
+    }
+    // The client's timeouts (seconds) and the ZeroMQ spin (whole microseconds).
+    for (const char *name : {"CHI_CONNECT_TIMEOUT", "CHI_RECONNECT_TIMEOUT", "CHI_ZMQ_SPIN_US"}) {
+      const char *v = std::getenv(name);
+      if (v == nullptr || v[0] == '\0') continue;
+      const char kind = name[4];  // C(onnect), R(econnect) or Z(mq)
+      double *field = kind == 'C' ? &cfg.connect_timeout_sec : &cfg.reconnect_timeout_sec;
+      u64 us = 0;
+      const bool ok = kind == 'Z' ? detail::ParseUnsigned(v, kMaxZmqSpinUs, &us)
+                                  : detail::ParseSeconds(v, kMaxTimeoutSec, field);
+      if (!ok) {
+        return Status::Errorf(ErrorCode::kBadConfig, "%s: expected %s, got '%.40s'", name,
+                              kind == 'Z' ? "microseconds 0..1000000" : "seconds 0..86400", v);
+      }
+      if (kind == 'Z') cfg.zmq_spin_us = static_cast<u32>(us);
     }
     *out = std::move(cfg);
     return Status::Ok();

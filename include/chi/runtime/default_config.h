@@ -43,6 +43,16 @@ networking:
   # How a pure client reaches the runtime on its node: shm, ipc or tcp.
   # The environment variable CHI_IPC_MODE overrides it.
   ipc_mode: shm
+  # Seconds a pure client waits for its first connection to the runtime,
+  # 0 .. 86400 (decimals allowed). CHI_CONNECT_TIMEOUT overrides it.
+  connect_timeout_s: 5
+  # Seconds tasks of a pure client wait for a runtime that went away to come
+  # back (every transport reconnects), 0 .. 86400. CHI_RECONNECT_TIMEOUT
+  # overrides it.
+  reconnect_timeout_s: 10
+  # Microseconds a ZeroMQ network thread (client or runtime) keeps polling
+  # after activity before it sleeps, 0 .. 1000000. CHI_ZMQ_SPIN_US overrides it.
+  zmq_spin_us: 20
 
 # The persistent GPU orchestrator kernel (used only in GPU builds).
 gpu:

@@ -1,13 +1,17 @@
 // IpcManager: how a client hands tasks to the runtime. It stamps each task's
 // identity (TaskId, TaskNode: a subtask keeps its parent's major) and submits
-// it to the embedded runtime's WorkOrchestrator, returning a Future. A task
-// that cannot be submitted still yields a completed Future carrying the error.
+// it to the embedded runtime's WorkOrchestrator (or a pure client's transport, or the GPU
+// transport for LocalGpuBcast/ToLocalGpu), returning a Future. A task that cannot be
+// submitted still yields a completed Future carrying the error. RegisterMemory tells the
+// runtime about memory its handlers may read (admin RegisterMemory).
 #pragma once
 
 #include <unistd.h>  // getpid
 
 #include "chi/core/atomic.h"                // id counters
 #include "chi/core/status.h"                // ErrorCode
+#include "chi/gpu/gpu_ipc_cache.h"          // MemoryType, MemoryRegistration, GpuHooks
+#include "chi/mods/admin/admin_tasks.h"     // RegisterMemoryTask
 #include "chi/runtime/run_context.h"        // CurrentRunContext
 #include "chi/runtime/work_orchestrator.h"  // WorkOrchestrator
 #include "chi/task/future.h"                // Future
@@ -33,6 +37,8 @@ class IpcManager {
   }
   /** Hands LocalGpuBcast / ToLocalGpu tasks to the GPU manager's transport (nullptr detaches). */
   void AttachGpuTransport(ClientTransport *gpu) { gpu_transport_.Store(gpu, MemOrder::kRelease); }
+  /** Where requests from other processes for GPU routes go (RequestDispatcher::RouteGpuTo). */
+  const Atomic<ClientTransport *> *GpuRoute() const { return &gpu_transport_; }
   /** True when tasks can currently be submitted. */
   bool IsConnected() const {
     WorkOrchestrator *orch = orch_.Load(MemOrder::kAcquire);
@@ -70,6 +76,57 @@ class IpcManager {
     SendRaw(t);
   }
 
+  /**
+   * Tells the runtime about [ptr, ptr + bytes) so that its handlers can read it
+   * (chi::gpu::ClientMemory().Translate/Read with this process's pid). kGpuDeviceMemory:
+   * the allocation's CUDA/HIP IPC handle travels in an admin RegisterMemory task; the
+   * runtime opens it on first use and caches it (re-registering the address with another
+   * allocation replaces it; a dead client's entries are dropped). Host memory is only
+   * visible to an embedded runtime (same process); a pure client gets kUnsupported.
+   * Errors: kInvalidArgument (null, zero size, not device memory, past the allocation's
+   * end), kUnsupported (no GPU layer here or in the runtime), kTimeout.
+   */
+  Status RegisterMemory(void *ptr, u64 bytes, gpu::MemoryType type, float timeout_sec = 30) {
+    if (ptr == nullptr || bytes == 0) {
+      return Status::Error(ErrorCode::kInvalidArgument, "RegisterMemory: null pointer or zero size");
+    }
+    if (static_cast<u32>(type) > static_cast<u32>(gpu::MemoryType::kGpuDeviceMemory)) {
+      return Status::Errorf(ErrorCode::kInvalidArgument, "RegisterMemory: unknown memory type %u",
+                            static_cast<u32>(type));
+    }
+    gpu::MemoryRegistration reg;
+    reg.pid = static_cast<u32>(getpid());
+    reg.type = type;
+    reg.address = reinterpret_cast<u64>(ptr);
+    reg.bytes = bytes;
+    if (type == gpu::MemoryType::kGpuDeviceMemory) {
+      gpu::DescribeDeviceMemoryFn describe = gpu::GpuHooks::Get().describe.Load(MemOrder::kAcquire);
+      if (describe == nullptr) {
+        return Status::Error(ErrorCode::kUnsupported,
+                             "RegisterMemory(kGpuDeviceMemory): this program was built without "
+                             "CUDA/HIP (CHIMAERA_ENABLE_CUDA / CHIMAERA_ENABLE_ROCM)");
+      }
+      if (Status st = describe(ptr, bytes, &reg); !st.ok()) return st;
+    } else if (orch_.Load(MemOrder::kAcquire) == nullptr) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "RegisterMemory: host memory of a client process is not visible to a "
+                           "runtime in another process; register device memory instead");
+    }
+    auto *t = NewTask<chimaera::admin::RegisterMemoryTask>(reg);
+    if (t == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "RegisterMemory task");
+    t->pool_id_ = kAdminPoolId;
+    t->pool_query_ = PoolQuery::Local();
+    t->method_ = chimaera::admin::Method::kRegisterMemory;
+    Future<chimaera::admin::RegisterMemoryTask> f = Send(t);
+    if (!f.Wait(timeout_sec)) {
+      return Status::Error(ErrorCode::kTimeout, "RegisterMemory: the runtime did not answer");
+    }
+    if (f->GetReturnCode() != 0) {
+      return Status::Error(static_cast<ErrorCode>(f->GetReturnCode()), f->GetMessage());
+    }
+    return Status::Ok();
+  }
+
   /** Requests a periodic task to stop after its current run. */
   static void Cancel(Task *t) {
     t->state_.FetchOr(task_state::kCancelRequested, MemOrder::kRelease);
@@ -78,8 +135,7 @@ class IpcManager {
  private:
   void SendRaw(Task *t) {
     Stamp(t);
-    const RoutingMode mode = t->pool_query_.GetMode();
-    if (mode == RoutingMode::kLocalGpuBcast || mode == RoutingMode::kToLocalGpu) {
+    if (t->pool_query_.IsGpuRoute()) {
       ClientTransport *gpu = gpu_transport_.Load(MemOrder::kAcquire);
       if (gpu != nullptr && gpu->Send(t)) return;  // CPU -> GPU: the GPU manager answers
     }

@@ -5,6 +5,8 @@
 // never block on a lane, since they may be the only consumer of it.
 #pragma once
 
+#include <sched.h>  // sched_yield while the last submitters finish
+
 #include <cstdlib>  // aligned_alloc/free for the queue region
 #include <memory>   // unique_ptr<Worker>
 #include <vector>   // workers
@@ -66,7 +68,10 @@ class WorkOrchestrator {
   /** Refuses new tasks, lets workers drain their lanes, joins them and frees the queue. */
   void Stop() {
     if (workers_.empty()) return;
-    accepting_.Store(0, MemOrder::kRelease);
+    accepting_.Store(0, MemOrder::kSeqCst);  // seq_cst: before reading submitting_ (Dekker)
+    // Submits already past the check finish their push (workers still drain, so a full lane
+    // frees up); the tasks they pushed are run before the workers stop.
+    while (submitting_.Load(MemOrder::kSeqCst) != 0) sched_yield();
     for (auto &w : workers_) w->RequestStop();
     for (auto &w : workers_) w->Join();
     workers_.clear();
@@ -91,12 +96,21 @@ class WorkOrchestrator {
     const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
     Worker *me = tls_current_worker;
     if (me != nullptr && me->GetRole() == (high ? WorkerRole::kHighLatency : WorkerRole::kLowLatency)) {
-      me->PushLocal(t);
+      me->PushLocal(t);  // a worker: Stop joins it before freeing anything
       return true;
+    }
+    // Other threads (transport servers, applications) are counted, so that Stop frees the
+    // lanes only once none of them is still pushing into one.
+    // seq_cst: count, then check accepting_; Stop does the reverse (Dekker).
+    submitting_.FetchAdd(1, MemOrder::kSeqCst);
+    if (CHI_UNLIKELY(accepting_.Load(MemOrder::kSeqCst) == 0)) {
+      submitting_.FetchSub(1, MemOrder::kRelease);
+      return false;
     }
     thread_local u32 rotate = 0;
     const std::vector<Worker *> &set = high ? high_ : low_;
     SubmitTo(set[rotate++ % set.size()], t);
+    submitting_.FetchSub(1, MemOrder::kRelease);  // release: our push before Stop's free
     return true;
   }
 
@@ -151,6 +165,7 @@ class WorkOrchestrator {
   u32 lanes_per_worker_ = 1;
   TaskQueue *queue_ = nullptr;
   Atomic<u32> accepting_;
+  alignas(kCacheLine) Atomic<u32> submitting_;  ///< non-worker threads inside Submit
 };
 
 // ---- Fan-out (Range / Broadcast), run inside the original task's fiber ----

@@ -3,7 +3,9 @@
 // runtime task it suspends the fiber instead, so the worker keeps running
 // other tasks. Dropping an unfinished Future hands the task to the runtime,
 // which frees it on completion. In a GPU kernel the same calls poll the task's
-// GPU slot instead (chi/gpu/gpu_client.h defines the device path).
+// GPU slot instead (chi/gpu/gpu_client.h defines the device path). While a host
+// thread spins it runs the process's WaitHelper, if one is installed (a pure client's
+// shm transport: the waiting caller delivers ready answers itself).
 #pragma once
 
 #include <sched.h>  // sched_yield while polling
@@ -34,6 +36,71 @@ template <typename TaskT>
 CHI_CROSS_FUN void ReleaseTask(TaskT *task);
 }  // namespace gpu
 #endif
+
+/**
+ * A per-process hook that a thread spinning in Future::Wait runs on every poll (only
+ * there: never in a runtime fiber, never on a GPU, never once the thread parks). A pure
+ * client's transport installs one so that a waiting caller takes ready answers off the
+ * wire itself instead of waiting for the transport's receiver thread to wake it. A plain
+ * function pointer, not a virtual: with none installed a poll costs one relaxed load.
+ */
+class WaitHelper {
+ public:
+  using Fn = void (*)(void *ctx);
+  /** The helper calls fn(ctx); fn must be cheap when it has nothing to do, and never block. */
+  constexpr WaitHelper(Fn fn, void *ctx) : fn_(fn), ctx_(ctx) {}
+
+  /** Installs h unless another helper is installed; true when h is now the helper. */
+  static bool Install(WaitHelper *h) {
+    WaitHelper *none = nullptr;
+    // release: fn_/ctx_ and whatever ctx points to are set up before a waiter runs them.
+    return installed_.CompareExchange(none, h, MemOrder::kRelease);
+  }
+
+  /** Uninstalls h (if installed) and returns once no thread is running any helper. */
+  static void Remove(WaitHelper *h) {
+    WaitHelper *expected = h;
+    // seq_cst: clear, then read the count (Dekker with Run's count-then-load).
+    installed_.CompareExchange(expected, nullptr, MemOrder::kSeqCst);
+    // seq_cst: the second half of that pair; a runner we see leaves with release.
+    while (running_.Load(MemOrder::kSeqCst) != 0) sched_yield();
+  }
+
+  /**
+   * Counts a thread entering Future::Wait's spin phase while a helper is installed;
+   * true when counted (pair it with EndSpin). The helper's owner reads Spinners() to
+   * leave ready answers to the waiting callers first.
+   */
+  static bool BeginSpin() {
+    // relaxed: a hint for the helper's owner; nothing is published through it.
+    if (installed_.Load(MemOrder::kRelaxed) == nullptr) return false;
+    spinners_.FetchAdd(1, MemOrder::kRelaxed);
+    return true;
+  }
+  /** Ends what a successful BeginSpin counted. */
+  static void EndSpin() { spinners_.FetchSub(1, MemOrder::kRelaxed); }  // relaxed: a hint
+  /** Threads spinning in Future::Wait with a helper installed right now (a hint). */
+  static u32 Spinners() { return spinners_.Load(MemOrder::kRelaxed); }  // relaxed: a hint
+
+  /** Runs the installed helper, if any (Future::Wait's spin loop). */
+  static void Run() {
+    // relaxed: only a hint; the helper is re-read below inside the count.
+    if (installed_.Load(MemOrder::kRelaxed) == nullptr) return;
+    // seq_cst: count, then load the helper; Remove does the reverse, so it waits for us
+    // or we see its nullptr.
+    running_.FetchAdd(1, MemOrder::kSeqCst);
+    if (WaitHelper *h = installed_.Load(MemOrder::kSeqCst)) h->fn_(h->ctx_);
+    // release: our use of the helper happens before Remove sees the count drop.
+    running_.FetchSub(1, MemOrder::kRelease);
+  }
+
+ private:
+  Fn fn_;
+  void *ctx_;
+  static inline Atomic<WaitHelper *> installed_{nullptr};
+  static inline Atomic<u32> running_{0};   ///< threads inside Run's call right now
+  static inline Atomic<u32> spinners_{0};  ///< threads in a counted spin phase
+};
 
 /** Owns one submitted task until it completes and the caller is done with it. */
 template <typename TaskT>
@@ -128,18 +195,34 @@ class Future {
   }
 
   bool WaitOnThread(float max_sec) {
-    // Poll for a fixed time (PAUSE costs 10-140 cycles by CPU). Every 64 polls,
-    // read the clock and yield the CPU: a worker we just woke is often placed on
-    // this very CPU by the scheduler, and must not wait for our time slice to end.
+    const bool counted = WaitHelper::BeginSpin();
+    const bool done = SpinOnThread();
+    if (counted) WaitHelper::EndSpin();
+    if (done) return true;
+    return ParkOnThread(max_sec);
+  }
+
+  /** Wait's spin phase on a thread: true when the task completed within kSpinNs. */
+  bool SpinOnThread() {
+    // Poll for a fixed time (PAUSE costs 10-140 cycles by CPU), running the process's
+    // wait helper on each poll. Every 64 polls, read the clock and yield the CPU: a
+    // worker we just woke is often placed on this very CPU by the scheduler, and must
+    // not wait for our time slice to end.
     const u64 spin_start = NowNs();
     for (u32 i = 1;; ++i) {
       if (task_->IsComplete()) return true;
+      WaitHelper::Run();
+      if (task_->IsComplete()) return true;
       CpuRelax();
       if ((i & 63) == 0) {
-        if (NowNs() - spin_start >= kSpinNs) break;
+        if (NowNs() - spin_start >= kSpinNs) return false;
         sched_yield();
       }
     }
+  }
+
+  /** Wait's second phase: parks on the task's state word until completion or max_sec. */
+  bool ParkOnThread(float max_sec) {
     const u64 deadline = max_sec > 0 ? NowNs() + static_cast<u64>(max_sec * 1e9) : 0;
     for (;;) {
       u32 s = task_->state_.Load(MemOrder::kAcquire);

@@ -26,7 +26,7 @@
 namespace chi {
 
 /** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
-inline constexpr u32 kConnectProtocolVersion = 1;
+inline constexpr u32 kConnectProtocolVersion = 2;
 /** Bumped whenever RuntimeHeader (the start of the main segment) changes. */
 inline constexpr u32 kRuntimeHeaderVersion = 1;
 inline constexpr u64 kRuntimeHeaderMagic = 0x5254494843ull;  // "CHITR"
@@ -67,10 +67,16 @@ struct ConnectAnswer {
   u64 client_id = 0;                  ///< this client's registration number
   std::vector<SegmentInfo> segments;  ///< main, client data, runtime data
   std::vector<char> shm_info;         ///< the shm server's serialized info (empty: none)
+  /**
+   * The runtime's GPU queues a client may attach (chi/gpu/gpu_connect_info.h, versioned
+   * inside); empty when the runtime has no GPU or cannot share its queues.
+   */
+  std::vector<char> gpu_info;
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(rc, msg, protocol_version, runtime_pid, node_id, port, client_id, segments, shm_info);
+    ar(rc, msg, protocol_version, runtime_pid, node_id, port, client_id, segments, shm_info,
+       gpu_info);
   }
   /** The answer as a Status (ok when accepted). */
   Status ToStatus() const {

@@ -32,6 +32,13 @@ class RequestDispatcher {
   RequestDispatcher(PoolManager *pools, WorkOrchestrator *orch) : pools_(pools), orch_(orch) {}
 
   /**
+   * Where requests for a GPU route (LocalGpuBcast, ToLocalGpu) go instead of the workers:
+   * the runtime's GPU transport, read at each request (it comes and goes with the GPUs).
+   * Without it, or while it is null, those requests reach the router, which refuses them.
+   */
+  void RouteGpuTo(const Atomic<ClientTransport *> *gpu) { gpu_ = gpu; }
+
+  /**
    * Decodes one request and submits its task with `completer` and `cookie`
    * attached (the completer later calls EncodeAnswer). On failure returns false
    * and fills `error_answer` with an answer carrying the error for the client.
@@ -85,6 +92,12 @@ class RequestDispatcher {
     t->completer_ = completer;
     t->transport_cookie_ = cookie;
     t->request_id_ = request_id;  // echoed back in the answer
+    if (gpu_ != nullptr && t->pool_query_.IsGpuRoute()) {
+      // acquire: the GPU transport is fully started before we hand it tasks.
+      if (ClientTransport *g = gpu_->Load(MemOrder::kAcquire); g != nullptr && g->Send(t)) {
+        return true;  // the GPU transport completes it (answer or error) through completer_
+      }
+    }
     if (!orch_->Submit(t)) {
       t->completer_ = nullptr;
       DeleteTask(t);
@@ -115,6 +128,7 @@ class RequestDispatcher {
 
  private:
   PoolManager *pools_;
+  const Atomic<ClientTransport *> *gpu_ = nullptr;  ///< see RouteGpuTo
   WorkOrchestrator *orch_;
 };
 

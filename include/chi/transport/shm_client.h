@@ -1,49 +1,29 @@
 // ShmClientTransport: a pure client's connection to a runtime on this node through the
 // runtime's segment (ShmServer). Send streams the task into its slot's request ring on the
-// caller's thread; a receiver thread completes tasks from the answers and watches the
-// runtime, failing every outstanding task if it dies. Invariant: an outstanding task sits
-// in one table entry, and only whoever clears the entry (answer, failure, close) completes it.
+// caller's thread; the receiving half (ShmClientReceiver, shm_client_receive.h) completes
+// tasks from the answers and fails every outstanding task if the runtime dies. One
+// connection, one runtime: ShmReconnectingTransport (shm_reconnect.h) replaces a lost one.
+// Invariant: one writer at a time streams requests (the writer_ role).
 #pragma once
 
-#include <pthread.h>  // pthread_setname_np for the receiver thread
-#include <sched.h>    // sched_yield while Close waits for a writer to leave
+#include <sched.h>  // sched_yield while Close waits for a writer to leave
 
-#include <cstdio>   // snprintf of failure messages
-#include <cstring>  // memcpy of request ids
-#include <memory>   // unique_ptr
-#include <thread>   // the receiver thread
-#include <vector>   // request and answer buffers
+#include <memory>  // unique_ptr
+#include <vector>  // the request buffer
 
 #include "chi/core/atomic.h"                   // Atomic, CpuRelax
 #include "chi/core/status.h"                   // Status, ErrorCode
 #include "chi/queue/wait_event.h"              // WaitEvent, AwaitOp, deadlines
-#include "chi/task/task_ops.h"                 // CompleteTask
-#include "chi/transport/request_dispatcher.h"  // EncodeRequest, DecodeAnswer
-#include "chi/transport/shm_process.h"         // the runtime's liveness
+#include "chi/transport/request_dispatcher.h"  // EncodeRequest
+#include "chi/transport/shm_client_receive.h"  // ShmClientReceiver: answers, table, liveness
 #include "chi/transport/shm_segment.h"         // segment layout, ShmServerInfo
-#include "chi/transport/shm_stream.h"          // request and answer streams
-#include "chi/transport/transport.h"           // ClientTransport
+#include "chi/transport/shm_stream.h"          // the request stream
 
 namespace chi {
 
 /** A connection to one runtime through its shared-memory segment. */
-class ShmClientTransport final : public ClientTransport {
+class ShmClientTransport final : public ShmClientReceiver {
  public:
-  /**
-   * How long the receiver spins on an empty answer stream before it parks: short, since
-   * with fewer cores than spinning threads, spinning delays the threads we wait for.
-   */
-  static constexpr u64 kReceiverSpinNs = 10000;
-  /**
-   * The same while tasks are outstanding: an answer is due, and a parked receiver costs
-   * the runtime a futex wake and us a wake-up per answer. It yields every 64 polls.
-   */
-  static constexpr u64 kReceiverBusySpinNs = 200000;
-  /** How often a waiting side checks that the runtime is alive while tasks are out. */
-  static constexpr u64 kPeerCheckNs = 10000000;
-  /** The same with nothing outstanding. */
-  static constexpr u64 kIdleCheckNs = 200000000;
-
   /**
    * Attaches the segment `info` names, checks it (kNotFound, kSizeMismatch,
    * kVersionMismatch, kPeerDead for a runtime that is gone) and claims a free client
@@ -87,8 +67,17 @@ class ShmClientTransport final : public ClientTransport {
     return true;
   }
 
-  /** Fails every outstanding task with kShutdown and hands the slot back. Idempotent. */
+  /** Fails every outstanding task with kShutdown, hands the slot back, unmaps. Idempotent. */
   void Close() override {
+    Retire();
+    segment_.Detach();
+  }
+
+  /**
+   * Close without unmapping the segment: a sender that still holds this connection may
+   * read the runtime's state (Usable) until the owner calls Close. Idempotent.
+   */
+  void Retire() {
     if (closed_.Exchange(1, MemOrder::kSeqCst) != 0 || slot_ == nullptr) return;
     table_room_.Notify();  // a writer parked for room sees closed_ and leaves
     slot_->request_room_.Notify();
@@ -99,9 +88,7 @@ class ShmClientTransport final : public ClientTransport {
       sched_yield();
     }
     FailSubmissions(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
-    rx_stop_.Store(1, MemOrder::kSeqCst);  // seq_cst: the receiver's park re-check reads it
-    slot_->answer_ready_.Notify();
-    if (receiver_.joinable()) receiver_.join();
+    StopReceiving();  // no caller helps and the receiver has left: the stream is ours
     Fail(ErrorCode::kShutdown, "shm transport: closed with the task outstanding");
     // acquire: a reclaim by the runtime (new generation) is seen with what it reset.
     if (slot_->owner_pid_.Load(MemOrder::kAcquire) == self_.pid &&
@@ -111,8 +98,18 @@ class ShmClientTransport final : public ClientTransport {
     }
     header_->membership_seq_.FetchAdd(1, MemOrder::kSeqCst);
     header_->server_event_.Notify();
-    slot_ = nullptr;
-    segment_.Detach();
+  }
+
+  /**
+   * True while new tasks can go this way: the connection has not failed and the runtime
+   * still serves (a stopping runtime refuses new requests before its stop reaches the
+   * receiver). Safe on a retired connection; not after Close.
+   */
+  bool Usable() const {
+    // acquire: as in Failure; relaxed state: a line the runtime writes only at start and stop.
+    return failure_.Load(MemOrder::kAcquire) == 0 && closed_.Load(MemOrder::kAcquire) == 0 &&
+           header_->runtime_state_.Load(MemOrder::kRelaxed) ==
+               static_cast<u32>(ShmRuntimeState::kServing);
   }
 
   const char *Name() const override { return "shm"; }
@@ -121,28 +118,8 @@ class ShmClientTransport final : public ClientTransport {
   u32 SlotIndex() const { return slot_index_; }
   /** The mapped segment (tests and diagnostics). */
   ShmSegment &Segment() { return segment_; }
-  /** Why the connection failed (kOk while healthy). */
-  ErrorCode Failure() const {
-    // acquire: the tasks failed before the code was stored are complete.
-    return static_cast<ErrorCode>(failure_.Load(MemOrder::kAcquire));
-  }
-  /** Tasks sent and not yet answered. */
-  u32 Outstanding() const {
-    // acquire: a snapshot of two counters (released never passes claimed).
-    u64 released = released_.Load(MemOrder::kAcquire);
-    return static_cast<u32>(claimed_.Load(MemOrder::kAcquire) - released);
-  }
-  /** Answers that matched no outstanding task (ignored). */
-  u64 StrayAnswers() const { return stray_answers_.Load(MemOrder::kRelaxed); }
 
  private:
-  /** One outstanding task: word = its request id (0 = free), task = the Task*. */
-  struct alignas(32) Entry {
-    Atomic<u64> word;
-    Atomic<u64> task;
-    u32 seq = 0;  ///< the writer's use count, the high half of request ids
-  };
-
   ShmClientTransport() = default;
 
   /** Attaches, checks and claims a slot; starts the receiver. */
@@ -183,7 +160,7 @@ class ShmClientTransport final : public ClientTransport {
     // seq_cst: the runtime's park re-check reads the sequence (Dekker with Notify).
     header_->membership_seq_.FetchAdd(1, MemOrder::kSeqCst);
     header_->server_event_.Notify();
-    receiver_ = std::thread([this] { ReceiveLoop(); });
+    StartReceiving();
     return Status::Ok();
   }
 
@@ -354,257 +331,13 @@ class ShmClientTransport final : public ClientTransport {
     }
   }
 
-  /** True once the connection failed or was closed (seq_cst: part of park re-checks). */
-  bool Unhealthy() const {
-    return failure_.Load(MemOrder::kSeqCst) != 0 || closed_.Load(MemOrder::kSeqCst) != 0;
-  }
-
-  /** The error a task gets when the connection can no longer carry it. */
-  Status FailureStatus() const {
-    // acquire: failure_msg_ was written before failure_.
-    if (u32 code = failure_.Load(MemOrder::kAcquire); code != 0) {
-      return Status::Error(static_cast<ErrorCode>(code), failure_msg_);
-    }
-    return Status::Error(ErrorCode::kShutdown, "shm transport: closed");
-  }
-
-  /** Completes a task that never got an entry. */
-  static void FailTask(Task *t, ErrorCode code, const char *msg) {
-    t->SetError(code, msg);
-    CompleteTask(t);
-  }
-
-  /** Completes entry idx's task with an error if it still holds request `id`. */
-  void TakeAndFail(u32 idx, u64 id, ErrorCode code, const char *msg) {
-    Entry &e = entries_[idx];
-    Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));  // relaxed: ours
-    u64 expected = id;
-    // acq_rel: exactly one of answer, failure sweep or this takes the entry.
-    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) return;
-    ReleaseEntry();
-    FailTask(t, code, msg);
-  }
-
-  /** Counts a freed entry and wakes a writer waiting for one. */
-  void ReleaseEntry() {
-    // seq_cst: the writer's park re-check reads the count (Dekker with Notify).
-    released_.FetchAdd(1, MemOrder::kSeqCst);
-    table_room_.Notify();
-  }
-
-  // ---- Receiving (the receiver thread) ----
-
-  void ReceiveLoop() {
-    pthread_setname_np(pthread_self(), "chi-shm-client");
-    for (;;) {
-      ShmStream::Piece p;
-      switch (ans_->Peek(&p)) {
-        case ShmStream::PeekResult::kReady:
-          if (!OnPiece(p)) return;
-          break;
-        case ShmStream::PeekResult::kCorrupt:
-          Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
-          return;
-        case ShmStream::PeekResult::kEmpty:
-          if (!AwaitAnswer()) return;
-          break;
-      }
-    }
-  }
-
-  /** Takes one answer record; false when the stream is out of step (the connection fails). */
-  bool OnPiece(const ShmStream::Piece &p) {
-    if (!rx_assembling_) {
-      if (p.kind != ShmStream::kBegin) {
-        Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
-        return false;
-      }
-      if (p.bytes == p.message_bytes && p.Contiguous()) {
-        Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
-        ans_->Consume(p);
-        NotifyRuntimeRoom();
-        return true;
-      }
-      rx_.clear();
-      rx_total_ = p.message_bytes;
-      rx_assembling_ = true;
-    } else if (p.kind != ShmStream::kMore || p.bytes > rx_total_ - rx_.size()) {
-      Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
-      return false;
-    }
-    rx_.insert(rx_.end(), p.first, p.first + p.first_bytes);
-    rx_.insert(rx_.end(), p.second, p.second + p.second_bytes);
-    ans_->Consume(p);
-    NotifyRuntimeRoom();
-    if (rx_.size() == rx_total_) {
-      rx_assembling_ = false;
-      Deliver(rx_.data(), rx_.size());
-      RecycleBuffer(&rx_);
-    }
-    return true;
-  }
-
-  /** Completes the task an answer names; answers naming no outstanding task are ignored. */
-  void Deliver(const char *data, u64 len) {
-    u64 id = 0;
-    if (len >= kEnvelopeHeaderBytes) std::memcpy(&id, data, sizeof(id));
-    const u32 idx = static_cast<u32>(id);
-    if (id == 0 || idx >= table_size_) {
-      stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
-      return;
-    }
-    Entry &e = entries_[idx];
-    // relaxed: the request -> runtime -> answer chain orders the writer's store before us.
-    Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
-    u64 expected = id;
-    // acq_rel: exactly one of answer, failure sweep or a failed send takes the entry.
-    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) {
-      stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
-      return;
-    }
-    DecodeAnswer(t, data, len);
-    ReleaseEntry();
-    CompleteTask(t);
-  }
-
-  /** Tells a runtime that waits for room in our answer stream that there is some. */
-  void NotifyRuntimeRoom() {
-    // seq_cst: after our seq_cst consume; pairs with the runtime's flag-then-re-check.
-    if (slot_->runtime_needs_room_.Load(MemOrder::kSeqCst) != 0) header_->server_event_.Notify();
-  }
-
-  /** Waits for the next answer; false when the receiver should stop. */
-  bool AwaitAnswer() {
-    const u64 start = MonotonicNs();
-    for (u32 i = 1;; ++i) {
-      if (ans_->HasData()) return true;
-      if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
-      CpuRelax();
-      if ((i & 63) != 0) continue;
-      const u64 spun = MonotonicNs() - start;
-      if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) break;
-      // A thread we are waiting for (a runtime worker, the caller) may share this CPU.
-      sched_yield();
-    }
-    for (;;) {
-      const u64 period = Outstanding() != 0 ? kPeerCheckNs : kIdleCheckNs;
-      WaitResult r = slot_->answer_ready_.Wait(
-          [&] {
-            // seq_cst: re-checks against the runtime's publishes and Close's stop flag.
-            return ans_->HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
-                   slot_->state_.Load(MemOrder::kSeqCst) !=
-                       static_cast<u32>(ShmSlotState::kActive) ||
-                   header_->runtime_state_.Load(MemOrder::kSeqCst) ==
-                       static_cast<u32>(ShmRuntimeState::kStopped);
-          },
-          DeadlineAfter(period), rx_waits_);
-      if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
-      if (ans_->HasData()) return true;
-      if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
-    }
-  }
-
-  /**
-   * Checks the slot and the runtime (the process itself only when check_process);
-   * fails the connection and returns false when they are gone. Answers already in
-   * the stream are still delivered first (the caller re-checks it).
-   */
-  bool PeerHealthy(bool check_process) {
-    char msg[Status::kMaxMessage];
-    ErrorCode code = ErrorCode::kOk;
-    // acquire: whatever the runtime wrote before changing the state is visible after.
-    const u32 state = slot_->state_.Load(MemOrder::kAcquire);
-    const u32 runtime_state = header_->runtime_state_.Load(MemOrder::kAcquire);
-    if (state == static_cast<u32>(ShmSlotState::kBroken)) {
-      u32 why = slot_->broken_code_.Load(MemOrder::kRelaxed);  // relaxed: set before the state
-      code = why != 0 ? static_cast<ErrorCode>(why) : ErrorCode::kMalformed;
-      std::snprintf(msg, sizeof(msg),
-                    "shm transport: runtime pid %u reset this connection: it received a bad "
-                    "request stream (%s)",
-                    runtime_.pid, ErrorName(code));
-    } else if (slot_->owner_pid_.Load(MemOrder::kAcquire) != self_.pid ||  // acquire: reclaim
-               slot_->generation_.Load(MemOrder::kAcquire) != generation_ ||
-               state != static_cast<u32>(ShmSlotState::kActive)) {
-      code = ErrorCode::kPeerDead;
-      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u took this connection back",
-                    runtime_.pid);
-    } else if (runtime_state == static_cast<u32>(ShmRuntimeState::kStopped)) {
-      code = ErrorCode::kShutdown;
-      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u stopped", runtime_.pid);
-    } else if (check_process && !IsProcessAlive(runtime_)) {
-      code = ErrorCode::kPeerDead;
-      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u died", runtime_.pid);
-    }
-    if (code == ErrorCode::kOk) return true;
-    if (ans_->HasData()) return false;  // deliver what arrived before the end first
-    Fail(code, msg);
-    return false;
-  }
-
-  /**
-   * Marks the connection failed (first reason wins) and completes every outstanding
-   * task with it. Called by the receiver thread, or by Close once it has stopped.
-   */
-  void Fail(ErrorCode code, const char *msg) {
-    if (failure_.Load(MemOrder::kRelaxed) == 0) {  // relaxed: only this thread stores it
-      std::snprintf(failure_msg_, sizeof(failure_msg_), "%s", msg);
-      // seq_cst: writers read it after publishing an entry (Dekker with the sweep below).
-      failure_.Store(static_cast<u32>(code), MemOrder::kSeqCst);
-    }
-    // relaxed: stored by this thread (or by the receiver that Close has joined).
-    const ErrorCode first = static_cast<ErrorCode>(failure_.Load(MemOrder::kRelaxed));
-    for (u32 i = 0; i < table_size_; ++i) {
-      Entry &e = entries_[i];
-      // acq_rel: take the entry (see TakeAndFail); acquire sees its task pointer.
-      u64 id = e.word.Exchange(0, MemOrder::kAcqRel);
-      if (id == 0) continue;
-      // relaxed: the Exchange above acquired the writer's release of the entry.
-      Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
-      ReleaseEntry();
-      FailTask(t, first, failure_msg_);
-    }
-    table_room_.Notify();
-    slot_->request_room_.Notify();
-  }
-
-  ShmSegment segment_;
-  ShmSegmentHeader *header_ = nullptr;
-  ShmClientSlot *slot_ = nullptr;
-  ShmStream *req_ = nullptr;
-  ShmStream *ans_ = nullptr;
-  u32 slot_index_ = 0;
-  u32 generation_ = 0;
-  ProcessIdentity self_;
-  ProcessIdentity runtime_;
-  u64 max_message_bytes_ = 0;
-  u32 table_size_ = 0;
-  std::unique_ptr<Entry[]> entries_;
-
-  // Senders.
+  // The writer's.
   alignas(kCacheLine) Atomic<u64> submit_head_;  ///< stack of tasks to send (link: cookie)
   Atomic<u32> writer_;    ///< 1 while a thread streams requests (Close keeps it)
   u32 cursor_ = 0;        ///< the writer's next entry to try
-  Atomic<u64> claimed_;   ///< entries the writer has taken, ever
   u64 released_seen_ = 0; ///< the writer's last view of released_
   std::vector<char> tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
-  // Written only when a writer parks; read by every release.
-  alignas(kCacheLine) WaitEvent table_room_;  ///< a writer parks here while the table is full
-
-  // Read on every send, written once.
-  alignas(kCacheLine) Atomic<u32> closed_;
-  Atomic<u32> failure_;  ///< ErrorCode that ended the connection (0 = healthy)
-  char failure_msg_[Status::kMaxMessage] = {};
-
-  // The receiver's.
-  alignas(kCacheLine) Atomic<u64> released_;  ///< entries freed, ever (answers and failures)
-  Atomic<u32> rx_stop_;
-  Atomic<u64> stray_answers_;
-  WaitStats rx_waits_;  ///< the receiver's parks
-  std::vector<char> rx_;
-  u64 rx_total_ = 0;
-  bool rx_assembling_ = false;
-  std::thread receiver_;
 };
 
 }  // namespace chi

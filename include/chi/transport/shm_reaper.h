@@ -254,8 +254,8 @@ class ShmReaper {
     serving_bits_[i / 64].FetchAnd(~(1ull << (i % 64)), MemOrder::kRelaxed);
     // seq_cst: completers that read it from now on drop their answers.
     s.draining.Store(1, MemOrder::kSeqCst);
-    s.assembling = false;
-    RecycleBuffer(&s.assembly);
+    // The partial request (assembling, assembly) belongs to the reader flag's holder; a
+    // worker may hold it now. Reset clears both under the flag.
     for (size_t k = 0; k < serving_.size(); ++k) {
       if (serving_[k] == i) {
         serving_[k] = serving_.back();

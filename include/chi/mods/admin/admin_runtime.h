@@ -1,10 +1,14 @@
 // Runtime half of the admin module: creates pools (running each container's
-// kCreate), destroys them once drained, stops the runtime, reports statistics.
+// kCreate), destroys them once drained, stops the runtime, reports statistics,
+// records client memory registrations and sets up GPU containers on request.
 // Always registered: the runtime creates the admin pool (kAdminPoolId) at start.
 #pragma once
 
+#include <unistd.h>  // getpid: the runtime's own memory needs no IPC handle
+
 #include <memory>  // unique_ptr<PoolInfo>
 
+#include "chi/gpu/gpu_ipc_cache.h"         // ClientMemory, GpuHooks (CUDA-free)
 #include "chi/mods/admin/admin_tasks.h"     // task types
 #include "chi/module/module_manager.h"      // registration
 #include "chi/module/module_runtime.h"      // ModuleRuntime, chi::Method
@@ -95,6 +99,39 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     if (on_stop_ != nullptr) on_stop_();
   }
 
+  /**
+   * Records a client's memory (chi::gpu::ClientMemory). Device memory of another process
+   * needs this runtime's GPU layer; its IPC handle is opened on first use, not here.
+   */
+  void RegisterMemory(RegisterMemoryTask &task, chi::RunContext &) {
+    chi::gpu::MemoryRegistration reg = task.reg_;
+    if (reg.pid != task.task_id_.pid_) {
+      return task.SetErrorf(chi::ErrorCode::kInvalidArgument,
+                            "RegisterMemory: registration names pid %u but came from pid %u",
+                            reg.pid, task.task_id_.pid_);
+    }
+    if (reg.type == chi::gpu::MemoryType::kGpuDeviceMemory &&
+        reg.pid != static_cast<chi::u32>(getpid()) &&
+        chi::gpu::GpuHooks::Get().runtime_ops.Load(chi::MemOrder::kAcquire) == nullptr) {
+      const chi::Status st = chi::gpu::HookedIpcOpener::NoGpu();
+      return task.SetError(st.code(), st.message());
+    }
+    chi::Status st = chi::gpu::ClientMemory().Register(reg);
+    if (!st.ok()) task.SetError(st.code(), st.message());
+  }
+
+  /** Gives GPU gpu_id_ a container for pool target_ (GpuManager does the work). */
+  void GpuAttachPool(GpuAttachPoolTask &task, chi::RunContext &) {
+    chi::gpu::EnsureGpuPoolFn ensure =
+        chi::gpu::GpuHooks::Get().ensure_pool.Load(chi::MemOrder::kAcquire);
+    if (ensure == nullptr) {
+      return task.SetError(chi::ErrorCode::kUnsupported,
+                           "this runtime has no GPU (or was built without CUDA/HIP)");
+    }
+    chi::Status st = ensure(task.gpu_id_, task.target_);
+    if (!st.ok()) task.SetError(st.code(), st.message());
+  }
+
   /** Fills the report with every worker's and pool's counters. */
   void MonitorStats(MonitorTask &task, chi::RunContext &) {
     MonitorReport report;
@@ -112,7 +149,11 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
       chi::Method<Method::kMonitor, MonitorTask, &Runtime::MonitorStats, "Monitor">,
       chi::Method<Method::kCreatePool, CreatePoolTask, &Runtime::CreatePool, "CreatePool">,
       chi::Method<Method::kDestroyPool, DestroyPoolTask, &Runtime::DestroyPool, "DestroyPool">,
-      chi::Method<Method::kStopRuntime, StopRuntimeTask, &Runtime::StopRuntime, "StopRuntime">>;
+      chi::Method<Method::kStopRuntime, StopRuntimeTask, &Runtime::StopRuntime, "StopRuntime">,
+      chi::Method<Method::kRegisterMemory, RegisterMemoryTask, &Runtime::RegisterMemory,
+                  "RegisterMemory">,
+      chi::Method<Method::kGpuAttachPool, GpuAttachPoolTask, &Runtime::GpuAttachPool,
+                  "GpuAttachPool">>;
 
  private:
   chi::PoolManager *pools_ = nullptr;

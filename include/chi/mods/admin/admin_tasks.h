@@ -1,5 +1,6 @@
 // Tasks of the admin module (chimaera::admin): pool creation and destruction,
-// runtime stop, and the Monitor report. Method ids match chimaera_mod.yaml.
+// runtime stop, the Monitor report, client memory registration and GPU pool set-up.
+// Method ids match chimaera_mod.yaml.
 #pragma once
 
 #include <string_view>  // names
@@ -7,6 +8,7 @@
 
 #include "chi/core/fixed_string.h"   // names inside tasks
 #include "chi/core/ids.h"            // PoolId
+#include "chi/gpu/gpu_ipc_cache.h"   // MemoryRegistration (CUDA-free)
 #include "chi/runtime/pool_manager.h"  // PoolStats
 #include "chi/runtime/worker.h"      // WorkerStats
 #include "chi/serialize/archive.h"   // report encoding
@@ -22,6 +24,8 @@ struct Method {
   static constexpr chi::MethodId kCreatePool = 10;
   static constexpr chi::MethodId kDestroyPool = 11;
   static constexpr chi::MethodId kStopRuntime = 12;
+  static constexpr chi::MethodId kRegisterMemory = 13;
+  static constexpr chi::MethodId kGpuAttachPool = 14;
 };
 
 /** Name under which the admin module registers. */
@@ -75,6 +79,41 @@ struct DestroyPoolTask : public chi::Task {
 struct StopRuntimeTask : public chi::Task {
   template <typename Ar>
   void SerializeIn(Ar &) {}
+  template <typename Ar>
+  void SerializeOut(Ar &) {}
+};
+
+/**
+ * Tells the runtime about a client's memory (IpcManager::RegisterMemory sends it). Device
+ * memory carries its allocation's IPC handle; the runtime opens it on first use.
+ */
+struct RegisterMemoryTask : public chi::Task {
+  IN chi::gpu::MemoryRegistration reg_;
+
+  RegisterMemoryTask() = default;
+  explicit RegisterMemoryTask(const chi::gpu::MemoryRegistration &reg) : reg_(reg) {}
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(reg_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &) {}
+};
+
+/**
+ * Makes sure GPU gpu_id_ of the runtime has a container for pool target_ (a client that
+ * submits straight into the GPU's queue asks once per pool; the runtime's GpuManager builds it).
+ */
+struct GpuAttachPoolTask : public chi::Task {
+  IN chi::u32 gpu_id_ = 0;
+  IN chi::PoolId target_;
+
+  GpuAttachPoolTask() = default;
+  GpuAttachPoolTask(chi::u32 gpu_id, chi::PoolId target) : gpu_id_(gpu_id), target_(target) {}
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(gpu_id_, target_);
+  }
   template <typename Ar>
   void SerializeOut(Ar &) {}
 };

@@ -46,6 +46,12 @@ class Client : public chi::ContainerClient {
         MakeTask<GpuSubmitTask>(pool_id_, query, Method::kGpuSubmit, gpu_id, test_value));
 #endif
   }
+  /** The runtime reads [address, address + bytes) this process registered (a checksum). */
+  chi::Future<ReadRegisteredTask> AsyncReadRegistered(const chi::PoolQuery &query,
+                                                      const void *address, chi::u64 bytes) {
+    return Submit(MakeTask<ReadRegisteredTask>(pool_id_, query, Method::kReadRegistered,
+                                               reinterpret_cast<chi::u64>(address), bytes));
+  }
   /** A chain of `depth` nested subtasks; current_depth_ == depth. */
   chi::Future<WaitTestTask> AsyncWaitTest(const chi::PoolQuery &query, chi::u32 depth) {
     return Submit(MakeTask<WaitTestTask>(pool_id_, query, Method::kWaitTest, depth));

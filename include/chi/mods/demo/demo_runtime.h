@@ -2,6 +2,10 @@
 // unit registers the module ("chimaera_demo") with the embedded runtime.
 #pragma once
 
+#include <cstring>  // memcpy of the first registered bytes
+#include <vector>   // registered bytes read back
+
+#include "chi/gpu/gpu_ipc_cache.h"          // ClientMemory: registered client memory
 #include "chi/mods/demo/demo_client.h"      // subtasks use the client
 #include "chi/mods/demo/demo_tasks.h"       // task types
 #include "chi/module/module_manager.h"      // registration
@@ -76,6 +80,17 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
 
   void Count(CountTask &task, chi::RunContext &) { ++task.runs_; }
 
+  /** Reads the caller's registered memory (a test of the runtime's view of it). */
+  void ReadRegistered(ReadRegisteredTask &task, chi::RunContext &) {
+    std::vector<char> bytes;
+    chi::Status st =
+        chi::gpu::ClientMemory().Read(task.task_id_.pid_, task.address_, task.bytes_, &bytes);
+    if (!st.ok()) return task.SetError(st.code(), st.message());
+    task.checksum_ = Checksum(bytes.data(), bytes.size());
+    task.first_ = 0;
+    std::memcpy(&task.first_, bytes.data(), bytes.size() < 8 ? bytes.size() : 8);
+  }
+
   /** Dynamic(): hash the task's group onto a container (counted in via_monitor_). */
   void Monitor(chi::MonitorMode mode, chi::MethodId method, chi::Task *task,
                chi::RunContext &) override {
@@ -91,7 +106,9 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
       chi::Method<Method::kWaitTest, WaitTestTask, &Runtime::WaitTest, "WaitTest">,
       chi::Method<Method::kLargeOutput, LargeOutputTask, &Runtime::LargeOutput, "LargeOutput">,
       chi::Method<Method::kLockHold, LockHoldTask, &Runtime::LockHold, "LockHold">,
-      chi::Method<Method::kCount, CountTask, &Runtime::Count, "Count">>;
+      chi::Method<Method::kCount, CountTask, &Runtime::Count, "Count">,
+      chi::Method<Method::kReadRegistered, ReadRegisteredTask, &Runtime::ReadRegistered,
+                  "ReadRegistered">>;
 
  private:
   void Take(LockMode m) {

@@ -19,6 +19,7 @@ struct Method {
   static constexpr chi::MethodId kLargeOutput = 13;
   static constexpr chi::MethodId kLockHold = 14;
   static constexpr chi::MethodId kCount = 15;
+  static constexpr chi::MethodId kReadRegistered = 16;
 };
 
 /** Name under which the demo module registers. */
@@ -167,6 +168,39 @@ struct CountTask : public chi::Task {
   template <typename Ar>
   void SerializeOut(Ar &ar) {
     ar(runs_);
+  }
+};
+
+/** FNV-1a over `bytes` bytes: what ReadRegisteredTask reports (tests compute it too). */
+inline chi::u64 Checksum(const char *data, chi::u64 bytes) {
+  chi::u64 h = 0xcbf29ce484222325ull;
+  for (chi::u64 i = 0; i < bytes; ++i) {
+    h = (h ^ static_cast<unsigned char>(data[i])) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+/**
+ * Makes the runtime read [address_, address_ + bytes_) of memory the calling process
+ * registered (IpcManager::RegisterMemory): checksum_ = Checksum of those bytes, first_ =
+ * the first (up to) 8 of them. Proves the runtime sees the client's data.
+ */
+struct ReadRegisteredTask : public chi::Task {
+  IN chi::u64 address_ = 0;
+  IN chi::u64 bytes_ = 0;
+  OUT chi::u64 checksum_ = 0;
+  OUT chi::u64 first_ = 0;
+
+  ReadRegisteredTask() = default;
+  ReadRegisteredTask(chi::u64 address, chi::u64 bytes) : address_(address), bytes_(bytes) {}
+
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(address_, bytes_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(checksum_, first_);
   }
 };
 

@@ -1,0 +1,411 @@
+// ShmClientReceiver: the receiving half of a pure client's shm connection (ShmClientTransport
+// in shm_client.h adds the sending half). It owns the table of outstanding tasks and turns
+// answers into completed tasks, either on its receiver thread or on a caller spinning in
+// Future::Wait (through the process's WaitHelper), and watches the runtime's liveness.
+// Invariant: only the holder of the receiver role (rx_role_) reads the answer stream, and
+// only whoever clears a task's table entry (answer, failure, close) completes the task.
+#pragma once
+
+#include <pthread.h>  // pthread_setname_np for the receiver thread
+#include <sched.h>    // sched_yield while the receiver spins
+
+#include <cstdio>   // snprintf of failure messages
+#include <cstring>  // memcpy of request ids
+#include <memory>   // unique_ptr of the table
+#include <thread>   // the receiver thread
+#include <vector>   // the answer assembly buffer
+
+#include "chi/core/atomic.h"                   // Atomic, CpuRelax
+#include "chi/core/status.h"                   // Status, ErrorCode
+#include "chi/queue/wait_event.h"              // WaitEvent, deadlines
+#include "chi/task/future.h"                   // WaitHelper: callers deliver answers
+#include "chi/task/task_ops.h"                 // CompleteTask
+#include "chi/transport/request_dispatcher.h"  // DecodeAnswer
+#include "chi/transport/shm_process.h"         // the runtime's liveness
+#include "chi/transport/shm_segment.h"         // segment layout
+#include "chi/transport/shm_stream.h"          // the answer stream
+#include "chi/transport/transport.h"           // ClientTransport, kEnvelopeHeaderBytes
+
+namespace chi {
+
+/** The receiving half of one shm connection (see the file comment); a base class only. */
+class ShmClientReceiver : public ClientTransport {
+ public:
+  /**
+   * How long the receiver spins on an empty answer stream before it parks: short, since
+   * with fewer cores than spinning threads, spinning delays the threads we wait for.
+   */
+  static constexpr u64 kReceiverSpinNs = 10000;
+  /**
+   * The same while tasks are outstanding: an answer is due, and a parked receiver costs
+   * the runtime a futex wake and us a wake-up per answer. It yields every 64 polls.
+   */
+  static constexpr u64 kReceiverBusySpinNs = 200000;
+  /** How often a waiting side checks that the runtime is alive while tasks are out. */
+  static constexpr u64 kPeerCheckNs = 10000000;
+  /** The same with nothing outstanding. */
+  static constexpr u64 kIdleCheckNs = 200000000;
+  /** Most answers one turn of the role takes (the receiver or a helping caller). */
+  static constexpr u32 kAnswersPerTurn = 64;
+
+  /** Why the connection failed (kOk while healthy). */
+  ErrorCode Failure() const {
+    // acquire: the tasks failed before the code was stored are complete.
+    return static_cast<ErrorCode>(failure_.Load(MemOrder::kAcquire));
+  }
+  /** Tasks sent and not yet answered. */
+  u32 Outstanding() const {
+    // acquire: a snapshot of two counters (released never passes claimed).
+    u64 released = released_.Load(MemOrder::kAcquire);
+    return static_cast<u32>(claimed_.Load(MemOrder::kAcquire) - released);
+  }
+  /** Answers that matched no outstanding task (ignored). */
+  u64 StrayAnswers() const { return stray_answers_.Load(MemOrder::kRelaxed); }
+  /** Answers delivered by callers waiting in Future::Wait rather than the receiver thread. */
+  u64 HelpedAnswers() const { return helped_answers_.Load(MemOrder::kRelaxed); }
+  /** The runtime process this connection serves with. */
+  u32 RuntimePid() const { return runtime_.pid; }
+
+ protected:
+  /** One outstanding task: word = its request id (0 = free), task = the Task*. */
+  struct alignas(32) Entry {
+    Atomic<u64> word;
+    Atomic<u64> task;
+    u32 seq = 0;  ///< the writer's use count, the high half of request ids
+  };
+
+  ShmClientReceiver() = default;
+
+  /** Starts the receiver thread and offers this connection's answers to waiting callers. */
+  void StartReceiving() {
+    helper_installed_ = WaitHelper::Install(&helper_);  // before the thread, which reads it
+    receiver_ = std::thread([this] { ReceiveLoop(); });
+  }
+
+  /**
+   * Stops receiving for good: no caller helps any more, the receiver has left, and this
+   * thread holds the role (the answer stream is no longer read). Close's first half.
+   */
+  void StopReceiving() {
+    if (helper_installed_) WaitHelper::Remove(&helper_);  // returns once no caller helps
+    rx_stop_.Store(1, MemOrder::kSeqCst);  // seq_cst: the receiver's park re-check reads it
+    slot_->answer_ready_.Notify();
+    if (receiver_.joinable()) receiver_.join();
+    u32 idle = 0;
+    // acquire: the last holder's stream reads are done; we keep the role for good.
+    while (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      idle = 0;
+      CpuRelax();
+    }
+  }
+
+  /** True once the connection failed or was closed (seq_cst: part of park re-checks). */
+  bool Unhealthy() const {
+    return failure_.Load(MemOrder::kSeqCst) != 0 || closed_.Load(MemOrder::kSeqCst) != 0;
+  }
+
+  /** The error a task gets when the connection can no longer carry it. */
+  Status FailureStatus() const {
+    // acquire: failure_msg_ was written before failure_.
+    if (u32 code = failure_.Load(MemOrder::kAcquire); code != 0) {
+      return Status::Error(static_cast<ErrorCode>(code), failure_msg_);
+    }
+    return Status::Error(ErrorCode::kShutdown, "shm transport: closed");
+  }
+
+  /** Completes a task that never got an entry. */
+  static void FailTask(Task *t, ErrorCode code, const char *msg) {
+    t->SetError(code, msg);
+    CompleteTask(t);
+  }
+
+  /** Completes entry idx's task with an error if it still holds request `id`. */
+  void TakeAndFail(u32 idx, u64 id, ErrorCode code, const char *msg) {
+    Entry &e = entries_[idx];
+    Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));  // relaxed: ours
+    u64 expected = id;
+    // acq_rel: exactly one of answer, failure sweep or this takes the entry.
+    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) return;
+    ReleaseEntry();
+    FailTask(t, code, msg);
+  }
+
+  /** Counts a freed entry and wakes a writer waiting for one. */
+  void ReleaseEntry() {
+    // seq_cst: the writer's park re-check reads the count (Dekker with Notify).
+    released_.FetchAdd(1, MemOrder::kSeqCst);
+    table_room_.Notify();
+  }
+
+  /**
+   * Marks the connection failed (first reason wins) and completes every outstanding
+   * task with it. Called by the receiver thread, or by Close once it has stopped.
+   */
+  void Fail(ErrorCode code, const char *msg) {
+    if (failure_.Load(MemOrder::kRelaxed) == 0) {  // relaxed: only this thread stores it
+      std::snprintf(failure_msg_, sizeof(failure_msg_), "%s", msg);
+      // seq_cst: writers read it after publishing an entry (Dekker with the sweep below).
+      failure_.Store(static_cast<u32>(code), MemOrder::kSeqCst);
+    }
+    // relaxed: stored by this thread (or by the receiver that Close has joined).
+    const ErrorCode first = static_cast<ErrorCode>(failure_.Load(MemOrder::kRelaxed));
+    for (u32 i = 0; i < table_size_; ++i) {
+      Entry &e = entries_[i];
+      // acq_rel: take the entry (see TakeAndFail); acquire sees its task pointer.
+      u64 id = e.word.Exchange(0, MemOrder::kAcqRel);
+      if (id == 0) continue;
+      // relaxed: the Exchange above acquired the writer's release of the entry.
+      Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
+      ReleaseEntry();
+      FailTask(t, first, failure_msg_);
+    }
+    table_room_.Notify();
+    slot_->request_room_.Notify();
+  }
+
+  // The connection (set by Open, read-only afterwards).
+  ShmSegment segment_;
+  ShmSegmentHeader *header_ = nullptr;
+  ShmClientSlot *slot_ = nullptr;
+  ShmStream *req_ = nullptr;
+  ShmStream *ans_ = nullptr;
+  u32 slot_index_ = 0;
+  u32 generation_ = 0;
+  ProcessIdentity self_;
+  ProcessIdentity runtime_;
+  u64 max_message_bytes_ = 0;
+  u32 table_size_ = 0;
+  std::unique_ptr<Entry[]> entries_;
+
+  // The writer's (ShmClientTransport), read here by Outstanding.
+  alignas(kCacheLine) Atomic<u64> claimed_;  ///< entries the writer has taken, ever
+  // Written only when a writer parks; read by every release.
+  alignas(kCacheLine) WaitEvent table_room_;  ///< a writer parks here while the table is full
+
+  // Read on every send, written once.
+  alignas(kCacheLine) Atomic<u32> closed_;
+  Atomic<u32> failure_;  ///< ErrorCode that ended the connection (0 = healthy)
+  char failure_msg_[Status::kMaxMessage] = {};
+
+ private:
+  // ---- Receiving (the receiver thread, or a caller helping while it waits) ----
+
+  /** The WaitHelper entry point: ctx is the connection. */
+  static void HelpThunk(void *ctx) { static_cast<ShmClientReceiver *>(ctx)->HelpDeliver(); }
+
+  /**
+   * A caller spinning in Future::Wait: delivers every whole answer that is ready (any
+   * caller's, not only its own) unless someone else holds the role. Never waits, and
+   * leaves split answers, corrupt streams and failures to the receiver thread.
+   */
+  void HelpDeliver() {
+    // relaxed role test first: a busy role costs no write of its line.
+    if (!ans_->HasData() || rx_role_.Load(MemOrder::kRelaxed) != 0) return;
+    u32 idle = 0;
+    // acquire: the previous holder's stream reads (and consume) are complete before ours.
+    if (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) return;
+    u64 delivered = 0;
+    ShmStream::Piece p;
+    while (delivered < kAnswersPerTurn && !rx_assembling_ &&
+           ans_->Peek(&p) == ShmStream::PeekResult::kReady && p.kind == ShmStream::kBegin &&
+           p.bytes == p.message_bytes && p.Contiguous()) {
+      Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
+      ans_->Consume(p);
+      NotifyRuntimeRoom();
+      ++delivered;
+    }
+    rx_role_.Store(0, MemOrder::kRelease);  // release: our reads precede the next holder's
+    // relaxed: a statistic.
+    if (delivered != 0) helped_answers_.FetchAdd(delivered, MemOrder::kRelaxed);
+  }
+
+  void ReceiveLoop() {
+    pthread_setname_np(pthread_self(), "chi-shm-client");
+    bool deferred = false;
+    for (;;) {
+      if (!ans_->HasData()) {
+        deferred = false;
+        if (!AwaitAnswer()) return;
+        continue;
+      }
+      // A caller spinning in Future::Wait takes ready answers itself (HelpDeliver), sooner
+      // than a hand-off through this thread would wake it: give it the first go. What it
+      // leaves (split answers, or an answer nobody took meanwhile) is ours.
+      if (!deferred && helper_installed_ && WaitHelper::Spinners() != 0) {
+        deferred = true;
+        sched_yield();
+        continue;
+      }
+      deferred = false;
+      u32 idle = 0;
+      // acquire: as in HelpDeliver. Busy: a waiting caller is delivering; look again.
+      if (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+        CpuRelax();
+        continue;
+      }
+      bool go_on = true;
+      for (u32 n = 0; go_on && n < kAnswersPerTurn; ++n) {
+        ShmStream::Piece p;
+        const ShmStream::PeekResult r = ans_->Peek(&p);
+        if (r == ShmStream::PeekResult::kEmpty) break;
+        if (r == ShmStream::PeekResult::kCorrupt) {
+          Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
+          go_on = false;
+        } else {
+          go_on = OnPiece(p);
+        }
+      }
+      rx_role_.Store(0, MemOrder::kRelease);  // release: as in HelpDeliver
+      if (!go_on) return;
+    }
+  }
+
+  /** Takes one answer record; false when the stream is out of step (the connection fails). */
+  bool OnPiece(const ShmStream::Piece &p) {
+    if (!rx_assembling_) {
+      if (p.kind != ShmStream::kBegin) {
+        Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
+        return false;
+      }
+      if (p.bytes == p.message_bytes && p.Contiguous()) {
+        Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
+        ans_->Consume(p);
+        NotifyRuntimeRoom();
+        return true;
+      }
+      rx_.clear();
+      rx_total_ = p.message_bytes;
+      rx_assembling_ = true;
+    } else if (p.kind != ShmStream::kMore || p.bytes > rx_total_ - rx_.size()) {
+      Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
+      return false;
+    }
+    rx_.insert(rx_.end(), p.first, p.first + p.first_bytes);
+    rx_.insert(rx_.end(), p.second, p.second + p.second_bytes);
+    ans_->Consume(p);
+    NotifyRuntimeRoom();
+    if (rx_.size() == rx_total_) {
+      rx_assembling_ = false;
+      Deliver(rx_.data(), rx_.size());
+      RecycleBuffer(&rx_);
+    }
+    return true;
+  }
+
+  /** Completes the task an answer names; answers naming no outstanding task are ignored. */
+  void Deliver(const char *data, u64 len) {
+    u64 id = 0;
+    if (len >= kEnvelopeHeaderBytes) std::memcpy(&id, data, sizeof(id));
+    const u32 idx = static_cast<u32>(id);
+    if (id == 0 || idx >= table_size_) {
+      stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+      return;
+    }
+    Entry &e = entries_[idx];
+    // relaxed: the request -> runtime -> answer chain orders the writer's store before us.
+    Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
+    u64 expected = id;
+    // acq_rel: exactly one of answer, failure sweep or a failed send takes the entry.
+    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) {
+      stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+      return;
+    }
+    DecodeAnswer(t, data, len);
+    ReleaseEntry();
+    CompleteTask(t);
+  }
+
+  /** Tells a runtime that waits for room in our answer stream that there is some. */
+  void NotifyRuntimeRoom() {
+    // seq_cst: after our seq_cst consume; pairs with the runtime's flag-then-re-check.
+    if (slot_->runtime_needs_room_.Load(MemOrder::kSeqCst) != 0) header_->server_event_.Notify();
+  }
+
+  /** Waits for the next answer; false when the receiver should stop. */
+  bool AwaitAnswer() {
+    const u64 start = MonotonicNs();
+    for (u32 i = 1;; ++i) {
+      if (ans_->HasData()) return true;
+      if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
+      CpuRelax();
+      if ((i & 63) != 0) continue;
+      const u64 spun = MonotonicNs() - start;
+      if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) break;
+      // A thread we are waiting for (a runtime worker, the caller) may share this CPU.
+      sched_yield();
+    }
+    for (;;) {
+      const u64 period = Outstanding() != 0 ? kPeerCheckNs : kIdleCheckNs;
+      WaitResult r = slot_->answer_ready_.Wait(
+          [&] {
+            // seq_cst: re-checks against the runtime's publishes and Close's stop flag.
+            return ans_->HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
+                   slot_->state_.Load(MemOrder::kSeqCst) !=
+                       static_cast<u32>(ShmSlotState::kActive) ||
+                   header_->runtime_state_.Load(MemOrder::kSeqCst) ==
+                       static_cast<u32>(ShmRuntimeState::kStopped);
+          },
+          DeadlineAfter(period), rx_waits_);
+      if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
+      if (ans_->HasData()) return true;
+      if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
+    }
+  }
+
+  /**
+   * Checks the slot and the runtime (the process itself only when check_process);
+   * fails the connection and returns false when they are gone. Answers already in
+   * the stream are still delivered first (the caller re-checks it).
+   */
+  bool PeerHealthy(bool check_process) {
+    char msg[Status::kMaxMessage];
+    ErrorCode code = ErrorCode::kOk;
+    // acquire: whatever the runtime wrote before changing the state is visible after.
+    const u32 state = slot_->state_.Load(MemOrder::kAcquire);
+    const u32 runtime_state = header_->runtime_state_.Load(MemOrder::kAcquire);
+    if (state == static_cast<u32>(ShmSlotState::kBroken)) {
+      u32 why = slot_->broken_code_.Load(MemOrder::kRelaxed);  // relaxed: set before the state
+      code = why != 0 ? static_cast<ErrorCode>(why) : ErrorCode::kMalformed;
+      std::snprintf(msg, sizeof(msg),
+                    "shm transport: runtime pid %u reset this connection: it received a bad "
+                    "request stream (%s)",
+                    runtime_.pid, ErrorName(code));
+    } else if (slot_->owner_pid_.Load(MemOrder::kAcquire) != self_.pid ||  // acquire: reclaim
+               slot_->generation_.Load(MemOrder::kAcquire) != generation_ ||
+               state != static_cast<u32>(ShmSlotState::kActive)) {
+      code = ErrorCode::kPeerDead;
+      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u took this connection back",
+                    runtime_.pid);
+    } else if (runtime_state == static_cast<u32>(ShmRuntimeState::kStopped)) {
+      code = ErrorCode::kShutdown;
+      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u stopped", runtime_.pid);
+    } else if (check_process && !IsProcessAlive(runtime_)) {
+      code = ErrorCode::kPeerDead;
+      std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u died", runtime_.pid);
+    }
+    if (code == ErrorCode::kOk) return true;
+    if (ans_->HasData()) return false;  // deliver what arrived before the end first
+    Fail(code, msg);
+    return false;
+  }
+
+ protected:
+  // The receiver's.
+  alignas(kCacheLine) Atomic<u64> released_;  ///< entries freed, ever (answers and failures)
+  Atomic<u32> rx_stop_;
+  Atomic<u64> stray_answers_;
+  Atomic<u64> helped_answers_;
+  WaitStats rx_waits_;  ///< the receiver's parks
+
+ private:
+  // The role's: read and written only by the holder of rx_role_.
+  alignas(kCacheLine) Atomic<u32> rx_role_;  ///< 1 while a thread reads the answer stream
+  std::vector<char> rx_;
+  u64 rx_total_ = 0;
+  bool rx_assembling_ = false;
+  WaitHelper helper_{&HelpThunk, this};
+  bool helper_installed_ = false;  ///< set before the receiver starts, then read-only
+  std::thread receiver_;
+};
+
+}  // namespace chi

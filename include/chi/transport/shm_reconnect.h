@@ -1,0 +1,224 @@
+// ShmReconnectingTransport: what a pure client with CHI_IPC_MODE=shm talks through. It
+// sends over one ShmClientTransport at a time; when that connection's runtime stops or
+// dies, the connection fails its outstanding tasks (kShutdown / kPeerDead) and the next
+// Send starts a reconnection: a thread repeats the ClientConnect handshake, attaches the
+// new segment and claims a new slot for up to the reconnect time, while tasks sent in the
+// meantime wait for it (they fail with kPeerDead if it does not come back in time).
+// Invariant: every task handed to Send is completed once; a replaced connection object
+// (and its segment mapping) lives until Close, so a sender still holding it finds it
+// retired and retries.
+#pragma once
+
+#include <pthread.h>  // naming the reconnect thread
+
+#include <climits>  // INT_MAX: wake the reconnect thread
+#include <cstdio>   // snprintf of the failure message
+#include <memory>   // unique_ptr of connections
+#include <thread>   // the reconnect thread
+#include <vector>   // replaced connections
+
+#include "chi/core/atomic.h"             // Atomic
+#include "chi/core/futex.h"              // parking the reconnect thread
+#include "chi/core/status.h"             // Status, ErrorCode
+#include "chi/queue/wait_event.h"        // MonotonicNs
+#include "chi/task/task_ops.h"           // CompleteTask
+#include "chi/transport/shm_client.h"    // ShmClientTransport, one connection
+#include "chi/transport/shm_segment.h"   // ShmServerInfo
+#include "chi/transport/transport.h"     // ClientTransport
+
+namespace chi {
+
+/**
+ * How to find the runtime again: a ClientConnect handshake (chimaera.h does it over
+ * ZeroMQ) that fills *info with the shm server's description, waiting at most
+ * timeout_sec for a runtime to answer. A plain function pointer: it runs only while
+ * reconnecting.
+ */
+struct ShmRejoin {
+  Status (*handshake)(void *ctx, double timeout_sec, ShmServerInfo *info) = nullptr;
+  void *ctx = nullptr;
+  double reconnect_sec = 10;  ///< networking.reconnect_timeout_s
+};
+
+/** A shm client connection that rejoins a restarted runtime (see the file comment). */
+class ShmReconnectingTransport final : public ClientTransport {
+ public:
+  /** Pause between handshakes that fail at once (a refusal, a segment not there yet). */
+  static constexpr u64 kRetryPauseNs = 20000000;
+  /** Most one handshake waits, so a long window still notices Close. */
+  static constexpr double kHandshakeSliceSec = 1.0;
+
+  /** Takes over a connected first connection. */
+  ShmReconnectingTransport(std::unique_ptr<ShmClientTransport> first, const ShmRejoin &rejoin)
+      : rejoin_(rejoin) {
+    current_.Store(first.get(), MemOrder::kRelease);  // release: before any Send sees it
+    connections_.push_back(std::move(first));
+    thread_ = std::thread([this] { Loop(); });  // parked until a Send finds the runtime gone
+  }
+  ~ShmReconnectingTransport() override { Close(); }
+  ShmReconnectingTransport(const ShmReconnectingTransport &) = delete;
+  ShmReconnectingTransport &operator=(const ShmReconnectingTransport &) = delete;
+
+  /**
+   * Sends over the current connection while it is healthy; otherwise queues the task
+   * for the reconnection (started here if none runs). False only once closed.
+   */
+  bool Send(Task *task) override {
+    for (;;) {
+      // acquire: a connection published by the reconnect thread is fully set up.
+      ShmClientTransport *c = current_.Load(MemOrder::kAcquire);
+      if (c->Usable() && c->Send(task)) return true;
+      // seq_cst: Close sets the flag before it fails the queue (Dekker with our push).
+      if (closed_.Load(MemOrder::kSeqCst) != 0) return false;
+      // relaxed: re-read with acquire at the top; a replaced connection is retried.
+      if (current_.Load(MemOrder::kRelaxed) != c) continue;
+      Queue(task);
+      return true;
+    }
+  }
+
+  /** Stops reconnecting, fails queued tasks with kShutdown, closes every connection. */
+  void Close() override {
+    if (closed_.Exchange(1, MemOrder::kSeqCst) != 0) return;
+    Kick();
+    if (thread_.joinable()) thread_.join();
+    FailQueued(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
+    for (auto &c : connections_) c->Close();
+  }
+
+  const char *Name() const override { return "shm"; }
+
+  /** The connection in use (tests and diagnostics). */
+  ShmClientTransport *Current() { return current_.Load(MemOrder::kAcquire); }
+  /** The runtime process of the connection in use. */
+  u32 RuntimePid() { return Current()->RuntimePid(); }
+  /** Successful reconnections so far. */
+  u64 Reconnects() const { return reconnects_.Load(MemOrder::kRelaxed); }
+
+ private:
+  /** Pushes a task for the reconnect thread and makes sure it runs. */
+  void Queue(Task *task) {
+    u64 head = queue_head_.Load(MemOrder::kRelaxed);  // relaxed: the CAS decides
+    do {
+      task->transport_cookie_ = head;
+      // seq_cst: the push precedes our kick and Close's flag check (see Close, Loop).
+    } while (!queue_head_.CompareExchange(head, reinterpret_cast<u64>(task), MemOrder::kSeqCst));
+    Kick();
+    // seq_cst: push, then read the flag; Close sets it, then takes the queue. If we see
+    // it unset, Close's take sees our push; if set, we may be too late: fail it ourselves.
+    if (closed_.Load(MemOrder::kSeqCst) != 0) {
+      FailQueued(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
+    }
+  }
+
+  /** Wakes the reconnect thread. */
+  void Kick() {
+    kicks_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: after the push it announces
+    FutexWake(kicks_.Raw(), INT_MAX);
+  }
+
+  /** The reconnect thread: one window per batch of queued tasks, until Close. */
+  void Loop() {
+    pthread_setname_np(pthread_self(), "chi-shm-rejoin");
+    for (;;) {
+      // acquire: tasks pushed before the kick we read are visible to the drain below.
+      const u32 seen = kicks_.Load(MemOrder::kAcquire);
+      if (closed_.Load(MemOrder::kAcquire) != 0) break;  // acquire: Close's flag
+      if (queue_head_.Load(MemOrder::kAcquire) != 0) Window();
+      if (closed_.Load(MemOrder::kAcquire) != 0) break;
+      // seq_cst: a push before a kick we did not see yet is found here.
+      if (queue_head_.Load(MemOrder::kSeqCst) == 0) FutexWait(kicks_.Raw(), seen, 0);
+    }
+  }
+
+  /**
+   * Gets a healthy connection within reconnect_sec and sends the queued tasks over it;
+   * fails them with kPeerDead when no runtime answers in time.
+   */
+  void Window() {
+    const u64 deadline = MonotonicNs() + static_cast<u64>(rejoin_.reconnect_sec * 1e9);
+    Status last = Status::Error(ErrorCode::kPeerDead, "shm transport: no runtime came back");
+    for (;;) {
+      if (closed_.Load(MemOrder::kAcquire) != 0) return;  // Close fails the queue
+      ShmClientTransport *c = current_.Load(MemOrder::kAcquire);
+      if (c->Usable()) {
+        for (Task *t = TakeQueued(); t != nullptr;) {
+          Task *next = reinterpret_cast<Task *>(t->transport_cookie_);
+          if (!c->Send(t)) FailTask(t, ErrorCode::kShutdown, "shm transport: closed");
+          t = next;
+        }
+        return;
+      }
+      const u64 now = MonotonicNs();
+      if (now >= deadline) break;
+      double left = static_cast<double>(deadline - now) / 1e9;
+      if (rejoin_.handshake == nullptr) break;
+      ShmServerInfo info;
+      last = rejoin_.handshake(rejoin_.ctx, left < kHandshakeSliceSec ? left : kHandshakeSliceSec,
+                               &info);
+      std::unique_ptr<ShmClientTransport> next;
+      if (last.ok()) last = ShmClientTransport::Connect(info, &next);
+      if (last.ok() && !next->Usable()) {  // the old runtime, on its way out
+        last = Status::Error(ErrorCode::kShutdown, "shm transport: the runtime is stopping");
+        next.reset();
+      }
+      if (!last.ok()) {
+        if (last.code() != ErrorCode::kTimeout) {  // a pause that Close (a kick) cuts short
+          FutexWait(kicks_.Raw(), kicks_.Load(MemOrder::kAcquire), kRetryPauseNs);
+        }
+        continue;
+      }
+      // Retire the old connection first (it is failed or its runtime is leaving), so the
+      // new one may help waiters; its mapping stays until Close, for senders holding it.
+      c->Retire();
+      current_.Store(next.get(), MemOrder::kRelease);  // release: set up before senders use it
+      connections_.push_back(std::move(next));
+      reconnects_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+    }
+    char msg[Status::kMaxMessage];
+    std::snprintf(msg, sizeof(msg),
+                  "shm transport: the runtime went away and did not come back within %.1f s "
+                  "(last try: %s)", rejoin_.reconnect_sec, last.message());
+    FailQueued(ErrorCode::kPeerDead, msg);
+  }
+
+  /** Completes a task with an error. */
+  static void FailTask(Task *t, ErrorCode code, const char *msg) {
+    t->SetError(code, msg);
+    CompleteTask(t);
+  }
+
+  /** Takes the queue, oldest first. */
+  Task *TakeQueued() {
+    // acquire: the pushers' writes to the tasks are visible.
+    u64 head = queue_head_.Exchange(0, MemOrder::kAcquire);
+    Task *fifo = nullptr;
+    while (head != 0) {
+      Task *t = reinterpret_cast<Task *>(head);
+      head = t->transport_cookie_;
+      t->transport_cookie_ = reinterpret_cast<u64>(fifo);
+      fifo = t;
+    }
+    return fifo;
+  }
+
+  /** Completes every queued task with an error. */
+  void FailQueued(ErrorCode code, const char *msg) {
+    for (Task *t = TakeQueued(); t != nullptr;) {
+      Task *next = reinterpret_cast<Task *>(t->transport_cookie_);
+      FailTask(t, code, msg);
+      t = next;
+    }
+  }
+
+  ShmRejoin rejoin_;
+  Atomic<ShmClientTransport *> current_{nullptr};
+  std::vector<std::unique_ptr<ShmClientTransport>> connections_;  ///< the reconnect thread's
+  Atomic<u64> queue_head_;  ///< tasks waiting for a connection (link: transport_cookie_)
+  Atomic<u32> kicks_;       ///< the reconnect thread's futex word
+  Atomic<u32> closed_;
+  Atomic<u64> reconnects_;
+  std::thread thread_;
+};
+
+}  // namespace chi
