@@ -411,6 +411,7 @@ int main(int argc, char **argv) {
     MiniOrchestratorProbe(B, iters, 1, 32);
     MiniOrchestratorProbe(B, iters, 1, 256);
     MiniOrchestratorProbe(B, iters, B.blocks, B.threads);
+    MiniOrchestratorProbe(B, iters, B.blocks, B.threads, true);
   }
   if (!CHI_IPC->ResumeGpuOrchestrator().ok()) Die("resume");
   if (!B.quick) OwnerProbe(B, probe, iters, false, "orchestrator running");
@@ -470,8 +471,12 @@ int main(int argc, char **argv) {
   std::printf("  ServeSlot from pinned: 4-byte request %.0f, demo task %.0f; claim + release"
               " of a device slot %.0f\n",
               stage.serve_raw, stage.serve_task, stage.claim_release);
-  std::printf("  StartOn (a kernel's whole submit, one thread, device queue) %.0f\n",
-              stage.start_on);
+  std::printf("  StartOn (a kernel's whole submit, one thread, device queue) %.0f: claim %.0f,"
+              " record %.0f, task %.0f, encode %.0f, payload + post %.0f, task copy %.0f\n",
+              stage.start_on, stage.start_parts[0], stage.start_parts[1], stage.start_parts[2],
+              stage.start_parts[3], stage.start_parts[4], stage.start_parts[5]);
+  std::printf("  one ClockNs read %.0f; ClaimSlot + release %.0f\n", stage.clock_read,
+              stage.claim_slot);
   std::printf("wrong answers: %u\n", wrong);
   chi::CHIMAERA_FINALIZE();
   probe.Free();

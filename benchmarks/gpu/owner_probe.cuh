@@ -16,6 +16,7 @@
 #include "chi/core/atomic.h"           // Atomic, MemScope
 #include "chi/gpu/device_util.h"       // Backoff, FenceAcquire, WarpAny, ClockNs
 #include "chi/gpu/gpu_server.h"        // ServeLoop: the real owner loop
+#include "chi/gpu/orchestrator.h"      // OrchestratorKernel: the runtime's own kernel
 #include "chi/gpu/queue_set.h"         // GpuQueueSet: a private copy of one GPU's queues
 #include "chi/mods/demo/demo_tasks.h"  // the demo GPU runtime the mini orchestrator serves
 
@@ -257,13 +258,18 @@ void OwnerProbe(Bench &B, ProbeMemory &m, u32 iters, bool all, const char *when)
 
 /**
  * The raw cpu2gpu round trip through the real queue code and server loop on a private queue
- * set (MiniOrchestrator), `blocks` x `threads` server threads, no runtime around it.
+ * set, `blocks` x `threads` server threads, no runtime around it: in MiniOrchestrator (no
+ * register cap) or, `capped`, in the runtime's own OrchestratorKernel.
  */
-void MiniOrchestratorProbe(Bench &B, u32 iters, u32 blocks, u32 threads) {
+void MiniOrchestratorProbe(Bench &B, u32 iters, u32 blocks, u32 threads, bool capped = false) {
   using List = chi::gpu::GpuModuleList<chimaera::demo::GpuRuntime>;
   owner_probe::MiniQueues m;
   if (!m.Make(blocks * threads)) Die("mini orchestrator memory");
-  owner_probe::MiniOrchestrator<List><<<blocks, threads, 0, B.b>>>(m.set.Args(0));
+  if (capped) {
+    chi::gpu::OrchestratorKernel<List><<<blocks, threads, 0, B.b>>>(m.set.Args(0));
+  } else {
+    owner_probe::MiniOrchestrator<List><<<blocks, threads, 0, B.b>>>(m.set.Args(0));
+  }
   Ok(cudaGetLastError(), "mini orchestrator launch");
   std::vector<double> v;
   for (u32 i = 0; i < iters; ++i) {
@@ -273,8 +279,10 @@ void MiniOrchestratorProbe(Bench &B, u32 iters, u32 blocks, u32 threads) {
   }
   if (!m.Stop(B.a)) Die("mini orchestrator stop");
   Wait(B.b, "mini orchestrator");
-  std::printf("  mini orchestrator %u x %u: raw slot round trip %.0f ns (median)\n", blocks,
-              threads, chi_bench::Median(std::vector<double>(v.begin() + iters / 10, v.end())));
+  std::printf("  %s %u x %u: raw slot round trip %.0f ns (median)\n",
+              capped ? "OrchestratorKernel (register cap)" : "mini orchestrator (no cap)",
+              blocks, threads,
+              chi_bench::Median(std::vector<double>(v.begin() + iters / 10, v.end())));
   cudaFreeHost(m.pinned);
   cudaFree(m.device);
 }
