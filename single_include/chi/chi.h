@@ -12623,37 +12623,380 @@ inline Status WaitStream(Stream s, u64 timeout_ns) {
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_API_H
 // ---- end chi/gpu/gpu_api.h ----
-// ---- begin chi/gpu/gpu_client_queues.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
-// A pure client's direct way to the runtime's GPUs: from the handshake's GPU blob it attaches
-// each GPU's pinned queue segment (POSIX shm, registered with the driver here too), rebases
-// the cpu2gpu queue onto its own mapping and runs a client-mode GpuWorker over it, so that
-// LocalGpuBcast / ToLocalGpu tasks go straight to the runtime's orchestrators, with no CPU
-// hop through the runtime. The orchestrators stay in the runtime process.
-// MPS: this process only writes pinned memory and polls it from the CPU; it never runs a
-// kernel for the route. Without MPS, two processes that both run kernels on one GPU
-// time-slice (~4.5 ms per round trip measured), so keep GPU polling in the runtime.
-// Invariant: a client's claims live in the shared segment with its pid (host_slots.h), so a
-// client that dies holding slots loses them to the runtime's reaper, never forever.
+// ---- begin chi/gpu/gpu_device.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_DEVICE_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_DEVICE_H
+// GpuDevice: one GPU's share of the runtime: its pinned and device regions (shareable
+// first: a POSIX segment pinned for the GPU and device memory with an IPC handle, so other
+// processes can attach; private memory where the platform refuses), its two streams, the
+// queue set carved from them, and its orchestrator kernel's launch and stop. GpuManager
+// owns one per GPU and keeps the pool bindings in it.
+// Invariant: a device whose kernel did not stop when asked is `wedged`, and its memory is
+// never freed (the kernel may still use it).
 
-#include <cstdio>  // fprintf of why the direct route is not used
-#include <memory>  // per-GPU attachments
-#include <string>  // messages
-#include <vector>  // attachments, links
+#include <unistd.h>  // getpid: segment names
 
-// ---- begin chi/gpu/gpu_connect_info.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONNECT_INFO_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONNECT_INFO_H
-// The GPU part of the ClientConnect handshake (ConnectAnswer::gpu_info, an opaque versioned
-// blob): per GPU, the runtime's pinned queue segment (name, size, version) and where the
-// cpu2gpu queue's arrays sit inside it. The runtime describes; a pure client built with
-// CUDA/HIP attaches the segment and rebases the queue onto its own mapping (gpu_client_queues.h).
-// Invariant: only offsets cross processes, never pointers; every offset is checked against
-// the segment's size before the client touches the memory.
+#include <cstdio>         // fprintf of a fallback to private memory
+#include <cstring>        // memset of private pinned memory
+#include <string>         // segment names
+#include <unordered_map>  // pool -> binding
 
-#include <string>  // segment names
-#include <vector>  // the blob, per-GPU entries
+// ---- begin chi/gpu/gpu_container.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
+// GPU containers: a module with GPU methods gives a GpuRuntime whose handlers run on the
+// device. It lists them once (GpuMethodList); the application names its GPU modules once
+// (CHI_GPU_MODULES in one .cu file, orchestrator.h) and GpuModuleList folds over them.
+// Invariant: dispatch is resolved at compile time by (module index, method id): no device
+// virtual call, no function pointer into another module's code, so the "illegal
+// instruction from a cross-library vtable" class of bug cannot happen.
+//
+//   struct GpuRuntime {                       // trivially copyable: it is copied to the GPU
+//     static constexpr std::string_view ModuleName() { return "chimaera_demo"; }
+//     CHI_GPU_FUN void GpuSubmit(GpuSubmitTask &t, chi::gpu::GpuRunContext &rctx);
+//     using GpuMethods = chi::gpu::GpuMethodList<
+//         chi::gpu::GpuMethod<Method::kGpuSubmit, GpuSubmitTask, &GpuRuntime::GpuSubmit>>;
+//   };
+
+#include <new>          // placement new of a container's initial state (host)
+#include <string_view>  // module names (host)
+#include <type_traits>  // is_trivially_copyable
+
+// ---- begin chi/gpu/gpu_wire.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
+// The bytes in a GPU slot: the envelope every transport uses (transport.h), written and
+// read by typed code that runs on the device and the host alike.
+//   request: [u64 request id][routing header + inputs]   (Task::SerializeBaseIn, SerializeIn)
+//   answer:  [u64 request id][answer header + outputs]   (or the answer header alone on error)
+// Invariant: nothing is ever written past `cap`; a task that does not fit is an error, not
+// a truncated message. The request id is the slot's sequence, so a stale answer is caught.
+// The templates are host-device for any task type; CHI_SERIALIZE_HD_TEMPLATE lets nvcc
+// instantiate them for host-only tasks too (only GPU task types ever run them on the device).
+
+namespace chi::gpu {
+
+/** Bytes of the request-id prefix (as kEnvelopeHeaderBytes in transport.h). */
+inline constexpr u32 kGpuEnvelopeBytes = 8;
+
+/** Writes the envelope id at a 16-byte aligned buffer. */
+CHI_CROSS_FUN inline void PutRequestId(char *buf, u64 id) { *reinterpret_cast<u64 *>(buf) = id; }
+/** Reads the envelope id. */
+CHI_CROSS_FUN inline u64 GetRequestId(const char *buf) {
+  return *reinterpret_cast<const u64 *>(buf);
+}
+
+/**
+ * Encodes t's request into buf (16-byte aligned, `cap` bytes). Returns its length, or 0 with
+ * *error set when the task does not fit (kTooLarge) or cannot be encoded.
+ */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN u32 EncodeRequest(TaskT &t, u64 id, char *buf, u32 cap, ErrorCode *error) {
+  if (cap < kGpuEnvelopeBytes) {
+    *error = ErrorCode::kTooLarge;
+    return 0;
+  }
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  t.SerializeBaseIn(ar);
+  t.SerializeIn(ar);
+  if (!ar.ok()) {
+    *error = ar.code();
+    return 0;
+  }
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/** Encodes an answer that carries only an error; returns its length. */
+CHI_CROSS_FUN inline u32 EncodeErrorAnswer(u64 id, ErrorCode code, const char *msg, char *buf,
+                                           u32 cap) {
+  Task err;
+  err.SetError(code, msg);
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  err.SerializeBaseOut(ar);
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/** Encodes t's answer; an answer larger than `cap` becomes a kTooLarge error answer. */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN u32 EncodeAnswer(TaskT &t, u64 id, char *buf, u32 cap) {
+  PutRequestId(buf, id);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  t.SerializeBaseOut(ar);
+  t.SerializeOut(ar);
+  if (!ar.ok()) {
+    return EncodeErrorAnswer(id, ErrorCode::kTooLarge,
+                             "the task's outputs exceed the GPU copy space", buf, cap);
+  }
+  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+}
+
+/**
+ * Reads an answer into t: its outputs, or only the error when the server refused the
+ * request. A wrong id or malformed bytes set kMalformed on t.
+ */
+CHI_SERIALIZE_HD_TEMPLATE
+template <typename TaskT>
+CHI_CROSS_FUN void DecodeAnswer(TaskT &t, const char *buf, u32 len, u64 expect_id) {
+  if (len < kGpuEnvelopeBytes || GetRequestId(buf) != expect_id) {
+    t.SetError(ErrorCode::kMalformed, "GPU answer is short or names another request");
+    return;
+  }
+  // One pass, straight into t: the answer header is t's rc_ and msg_ (SerializeBaseOut), so
+  // decoding it into a scratch Task first only cost a zero-filled Task and a second pass.
+  InputArchive in(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
+  t.SerializeBaseOut(in);
+  if (!in.ok()) {
+    t.SetError(ErrorCode::kMalformed, "GPU answer header is malformed");
+    return;
+  }
+  if (t.rc_ != 0 && in.Remaining() == 0) return;  // an error-only answer: rc_ and msg_ are set
+  t.SerializeOut(in);
+  if (!in.ok()) t.SetError(ErrorCode::kMalformed, "GPU answer outputs are malformed");
+}
+
+/** Marks a task held by a GPU-side client complete (only its owning thread reads it). */
+CHI_CROSS_FUN inline void MarkComplete(Task &t) {
+  // relaxed: the owning thread wrote the outputs and is the only reader (futures are per
+  // thread), so program order suffices; a release would cost a fence per task.
+  t.state_.Store(task_state::kComplete, MemOrder::kRelaxed);
+}
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
+// ---- end chi/gpu/gpu_wire.h ----
+
+namespace chi::gpu {
+
+/** What a GPU handler knows about the task it runs. */
+struct GpuRunContext {
+  u32 gpu_id_ = 0;         ///< the GPU running the handler
+  u32 server_thread_ = 0;  ///< the orchestrator thread (index in its launch)
+  PoolId pool_id_;         ///< the pool of the task
+  bool from_cpu_ = false;  ///< true for tasks that came through the cpu2gpu queue
+};
+
+/** One GPU method: id, task type and the GpuRuntime member that handles it. */
+template <MethodId kId, typename TaskT, auto kHandler>
+struct GpuMethod {
+  static constexpr MethodId kMethodId = kId;
+  using TaskType = TaskT;
+  static constexpr auto kRun = kHandler;
+};
+
+/**
+ * Decodes the inputs of one method's task (routing header already in `base`), runs the
+ * handler and encodes the answer into `buf`, which held the request. Returns its length.
+ */
+template <typename MethodT, typename Runtime>
+CHI_GPU_FUN u32 RunGpuMethod(Runtime &rt, const Task &base, InputArchive &in, u64 id, char *buf,
+                             u32 cap, GpuRunContext &rctx) {
+  typename MethodT::TaskType task;
+  task.CopyBase(base);
+  task.SerializeIn(in);
+  if (!in.ok()) {
+    return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU task inputs are malformed", buf, cap);
+  }
+  (rt.*MethodT::kRun)(task, rctx);
+  return EncodeAnswer(task, id, buf, cap);  // the request was fully read: buf is free
+}
+
+/** A GpuRuntime's method table. */
+template <typename... Methods>
+struct GpuMethodList {
+  /** True when `method` has a GPU handler. */
+  CHI_CROSS_FUN static constexpr bool Has(MethodId method) {
+    return ((method == Methods::kMethodId) || ...);
+  }
+
+  /** Runs `method`; *found is false (and nothing is written) when it has no handler. */
+  template <typename Runtime>
+  CHI_GPU_FUN static u32 Run(Runtime &rt, MethodId method, const Task &base, InputArchive &in,
+                             u64 id, char *buf, u32 cap, GpuRunContext &rctx, bool *found) {
+    u32 len = 0;
+    *found = ((method == Methods::kMethodId
+                   ? (len = RunGpuMethod<Methods>(rt, base, in, id, buf, cap, rctx), true)
+                   : false) ||
+              ...);
+    return len;
+  }
+};
+
+/** The application's GPU modules, in the order CHI_GPU_MODULES names them. */
+template <typename... Modules>
+struct GpuModuleList {
+  static_assert((std::is_trivially_copyable_v<Modules> && ...),
+                "a GpuRuntime is built on the host and copied to the GPU: keep it trivially "
+                "copyable (chi::Atomic members are)");
+  static constexpr u32 kCount = sizeof...(Modules);
+
+  /** Index of the module registered under `name`, or -1 (host). */
+  static int Find(std::string_view name) {
+    int index = -1;
+    int i = 0;
+    (void)((Modules::ModuleName() == name ? (index = i, true) : (++i, false)) || ...);
+    return index;
+  }
+
+  /** Bytes of module `index`'s container state (host). */
+  static u64 StateBytes(u32 index) {
+    u64 bytes = 0;
+    u32 i = 0;
+    (void)((i++ == index ? (bytes = sizeof(Modules), true) : false) || ...);
+    return bytes;
+  }
+
+  /** Constructs module `index`'s initial container state at host memory `mem` (host). */
+  static void ConstructState(u32 index, void *mem) {
+    u32 i = 0;
+    (void)((i++ == index ? (new (mem) Modules(), true) : false) || ...);
+  }
+
+  /** Runs `method` on module `index`'s container `state`; returns the answer's length. */
+  CHI_GPU_FUN static u32 Run(u32 index, void *state, MethodId method, const Task &base,
+                             InputArchive &in, u64 id, char *buf, u32 cap, GpuRunContext &rctx) {
+    u32 len = 0;
+    bool found = false;
+    u32 i = 0;
+    (void)((i++ == index ? (len = Modules::GpuMethods::Run(*static_cast<Modules *>(state), method,
+                                                           base, in, id, buf, cap, rctx, &found),
+                            true)
+                         : false) ||
+           ...);
+    if (found) return len;
+    return EncodeErrorAnswer(id, ErrorCode::kUnknownMethod,
+                             "the pool's GPU container has no handler for this method", buf, cap);
+  }
+};
+
+// ---- Pool table: which GPU container serves a pool ------------------------------------
+
+/** Pools with GPU containers one GPU can hold. */
+inline constexpr u32 kMaxGpuPools = 64;
+
+/** One pool's GPU container; written by the host only, read by the orchestrator. */
+struct GpuPoolEntry {
+  Atomic<u64, MemScope::kDevice> key_;     ///< PoolId::ToU64(); 0 = empty
+  Atomic<u64, MemScope::kDevice> module_;  ///< module index
+  Atomic<u64, MemScope::kDevice> state_;   ///< device address of the container state
+};
+
+/** A pool binding as the host builds it. */
+struct GpuPoolBinding {
+  PoolId pool;
+  u32 module;
+  void *state;
+};
+
+/** The last lookup of one orchestrator thread (most tasks of a warp go to one pool). */
+struct GpuPoolCache {
+  u32 version_ = ~0u;
+  u64 key_ = 0;
+  u32 module_ = 0;
+  void *state_ = nullptr;
+};
+
+/**
+ * Pool -> (module, container state), open addressing, double-buffered: the host rewrites
+ * the idle copy, then moves version_ to it, so a reader never sees a half-written table.
+ */
+struct GpuPoolTable {
+  Atomic<u32, MemScope::kDevice> version_;  ///< tables_[version_ & 1] is live
+  GpuPoolEntry tables_[2][kMaxGpuPools];
+
+  /** Finds the container of `pool`; false when this GPU has none. */
+  CHI_CROSS_FUN bool Lookup(PoolId pool, u32 *module, void **state, GpuPoolCache *cache) const {
+    // acquire: the live table was completely written before version_ named it.
+    const u32 v = version_.Load(MemOrder::kAcquire);
+    const u64 key = pool.ToU64();
+    if (cache->version_ == v && cache->key_ == key) {
+      *module = cache->module_;
+      *state = cache->state_;
+      return true;
+    }
+    const GpuPoolEntry *t = tables_[v & 1];
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      const GpuPoolEntry &e = t[(Home(key) + i) % kMaxGpuPools];
+      const u64 k = e.key_.Load(MemOrder::kRelaxed);  // relaxed: ordered by the acquire above
+      if (k == 0) return false;
+      if (k != key) continue;
+      *cache = GpuPoolCache{v, key, static_cast<u32>(e.module_.Load(MemOrder::kRelaxed)),
+                            reinterpret_cast<void *>(e.state_.Load(MemOrder::kRelaxed))};
+      *module = cache->module_;
+      *state = cache->state_;
+      return true;
+    }
+    return false;
+  }
+
+  /** Host: rewrites copy `which` with `n` bindings (n <= kMaxGpuPools). */
+  void Fill(u32 which, const GpuPoolBinding *b, u32 n) {
+    GpuPoolEntry *t = tables_[which & 1];
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      t[i].key_.Store(0, MemOrder::kRelaxed);  // relaxed: published by the version flip
+      t[i].module_.Store(0, MemOrder::kRelaxed);
+      t[i].state_.Store(0, MemOrder::kRelaxed);
+    }
+    for (u32 j = 0; j < n && j < kMaxGpuPools; ++j) {
+      const u64 key = b[j].pool.ToU64();
+      u32 at = Home(key);
+      while (t[at].key_.Load(MemOrder::kRelaxed) != 0) at = (at + 1) % kMaxGpuPools;
+      t[at].key_.Store(key, MemOrder::kRelaxed);
+      t[at].module_.Store(b[j].module, MemOrder::kRelaxed);
+      t[at].state_.Store(reinterpret_cast<u64>(b[j].state), MemOrder::kRelaxed);
+    }
+  }
+
+  /** Host, when the table is host memory: installs `n` bindings. */
+  void Publish(const GpuPoolBinding *b, u32 n) {
+    const u32 v = version_.Load(MemOrder::kRelaxed);  // relaxed: the host is the only writer
+    Fill(v + 1, b, n);
+    version_.Store(v + 1, MemOrder::kRelease);  // release: publishes the filled copy
+  }
+
+ private:
+  CHI_CROSS_FUN static u32 Home(u64 key) {
+    return static_cast<u32>((key * 0x9E3779B97F4A7C15ull) >> 58) % kMaxGpuPools;
+  }
+};
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
+// ---- end chi/gpu/gpu_container.h ----
+// ---- begin chi/gpu/gpu_worker.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+// GpuWorker: the CPU side of every GPU's CPU-facing queues, on one thread (seed 000's
+// GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
+// tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
+// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
+// workers, whose TaskCompleter writes the answer back into the slot.
+// A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
+// gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
+// Invariant: every task given to Send completes exactly once, with its answer or an error
+// (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
+
+#include <unistd.h>  // getpid: the claim words hold the claimer's pid
+
+#include <climits>  // INT_MAX: wake every parked sender
+#include <cstring>  // memcpy of diagnostic and error answers
+#include <memory>   // per-slot arrays
+#include <string>   // the no-GPU reason
+#include <thread>   // the worker thread
+#include <vector>   // links, error answers, broadcast replicas
+
+// ---- begin chi/gpu/host_slots.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
+// How CPU processes share one GPU's cpu2gpu queue: the runtime's GpuWorker and every pure
+// client that attached the queue's pinned segment claim slots with a CAS on the slot's
+// claim word (in that shared segment), which holds the claimer's pid while the slot is held.
+// Invariant: the claim word is the only ownership record, so a dead claimer is always
+// identifiable, and its slot is freed only once the request it posted has been answered.
+// Only host code uses these claim words (GPU clients use gpu2gpu/gpu2cpu, see mailbox.h).
 
 // ---- begin chi/gpu/mailbox.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_MAILBOX_H
@@ -13026,497 +13369,6 @@ struct GpuQueue {
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_MAILBOX_H
 // ---- end chi/gpu/mailbox.h ----
-
-namespace chi::gpu {
-
-/** Bumped whenever GpuConnectInfo or GpuQueueAttachInfo changes. */
-inline constexpr u32 kGpuConnectInfoVersion = 1;
-
-/** One GPU's cpu2gpu queue as a client process must see it. */
-struct GpuQueueAttachInfo {
-  u32 gpu_id = 0;
-  std::string segment;     ///< PosixShmBackend name of the pinned segment
-  u64 segment_size = 0;    ///< whole mapping, bytes
-  u32 segment_version = 0; ///< kBackendVersion of the runtime's build
-  u32 cpu2gpu_slots = 0;
-  u32 gpu2cpu_slots = 0;   ///< for information: clients never serve gpu2cpu
-  u32 gpu2gpu_slots = 0;   ///< for information: gpu2gpu is device memory of the runtime
-  u32 payload_bytes = 0;   ///< copy space per cpu2gpu slot
-  u64 max_wait_ns = 0;
-  // Byte offsets of the cpu2gpu arrays from the segment's Data().
-  u64 request_off = 0;
-  u64 answer_off = 0;
-  u64 payload_off = 0;
-  u64 claims_off = 0;
-  u64 doorbell_off = 0;
-
-  template <typename Ar>
-  void serialize(Ar &ar) {
-    ar(gpu_id, segment, segment_size, segment_version, cpu2gpu_slots, gpu2cpu_slots,
-       gpu2gpu_slots, payload_bytes, max_wait_ns, request_off, answer_off, payload_off,
-       claims_off, doorbell_off);
-  }
-};
-
-/** The whole blob: every GPU a client may submit to directly. */
-struct GpuConnectInfo {
-  u32 version = kGpuConnectInfoVersion;
-  u32 runtime_pid = 0;
-  std::vector<GpuQueueAttachInfo> gpus;
-
-  template <typename Ar>
-  void serialize(Ar &ar) {
-    ar(version, runtime_pid, gpus);
-  }
-};
-
-/** Encodes the blob for ConnectAnswer::gpu_info (empty when there is no GPU to offer). */
-inline std::vector<char> EncodeGpuConnectInfo(const GpuConnectInfo &info) {
-  std::vector<char> out;
-  if (info.gpus.empty()) return out;
-  OutputArchive ar(out);
-  ar(info);
-  return out;
-}
-
-/** Decodes the blob; empty means "no GPU queues offered" (ok, no entries). */
-inline Status DecodeGpuConnectInfo(const std::vector<char> &blob, GpuConnectInfo *out) {
-  *out = GpuConnectInfo();
-  if (blob.empty()) return Status::Ok();
-  u32 version = 0;
-  InputArchive peek(blob.data(), blob.size());
-  peek(version);
-  if (!peek.ok() || version != kGpuConnectInfoVersion) {
-    return Status::Errorf(ErrorCode::kVersionMismatch,
-                          "the runtime describes its GPU queues in version %u; this client "
-                          "understands %u (rebuild the client against the runtime's chi)",
-                          version, kGpuConnectInfoVersion);
-  }
-  InputArchive ar(blob.data(), blob.size());
-  ar(*out);
-  if (!ar.ok()) return Status::Error(ErrorCode::kMalformed, "malformed GPU queue description");
-  return Status::Ok();
-}
-
-/** Describes cpu2gpu queue `q`, carved in the segment whose Data() is `data`. */
-inline GpuQueueAttachInfo DescribeCpu2Gpu(u32 gpu_id, const GpuQueue<MemScope::kSystem> &q,
-                                          const char *data) {
-  GpuQueueAttachInfo i;
-  i.gpu_id = gpu_id;
-  i.cpu2gpu_slots = q.num_slots_;
-  i.payload_bytes = q.payload_bytes_;
-  i.max_wait_ns = q.max_wait_ns_;
-  auto off = [data](const void *p) { return static_cast<u64>(static_cast<const char *>(p) - data); };
-  i.request_off = off(q.request_);
-  i.answer_off = off(q.answer_);
-  i.payload_off = off(q.payload_);
-  i.claims_off = off(q.claims_);
-  i.doorbell_off = off(q.doorbell_);
-  return i;
-}
-
-/**
- * The client's cpu2gpu descriptor over its own mapping (`data` = its Data(), `data_bytes`
- * long). Server-side arrays (served_) and the abort word are not in the segment and stay
- * null: a host client never reads them. kMalformed when an array would leave the segment.
- */
-inline Status RebaseCpu2Gpu(const GpuQueueAttachInfo &i, char *data, u64 data_bytes,
-                            GpuQueue<MemScope::kSystem> *out) {
-  const u64 n = i.cpu2gpu_slots;
-  struct Span {
-    u64 off;
-    u64 bytes;
-  };
-  const Span spans[5] = {{i.request_off, 8 * n},
-                         {i.answer_off, 8 * n},
-                         {i.payload_off, n * i.payload_bytes},
-                         {i.claims_off, 4 * n},
-                         {i.doorbell_off, 8}};
-  if (n == 0 || i.payload_bytes == 0 || i.payload_bytes % 16 != 0) {
-    return Status::Error(ErrorCode::kMalformed, "GPU queue description has no slots");
-  }
-  for (const Span &s : spans) {
-    if (s.off % 8 != 0 || s.off > data_bytes || s.bytes > data_bytes - s.off) {
-      return Status::Errorf(ErrorCode::kMalformed,
-                            "GPU %u queue array at offset %llu (+%llu) leaves its %llu-byte "
-                            "segment",
-                            i.gpu_id, static_cast<unsigned long long>(s.off),
-                            static_cast<unsigned long long>(s.bytes),
-                            static_cast<unsigned long long>(data_bytes));
-    }
-  }
-  GpuQueue<MemScope::kSystem> q;
-  q.num_slots_ = i.cpu2gpu_slots;
-  q.payload_bytes_ = i.payload_bytes;
-  q.max_wait_ns_ = i.max_wait_ns;
-  q.request_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.request_off);
-  q.answer_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.answer_off);
-  q.payload_ = data + i.payload_off;
-  q.claims_ = reinterpret_cast<Atomic<u32, MemScope::kDevice> *>(data + i.claims_off);
-  q.doorbell_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.doorbell_off);
-  *out = q;
-  return Status::Ok();
-}
-
-}  // namespace chi::gpu
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONNECT_INFO_H
-// ---- end chi/gpu/gpu_connect_info.h ----
-// ---- begin chi/gpu/gpu_container.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
-// GPU containers: a module with GPU methods gives a GpuRuntime whose handlers run on the
-// device. It lists them once (GpuMethodList); the application names its GPU modules once
-// (CHI_GPU_MODULES in one .cu file, orchestrator.h) and GpuModuleList folds over them.
-// Invariant: dispatch is resolved at compile time by (module index, method id): no device
-// virtual call, no function pointer into another module's code, so the "illegal
-// instruction from a cross-library vtable" class of bug cannot happen.
-//
-//   struct GpuRuntime {                       // trivially copyable: it is copied to the GPU
-//     static constexpr std::string_view ModuleName() { return "chimaera_demo"; }
-//     CHI_GPU_FUN void GpuSubmit(GpuSubmitTask &t, chi::gpu::GpuRunContext &rctx);
-//     using GpuMethods = chi::gpu::GpuMethodList<
-//         chi::gpu::GpuMethod<Method::kGpuSubmit, GpuSubmitTask, &GpuRuntime::GpuSubmit>>;
-//   };
-
-#include <new>          // placement new of a container's initial state (host)
-#include <string_view>  // module names (host)
-#include <type_traits>  // is_trivially_copyable
-
-// ---- begin chi/gpu/gpu_wire.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
-// The bytes in a GPU slot: the envelope every transport uses (transport.h), written and
-// read by typed code that runs on the device and the host alike.
-//   request: [u64 request id][routing header + inputs]   (Task::SerializeBaseIn, SerializeIn)
-//   answer:  [u64 request id][answer header + outputs]   (or the answer header alone on error)
-// Invariant: nothing is ever written past `cap`; a task that does not fit is an error, not
-// a truncated message. The request id is the slot's sequence, so a stale answer is caught.
-// The templates are host-device for any task type; CHI_SERIALIZE_HD_TEMPLATE lets nvcc
-// instantiate them for host-only tasks too (only GPU task types ever run them on the device).
-
-namespace chi::gpu {
-
-/** Bytes of the request-id prefix (as kEnvelopeHeaderBytes in transport.h). */
-inline constexpr u32 kGpuEnvelopeBytes = 8;
-
-/** Writes the envelope id at a 16-byte aligned buffer. */
-CHI_CROSS_FUN inline void PutRequestId(char *buf, u64 id) { *reinterpret_cast<u64 *>(buf) = id; }
-/** Reads the envelope id. */
-CHI_CROSS_FUN inline u64 GetRequestId(const char *buf) {
-  return *reinterpret_cast<const u64 *>(buf);
-}
-
-/**
- * Encodes t's request into buf (16-byte aligned, `cap` bytes). Returns its length, or 0 with
- * *error set when the task does not fit (kTooLarge) or cannot be encoded.
- */
-CHI_SERIALIZE_HD_TEMPLATE
-template <typename TaskT>
-CHI_CROSS_FUN u32 EncodeRequest(TaskT &t, u64 id, char *buf, u32 cap, ErrorCode *error) {
-  if (cap < kGpuEnvelopeBytes) {
-    *error = ErrorCode::kTooLarge;
-    return 0;
-  }
-  PutRequestId(buf, id);
-  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
-  t.SerializeBaseIn(ar);
-  t.SerializeIn(ar);
-  if (!ar.ok()) {
-    *error = ar.code();
-    return 0;
-  }
-  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
-}
-
-/** Encodes an answer that carries only an error; returns its length. */
-CHI_CROSS_FUN inline u32 EncodeErrorAnswer(u64 id, ErrorCode code, const char *msg, char *buf,
-                                           u32 cap) {
-  Task err;
-  err.SetError(code, msg);
-  PutRequestId(buf, id);
-  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
-  err.SerializeBaseOut(ar);
-  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
-}
-
-/** Encodes t's answer; an answer larger than `cap` becomes a kTooLarge error answer. */
-CHI_SERIALIZE_HD_TEMPLATE
-template <typename TaskT>
-CHI_CROSS_FUN u32 EncodeAnswer(TaskT &t, u64 id, char *buf, u32 cap) {
-  PutRequestId(buf, id);
-  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
-  t.SerializeBaseOut(ar);
-  t.SerializeOut(ar);
-  if (!ar.ok()) {
-    return EncodeErrorAnswer(id, ErrorCode::kTooLarge,
-                             "the task's outputs exceed the GPU copy space", buf, cap);
-  }
-  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
-}
-
-/**
- * Reads an answer into t: its outputs, or only the error when the server refused the
- * request. A wrong id or malformed bytes set kMalformed on t.
- */
-CHI_SERIALIZE_HD_TEMPLATE
-template <typename TaskT>
-CHI_CROSS_FUN void DecodeAnswer(TaskT &t, const char *buf, u32 len, u64 expect_id) {
-  if (len < kGpuEnvelopeBytes || GetRequestId(buf) != expect_id) {
-    t.SetError(ErrorCode::kMalformed, "GPU answer is short or names another request");
-    return;
-  }
-  // One pass, straight into t: the answer header is t's rc_ and msg_ (SerializeBaseOut), so
-  // decoding it into a scratch Task first only cost a zero-filled Task and a second pass.
-  InputArchive in(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
-  t.SerializeBaseOut(in);
-  if (!in.ok()) {
-    t.SetError(ErrorCode::kMalformed, "GPU answer header is malformed");
-    return;
-  }
-  if (t.rc_ != 0 && in.Remaining() == 0) return;  // an error-only answer: rc_ and msg_ are set
-  t.SerializeOut(in);
-  if (!in.ok()) t.SetError(ErrorCode::kMalformed, "GPU answer outputs are malformed");
-}
-
-/** Marks a task held by a GPU-side client complete (only its owning thread reads it). */
-CHI_CROSS_FUN inline void MarkComplete(Task &t) {
-  // relaxed: the owning thread wrote the outputs and is the only reader (futures are per
-  // thread), so program order suffices; a release would cost a fence per task.
-  t.state_.Store(task_state::kComplete, MemOrder::kRelaxed);
-}
-
-}  // namespace chi::gpu
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
-// ---- end chi/gpu/gpu_wire.h ----
-
-namespace chi::gpu {
-
-/** What a GPU handler knows about the task it runs. */
-struct GpuRunContext {
-  u32 gpu_id_ = 0;         ///< the GPU running the handler
-  u32 server_thread_ = 0;  ///< the orchestrator thread (index in its launch)
-  PoolId pool_id_;         ///< the pool of the task
-  bool from_cpu_ = false;  ///< true for tasks that came through the cpu2gpu queue
-};
-
-/** One GPU method: id, task type and the GpuRuntime member that handles it. */
-template <MethodId kId, typename TaskT, auto kHandler>
-struct GpuMethod {
-  static constexpr MethodId kMethodId = kId;
-  using TaskType = TaskT;
-  static constexpr auto kRun = kHandler;
-};
-
-/**
- * Decodes the inputs of one method's task (routing header already in `base`), runs the
- * handler and encodes the answer into `buf`, which held the request. Returns its length.
- */
-template <typename MethodT, typename Runtime>
-CHI_GPU_FUN u32 RunGpuMethod(Runtime &rt, const Task &base, InputArchive &in, u64 id, char *buf,
-                             u32 cap, GpuRunContext &rctx) {
-  typename MethodT::TaskType task;
-  task.CopyBase(base);
-  task.SerializeIn(in);
-  if (!in.ok()) {
-    return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU task inputs are malformed", buf, cap);
-  }
-  (rt.*MethodT::kRun)(task, rctx);
-  return EncodeAnswer(task, id, buf, cap);  // the request was fully read: buf is free
-}
-
-/** A GpuRuntime's method table. */
-template <typename... Methods>
-struct GpuMethodList {
-  /** True when `method` has a GPU handler. */
-  CHI_CROSS_FUN static constexpr bool Has(MethodId method) {
-    return ((method == Methods::kMethodId) || ...);
-  }
-
-  /** Runs `method`; *found is false (and nothing is written) when it has no handler. */
-  template <typename Runtime>
-  CHI_GPU_FUN static u32 Run(Runtime &rt, MethodId method, const Task &base, InputArchive &in,
-                             u64 id, char *buf, u32 cap, GpuRunContext &rctx, bool *found) {
-    u32 len = 0;
-    *found = ((method == Methods::kMethodId
-                   ? (len = RunGpuMethod<Methods>(rt, base, in, id, buf, cap, rctx), true)
-                   : false) ||
-              ...);
-    return len;
-  }
-};
-
-/** The application's GPU modules, in the order CHI_GPU_MODULES names them. */
-template <typename... Modules>
-struct GpuModuleList {
-  static_assert((std::is_trivially_copyable_v<Modules> && ...),
-                "a GpuRuntime is built on the host and copied to the GPU: keep it trivially "
-                "copyable (chi::Atomic members are)");
-  static constexpr u32 kCount = sizeof...(Modules);
-
-  /** Index of the module registered under `name`, or -1 (host). */
-  static int Find(std::string_view name) {
-    int index = -1;
-    int i = 0;
-    (void)((Modules::ModuleName() == name ? (index = i, true) : (++i, false)) || ...);
-    return index;
-  }
-
-  /** Bytes of module `index`'s container state (host). */
-  static u64 StateBytes(u32 index) {
-    u64 bytes = 0;
-    u32 i = 0;
-    (void)((i++ == index ? (bytes = sizeof(Modules), true) : false) || ...);
-    return bytes;
-  }
-
-  /** Constructs module `index`'s initial container state at host memory `mem` (host). */
-  static void ConstructState(u32 index, void *mem) {
-    u32 i = 0;
-    (void)((i++ == index ? (new (mem) Modules(), true) : false) || ...);
-  }
-
-  /** Runs `method` on module `index`'s container `state`; returns the answer's length. */
-  CHI_GPU_FUN static u32 Run(u32 index, void *state, MethodId method, const Task &base,
-                             InputArchive &in, u64 id, char *buf, u32 cap, GpuRunContext &rctx) {
-    u32 len = 0;
-    bool found = false;
-    u32 i = 0;
-    (void)((i++ == index ? (len = Modules::GpuMethods::Run(*static_cast<Modules *>(state), method,
-                                                           base, in, id, buf, cap, rctx, &found),
-                            true)
-                         : false) ||
-           ...);
-    if (found) return len;
-    return EncodeErrorAnswer(id, ErrorCode::kUnknownMethod,
-                             "the pool's GPU container has no handler for this method", buf, cap);
-  }
-};
-
-// ---- Pool table: which GPU container serves a pool ------------------------------------
-
-/** Pools with GPU containers one GPU can hold. */
-inline constexpr u32 kMaxGpuPools = 64;
-
-/** One pool's GPU container; written by the host only, read by the orchestrator. */
-struct GpuPoolEntry {
-  Atomic<u64, MemScope::kDevice> key_;     ///< PoolId::ToU64(); 0 = empty
-  Atomic<u64, MemScope::kDevice> module_;  ///< module index
-  Atomic<u64, MemScope::kDevice> state_;   ///< device address of the container state
-};
-
-/** A pool binding as the host builds it. */
-struct GpuPoolBinding {
-  PoolId pool;
-  u32 module;
-  void *state;
-};
-
-/** The last lookup of one orchestrator thread (most tasks of a warp go to one pool). */
-struct GpuPoolCache {
-  u32 version_ = ~0u;
-  u64 key_ = 0;
-  u32 module_ = 0;
-  void *state_ = nullptr;
-};
-
-/**
- * Pool -> (module, container state), open addressing, double-buffered: the host rewrites
- * the idle copy, then moves version_ to it, so a reader never sees a half-written table.
- */
-struct GpuPoolTable {
-  Atomic<u32, MemScope::kDevice> version_;  ///< tables_[version_ & 1] is live
-  GpuPoolEntry tables_[2][kMaxGpuPools];
-
-  /** Finds the container of `pool`; false when this GPU has none. */
-  CHI_CROSS_FUN bool Lookup(PoolId pool, u32 *module, void **state, GpuPoolCache *cache) const {
-    // acquire: the live table was completely written before version_ named it.
-    const u32 v = version_.Load(MemOrder::kAcquire);
-    const u64 key = pool.ToU64();
-    if (cache->version_ == v && cache->key_ == key) {
-      *module = cache->module_;
-      *state = cache->state_;
-      return true;
-    }
-    const GpuPoolEntry *t = tables_[v & 1];
-    for (u32 i = 0; i < kMaxGpuPools; ++i) {
-      const GpuPoolEntry &e = t[(Home(key) + i) % kMaxGpuPools];
-      const u64 k = e.key_.Load(MemOrder::kRelaxed);  // relaxed: ordered by the acquire above
-      if (k == 0) return false;
-      if (k != key) continue;
-      *cache = GpuPoolCache{v, key, static_cast<u32>(e.module_.Load(MemOrder::kRelaxed)),
-                            reinterpret_cast<void *>(e.state_.Load(MemOrder::kRelaxed))};
-      *module = cache->module_;
-      *state = cache->state_;
-      return true;
-    }
-    return false;
-  }
-
-  /** Host: rewrites copy `which` with `n` bindings (n <= kMaxGpuPools). */
-  void Fill(u32 which, const GpuPoolBinding *b, u32 n) {
-    GpuPoolEntry *t = tables_[which & 1];
-    for (u32 i = 0; i < kMaxGpuPools; ++i) {
-      t[i].key_.Store(0, MemOrder::kRelaxed);  // relaxed: published by the version flip
-      t[i].module_.Store(0, MemOrder::kRelaxed);
-      t[i].state_.Store(0, MemOrder::kRelaxed);
-    }
-    for (u32 j = 0; j < n && j < kMaxGpuPools; ++j) {
-      const u64 key = b[j].pool.ToU64();
-      u32 at = Home(key);
-      while (t[at].key_.Load(MemOrder::kRelaxed) != 0) at = (at + 1) % kMaxGpuPools;
-      t[at].key_.Store(key, MemOrder::kRelaxed);
-      t[at].module_.Store(b[j].module, MemOrder::kRelaxed);
-      t[at].state_.Store(reinterpret_cast<u64>(b[j].state), MemOrder::kRelaxed);
-    }
-  }
-
-  /** Host, when the table is host memory: installs `n` bindings. */
-  void Publish(const GpuPoolBinding *b, u32 n) {
-    const u32 v = version_.Load(MemOrder::kRelaxed);  // relaxed: the host is the only writer
-    Fill(v + 1, b, n);
-    version_.Store(v + 1, MemOrder::kRelease);  // release: publishes the filled copy
-  }
-
- private:
-  CHI_CROSS_FUN static u32 Home(u64 key) {
-    return static_cast<u32>((key * 0x9E3779B97F4A7C15ull) >> 58) % kMaxGpuPools;
-  }
-};
-
-}  // namespace chi::gpu
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
-// ---- end chi/gpu/gpu_container.h ----
-// ---- begin chi/gpu/gpu_worker.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
-// GpuWorker: the CPU side of every GPU's CPU-facing queues, on one thread (seed 000's
-// GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
-// tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
-// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
-// workers, whose TaskCompleter writes the answer back into the slot.
-// A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
-// gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
-// Invariant: every task given to Send completes exactly once, with its answer or an error
-// (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
-
-#include <unistd.h>  // getpid: the claim words hold the claimer's pid
-
-#include <climits>  // INT_MAX: wake every parked sender
-#include <cstring>  // memcpy of diagnostic and error answers
-#include <memory>   // per-slot arrays
-#include <string>   // the no-GPU reason
-#include <thread>   // the worker thread
-#include <vector>   // links, error answers, broadcast replicas
-
-// ---- begin chi/gpu/host_slots.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
-// How CPU processes share one GPU's cpu2gpu queue: the runtime's GpuWorker and every pure
-// client that attached the queue's pinned segment claim slots with a CAS on the slot's
-// claim word (in that shared segment), which holds the claimer's pid while the slot is held.
-// Invariant: the claim word is the only ownership record, so a dead claimer is always
-// identifiable, and its slot is freed only once the request it posted has been answered.
-// Only host code uses these claim words (GPU clients use gpu2gpu/gpu2cpu, see mailbox.h).
 
 namespace chi::gpu {
 
@@ -14088,282 +13940,6 @@ void GpuWorker::Broadcast(Task *t) { GpuBroadcast::Start(*this, t); }
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
 // ---- end chi/gpu/gpu_worker.h ----
-
-namespace chi::gpu {
-
-/** This client process's attachment to the runtime's GPU queues. */
-class GpuClientQueues : private GpuPoolDirectory {
- public:
-  GpuClientQueues() = default;
-  ~GpuClientQueues() { Detach(); }
-  GpuClientQueues(const GpuClientQueues &) = delete;
-  GpuClientQueues &operator=(const GpuClientQueues &) = delete;
-
-  /**
-   * Attaches the GPUs `blob` (ConnectAnswer::gpu_info) offers and routes `ipc`'s GPU tasks
-   * to them. An empty blob is not an error (no GPU queues: GPU tasks keep going to the
-   * runtime through the transport); a failure leaves nothing attached.
-   */
-  Status Attach(const std::vector<char> &blob, IpcManager *ipc) {
-    Detach();
-    GpuConnectInfo info;
-    if (Status st = DecodeGpuConnectInfo(blob, &info); !st.ok()) return st;
-    for (u32 i = 0; i < info.gpus.size(); ++i) {
-      const GpuQueueAttachInfo &g = info.gpus[i];
-      if (g.gpu_id != i) break;  // ToLocalGpu(id) indexes the links: only a 0..n-1 prefix
-      auto a = std::make_unique<Attached>();
-      if (Status st = a->Map(g); !st.ok()) {
-        gpus_.clear();
-        return st;
-      }
-      gpus_.push_back(std::move(a));
-    }
-    if (gpus_.empty()) return Status::Ok();
-    std::vector<GpuLink *> links;
-    for (auto &a : gpus_) links.push_back(&a->link);
-    ipc_ = ipc;
-    worker_.Start(nullptr, nullptr, this, std::move(links), "", false);
-    ipc->AttachGpuTransport(&worker_);
-    return Status::Ok();
-  }
-
-  /**
-   * Stops the direct route: GPU tasks still waiting fail with kShutdown. Slots whose
-   * answers had not come stay claimed by this pid until the process exits (the runtime
-   * reaps them then): the GPU may still write their payloads.
-   */
-  void Detach() {
-    if (ipc_ != nullptr) ipc_->AttachGpuTransport(nullptr);
-    if (!gpus_.empty()) {
-      worker_.StopIntake();
-      worker_.Stop();
-    }
-    gpus_.clear();
-    ipc_ = nullptr;
-  }
-
-  /** GPUs attached (0: GPU tasks go through the runtime's transport). */
-  u32 NumGpus() const { return static_cast<u32>(gpus_.size()); }
-  /** GPU gpu's cpu2gpu queue as this process maps it (gpu < NumGpus()). */
-  const GpuQueue<MemScope::kSystem> &Cpu2Gpu(u32 gpu) const { return gpus_[gpu]->link.cpu2gpu; }
-  /** What the runtime announced for GPU gpu (gpu < NumGpus()). */
-  const GpuQueueAttachInfo &Info(u32 gpu) const { return gpus_[gpu]->info; }
-  /** True when GPU gpu's segment is also pinned in this process. */
-  bool Pinned(u32 gpu) const { return gpus_[gpu]->pinned.IsAttached(); }
-  /** Tasks posted straight into a cpu2gpu queue so far. */
-  u64 Posted() const { return worker_.Posted(); }
-
- private:
-  /** One GPU's mapping and link. */
-  struct Attached {
-    GpuQueueAttachInfo info;
-    PinnedShmBackend pinned;  ///< the segment, registered with the driver here
-    PosixShmBackend plain;    ///< the segment unpinned, where this process cannot pin it
-    GpuLink link;
-    std::unique_ptr<Atomic<u64>[]> known;  ///< pools the runtime has set up on this GPU
-
-    /** Attaches and checks the segment, then rebases the queue onto it. */
-    Status Map(const GpuQueueAttachInfo &g) {
-      info = g;
-      if (g.segment_version != kBackendVersion) {
-        return Status::Errorf(ErrorCode::kVersionMismatch,
-                              "GPU queue segment '%s' has layout version %u; this client "
-                              "understands %u",
-                              g.segment.c_str(), g.segment_version, kBackendVersion);
-      }
-      // Pinning here is not needed for correctness (the runtime pinned the pages); it lets
-      // this process's own kernels reach the queue and matches the runtime's mapping.
-      PosixShmBackend *seg = &pinned;
-      if (Status st = pinned.Attach(g.segment); !st.ok()) {
-        if (Status st2 = plain.Attach(g.segment); !st2.ok()) return st2;
-        std::fprintf(stderr, "chi: GPU %u queue attached unpinned: %s\n", g.gpu_id, st.message());
-        seg = &plain;
-      }
-      if (seg->Size() != g.segment_size) {
-        return Status::Errorf(ErrorCode::kSizeMismatch,
-                              "GPU queue segment '%s' is %llu bytes; the runtime announced %llu",
-                              g.segment.c_str(), static_cast<unsigned long long>(seg->Size()),
-                              static_cast<unsigned long long>(g.segment_size));
-      }
-      GpuQueue<MemScope::kSystem> q;
-      if (Status st = RebaseCpu2Gpu(g, seg->Data(), seg->DataSize(), &q); !st.ok()) return st;
-      link.Init(g.gpu_id, q, GpuQueue<MemScope::kSystem>());
-      known = std::make_unique<Atomic<u64>[]>(kMaxGpuPools);
-      return Status::Ok();
-    }
-  };
-
-  /**
-   * GpuPoolDirectory: the runtime's GPU gpu_id must have a container for `pool`. Asked of
-   * the runtime once per pool (an admin GpuAttachPool round trip), then remembered.
-   */
-  Status EnsurePool(u32 gpu_id, PoolId pool) override {
-    Atomic<u64> *known = gpus_[gpu_id]->known.get();
-    const u64 key = pool.ToU64();
-    for (u32 i = 0; i < kMaxGpuPools; ++i) {
-      if (known[i].Load(MemOrder::kRelaxed) == key) return Status::Ok();  // relaxed: a hint
-    }
-    auto *t = ipc_->NewTask<chimaera::admin::GpuAttachPoolTask>(gpu_id, pool);
-    if (t == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "GpuAttachPool task");
-    t->pool_id_ = kAdminPoolId;
-    t->pool_query_ = PoolQuery::Local();
-    t->method_ = chimaera::admin::Method::kGpuAttachPool;
-    Future<chimaera::admin::GpuAttachPoolTask> f = ipc_->Send(t);
-    if (!f.Wait(kAttachPoolWaitSec)) {
-      return Status::Error(ErrorCode::kTimeout, "the runtime did not set up the GPU pool");
-    }
-    if (f->GetReturnCode() != 0) {
-      return Status::Error(static_cast<ErrorCode>(f->GetReturnCode()), f->GetMessage());
-    }
-    for (u32 i = 0; i < kMaxGpuPools; ++i) {
-      u64 empty = 0;
-      // relaxed: the entry is only a cache of the runtime's answer.
-      if (known[i].CompareExchange(empty, key, MemOrder::kRelaxed) || empty == key) break;
-    }
-    return Status::Ok();
-  }
-
-  static constexpr float kAttachPoolWaitSec = 30;
-
-  std::vector<std::unique_ptr<Attached>> gpus_;
-  IpcManager *ipc_ = nullptr;
-  GpuWorker worker_;
-};
-
-}  // namespace chi::gpu
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
-// ---- end chi/gpu/gpu_client_queues.h ----
-// ---- begin chi/gpu/gpu_ipc_ops.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_OPS_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_OPS_H
-// The CUDA/HIP half of memory registration: a client describes a device range (its device,
-// its allocation's IPC handle, its offset in that allocation) and a runtime opens and closes
-// such handles. Both are installed into GpuHooks (gpu_ipc_cache.h) by the GPU build, so the
-// CUDA-free code (IpcManager, admin, the cache) reaches them. Host code only.
-// Invariant: an IPC handle always names a whole allocation, so the offset travels with it.
-
-#include <cstring>  // memcpy of the handle bytes
-
-namespace chi::gpu {
-
-static_assert(sizeof(IpcMemHandle) <= sizeof(IpcHandleBytes), "an IPC handle fits the bytes");
-
-/**
- * The device, base and size of the allocation holding device pointer p.
- * kInvalidArgument when p is not device memory of this process.
- */
-inline Status DeviceAllocationOf(const void *p, int *device, char **base, u64 *size) {
-#if CHI_MEMORY_USE_HIP
-  hipPointerAttribute_t a;
-  if (hipPointerGetAttributes(&a, p) != hipSuccess || a.memoryType != hipMemoryTypeDevice) {
-    static_cast<void>(hipGetLastError());  // clear the sticky-free error of a failed query
-    return Status::Errorf(ErrorCode::kInvalidArgument,
-                          "RegisterMemory: %p is not device memory of this process", p);
-  }
-  *device = a.device;
-  hipDeviceptr_t b = nullptr;
-  size_t n = 0;
-  if (hipMemGetAddressRange(&b, &n, const_cast<void *>(p)) != hipSuccess) {
-    return Status::Errorf(ErrorCode::kInvalidArgument,
-                          "RegisterMemory: no allocation contains %p", p);
-  }
-  *base = static_cast<char *>(b);
-  *size = n;
-  return Status::Ok();
-#else
-  cudaPointerAttributes a;
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess || a.type != cudaMemoryTypeDevice) {
-    static_cast<void>(cudaGetLastError());  // clear the error of a failed query
-    return Status::Errorf(ErrorCode::kInvalidArgument,
-                          "RegisterMemory: %p is not device memory of this process", p);
-  }
-  *device = a.device;
-  // The runtime API has no allocation-range query: ask the driver's, through the runtime.
-  using RangeFn = int (*)(unsigned long long *, size_t *, unsigned long long);
-  static const RangeFn range = [] {
-    void *fn = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      return static_cast<RangeFn>(nullptr);
-    }
-    return reinterpret_cast<RangeFn>(fn);
-  }();
-  if (range == nullptr) {
-    return Status::Error(ErrorCode::kUnsupported,
-                         "RegisterMemory: the CUDA driver offers no cuMemGetAddressRange");
-  }
-  unsigned long long b = 0;
-  size_t n = 0;
-  if (range(&b, &n, reinterpret_cast<unsigned long long>(p)) != 0) {
-    return Status::Errorf(ErrorCode::kInvalidArgument,
-                          "RegisterMemory: no allocation contains %p", p);
-  }
-  *base = reinterpret_cast<char *>(b);
-  *size = n;
-  return Status::Ok();
-#endif
-}
-
-/**
- * Client side (GpuHooks::describe): fills reg's device, alloc_offset and handle for the
- * device range [ptr, ptr + bytes), which must lie inside one allocation.
- */
-inline Status DescribeDeviceMemory(const void *ptr, u64 bytes, MemoryRegistration *reg) {
-  int device = 0;
-  char *base = nullptr;
-  u64 size = 0;
-  if (Status st = DeviceAllocationOf(ptr, &device, &base, &size); !st.ok()) return st;
-  const u64 offset = static_cast<u64>(static_cast<const char *>(ptr) - base);
-  if (bytes > size - offset) {
-    return Status::Errorf(ErrorCode::kInvalidArgument,
-                          "RegisterMemory: %llu bytes from %p run past the end of its "
-                          "%llu-byte allocation",
-                          static_cast<unsigned long long>(bytes), ptr,
-                          static_cast<unsigned long long>(size));
-  }
-  IpcMemHandle h;
-  if (Error e = IpcGetMemHandle(&h, base); e != kSuccess) {
-    return Status::Errorf(ErrorCode::kUnsupported,
-                          "RegisterMemory: cannot export an IPC handle for %p: %s", ptr,
-                          ErrorString(e));
-  }
-  reg->device = static_cast<u32>(device);
-  reg->alloc_offset = offset;
-  reg->handle = IpcHandleBytes();
-  std::memcpy(reg->handle.words, &h, sizeof(h));
-  return Status::Ok();
-}
-
-/** Runtime side: maps another process's allocation on `device` (slow: cache the result). */
-inline Status OpenIpcHandle(u32 device, const IpcHandleBytes &bytes, void **base) {
-  const DeviceScope scope(static_cast<int>(device));  // the caller keeps its own GPU
-  if (!scope.status().ok()) return scope.status();
-  IpcMemHandle h;
-  std::memcpy(&h, bytes.words, sizeof(h));
-  return Check(IpcOpenMemHandle(base, h), "open a client's IPC memory handle");
-}
-
-/**
- * Runtime side: unmaps what OpenIpcHandle mapped. It may wait for the whole device: call it
- * only while no orchestrator runs (GpuManager retires mappings until then).
- */
-inline void CloseIpcHandle(u32 device, void *base) {
-  // Teardown: a refusal leaves nothing we could undo.
-  const DeviceScope scope(static_cast<int>(device));
-  static_cast<void>(IpcCloseMemHandle(base));
-}
-
-/** Installs DescribeDeviceMemory for IpcManager::RegisterMemory in every GPU build. */
-inline const bool kDeviceMemoryDescriberInstalled = [] {
-  GpuHooks::Get().describe.Store(&DescribeDeviceMemory, MemOrder::kRelease);  // before use
-  return true;
-}();
-
-}  // namespace chi::gpu
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_OPS_H
-// ---- end chi/gpu/gpu_ipc_ops.h ----
 // ---- begin chi/gpu/module_registry.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_MODULE_REGISTRY_H
 #define CHI_SINGLE_INCLUDE_CHI_GPU_MODULE_REGISTRY_H
@@ -14821,6 +14397,579 @@ struct GpuQueueSet {
 
 namespace chi::gpu {
 
+/** One GPU's resources (see the file comment). */
+struct GpuDevice {
+  int id = 0;
+  PinnedShmBackend pinned;         ///< cpu2gpu, gpu2cpu (POSIX shm, pinned)
+  GpuDeviceBackend device;         ///< descriptors, control, gpu2gpu, records, pools, containers
+  void *private_pinned = nullptr;  ///< instead of `pinned` where shm cannot be pinned
+  void *private_device = nullptr;  ///< instead of `device` where IPC handles are refused
+  Stream stream = nullptr;         ///< the orchestrator's own stream
+  Stream copies = nullptr;         ///< table and container copies
+  GpuQueueSet set;
+  GpuLink link;
+  bool running = false;  ///< launched and not yet seen to return
+  bool wedged = false;   ///< did not return when asked: keep its memory mapped
+  bool abort = false;    ///< the abort word's value (device-side waits give up)
+  u64 arena_used = 0;
+  std::unordered_map<u64, GpuPoolBinding> bindings;  ///< pool -> its container here
+  Atomic<u64> known[kMaxGpuPools];                   ///< pools with bindings (hot-path check)
+  GpuPoolTable shadow;                               ///< host copy of the pool table
+
+  /**
+   * Maps GPU `id`'s regions for queues of `qc`, creates its streams, carves the queues,
+   * clears the device region and writes the descriptors kernels read.
+   */
+  Status Map(const GpuQueueConfig &qc) {
+    const DeviceScope scope(id);  // the caller keeps its own GPU
+    if (!scope.status().ok()) return scope.status();
+    const std::string name = "chi_gpu_" + std::to_string(getpid()) + "_" + std::to_string(id);
+    const u64 pinned_bytes = GpuQueueSet::PinnedBytes(qc);
+    const u64 device_bytes = GpuQueueSet::DeviceBytes(qc);
+    char *pinned_region = nullptr;
+    char *device_region = nullptr;
+    if (Status st = pinned.Create(name, pinned_bytes, CreateMode::kReplace); st.ok()) {
+      pinned_region = pinned.Data();
+      if (pinned.DevicePointer() != pinned.Base()) {
+        return Status::Error(ErrorCode::kUnsupported,
+                             "pinned memory is not at the same address on the GPU (needs UVA)");
+      }
+    } else if (Status st2 = Check(MallocHost(&private_pinned, pinned_bytes), "pinned memory");
+               st2.ok()) {
+      std::fprintf(stderr, "chi: GPU %d queues in private pinned memory: %s\n", id, st.message());
+      std::memset(private_pinned, 0, pinned_bytes);
+      pinned_region = static_cast<char *>(private_pinned);
+    } else {
+      return st;
+    }
+    if (Status st = device.Create(name, device_bytes, id); st.ok()) {
+      device_region = device.Data();
+    } else if (Status st2 = Check(Malloc(&private_device, device_bytes), "device memory");
+               st2.ok()) {
+      std::fprintf(stderr, "chi: GPU %d queues in private device memory: %s\n", id, st.message());
+      device_region = static_cast<char *>(private_device);
+    } else {
+      return st;
+    }
+    if (Status st = Check(StreamCreate(&stream), "create the orchestrator stream"); !st.ok()) {
+      return st;
+    }
+    if (Status st = Check(StreamCreate(&copies), "create the copy stream"); !st.ok()) return st;
+    set = GpuQueueSet::Carve(qc, pinned_region, device_region);
+    // Both on the copy stream, so the clear is ordered before the descriptors land.
+    Status st = Check(MemsetAsync(device_region, 0, device_bytes, copies), "clear GPU queues");
+    if (st.ok()) {
+      st = Check(MemcpyAsync(set.device, &set.host, sizeof(set.host), copies),
+                 "write queue descriptors");
+    }
+    if (st.ok()) st = Check(StreamSynchronize(copies), "write queue descriptors");
+    if (!st.ok()) return st;
+    link.Init(static_cast<u32>(id), set.host.cpu2gpu, set.host.gpu2cpu);
+    return Status::Ok();
+  }
+
+  /** Writes the control words through the copy stream (kernels read them from L2). */
+  Status WriteControl(u32 exit) {
+    GpuControl words;
+    words.exit_.Store(exit, MemOrder::kRelaxed);  // relaxed: a host-private staging copy
+    words.abort_.Store(abort ? 1 : 0, MemOrder::kRelaxed);
+    const DeviceScope scope(id);  // the caller keeps its own GPU
+    Status st = scope.status();
+    if (st.ok()) {
+      st = Check(MemcpyAsync(set.control, &words, sizeof(words), copies), "write GPU control");
+    }
+    if (st.ok()) st = Check(StreamSynchronize(copies), "write GPU control");
+    return st;
+  }
+
+  /** Launches the orchestrator of `table`'s modules (its control words cleared first). */
+  Status Launch(const GpuModuleTable &table, u32 blocks, u32 threads) {
+    abort = false;
+    if (Status st = WriteControl(0); !st.ok()) return st;
+    const DeviceScope scope(id);  // the caller keeps its own GPU
+    const int rc = table.launch(set.Args(static_cast<u32>(id)), blocks, threads, stream);
+    if (Status st = Check(static_cast<Error>(rc), "launch the GPU orchestrator"); !st.ok()) {
+      return st;
+    }
+    running = true;
+    return Status::Ok();
+  }
+
+  /** Asks the orchestrator to return and waits for it, at most timeout_ns. */
+  Status StopKernel(u64 timeout_ns) {
+    if (!running) return Status::Ok();
+    Status st = WriteControl(1);
+    if (st.ok()) st = WaitStream(stream, timeout_ns);
+    if (!st.ok()) {
+      wedged = true;
+      return Status::Errorf(st.code(), "GPU %d orchestrator did not stop: %s", id, st.message());
+    }
+    running = false;
+    return Status::Ok();
+  }
+
+  /** Frees the streams and regions (never call it on a wedged device). */
+  void Release() {
+    const DeviceScope scope(id);
+    if (stream != nullptr) StreamDestroy(stream);
+    if (copies != nullptr) StreamDestroy(copies);
+    stream = copies = nullptr;
+    device.Destroy();
+    if (pinned.IsAttached()) pinned.Destroy();
+    if (private_device != nullptr) Free(private_device);
+    if (private_pinned != nullptr) FreeHost(private_pinned);
+    private_device = private_pinned = nullptr;
+  }
+};
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_DEVICE_H
+// ---- end chi/gpu/gpu_device.h ----
+// ---- begin chi/gpu/gpu_client_queues.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
+// A pure client's direct way to the runtime's GPUs: from the handshake's GPU blob it attaches
+// each GPU's pinned queue segment (POSIX shm, registered with the driver here too), rebases
+// the cpu2gpu queue onto its own mapping and runs a client-mode GpuWorker over it, so that
+// LocalGpuBcast / ToLocalGpu tasks go straight to the runtime's orchestrators, with no CPU
+// hop through the runtime. The orchestrators stay in the runtime process.
+// MPS: this process only writes pinned memory and polls it from the CPU; it never runs a
+// kernel for the route. Without MPS, two processes that both run kernels on one GPU
+// time-slice (~4.5 ms per round trip measured), so keep GPU polling in the runtime.
+// Invariant: a client's claims live in the shared segment with its pid (host_slots.h), so a
+// client that dies holding slots loses them to the runtime's reaper, never forever.
+
+#include <cstdio>  // fprintf of why the direct route is not used
+#include <memory>  // per-GPU attachments
+#include <string>  // messages
+#include <vector>  // attachments, links
+
+// ---- begin chi/gpu/gpu_connect_info.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONNECT_INFO_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONNECT_INFO_H
+// The GPU part of the ClientConnect handshake (ConnectAnswer::gpu_info, an opaque versioned
+// blob): per GPU, the runtime's pinned queue segment (name, size, version) and where the
+// cpu2gpu queue's arrays sit inside it. The runtime describes; a pure client built with
+// CUDA/HIP attaches the segment and rebases the queue onto its own mapping (gpu_client_queues.h).
+// Invariant: only offsets cross processes, never pointers; every offset is checked against
+// the segment's size before the client touches the memory.
+
+#include <string>  // segment names
+#include <vector>  // the blob, per-GPU entries
+
+namespace chi::gpu {
+
+/** Bumped whenever GpuConnectInfo or GpuQueueAttachInfo changes. */
+inline constexpr u32 kGpuConnectInfoVersion = 1;
+
+/** One GPU's cpu2gpu queue as a client process must see it. */
+struct GpuQueueAttachInfo {
+  u32 gpu_id = 0;
+  std::string segment;     ///< PosixShmBackend name of the pinned segment
+  u64 segment_size = 0;    ///< whole mapping, bytes
+  u32 segment_version = 0; ///< kBackendVersion of the runtime's build
+  u32 cpu2gpu_slots = 0;
+  u32 gpu2cpu_slots = 0;   ///< for information: clients never serve gpu2cpu
+  u32 gpu2gpu_slots = 0;   ///< for information: gpu2gpu is device memory of the runtime
+  u32 payload_bytes = 0;   ///< copy space per cpu2gpu slot
+  u64 max_wait_ns = 0;
+  // Byte offsets of the cpu2gpu arrays from the segment's Data().
+  u64 request_off = 0;
+  u64 answer_off = 0;
+  u64 payload_off = 0;
+  u64 claims_off = 0;
+  u64 doorbell_off = 0;
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(gpu_id, segment, segment_size, segment_version, cpu2gpu_slots, gpu2cpu_slots,
+       gpu2gpu_slots, payload_bytes, max_wait_ns, request_off, answer_off, payload_off,
+       claims_off, doorbell_off);
+  }
+};
+
+/** The whole blob: every GPU a client may submit to directly. */
+struct GpuConnectInfo {
+  u32 version = kGpuConnectInfoVersion;
+  u32 runtime_pid = 0;
+  std::vector<GpuQueueAttachInfo> gpus;
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(version, runtime_pid, gpus);
+  }
+};
+
+/** Encodes the blob for ConnectAnswer::gpu_info (empty when there is no GPU to offer). */
+inline std::vector<char> EncodeGpuConnectInfo(const GpuConnectInfo &info) {
+  std::vector<char> out;
+  if (info.gpus.empty()) return out;
+  OutputArchive ar(out);
+  ar(info);
+  return out;
+}
+
+/** Decodes the blob; empty means "no GPU queues offered" (ok, no entries). */
+inline Status DecodeGpuConnectInfo(const std::vector<char> &blob, GpuConnectInfo *out) {
+  *out = GpuConnectInfo();
+  if (blob.empty()) return Status::Ok();
+  u32 version = 0;
+  InputArchive peek(blob.data(), blob.size());
+  peek(version);
+  if (!peek.ok() || version != kGpuConnectInfoVersion) {
+    return Status::Errorf(ErrorCode::kVersionMismatch,
+                          "the runtime describes its GPU queues in version %u; this client "
+                          "understands %u (rebuild the client against the runtime's chi)",
+                          version, kGpuConnectInfoVersion);
+  }
+  InputArchive ar(blob.data(), blob.size());
+  ar(*out);
+  if (!ar.ok()) return Status::Error(ErrorCode::kMalformed, "malformed GPU queue description");
+  return Status::Ok();
+}
+
+/** Describes cpu2gpu queue `q`, carved in the segment whose Data() is `data`. */
+inline GpuQueueAttachInfo DescribeCpu2Gpu(u32 gpu_id, const GpuQueue<MemScope::kSystem> &q,
+                                          const char *data) {
+  GpuQueueAttachInfo i;
+  i.gpu_id = gpu_id;
+  i.cpu2gpu_slots = q.num_slots_;
+  i.payload_bytes = q.payload_bytes_;
+  i.max_wait_ns = q.max_wait_ns_;
+  auto off = [data](const void *p) { return static_cast<u64>(static_cast<const char *>(p) - data); };
+  i.request_off = off(q.request_);
+  i.answer_off = off(q.answer_);
+  i.payload_off = off(q.payload_);
+  i.claims_off = off(q.claims_);
+  i.doorbell_off = off(q.doorbell_);
+  return i;
+}
+
+/**
+ * The client's cpu2gpu descriptor over its own mapping (`data` = its Data(), `data_bytes`
+ * long). Server-side arrays (served_) and the abort word are not in the segment and stay
+ * null: a host client never reads them. kMalformed when an array would leave the segment.
+ */
+inline Status RebaseCpu2Gpu(const GpuQueueAttachInfo &i, char *data, u64 data_bytes,
+                            GpuQueue<MemScope::kSystem> *out) {
+  const u64 n = i.cpu2gpu_slots;
+  struct Span {
+    u64 off;
+    u64 bytes;
+  };
+  const Span spans[5] = {{i.request_off, 8 * n},
+                         {i.answer_off, 8 * n},
+                         {i.payload_off, n * i.payload_bytes},
+                         {i.claims_off, 4 * n},
+                         {i.doorbell_off, 8}};
+  if (n == 0 || i.payload_bytes == 0 || i.payload_bytes % 16 != 0) {
+    return Status::Error(ErrorCode::kMalformed, "GPU queue description has no slots");
+  }
+  for (const Span &s : spans) {
+    if (s.off % 8 != 0 || s.off > data_bytes || s.bytes > data_bytes - s.off) {
+      return Status::Errorf(ErrorCode::kMalformed,
+                            "GPU %u queue array at offset %llu (+%llu) leaves its %llu-byte "
+                            "segment",
+                            i.gpu_id, static_cast<unsigned long long>(s.off),
+                            static_cast<unsigned long long>(s.bytes),
+                            static_cast<unsigned long long>(data_bytes));
+    }
+  }
+  GpuQueue<MemScope::kSystem> q;
+  q.num_slots_ = i.cpu2gpu_slots;
+  q.payload_bytes_ = i.payload_bytes;
+  q.max_wait_ns_ = i.max_wait_ns;
+  q.request_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.request_off);
+  q.answer_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.answer_off);
+  q.payload_ = data + i.payload_off;
+  q.claims_ = reinterpret_cast<Atomic<u32, MemScope::kDevice> *>(data + i.claims_off);
+  q.doorbell_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.doorbell_off);
+  *out = q;
+  return Status::Ok();
+}
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONNECT_INFO_H
+// ---- end chi/gpu/gpu_connect_info.h ----
+
+namespace chi::gpu {
+
+/** This client process's attachment to the runtime's GPU queues. */
+class GpuClientQueues : private GpuPoolDirectory {
+ public:
+  GpuClientQueues() = default;
+  ~GpuClientQueues() { Detach(); }
+  GpuClientQueues(const GpuClientQueues &) = delete;
+  GpuClientQueues &operator=(const GpuClientQueues &) = delete;
+
+  /**
+   * Attaches the GPUs `blob` (ConnectAnswer::gpu_info) offers and routes `ipc`'s GPU tasks
+   * to them. An empty blob is not an error (no GPU queues: GPU tasks keep going to the
+   * runtime through the transport); a failure leaves nothing attached.
+   */
+  Status Attach(const std::vector<char> &blob, IpcManager *ipc) {
+    Detach();
+    GpuConnectInfo info;
+    if (Status st = DecodeGpuConnectInfo(blob, &info); !st.ok()) return st;
+    for (u32 i = 0; i < info.gpus.size(); ++i) {
+      const GpuQueueAttachInfo &g = info.gpus[i];
+      if (g.gpu_id != i) break;  // ToLocalGpu(id) indexes the links: only a 0..n-1 prefix
+      auto a = std::make_unique<Attached>();
+      if (Status st = a->Map(g); !st.ok()) {
+        gpus_.clear();
+        return st;
+      }
+      gpus_.push_back(std::move(a));
+    }
+    if (gpus_.empty()) return Status::Ok();
+    std::vector<GpuLink *> links;
+    for (auto &a : gpus_) links.push_back(&a->link);
+    ipc_ = ipc;
+    worker_.Start(nullptr, nullptr, this, std::move(links), "", false);
+    ipc->AttachGpuTransport(&worker_);
+    return Status::Ok();
+  }
+
+  /**
+   * Stops the direct route: GPU tasks still waiting fail with kShutdown. Slots whose
+   * answers had not come stay claimed by this pid until the process exits (the runtime
+   * reaps them then): the GPU may still write their payloads.
+   */
+  void Detach() {
+    if (ipc_ != nullptr) ipc_->AttachGpuTransport(nullptr);
+    if (!gpus_.empty()) {
+      worker_.StopIntake();
+      worker_.Stop();
+    }
+    gpus_.clear();
+    ipc_ = nullptr;
+  }
+
+  /** GPUs attached (0: GPU tasks go through the runtime's transport). */
+  u32 NumGpus() const { return static_cast<u32>(gpus_.size()); }
+  /** GPU gpu's cpu2gpu queue as this process maps it (gpu < NumGpus()). */
+  const GpuQueue<MemScope::kSystem> &Cpu2Gpu(u32 gpu) const { return gpus_[gpu]->link.cpu2gpu; }
+  /** What the runtime announced for GPU gpu (gpu < NumGpus()). */
+  const GpuQueueAttachInfo &Info(u32 gpu) const { return gpus_[gpu]->info; }
+  /** True when GPU gpu's segment is also pinned in this process. */
+  bool Pinned(u32 gpu) const { return gpus_[gpu]->pinned.IsAttached(); }
+  /** Tasks posted straight into a cpu2gpu queue so far. */
+  u64 Posted() const { return worker_.Posted(); }
+
+ private:
+  /** One GPU's mapping and link. */
+  struct Attached {
+    GpuQueueAttachInfo info;
+    PinnedShmBackend pinned;  ///< the segment, registered with the driver here
+    PosixShmBackend plain;    ///< the segment unpinned, where this process cannot pin it
+    GpuLink link;
+    std::unique_ptr<Atomic<u64>[]> known;  ///< pools the runtime has set up on this GPU
+
+    /** Attaches and checks the segment, then rebases the queue onto it. */
+    Status Map(const GpuQueueAttachInfo &g) {
+      info = g;
+      if (g.segment_version != kBackendVersion) {
+        return Status::Errorf(ErrorCode::kVersionMismatch,
+                              "GPU queue segment '%s' has layout version %u; this client "
+                              "understands %u",
+                              g.segment.c_str(), g.segment_version, kBackendVersion);
+      }
+      // Pinning here is not needed for correctness (the runtime pinned the pages); it lets
+      // this process's own kernels reach the queue and matches the runtime's mapping.
+      PosixShmBackend *seg = &pinned;
+      if (Status st = pinned.Attach(g.segment); !st.ok()) {
+        if (Status st2 = plain.Attach(g.segment); !st2.ok()) return st2;
+        std::fprintf(stderr, "chi: GPU %u queue attached unpinned: %s\n", g.gpu_id, st.message());
+        seg = &plain;
+      }
+      if (seg->Size() != g.segment_size) {
+        return Status::Errorf(ErrorCode::kSizeMismatch,
+                              "GPU queue segment '%s' is %llu bytes; the runtime announced %llu",
+                              g.segment.c_str(), static_cast<unsigned long long>(seg->Size()),
+                              static_cast<unsigned long long>(g.segment_size));
+      }
+      GpuQueue<MemScope::kSystem> q;
+      if (Status st = RebaseCpu2Gpu(g, seg->Data(), seg->DataSize(), &q); !st.ok()) return st;
+      link.Init(g.gpu_id, q, GpuQueue<MemScope::kSystem>());
+      known = std::make_unique<Atomic<u64>[]>(kMaxGpuPools);
+      return Status::Ok();
+    }
+  };
+
+  /**
+   * GpuPoolDirectory: the runtime's GPU gpu_id must have a container for `pool`. Asked of
+   * the runtime once per pool (an admin GpuAttachPool round trip), then remembered.
+   */
+  Status EnsurePool(u32 gpu_id, PoolId pool) override {
+    Atomic<u64> *known = gpus_[gpu_id]->known.get();
+    const u64 key = pool.ToU64();
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      if (known[i].Load(MemOrder::kRelaxed) == key) return Status::Ok();  // relaxed: a hint
+    }
+    auto *t = ipc_->NewTask<chimaera::admin::GpuAttachPoolTask>(gpu_id, pool);
+    if (t == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "GpuAttachPool task");
+    t->pool_id_ = kAdminPoolId;
+    t->pool_query_ = PoolQuery::Local();
+    t->method_ = chimaera::admin::Method::kGpuAttachPool;
+    Future<chimaera::admin::GpuAttachPoolTask> f = ipc_->Send(t);
+    if (!f.Wait(kAttachPoolWaitSec)) {
+      return Status::Error(ErrorCode::kTimeout, "the runtime did not set up the GPU pool");
+    }
+    if (f->GetReturnCode() != 0) {
+      return Status::Error(static_cast<ErrorCode>(f->GetReturnCode()), f->GetMessage());
+    }
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      u64 empty = 0;
+      // relaxed: the entry is only a cache of the runtime's answer.
+      if (known[i].CompareExchange(empty, key, MemOrder::kRelaxed) || empty == key) break;
+    }
+    return Status::Ok();
+  }
+
+  static constexpr float kAttachPoolWaitSec = 30;
+
+  std::vector<std::unique_ptr<Attached>> gpus_;
+  IpcManager *ipc_ = nullptr;
+  GpuWorker worker_;
+};
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
+// ---- end chi/gpu/gpu_client_queues.h ----
+// ---- begin chi/gpu/gpu_ipc_ops.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_OPS_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_OPS_H
+// The CUDA/HIP half of memory registration: a client describes a device range (its device,
+// its allocation's IPC handle, its offset in that allocation) and a runtime opens and closes
+// such handles. Both are installed into GpuHooks (gpu_ipc_cache.h) by the GPU build, so the
+// CUDA-free code (IpcManager, admin, the cache) reaches them. Host code only.
+// Invariant: an IPC handle always names a whole allocation, so the offset travels with it.
+
+#include <cstring>  // memcpy of the handle bytes
+
+namespace chi::gpu {
+
+static_assert(sizeof(IpcMemHandle) <= sizeof(IpcHandleBytes), "an IPC handle fits the bytes");
+
+/**
+ * The device, base and size of the allocation holding device pointer p.
+ * kInvalidArgument when p is not device memory of this process.
+ */
+inline Status DeviceAllocationOf(const void *p, int *device, char **base, u64 *size) {
+#if CHI_MEMORY_USE_HIP
+  hipPointerAttribute_t a;
+  if (hipPointerGetAttributes(&a, p) != hipSuccess || a.memoryType != hipMemoryTypeDevice) {
+    static_cast<void>(hipGetLastError());  // clear the sticky-free error of a failed query
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "RegisterMemory: %p is not device memory of this process", p);
+  }
+  *device = a.device;
+  hipDeviceptr_t b = nullptr;
+  size_t n = 0;
+  if (hipMemGetAddressRange(&b, &n, const_cast<void *>(p)) != hipSuccess) {
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "RegisterMemory: no allocation contains %p", p);
+  }
+  *base = static_cast<char *>(b);
+  *size = n;
+  return Status::Ok();
+#else
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess || a.type != cudaMemoryTypeDevice) {
+    static_cast<void>(cudaGetLastError());  // clear the error of a failed query
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "RegisterMemory: %p is not device memory of this process", p);
+  }
+  *device = a.device;
+  // The runtime API has no allocation-range query: ask the driver's, through the runtime.
+  using RangeFn = int (*)(unsigned long long *, size_t *, unsigned long long);
+  static const RangeFn range = [] {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      return static_cast<RangeFn>(nullptr);
+    }
+    return reinterpret_cast<RangeFn>(fn);
+  }();
+  if (range == nullptr) {
+    return Status::Error(ErrorCode::kUnsupported,
+                         "RegisterMemory: the CUDA driver offers no cuMemGetAddressRange");
+  }
+  unsigned long long b = 0;
+  size_t n = 0;
+  if (range(&b, &n, reinterpret_cast<unsigned long long>(p)) != 0) {
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "RegisterMemory: no allocation contains %p", p);
+  }
+  *base = reinterpret_cast<char *>(b);
+  *size = n;
+  return Status::Ok();
+#endif
+}
+
+/**
+ * Client side (GpuHooks::describe): fills reg's device, alloc_offset and handle for the
+ * device range [ptr, ptr + bytes), which must lie inside one allocation.
+ */
+inline Status DescribeDeviceMemory(const void *ptr, u64 bytes, MemoryRegistration *reg) {
+  int device = 0;
+  char *base = nullptr;
+  u64 size = 0;
+  if (Status st = DeviceAllocationOf(ptr, &device, &base, &size); !st.ok()) return st;
+  const u64 offset = static_cast<u64>(static_cast<const char *>(ptr) - base);
+  if (bytes > size - offset) {
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "RegisterMemory: %llu bytes from %p run past the end of its "
+                          "%llu-byte allocation",
+                          static_cast<unsigned long long>(bytes), ptr,
+                          static_cast<unsigned long long>(size));
+  }
+  IpcMemHandle h;
+  if (Error e = IpcGetMemHandle(&h, base); e != kSuccess) {
+    return Status::Errorf(ErrorCode::kUnsupported,
+                          "RegisterMemory: cannot export an IPC handle for %p: %s", ptr,
+                          ErrorString(e));
+  }
+  reg->device = static_cast<u32>(device);
+  reg->alloc_offset = offset;
+  reg->handle = IpcHandleBytes();
+  std::memcpy(reg->handle.words, &h, sizeof(h));
+  return Status::Ok();
+}
+
+/** Runtime side: maps another process's allocation on `device` (slow: cache the result). */
+inline Status OpenIpcHandle(u32 device, const IpcHandleBytes &bytes, void **base) {
+  const DeviceScope scope(static_cast<int>(device));  // the caller keeps its own GPU
+  if (!scope.status().ok()) return scope.status();
+  IpcMemHandle h;
+  std::memcpy(&h, bytes.words, sizeof(h));
+  return Check(IpcOpenMemHandle(base, h), "open a client's IPC memory handle");
+}
+
+/**
+ * Runtime side: unmaps what OpenIpcHandle mapped. It may wait for the whole device: call it
+ * only while no orchestrator runs (GpuManager retires mappings until then).
+ */
+inline void CloseIpcHandle(u32 device, void *base) {
+  // Teardown: a refusal leaves nothing we could undo.
+  const DeviceScope scope(static_cast<int>(device));
+  static_cast<void>(IpcCloseMemHandle(base));
+}
+
+/** Installs DescribeDeviceMemory for IpcManager::RegisterMemory in every GPU build. */
+inline const bool kDeviceMemoryDescriberInstalled = [] {
+  GpuHooks::Get().describe.Store(&DescribeDeviceMemory, MemOrder::kRelease);  // before use
+  return true;
+}();
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_OPS_H
+// ---- end chi/gpu/gpu_ipc_ops.h ----
+
+namespace chi::gpu {
+
 /** Per-thread stack every kernel gets (set once, before the orchestrator starts). */
 inline constexpr u64 kGpuStackBytes = 8192;
 /** How long Pause/Stop wait for an orchestrator to leave its loop. */
@@ -14896,9 +15045,9 @@ class GpuManager : private GpuPoolDirectory {
     for (auto &d : devices_) {
       d->abort = true;  // waiting kernels give up
       if (d->running) {
-        StopKernel(*d);
+        d->StopKernel(kGpuStopTimeoutNs);
       } else {
-        WriteControl(*d, 1);
+        d->WriteControl(1);
       }
     }
     worker_.Stop();
@@ -14973,7 +15122,7 @@ class GpuManager : private GpuPoolDirectory {
     std::lock_guard<std::mutex> g(mu_);
     Status first;
     for (auto &d : devices_) {
-      Status st = StopKernel(*d);
+      Status st = d->StopKernel(kGpuStopTimeoutNs);
       if (!st.ok() && first.ok()) first = st;
     }
     if (first.ok()) CloseRetired();
@@ -14986,7 +15135,7 @@ class GpuManager : private GpuPoolDirectory {
     Status first;
     for (auto &d : devices_) {
       if (d->running || d->wedged || table_ == nullptr) continue;
-      Status st = Launch(*d);
+      Status st = d->Launch(*table_, blocks_, threads_);
       if (!st.ok() && first.ok()) first = st;
     }
     return first;
@@ -15080,25 +15229,7 @@ class GpuManager : private GpuPoolDirectory {
   }
 
  private:
-  /** One GPU's resources. */
-  struct Device {
-    int id = 0;
-    PinnedShmBackend pinned;         ///< cpu2gpu, gpu2cpu (POSIX shm, pinned)
-    GpuDeviceBackend device;         ///< descriptors, control, gpu2gpu, records, pools, containers
-    void *private_pinned = nullptr;  ///< instead of `pinned` where shm cannot be pinned
-    void *private_device = nullptr;  ///< instead of `device` where IPC handles are refused
-    Stream stream = nullptr;         ///< the orchestrator's own stream
-    Stream copies = nullptr;         ///< table and container copies
-    GpuQueueSet set;
-    GpuLink link;
-    bool running = false;  ///< launched and not yet seen to return
-    bool wedged = false;   ///< did not return when asked: keep its memory mapped
-    bool abort = false;    ///< the abort word's value (device-side waits give up)
-    u64 arena_used = 0;
-    std::unordered_map<u64, GpuPoolBinding> bindings;  ///< pool -> its container here
-    Atomic<u64> known[kMaxGpuPools];                   ///< pools with bindings (hot-path check)
-    GpuPoolTable shadow;                               ///< host copy of the pool table
-  };
+  using Device = GpuDevice;
 
   GpuManager() = default;
 
@@ -15179,94 +15310,12 @@ class GpuManager : private GpuPoolDirectory {
     GpuQueueConfig qc;
     qc.server_threads = blocks_ * threads_;
     qc.depth = depth_;
-    const std::string name = "chi_gpu_" + std::to_string(getpid()) + "_" + std::to_string(i);
-    const u64 pinned_bytes = GpuQueueSet::PinnedBytes(qc);
-    const u64 device_bytes = GpuQueueSet::DeviceBytes(qc);
-    char *pinned = nullptr;
-    char *device = nullptr;
-    // Shareable memory first (a POSIX segment pinned for the GPU, device memory with an IPC
-    // handle, for clients in other processes); private memory if the platform refuses it.
-    if (Status st = d.pinned.Create(name, pinned_bytes, CreateMode::kReplace); st.ok()) {
-      pinned = d.pinned.Data();
-      if (d.pinned.DevicePointer() != d.pinned.Base()) {
-        return Status::Error(ErrorCode::kUnsupported,
-                             "pinned memory is not at the same address on the GPU (needs UVA)");
-      }
-    } else if (Status st2 = Check(MallocHost(&d.private_pinned, pinned_bytes), "pinned memory");
-               st2.ok()) {
-      std::fprintf(stderr, "chi: GPU %d queues in private pinned memory: %s\n", i, st.message());
-      std::memset(d.private_pinned, 0, pinned_bytes);
-      pinned = static_cast<char *>(d.private_pinned);
-    } else {
-      return st;
-    }
-    if (Status st = d.device.Create(name, device_bytes, i); st.ok()) {
-      device = d.device.Data();
-    } else if (Status st2 = Check(Malloc(&d.private_device, device_bytes), "device memory");
-               st2.ok()) {
-      std::fprintf(stderr, "chi: GPU %d queues in private device memory: %s\n", i, st.message());
-      device = static_cast<char *>(d.private_device);
-    } else {
-      return st;
-    }
-    if (Status st = Check(StreamCreate(&d.stream), "create the orchestrator stream"); !st.ok()) {
-      return st;
-    }
-    if (Status st = Check(StreamCreate(&d.copies), "create the copy stream"); !st.ok()) return st;
-    d.set = GpuQueueSet::Carve(qc, pinned, device);
-    // Both on the copy stream, so the clear is ordered before the descriptors land.
-    Status st = Check(MemsetAsync(device, 0, device_bytes, d.copies), "clear GPU queues");
-    if (st.ok()) {
-      st = Check(MemcpyAsync(d.set.device, &d.set.host, sizeof(d.set.host), d.copies),
-                 "write queue descriptors");
-    }
-    if (st.ok()) st = Check(StreamSynchronize(d.copies), "write queue descriptors");
-    if (!st.ok()) return st;
-    d.link.Init(static_cast<u32>(i), d.set.host.cpu2gpu, d.set.host.gpu2cpu);
+    if (Status st = d.Map(qc); !st.ok()) return st;
     {
       std::lock_guard<std::mutex> g(sync_mu_);
       if (Status s2 = SyncPools(d); !s2.ok()) return s2;  // compose pools, before the launch
     }
-    return table_ != nullptr ? Launch(d) : Status::Ok();
-  }
-
-  /** Writes d's control words through the copy stream (kernels read them from L2). */
-  Status WriteControl(Device &d, u32 exit) {
-    GpuControl words;
-    words.exit_.Store(exit, MemOrder::kRelaxed);  // relaxed: a host-private staging copy
-    words.abort_.Store(d.abort ? 1 : 0, MemOrder::kRelaxed);
-    const DeviceScope scope(d.id);  // the caller keeps its own GPU
-    Status st = scope.status();
-    if (st.ok()) {
-      st = Check(MemcpyAsync(d.set.control, &words, sizeof(words), d.copies), "write GPU control");
-    }
-    if (st.ok()) st = Check(StreamSynchronize(d.copies), "write GPU control");
-    return st;
-  }
-
-  /** Launches d's orchestrator (its control words cleared first). */
-  Status Launch(Device &d) {
-    d.abort = false;
-    if (Status st = WriteControl(d, 0); !st.ok()) return st;
-    const int rc = table_->launch(d.set.Args(static_cast<u32>(d.id)), blocks_, threads_, d.stream);
-    if (Status st = Check(static_cast<Error>(rc), "launch the GPU orchestrator"); !st.ok()) {
-      return st;
-    }
-    d.running = true;
-    return Status::Ok();
-  }
-
-  /** Asks d's orchestrator to return and waits for it (bounded). */
-  Status StopKernel(Device &d) {
-    if (!d.running) return Status::Ok();
-    Status st = WriteControl(d, 1);
-    if (st.ok()) st = WaitStream(d.stream, kGpuStopTimeoutNs);
-    if (!st.ok()) {
-      d.wedged = true;
-      return Status::Errorf(st.code(), "GPU %d orchestrator did not stop: %s", d.id, st.message());
-    }
-    d.running = false;
-    return Status::Ok();
+    return table_ != nullptr ? d.Launch(*table_, blocks_, threads_) : Status::Ok();
   }
 
   /** Frees every device (leaking, on purpose, those a kernel may still use). */
@@ -15276,13 +15325,7 @@ class GpuManager : private GpuPoolDirectory {
         d.release();  // a kernel may still touch its memory: never free it
         continue;
       }
-      const DeviceScope scope(d->id);
-      if (d->stream != nullptr) StreamDestroy(d->stream);
-      if (d->copies != nullptr) StreamDestroy(d->copies);
-      d->device.Destroy();
-      if (d->pinned.IsAttached()) d->pinned.Destroy();
-      if (d->private_device != nullptr) Free(d->private_device);
-      if (d->private_pinned != nullptr) FreeHost(d->private_pinned);
+      d->Release();
     }
     devices_.clear();
   }

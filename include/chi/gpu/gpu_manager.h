@@ -20,7 +20,8 @@
 #include <vector>         // devices, bindings
 
 #include "chi/core/status.h"             // Status
-#include "chi/gpu/gpu_api.h"             // the CUDA/HIP layer, PinnedShmBackend, GpuDeviceBackend
+#include "chi/gpu/gpu_api.h"             // the CUDA/HIP layer
+#include "chi/gpu/gpu_device.h"          // GpuDevice: one GPU's memory, streams, orchestrator
 #include "chi/gpu/gpu_client_queues.h"   // a pure client's attachment to a runtime's queues
 #include "chi/gpu/gpu_connect_info.h"    // describing the queues to clients
 #include "chi/gpu/gpu_ipc_ops.h"         // opening clients' IPC handles
@@ -108,9 +109,9 @@ class GpuManager : private GpuPoolDirectory {
     for (auto &d : devices_) {
       d->abort = true;  // waiting kernels give up
       if (d->running) {
-        StopKernel(*d);
+        d->StopKernel(kGpuStopTimeoutNs);
       } else {
-        WriteControl(*d, 1);
+        d->WriteControl(1);
       }
     }
     worker_.Stop();
@@ -185,7 +186,7 @@ class GpuManager : private GpuPoolDirectory {
     std::lock_guard<std::mutex> g(mu_);
     Status first;
     for (auto &d : devices_) {
-      Status st = StopKernel(*d);
+      Status st = d->StopKernel(kGpuStopTimeoutNs);
       if (!st.ok() && first.ok()) first = st;
     }
     if (first.ok()) CloseRetired();
@@ -198,7 +199,7 @@ class GpuManager : private GpuPoolDirectory {
     Status first;
     for (auto &d : devices_) {
       if (d->running || d->wedged || table_ == nullptr) continue;
-      Status st = Launch(*d);
+      Status st = d->Launch(*table_, blocks_, threads_);
       if (!st.ok() && first.ok()) first = st;
     }
     return first;
@@ -292,25 +293,7 @@ class GpuManager : private GpuPoolDirectory {
   }
 
  private:
-  /** One GPU's resources. */
-  struct Device {
-    int id = 0;
-    PinnedShmBackend pinned;         ///< cpu2gpu, gpu2cpu (POSIX shm, pinned)
-    GpuDeviceBackend device;         ///< descriptors, control, gpu2gpu, records, pools, containers
-    void *private_pinned = nullptr;  ///< instead of `pinned` where shm cannot be pinned
-    void *private_device = nullptr;  ///< instead of `device` where IPC handles are refused
-    Stream stream = nullptr;         ///< the orchestrator's own stream
-    Stream copies = nullptr;         ///< table and container copies
-    GpuQueueSet set;
-    GpuLink link;
-    bool running = false;  ///< launched and not yet seen to return
-    bool wedged = false;   ///< did not return when asked: keep its memory mapped
-    bool abort = false;    ///< the abort word's value (device-side waits give up)
-    u64 arena_used = 0;
-    std::unordered_map<u64, GpuPoolBinding> bindings;  ///< pool -> its container here
-    Atomic<u64> known[kMaxGpuPools];                   ///< pools with bindings (hot-path check)
-    GpuPoolTable shadow;                               ///< host copy of the pool table
-  };
+  using Device = GpuDevice;
 
   GpuManager() = default;
 
@@ -391,94 +374,12 @@ class GpuManager : private GpuPoolDirectory {
     GpuQueueConfig qc;
     qc.server_threads = blocks_ * threads_;
     qc.depth = depth_;
-    const std::string name = "chi_gpu_" + std::to_string(getpid()) + "_" + std::to_string(i);
-    const u64 pinned_bytes = GpuQueueSet::PinnedBytes(qc);
-    const u64 device_bytes = GpuQueueSet::DeviceBytes(qc);
-    char *pinned = nullptr;
-    char *device = nullptr;
-    // Shareable memory first (a POSIX segment pinned for the GPU, device memory with an IPC
-    // handle, for clients in other processes); private memory if the platform refuses it.
-    if (Status st = d.pinned.Create(name, pinned_bytes, CreateMode::kReplace); st.ok()) {
-      pinned = d.pinned.Data();
-      if (d.pinned.DevicePointer() != d.pinned.Base()) {
-        return Status::Error(ErrorCode::kUnsupported,
-                             "pinned memory is not at the same address on the GPU (needs UVA)");
-      }
-    } else if (Status st2 = Check(MallocHost(&d.private_pinned, pinned_bytes), "pinned memory");
-               st2.ok()) {
-      std::fprintf(stderr, "chi: GPU %d queues in private pinned memory: %s\n", i, st.message());
-      std::memset(d.private_pinned, 0, pinned_bytes);
-      pinned = static_cast<char *>(d.private_pinned);
-    } else {
-      return st;
-    }
-    if (Status st = d.device.Create(name, device_bytes, i); st.ok()) {
-      device = d.device.Data();
-    } else if (Status st2 = Check(Malloc(&d.private_device, device_bytes), "device memory");
-               st2.ok()) {
-      std::fprintf(stderr, "chi: GPU %d queues in private device memory: %s\n", i, st.message());
-      device = static_cast<char *>(d.private_device);
-    } else {
-      return st;
-    }
-    if (Status st = Check(StreamCreate(&d.stream), "create the orchestrator stream"); !st.ok()) {
-      return st;
-    }
-    if (Status st = Check(StreamCreate(&d.copies), "create the copy stream"); !st.ok()) return st;
-    d.set = GpuQueueSet::Carve(qc, pinned, device);
-    // Both on the copy stream, so the clear is ordered before the descriptors land.
-    Status st = Check(MemsetAsync(device, 0, device_bytes, d.copies), "clear GPU queues");
-    if (st.ok()) {
-      st = Check(MemcpyAsync(d.set.device, &d.set.host, sizeof(d.set.host), d.copies),
-                 "write queue descriptors");
-    }
-    if (st.ok()) st = Check(StreamSynchronize(d.copies), "write queue descriptors");
-    if (!st.ok()) return st;
-    d.link.Init(static_cast<u32>(i), d.set.host.cpu2gpu, d.set.host.gpu2cpu);
+    if (Status st = d.Map(qc); !st.ok()) return st;
     {
       std::lock_guard<std::mutex> g(sync_mu_);
       if (Status s2 = SyncPools(d); !s2.ok()) return s2;  // compose pools, before the launch
     }
-    return table_ != nullptr ? Launch(d) : Status::Ok();
-  }
-
-  /** Writes d's control words through the copy stream (kernels read them from L2). */
-  Status WriteControl(Device &d, u32 exit) {
-    GpuControl words;
-    words.exit_.Store(exit, MemOrder::kRelaxed);  // relaxed: a host-private staging copy
-    words.abort_.Store(d.abort ? 1 : 0, MemOrder::kRelaxed);
-    const DeviceScope scope(d.id);  // the caller keeps its own GPU
-    Status st = scope.status();
-    if (st.ok()) {
-      st = Check(MemcpyAsync(d.set.control, &words, sizeof(words), d.copies), "write GPU control");
-    }
-    if (st.ok()) st = Check(StreamSynchronize(d.copies), "write GPU control");
-    return st;
-  }
-
-  /** Launches d's orchestrator (its control words cleared first). */
-  Status Launch(Device &d) {
-    d.abort = false;
-    if (Status st = WriteControl(d, 0); !st.ok()) return st;
-    const int rc = table_->launch(d.set.Args(static_cast<u32>(d.id)), blocks_, threads_, d.stream);
-    if (Status st = Check(static_cast<Error>(rc), "launch the GPU orchestrator"); !st.ok()) {
-      return st;
-    }
-    d.running = true;
-    return Status::Ok();
-  }
-
-  /** Asks d's orchestrator to return and waits for it (bounded). */
-  Status StopKernel(Device &d) {
-    if (!d.running) return Status::Ok();
-    Status st = WriteControl(d, 1);
-    if (st.ok()) st = WaitStream(d.stream, kGpuStopTimeoutNs);
-    if (!st.ok()) {
-      d.wedged = true;
-      return Status::Errorf(st.code(), "GPU %d orchestrator did not stop: %s", d.id, st.message());
-    }
-    d.running = false;
-    return Status::Ok();
+    return table_ != nullptr ? d.Launch(*table_, blocks_, threads_) : Status::Ok();
   }
 
   /** Frees every device (leaking, on purpose, those a kernel may still use). */
@@ -488,13 +389,7 @@ class GpuManager : private GpuPoolDirectory {
         d.release();  // a kernel may still touch its memory: never free it
         continue;
       }
-      const DeviceScope scope(d->id);
-      if (d->stream != nullptr) StreamDestroy(d->stream);
-      if (d->copies != nullptr) StreamDestroy(d->copies);
-      d->device.Destroy();
-      if (d->pinned.IsAttached()) d->pinned.Destroy();
-      if (d->private_device != nullptr) Free(d->private_device);
-      if (d->private_pinned != nullptr) FreeHost(d->private_pinned);
+      d->Release();
     }
     devices_.clear();
   }
