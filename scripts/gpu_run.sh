@@ -57,8 +57,9 @@ run() {  # run <name> <timeout seconds> <command...>: logs to $out/<name>.log
 run test_gpu_protocol 120 "$build/tests/gpu/test_gpu_protocol"
 run test_gpu_runtime 180 "$build/tests/gpu/test_gpu_runtime"
 run test_gpu_client_process 180 "$build/tests/gpu/test_gpu_client_process"
+run test_gpu_memory 180 "$build/tests/gpu/test_gpu_memory"
 grep -E "test cases|assertions|ERROR|FAILED|skipped" "$out/test_gpu_protocol.log" "$out/test_gpu_runtime.log" \
-  "$out/test_gpu_client_process.log" \
+  "$out/test_gpu_client_process.log" "$out/test_gpu_memory.log" \
   | tee -a "$summary"
 if [[ $bench == 1 ]]; then
   # A small orchestrator (2 x 256 threads), then one on half the SMs (the default).
@@ -76,7 +77,8 @@ fi
 
 echo
 echo "==== failures (first lines) ===="
-grep -h -B2 -A6 -E "ERROR:|FAILED|CHECK\(|REQUIRE" "$out/test_gpu_runtime.log" 2>/dev/null | head -60
+grep -h -B2 -A6 -E "ERROR:|FAILED|CHECK\(|REQUIRE" "$out/test_gpu_runtime.log" "$out/test_gpu_memory.log" \
+  2>/dev/null | head -60
 echo
 echo "==== summary ===="
 cat "$summary"

@@ -8272,10 +8272,45 @@ inline OutputArchive BeginEnvelope(u64 request_id, std::vector<char> *out) {
   return OutputArchive(*out);
 }
 
+/**
+ * Bytes of the stack buffer an envelope is first encoded into. Small tasks (nearly all)
+ * then cost one bounds check and one memcpy per field instead of a vector append each.
+ */
+inline constexpr u64 kSmallEnvelopeBytes = 512;
+
+/** What writes an envelope's body: a TaskOps save_in or save_out. */
+using EnvelopeSaver = void (*)(Task &, OutputArchive &);
+
+/**
+ * Encodes an envelope (request id, then what `save` writes) into buf[0, cap) with a
+ * fixed archive. Returns the bytes written, or 0 when it does not fit (or fails).
+ */
+inline u64 EncodeEnvelopeInto(u64 request_id, Task *t, EnvelopeSaver save, char *buf, u64 cap) {
+  if (cap < kEnvelopeHeaderBytes) return 0;
+  std::memcpy(buf, &request_id, sizeof(request_id));
+  OutputArchive ar(buf + kEnvelopeHeaderBytes, cap - kEnvelopeHeaderBytes);
+  save(*t, ar);
+  return CHI_LIKELY(ar.ok()) ? kEnvelopeHeaderBytes + ar.Size() : 0;
+}
+
+/**
+ * Encodes an envelope into *out: first on the stack (EncodeEnvelopeInto), and only
+ * when that overflows again with a growing archive. Replaces what *out held; keeps its
+ * capacity.
+ */
+inline void EncodeEnvelope(u64 request_id, Task *t, EnvelopeSaver save, std::vector<char> *out) {
+  char small[kSmallEnvelopeBytes];
+  if (const u64 n = EncodeEnvelopeInto(request_id, t, save, small, sizeof(small)); n != 0) {
+    out->assign(small, small + n);
+    return;
+  }
+  OutputArchive ar = BeginEnvelope(request_id, out);
+  save(*t, ar);
+}
+
 /** Encodes a finished task's answer envelope into *out; the task stays alive. */
 inline void EncodeAnswerKeep(Task *t, std::vector<char> *out) {
-  OutputArchive ar = BeginEnvelope(t->request_id_, out);
-  t->ops_->save_out(*t, ar);
+  EncodeEnvelope(t->request_id_, t, t->ops_->save_out, out);
 }
 
 /** Decodes requests for one runtime and encodes the answers. */
@@ -8305,7 +8340,9 @@ class RequestDispatcher {
     }
     std::memcpy(&request_id, data, sizeof(request_id));
     InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
-    Task base;
+    // Reused per thread: a fresh Task costs a 96-byte message clear per request. A
+    // decode that succeeds overwrites every routing field; rc_ and msg_ are never set.
+    thread_local Task base;
     base.SerializeBaseIn(ar);
     if (!ar.ok() || !base.pool_query_.IsValid()) {
       EncodeError(request_id, ErrorCode::kMalformed,
@@ -8386,8 +8423,7 @@ class RequestDispatcher {
 
 /** Client side: writes the request envelope for a stamped task. */
 inline void EncodeRequest(Task *t, u64 request_id, std::vector<char> *out) {
-  OutputArchive ar = BeginEnvelope(request_id, out);
-  t->ops_->save_in(*t, ar);
+  EncodeEnvelope(request_id, t, t->ops_->save_in, out);
 }
 
 /**
@@ -8399,6 +8435,16 @@ inline void DecodeAnswer(Task *t, const char *data, u64 len) {
     t->SetError(ErrorCode::kMalformed, "answer shorter than its header");
     return;
   }
+  u32 rc = 0;  // the answer header's first field: a success reads straight into the task
+  if (len >= kEnvelopeHeaderBytes + sizeof(rc)) {
+    std::memcpy(&rc, data + kEnvelopeHeaderBytes, sizeof(rc));
+  }
+  if (rc == 0) {
+    InputArchive direct(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+    t->ops_->load_out(*t, direct);
+    if (CHI_LIKELY(direct.ok())) return;
+  }
+  // An error answer, or bytes that did not decode: look at the header alone first.
   InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
   Task header;
   header.SerializeBaseOut(ar);
@@ -8635,13 +8681,18 @@ class ShmStream {
    * parked reader is never missed (the caller notifies it afterwards).
    */
   void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) {
-    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    Record rec{begin ? kBegin : kMore, static_cast<u32>(bytes), begin ? message_bytes : 0};
-    CopyIn(w, &rec, kRecordHeaderBytes);
-    CopyIn(w + kRecordHeaderBytes, data, bytes);
     // seq_cst: release publishes the record; seq_cst orders it before the notifier's
     // read of the reader's waiter count (WaitEvent's Dekker pair).
-    write_pos_.Store(w + kRecordHeaderBytes + RoundUpTo(bytes, kAlign), MemOrder::kSeqCst);
+    Append(begin, message_bytes, data, bytes, MemOrder::kSeqCst);
+  }
+
+  /**
+   * WritePiece with a release publish only: the caller issues FenceSeqCst before it
+   * reads any waiter flag, so one fence covers this publish and the stores before it.
+   */
+  void WritePieceRelease(bool begin, u64 message_bytes, const void *data, u64 bytes) {
+    // release: publishes the record; the caller's fence orders it before its Dekker reads.
+    Append(begin, message_bytes, data, bytes, MemOrder::kRelease);
   }
 
   /**
@@ -8767,6 +8818,15 @@ class ShmStream {
   u64 Room(u64 w, u64 r) const {
     u64 free_bytes = ring_bytes_ - (w - r);
     return free_bytes > kRecordHeaderBytes ? free_bytes - kRecordHeaderBytes : 0;
+  }
+
+  /** Copies one record into the ring and moves write_pos_ past it with `publish` order. */
+  void Append(bool begin, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
+    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+    Record rec{begin ? kBegin : kMore, static_cast<u32>(bytes), begin ? message_bytes : 0};
+    CopyIn(w, &rec, kRecordHeaderBytes);
+    CopyIn(w + kRecordHeaderBytes, data, bytes);
+    write_pos_.Store(w + kRecordHeaderBytes + RoundUpTo(bytes, kAlign), publish);
   }
 
   /** Copies n bytes into the ring at position pos, wrapping at its end. */
@@ -9723,7 +9783,16 @@ class ShmClientTransport final : public ShmClientReceiver {
     Entry &e = entries_[idx];
     if (++e.seq == 0) e.seq = 1;
     const u64 id = (static_cast<u64>(e.seq) << 32) | idx;
-    EncodeRequest(t, id, &tx_);
+    // Small requests are encoded on the stack and streamed from there; tx_ takes the rest.
+    char small[kSmallEnvelopeBytes];
+    const char *msg = small;
+    u64 len = EncodeEnvelopeInto(id, t, t->ops_->save_in, small, sizeof(small));
+    if (len == 0) {
+      OutputArchive ar = BeginEnvelope(id, &tx_);
+      t->ops_->save_in(*t, ar);
+      msg = tx_.data();
+      len = tx_.size();
+    }
     e.task.Store(reinterpret_cast<u64>(t), MemOrder::kRelaxed);  // relaxed: published below
     // release: the task and our reads of it (encoding) happen before the receiver, which
     // takes the entry with acquire, completes it; published before the request can travel.
@@ -9731,20 +9800,20 @@ class ShmClientTransport final : public ShmClientReceiver {
     // The entry this writer will most likely take next: fetch its line while we wait.
     __builtin_prefetch(&entries_[cursor_], 1);
     Status st;
-    if (tx_.size() > max_message_bytes_) {
+    if (len > max_message_bytes_) {
       st = Status::Errorf(ErrorCode::kTooLarge,
                           "shm transport: request of %llu bytes exceeds the runtime's %llu-byte "
                           "limit (shm.client_data_size)",
-                          static_cast<unsigned long long>(tx_.size()),
+                          static_cast<unsigned long long>(len),
                           static_cast<unsigned long long>(max_message_bytes_));
     } else {
-      st = StreamOut(tx_.data(), tx_.size());
+      st = StreamOut(msg, len);
     }
-    RecycleBuffer(&tx_);
-    // seq_cst fence: orders our entry store before the read of failure_ (Dekker with Fail,
-    // which stores failure_ and then sweeps the table), so a task registered after the
-    // sweep is failed here. Cheap: the stream's seq_cst publish already drained our stores.
-    FenceSeqCst();
+    if (msg != small) RecycleBuffer(&tx_);
+    // A sent request was followed by StreamOut's seq_cst fence, which orders our entry
+    // store before this read of failure_ (Dekker with Fail, which stores failure_ and then
+    // sweeps the table): a task registered after the sweep is failed here. A request that
+    // was not sent is failed below anyway.
     if (st.ok() && Unhealthy()) st = FailureStatus();
     if (!st.ok()) TakeAndFail(idx, id, st.code(), st.message());
   }
@@ -9793,10 +9862,14 @@ class ShmClientTransport final : public ShmClientReceiver {
         room = req_->WritableBytes(want);
       }
       const u64 n = left < room ? left : room;
-      req_->WritePiece(sent == 0, len, data + sent, n);
+      req_->WritePieceRelease(sent == 0, len, data + sent, n);
       sent += n;
-      // seq_cst: read after our seq_cst publish; a worker clears its bit, then re-checks
-      // the streams (Dekker), so while one polls the poller need not be woken.
+      // seq_cst fence: the one full barrier per piece. It orders the publish (and the
+      // entry store before it) ahead of the reads below and WriteTask's failure_ check.
+      FenceSeqCst();
+      // seq_cst: read after the fence; a worker clears its bit, then re-checks the
+      // streams (Dekker), so while one polls the poller need not be woken. Notify's
+      // waiter-count read is covered by the same fence.
       if (header_->worker_readers_.Load(MemOrder::kSeqCst) == 0) header_->server_event_.Notify();
     }
     return Status::Ok();
@@ -10674,12 +10747,13 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       rs->Consume(p);
       ++taken;
     }
-    s.UnlockReader();
     if (taken != 0) {
       // relaxed: a statistic.
       header_->stats_.worker_taken.FetchAdd(taken, MemOrder::kRelaxed);
+      // Still a reader: the reaper's Reset rebuilds this event once the readers are gone.
       segment_.Slot(i)->request_room_.Notify();
     }
+    s.UnlockReader();
     if (leave) header_->server_event_.Notify();
     return taken != 0;
   }
@@ -10698,15 +10772,26 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     // previous writer's appends are complete before ours.
     if (s.writer.Load(MemOrder::kRelaxed) == 0 &&
         s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      // Small answers are encoded on the stack; large or refused ones in `buf`.
+      char small[kSmallEnvelopeBytes];
+      const char *msg = small;
+      u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
       thread_local std::vector<char> buf;
-      shm_server::EncodeShmAnswer(t, options_.max_message_bytes, &buf);
+      if (len == 0 || len > options_.max_message_bytes) {
+        shm_server::EncodeShmAnswer(t, options_.max_message_bytes, &buf);
+        msg = buf.data();
+        len = buf.size();
+      }
       ShmStream *as = segment_.AnswerStream(i);
-      const bool fits = buf.size() <= as->WritableBytes(buf.size());
-      if (fits) as->WritePiece(true, buf.size(), buf.data(), buf.size());
-      s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
-      RecycleBuffer(&buf);
+      const bool fits = len <= as->WritableBytes(len);
       if (fits) {
+        as->WritePiece(true, len, msg, len);
+        // Still the writer: the reaper's Reset rebuilds this event once it holds the writer.
         segment_.Slot(i)->answer_ready_.Notify();
+      }
+      s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
+      if (msg != small) RecycleBuffer(&buf);
+      if (fits) {
         DeleteTask(t);
         s.ReleaseCredit(header_->server_event_);
         return;
@@ -12173,7 +12258,9 @@ class ZmqServer final : public TaskCompleter {
 // stream of its own, and runs one GpuWorker thread for all of them. Chimaera starts it
 // after the compose pools exist and stops it first; CHI_IPC reaches it from applications.
 // It describes the queues to pure clients (ConnectAnswer::gpu_info), and in a pure client
-// it holds the attachment to a runtime's queues (gpu_client_queues.h).
+// it holds the attachment to a runtime's queues (gpu_client_queues.h). Each GPU also gets a
+// device-memory region for client kernels' CHI_GPU_HEAP, and applications may register
+// gpu2cpu queues of their own (RegisterGpuQueue).
 // Invariant: no call here waits on a device as a whole, and every wait on the orchestrator
 // is bounded: a GPU that does not stop when asked is reported and its memory left mapped,
 // never freed under a kernel that may still use it.
@@ -12973,7 +13060,8 @@ struct GpuPoolTable {
 // GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
 // tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
 // gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
-// workers, whose TaskCompleter writes the answer back into the slot.
+// workers, whose TaskCompleter writes the answer back into the slot. It serves the gpu2cpu
+// queues applications register (RegisterQueue, user_queues.h) the same way.
 // A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
 // gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
 // Invariant: every task given to Send completes exactly once, with its answer or an error
@@ -13437,6 +13525,177 @@ u32 ReapDeadHostClaims(const HostQueue &q, u32 self_pid, Alive alive) {
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
 // ---- end chi/gpu/host_slots.h ----
+// ---- begin chi/gpu/user_queues.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_USER_QUEUES_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_USER_QUEUES_H
+// UserGpuQueues: gpu2cpu queues applications make in their own pinned memory and register
+// (CHI_IPC->RegisterGpuQueue) so the GpuWorker serves them beside each GPU's own: a fixed
+// table, changed under a mutex, read by the worker's thread with a busy flag per entry.
+// Invariant: once Unregister returns Ok the worker neither polls the queue nor answers into
+// it (the state_/busy_ Dekker pair, then the in-flight count drained): its memory may go.
+
+#include <time.h>  // nanosleep while a removal waits
+
+#include <mutex>  // Register / Unregister are rare and serialised
+
+namespace chi::gpu {
+
+/** Most user queues one runtime serves at a time. */
+inline constexpr u32 kMaxUserGpuQueues = 16;
+/** Most slots of one user queue (the worker scans them all every round). */
+inline constexpr u32 kMaxUserGpuQueueSlots = 1u << 16;
+
+/** Why `q` cannot be served as a gpu2cpu queue, or Ok. */
+inline Status CheckUserGpuQueue(const GpuQueue<MemScope::kSystem> &q) {
+  if (q.request_ == nullptr || q.answer_ == nullptr || q.payload_ == nullptr ||
+      q.claims_ == nullptr || q.served_ == nullptr) {
+    return Status::Error(ErrorCode::kInvalidArgument,
+                         "GPU queue has a null array: build it with GpuQueue::Make");
+  }
+  if (q.records_ == nullptr) {
+    return Status::Error(ErrorCode::kInvalidArgument,
+                         "GPU queue has no client records: Make it with gpu_clients = true");
+  }
+  if (q.num_slots_ == 0 || q.num_slots_ > kMaxUserGpuQueueSlots) {
+    return Status::Errorf(ErrorCode::kInvalidArgument, "GPU queue has %u slots (1 to %u allowed)",
+                          q.num_slots_, kMaxUserGpuQueueSlots);
+  }
+  if (q.payload_bytes_ < 64 || q.payload_bytes_ > kGpuPayloadBytes || q.payload_bytes_ % 16 != 0) {
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "GPU queue payload of %u bytes: it must be a multiple of 16 in [64, %u]",
+                          q.payload_bytes_, kGpuPayloadBytes);
+  }
+  if (q.max_wait_ns_ == 0) {
+    return Status::Error(ErrorCode::kInvalidArgument,
+                         "GPU queue max_wait_ns_ is 0: its kernels would give up at once");
+  }
+  return Status::Ok();
+}
+
+/** The registered user queues (see the file comment); LinkT is GpuLink. */
+template <typename LinkT>
+class UserGpuQueues {
+ public:
+  /** Adds q (its descriptor is copied); the worker polls it from its next round. */
+  Status Register(const GpuQueue<MemScope::kSystem> &q) {
+    if (Status st = CheckUserGpuQueue(q); !st.ok()) return st;
+    std::lock_guard<std::mutex> g(mu_);
+    Entry *free_entry = nullptr;
+    for (Entry &e : entries_) {
+      const u32 state = e.state_.Load(MemOrder::kAcquire);
+      if (state != kEmpty && e.link.gpu2cpu.request_ == q.request_) {
+        if (state == kActive) {
+          return Status::Error(ErrorCode::kAlreadyExists, "this GPU queue is registered already");
+        }
+        if (e.link.gpu2cpu_inflight.Load(MemOrder::kAcquire) != 0) {
+          return Status::Error(ErrorCode::kAlreadyExists,
+                               "this GPU queue is still draining an earlier registration");
+        }
+      }
+      const bool drained = e.link.gpu2cpu_inflight.Load(MemOrder::kAcquire) == 0;
+      const bool idle = state == kEmpty || (state == kRemoved && drained);
+      if (idle && free_entry == nullptr) free_entry = &e;
+    }
+    if (free_entry == nullptr) {
+      return Status::Errorf(ErrorCode::kOutOfMemory,
+                            "too many GPU queues registered (at most %u): unregister one first",
+                            kMaxUserGpuQueues);
+    }
+    free_entry->link.gpu_id = ~0u;
+    free_entry->link.gpu2cpu = q;
+    const u32 index = static_cast<u32>(free_entry - entries_);
+    if (used_.Load(MemOrder::kRelaxed) < index + 1) used_.Store(index + 1, MemOrder::kRelease);
+    // release: the descriptor above is visible to the worker once it sees kActive.
+    free_entry->state_.Store(kActive, MemOrder::kRelease);
+    return Status::Ok();
+  }
+
+  /**
+   * Stops serving q: after Ok, nothing touches its memory. Waits for the worker to leave the
+   * queue and for tasks it started to answer, up to timeout_ns; kTimeout when some still run
+   * (the queue is no longer polled; call again before freeing its memory).
+   */
+  Status Unregister(const GpuQueue<MemScope::kSystem> &q, u64 timeout_ns) {
+    std::lock_guard<std::mutex> g(mu_);
+    for (Entry &e : entries_) {
+      const u32 state = e.state_.Load(MemOrder::kAcquire);
+      if (state == kEmpty || e.link.gpu2cpu.request_ != q.request_) continue;
+      // seq_cst: pairs with Serve's busy_ store then state_ load (a Dekker pair): either the
+      // worker sees kRemoved, or we see busy_ set and wait for its round on this queue.
+      e.state_.Store(kRemoved, MemOrder::kSeqCst);
+      u64 waited = 0;
+      while (e.busy_.Load(MemOrder::kSeqCst) != 0 ||
+             e.link.gpu2cpu_inflight.Load(MemOrder::kAcquire) != 0) {
+        if (waited >= timeout_ns) {
+          return Status::Errorf(ErrorCode::kTimeout,
+                                "tasks from this GPU queue still run after %llu ms; it is no "
+                                "longer polled: unregister again before freeing its memory",
+                                static_cast<unsigned long long>(timeout_ns / 1000000));
+        }
+        timespec ts{0, 50000};
+        nanosleep(&ts, nullptr);
+        waited += 50000;
+      }
+      e.state_.Store(kEmpty, MemOrder::kRelease);  // release: reusable; nothing refers to it
+      return Status::Ok();
+    }
+    return Status::Error(ErrorCode::kNotFound, "this GPU queue is not registered");
+  }
+
+  /**
+   * The worker's round: serve(link, index) on every active queue; true when any did work.
+   * The index names the queue in Link() while tasks from it run.
+   */
+  template <typename ServeFn>
+  bool Serve(ServeFn &&serve) {
+    bool did = false;
+    const u32 used = used_.Load(MemOrder::kAcquire);  // acquire: entries below it are set up
+    for (u32 i = 0; i < used; ++i) {
+      Entry &e = entries_[i];
+      if (e.state_.Load(MemOrder::kAcquire) != kActive) continue;  // the cheap look
+      e.busy_.Store(1, MemOrder::kSeqCst);  // seq_cst: the Dekker half Unregister reads
+      if (e.state_.Load(MemOrder::kSeqCst) == kActive) did |= serve(e.link, i);
+      e.busy_.Store(0, MemOrder::kRelease);  // release: our slot writes precede the removal
+    }
+    return did;
+  }
+
+  /** Forgets every queue (the worker's thread has stopped and nothing is in flight). */
+  void Clear() {
+    std::lock_guard<std::mutex> g(mu_);
+    for (Entry &e : entries_) e.state_.Store(kEmpty, MemOrder::kRelease);
+  }
+
+  /** GPU->CPU tasks from user queues still running. */
+  u64 Inflight() const {
+    u64 n = 0;
+    const u32 used = used_.Load(MemOrder::kAcquire);
+    for (u32 i = 0; i < used; ++i) n += entries_[i].link.gpu2cpu_inflight.Load(MemOrder::kAcquire);
+    return n;
+  }
+
+  /** The link of entry `index` (what Serve passed). */
+  LinkT &Link(u32 index) { return entries_[index].link; }
+
+ private:
+  static constexpr u32 kEmpty = 0;
+  static constexpr u32 kActive = 1;
+  static constexpr u32 kRemoved = 2;  ///< no longer polled; tasks from it may still run
+
+  struct Entry {
+    Atomic<u32> state_;
+    Atomic<u32> busy_;  ///< 1 while the worker serves this queue
+    LinkT link;
+  };
+
+  std::mutex mu_;
+  Entry entries_[kMaxUserGpuQueues];
+  Atomic<u32> used_;  ///< 1 + the highest entry ever used
+};
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_USER_QUEUES_H
+// ---- end chi/gpu/user_queues.h ----
 
 namespace chi::gpu {
 
@@ -13483,6 +13742,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
   static constexpr u32 kClaimSpins = 256;    ///< full-queue spins before a sender parks
   static constexpr u64 kDrainTimeoutNs = 5000000000ull;
   static constexpr u64 kReapPeriodNs = 100000000;  ///< how often the runtime looks for dead clients
+  static constexpr u32 kUserLinkBase = 1u << 16;   ///< link index of user queue 0 (task cookies)
 
   GpuWorker() = default;
   ~GpuWorker() override { Stop(); }
@@ -13523,7 +13783,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     closing_.Store(1, MemOrder::kSeqCst);  // seq_cst: pairs with Send's senders_ count
     const u64 deadline = NowNs() + kDrainTimeoutNs;
     for (;;) {
-      u64 busy = senders_.Load(MemOrder::kSeqCst);
+      u64 busy = senders_.Load(MemOrder::kSeqCst) + user_.Inflight();
       for (GpuLink *l : links_) busy += l->gpu2cpu_inflight.Load(MemOrder::kAcquire);
       if (busy == 0) return true;
       if (NowNs() > deadline) return false;
@@ -13539,6 +13799,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     if (helping_) WaitHelper::Remove(&helper_);  // returns once no waiter is inside it
     helping_ = false;
     if (thread_.joinable()) thread_.join();
+    if (user_.Inflight() == 0) user_.Clear();  // a restarted worker must not poll them
     for (GpuLink *l : links_) {
       for (u32 s = 0; s < l->cpu2gpu.num_slots_; ++s) {
         const u64 p = l->pending[s].Exchange(0, MemOrder::kAcquire);
@@ -13609,6 +13870,23 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     answer->assign(l.cpu2gpu.Payload(s), l.cpu2gpu.Payload(s) + out);
     FreeHostSlot(l, s);
     return Status::Ok();
+  }
+
+  /**
+   * Serves `queue`, a gpu2cpu queue in the caller's memory, like every GPU's own: kernels
+   * given a GpuInfo whose gpu2cpu_ is its descriptor submit ToLocalCpu() tasks through it.
+   * Fails (naming why) for a bad queue, too many queues, or no running GPU worker.
+   */
+  Status RegisterQueue(const GpuQueue<MemScope::kSystem> &queue) {
+    if (!runtime_ || !thread_.joinable() || stop_.Load(MemOrder::kAcquire) != 0) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "no GPU worker serves gpu2cpu queues in this process (no GPU runtime)");
+    }
+    return user_.Register(queue);
+  }
+  /** Stops serving `queue`; after Ok its memory may be freed (see UserGpuQueues::Unregister). */
+  Status UnregisterQueue(const GpuQueue<MemScope::kSystem> &queue) {
+    return user_.Unregister(queue, kDrainTimeoutNs);
   }
 
   /** Tasks this worker posted straight into a cpu2gpu queue (no CPU transport on the way). */
@@ -13732,6 +14010,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       }
       did |= TakeAnswers();
       for (u32 i = 0; i < links_.size(); ++i) did |= ServeRequests(*links_[i], i);
+      did |= user_.Serve([this](GpuLink &l, u32 i) { return ServeRequests(l, kUserLinkBase + i); });
       if (did) {
         idle = 0;
         nap = kMinNapNs;
@@ -13745,7 +14024,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       FenceSeqCst();  // sleeping_ is visible before we look for posts (pairs with Wake)
       // Never nap while any task is out: a GPU answer cannot wake us, and a kernel waiting on
       // a GPU->CPU answer usually posts its next request right after.
-      u64 inflight = 0;
+      u64 inflight = user_.Inflight();
       for (GpuLink *l : links_) {
         inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) +
                     l->gpu2cpu_inflight.Load(MemOrder::kRelaxed);
@@ -13847,7 +14126,8 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
 
   /** A GPU->CPU task finished on a worker: its answer goes back into its slot. */
   void OnComplete(Task *t) override {
-    GpuLink &l = *links_[static_cast<u32>(t->transport_cookie_ >> 32)];
+    const u32 index = static_cast<u32>(t->transport_cookie_ >> 32);
+    GpuLink &l = index >= kUserLinkBase ? user_.Link(index - kUserLinkBase) : *links_[index];
     const u32 s = static_cast<u32>(t->transport_cookie_);
     const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
     char *p = q.Payload(s);
@@ -13869,6 +14149,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
   WorkOrchestrator *orch_ = nullptr;
   GpuPoolDirectory *directory_ = nullptr;
   std::vector<GpuLink *> links_;
+  UserGpuQueues<GpuLink> user_;  ///< gpu2cpu queues applications registered
   std::string no_gpu_reason_;
   std::unique_ptr<RequestDispatcher> dispatcher_;
   std::vector<char> error_answer_;  ///< reused by ServeRequests (error answers only)
@@ -14257,8 +14538,10 @@ inline constexpr u64 kGpuInfoMagic = 0x4f464e4955504743ull;  // "CGPUINFO"
 
 /**
  * What a client kernel needs to submit tasks (CHI_IPC->GetClientGpuInfo): device addresses
- * of its GPU's queue descriptors. Passed to the kernel by value; CHIMAERA_GPU_INIT keeps a
- * copy per block.
+ * of its GPU's queue descriptors, and the device-memory region CHI_GPU_HEAP partitions
+ * (gpu_heap.h; the runtime's, or the user's own). Passed to the kernel by value;
+ * CHIMAERA_GPU_INIT keeps a copy per block. Kernels running at the same time need distinct
+ * heap regions: each launch re-formats its partitions.
  */
 struct GpuInfo {
   u64 magic_ = 0;  ///< kGpuInfoMagic once filled in
@@ -14268,6 +14551,8 @@ struct GpuInfo {
   GpuQueue<MemScope::kSystem> *gpu2cpu_ = nullptr;  ///< ToLocalCpu() from a kernel
   u32 num_blocks_ = 0;  ///< set by CHIMAERA_GPU_INIT_BLOCKS: spreads blocks over the slots
   u32 reserved_ = 0;
+  char *heap_ = nullptr;  ///< device memory CHI_GPU_HEAP partitions (nullptr: no heap)
+  u64 heap_bytes_ = 0;    ///< its size
 };
 
 /** One GPU's queues, control block, pool table and container arena. */
@@ -14976,6 +15261,8 @@ inline constexpr u64 kGpuStackBytes = 8192;
 inline constexpr u64 kGpuStopTimeoutNs = 10000000000ull;
 /** Alignment of GPU container states in their arena. */
 inline constexpr u64 kGpuStateAlign = 256;
+/** Device memory per GPU for client kernels' CHI_GPU_HEAP (32 KiB a thread for 2048 threads). */
+inline constexpr u64 kGpuClientHeapBytes = 64ull << 20;
 
 /** The GPUs of this process's runtime (one instance per process). */
 class GpuManager : private GpuPoolDirectory {
@@ -15152,8 +15439,30 @@ class GpuManager : private GpuPoolDirectory {
       std::lock_guard<std::mutex> g(sync_mu_);
       SyncPools(d);
     }
-    return d.set.ClientInfo(gpu_id, static_cast<u32>(getpid()));
+    GpuInfo info = d.set.ClientInfo(gpu_id, static_cast<u32>(getpid()));
+    info.heap_ = gpu_id < heaps_.size() ? static_cast<char *>(heaps_[gpu_id]) : nullptr;
+    info.heap_bytes_ = info.heap_ != nullptr ? kGpuClientHeapBytes : 0;
+    return info;
   }
+
+  /**
+   * Has the GPU worker serve `queue`, a gpu2cpu queue the caller made (GpuQueue::Make over
+   * its own pinned memory, gpu_clients = true, zeroed): kernels whose GpuInfo::gpu2cpu_ is
+   * a device-readable copy of the descriptor submit ToLocalCpu() tasks through it. Errors
+   * name the problem (bad geometry, null arrays, too many queues, no GPU runtime).
+   */
+  Status RegisterGpuQueue(const GpuQueue<MemScope::kSystem> &queue) {
+    return worker_.RegisterQueue(queue);
+  }
+  /**
+   * Stops serving a registered queue. After Ok the worker neither polls it nor answers into
+   * it, so its memory may be freed; kTimeout while tasks from it still run (call again).
+   */
+  Status UnregisterGpuQueue(const GpuQueue<MemScope::kSystem> &queue) {
+    return worker_.UnregisterQueue(queue);
+  }
+  /** The seed's AssignGpuLanesToWorker: registered queues are served at once, so only Ok. */
+  Status AssignGpuLanesToWorker() { return Status::Ok(); }
 
   /** The gpu2gpu queue of GPU gpu_id (a device address), or nullptr. */
   GpuQueue<MemScope::kDevice> *GetGpuToGpuQueue(u32 gpu_id) const {
@@ -15311,6 +15620,13 @@ class GpuManager : private GpuPoolDirectory {
     qc.server_threads = blocks_ * threads_;
     qc.depth = depth_;
     if (Status st = d.Map(qc); !st.ok()) return st;
+    void *heap = nullptr;  // CHIMAERA_GPU_INIT formats it: no clearing needed
+    if (Status st = Check(Malloc(&heap, kGpuClientHeapBytes), "GPU client heap"); !st.ok()) {
+      std::fprintf(stderr, "chi: GPU %d has no CHI_GPU_HEAP: %s\n", i, st.message());
+      heap = nullptr;
+    }
+    heaps_.resize(static_cast<size_t>(i) + 1, nullptr);
+    heaps_[i] = heap;
     {
       std::lock_guard<std::mutex> g(sync_mu_);
       if (Status s2 = SyncPools(d); !s2.ok()) return s2;  // compose pools, before the launch
@@ -15320,6 +15636,12 @@ class GpuManager : private GpuPoolDirectory {
 
   /** Frees every device (leaking, on purpose, those a kernel may still use). */
   void CloseDevices() {
+    for (size_t i = 0; i < heaps_.size(); ++i) {
+      if (heaps_[i] == nullptr || (i < devices_.size() && devices_[i]->wedged)) continue;
+      const DeviceScope scope(static_cast<int>(i));  // the caller keeps its own GPU
+      Free(heaps_[i]);
+    }
+    heaps_.clear();
     for (auto &d : devices_) {
       if (d->wedged) {
         d.release();  // a kernel may still touch its memory: never free it
@@ -15448,6 +15770,7 @@ class GpuManager : private GpuPoolDirectory {
   u32 threads_ = 32;
   u32 depth_ = 256;
   std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<void *> heaps_;  ///< per GPU: CHI_GPU_HEAP's region (nullptr: none)
   GpuWorker worker_;
   struct Retired {
     u32 device;
@@ -15463,7 +15786,7 @@ class GpuManager : private GpuPoolDirectory {
 
 /**
  * The seed's entry point for GPU set-up calls (GetClientGpuInfo, PauseGpuOrchestrator,
- * ResumeGpuOrchestrator, RegisterGpuAllocator, GetGpuToGpuQueue, ...).
+ * ResumeGpuOrchestrator, RegisterGpuAllocator, RegisterGpuQueue, GetGpuToGpuQueue, ...).
  */
 #ifndef CHI_IPC
 #define CHI_IPC (&::chi::gpu::GpuManager::Get())

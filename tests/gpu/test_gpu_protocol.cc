@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <string>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -317,4 +318,139 @@ TEST_CASE("a GPU-side wait gives up on the abort flag and on its timeout") {
   GpuSubmitTask *ok = RoundTrip(chi::PoolQuery::Local(), 2);
   CHECK(ok->result_value_ == 6);
   chi::gpu::ReleaseTask(ok);
+}
+
+namespace {
+
+/** A gpu2cpu queue in plain memory, as an application makes one in its own pinned memory. */
+class PlainQueue {
+ public:
+  explicit PlainQueue(u32 slots = 8) {
+    using Q = chi::gpu::GpuQueue<chi::MemScope::kSystem>;
+    const u32 payload = chi::gpu::kGpuPayloadBytes;
+    shared_ = Zeroed(Q::SharedBytes(slots, payload));
+    client_ = Zeroed(Q::ClientBytes(slots, true));
+    server_ = Zeroed(Q::ServerBytes(slots));
+    queue_ = Q::Make(slots, payload, 5000000000ull, shared_.get(), client_.get(), true,
+                     server_.get(), nullptr);
+  }
+  chi::gpu::GpuQueue<chi::MemScope::kSystem> &Queue() { return queue_; }
+  /** Gpu()'s client info with ToLocalCpu() sent through this queue. */
+  chi::gpu::GpuInfo Info() {
+    chi::gpu::GpuInfo info = Gpu().Info();
+    info.gpu2cpu_ = &queue_;
+    return info;
+  }
+
+ private:
+  static std::unique_ptr<char, void (*)(void *)> Zeroed(u64 bytes) {
+    void *p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    REQUIRE(p != nullptr);
+    std::memset(p, 0, bytes);
+    return {static_cast<char *>(p), &std::free};
+  }
+  std::unique_ptr<char, void (*)(void *)> shared_{nullptr, &std::free};
+  std::unique_ptr<char, void (*)(void *)> client_{nullptr, &std::free};
+  std::unique_ptr<char, void (*)(void *)> server_{nullptr, &std::free};
+  chi::gpu::GpuQueue<chi::MemScope::kSystem> queue_;
+};
+
+}  // namespace
+
+TEST_CASE("a registered user gpu2cpu queue carries ToLocalCpu tasks until it is unregistered") {
+  chi::gpu::GpuWorker &worker = Gpu().Worker();
+  PlainQueue user;
+  REQUIRE(worker.RegisterQueue(user.Queue()).ok());
+  CHECK(worker.RegisterQueue(user.Queue()).code() == chi::ErrorCode::kAlreadyExists);
+  GpuSubmitTask *t = chi::gpu::StartTask<GpuSubmitTask>(
+      user.Info(), kPool, chi::PoolQuery::ToLocalCpu(), chimaera::demo::Method::kGpuSubmit, 0u,
+      88u);
+  REQUIRE(t != nullptr);
+  REQUIRE(chi::gpu::WaitTask(t, 10));
+  CHECK(t->GetReturnCode() == 0);
+  CHECK(t->result_value_ == 176);
+  const u32 slot = chi::gpu::RecordOf(t)->slot_;
+  CHECK(user.Queue().served_[slot] == chi::gpu::RecordOf(t)->seq_);  // served from our queue
+  chi::gpu::ReleaseTask(t);
+  REQUIRE(worker.UnregisterQueue(user.Queue()).ok());
+  CHECK(worker.UnregisterQueue(user.Queue()).code() == chi::ErrorCode::kNotFound);
+  // No longer polled: a request posted now stays unanswered, its slot untouched.
+  GpuSubmitTask *late = chi::gpu::StartTask<GpuSubmitTask>(
+      user.Info(), kPool, chi::PoolQuery::ToLocalCpu(), chimaera::demo::Method::kGpuSubmit, 0u,
+      5u);
+  REQUIRE(late != nullptr);
+  CHECK_FALSE(chi::gpu::WaitTask(late, 0.2f));
+  const u32 late_slot = chi::gpu::RecordOf(late)->slot_;
+  CHECK(user.Queue().served_[late_slot] != chi::gpu::RecordOf(late)->seq_);
+  // Registered again, the worker answers the request that waited.
+  REQUIRE(worker.RegisterQueue(user.Queue()).ok());
+  REQUIRE(chi::gpu::WaitTask(late, 10));
+  CHECK(late->result_value_ == 10);
+  chi::gpu::ReleaseTask(late);
+  CHECK(worker.UnregisterQueue(user.Queue()).ok());
+}
+
+TEST_CASE("unregistering while GPU threads submit never leaves the worker touching the queue") {
+  chi::gpu::GpuWorker &worker = Gpu().Worker();
+  for (u32 round = 0; round < 20; ++round) {
+    PlainQueue user;
+    REQUIRE(worker.RegisterQueue(user.Queue()).ok());
+    std::atomic<u32> stop{0}, answered{0};
+    std::thread client([&] {
+      for (u32 i = 0; stop.load() == 0; ++i) {
+        GpuSubmitTask *t = chi::gpu::StartTask<GpuSubmitTask>(
+            user.Info(), kPool, chi::PoolQuery::ToLocalCpu(), chimaera::demo::Method::kGpuSubmit,
+            0u, i);
+        if (t == nullptr) break;
+        if (chi::gpu::WaitTask(t, 0.05f)) answered += t->result_value_ == i * 2;
+        chi::gpu::ReleaseTask(t);
+      }
+    });
+    while (answered.load() == 0) std::this_thread::yield();
+    REQUIRE(worker.UnregisterQueue(user.Queue()).ok());
+    // From here on the client's requests must go unserved: nothing writes the queue.
+    const std::vector<u32> served(user.Queue().served_, user.Queue().served_ + 8);
+    const u32 seen = answered.load();
+    usleep(20000);  // the client posts more requests meanwhile
+    stop.store(1);
+    client.join();
+    CHECK(std::vector<u32>(user.Queue().served_, user.Queue().served_ + 8) == served);
+    CHECK(answered.load() <= seen + 1);  // at most the one answered before the removal
+  }
+}
+
+TEST_CASE("RegisterQueue refuses bad queues and more than kMaxUserGpuQueues, naming why") {
+  chi::gpu::GpuWorker &worker = Gpu().Worker();
+  PlainQueue good;
+  auto q = good.Queue();
+  q.num_slots_ = 0;
+  chi::Status st = worker.RegisterQueue(q);
+  CHECK(st.code() == chi::ErrorCode::kInvalidArgument);
+  CHECK(std::string(st.message()).find("slots") != std::string::npos);
+  q = good.Queue();
+  q.payload_bytes_ = 100;
+  st = worker.RegisterQueue(q);
+  CHECK(std::string(st.message()).find("payload") != std::string::npos);
+  q = good.Queue();
+  q.records_ = nullptr;
+  st = worker.RegisterQueue(q);
+  CHECK(std::string(st.message()).find("records") != std::string::npos);
+  q = good.Queue();
+  q.served_ = nullptr;
+  CHECK(worker.RegisterQueue(q).code() == chi::ErrorCode::kInvalidArgument);
+  std::vector<std::unique_ptr<PlainQueue>> many;
+  for (u32 i = 0; i < chi::gpu::kMaxUserGpuQueues; ++i) {
+    many.push_back(std::make_unique<PlainQueue>(1));
+    REQUIRE(worker.RegisterQueue(many.back()->Queue()).ok());
+  }
+  PlainQueue one_more(1);
+  st = worker.RegisterQueue(one_more.Queue());
+  CHECK(st.code() == chi::ErrorCode::kOutOfMemory);
+  CHECK(std::string(st.message()).find("too many") != std::string::npos);
+  CHECK(worker.UnregisterQueue(many[3]->Queue()).ok());
+  CHECK(worker.RegisterQueue(one_more.Queue()).ok());  // a freed entry is reused
+  CHECK(worker.UnregisterQueue(one_more.Queue()).ok());
+  for (u32 i = 0; i < many.size(); ++i) {
+    if (i != 3) CHECK(worker.UnregisterQueue(many[i]->Queue()).ok());
+  }
 }

@@ -4,6 +4,7 @@
 // gpu2cpu. Futures are per thread: each submitting thread owns its slot, its task (in the
 // slot's record, device memory) and its wait. Invariant: every device-side wait is bounded
 // (the queue's max_wait_ns_, or the caller's timeout) and gives up on the host's abort flag.
+// CHIMAERA_GPU_INIT also formats this launch's CHI_GPU_HEAP partitions (gpu_heap.h).
 //
 //   __global__ void MyKernel(chi::gpu::GpuInfo info, chi::PoolId pool, chi::u32 *out) {
 //     CHIMAERA_GPU_INIT(info);                      // every thread of the block calls it
@@ -19,6 +20,7 @@
 #include "chi/core/ids.h"         // PoolId, MethodId, TaskId, TaskNode
 #include "chi/core/pool_query.h"  // PoolQuery, RoutingMode
 #include "chi/gpu/device_util.h"  // ClockNs, Backoff, CopyChunks, GlobalThreadId
+#include "chi/gpu/gpu_heap.h"     // GpuHeap, HeapSliceFor: CHI_GPU_HEAP's partitions
 #include "chi/gpu/gpu_wire.h"     // EncodeRequest, DecodeAnswer, MarkComplete
 #include "chi/gpu/mailbox.h"      // GpuQueue, ClientRecord
 #include "chi/gpu/queue_set.h"    // GpuInfo
@@ -237,6 +239,9 @@ CHI_CROSS_FUN void ReleaseTask(TaskT *t) {
 namespace detail {
 /** This block's copy of its GpuInfo (set by CHIMAERA_GPU_INIT; raw words: no constructor). */
 static __shared__ u64 g_block_info[(sizeof(GpuInfo) + 7) / 8];
+
+/** Zero bytes: the GpuHeap CHI_GPU_HEAP gives a thread without a partition (all nullptr). */
+static __device__ u64 g_no_heap[(sizeof(GpuHeap) + 7) / 8];
 }  // namespace detail
 
 /** The GpuInfo CHIMAERA_GPU_INIT stored for this block. */
@@ -244,9 +249,19 @@ static CHI_GPU_FUN inline const GpuInfo &BlockInfo() {
   return *reinterpret_cast<const GpuInfo *>(detail::g_block_info);
 }
 
+/** The calling thread's partition of `info`'s heap region (see HeapSliceFor). */
+static CHI_GPU_FUN inline GpuHeapSlice ThreadHeapSlice(const GpuInfo &info) {
+  const u32 block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const u32 blocks = gridDim.x * gridDim.y * gridDim.z;
+  const u32 thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const u32 threads = blockDim.x * blockDim.y * blockDim.z;
+  return HeapSliceFor(info.heap_, info.heap_bytes_, block, blocks, thread, threads);
+}
+
 /**
- * Stores `info` for the block (thread 0 writes, then a barrier): every thread of the block
- * must call it. num_blocks != 0 spreads the blocks' first slots evenly over the queues.
+ * Stores `info` for the block (thread 0 writes) and formats this launch's heap partitions
+ * (each group's first thread), then a barrier: every thread of the block must call it.
+ * num_blocks != 0 spreads the blocks' first slots evenly over the queues.
  */
 static CHI_GPU_FUN inline void InitBlock(const GpuInfo &info, u32 num_blocks) {
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
@@ -254,7 +269,16 @@ static CHI_GPU_FUN inline void InitBlock(const GpuInfo &info, u32 num_blocks) {
     *mine = info;
     mine->num_blocks_ = num_blocks;
   }
-  __syncthreads();
+  const GpuHeapSlice slice = ThreadHeapSlice(info);
+  if (slice.leader) GpuHeap::Format(slice.base, slice.bytes);
+  __syncthreads();  // the block's info and partitions are written before any thread uses them
+}
+
+/** CHI_GPU_HEAP: the calling thread's heap partition (an empty one when there is no heap). */
+static CHI_GPU_FUN inline GpuHeap *ThreadHeap() {
+  const GpuHeapSlice slice = ThreadHeapSlice(BlockInfo());
+  if (slice.base == nullptr) return reinterpret_cast<GpuHeap *>(detail::g_no_heap);
+  return reinterpret_cast<GpuHeap *>(slice.base);
 }
 
 /** Submits from a kernel, as a module client's AsyncX does there (empty future: no slot). */
@@ -276,4 +300,6 @@ CHI_GPU_FUN Future<TaskT> AsyncSubmit(PoolId pool, const PoolQuery &query, Metho
 /** Multi-block variant: each of num_blocks blocks starts on its own share of the slots. */
 #define CHIMAERA_GPU_INIT_BLOCKS(gpu_info, num_blocks) \
   ::chi::gpu::InitBlock((gpu_info), static_cast<::chi::u32>(num_blocks))
+/** The calling thread's GpuHeap (Allocate / Free), valid after CHIMAERA_GPU_INIT. */
+#define CHI_GPU_HEAP (::chi::gpu::ThreadHeap())
 #endif

@@ -3,7 +3,9 @@
 // stream of its own, and runs one GpuWorker thread for all of them. Chimaera starts it
 // after the compose pools exist and stops it first; CHI_IPC reaches it from applications.
 // It describes the queues to pure clients (ConnectAnswer::gpu_info), and in a pure client
-// it holds the attachment to a runtime's queues (gpu_client_queues.h).
+// it holds the attachment to a runtime's queues (gpu_client_queues.h). Each GPU also gets a
+// device-memory region for client kernels' CHI_GPU_HEAP, and applications may register
+// gpu2cpu queues of their own (RegisterGpuQueue).
 // Invariant: no call here waits on a device as a whole, and every wait on the orchestrator
 // is bounded: a GPU that does not stop when asked is reported and its memory left mapped,
 // never freed under a kernel that may still use it.
@@ -40,6 +42,8 @@ inline constexpr u64 kGpuStackBytes = 8192;
 inline constexpr u64 kGpuStopTimeoutNs = 10000000000ull;
 /** Alignment of GPU container states in their arena. */
 inline constexpr u64 kGpuStateAlign = 256;
+/** Device memory per GPU for client kernels' CHI_GPU_HEAP (32 KiB a thread for 2048 threads). */
+inline constexpr u64 kGpuClientHeapBytes = 64ull << 20;
 
 /** The GPUs of this process's runtime (one instance per process). */
 class GpuManager : private GpuPoolDirectory {
@@ -216,8 +220,30 @@ class GpuManager : private GpuPoolDirectory {
       std::lock_guard<std::mutex> g(sync_mu_);
       SyncPools(d);
     }
-    return d.set.ClientInfo(gpu_id, static_cast<u32>(getpid()));
+    GpuInfo info = d.set.ClientInfo(gpu_id, static_cast<u32>(getpid()));
+    info.heap_ = gpu_id < heaps_.size() ? static_cast<char *>(heaps_[gpu_id]) : nullptr;
+    info.heap_bytes_ = info.heap_ != nullptr ? kGpuClientHeapBytes : 0;
+    return info;
   }
+
+  /**
+   * Has the GPU worker serve `queue`, a gpu2cpu queue the caller made (GpuQueue::Make over
+   * its own pinned memory, gpu_clients = true, zeroed): kernels whose GpuInfo::gpu2cpu_ is
+   * a device-readable copy of the descriptor submit ToLocalCpu() tasks through it. Errors
+   * name the problem (bad geometry, null arrays, too many queues, no GPU runtime).
+   */
+  Status RegisterGpuQueue(const GpuQueue<MemScope::kSystem> &queue) {
+    return worker_.RegisterQueue(queue);
+  }
+  /**
+   * Stops serving a registered queue. After Ok the worker neither polls it nor answers into
+   * it, so its memory may be freed; kTimeout while tasks from it still run (call again).
+   */
+  Status UnregisterGpuQueue(const GpuQueue<MemScope::kSystem> &queue) {
+    return worker_.UnregisterQueue(queue);
+  }
+  /** The seed's AssignGpuLanesToWorker: registered queues are served at once, so only Ok. */
+  Status AssignGpuLanesToWorker() { return Status::Ok(); }
 
   /** The gpu2gpu queue of GPU gpu_id (a device address), or nullptr. */
   GpuQueue<MemScope::kDevice> *GetGpuToGpuQueue(u32 gpu_id) const {
@@ -375,6 +401,13 @@ class GpuManager : private GpuPoolDirectory {
     qc.server_threads = blocks_ * threads_;
     qc.depth = depth_;
     if (Status st = d.Map(qc); !st.ok()) return st;
+    void *heap = nullptr;  // CHIMAERA_GPU_INIT formats it: no clearing needed
+    if (Status st = Check(Malloc(&heap, kGpuClientHeapBytes), "GPU client heap"); !st.ok()) {
+      std::fprintf(stderr, "chi: GPU %d has no CHI_GPU_HEAP: %s\n", i, st.message());
+      heap = nullptr;
+    }
+    heaps_.resize(static_cast<size_t>(i) + 1, nullptr);
+    heaps_[i] = heap;
     {
       std::lock_guard<std::mutex> g(sync_mu_);
       if (Status s2 = SyncPools(d); !s2.ok()) return s2;  // compose pools, before the launch
@@ -384,6 +417,12 @@ class GpuManager : private GpuPoolDirectory {
 
   /** Frees every device (leaking, on purpose, those a kernel may still use). */
   void CloseDevices() {
+    for (size_t i = 0; i < heaps_.size(); ++i) {
+      if (heaps_[i] == nullptr || (i < devices_.size() && devices_[i]->wedged)) continue;
+      const DeviceScope scope(static_cast<int>(i));  // the caller keeps its own GPU
+      Free(heaps_[i]);
+    }
+    heaps_.clear();
     for (auto &d : devices_) {
       if (d->wedged) {
         d.release();  // a kernel may still touch its memory: never free it
@@ -512,6 +551,7 @@ class GpuManager : private GpuPoolDirectory {
   u32 threads_ = 32;
   u32 depth_ = 256;
   std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<void *> heaps_;  ///< per GPU: CHI_GPU_HEAP's region (nullptr: none)
   GpuWorker worker_;
   struct Retired {
     u32 device;
@@ -527,7 +567,7 @@ class GpuManager : private GpuPoolDirectory {
 
 /**
  * The seed's entry point for GPU set-up calls (GetClientGpuInfo, PauseGpuOrchestrator,
- * ResumeGpuOrchestrator, RegisterGpuAllocator, GetGpuToGpuQueue, ...).
+ * ResumeGpuOrchestrator, RegisterGpuAllocator, RegisterGpuQueue, GetGpuToGpuQueue, ...).
  */
 #ifndef CHI_IPC
 #define CHI_IPC (&::chi::gpu::GpuManager::Get())

@@ -2,7 +2,8 @@
 // GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
 // tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
 // gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
-// workers, whose TaskCompleter writes the answer back into the slot.
+// workers, whose TaskCompleter writes the answer back into the slot. It serves the gpu2cpu
+// queues applications register (RegisterQueue, user_queues.h) the same way.
 // A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
 // gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
 // Invariant: every task given to Send completes exactly once, with its answer or an error
@@ -25,6 +26,7 @@
 #include "chi/gpu/gpu_wire.h"                  // envelope helpers, EncodeErrorAnswer
 #include "chi/gpu/host_slots.h"                // cpu2gpu claims shared across processes
 #include "chi/gpu/mailbox.h"                   // GpuQueue
+#include "chi/gpu/user_queues.h"               // UserGpuQueues: registered gpu2cpu queues
 #include "chi/runtime/pool_manager.h"          // PoolManager
 #include "chi/runtime/run_context.h"           // CurrentRunContext
 #include "chi/runtime/work_orchestrator.h"     // WorkOrchestrator (Submit), Worker (SleepInFiber)
@@ -79,6 +81,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
   static constexpr u32 kClaimSpins = 256;    ///< full-queue spins before a sender parks
   static constexpr u64 kDrainTimeoutNs = 5000000000ull;
   static constexpr u64 kReapPeriodNs = 100000000;  ///< how often the runtime looks for dead clients
+  static constexpr u32 kUserLinkBase = 1u << 16;   ///< link index of user queue 0 (task cookies)
 
   GpuWorker() = default;
   ~GpuWorker() override { Stop(); }
@@ -119,7 +122,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     closing_.Store(1, MemOrder::kSeqCst);  // seq_cst: pairs with Send's senders_ count
     const u64 deadline = NowNs() + kDrainTimeoutNs;
     for (;;) {
-      u64 busy = senders_.Load(MemOrder::kSeqCst);
+      u64 busy = senders_.Load(MemOrder::kSeqCst) + user_.Inflight();
       for (GpuLink *l : links_) busy += l->gpu2cpu_inflight.Load(MemOrder::kAcquire);
       if (busy == 0) return true;
       if (NowNs() > deadline) return false;
@@ -135,6 +138,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     if (helping_) WaitHelper::Remove(&helper_);  // returns once no waiter is inside it
     helping_ = false;
     if (thread_.joinable()) thread_.join();
+    if (user_.Inflight() == 0) user_.Clear();  // a restarted worker must not poll them
     for (GpuLink *l : links_) {
       for (u32 s = 0; s < l->cpu2gpu.num_slots_; ++s) {
         const u64 p = l->pending[s].Exchange(0, MemOrder::kAcquire);
@@ -205,6 +209,23 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     answer->assign(l.cpu2gpu.Payload(s), l.cpu2gpu.Payload(s) + out);
     FreeHostSlot(l, s);
     return Status::Ok();
+  }
+
+  /**
+   * Serves `queue`, a gpu2cpu queue in the caller's memory, like every GPU's own: kernels
+   * given a GpuInfo whose gpu2cpu_ is its descriptor submit ToLocalCpu() tasks through it.
+   * Fails (naming why) for a bad queue, too many queues, or no running GPU worker.
+   */
+  Status RegisterQueue(const GpuQueue<MemScope::kSystem> &queue) {
+    if (!runtime_ || !thread_.joinable() || stop_.Load(MemOrder::kAcquire) != 0) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "no GPU worker serves gpu2cpu queues in this process (no GPU runtime)");
+    }
+    return user_.Register(queue);
+  }
+  /** Stops serving `queue`; after Ok its memory may be freed (see UserGpuQueues::Unregister). */
+  Status UnregisterQueue(const GpuQueue<MemScope::kSystem> &queue) {
+    return user_.Unregister(queue, kDrainTimeoutNs);
   }
 
   /** Tasks this worker posted straight into a cpu2gpu queue (no CPU transport on the way). */
@@ -328,6 +349,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       }
       did |= TakeAnswers();
       for (u32 i = 0; i < links_.size(); ++i) did |= ServeRequests(*links_[i], i);
+      did |= user_.Serve([this](GpuLink &l, u32 i) { return ServeRequests(l, kUserLinkBase + i); });
       if (did) {
         idle = 0;
         nap = kMinNapNs;
@@ -341,7 +363,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       FenceSeqCst();  // sleeping_ is visible before we look for posts (pairs with Wake)
       // Never nap while any task is out: a GPU answer cannot wake us, and a kernel waiting on
       // a GPU->CPU answer usually posts its next request right after.
-      u64 inflight = 0;
+      u64 inflight = user_.Inflight();
       for (GpuLink *l : links_) {
         inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) +
                     l->gpu2cpu_inflight.Load(MemOrder::kRelaxed);
@@ -443,7 +465,8 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
 
   /** A GPU->CPU task finished on a worker: its answer goes back into its slot. */
   void OnComplete(Task *t) override {
-    GpuLink &l = *links_[static_cast<u32>(t->transport_cookie_ >> 32)];
+    const u32 index = static_cast<u32>(t->transport_cookie_ >> 32);
+    GpuLink &l = index >= kUserLinkBase ? user_.Link(index - kUserLinkBase) : *links_[index];
     const u32 s = static_cast<u32>(t->transport_cookie_);
     const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
     char *p = q.Payload(s);
@@ -465,6 +488,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
   WorkOrchestrator *orch_ = nullptr;
   GpuPoolDirectory *directory_ = nullptr;
   std::vector<GpuLink *> links_;
+  UserGpuQueues<GpuLink> user_;  ///< gpu2cpu queues applications registered
   std::string no_gpu_reason_;
   std::unique_ptr<RequestDispatcher> dispatcher_;
   std::vector<char> error_answer_;  ///< reused by ServeRequests (error answers only)

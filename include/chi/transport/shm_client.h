@@ -238,7 +238,16 @@ class ShmClientTransport final : public ShmClientReceiver {
     Entry &e = entries_[idx];
     if (++e.seq == 0) e.seq = 1;
     const u64 id = (static_cast<u64>(e.seq) << 32) | idx;
-    EncodeRequest(t, id, &tx_);
+    // Small requests are encoded on the stack and streamed from there; tx_ takes the rest.
+    char small[kSmallEnvelopeBytes];
+    const char *msg = small;
+    u64 len = EncodeEnvelopeInto(id, t, t->ops_->save_in, small, sizeof(small));
+    if (len == 0) {
+      OutputArchive ar = BeginEnvelope(id, &tx_);
+      t->ops_->save_in(*t, ar);
+      msg = tx_.data();
+      len = tx_.size();
+    }
     e.task.Store(reinterpret_cast<u64>(t), MemOrder::kRelaxed);  // relaxed: published below
     // release: the task and our reads of it (encoding) happen before the receiver, which
     // takes the entry with acquire, completes it; published before the request can travel.
@@ -246,20 +255,20 @@ class ShmClientTransport final : public ShmClientReceiver {
     // The entry this writer will most likely take next: fetch its line while we wait.
     __builtin_prefetch(&entries_[cursor_], 1);
     Status st;
-    if (tx_.size() > max_message_bytes_) {
+    if (len > max_message_bytes_) {
       st = Status::Errorf(ErrorCode::kTooLarge,
                           "shm transport: request of %llu bytes exceeds the runtime's %llu-byte "
                           "limit (shm.client_data_size)",
-                          static_cast<unsigned long long>(tx_.size()),
+                          static_cast<unsigned long long>(len),
                           static_cast<unsigned long long>(max_message_bytes_));
     } else {
-      st = StreamOut(tx_.data(), tx_.size());
+      st = StreamOut(msg, len);
     }
-    RecycleBuffer(&tx_);
-    // seq_cst fence: orders our entry store before the read of failure_ (Dekker with Fail,
-    // which stores failure_ and then sweeps the table), so a task registered after the
-    // sweep is failed here. Cheap: the stream's seq_cst publish already drained our stores.
-    FenceSeqCst();
+    if (msg != small) RecycleBuffer(&tx_);
+    // A sent request was followed by StreamOut's seq_cst fence, which orders our entry
+    // store before this read of failure_ (Dekker with Fail, which stores failure_ and then
+    // sweeps the table): a task registered after the sweep is failed here. A request that
+    // was not sent is failed below anyway.
     if (st.ok() && Unhealthy()) st = FailureStatus();
     if (!st.ok()) TakeAndFail(idx, id, st.code(), st.message());
   }
@@ -308,10 +317,14 @@ class ShmClientTransport final : public ShmClientReceiver {
         room = req_->WritableBytes(want);
       }
       const u64 n = left < room ? left : room;
-      req_->WritePiece(sent == 0, len, data + sent, n);
+      req_->WritePieceRelease(sent == 0, len, data + sent, n);
       sent += n;
-      // seq_cst: read after our seq_cst publish; a worker clears its bit, then re-checks
-      // the streams (Dekker), so while one polls the poller need not be woken.
+      // seq_cst fence: the one full barrier per piece. It orders the publish (and the
+      // entry store before it) ahead of the reads below and WriteTask's failure_ check.
+      FenceSeqCst();
+      // seq_cst: read after the fence; a worker clears its bit, then re-checks the
+      // streams (Dekker), so while one polls the poller need not be woken. Notify's
+      // waiter-count read is covered by the same fence.
       if (header_->worker_readers_.Load(MemOrder::kSeqCst) == 0) header_->server_event_.Notify();
     }
     return Status::Ok();

@@ -269,12 +269,13 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       rs->Consume(p);
       ++taken;
     }
-    s.UnlockReader();
     if (taken != 0) {
       // relaxed: a statistic.
       header_->stats_.worker_taken.FetchAdd(taken, MemOrder::kRelaxed);
+      // Still a reader: the reaper's Reset rebuilds this event once the readers are gone.
       segment_.Slot(i)->request_room_.Notify();
     }
+    s.UnlockReader();
     if (leave) header_->server_event_.Notify();
     return taken != 0;
   }
@@ -293,15 +294,26 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     // previous writer's appends are complete before ours.
     if (s.writer.Load(MemOrder::kRelaxed) == 0 &&
         s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      // Small answers are encoded on the stack; large or refused ones in `buf`.
+      char small[kSmallEnvelopeBytes];
+      const char *msg = small;
+      u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
       thread_local std::vector<char> buf;
-      shm_server::EncodeShmAnswer(t, options_.max_message_bytes, &buf);
+      if (len == 0 || len > options_.max_message_bytes) {
+        shm_server::EncodeShmAnswer(t, options_.max_message_bytes, &buf);
+        msg = buf.data();
+        len = buf.size();
+      }
       ShmStream *as = segment_.AnswerStream(i);
-      const bool fits = buf.size() <= as->WritableBytes(buf.size());
-      if (fits) as->WritePiece(true, buf.size(), buf.data(), buf.size());
-      s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
-      RecycleBuffer(&buf);
+      const bool fits = len <= as->WritableBytes(len);
       if (fits) {
+        as->WritePiece(true, len, msg, len);
+        // Still the writer: the reaper's Reset rebuilds this event once it holds the writer.
         segment_.Slot(i)->answer_ready_.Notify();
+      }
+      s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
+      if (msg != small) RecycleBuffer(&buf);
+      if (fits) {
         DeleteTask(t);
         s.ReleaseCredit(header_->server_event_);
         return;

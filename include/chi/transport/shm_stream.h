@@ -86,13 +86,18 @@ class ShmStream {
    * parked reader is never missed (the caller notifies it afterwards).
    */
   void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) {
-    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    Record rec{begin ? kBegin : kMore, static_cast<u32>(bytes), begin ? message_bytes : 0};
-    CopyIn(w, &rec, kRecordHeaderBytes);
-    CopyIn(w + kRecordHeaderBytes, data, bytes);
     // seq_cst: release publishes the record; seq_cst orders it before the notifier's
     // read of the reader's waiter count (WaitEvent's Dekker pair).
-    write_pos_.Store(w + kRecordHeaderBytes + RoundUpTo(bytes, kAlign), MemOrder::kSeqCst);
+    Append(begin, message_bytes, data, bytes, MemOrder::kSeqCst);
+  }
+
+  /**
+   * WritePiece with a release publish only: the caller issues FenceSeqCst before it
+   * reads any waiter flag, so one fence covers this publish and the stores before it.
+   */
+  void WritePieceRelease(bool begin, u64 message_bytes, const void *data, u64 bytes) {
+    // release: publishes the record; the caller's fence orders it before its Dekker reads.
+    Append(begin, message_bytes, data, bytes, MemOrder::kRelease);
   }
 
   /**
@@ -218,6 +223,15 @@ class ShmStream {
   u64 Room(u64 w, u64 r) const {
     u64 free_bytes = ring_bytes_ - (w - r);
     return free_bytes > kRecordHeaderBytes ? free_bytes - kRecordHeaderBytes : 0;
+  }
+
+  /** Copies one record into the ring and moves write_pos_ past it with `publish` order. */
+  void Append(bool begin, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
+    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+    Record rec{begin ? kBegin : kMore, static_cast<u32>(bytes), begin ? message_bytes : 0};
+    CopyIn(w, &rec, kRecordHeaderBytes);
+    CopyIn(w + kRecordHeaderBytes, data, bytes);
+    write_pos_.Store(w + kRecordHeaderBytes + RoundUpTo(bytes, kAlign), publish);
   }
 
   /** Copies n bytes into the ring at position pos, wrapping at its end. */
