@@ -77,10 +77,29 @@ class WaitHelper {
     spinners_.FetchAdd(1, MemOrder::kRelaxed);
     return true;
   }
-  /** Ends what a successful BeginSpin counted. */
-  static void EndSpin() { spinners_.FetchSub(1, MemOrder::kRelaxed); }  // relaxed: a hint
+  /** Ends what a successful BeginSpin counted; the last one out wakes AwaitNoSpinners. */
+  static void EndSpin() {
+    // seq_cst: drop the count, then read parked_ (Dekker with AwaitNoSpinners).
+    if (spinners_.FetchSub(1, MemOrder::kSeqCst) != 1) return;
+    spin_epoch_.FetchAdd(1, MemOrder::kSeqCst);
+    if (parked_.Load(MemOrder::kSeqCst) != 0) FutexWake(spin_epoch_.Raw(), INT_MAX);
+  }
   /** Threads spinning in Future::Wait with a helper installed right now (a hint). */
   static u32 Spinners() { return spinners_.Load(MemOrder::kRelaxed); }  // relaxed: a hint
+
+  /**
+   * Parks the calling thread while any thread spins in Future::Wait (those deliver ready
+   * answers themselves, through the helper), at most max_ns. The helper's owner calls it
+   * instead of polling alongside them: on a machine with fewer cores than spinning
+   * threads, its polling kept the callers it should leave the work to off the CPU.
+   */
+  static void AwaitNoSpinners(u64 max_ns) {
+    // seq_cst: announce, read the epoch, then re-check the count (pairs with EndSpin).
+    parked_.FetchAdd(1, MemOrder::kSeqCst);
+    const u32 epoch = spin_epoch_.Load(MemOrder::kSeqCst);
+    if (spinners_.Load(MemOrder::kSeqCst) != 0) FutexWait(spin_epoch_.Raw(), epoch, max_ns);
+    parked_.FetchSub(1, MemOrder::kRelaxed);  // relaxed: only a hint for EndSpin's wake
+  }
 
   /** Runs the installed helper, if any (Future::Wait's spin loop). */
   static void Run() {
@@ -100,6 +119,8 @@ class WaitHelper {
   static inline Atomic<WaitHelper *> installed_{nullptr};
   static inline Atomic<u32> running_{0};   ///< threads inside Run's call right now
   static inline Atomic<u32> spinners_{0};  ///< threads in a counted spin phase
+  static inline Atomic<u32> spin_epoch_{0};  ///< futex word: bumped when spinners_ drops to 0
+  static inline Atomic<u32> parked_{0};      ///< threads in AwaitNoSpinners
 };
 
 /** Owns one submitted task until it completes and the caller is done with it. */

@@ -327,6 +327,12 @@ class ShmClientReceiver : public ClientTransport {
     for (u32 i = 1;; ++i) {
       if (ans_->HasData()) return true;
       if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
+      if (helper_installed_ && WaitHelper::Spinners() != 0) {
+        // Callers spinning in Wait take answers themselves: stay off their CPUs until the
+        // last of them stops spinning (bounded, so liveness checks still come round).
+        WaitHelper::AwaitNoSpinners(kPeerCheckNs);
+        continue;
+      }
       CpuRelax();
       if ((i & 63) != 0) continue;
       const u64 spun = MonotonicNs() - start;
