@@ -9590,6 +9590,67 @@ class ShmClientReceiver : public ClientTransport {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_RECEIVE_H
 // ---- end chi/transport/shm_client_receive.h ----
+// ---- begin chi/transport/task_stack.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_TASK_STACK_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_TASK_STACK_H
+// TaskStack: tasks handed from client threads to a transport's own thread without a lock
+// (a Treiber stack linked through each task's transport_cookie_), taken all at once and
+// replayed oldest first. The shm client's submission path and its reconnect queue use it.
+// Invariant: a task is in at most one stack, and only the taker touches its cookie after.
+
+namespace chi {
+
+/** A lock-free stack of tasks (see the file comment). */
+class TaskStack {
+ public:
+  /**
+   * Pushes t. seq_cst: the push comes before whatever the pusher checks next (a role
+   * word, a closed flag), which the taker writes before it looks at the stack.
+   */
+  void Push(Task *t) {
+    u64 head = head_.Load(MemOrder::kRelaxed);  // relaxed: the CAS decides
+    do {
+      t->transport_cookie_ = head;
+    } while (!head_.CompareExchange(head, reinterpret_cast<u64>(t), MemOrder::kSeqCst));
+  }
+
+  /** True when nothing is pushed; `order` as the caller's pairing needs. */
+  bool Empty(MemOrder order) const { return head_.Load(order) == 0; }
+
+  /** Takes every pushed task; returns them oldest first, linked through the cookie. */
+  Task *TakeOldestFirst() {
+    // acquire: the pushers' writes to their tasks are visible.
+    u64 head = head_.Exchange(0, MemOrder::kAcquire);
+    Task *fifo = nullptr;
+    while (head != 0) {
+      Task *t = reinterpret_cast<Task *>(head);
+      head = t->transport_cookie_;
+      t->transport_cookie_ = reinterpret_cast<u64>(fifo);
+      fifo = t;
+    }
+    return fifo;
+  }
+
+  /** The task after t in a list TakeOldestFirst returned. */
+  static Task *Next(const Task *t) { return reinterpret_cast<Task *>(t->transport_cookie_); }
+
+  /** Completes every pushed task with an error. */
+  void FailAll(ErrorCode code, const char *msg) {
+    for (Task *t = TakeOldestFirst(); t != nullptr;) {
+      Task *next = Next(t);
+      t->SetError(code, msg);
+      CompleteTask(t);
+      t = next;
+    }
+  }
+
+ private:
+  alignas(kCacheLine) Atomic<u64> head_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_TASK_STACK_H
+// ---- end chi/transport/task_stack.h ----
 
 namespace chi {
 
@@ -9624,17 +9685,13 @@ class ShmClientTransport final : public ShmClientReceiver {
     // Fast path: nobody writes and nothing waits, so write it here without queueing.
     // relaxed stack read: only a hint (pushers retry the role). acquire role: the
     // previous writer's stream writes are complete before ours.
-    if (submit_head_.Load(MemOrder::kRelaxed) == 0 &&
+    if (submissions_.Empty(MemOrder::kRelaxed) &&
         writer_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
       WriteTask(task);
       LeaveWriter();
       return true;
     }
-    u64 head = submit_head_.Load(MemOrder::kRelaxed);  // relaxed: the CAS below decides
-    do {
-      task->transport_cookie_ = head;  // the link of the submission stack
-      // seq_cst: pushers and the writer re-check each other (push, then try the role).
-    } while (!submit_head_.CompareExchange(head, reinterpret_cast<u64>(task), MemOrder::kSeqCst));
+    submissions_.Push(task);  // pushers and the writer re-check each other (push, then role)
     DrainSubmissions();
     return true;
   }
@@ -9659,7 +9716,7 @@ class ShmClientTransport final : public ShmClientReceiver {
       idle = 0;
       sched_yield();
     }
-    FailSubmissions(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
+    submissions_.FailAll(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
     StopReceiving();  // no caller helps and the receiver has left: the stream is ours
     Fail(ErrorCode::kShutdown, "shm transport: closed with the task outstanding");
     // acquire: a reclaim by the runtime (new generation) is seen with what it reset.
@@ -9747,20 +9804,21 @@ class ShmClientTransport final : public ShmClientReceiver {
         // The writer re-checks the stack when it leaves; Close keeps the role for good.
         // seq_cst: Close stores closed_ before taking the role (Dekker with our push).
         if (closed_.Load(MemOrder::kSeqCst) != 0) {
-          FailSubmissions(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
+          submissions_.FailAll(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
         }
         return;
       }
-      for (Task *t = TakeSubmissions(); t != nullptr; t = TakeSubmissions()) {
+      for (Task *t = submissions_.TakeOldestFirst(); t != nullptr;
+           t = submissions_.TakeOldestFirst()) {
         while (t != nullptr) {
-          Task *next = reinterpret_cast<Task *>(t->transport_cookie_);  // t may be freed below
+          Task *next = TaskStack::Next(t);  // t may be freed below
           WriteTask(t);
           t = next;
         }
       }
       // seq_cst: leave the role, then re-check the stack (pushers do the reverse).
       writer_.Store(0, MemOrder::kSeqCst);
-      if (submit_head_.Load(MemOrder::kSeqCst) == 0) return;
+      if (submissions_.Empty(MemOrder::kSeqCst)) return;
     }
   }
 
@@ -9768,30 +9826,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   void LeaveWriter() {
     // seq_cst: leave the role, then re-check the stack (pushers do the reverse).
     writer_.Store(0, MemOrder::kSeqCst);
-    if (submit_head_.Load(MemOrder::kSeqCst) != 0) DrainSubmissions();
-  }
-
-  /** Takes the submission stack, oldest first. */
-  Task *TakeSubmissions() {
-    // acquire: the pushers' writes to the tasks are visible.
-    u64 head = submit_head_.Exchange(0, MemOrder::kAcquire);
-    Task *fifo = nullptr;
-    while (head != 0) {
-      Task *t = reinterpret_cast<Task *>(head);
-      head = t->transport_cookie_;
-      t->transport_cookie_ = reinterpret_cast<u64>(fifo);
-      fifo = t;
-    }
-    return fifo;
-  }
-
-  /** Completes every task still in the submission stack with an error. */
-  void FailSubmissions(ErrorCode code, const char *msg) {
-    for (Task *t = TakeSubmissions(); t != nullptr;) {
-      Task *next = reinterpret_cast<Task *>(t->transport_cookie_);
-      FailTask(t, code, msg);
-      t = next;
-    }
+    if (!submissions_.Empty(MemOrder::kSeqCst)) DrainSubmissions();
   }
 
   /** Registers one task and streams its request (the writer only). */
@@ -9917,7 +9952,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   }
 
   // The writer's.
-  alignas(kCacheLine) Atomic<u64> submit_head_;  ///< stack of tasks to send (link: cookie)
+  TaskStack submissions_;  ///< tasks to send, pushed by callers while another thread writes
   Atomic<u32> writer_;    ///< 1 while a thread streams requests (Close keeps it)
   u32 cursor_ = 0;        ///< the writer's next entry to try
   u64 released_seen_ = 0; ///< the writer's last view of released_
@@ -10005,7 +10040,7 @@ class ShmReconnectingTransport final : public ClientTransport {
     if (closed_.Exchange(1, MemOrder::kSeqCst) != 0) return;
     Kick();
     if (thread_.joinable()) thread_.join();
-    FailQueued(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
+    queue_.FailAll(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
     for (auto &c : connections_) c->Close();
   }
 
@@ -10021,16 +10056,12 @@ class ShmReconnectingTransport final : public ClientTransport {
  private:
   /** Pushes a task for the reconnect thread and makes sure it runs. */
   void Queue(Task *task) {
-    u64 head = queue_head_.Load(MemOrder::kRelaxed);  // relaxed: the CAS decides
-    do {
-      task->transport_cookie_ = head;
-      // seq_cst: the push precedes our kick and Close's flag check (see Close, Loop).
-    } while (!queue_head_.CompareExchange(head, reinterpret_cast<u64>(task), MemOrder::kSeqCst));
+    queue_.Push(task);  // before our kick and Close's flag check (see Close, Loop)
     Kick();
     // seq_cst: push, then read the flag; Close sets it, then takes the queue. If we see
     // it unset, Close's take sees our push; if set, we may be too late: fail it ourselves.
     if (closed_.Load(MemOrder::kSeqCst) != 0) {
-      FailQueued(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
+      queue_.FailAll(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
     }
   }
 
@@ -10047,10 +10078,10 @@ class ShmReconnectingTransport final : public ClientTransport {
       // acquire: tasks pushed before the kick we read are visible to the drain below.
       const u32 seen = kicks_.Load(MemOrder::kAcquire);
       if (closed_.Load(MemOrder::kAcquire) != 0) break;  // acquire: Close's flag
-      if (queue_head_.Load(MemOrder::kAcquire) != 0) Window();
+      if (!queue_.Empty(MemOrder::kAcquire)) Window();
       if (closed_.Load(MemOrder::kAcquire) != 0) break;
       // seq_cst: a push before a kick we did not see yet is found here.
-      if (queue_head_.Load(MemOrder::kSeqCst) == 0) FutexWait(kicks_.Raw(), seen, 0);
+      if (queue_.Empty(MemOrder::kSeqCst)) FutexWait(kicks_.Raw(), seen, 0);
     }
   }
 
@@ -10065,8 +10096,8 @@ class ShmReconnectingTransport final : public ClientTransport {
       if (closed_.Load(MemOrder::kAcquire) != 0) return;  // Close fails the queue
       ShmClientTransport *c = current_.Load(MemOrder::kAcquire);
       if (c->Usable()) {
-        for (Task *t = TakeQueued(); t != nullptr;) {
-          Task *next = reinterpret_cast<Task *>(t->transport_cookie_);
+        for (Task *t = queue_.TakeOldestFirst(); t != nullptr;) {
+          Task *next = TaskStack::Next(t);
           if (!c->Send(t)) FailTask(t, ErrorCode::kShutdown, "shm transport: closed");
           t = next;
         }
@@ -10102,7 +10133,7 @@ class ShmReconnectingTransport final : public ClientTransport {
     std::snprintf(msg, sizeof(msg),
                   "shm transport: the runtime went away and did not come back within %.1f s "
                   "(last try: %s)", rejoin_.reconnect_sec, last.message());
-    FailQueued(ErrorCode::kPeerDead, msg);
+    queue_.FailAll(ErrorCode::kPeerDead, msg);
   }
 
   /** Completes a task with an error. */
@@ -10111,33 +10142,10 @@ class ShmReconnectingTransport final : public ClientTransport {
     CompleteTask(t);
   }
 
-  /** Takes the queue, oldest first. */
-  Task *TakeQueued() {
-    // acquire: the pushers' writes to the tasks are visible.
-    u64 head = queue_head_.Exchange(0, MemOrder::kAcquire);
-    Task *fifo = nullptr;
-    while (head != 0) {
-      Task *t = reinterpret_cast<Task *>(head);
-      head = t->transport_cookie_;
-      t->transport_cookie_ = reinterpret_cast<u64>(fifo);
-      fifo = t;
-    }
-    return fifo;
-  }
-
-  /** Completes every queued task with an error. */
-  void FailQueued(ErrorCode code, const char *msg) {
-    for (Task *t = TakeQueued(); t != nullptr;) {
-      Task *next = reinterpret_cast<Task *>(t->transport_cookie_);
-      FailTask(t, code, msg);
-      t = next;
-    }
-  }
-
   ShmRejoin rejoin_;
   Atomic<ShmClientTransport *> current_{nullptr};
   std::vector<std::unique_ptr<ShmClientTransport>> connections_;  ///< the reconnect thread's
-  Atomic<u64> queue_head_;  ///< tasks waiting for a connection (link: transport_cookie_)
+  TaskStack queue_;  ///< tasks waiting for a connection
   Atomic<u32> kicks_;       ///< the reconnect thread's futex word
   Atomic<u32> closed_;
   Atomic<u64> reconnects_;

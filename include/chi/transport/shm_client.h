@@ -18,6 +18,7 @@
 #include "chi/transport/shm_client_receive.h"  // ShmClientReceiver: answers, table, liveness
 #include "chi/transport/shm_segment.h"         // segment layout, ShmServerInfo
 #include "chi/transport/shm_stream.h"          // the request stream
+#include "chi/transport/task_stack.h"          // TaskStack: submissions while another writes
 
 namespace chi {
 
@@ -52,17 +53,13 @@ class ShmClientTransport final : public ShmClientReceiver {
     // Fast path: nobody writes and nothing waits, so write it here without queueing.
     // relaxed stack read: only a hint (pushers retry the role). acquire role: the
     // previous writer's stream writes are complete before ours.
-    if (submit_head_.Load(MemOrder::kRelaxed) == 0 &&
+    if (submissions_.Empty(MemOrder::kRelaxed) &&
         writer_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
       WriteTask(task);
       LeaveWriter();
       return true;
     }
-    u64 head = submit_head_.Load(MemOrder::kRelaxed);  // relaxed: the CAS below decides
-    do {
-      task->transport_cookie_ = head;  // the link of the submission stack
-      // seq_cst: pushers and the writer re-check each other (push, then try the role).
-    } while (!submit_head_.CompareExchange(head, reinterpret_cast<u64>(task), MemOrder::kSeqCst));
+    submissions_.Push(task);  // pushers and the writer re-check each other (push, then role)
     DrainSubmissions();
     return true;
   }
@@ -87,7 +84,7 @@ class ShmClientTransport final : public ShmClientReceiver {
       idle = 0;
       sched_yield();
     }
-    FailSubmissions(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
+    submissions_.FailAll(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
     StopReceiving();  // no caller helps and the receiver has left: the stream is ours
     Fail(ErrorCode::kShutdown, "shm transport: closed with the task outstanding");
     // acquire: a reclaim by the runtime (new generation) is seen with what it reset.
@@ -175,20 +172,21 @@ class ShmClientTransport final : public ShmClientReceiver {
         // The writer re-checks the stack when it leaves; Close keeps the role for good.
         // seq_cst: Close stores closed_ before taking the role (Dekker with our push).
         if (closed_.Load(MemOrder::kSeqCst) != 0) {
-          FailSubmissions(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
+          submissions_.FailAll(ErrorCode::kShutdown, "shm transport: closed before the task was sent");
         }
         return;
       }
-      for (Task *t = TakeSubmissions(); t != nullptr; t = TakeSubmissions()) {
+      for (Task *t = submissions_.TakeOldestFirst(); t != nullptr;
+           t = submissions_.TakeOldestFirst()) {
         while (t != nullptr) {
-          Task *next = reinterpret_cast<Task *>(t->transport_cookie_);  // t may be freed below
+          Task *next = TaskStack::Next(t);  // t may be freed below
           WriteTask(t);
           t = next;
         }
       }
       // seq_cst: leave the role, then re-check the stack (pushers do the reverse).
       writer_.Store(0, MemOrder::kSeqCst);
-      if (submit_head_.Load(MemOrder::kSeqCst) == 0) return;
+      if (submissions_.Empty(MemOrder::kSeqCst)) return;
     }
   }
 
@@ -196,30 +194,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   void LeaveWriter() {
     // seq_cst: leave the role, then re-check the stack (pushers do the reverse).
     writer_.Store(0, MemOrder::kSeqCst);
-    if (submit_head_.Load(MemOrder::kSeqCst) != 0) DrainSubmissions();
-  }
-
-  /** Takes the submission stack, oldest first. */
-  Task *TakeSubmissions() {
-    // acquire: the pushers' writes to the tasks are visible.
-    u64 head = submit_head_.Exchange(0, MemOrder::kAcquire);
-    Task *fifo = nullptr;
-    while (head != 0) {
-      Task *t = reinterpret_cast<Task *>(head);
-      head = t->transport_cookie_;
-      t->transport_cookie_ = reinterpret_cast<u64>(fifo);
-      fifo = t;
-    }
-    return fifo;
-  }
-
-  /** Completes every task still in the submission stack with an error. */
-  void FailSubmissions(ErrorCode code, const char *msg) {
-    for (Task *t = TakeSubmissions(); t != nullptr;) {
-      Task *next = reinterpret_cast<Task *>(t->transport_cookie_);
-      FailTask(t, code, msg);
-      t = next;
-    }
+    if (!submissions_.Empty(MemOrder::kSeqCst)) DrainSubmissions();
   }
 
   /** Registers one task and streams its request (the writer only). */
@@ -345,7 +320,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   }
 
   // The writer's.
-  alignas(kCacheLine) Atomic<u64> submit_head_;  ///< stack of tasks to send (link: cookie)
+  TaskStack submissions_;  ///< tasks to send, pushed by callers while another thread writes
   Atomic<u32> writer_;    ///< 1 while a thread streams requests (Close keeps it)
   u32 cursor_ = 0;        ///< the writer's next entry to try
   u64 released_seen_ = 0; ///< the writer's last view of released_

@@ -24,6 +24,7 @@
 #include "chi/task/task_ops.h"           // CompleteTask
 #include "chi/transport/shm_client.h"    // ShmClientTransport, one connection
 #include "chi/transport/shm_segment.h"   // ShmServerInfo
+#include "chi/transport/task_stack.h"    // TaskStack: tasks waiting for a connection
 #include "chi/transport/transport.h"     // ClientTransport
 
 namespace chi {
@@ -82,7 +83,7 @@ class ShmReconnectingTransport final : public ClientTransport {
     if (closed_.Exchange(1, MemOrder::kSeqCst) != 0) return;
     Kick();
     if (thread_.joinable()) thread_.join();
-    FailQueued(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
+    queue_.FailAll(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
     for (auto &c : connections_) c->Close();
   }
 
@@ -98,16 +99,12 @@ class ShmReconnectingTransport final : public ClientTransport {
  private:
   /** Pushes a task for the reconnect thread and makes sure it runs. */
   void Queue(Task *task) {
-    u64 head = queue_head_.Load(MemOrder::kRelaxed);  // relaxed: the CAS decides
-    do {
-      task->transport_cookie_ = head;
-      // seq_cst: the push precedes our kick and Close's flag check (see Close, Loop).
-    } while (!queue_head_.CompareExchange(head, reinterpret_cast<u64>(task), MemOrder::kSeqCst));
+    queue_.Push(task);  // before our kick and Close's flag check (see Close, Loop)
     Kick();
     // seq_cst: push, then read the flag; Close sets it, then takes the queue. If we see
     // it unset, Close's take sees our push; if set, we may be too late: fail it ourselves.
     if (closed_.Load(MemOrder::kSeqCst) != 0) {
-      FailQueued(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
+      queue_.FailAll(ErrorCode::kShutdown, "shm transport: closed before the runtime came back");
     }
   }
 
@@ -124,10 +121,10 @@ class ShmReconnectingTransport final : public ClientTransport {
       // acquire: tasks pushed before the kick we read are visible to the drain below.
       const u32 seen = kicks_.Load(MemOrder::kAcquire);
       if (closed_.Load(MemOrder::kAcquire) != 0) break;  // acquire: Close's flag
-      if (queue_head_.Load(MemOrder::kAcquire) != 0) Window();
+      if (!queue_.Empty(MemOrder::kAcquire)) Window();
       if (closed_.Load(MemOrder::kAcquire) != 0) break;
       // seq_cst: a push before a kick we did not see yet is found here.
-      if (queue_head_.Load(MemOrder::kSeqCst) == 0) FutexWait(kicks_.Raw(), seen, 0);
+      if (queue_.Empty(MemOrder::kSeqCst)) FutexWait(kicks_.Raw(), seen, 0);
     }
   }
 
@@ -142,8 +139,8 @@ class ShmReconnectingTransport final : public ClientTransport {
       if (closed_.Load(MemOrder::kAcquire) != 0) return;  // Close fails the queue
       ShmClientTransport *c = current_.Load(MemOrder::kAcquire);
       if (c->Usable()) {
-        for (Task *t = TakeQueued(); t != nullptr;) {
-          Task *next = reinterpret_cast<Task *>(t->transport_cookie_);
+        for (Task *t = queue_.TakeOldestFirst(); t != nullptr;) {
+          Task *next = TaskStack::Next(t);
           if (!c->Send(t)) FailTask(t, ErrorCode::kShutdown, "shm transport: closed");
           t = next;
         }
@@ -179,7 +176,7 @@ class ShmReconnectingTransport final : public ClientTransport {
     std::snprintf(msg, sizeof(msg),
                   "shm transport: the runtime went away and did not come back within %.1f s "
                   "(last try: %s)", rejoin_.reconnect_sec, last.message());
-    FailQueued(ErrorCode::kPeerDead, msg);
+    queue_.FailAll(ErrorCode::kPeerDead, msg);
   }
 
   /** Completes a task with an error. */
@@ -188,33 +185,10 @@ class ShmReconnectingTransport final : public ClientTransport {
     CompleteTask(t);
   }
 
-  /** Takes the queue, oldest first. */
-  Task *TakeQueued() {
-    // acquire: the pushers' writes to the tasks are visible.
-    u64 head = queue_head_.Exchange(0, MemOrder::kAcquire);
-    Task *fifo = nullptr;
-    while (head != 0) {
-      Task *t = reinterpret_cast<Task *>(head);
-      head = t->transport_cookie_;
-      t->transport_cookie_ = reinterpret_cast<u64>(fifo);
-      fifo = t;
-    }
-    return fifo;
-  }
-
-  /** Completes every queued task with an error. */
-  void FailQueued(ErrorCode code, const char *msg) {
-    for (Task *t = TakeQueued(); t != nullptr;) {
-      Task *next = reinterpret_cast<Task *>(t->transport_cookie_);
-      FailTask(t, code, msg);
-      t = next;
-    }
-  }
-
   ShmRejoin rejoin_;
   Atomic<ShmClientTransport *> current_{nullptr};
   std::vector<std::unique_ptr<ShmClientTransport>> connections_;  ///< the reconnect thread's
-  Atomic<u64> queue_head_;  ///< tasks waiting for a connection (link: transport_cookie_)
+  TaskStack queue_;  ///< tasks waiting for a connection
   Atomic<u32> kicks_;       ///< the reconnect thread's futex word
   Atomic<u32> closed_;
   Atomic<u64> reconnects_;
