@@ -471,10 +471,8 @@ int main(int argc, char **argv) {
   std::printf("  ServeSlot from pinned: 4-byte request %.0f, demo task %.0f; claim + release"
               " of a device slot %.0f\n",
               stage.serve_raw, stage.serve_task, stage.claim_release);
-  std::printf("  StartOn (a kernel's whole submit, one thread, device queue) %.0f: claim %.0f,"
-              " record %.0f, task %.0f, encode %.0f, payload + post %.0f, task copy %.0f\n",
-              stage.start_on, stage.start_parts[0], stage.start_parts[1], stage.start_parts[2],
-              stage.start_parts[3], stage.start_parts[4], stage.start_parts[5]);
+  std::printf("  StartOn (a kernel's whole submit, one thread, device queue) %.0f\n",
+              stage.start_on);
   std::printf("  one ClockNs read %.0f; ClaimSlot + release %.0f\n", stage.clock_read,
               stage.claim_slot);
   std::printf("wrong answers: %u\n", wrong);

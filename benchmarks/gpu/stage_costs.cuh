@@ -29,7 +29,6 @@ struct StageCosts {
   double serve_task;           ///< ServeSlot on a pinned queue: the demo task's request
   double claim_release;        ///< TryClaim + Release of a free slot of a device queue
   double start_on;             ///< a kernel's whole submit (StartOn) into a device queue
-  double start_parts[6];       ///< StartOn's steps, timed one by one
   double clock_read;           ///< one ClockNs (%globaltimer) read
   double claim_slot;           ///< ClaimSlot (with its deadline clock) + Release
 };
@@ -106,6 +105,7 @@ __global__ void StageKernel(char *pinned, char *device, char *queue_pinned, char
       chi::gpu::CopyChunks(q.Payload(0), req, bytes);
       const u64 word = static_cast<u64>(i) | static_cast<u64>(bytes) << 32;
       const u64 t0 = chi::gpu::ClockNs();
+      chi::gpu::FenceAcquire<chi::MemScope::kSystem>();  // as ServeOwned does before it
       chi::gpu::ServeSlot<List>(q, 0, word, st);
       spent += chi::gpu::ClockNs() - t0;
     }
@@ -136,46 +136,6 @@ __global__ void StageKernel(char *pinned, char *device, char *queue_pinned, char
       chi::gpu::ReleaseTask(t);
     }
     c.start_on = static_cast<double>(spent) / iters;
-    // The same steps as StartOn, each timed: claim, record header, task on the stack,
-    // encode, payload copy + post, task copy into the record.
-    u64 part[6] = {0, 0, 0, 0, 0, 0};
-    for (u32 i = 0; i < iters; ++i) {
-      u64 t = chi::gpu::ClockNs();
-      auto lap = [&](u32 k) {
-        const u64 now = chi::gpu::ClockNs();
-        part[k] += now - t;
-        t = now;
-      };
-      const u32 slot = chi::gpu::ClaimSlot(dq, 0);
-      lap(0);
-      chi::gpu::ClientRecord &r = dq.records_[slot];
-      const u32 seq = r.seq_ + 1;
-      r.slot_ = slot;
-      r.scope_ = chi::MemScope::kDevice;
-      r.queue_ = &dq;
-      r.stage_ = chi::gpu::RecordStage::kLocal;
-      lap(1);
-      alignas(16) char local[(sizeof(chimaera::demo::GpuSubmitTask) + 15) & ~15ul];
-      auto &task = *new (local) chimaera::demo::GpuSubmitTask(0u, i);
-      task.pool_id_ = pool;
-      task.pool_query_ = chi::PoolQuery::Local();
-      task.method_ = chimaera::demo::Method::kGpuSubmit;
-      lap(2);
-      alignas(16) char wire[kCap];
-      chi::ErrorCode error = chi::ErrorCode::kOk;
-      const u32 n = chi::gpu::EncodeRequest(task, seq, wire, kCap, &error);
-      lap(3);
-      chi::gpu::CopyChunks(dq.Payload(slot), wire, n);
-      r.seq_ = seq;
-      r.stage_ = chi::gpu::RecordStage::kPosted;
-      dq.Post(slot, seq, n);
-      lap(4);
-      chi::gpu::CopyChunks(r.task_, local, sizeof(chimaera::demo::GpuSubmitTask));
-      lap(5);
-      dq.Answer(slot, seq, 0);
-      dq.Release(slot, false);
-    }
-    for (u32 k = 0; k < 6; ++k) c.start_parts[k] = static_cast<double>(part[k]) / iters;
   }
   c.clock_read = time([&](u32) { acc += static_cast<u32>(chi::gpu::ClockNs()); });
   c.claim_slot = time([&](u32) {

@@ -14,12 +14,10 @@
 #include <chi/mods/demo/demo_runtime.h>
 #include <chi/runtime/chimaera.h>
 
-#include <unistd.h>
-
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "gpu_test_main.h"  // main: GPU check, runtime, demo pool, doctest
 
 CHI_GPU_MODULES(chimaera::demo::GpuRuntime);
 
@@ -324,51 +322,15 @@ TEST_CASE("ToLocalGpu(1) reaches the second GPU when there is one") {
   CHECK(g->result_value_ == 231);
 }
 
-/** GPU check, eager module loading, test memory, the runtime; then the tests. */
+/** The test memory and kernels, then the runtime and the tests (gpu_test_main.h). */
 int main(int argc, char **argv) {
-  chi::gpu::PreferEagerModuleLoading();  // before the first CUDA call
-  int gpus = 0;
-  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
-    std::printf("skipped: no GPU\n");
-    return 77;
-  }
-  const std::string conf = "/tmp/chi_gpu_test_" + std::to_string(getpid()) + ".yaml";
-  if (FILE *f = std::fopen(conf.c_str(), "w")) {
-    std::fputs("gpu:\n  blocks: 2\n  threads_per_block: 256\n  queue_depth: 1024\n", f);
-    std::fclose(f);
-  }
-  setenv("CHI_SERVER_CONF", conf.c_str(), 1);
-  if (cudaStreamCreateWithFlags(&g_env.stream, cudaStreamNonBlocking) != cudaSuccess ||
-      cudaMalloc(&g_env.counters, sizeof(Counters)) != cudaSuccess ||
-      cudaMalloc(&g_env.plain, sizeof(u32)) != cudaSuccess ||
-      chi::gpu::PreloadKernel(SubmitKernel) != cudaSuccess ||
-      chi::gpu::PreloadKernel(AsyncKernel) != cudaSuccess ||
-      chi::gpu::PreloadKernel(DyingKernel) != cudaSuccess ||
-      chi::gpu::PreloadKernel(PlainKernel) != cudaSuccess) {
-    std::printf("cannot prepare the GPU test memory\n");
-    return 1;
-  }
-  if (cudaSetDevice(0) != cudaSuccess) return 1;
-  if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true)) return 1;
-  int current = -1;
-  if (cudaGetDevice(&current) != cudaSuccess || current != 0) {
-    std::printf("CHIMAERA_INIT moved this thread from GPU 0 to GPU %d\n", current);
-    return 1;
-  }
-  std::remove(conf.c_str());
-  const chi::Status gpu = CHI_IPC->StartError();
-  if (!gpu.ok()) {
-    std::printf("GPU runtime did not start: %s\n", gpu.ToString().c_str());
-    return 1;
-  }
-  chimaera::demo::Client client;
-  auto created = client.AsyncCreate(chi::PoolQuery::Dynamic(), "gpu_runtime_test", kPool);
-  if (!created.Wait(30) || created->GetReturnCode() != 0) {
-    std::printf("cannot create the demo pool\n");
-    return 1;
-  }
-  doctest::Context context(argc, argv);
-  const int rc = context.run();
-  chi::CHIMAERA_FINALIZE();
-  return rc;
+  return chi_gpu_test::RunWithRuntime(argc, argv, "gpu_runtime_test", kPool, [] {
+    return cudaStreamCreateWithFlags(&g_env.stream, cudaStreamNonBlocking) == cudaSuccess &&
+           cudaMalloc(&g_env.counters, sizeof(Counters)) == cudaSuccess &&
+           cudaMalloc(&g_env.plain, sizeof(u32)) == cudaSuccess &&
+           chi::gpu::PreloadKernel(SubmitKernel) == cudaSuccess &&
+           chi::gpu::PreloadKernel(AsyncKernel) == cudaSuccess &&
+           chi::gpu::PreloadKernel(DyingKernel) == cudaSuccess &&
+           chi::gpu::PreloadKernel(PlainKernel) == cudaSuccess;
+  });
 }

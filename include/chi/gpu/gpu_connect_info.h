@@ -17,7 +17,7 @@
 namespace chi::gpu {
 
 /** Bumped whenever GpuConnectInfo or GpuQueueAttachInfo changes. */
-inline constexpr u32 kGpuConnectInfoVersion = 1;
+inline constexpr u32 kGpuConnectInfoVersion = 2;
 
 /** One GPU's cpu2gpu queue as a client process must see it. */
 struct GpuQueueAttachInfo {
@@ -30,18 +30,15 @@ struct GpuQueueAttachInfo {
   u32 gpu2gpu_slots = 0;   ///< for information: gpu2gpu is device memory of the runtime
   u32 payload_bytes = 0;   ///< copy space per cpu2gpu slot
   u64 max_wait_ns = 0;
-  // Byte offsets of the cpu2gpu arrays from the segment's Data().
-  u64 request_off = 0;
-  u64 answer_off = 0;
-  u64 payload_off = 0;
-  u64 claims_off = 0;
-  u64 doorbell_off = 0;
+  // Byte offsets from the segment's Data(); the arrays inside each region follow from the
+  // slot count and payload size (GpuQueue::Make's layout).
+  u64 shared_off = 0;  ///< request and answer words, payloads, doorbell (SharedBytes)
+  u64 claims_off = 0;  ///< the claim words (ClientBytes, host clients: no records)
 
   template <typename Ar>
   void serialize(Ar &ar) {
     ar(gpu_id, segment, segment_size, segment_version, cpu2gpu_slots, gpu2cpu_slots,
-       gpu2gpu_slots, payload_bytes, max_wait_ns, request_off, answer_off, payload_off,
-       claims_off, doorbell_off);
+       gpu2gpu_slots, payload_bytes, max_wait_ns, shared_off, claims_off);
   }
 };
 
@@ -94,54 +91,41 @@ inline GpuQueueAttachInfo DescribeCpu2Gpu(u32 gpu_id, const GpuQueue<MemScope::k
   i.payload_bytes = q.payload_bytes_;
   i.max_wait_ns = q.max_wait_ns_;
   auto off = [data](const void *p) { return static_cast<u64>(static_cast<const char *>(p) - data); };
-  i.request_off = off(q.request_);
-  i.answer_off = off(q.answer_);
-  i.payload_off = off(q.payload_);
+  i.shared_off = off(q.request_);  // Make puts the request words first in the shared region
   i.claims_off = off(q.claims_);
-  i.doorbell_off = off(q.doorbell_);
   return i;
 }
 
 /**
  * The client's cpu2gpu descriptor over its own mapping (`data` = its Data(), `data_bytes`
  * long). Server-side arrays (served_) and the abort word are not in the segment and stay
- * null: a host client never reads them. kMalformed when an array would leave the segment.
+ * null: a host client never reads them. kMalformed when a region would leave the segment.
  */
 inline Status RebaseCpu2Gpu(const GpuQueueAttachInfo &i, char *data, u64 data_bytes,
                             GpuQueue<MemScope::kSystem> *out) {
-  const u64 n = i.cpu2gpu_slots;
+  using Queue = GpuQueue<MemScope::kSystem>;
+  const u32 n = i.cpu2gpu_slots;
+  if (n == 0 || i.payload_bytes == 0 || i.payload_bytes % 16 != 0) {
+    return Status::Error(ErrorCode::kMalformed, "GPU queue description has no slots");
+  }
   struct Span {
     u64 off;
     u64 bytes;
   };
-  const Span spans[5] = {{i.request_off, 8 * n},
-                         {i.answer_off, 8 * n},
-                         {i.payload_off, n * i.payload_bytes},
-                         {i.claims_off, 4 * n},
-                         {i.doorbell_off, 8}};
-  if (n == 0 || i.payload_bytes == 0 || i.payload_bytes % 16 != 0) {
-    return Status::Error(ErrorCode::kMalformed, "GPU queue description has no slots");
-  }
+  const Span spans[2] = {{i.shared_off, Queue::SharedBytes(n, i.payload_bytes)},
+                         {i.claims_off, Queue::ClientBytes(n, false)}};
   for (const Span &s : spans) {
     if (s.off % 8 != 0 || s.off > data_bytes || s.bytes > data_bytes - s.off) {
       return Status::Errorf(ErrorCode::kMalformed,
-                            "GPU %u queue array at offset %llu (+%llu) leaves its %llu-byte "
+                            "GPU %u queue region at offset %llu (+%llu) leaves its %llu-byte "
                             "segment",
                             i.gpu_id, static_cast<unsigned long long>(s.off),
                             static_cast<unsigned long long>(s.bytes),
                             static_cast<unsigned long long>(data_bytes));
     }
   }
-  GpuQueue<MemScope::kSystem> q;
-  q.num_slots_ = i.cpu2gpu_slots;
-  q.payload_bytes_ = i.payload_bytes;
-  q.max_wait_ns_ = i.max_wait_ns;
-  q.request_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.request_off);
-  q.answer_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.answer_off);
-  q.payload_ = data + i.payload_off;
-  q.claims_ = reinterpret_cast<Atomic<u32, MemScope::kDevice> *>(data + i.claims_off);
-  q.doorbell_ = reinterpret_cast<Atomic<u64, MemScope::kSystem> *>(data + i.doorbell_off);
-  *out = q;
+  *out = Queue::Make(n, i.payload_bytes, i.max_wait_ns, data + i.shared_off, data + i.claims_off,
+                     false, nullptr, nullptr);
   return Status::Ok();
 }
 

@@ -78,14 +78,15 @@ CHI_GPU_FUN u32 HandleRequest(char *buf, u32 len, u32 cap, ServerState &st) {
   return ModuleList::Run(module, state, base.method_, base, in, id, buf, cap, st.rctx);
 }
 
-/** Answers the request `word` of slot s (seq | len << 32). */
+/**
+ * Answers the request `word` of slot s (seq | len << 32). The caller has ordered the payload
+ * after the word (an acquire load of it, or an acquire fence after a batch of polls).
+ */
 template <typename ModuleList, MemScope S>
-CHI_GPU_FUN void ServeSlot(const GpuQueue<S> &q, u32 s, u64 word, ServerState &st,
-                           bool acquired = false) {
+CHI_GPU_FUN void ServeSlot(const GpuQueue<S> &q, u32 s, u64 word, ServerState &st) {
   alignas(16) char buf[kGpuPayloadBytes];
   const u32 seq = static_cast<u32>(word);
   const u32 len = static_cast<u32>(word >> 32);
-  if (!acquired) FenceAcquire<S>();  // the payload was written before the request word
   u32 out;
   if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
     out = EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range", buf,
@@ -122,7 +123,8 @@ CHI_GPU_FUN bool ServeOwned(const GpuQueue<S> &q, u32 tid, u32 threads, u32 *ser
   for (u32 k = 0; k < kBatch; ++k) {
     if (static_cast<u32>(words[k]) != served[k]) fresh |= 1u << k;
   }
-  const bool did = fresh != 0;
+  if (fresh == 0) return false;
+  FenceAcquire<S>();  // one for the batch: the payloads were written before their words
   for (u32 k = 0; fresh != 0; ++k, fresh >>= 1) {
     if ((fresh & 1u) == 0) continue;
     u64 word = 0;
@@ -134,7 +136,7 @@ CHI_GPU_FUN bool ServeOwned(const GpuQueue<S> &q, u32 tid, u32 threads, u32 *ser
     for (u32 j = 0; j < kBatch; ++j) served[j] = j == k ? static_cast<u32>(word) : served[j];
     q.served_[s] = static_cast<u32>(word);  // survives a pause: the next launch starts from it
   }
-  return did;
+  return true;
 }
 
 /** Threads that serve a queue of `slots` slots: the fewest that own at most the poll batch. */
@@ -177,7 +179,7 @@ CHI_GPU_FUN bool ServeCpuPosts(const GpuQueue<MemScope::kSystem> &q, u32 ctid, u
     const u64 first = q.PeekRequestAcquire(ctid);  // ctid < owners <= num_slots_
     fast = static_cast<u32>(first) != served[0];
     if (fast) {
-      ServeSlot<ModuleList>(q, ctid, first, st, true);
+      ServeSlot<ModuleList>(q, ctid, first, st);
       served[0] = static_cast<u32>(first);
       q.served_[ctid] = served[0];  // survives a pause: the next launch starts from it
     }

@@ -231,8 +231,7 @@ class Future {
     // not wait for our time slice to end.
     const u64 spin_start = NowNs();
     for (u32 i = 1;; ++i) {
-      if (task_->IsComplete()) return true;
-      WaitHelper::Run();
+      WaitHelper::Run();  // Wait checked the task just before; the helper may complete it
       if (task_->IsComplete()) return true;
       CpuRelax();
       if ((i & 63) == 0) {
