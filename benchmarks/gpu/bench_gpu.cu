@@ -31,6 +31,7 @@
 #include "../bench_util.h"
 #include "bench_gpu_util.cuh"
 #include "owner_probe.cuh"
+#include "poll_probe.cuh"
 #include "stage_costs.cuh"
 
 CHI_GPU_MODULES(chimaera::demo::GpuRuntime);
@@ -406,6 +407,8 @@ int main(int argc, char **argv) {
   const double floor_rate =
       Step("mailbox rate", "/s", [&] { return MailboxRate(B, B.quick ? 10 : 200); });
   const StageCosts stage = StageCostsOnDevice(B, B.quick ? 20 : 1000);
+  PollProbe(B.a, B.quick ? 100 : 2000);
+  PollPingPong(B.flags, B.a, B.quick ? 100 : 2000);
   if (!B.quick) {
     OwnerProbe(B, probe, iters, B.probe, "GPU otherwise idle");
     MiniOrchestratorProbe(B, iters, 1, 32);

@@ -51,6 +51,10 @@
 #endif
 
 #define CHI_INLINE inline __attribute__((always_inline))
+// Keeps a cold path (an error answer, a failure message) out of line, so its code is not
+// laid into, or hoisted onto, the hot path that calls it (GPU threads run one instruction
+// stream: every instruction on the path costs latency).
+#define CHI_NOINLINE __attribute__((noinline))
 
 // Fully unrolls the loop that follows (a pragma cannot come from a template). GPU polling
 // loops need it: with constant indices their arrays stay in registers, so a batch of loads
@@ -735,7 +739,11 @@ class FixedString {
  public:
   static constexpr u32 kCapacity = N - 1;
 
-  constexpr FixedString() = default;
+  /**
+   * Empty. Only the terminator is written: `data_[N] = {}` made nvcc copy N bytes from a
+   * zero-filled global, one byte load and store each, into every task built on a GPU.
+   */
+  CHI_CROSS_FUN constexpr FixedString() { data_[0] = '\0'; }
   /** Copies at most kCapacity characters; Fits() says whether s was whole. */
   FixedString(std::string_view s) { Assign(s.data(), static_cast<u32>(s.size())); }
   FixedString(const char *s) : FixedString(std::string_view(s)) {}
@@ -774,7 +782,7 @@ class FixedString {
  private:
   u32 size_ = 0;
   bool truncated_ = false;
-  char data_[N] = {};
+  char data_[N];  ///< data_[size_] is NUL; the bytes after it are unspecified
 };
 
 }  // namespace chi
@@ -1899,7 +1907,7 @@ class InputArchive {
     if constexpr (std::is_same_v<T, bool>) {
       ReadBool(&v);
     } else if constexpr (std::is_arithmetic_v<T>) {
-      Read(&v, sizeof(T), detail::WireName<T>());
+      ReadScalar(&v, detail::WireName<T>());
     } else if constexpr (std::is_enum_v<T>) {
       static_assert(detail::FixedEnum<T>,
                     "chi archives need enums with a fixed underlying type (enum class E : u32)");
@@ -1909,7 +1917,7 @@ class InputArchive {
         if (ReadBool(&b)) v = static_cast<T>(b);
       } else {
         // A fixed underlying type makes every bit pattern a valid enum value.
-        Read(&v, sizeof(T), "enum");
+        ReadScalar(&v, "enum");
       }
     } else if constexpr (std::is_array_v<T>) {
       if constexpr (detail::BulkScalar<std::remove_all_extents_t<T>>) {
@@ -1938,6 +1946,17 @@ class InputArchive {
                     "chi::InputArchive: give this type a `template <typename Ar> void "
                     "serialize(Ar &ar)` member, or use an arithmetic, enum or C array field");
     }
+  }
+
+  /**
+   * Reads one number or enum through a local, then stores it whole: copied straight into
+   * the target from an unaligned offset, it became one byte store per byte (on a GPU, each
+   * a separate write to the task's memory, and the next read of it a round trip).
+   */
+  template <typename T>
+  CHI_CROSS_FUN CHI_INLINE void ReadScalar(T *v, const char *item) {
+    T tmp;
+    if (Read(&tmp, sizeof(T), item)) *v = tmp;
   }
 
   /** Reads a bool, rejecting bytes other than 0 and 1 (any other is not a bool). */
@@ -2544,8 +2563,12 @@ struct Task {
     return (state_.Load(MemOrder::kAcquire) & task_state::kComplete) != 0;
   }
 
-  /** Records a failure with a fixed message (first failure wins). */
-  CHI_CROSS_FUN void SetError(ErrorCode code, const char *msg) {
+  /**
+   * Records a failure with a fixed message (first failure wins). Out of line: error paths
+   * stay out of the code around them (on a GPU, inlined message copies swelled every
+   * caller and could be hoisted onto its hot path).
+   */
+  CHI_CROSS_FUN CHI_NOINLINE void SetError(ErrorCode code, const char *msg) {
     if (rc_ != 0) return;
     rc_ = static_cast<u32>(code);
     u32 n = 0;
@@ -12293,8 +12316,8 @@ class ZmqServer final : public TaskCompleter {
 // after the compose pools exist and stops it first; CHI_IPC reaches it from applications.
 // It describes the queues to pure clients (ConnectAnswer::gpu_info), and in a pure client
 // it holds the attachment to a runtime's queues (gpu_client_queues.h). Each GPU also gets a
-// device-memory region for client kernels' CHI_GPU_HEAP, and applications may register
-// gpu2cpu queues of their own (RegisterGpuQueue).
+// device-memory region for client kernels' CHI_GPU_HEAP, formatted once (FormatGpuHeap),
+// and applications may register gpu2cpu queues of their own (RegisterGpuQueue).
 // Invariant: no call here waits on a device as a whole, and every wait on the orchestrator
 // is bounded: a GPU that does not stop when asked is reported and its memory left mapped,
 // never freed under a kernel that may still use it.
@@ -12808,30 +12831,35 @@ CHI_CROSS_FUN inline u64 GetRequestId(const char *buf) {
 }
 
 /**
- * Encodes t's request into buf (16-byte aligned, `cap` bytes). Returns its length, or 0 with
- * *error set when the task does not fit (kTooLarge) or cannot be encoded.
+ * Encodes t's request into buf (N bytes, 16-byte aligned). Returns its length, or 0 with
+ * *error set when it is longer than `cap` (the slot's payload, at most N: kTooLarge) or
+ * cannot be encoded. The archive is bounded by N, a constant, so for a task of fixed-size
+ * fields every bounds check folds away and each field is stored at a constant offset. (Bounded
+ * by the runtime `cap`, the cursor stayed a runtime value and each field became a chain of
+ * byte stores: a third of a kernel's whole submit.)
  */
 CHI_SERIALIZE_HD_TEMPLATE
-template <typename TaskT>
-CHI_CROSS_FUN u32 EncodeRequest(TaskT &t, u64 id, char *buf, u32 cap, ErrorCode *error) {
-  if (cap < kGpuEnvelopeBytes) {
-    *error = ErrorCode::kTooLarge;
-    return 0;
-  }
+template <typename TaskT, u32 N>
+CHI_CROSS_FUN u32 EncodeRequest(TaskT &t, u64 id, char (&buf)[N], u32 cap, ErrorCode *error) {
+  static_assert(N >= kGpuEnvelopeBytes, "a GPU message starts with its 8-byte id");
   PutRequestId(buf, id);
-  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, N - kGpuEnvelopeBytes);
   t.SerializeBaseIn(ar);
   t.SerializeIn(ar);
-  if (!ar.ok()) {
-    *error = ar.code();
+  const u64 len = kGpuEnvelopeBytes + ar.Size();
+  if (!ar.ok() || len > cap) {
+    *error = ar.ok() ? ErrorCode::kTooLarge : ar.code();
     return 0;
   }
-  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+  return static_cast<u32>(len);
 }
 
-/** Encodes an answer that carries only an error; returns its length. */
-CHI_CROSS_FUN inline u32 EncodeErrorAnswer(u64 id, ErrorCode code, const char *msg, char *buf,
-                                           u32 cap) {
+/**
+ * Encodes an answer that carries only an error; returns its length. Out of line: it is never
+ * on the path of a served task, and inlined its message copy was hoisted into that path.
+ */
+CHI_CROSS_FUN CHI_NOINLINE inline u32 EncodeErrorAnswer(u64 id, ErrorCode code, const char *msg,
+                                                        char *buf, u32 cap) {
   Task err;
   err.SetError(code, msg);
   PutRequestId(buf, id);
@@ -12840,19 +12868,24 @@ CHI_CROSS_FUN inline u32 EncodeErrorAnswer(u64 id, ErrorCode code, const char *m
   return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
 }
 
-/** Encodes t's answer; an answer larger than `cap` becomes a kTooLarge error answer. */
+/**
+ * Encodes t's answer into buf (N bytes; the archive is bounded by that constant, as in
+ * EncodeRequest). An answer longer than `cap` (at most N) becomes a kTooLarge error answer.
+ */
 CHI_SERIALIZE_HD_TEMPLATE
-template <typename TaskT>
-CHI_CROSS_FUN u32 EncodeAnswer(TaskT &t, u64 id, char *buf, u32 cap) {
+template <typename TaskT, u32 N>
+CHI_CROSS_FUN u32 EncodeAnswer(TaskT &t, u64 id, char (&buf)[N], u32 cap) {
+  static_assert(N >= kGpuEnvelopeBytes, "a GPU message starts with its 8-byte id");
   PutRequestId(buf, id);
-  OutputArchive ar(buf + kGpuEnvelopeBytes, cap - kGpuEnvelopeBytes);
+  OutputArchive ar(buf + kGpuEnvelopeBytes, N - kGpuEnvelopeBytes);
   t.SerializeBaseOut(ar);
   t.SerializeOut(ar);
-  if (!ar.ok()) {
+  const u64 len = kGpuEnvelopeBytes + ar.Size();
+  if (!ar.ok() || len > cap) {
     return EncodeErrorAnswer(id, ErrorCode::kTooLarge,
                              "the task's outputs exceed the GPU copy space", buf, cap);
   }
-  return kGpuEnvelopeBytes + static_cast<u32>(ar.Size());
+  return static_cast<u32>(len);
 }
 
 /**
@@ -12874,7 +12907,9 @@ CHI_CROSS_FUN void DecodeAnswer(TaskT &t, const char *buf, u32 len, u64 expect_i
     t.SetError(ErrorCode::kMalformed, "GPU answer header is malformed");
     return;
   }
-  if (t.rc_ != 0 && in.Remaining() == 0) return;  // an error-only answer: rc_ and msg_ are set
+  // An error-only answer: rc_ and msg_ are set. Remaining() first: rc_ was just written to
+  // t's memory, and reading it back on a GPU is an L2 round trip.
+  if (in.Remaining() == 0 && t.rc_ != 0) return;
   t.SerializeOut(in);
   if (!in.ok()) t.SetError(ErrorCode::kMalformed, "GPU answer outputs are malformed");
 }
@@ -12889,237 +12924,6 @@ CHI_CROSS_FUN inline void MarkComplete(Task &t) {
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WIRE_H
 // ---- end chi/gpu/gpu_wire.h ----
-
-namespace chi::gpu {
-
-/** What a GPU handler knows about the task it runs. */
-struct GpuRunContext {
-  u32 gpu_id_ = 0;         ///< the GPU running the handler
-  u32 server_thread_ = 0;  ///< the orchestrator thread (index in its launch)
-  PoolId pool_id_;         ///< the pool of the task
-  bool from_cpu_ = false;  ///< true for tasks that came through the cpu2gpu queue
-};
-
-/** One GPU method: id, task type and the GpuRuntime member that handles it. */
-template <MethodId kId, typename TaskT, auto kHandler>
-struct GpuMethod {
-  static constexpr MethodId kMethodId = kId;
-  using TaskType = TaskT;
-  static constexpr auto kRun = kHandler;
-};
-
-/**
- * Decodes the inputs of one method's task (routing header already in `base`), runs the
- * handler and encodes the answer into `buf`, which held the request. Returns its length.
- */
-template <typename MethodT, typename Runtime>
-CHI_GPU_FUN u32 RunGpuMethod(Runtime &rt, const Task &base, InputArchive &in, u64 id, char *buf,
-                             u32 cap, GpuRunContext &rctx) {
-  typename MethodT::TaskType task;
-  task.CopyBase(base);
-  task.SerializeIn(in);
-  if (!in.ok()) {
-    return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU task inputs are malformed", buf, cap);
-  }
-  (rt.*MethodT::kRun)(task, rctx);
-  return EncodeAnswer(task, id, buf, cap);  // the request was fully read: buf is free
-}
-
-/** A GpuRuntime's method table. */
-template <typename... Methods>
-struct GpuMethodList {
-  /** True when `method` has a GPU handler. */
-  CHI_CROSS_FUN static constexpr bool Has(MethodId method) {
-    return ((method == Methods::kMethodId) || ...);
-  }
-
-  /** Runs `method`; *found is false (and nothing is written) when it has no handler. */
-  template <typename Runtime>
-  CHI_GPU_FUN static u32 Run(Runtime &rt, MethodId method, const Task &base, InputArchive &in,
-                             u64 id, char *buf, u32 cap, GpuRunContext &rctx, bool *found) {
-    u32 len = 0;
-    *found = ((method == Methods::kMethodId
-                   ? (len = RunGpuMethod<Methods>(rt, base, in, id, buf, cap, rctx), true)
-                   : false) ||
-              ...);
-    return len;
-  }
-};
-
-/** The application's GPU modules, in the order CHI_GPU_MODULES names them. */
-template <typename... Modules>
-struct GpuModuleList {
-  static_assert((std::is_trivially_copyable_v<Modules> && ...),
-                "a GpuRuntime is built on the host and copied to the GPU: keep it trivially "
-                "copyable (chi::Atomic members are)");
-  static constexpr u32 kCount = sizeof...(Modules);
-
-  /** Index of the module registered under `name`, or -1 (host). */
-  static int Find(std::string_view name) {
-    int index = -1;
-    int i = 0;
-    (void)((Modules::ModuleName() == name ? (index = i, true) : (++i, false)) || ...);
-    return index;
-  }
-
-  /** Bytes of module `index`'s container state (host). */
-  static u64 StateBytes(u32 index) {
-    u64 bytes = 0;
-    u32 i = 0;
-    (void)((i++ == index ? (bytes = sizeof(Modules), true) : false) || ...);
-    return bytes;
-  }
-
-  /** Constructs module `index`'s initial container state at host memory `mem` (host). */
-  static void ConstructState(u32 index, void *mem) {
-    u32 i = 0;
-    (void)((i++ == index ? (new (mem) Modules(), true) : false) || ...);
-  }
-
-  /** Runs `method` on module `index`'s container `state`; returns the answer's length. */
-  CHI_GPU_FUN static u32 Run(u32 index, void *state, MethodId method, const Task &base,
-                             InputArchive &in, u64 id, char *buf, u32 cap, GpuRunContext &rctx) {
-    u32 len = 0;
-    bool found = false;
-    u32 i = 0;
-    (void)((i++ == index ? (len = Modules::GpuMethods::Run(*static_cast<Modules *>(state), method,
-                                                           base, in, id, buf, cap, rctx, &found),
-                            true)
-                         : false) ||
-           ...);
-    if (found) return len;
-    return EncodeErrorAnswer(id, ErrorCode::kUnknownMethod,
-                             "the pool's GPU container has no handler for this method", buf, cap);
-  }
-};
-
-// ---- Pool table: which GPU container serves a pool ------------------------------------
-
-/** Pools with GPU containers one GPU can hold. */
-inline constexpr u32 kMaxGpuPools = 64;
-
-/** One pool's GPU container; written by the host only, read by the orchestrator. */
-struct GpuPoolEntry {
-  Atomic<u64, MemScope::kDevice> key_;     ///< PoolId::ToU64(); 0 = empty
-  Atomic<u64, MemScope::kDevice> module_;  ///< module index
-  Atomic<u64, MemScope::kDevice> state_;   ///< device address of the container state
-};
-
-/** A pool binding as the host builds it. */
-struct GpuPoolBinding {
-  PoolId pool;
-  u32 module;
-  void *state;
-};
-
-/** The last lookup of one orchestrator thread (most tasks of a warp go to one pool). */
-struct GpuPoolCache {
-  u32 version_ = ~0u;
-  u64 key_ = 0;
-  u32 module_ = 0;
-  void *state_ = nullptr;
-};
-
-/**
- * Pool -> (module, container state), open addressing, double-buffered: the host rewrites
- * the idle copy, then moves version_ to it, so a reader never sees a half-written table.
- */
-struct GpuPoolTable {
-  Atomic<u32, MemScope::kDevice> version_;  ///< tables_[version_ & 1] is live
-  GpuPoolEntry tables_[2][kMaxGpuPools];
-
-  /** Finds the container of `pool`; false when this GPU has none. */
-  CHI_CROSS_FUN bool Lookup(PoolId pool, u32 *module, void **state, GpuPoolCache *cache) const {
-    // acquire: the live table was completely written before version_ named it.
-    const u32 v = version_.Load(MemOrder::kAcquire);
-    const u64 key = pool.ToU64();
-    if (cache->version_ == v && cache->key_ == key) {
-      *module = cache->module_;
-      *state = cache->state_;
-      return true;
-    }
-    const GpuPoolEntry *t = tables_[v & 1];
-    for (u32 i = 0; i < kMaxGpuPools; ++i) {
-      const GpuPoolEntry &e = t[(Home(key) + i) % kMaxGpuPools];
-      const u64 k = e.key_.Load(MemOrder::kRelaxed);  // relaxed: ordered by the acquire above
-      if (k == 0) return false;
-      if (k != key) continue;
-      *cache = GpuPoolCache{v, key, static_cast<u32>(e.module_.Load(MemOrder::kRelaxed)),
-                            reinterpret_cast<void *>(e.state_.Load(MemOrder::kRelaxed))};
-      *module = cache->module_;
-      *state = cache->state_;
-      return true;
-    }
-    return false;
-  }
-
-  /** Host: rewrites copy `which` with `n` bindings (n <= kMaxGpuPools). */
-  void Fill(u32 which, const GpuPoolBinding *b, u32 n) {
-    GpuPoolEntry *t = tables_[which & 1];
-    for (u32 i = 0; i < kMaxGpuPools; ++i) {
-      t[i].key_.Store(0, MemOrder::kRelaxed);  // relaxed: published by the version flip
-      t[i].module_.Store(0, MemOrder::kRelaxed);
-      t[i].state_.Store(0, MemOrder::kRelaxed);
-    }
-    for (u32 j = 0; j < n && j < kMaxGpuPools; ++j) {
-      const u64 key = b[j].pool.ToU64();
-      u32 at = Home(key);
-      while (t[at].key_.Load(MemOrder::kRelaxed) != 0) at = (at + 1) % kMaxGpuPools;
-      t[at].key_.Store(key, MemOrder::kRelaxed);
-      t[at].module_.Store(b[j].module, MemOrder::kRelaxed);
-      t[at].state_.Store(reinterpret_cast<u64>(b[j].state), MemOrder::kRelaxed);
-    }
-  }
-
-  /** Host, when the table is host memory: installs `n` bindings. */
-  void Publish(const GpuPoolBinding *b, u32 n) {
-    const u32 v = version_.Load(MemOrder::kRelaxed);  // relaxed: the host is the only writer
-    Fill(v + 1, b, n);
-    version_.Store(v + 1, MemOrder::kRelease);  // release: publishes the filled copy
-  }
-
- private:
-  CHI_CROSS_FUN static u32 Home(u64 key) {
-    return static_cast<u32>((key * 0x9E3779B97F4A7C15ull) >> 58) % kMaxGpuPools;
-  }
-};
-
-}  // namespace chi::gpu
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
-// ---- end chi/gpu/gpu_container.h ----
-// ---- begin chi/gpu/gpu_worker.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
-// GpuWorker: the CPU side of every GPU's CPU-facing queues, on one thread (seed 000's
-// GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
-// tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
-// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
-// workers, whose TaskCompleter writes the answer back into the slot. It serves the gpu2cpu
-// queues applications register (RegisterQueue, user_queues.h) the same way.
-// A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
-// gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
-// Invariant: every task given to Send completes exactly once, with its answer or an error
-// (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
-
-#include <unistd.h>  // getpid: the claim words hold the claimer's pid
-
-#include <climits>  // INT_MAX: wake every parked sender
-#include <cstring>  // memcpy of diagnostic and error answers
-#include <memory>   // per-slot arrays
-#include <string>   // the no-GPU reason
-#include <thread>   // the worker thread
-#include <vector>   // links, error answers, broadcast replicas
-
-// ---- begin chi/gpu/host_slots.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
-// How CPU processes share one GPU's cpu2gpu queue: the runtime's GpuWorker and every pure
-// client that attached the queue's pinned segment claim slots with a CAS on the slot's
-// claim word (in that shared segment), which holds the claimer's pid while the slot is held.
-// Invariant: the claim word is the only ownership record, so a dead claimer is always
-// identifiable, and its slot is freed only once the request it posted has been answered.
-// Only host code uses these claim words (GPU clients use gpu2gpu/gpu2cpu, see mailbox.h).
-
 // ---- begin chi/gpu/mailbox.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_MAILBOX_H
 #define CHI_SINGLE_INCLUDE_CHI_GPU_MAILBOX_H
@@ -13132,10 +12936,15 @@ struct GpuPoolTable {
 //
 // Protocol for slot s (seq is a per-slot counter, written by the client side only):
 //   client: CAS claim[s] free -> held; write payload; request[s] = seq | len << 32 (release)
-//   server: sees request[s].seq != served[s]; reads payload; runs; writes the answer into
-//           the payload; answer[s] = seq | len << 32 (release); served[s] = seq
-//   client: sees answer[s].seq == seq (an acquire load); reads the answer; releases
+//   server: sees request[s].seq != served[s]; reads payload; runs; publishes the answer
+//           (PutAnswer, below); answer[s] = seq | len << 32; served[s] = seq
+//   client: polls the slot's answer words (TakeAnswer) until they carry seq; releases
 //           claim[s] = free.
+// Answers travel inline when small (after NCCL's LL protocol): each 8-byte answer word holds
+// 4 bytes of the answer and the sequence as a flag, so one batch of loads both detects the
+// answer and reads it, and the server needs no release fence (a word is stored whole). A
+// larger answer goes into the payload, and the first answer word, stored with release after
+// it, says so.
 // A client that stops waiting (timeout, abort, a dead kernel reclaimed by the host) leaves
 // the claim as kVerify: the next claimer checks answer.seq == the record's seq (the server
 // has finished with the payload) before using the slot, and otherwise moves on. So an
@@ -13304,6 +13113,16 @@ namespace chi::gpu {
 inline constexpr u32 kGpuPayloadBytes = 1024;
 /** Bytes a GPU client may use for its task object in a slot's record. */
 inline constexpr u32 kGpuTaskBytes = 512;
+/** Answer words per slot: a header word (answer length) and kInlineAnswerWords - 1 data words. */
+inline constexpr u32 kInlineAnswerWords = 8;
+/** The longest answer body (the bytes after the 8-byte envelope id) carried inline. */
+inline constexpr u32 kInlineAnswerBytes = 4 * (kInlineAnswerWords - 1);
+/** Answer words a poll loads in one batch (one 32-byte sector): a small answer whole. */
+inline constexpr u32 kAnswerPollWords = 4;
+/** In the header word's data: the answer is in the payload (the rest is its length). */
+inline constexpr u32 kAnswerInPayload = 1u << 31;
+/** In a request word's length: the request is in the payload as flagged words (PostInline). */
+inline constexpr u32 kRequestInline = 1u << 31;
 /** Returned by TryClaim when every slot is taken. */
 inline constexpr u32 kNoSlot = ~0u;
 
@@ -13348,7 +13167,18 @@ struct GpuQueue {
   u32 payload_bytes_ = 0;              ///< per slot, a multiple of 16, <= kGpuPayloadBytes
   u64 max_wait_ns_ = 0;                ///< a GPU client gives up waiting after this long
   Atomic<u64, S> *request_ = nullptr;  ///< client -> server: seq | len << 32
-  Atomic<u64, S> *answer_ = nullptr;   ///< server -> client: seq | len << 32
+  Atomic<u64, S> *answer_ = nullptr;   ///< server -> client: seq | len << 32 (the slot is done)
+  Atomic<u64, S> *answer_words_ = nullptr;  ///< kInlineAnswerWords per slot: data | seq << 32
+  /**
+   * Whether small answers travel inline (InlineAnswersFor). When not, every answer goes
+   * through the payload and a poll is the one header word.
+   */
+  u32 inline_answers_ = 0;
+  /**
+   * Whether small requests are posted as flagged words (InlineRequestsFor): a GPU client
+   * then needs no system-scope fence to post to the CPU.
+   */
+  u32 inline_requests_ = 0;
   char *payload_ = nullptr;            ///< num_slots_ * payload_bytes_
   Atomic<u32, MemScope::kDevice> *claims_ = nullptr;  ///< client side; see claim::
   ClientRecord *records_ = nullptr;                   ///< GPU-client queues only (else null)
@@ -13399,6 +13229,27 @@ struct GpuQueue {
     if (doorbell_ != nullptr) doorbell_->FetchAdd(1, MemOrder::kRelease);
   }
 
+  /** The longest request PostInline takes: 4 bytes of it per 8-byte word of the payload. */
+  CHI_CROSS_FUN u32 InlineRequestCap() const {
+    return inline_requests_ != 0 ? payload_bytes_ / 2 : 0;
+  }
+
+  /**
+   * Posts a request of `len` (<= InlineRequestCap()) bytes at buf (16-byte aligned, holding a
+   * multiple of 16 bytes past len) as flagged words in slot s's payload, then the request
+   * word, all relaxed: each word is stored whole and carries seq, so the reader needs no
+   * fence from us (one at system scope costs a GPU ~0.7 us) and checks every word instead.
+   */
+  CHI_CROSS_FUN void PostInline(u32 s, u32 seq, const char *buf, u32 len) const {
+    auto *w = reinterpret_cast<Atomic<u64, S> *>(Payload(s));
+    const u32 *in = reinterpret_cast<const u32 *>(buf);
+    const u64 flag = static_cast<u64>(seq) << 32;
+    const u32 words = (len + 3) / 4;
+    for (u32 k = 0; k < words; ++k) w[k].Store(flag | in[k], MemOrder::kRelaxed);
+    request_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len | kRequestInline) << 32,
+                      MemOrder::kRelaxed);
+  }
+
   /** True once the answer to request `seq` is in slot s; *len is its length. */
   CHI_CROSS_FUN bool Answered(u32 s, u32 seq, u32 *len) const {
     // acquire: the answer's bytes are read right after a hit. An acquire load costs a poll
@@ -13409,6 +13260,53 @@ struct GpuQueue {
     return true;
   }
 
+  /**
+   * Takes the answer to request `seq` from slot s once it is complete: writes its envelope
+   * (the 8-byte id, which is seq, then the body) into buf, which holds kGpuPayloadBytes, and
+   * its length into *len. False while it is not (wholly) there. One batch of loads for a
+   * small answer: the poll is the read.
+   */
+  CHI_CROSS_FUN bool TakeAnswer(u32 s, u32 seq, char *buf, u32 *len) const {
+    const Atomic<u64, S> *w = answer_words_ + static_cast<u64>(s) * kInlineAnswerWords;
+    u64 v[kInlineAnswerWords];
+    if (inline_answers_ != 0) {
+      // relaxed: each word carries its own flag; nothing is read through these loads' order.
+      CHI_UNROLL
+      for (u32 k = 0; k < kAnswerPollWords; ++k) v[k] = w[k].Load(MemOrder::kRelaxed);
+    } else {
+      // acquire: the answer is in the payload, written before this word (release).
+      v[0] = w[0].Load(MemOrder::kAcquire);
+    }
+    if (static_cast<u32>(v[0] >> 32) != seq) return false;
+    const u32 head = static_cast<u32>(v[0]);
+    *reinterpret_cast<u64 *>(buf) = seq;  // the envelope id of a request is its sequence
+    if ((head & kAnswerInPayload) != 0) {
+      if (inline_answers_ != 0) FenceAcquire<S>();  // the relaxed poll saw the release store
+      u32 n = head & ~kAnswerInPayload;
+      n = n < payload_bytes_ ? n : payload_bytes_;
+      CopyChunks(buf, Payload(s), n);
+      *len = n;
+      return true;
+    }
+    const u32 body = head < kInlineAnswerBytes ? head : kInlineAnswerBytes;
+    const u32 words = (body + 3) / 4;  // data words after the header
+    if (words >= kAnswerPollWords) {
+      CHI_UNROLL
+      for (u32 k = kAnswerPollWords; k < kInlineAnswerWords; ++k) {
+        v[k] = k <= words ? w[k].Load(MemOrder::kRelaxed) : 0;
+      }
+    }
+    u32 *out = reinterpret_cast<u32 *>(buf + 8);
+    CHI_UNROLL
+    for (u32 k = 1; k < kInlineAnswerWords; ++k) {
+      if (k > words) break;
+      if (static_cast<u32>(v[k] >> 32) != seq) return false;  // still arriving
+      out[k - 1] = static_cast<u32>(v[k]);
+    }
+    *len = 8 + body;
+    return true;
+  }
+
   /** Gives slot s up; `maybe_pending` when its request may still be unanswered. */
   CHI_CROSS_FUN void Release(u32 s, bool maybe_pending) const {
     // release: our reads of the answer and record writes happen before the next owner's.
@@ -13416,6 +13314,37 @@ struct GpuQueue {
   }
 
   // ---- Server side ----
+
+  /**
+   * The request `word` (seq | len << 32, just polled) of slot s: its bytes, or nullptr while
+   * a request posted inline has not wholly arrived (poll again later). An inline request is
+   * unpacked into buf (kGpuPayloadBytes); any other is read in place, after an acquire fence.
+   * *len is its length, the inline bit cleared.
+   */
+  CHI_CROSS_FUN const char *TakeRequest(u32 s, u64 word, char *buf, u32 *len) const {
+    const u32 seq = static_cast<u32>(word);
+    const u32 n = static_cast<u32>(word >> 32);
+    if ((n & kRequestInline) == 0) {
+      FenceAcquire<S>();  // the payload was written before the request word (release)
+      *len = n;
+      return Payload(s);
+    }
+    *len = n & ~kRequestInline;
+    if (*len > InlineRequestCap()) {
+      *len = 0;  // malformed: the caller answers it as a length out of range
+      return buf;
+    }
+    const auto *w = reinterpret_cast<const Atomic<u64, S> *>(Payload(s));
+    u32 *out = reinterpret_cast<u32 *>(buf);
+    const u32 words = (*len + 3) / 4;
+    for (u32 k = 0; k < words; ++k) {
+      // relaxed: each word carries its own flag.
+      const u64 v = w[k].Load(MemOrder::kRelaxed);
+      if (static_cast<u32>(v >> 32) != seq) return nullptr;  // still arriving
+      out[k] = static_cast<u32>(v);
+    }
+    return buf;
+  }
 
   /** The doorbell count (relaxed; FenceAcquire before reading request words it covers). */
   CHI_CROSS_FUN u64 Doorbell() const { return doorbell_->Load(MemOrder::kRelaxed); }
@@ -13430,17 +13359,67 @@ struct GpuQueue {
     return request_[s].Load(MemOrder::kAcquire);
   }
 
-  /** Publishes the answer to request `seq` (its bytes are in the payload). */
-  CHI_CROSS_FUN void Answer(u32 s, u32 seq, u32 len) const {
-    // release: the answer bytes are visible to the client before the answer word.
-    answer_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len) << 32, MemOrder::kRelease);
+  /**
+   * Publishes the answer to request `seq`: `len` bytes at buf (16-byte aligned, holding a
+   * multiple of 16 bytes past len), its 8-byte envelope id first. A small answer is stored
+   * inline, word by word with no fence; a larger one into the payload, then the header word
+   * with release. Then the slot's answer word (Answer).
+   */
+  CHI_CROSS_FUN void PutAnswer(u32 s, u32 seq, const char *buf, u32 len) const {
+    Atomic<u64, S> *w = answer_words_ + static_cast<u64>(s) * kInlineAnswerWords;
+    const u64 flag = static_cast<u64>(seq) << 32;
+    const u32 body = len > 8 ? len - 8 : 0;
+    if (inline_answers_ != 0 && body <= kInlineAnswerBytes) {
+      const u32 *in = reinterpret_cast<const u32 *>(buf + 8);
+      // relaxed: every word is stored whole and carries the flag; the reader checks each.
+      CHI_UNROLL
+      for (u32 k = 1; k < kInlineAnswerWords; ++k) {
+        if (4 * (k - 1) < body) w[k].Store(flag | in[k - 1], MemOrder::kRelaxed);
+      }
+      w[0].Store(flag | body, MemOrder::kRelaxed);
+      Answer(s, seq, len, MemOrder::kRelaxed);
+      return;
+    }
+    CopyChunks(Payload(s), buf, len);
+    // release: the payload is visible to the client before the header word.
+    w[0].Store(flag | kAnswerInPayload | len, MemOrder::kRelease);
+    Answer(s, seq, len, MemOrder::kRelaxed);
+  }
+
+  /**
+   * Marks slot s's request `seq` done (a verifying claimer, the reaper and probes read it);
+   * PutAnswer calls it. Alone, it publishes only a length: the answer's bytes, if any, must
+   * be in the payload and `order` release.
+   */
+  CHI_CROSS_FUN void Answer(u32 s, u32 seq, u32 len, MemOrder order = MemOrder::kRelease) const {
+    answer_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len) << 32, order);
   }
 
   // ---- Layout ----
 
-  /** Bytes of the arrays both sides touch: request, answer, payloads, doorbell line. */
+  /**
+   * Whether a queue's small answers travel inline: yes where the reader polls memory near
+   * it (a GPU client of gpu2gpu, the host of cpu2gpu); no for gpu2cpu, whose GPU clients
+   * poll pinned memory over PCIe, where four strong loads cost more than one load and a copy
+   * (measured on an H100: benchmarks/gpu/NOTES.md).
+   */
+  CHI_CROSS_FUN static constexpr bool InlineAnswersFor(bool gpu_clients) {
+    return S == MemScope::kDevice || !gpu_clients;
+  }
+
+  /**
+   * Whether requests are posted inline: for gpu2cpu, where the writer is a GPU thread (whose
+   * posted stores need no fence that way) and the reader the host, which polls its own
+   * memory. Not where a GPU reads them (one PCIe round trip per strong load).
+   */
+  CHI_CROSS_FUN static constexpr bool InlineRequestsFor(bool gpu_clients) {
+    return S == MemScope::kSystem && gpu_clients;
+  }
+
+  /** Bytes of the arrays both sides touch: request, answer, payloads, doorbell, answer words. */
   CHI_CROSS_FUN static u64 SharedBytes(u32 slots, u32 payload_bytes) {
-    return 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes + 64;
+    return 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes + 64 +
+           AnswerWordBytes(slots);
   }
   /** Bytes of the client side: claims, and records when the clients are GPU threads. */
   CHI_CROSS_FUN static u64 ClientBytes(u32 slots, bool gpu_clients) {
@@ -13467,10 +13446,12 @@ struct GpuQueue {
     q.records_ =
         gpu_clients ? reinterpret_cast<ClientRecord *>(client + Lines(4ull * slots)) : nullptr;
     q.served_ = reinterpret_cast<u32 *>(server);
-    q.doorbell_ = gpu_clients ? nullptr
-                              : reinterpret_cast<Atomic<u64, S> *>(
-                                    shared + 2 * Lines(8ull * slots) +
-                                    static_cast<u64>(slots) * payload_bytes);
+    char *const doorbell =
+        shared + 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes;
+    q.doorbell_ = gpu_clients ? nullptr : reinterpret_cast<Atomic<u64, S> *>(doorbell);
+    q.answer_words_ = reinterpret_cast<Atomic<u64, S> *>(doorbell + 64);
+    q.inline_answers_ = InlineAnswersFor(gpu_clients) ? 1 : 0;
+    q.inline_requests_ = InlineRequestsFor(gpu_clients) ? 1 : 0;
     q.abort_ = abort;
     return q;
   }
@@ -13486,11 +13467,247 @@ struct GpuQueue {
   }
 
   CHI_CROSS_FUN static u64 Lines(u64 bytes) { return (bytes + 63) & ~63ull; }
+  CHI_CROSS_FUN static u64 AnswerWordBytes(u32 slots) {
+    return 8ull * kInlineAnswerWords * slots;  // 64 bytes a slot: whole lines
+  }
 };
 
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_MAILBOX_H
 // ---- end chi/gpu/mailbox.h ----
+
+namespace chi::gpu {
+
+/** What a GPU handler knows about the task it runs. */
+struct GpuRunContext {
+  u32 gpu_id_ = 0;         ///< the GPU running the handler
+  u32 server_thread_ = 0;  ///< the orchestrator thread (index in its launch)
+  PoolId pool_id_;         ///< the pool of the task
+  bool from_cpu_ = false;  ///< true for tasks that came through the cpu2gpu queue
+};
+
+/** One GPU method: id, task type and the GpuRuntime member that handles it. */
+template <MethodId kId, typename TaskT, auto kHandler>
+struct GpuMethod {
+  static constexpr MethodId kMethodId = kId;
+  using TaskType = TaskT;
+  static constexpr auto kRun = kHandler;
+};
+
+/**
+ * Decodes the inputs of one method's task (routing header already in `base`), runs the
+ * handler and encodes the answer into `buf`, which held the request. Returns its length.
+ */
+template <typename MethodT, typename Runtime>
+CHI_GPU_FUN u32 RunGpuMethod(Runtime &rt, const Task &base, InputArchive &in, u64 id,
+                             char (&buf)[kGpuPayloadBytes],
+                             u32 cap, GpuRunContext &rctx) {
+  typename MethodT::TaskType task;
+  task.CopyBase(base);
+  task.SerializeIn(in);
+  if (!in.ok()) {
+    return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU task inputs are malformed", buf, cap);
+  }
+  (rt.*MethodT::kRun)(task, rctx);
+  return EncodeAnswer(task, id, buf, cap);  // the request was fully read: buf is free
+}
+
+/** A GpuRuntime's method table. */
+template <typename... Methods>
+struct GpuMethodList {
+  /** True when `method` has a GPU handler. */
+  CHI_CROSS_FUN static constexpr bool Has(MethodId method) {
+    return ((method == Methods::kMethodId) || ...);
+  }
+
+  /** Runs `method`; *found is false (and nothing is written) when it has no handler. */
+  template <typename Runtime>
+  CHI_GPU_FUN static u32 Run(Runtime &rt, MethodId method, const Task &base, InputArchive &in,
+                             u64 id, char (&buf)[kGpuPayloadBytes], u32 cap,
+                             GpuRunContext &rctx, bool *found) {
+    u32 len = 0;
+    *found = ((method == Methods::kMethodId
+                   ? (len = RunGpuMethod<Methods>(rt, base, in, id, buf, cap, rctx), true)
+                   : false) ||
+              ...);
+    return len;
+  }
+};
+
+/** The application's GPU modules, in the order CHI_GPU_MODULES names them. */
+template <typename... Modules>
+struct GpuModuleList {
+  static_assert((std::is_trivially_copyable_v<Modules> && ...),
+                "a GpuRuntime is built on the host and copied to the GPU: keep it trivially "
+                "copyable (chi::Atomic members are)");
+  static constexpr u32 kCount = sizeof...(Modules);
+
+  /** Index of the module registered under `name`, or -1 (host). */
+  static int Find(std::string_view name) {
+    int index = -1;
+    int i = 0;
+    (void)((Modules::ModuleName() == name ? (index = i, true) : (++i, false)) || ...);
+    return index;
+  }
+
+  /** Bytes of module `index`'s container state (host). */
+  static u64 StateBytes(u32 index) {
+    u64 bytes = 0;
+    u32 i = 0;
+    (void)((i++ == index ? (bytes = sizeof(Modules), true) : false) || ...);
+    return bytes;
+  }
+
+  /** Constructs module `index`'s initial container state at host memory `mem` (host). */
+  static void ConstructState(u32 index, void *mem) {
+    u32 i = 0;
+    (void)((i++ == index ? (new (mem) Modules(), true) : false) || ...);
+  }
+
+  /** Runs `method` on module `index`'s container `state`; returns the answer's length. */
+  CHI_GPU_FUN static u32 Run(u32 index, void *state, MethodId method, const Task &base,
+                             InputArchive &in, u64 id, char (&buf)[kGpuPayloadBytes], u32 cap,
+                             GpuRunContext &rctx) {
+    u32 len = 0;
+    bool found = false;
+    u32 i = 0;
+    (void)((i++ == index ? (len = Modules::GpuMethods::Run(*static_cast<Modules *>(state), method,
+                                                           base, in, id, buf, cap, rctx, &found),
+                            true)
+                         : false) ||
+           ...);
+    if (found) return len;
+    return EncodeErrorAnswer(id, ErrorCode::kUnknownMethod,
+                             "the pool's GPU container has no handler for this method", buf, cap);
+  }
+};
+
+// ---- Pool table: which GPU container serves a pool ------------------------------------
+
+/** Pools with GPU containers one GPU can hold. */
+inline constexpr u32 kMaxGpuPools = 64;
+
+/** One pool's GPU container; written by the host only, read by the orchestrator. */
+struct GpuPoolEntry {
+  Atomic<u64, MemScope::kDevice> key_;     ///< PoolId::ToU64(); 0 = empty
+  Atomic<u64, MemScope::kDevice> module_;  ///< module index
+  Atomic<u64, MemScope::kDevice> state_;   ///< device address of the container state
+};
+
+/** A pool binding as the host builds it. */
+struct GpuPoolBinding {
+  PoolId pool;
+  u32 module;
+  void *state;
+};
+
+/** The last lookup of one orchestrator thread (most tasks of a warp go to one pool). */
+struct GpuPoolCache {
+  u32 version_ = ~0u;
+  u64 key_ = 0;
+  u32 module_ = 0;
+  void *state_ = nullptr;
+};
+
+/**
+ * Pool -> (module, container state), open addressing, double-buffered: the host rewrites
+ * the idle copy, then moves version_ to it, so a reader never sees a half-written table.
+ */
+struct GpuPoolTable {
+  Atomic<u32, MemScope::kDevice> version_;  ///< tables_[version_ & 1] is live
+  GpuPoolEntry tables_[2][kMaxGpuPools];
+
+  /** Finds the container of `pool`; false when this GPU has none. */
+  CHI_CROSS_FUN bool Lookup(PoolId pool, u32 *module, void **state, GpuPoolCache *cache) const {
+    // acquire: the live table was completely written before version_ named it.
+    const u32 v = version_.Load(MemOrder::kAcquire);
+    const u64 key = pool.ToU64();
+    if (cache->version_ == v && cache->key_ == key) {
+      *module = cache->module_;
+      *state = cache->state_;
+      return true;
+    }
+    const GpuPoolEntry *t = tables_[v & 1];
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      const GpuPoolEntry &e = t[(Home(key) + i) % kMaxGpuPools];
+      const u64 k = e.key_.Load(MemOrder::kRelaxed);  // relaxed: ordered by the acquire above
+      if (k == 0) return false;
+      if (k != key) continue;
+      *cache = GpuPoolCache{v, key, static_cast<u32>(e.module_.Load(MemOrder::kRelaxed)),
+                            reinterpret_cast<void *>(e.state_.Load(MemOrder::kRelaxed))};
+      *module = cache->module_;
+      *state = cache->state_;
+      return true;
+    }
+    return false;
+  }
+
+  /** Host: rewrites copy `which` with `n` bindings (n <= kMaxGpuPools). */
+  void Fill(u32 which, const GpuPoolBinding *b, u32 n) {
+    GpuPoolEntry *t = tables_[which & 1];
+    for (u32 i = 0; i < kMaxGpuPools; ++i) {
+      t[i].key_.Store(0, MemOrder::kRelaxed);  // relaxed: published by the version flip
+      t[i].module_.Store(0, MemOrder::kRelaxed);
+      t[i].state_.Store(0, MemOrder::kRelaxed);
+    }
+    for (u32 j = 0; j < n && j < kMaxGpuPools; ++j) {
+      const u64 key = b[j].pool.ToU64();
+      u32 at = Home(key);
+      while (t[at].key_.Load(MemOrder::kRelaxed) != 0) at = (at + 1) % kMaxGpuPools;
+      t[at].key_.Store(key, MemOrder::kRelaxed);
+      t[at].module_.Store(b[j].module, MemOrder::kRelaxed);
+      t[at].state_.Store(reinterpret_cast<u64>(b[j].state), MemOrder::kRelaxed);
+    }
+  }
+
+  /** Host, when the table is host memory: installs `n` bindings. */
+  void Publish(const GpuPoolBinding *b, u32 n) {
+    const u32 v = version_.Load(MemOrder::kRelaxed);  // relaxed: the host is the only writer
+    Fill(v + 1, b, n);
+    version_.Store(v + 1, MemOrder::kRelease);  // release: publishes the filled copy
+  }
+
+ private:
+  CHI_CROSS_FUN static u32 Home(u64 key) {
+    return static_cast<u32>((key * 0x9E3779B97F4A7C15ull) >> 58) % kMaxGpuPools;
+  }
+};
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
+// ---- end chi/gpu/gpu_container.h ----
+// ---- begin chi/gpu/gpu_worker.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+// GpuWorker: the CPU side of every GPU's CPU-facing queues, on one thread (seed 000's
+// GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
+// tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
+// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
+// workers, whose TaskCompleter writes the answer back into the slot. It serves the gpu2cpu
+// queues applications register (RegisterQueue, user_queues.h) the same way.
+// A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
+// gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
+// Invariant: every task given to Send completes exactly once, with its answer or an error
+// (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
+
+#include <unistd.h>  // getpid: the claim words hold the claimer's pid
+
+#include <climits>  // INT_MAX: wake every parked sender
+#include <cstring>  // memcpy of diagnostic and error answers
+#include <memory>   // per-slot arrays
+#include <string>   // the no-GPU reason
+#include <thread>   // the worker thread
+#include <vector>   // links, error answers, broadcast replicas
+
+// ---- begin chi/gpu/host_slots.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
+// How CPU processes share one GPU's cpu2gpu queue: the runtime's GpuWorker and every pure
+// client that attached the queue's pinned segment claim slots with a CAS on the slot's
+// claim word (in that shared segment), which holds the claimer's pid while the slot is held.
+// Invariant: the claim word is the only ownership record, so a dead claimer is always
+// identifiable, and its slot is freed only once the request it posted has been answered.
+// Only host code uses these claim words (GPU clients use gpu2gpu/gpu2cpu, see mailbox.h).
 
 namespace chi::gpu {
 
@@ -13514,7 +13731,8 @@ inline u32 ClaimHostSlot(const HostQueue &q, u32 start, u32 pid) {
 inline u32 NextHostSeq(const HostQueue &q, u32 s) {
   // relaxed: our claim's acquire ordered the previous owner's post (it released the claim
   // after its post) before this read.
-  return static_cast<u32>(q.request_[s].Load(MemOrder::kRelaxed)) + 1;
+  const u32 seq = static_cast<u32>(q.request_[s].Load(MemOrder::kRelaxed)) + 1;
+  return seq == 0 ? 1 : seq;  // never 0: fresh answer words read as sequence 0
 }
 
 /** Gives held slot s back (its answer has been read, or it was never posted). */
@@ -13896,12 +14114,13 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     l.sent[s] = seq;
     l.cpu2gpu.Post(s, seq, len);
     const u64 deadline = NowNs() + timeout_ns;
+    alignas(16) char buf[kGpuPayloadBytes];
     u32 out = 0;
-    while (!l.cpu2gpu.Answered(s, seq, &out)) {
+    while (!l.cpu2gpu.TakeAnswer(s, seq, buf, &out)) {
       if (NowNs() > deadline) return Status::Error(ErrorCode::kTimeout, "no answer from the GPU");
       CpuRelax();
     }
-    answer->assign(l.cpu2gpu.Payload(s), l.cpu2gpu.Payload(s) + out);
+    answer->assign(buf, buf + out);
     FreeHostSlot(l, s);
     return Status::Ok();
   }
@@ -14110,12 +14329,13 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     if (l.cpu2gpu_inflight.Load(MemOrder::kAcquire) == 0) return false;
     bool did = false;
     const u32 used = l.used_slots.Load(MemOrder::kAcquire);  // covers every pending slot
+    alignas(16) char buf[kGpuPayloadBytes];
     for (u32 s = 0; s < used; ++s) {
       const u64 p = l.pending[s].Load(MemOrder::kAcquire);  // pairs with SendTo's release
       u32 len = 0;
-      if (p == 0 || !l.cpu2gpu.Answered(s, l.sent[s], &len)) continue;
+      if (p == 0 || !l.cpu2gpu.TakeAnswer(s, l.sent[s], buf, &len)) continue;
       Task *t = reinterpret_cast<Task *>(p);
-      chi::DecodeAnswer(t, l.cpu2gpu.Payload(s), len);
+      chi::DecodeAnswer(t, buf, len);
       l.pending[s].Store(0, MemOrder::kRelaxed);  // only this thread reads it from now on
       FreeHostSlot(l, s);
       l.cpu2gpu_inflight.FetchSub(1, MemOrder::kRelease);
@@ -14133,15 +14353,16 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       const u64 w = q.PeekRequest(s);
       const u32 seq = static_cast<u32>(w);
       if (seq == q.served_[s]) continue;
-      FenceAcquire<MemScope::kSystem>();  // the payload was written before the request word
+      alignas(16) char buf[kGpuPayloadBytes];
+      u32 len = 0;
+      const char *p = q.TakeRequest(s, w, buf, &len);
+      if (p == nullptr) continue;  // posted inline and still arriving: the next sweep takes it
       q.served_[s] = seq;
       did = true;
-      const u32 len = static_cast<u32>(w >> 32);
-      char *p = q.Payload(s);
       if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
-        q.Answer(s, seq,
-                 EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range",
-                                   p, q.payload_bytes_));
+        q.PutAnswer(s, seq, buf,
+                    EncodeErrorAnswer(seq, ErrorCode::kMalformed,
+                                      "GPU request length is out of range", buf, q.payload_bytes_));
         continue;
       }
       l.gpu2cpu_inflight.FetchAdd(1, MemOrder::kRelaxed);  // before: the task may finish at once
@@ -14151,8 +14372,8 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
         const u32 n = static_cast<u32>(error_answer_.size()) < q.payload_bytes_
                           ? static_cast<u32>(error_answer_.size())
                           : q.payload_bytes_;
-        std::memcpy(p, error_answer_.data(), n);
-        q.Answer(s, seq, n);
+        std::memcpy(buf, error_answer_.data(), n);
+        q.PutAnswer(s, seq, buf, n);
       }
     }
     return did;
@@ -14164,18 +14385,18 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     GpuLink &l = index >= kUserLinkBase ? user_.Link(index - kUserLinkBase) : *links_[index];
     const u32 s = static_cast<u32>(t->transport_cookie_);
     const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
-    char *p = q.Payload(s);
+    alignas(16) char buf[kGpuPayloadBytes];  // staged: PutAnswer picks inline or payload
     const u64 id = t->request_id_;
-    PutRequestId(p, id);
-    OutputArchive ar(p + kGpuEnvelopeBytes, q.payload_bytes_ - kGpuEnvelopeBytes);
+    PutRequestId(buf, id);
+    OutputArchive ar(buf + kGpuEnvelopeBytes, q.payload_bytes_ - kGpuEnvelopeBytes);
     t->ops_->save_out(*t, ar);
     const u32 len = ar.ok() ? kGpuEnvelopeBytes + static_cast<u32>(ar.Size())
                             : EncodeErrorAnswer(id, ErrorCode::kTooLarge,
-                                                "the task's outputs exceed the GPU copy space", p,
-                                                q.payload_bytes_);
+                                                "the task's outputs exceed the GPU copy space",
+                                                buf, q.payload_bytes_);
     t->completer_ = nullptr;
     DeleteTask(t);
-    q.Answer(s, static_cast<u32>(id), len);
+    q.PutAnswer(s, static_cast<u32>(id), buf, len);
     l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelease);  // the slot is no longer touched
   }
 
@@ -14321,7 +14542,8 @@ struct ServerState {
  * Every failure becomes an error answer. Returns the answer's length.
  */
 template <typename ModuleList>
-CHI_GPU_FUN u32 HandleRequest(char *buf, u32 len, u32 cap, ServerState &st) {
+CHI_GPU_FUN u32 HandleRequest(char (&buf)[kGpuPayloadBytes], u32 len, u32 cap,
+                              ServerState &st) {
   const u64 id = GetRequestId(buf);
   InputArchive in(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
   Task base;
@@ -14357,8 +14579,7 @@ CHI_GPU_FUN void ServeSlot(const GpuQueue<S> &q, u32 s, u64 word, ServerState &s
     CopyChunks(buf, q.Payload(s), len);
     out = HandleRequest<ModuleList>(buf, len, q.payload_bytes_, st);
   }
-  CopyChunks(q.Payload(s), buf, out);
-  q.Answer(s, seq, out);
+  q.PutAnswer(s, seq, buf, out);
 }
 
 /**
@@ -14574,10 +14795,12 @@ inline constexpr u64 kGpuInfoMagic = 0x4f464e4955504743ull;  // "CGPUINFO"
 
 /**
  * What a client kernel needs to submit tasks (CHI_IPC->GetClientGpuInfo): device addresses
- * of its GPU's queue descriptors, and the device-memory region CHI_GPU_HEAP partitions
- * (gpu_heap.h; the runtime's, or the user's own). Passed to the kernel by value;
- * CHIMAERA_GPU_INIT keeps a copy per block. Kernels running at the same time need distinct
- * heap regions: each launch re-formats its partitions.
+ * of its GPU's queue descriptors, and the device-memory region CHI_GPU_HEAP allocates from
+ * (gpu_heap.h). Passed to the kernel by value; CHIMAERA_GPU_INIT keeps a copy per block.
+ * The region is formatted once, when it is made: the runtime's by GpuManager, a user's own
+ * by FormatGpuHeap (gpu_manager.h) or GpuHeapRegion::Format before any kernel gets it. Any
+ * number of kernels, at once or one after another, may share it, and a block one kernel
+ * allocated stays valid in later ones until freed. An unformatted region means no heap.
  */
 struct GpuInfo {
   u64 magic_ = 0;  ///< kGpuInfoMagic once filled in
@@ -14587,8 +14810,8 @@ struct GpuInfo {
   GpuQueue<MemScope::kSystem> *gpu2cpu_ = nullptr;  ///< ToLocalCpu() from a kernel
   u32 num_blocks_ = 0;  ///< set by CHIMAERA_GPU_INIT_BLOCKS: spreads blocks over the slots
   u32 reserved_ = 0;
-  char *heap_ = nullptr;  ///< device memory CHI_GPU_HEAP partitions (nullptr: no heap)
-  u64 heap_bytes_ = 0;    ///< its size
+  char *heap_ = nullptr;  ///< a formatted GpuHeapRegion in device memory (nullptr: no heap)
+  u64 heap_bytes_ = 0;    ///< its size (at least what it was formatted for)
 };
 
 /** One GPU's queues, control block, pool table and container arena. */
@@ -14846,6 +15069,362 @@ struct GpuDevice {
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_DEVICE_H
 // ---- end chi/gpu/gpu_device.h ----
+// ---- begin chi/gpu/gpu_heap.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_HEAP_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_HEAP_H
+// GpuHeap: the lock-free allocator with free behind CHI_GPU_HEAP, over device memory from
+// the runtime (GetClientGpuInfo) or the user (GpuInfo::heap_). A region is formatted ONCE,
+// when it is made (GpuHeapRegion::Format; FormatGpuHeap on the host), into a fixed number of
+// partitions, whatever geometry the kernels using it later have. CHIMAERA_GPU_INIT formats
+// nothing: each block takes a run of tickets from the region and thread t of the block uses
+// partition (first ticket + t) mod count. A partition has power-of-two size classes, free
+// lists with tagged (ABA-safe) heads and a bump cursor, all lock-free, so threads of any
+// launches (running at once or one after another) may share one.
+// Invariant: no thread ever waits on another; an exhausted partition returns nullptr; a block
+// is always freed into the partition it came from; nothing re-formats a region in use.
+
+namespace chi::gpu {
+
+/** Alignment of every pointer GpuHeap::Allocate returns. */
+inline constexpr u64 kGpuHeapAlign = 16;
+/** Size classes: block sizes 32 B << c (header included), c < kGpuHeapClasses (32 B .. 1 GiB). */
+inline constexpr u32 kGpuHeapClasses = 26;
+/** A region's partition size when the formatter names no count (64 MiB: 2048 partitions). */
+inline constexpr u64 kGpuHeapPartitionBytes = 32 << 10;
+/** The smallest partition Format makes while it can make fewer, larger ones instead. */
+inline constexpr u64 kGpuHeapMinPartitionBytes = 4096;
+/** Most partitions one region has. */
+inline constexpr u32 kGpuHeapMaxPartitions = 1u << 20;
+/** Largest region: offsets are 32-bit counts of 16-byte units. */
+inline constexpr u64 kGpuHeapMaxRegionBytes = (1ull << 36) - 64;
+
+/**
+ * What precedes every block handed out (16 bytes). `next_` is written only by whoever pushes
+ * the block onto a free list; a popper may read a stale value, which its tagged CAS rejects.
+ * Blocks are never split or merged, so these 16 bytes stay a block header for good.
+ */
+struct alignas(16) GpuHeapBlock {
+  static constexpr u32 kLive = 0x4c480000u;  ///< "HL": handed out; low byte is the class
+  static constexpr u32 kFree = 0x46480000u;  ///< "HF": on a free list; low byte is the class
+  Atomic<u32, MemScope::kDevice> state_;     ///< kLive | class, or kFree | class
+  u32 owner_;                                ///< index of the owning partition in its region
+  Atomic<u64, MemScope::kDevice> next_;      ///< free list: next block's unit, 0 = end
+};
+static_assert(sizeof(GpuHeapBlock) == kGpuHeapAlign, "the user's bytes start 16 bytes in");
+
+/**
+ * One partition's header. Positions are in 16-byte units from the region's start (unit 0 is
+ * never a block, so 0 ends a list); a free-list head is tag << 32 | unit, the tag bumped by
+ * every push and pop, so a CAS based on a stale head fails even when the same block is back
+ * on top (ABA) unless 2^32 operations came between. The headers of a region's partitions sit
+ * together at its start, their blocks after them; a stand-alone GpuHeap (Format) is a region
+ * of one partition whose blocks follow its header. An all-zero header is a valid empty heap.
+ */
+class alignas(64) GpuHeap {
+ public:
+  static constexpr u32 kMagic = 0x50484347u;  ///< "GCHP": a formatted partition header
+
+  /**
+   * Lays a one-partition heap over `bytes` bytes at `base` (64-byte aligned) and returns it;
+   * nullptr when base is null or too small for the header. Whatever the region held is
+   * forgotten. Regions for CHI_GPU_HEAP are cut by GpuHeapRegion::Format instead.
+   */
+  CHI_CROSS_FUN static GpuHeap *Format(void *base, u64 bytes) {
+    if (base == nullptr || bytes < sizeof(GpuHeap)) return nullptr;
+    if (bytes > kGpuHeapMaxRegionBytes) bytes = kGpuHeapMaxRegionBytes;
+    auto *h = static_cast<GpuHeap *>(base);
+    const u32 first = sizeof(GpuHeap) / 16;
+    const u32 end = static_cast<u32>(bytes / 16);
+    h->Init(0, first, end, 0, 1, first, end);
+    return h;
+  }
+
+  /**
+   * A block of at least `bytes` bytes, 16-byte aligned, or nullptr when the partition has no
+   * room (or bytes is 0 or above the largest class). Lock-free: a retry means another
+   * thread's operation on the same list or cursor succeeded.
+   */
+  CHI_CROSS_FUN void *Allocate(u64 bytes) {
+    if (bytes == 0 || bytes > BlockBytes(kGpuHeapClasses - 1) || magic_ != kMagic) return nullptr;
+    const u32 c = ClassOf(bytes + sizeof(GpuHeapBlock));
+    if (c >= kGpuHeapClasses) return nullptr;
+    GpuHeapBlock *b = Pop(c);
+    if (b == nullptr) b = Carve(c);
+    for (u32 k = c + 1; b == nullptr && k < kGpuHeapClasses; ++k) b = Pop(k);  // a larger one
+    if (b == nullptr) return nullptr;
+    const u32 cls = b->state_.Load(MemOrder::kRelaxed) & 0xff;  // relaxed: the block is ours
+    b->state_.Store(GpuHeapBlock::kLive | cls, MemOrder::kRelaxed);
+    in_use_.FetchAdd(BlockBytes(cls), MemOrder::kRelaxed);  // relaxed: a statistic
+    return b + 1;
+  }
+
+  /**
+   * Gives a block back to the partition it came from (whichever thread calls it, through
+   * any partition of the same region). False, doing nothing, for nullptr, a pointer outside
+   * the region's blocks (never read), one that is not a live block its owner carved, or a
+   * second free of the same block.
+   */
+  CHI_CROSS_FUN bool Free(void *p) {
+    if (magic_ != kMagic) return false;
+    const u64 base = reinterpret_cast<u64>(Base());
+    const u64 at = reinterpret_cast<u64>(p);
+    if ((at & (kGpuHeapAlign - 1)) != 0 || at < base + (static_cast<u64>(span_begin_) + 1) * 16 ||
+        at >= base + static_cast<u64>(span_end_) * 16) {
+      return false;
+    }
+    const u32 unit = static_cast<u32>((at - base) / 16 - 1);
+    GpuHeapBlock *b = At(unit);
+    u32 s = b->state_.Load(MemOrder::kRelaxed);
+    const u32 c = s & 0xff;
+    if ((s & 0xffffff00u) != GpuHeapBlock::kLive || c >= kGpuHeapClasses) return false;
+    if (b->owner_ >= count_) return false;
+    GpuHeap *owner = Peer(b->owner_);
+    // relaxed: the cursor only grows, and it passed the block before the block was handed out.
+    if (unit < owner->begin_ ||
+        unit + BlockBytes(c) / 16 > owner->cursor_.Load(MemOrder::kRelaxed)) {
+      return false;
+    }
+    // relaxed: only one of two racing frees may win; the push below publishes the block.
+    if (!b->state_.CompareExchange(s, GpuHeapBlock::kFree | c, MemOrder::kRelaxed)) return false;
+    owner->in_use_.FetchSub(BlockBytes(c), MemOrder::kRelaxed);  // relaxed: a statistic
+    owner->Push(c, b);
+    return true;
+  }
+
+  /** Bytes of the blocks handed out and not yet freed (headers and rounding included). */
+  CHI_CROSS_FUN u64 BytesInUse() const { return in_use_.Load(MemOrder::kRelaxed); }
+  /** Bytes the partition's blocks may take (its header, apart, not included). */
+  CHI_CROSS_FUN u64 Capacity() const { return static_cast<u64>(end_ - begin_) * 16; }
+  /** The most a single Allocate can return here (0 when the partition is empty). */
+  CHI_CROSS_FUN u64 MaxAllocation() const {
+    const u64 room = Capacity();
+    u64 block = BlockBytes(0);
+    while (block * 2 <= room && block < BlockBytes(kGpuHeapClasses - 1)) block *= 2;
+    return block <= room ? block - sizeof(GpuHeapBlock) : 0;
+  }
+
+  /** The class whose blocks hold `block_bytes` (header included): ceil(log2(n / 32)). */
+  CHI_CROSS_FUN static u32 ClassOf(u64 block_bytes) {
+    u32 c = 0;
+    while (c < kGpuHeapClasses && BlockBytes(c) < block_bytes) ++c;
+    return c;
+  }
+  /** Bytes of a block of class c, header included. */
+  CHI_CROSS_FUN static u64 BlockBytes(u32 c) { return 32ull << c; }
+
+ private:
+  friend class GpuHeapRegion;
+
+  /**
+   * Makes this header the partition at unit `self` of its region: blocks in [first, end),
+   * the region's `count` headers from unit `peers`, all partitions' blocks in
+   * [span_begin, span_end). Relaxed stores: the formatter publishes the region (a copy
+   * before any launch, a kernel boundary, a thread start) before anyone uses it.
+   */
+  CHI_CROSS_FUN void Init(u32 self, u32 first, u32 end, u32 peers, u32 count, u32 span_begin,
+                          u32 span_end) {
+    self_ = self;
+    begin_ = first;
+    end_ = end;
+    peers_ = peers;
+    count_ = count;
+    span_begin_ = span_begin;
+    span_end_ = span_end;
+    cursor_.Store(first, MemOrder::kRelaxed);
+    in_use_.Store(0, MemOrder::kRelaxed);
+    for (u32 c = 0; c < kGpuHeapClasses; ++c) heads_[c].Store(0, MemOrder::kRelaxed);
+    magic_ = kMagic;
+  }
+
+  /** The region's first byte. */
+  CHI_CROSS_FUN char *Base() {
+    return reinterpret_cast<char *>(this) - static_cast<u64>(self_) * 16;
+  }
+  /** The block at `unit`. */
+  CHI_CROSS_FUN GpuHeapBlock *At(u32 unit) {
+    return reinterpret_cast<GpuHeapBlock *>(Base() + static_cast<u64>(unit) * 16);
+  }
+  /** Partition `index` of the region (index < count_). */
+  CHI_CROSS_FUN GpuHeap *Peer(u32 index) {
+    return reinterpret_cast<GpuHeap *>(Base() + static_cast<u64>(peers_) * 16) + index;
+  }
+  /** This partition's index in its region. */
+  CHI_CROSS_FUN u32 Index() const { return (self_ - peers_) / (sizeof(GpuHeap) / 16); }
+
+  /** Takes the top block of class c's free list, or nullptr when it is empty. */
+  CHI_CROSS_FUN GpuHeapBlock *Pop(u32 c) {
+    // acquire: the pusher's writes (the block's next_ and state_) are visible before we
+    // follow the head to the block.
+    u64 h = heads_[c].Load(MemOrder::kAcquire);
+    for (;;) {
+      const u32 top = static_cast<u32>(h);
+      if (top == 0) return nullptr;
+      GpuHeapBlock *b = At(top);
+      // relaxed: a stale link (b was popped meanwhile) comes with a stale tag: the CAS fails.
+      const u64 next = b->next_.Load(MemOrder::kRelaxed);
+      const u64 want = ((h >> 32) + 1) << 32 | static_cast<u32>(next);
+      // acquire: as above, for the head a failed CAS hands back.
+      if (heads_[c].CompareExchange(h, want, MemOrder::kAcquire)) return b;
+    }
+  }
+
+  /** Puts block b (class c) on top of class c's free list. */
+  CHI_CROSS_FUN void Push(u32 c, GpuHeapBlock *b) {
+    const u32 unit = static_cast<u32>((reinterpret_cast<char *>(b) - Base()) / 16);
+    u64 h = heads_[c].Load(MemOrder::kRelaxed);  // relaxed: the CAS below orders the push
+    for (;;) {
+      b->next_.Store(static_cast<u32>(h), MemOrder::kRelaxed);  // published by the CAS
+      const u64 want = ((h >> 32) + 1) << 32 | unit;
+      // release: the block's link, state and the freer's last writes to it happen before
+      // the next popper (acquire) touches it.
+      if (heads_[c].CompareExchange(h, want, MemOrder::kRelease)) return;
+    }
+  }
+
+  /** A never-used block of class c from the bump cursor, or nullptr when it does not fit. */
+  CHI_CROSS_FUN GpuHeapBlock *Carve(u32 c) {
+    const u64 units = BlockBytes(c) / 16;
+    // relaxed: the cursor only hands out disjoint ranges; nothing is published through it.
+    u64 at = cursor_.Load(MemOrder::kRelaxed);
+    for (;;) {
+      if (at + units > end_) return nullptr;
+      if (cursor_.CompareExchange(at, at + units, MemOrder::kRelaxed)) break;
+    }
+    GpuHeapBlock *b = At(static_cast<u32>(at));
+    b->owner_ = Index();
+    b->next_.Store(0, MemOrder::kRelaxed);
+    b->state_.Store(GpuHeapBlock::kFree | c, MemOrder::kRelaxed);  // Allocate marks it live
+    return b;
+  }
+
+  u32 magic_;       ///< kMagic once formatted (zero: an empty heap)
+  u32 self_;        ///< this header's unit
+  u32 begin_;       ///< first unit of this partition's blocks
+  u32 end_;         ///< one past its last unit
+  u32 peers_;       ///< unit of the region's first partition header
+  u32 count_;       ///< partitions in the region
+  u32 span_begin_;  ///< first unit of any partition's blocks (what Free accepts) ...
+  u32 span_end_;    ///< ... and one past the last
+  Atomic<u64, MemScope::kDevice> cursor_;                  ///< first never-used unit
+  Atomic<u64, MemScope::kDevice> in_use_;                  ///< live block bytes
+  Atomic<u64, MemScope::kDevice> heads_[kGpuHeapClasses];  ///< tag << 32 | unit
+};
+static_assert(sizeof(GpuHeap) == 256, "a partition header is 16 units of 16 bytes");
+
+/**
+ * A CHI_GPU_HEAP region: this header (128 bytes), then its partitions' headers, then their
+ * blocks, equal shares of the rest. Format writes only the first HeaderBytes(count) bytes,
+ * so a host can format device memory by copying an image of them (FormatGpuHeap). The
+ * ticket counter sits on its own line: blocks bump it while kernels read the layout words.
+ */
+class alignas(64) GpuHeapRegion {
+ public:
+  static constexpr u64 kMagic = 0x4e47524145484347ull;  ///< "CGHEARGN"
+
+  /**
+   * The partition count Format uses for a region of `bytes` when asked for `wanted` (0:
+   * one per kGpuHeapPartitionBytes): a power of two, lowered until each partition has
+   * kGpuHeapMinPartitionBytes (or is the only one). 0 when not even one partition fits.
+   */
+  CHI_CROSS_FUN static u32 PartitionsFor(u64 bytes, u32 wanted) {
+    if (bytes > kGpuHeapMaxRegionBytes) bytes = kGpuHeapMaxRegionBytes;
+    u64 n = wanted != 0 ? wanted : bytes / kGpuHeapPartitionBytes;
+    if (n > kGpuHeapMaxPartitions) n = kGpuHeapMaxPartitions;
+    u32 p = 1;
+    while (static_cast<u64>(p) * 2 <= n) p *= 2;
+    while (p > 1 && PartitionBytes(bytes, p) < kGpuHeapMinPartitionBytes) p /= 2;
+    return PartitionBytes(bytes, p) >= GpuHeap::BlockBytes(0) ? p : 0;
+  }
+
+  /** Bytes Format writes for `partitions` partitions: this header and theirs. */
+  CHI_CROSS_FUN static u64 HeaderBytes(u32 partitions) {
+    return sizeof(GpuHeapRegion) + static_cast<u64>(partitions) * sizeof(GpuHeap);
+  }
+
+  /**
+   * Cuts `bytes` bytes at `base` (64-byte aligned) into PartitionsFor(bytes, partitions)
+   * formatted partitions and returns the region; nullptr when base is null or too small.
+   * Call it once, before any kernel gets the region (host memory, or one GPU thread before
+   * the kernels that use it): it forgets every block handed out before.
+   */
+  CHI_CROSS_FUN static GpuHeapRegion *Format(void *base, u64 bytes, u32 partitions = 0) {
+    const u32 n = PartitionsFor(bytes, partitions);
+    if (base == nullptr || n == 0) return nullptr;
+    if (bytes > kGpuHeapMaxRegionBytes) bytes = kGpuHeapMaxRegionBytes;
+    auto *r = static_cast<GpuHeapRegion *>(base);
+    const u32 part = static_cast<u32>(PartitionBytes(bytes, n) / 16);
+    const u32 peers = sizeof(GpuHeapRegion) / 16;
+    const u32 first = static_cast<u32>(HeaderBytes(n) / 16);
+    const u32 span_end = first + n * part;
+    for (u32 i = 0; i < n; ++i) {
+      r->Partition(i)->Init(peers + i * (sizeof(GpuHeap) / 16), first + i * part,
+                            first + (i + 1) * part, peers, n, first, span_end);
+    }
+    r->bytes_ = bytes;
+    r->partitions_ = n;
+    r->mask_ = n - 1;
+    r->next_ticket_.Store(0, MemOrder::kRelaxed);  // relaxed: published with the region
+    r->magic_ = kMagic;
+    return r;
+  }
+
+  /**
+   * The region formatted at `base`, when it fits in `bytes` (a GpuInfo's heap_ and
+   * heap_bytes_); nullptr when base is null or holds no formatted region.
+   */
+  CHI_CROSS_FUN static GpuHeapRegion *Open(void *base, u64 bytes) {
+    auto *r = static_cast<GpuHeapRegion *>(base);
+    if (r == nullptr || r->magic_ != kMagic || r->bytes_ > bytes || r->partitions_ == 0 ||
+        (r->partitions_ & r->mask_) != 0 || r->mask_ != r->partitions_ - 1) {
+      return nullptr;
+    }
+    return r;
+  }
+
+  /**
+   * Reserves `n` consecutive tickets (one per thread of a block) and returns the first.
+   * Launches running at once get different tickets, so different partitions while fewer
+   * than Partitions() threads hold tickets together.
+   */
+  CHI_CROSS_FUN u32 TakeTickets(u32 n) {
+    // relaxed: a ticket only spreads threads over partitions; nothing is published by it.
+    return next_ticket_.FetchAdd(n, MemOrder::kRelaxed);
+  }
+  /** The partition of `ticket` (wraps around: the count is a power of two). */
+  CHI_CROSS_FUN GpuHeap *PartitionFor(u32 ticket) { return Partition(ticket & mask_); }
+  /** Partition i (i < Partitions()). */
+  CHI_CROSS_FUN GpuHeap *Partition(u32 i) { return reinterpret_cast<GpuHeap *>(this + 1) + i; }
+  /** How many partitions the region has. */
+  CHI_CROSS_FUN u32 Partitions() const { return partitions_; }
+  /** The region's size as formatted. */
+  CHI_CROSS_FUN u64 Bytes() const { return bytes_; }
+  /** Every partition's BytesInUse, summed (a snapshot while others allocate). */
+  CHI_CROSS_FUN u64 BytesInUse() {
+    u64 sum = 0;
+    for (u32 i = 0; i < partitions_; ++i) sum += Partition(i)->BytesInUse();
+    return sum;
+  }
+
+ private:
+  /** Bytes of each of n partitions' blocks in a region of `bytes` (a multiple of 64). */
+  CHI_CROSS_FUN static u64 PartitionBytes(u64 bytes, u32 n) {
+    const u64 head = HeaderBytes(n);
+    return bytes > head ? ((bytes - head) / n) & ~63ull : 0;
+  }
+
+  u64 magic_;        ///< kMagic once formatted
+  u64 bytes_;        ///< the size it was formatted for
+  u32 partitions_;   ///< a power of two
+  u32 mask_;         ///< partitions_ - 1
+  u64 reserved_[5];
+  Atomic<u32, MemScope::kDevice> next_ticket_;  ///< the next block's first ticket
+  u32 pad_[15];
+};
+static_assert(sizeof(GpuHeapRegion) == 128, "partition headers start 128 bytes in");
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_HEAP_H
+// ---- end chi/gpu/gpu_heap.h ----
 // ---- begin chi/gpu/gpu_client_queues.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
 #define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
@@ -14881,7 +15460,7 @@ struct GpuDevice {
 namespace chi::gpu {
 
 /** Bumped whenever GpuConnectInfo or GpuQueueAttachInfo changes. */
-inline constexpr u32 kGpuConnectInfoVersion = 2;
+inline constexpr u32 kGpuConnectInfoVersion = 3;  // 3: inline answer words per slot
 
 /** One GPU's cpu2gpu queue as a client process must see it. */
 struct GpuQueueAttachInfo {
@@ -15281,8 +15860,39 @@ inline constexpr u64 kGpuStackBytes = 8192;
 inline constexpr u64 kGpuStopTimeoutNs = 10000000000ull;
 /** Alignment of GPU container states in their arena. */
 inline constexpr u64 kGpuStateAlign = 256;
-/** Device memory per GPU for client kernels' CHI_GPU_HEAP (32 KiB a thread for 2048 threads). */
+/** Device memory per GPU for client kernels' CHI_GPU_HEAP (2048 partitions of ~32 KiB). */
 inline constexpr u64 kGpuClientHeapBytes = 64ull << 20;
+
+/**
+ * Formats `bytes` of device memory at `region` (64-byte aligned, e.g. from cudaMalloc) as a
+ * CHI_GPU_HEAP region of `partitions` partitions (0: one per kGpuHeapPartitionBytes), for
+ * the runtime's heap or a GpuInfo::heap_ of the application's own. Copies a header image
+ * built on the host through `stream` (nullptr: a stream of its own) and waits for that stream
+ * only. Call it once, before any kernel gets the region: it forgets every live block.
+ */
+inline Status FormatGpuHeap(void *region, u64 bytes, u32 partitions = 0,
+                            Stream stream = nullptr) {
+  const u32 n = GpuHeapRegion::PartitionsFor(bytes, partitions);
+  if (region == nullptr || reinterpret_cast<u64>(region) % 64 != 0 || n == 0) {
+    return Status::Error(ErrorCode::kInvalidArgument,
+                         "a GPU heap needs a 64-byte aligned region of at least a few KiB");
+  }
+  struct alignas(64) Line {
+    char bytes[64];
+  };
+  std::vector<Line> image(GpuHeapRegion::HeaderBytes(n) / sizeof(Line));  // zeroed
+  GpuHeapRegion::Format(image.data(), bytes, partitions);  // writes only the header bytes
+  Stream own = nullptr;
+  if (stream == nullptr) {
+    if (Status st = Check(StreamCreate(&own), "create a stream"); !st.ok()) return st;
+    stream = own;
+  }
+  Status st = Check(MemcpyAsync(region, image.data(), GpuHeapRegion::HeaderBytes(n), stream),
+                    "format the GPU heap");
+  if (st.ok()) st = Check(StreamSynchronize(stream), "format the GPU heap");
+  if (own != nullptr) static_cast<void>(StreamDestroy(own));
+  return st;
+}
 
 /** The GPUs of this process's runtime (one instance per process). */
 class GpuManager : private GpuPoolDirectory {
@@ -15640,9 +16250,12 @@ class GpuManager : private GpuPoolDirectory {
     qc.server_threads = blocks_ * threads_;
     qc.depth = depth_;
     if (Status st = d.Map(qc); !st.ok()) return st;
-    void *heap = nullptr;  // CHIMAERA_GPU_INIT formats it: no clearing needed
-    if (Status st = Check(Malloc(&heap, kGpuClientHeapBytes), "GPU client heap"); !st.ok()) {
-      std::fprintf(stderr, "chi: GPU %d has no CHI_GPU_HEAP: %s\n", i, st.message());
+    void *heap = nullptr;  // formatted here, once: kernels only pick partitions
+    Status heap_st = Check(Malloc(&heap, kGpuClientHeapBytes), "GPU client heap");
+    if (heap_st.ok()) heap_st = FormatGpuHeap(heap, kGpuClientHeapBytes, 0, d.copies);
+    if (!heap_st.ok()) {
+      std::fprintf(stderr, "chi: GPU %d has no CHI_GPU_HEAP: %s\n", i, heap_st.message());
+      if (heap != nullptr) Free(heap);  // before this GPU's orchestrator starts
       heap = nullptr;
     }
     heaps_.resize(static_cast<size_t>(i) + 1, nullptr);

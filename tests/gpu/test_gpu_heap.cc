@@ -1,5 +1,6 @@
 // CHI_GPU_HEAP's allocator (gpu_heap.h) and the per-thread arena (gpu_arena.h), with CPU
-// threads playing GPU threads over plain memory: the same CHI_CROSS_FUN code a kernel runs.
+// threads playing GPU threads over plain memory: the same CHI_CROSS_FUN code a kernel runs,
+// launches played as CHIMAERA_GPU_INIT plays them (tickets from a region formatted once).
 // What a real GPU adds (2048 threads, device-scope atomics) is in test_gpu_memory (label gpu).
 #include <doctest/doctest.h>
 
@@ -21,8 +22,7 @@ using chi::u32;
 using chi::u64;
 using chi::gpu::GpuArena;
 using chi::gpu::GpuHeap;
-using chi::gpu::GpuHeapSlice;
-using chi::gpu::HeapSliceFor;
+using chi::gpu::GpuHeapRegion;
 
 /** A 64-byte aligned region filled with garbage (Format must not rely on zeroes). */
 std::unique_ptr<char, void (*)(void *)> Region(u64 bytes) {
@@ -244,91 +244,248 @@ TEST_CASE("threads draining one partition to exhaustion get distinct blocks, the
   }
 }
 
-TEST_CASE("a block freed through another partition goes back to the one it came from") {
-  auto region = Region(2 * 8192);
-  GpuHeap *a = GpuHeap::Format(region.get(), 8192);
-  GpuHeap *b = GpuHeap::Format(region.get() + 8192, 8192);
+TEST_CASE("a zeroed partition header is an empty heap: nothing to allocate, nothing to free") {
+  alignas(64) char zero[sizeof(GpuHeap)] = {};
+  auto *h = reinterpret_cast<GpuHeap *>(zero);
+  CHECK(h->Allocate(16) == nullptr);
+  alignas(16) char foreign[64] = {};
+  CHECK_FALSE(h->Free(foreign + 16));
+  CHECK(h->BytesInUse() == 0);
+  CHECK(h->MaxAllocation() == 0);
+}
+
+TEST_CASE("a region is cut once into a fixed number of disjoint partitions") {
+  constexpr u64 kBytes = 1 << 20;
+  auto region = Region(kBytes);
+  char *base = region.get();
+  GpuHeapRegion *r = GpuHeapRegion::Format(base, kBytes);
+  REQUIRE(r != nullptr);
+  CHECK(r->Partitions() == kBytes / chi::gpu::kGpuHeapPartitionBytes);
+  CHECK(GpuHeapRegion::Open(base, kBytes) == r);
+  CHECK(GpuHeapRegion::Open(base, 2 * kBytes) == r);        // a larger GpuInfo size is fine
+  CHECK(GpuHeapRegion::Open(base, kBytes - 64) == nullptr);  // formatted for more than given
+  CHECK(GpuHeapRegion::Open(nullptr, kBytes) == nullptr);
+  auto garbage = Region(4096);
+  CHECK(GpuHeapRegion::Open(garbage.get(), 4096) == nullptr);  // never formatted
+  std::vector<std::pair<char *, u64>> blocks;
+  for (u32 i = 0; i < r->Partitions(); ++i) {
+    GpuHeap *h = r->Partition(i);
+    CHECK(h->Capacity() >= chi::gpu::kGpuHeapMinPartitionBytes);
+    const u64 n = h->MaxAllocation();
+    char *p = static_cast<char *>(h->Allocate(n));
+    REQUIRE(p != nullptr);
+    CHECK(p >= base + GpuHeapRegion::HeaderBytes(r->Partitions()));
+    CHECK(p + n <= base + kBytes);
+    blocks.emplace_back(p, n);
+  }
+  std::sort(blocks.begin(), blocks.end());
+  for (size_t i = 1; i < blocks.size(); ++i) {
+    CHECK(blocks[i - 1].first + blocks[i - 1].second <= blocks[i].first);
+  }
+  for (auto &b : blocks) CHECK(r->Partition(0)->Free(b.first));
+  CHECK(r->BytesInUse() == 0);
+  // The count asked for is rounded down to a power of two, and lowered while too small.
+  CHECK(GpuHeapRegion::Format(base, kBytes, 5)->Partitions() == 4);
+  CHECK(GpuHeapRegion::Format(base, kBytes, 1u << 20)->Partitions() == 128);
+  CHECK(GpuHeapRegion::Format(base, 8192)->Partitions() == 1);
+  CHECK(GpuHeapRegion::Format(base, 64) == nullptr);
+  CHECK(GpuHeapRegion::Format(nullptr, kBytes) == nullptr);
+}
+
+TEST_CASE("consecutive tickets reach distinct partitions, and wrap around") {
+  auto region = Region(256 << 10);
+  GpuHeapRegion *r = GpuHeapRegion::Format(region.get(), 256 << 10, 8);
+  REQUIRE(r->Partitions() == 8);
+  CHECK(r->TakeTickets(4) == 0);  // one block of 4 threads
+  CHECK(r->TakeTickets(4) == 4);  // the next block, maybe of another launch
+  std::vector<GpuHeap *> seen;
+  for (u32 t = 0; t < 8; ++t) seen.push_back(r->PartitionFor(t));
+  std::sort(seen.begin(), seen.end());
+  CHECK(std::unique(seen.begin(), seen.end()) == seen.end());
+  CHECK(r->PartitionFor(8) == r->PartitionFor(0));
+  CHECK(r->PartitionFor(0xffffffffu) == r->PartitionFor(7));
+}
+
+TEST_CASE("a block is freed through any partition of its region, back into its own") {
+  auto region = Region(64 << 10);
+  GpuHeapRegion *r = GpuHeapRegion::Format(region.get(), 64 << 10, 4);
+  REQUIRE(r->Partitions() == 4);
+  GpuHeap *a = r->Partition(0);
+  GpuHeap *b = r->Partition(3);
   void *p = a->Allocate(100);
   REQUIRE(p != nullptr);
   CHECK(a->BytesInUse() > 0);
-  CHECK(b->Free(p));  // through b, as a thread of another partition would
+  CHECK(b->Free(p));  // through b, as a thread given another partition would
   CHECK(a->BytesInUse() == 0);
   CHECK(b->BytesInUse() == 0);
   CHECK(a->Allocate(100) == p);
 }
 
-TEST_CASE("the region is cut per thread when large enough, per group of threads when not") {
-  auto region = Region(1 << 20);
-  char *r = region.get();
-  struct Case {
-    u64 bytes;
-    u32 blocks, threads;
-    u32 group;  ///< threads sharing a partition
-  };
-  const Case cases[] = {{1 << 20, 2, 64, 1},      // 8 KiB a thread
-                        {1 << 20, 8, 256, 8},     // 512 B a thread: groups of 8 share 4 KiB
-                        {1 << 20, 4, 32, 1},      // 8 KiB a thread
-                        {64 << 10, 4, 256, 64}};  // 16 KiB a block: four 4 KiB partitions
-  for (const Case &c : cases) {
-    CAPTURE(c.bytes);
-    CAPTURE(c.blocks);
-    CAPTURE(c.threads);
-    std::vector<std::pair<char *, u64>> parts;
-    u32 leaders = 0, outside = 0, small = 0;
-    for (u32 b = 0; b < c.blocks; ++b) {
-      for (u32 t = 0; t < c.threads; ++t) {
-        const GpuHeapSlice s = HeapSliceFor(r, c.bytes, b, c.blocks, t, c.threads);
-        REQUIRE(s.base != nullptr);
-        outside += s.base < r || s.base + s.bytes > r + c.bytes;
-        small += s.bytes < chi::gpu::kGpuHeapMinPartitionBytes && c.group < c.threads;
-        CHECK(reinterpret_cast<u64>(s.base) % 64 == 0);
-        if (s.leader) {
-          ++leaders;
-          parts.emplace_back(s.base, s.bytes);
-        } else {
-          CHECK(s.base == parts.back().first);  // followers share their leader's partition
-        }
-      }
-    }
-    CHECK(outside == 0);
-    CHECK(small == 0);
-    CHECK(leaders == c.blocks * ((c.threads + c.group - 1) / c.group));
-    std::sort(parts.begin(), parts.end());
-    for (size_t i = 1; i < parts.size(); ++i) {
-      CHECK(parts[i - 1].first + parts[i - 1].second <= parts[i].first);
-    }
-  }
-  CHECK(HeapSliceFor(nullptr, 1 << 20, 0, 1, 0, 32).base == nullptr);
-  CHECK(HeapSliceFor(r, 64, 0, 4, 0, 32).base == nullptr);  // too small for any partition
+TEST_CASE("outside pointers, uncarved bytes and a header naming the wrong owner are refused") {
+  auto region = Region(64 << 10);
+  GpuHeapRegion *r = GpuHeapRegion::Format(region.get(), 64 << 10, 4);
+  GpuHeap *h = r->Partition(0);
+  auto *p = static_cast<u32 *>(h->Allocate(256));
+  REQUIRE(p != nullptr);
+  auto other = Region(64 << 10);
+  GpuHeap *stranger = GpuHeapRegion::Format(other.get(), 64 << 10, 4)->Partition(0);
+  CHECK_FALSE(stranger->Free(p));  // another region's block: not even read
+  CHECK_FALSE(h->Free(region.get() + 16));  // the region's header
+  CHECK_FALSE(h->Free(reinterpret_cast<char *>(p) + 4096));  // never carved
+  // A live-looking header inside the block's own bytes, naming a partition that never
+  // carved there.
+  p[0] = chi::gpu::GpuHeapBlock::kLive;
+  p[1] = 1;
+  CHECK_FALSE(h->Free(p + 4));
+  CHECK(h->BytesInUse() == GpuHeap::BlockBytes(GpuHeap::ClassOf(256 + 16)));
+  CHECK(h->Free(p));
+  CHECK(r->BytesInUse() == 0);
 }
 
-TEST_CASE("every partition of a launch can be formatted and used by its own threads at once") {
-  constexpr u64 kBytes = 2 << 20;
-  constexpr u32 kBlocks = 2, kThreads = 8;
-  auto region = Region(kBytes);
-  std::atomic<u32> bad{0};
-  std::vector<std::thread> ts;
-  for (u32 b = 0; b < kBlocks; ++b) {
-    for (u32 t = 0; t < kThreads; ++t) {
-      const GpuHeapSlice s = HeapSliceFor(region.get(), kBytes, b, kBlocks, t, kThreads);
-      REQUIRE(s.leader);  // 128 KiB a thread: one partition each
-      ts.emplace_back([&bad, s, t] {
-        GpuHeap *h = GpuHeap::Format(s.base, s.bytes);
-        for (u32 i = 0; i < 2000; ++i) {
-          void *p = h->Allocate(100 + i % 900);
-          if (p == nullptr) {
-            bad.fetch_add(1);
-            continue;
-          }
-          Fill(p, 100, t, i);
-          if (!Intact(p, 100, t, i) || !h->Free(p)) bad.fetch_add(1);
-        }
-        if (h->BytesInUse() != 0) bad.fetch_add(1);
-      });
+namespace {
+
+/**
+ * Plays a kernel launch of `blocks` x `threads` with CPU threads, as CHIMAERA_GPU_INIT and
+ * CHI_GPU_HEAP do: each block takes its tickets, and its thread t runs body(partition of
+ * ticket + t, global thread id). The threads run until Join (or the destructor).
+ */
+class Launch {
+ public:
+  template <typename Body>
+  Launch(GpuHeapRegion *r, u32 blocks, u32 threads, Body body) {
+    for (u32 b = 0; b < blocks; ++b) {
+      const u32 ticket = r->TakeTickets(threads);
+      for (u32 t = 0; t < threads; ++t) {
+        threads_.emplace_back([=] { body(r->PartitionFor(ticket + t), b * threads + t); });
+      }
     }
   }
-  for (auto &t : ts) t.join();
-  CHECK(bad.load() == 0);
+  ~Launch() { Join(); }
+  Launch(const Launch &) = delete;
+  Launch &operator=(const Launch &) = delete;
+
+  /** Waits for every thread of the launch. */
+  void Join() {
+    for (auto &t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  std::vector<std::thread> threads_;
+};
+
+/** A block a test keeps, with what Fill wrote into it. */
+struct Held {
+  char *p;
+  u64 n;
+  u32 owner, round;
+};
+
+}  // namespace
+
+TEST_CASE("blocks one launch leaves live survive a later launch of another geometry") {
+  constexpr u64 kBytes = 1 << 20;
+  constexpr u32 kEach = 3;
+  auto region = Region(kBytes);
+  GpuHeapRegion *r = GpuHeapRegion::Format(region.get(), kBytes);  // 32 partitions
+  REQUIRE(r != nullptr);
+  std::vector<Held> kept(2 * 4 * kEach);
+  Launch(r, 2, 4, [&](GpuHeap *h, u32 tid) {  // the first kernel: allocates, fills, keeps
+    for (u32 j = 0; j < kEach; ++j) {
+      const u64 n = 100 + 700 * j + tid * 8;
+      char *p = static_cast<char *>(h->Allocate(n));
+      if (p != nullptr) Fill(p, n, tid, j);
+      kept[tid * kEach + j] = {p, n, tid, j};
+    }
+  }).Join();
+  for (const Held &k : kept) REQUIRE(k.p != nullptr);
+  const u64 kept_bytes = r->BytesInUse();
+  std::atomic<u32> broken{0}, refused{0};
+  std::atomic<u64> total{0};
+  Launch(r, 4, 16, [&](GpuHeap *h, u32 tid) {  // the second: drains its partitions, 3 times
+    for (u32 round = 0; round < 3; ++round) {
+      std::vector<Held> mine;
+      for (u32 i = 0;; ++i) {
+        const u64 n = 16u << ((tid + i) % 8);  // 16 B .. 2 KiB
+        char *p = static_cast<char *>(h->Allocate(n));
+        if (p == nullptr) break;
+        Fill(p, n, 1000 + tid, round * 4096 + i);
+        mine.push_back({p, n, 1000 + tid, round * 4096 + i});
+      }
+      for (const Held &m : mine) {
+        total += m.n;
+        broken += !Intact(m.p, m.n, m.owner, m.round);
+        refused += !h->Free(m.p);
+      }
+    }
+  }).Join();
+  CHECK(broken.load() == 0);
+  CHECK(refused.load() == 0);
+  CHECK(total.load() > kBytes);  // it really allocated heavily: each partition ran dry
+  CHECK(r->BytesInUse() == kept_bytes);
+  Launch(r, 1, 8, [&](GpuHeap *h, u32 tid) {  // the third: checks and frees the first's
+    for (u32 j = 0; j < kEach; ++j) {
+      const Held &k = kept[((tid + 3) % 8) * kEach + j];  // another thread's, another partition
+      broken += !Intact(k.p, k.n, k.owner, k.round);
+      refused += !h->Free(k.p);
+    }
+  }).Join();
+  CHECK(broken.load() == 0);
+  CHECK(refused.load() == 0);
+  CHECK(r->BytesInUse() == 0);
+}
+
+TEST_CASE("two launches of different geometries at once on one region never share a block") {
+  constexpr u64 kBytes = 512 << 10;
+  constexpr u32 kRounds = 20000, kKeep = 4;
+  auto region = Region(kBytes);
+  GpuHeapRegion *r = GpuHeapRegion::Format(region.get(), kBytes, 8);  // 4 threads a partition
+  REQUIRE(r->Partitions() == 8);
+  std::vector<std::vector<Held>> held(32);
+  std::atomic<u32> go{0}, broken{0}, refused{0}, got{0};
+  auto churn = [&](u32 launch, GpuHeap *h, u32 tid) {
+    const u32 owner = launch * 100 + tid;
+    std::vector<Held> &mine = held[launch * 16 + tid];
+    while (go.load() == 0) {
+    }
+    u32 seed = owner * 7919 + 1;
+    for (u32 round = 0; round < kRounds; ++round) {
+      seed = seed * 1103515245 + 12345;
+      const u64 n = 4 + (seed >> 8) % 1000;
+      char *p = static_cast<char *>(h->Allocate(n));
+      if (p != nullptr) {
+        got.fetch_add(1);
+        Fill(p, n, owner, round);
+        mine.push_back({p, n, owner, round});
+      }
+      if (mine.size() > kKeep || (p == nullptr && !mine.empty())) {
+        const size_t k = (seed >> 4) % mine.size();
+        broken += !Intact(mine[k].p, mine[k].n, owner, mine[k].round);
+        refused += !h->Free(mine[k].p);
+        mine.erase(mine.begin() + static_cast<long>(k));
+      }
+    }
+  };
+  {
+    Launch a(r, 2, 8, [&](GpuHeap *h, u32 tid) { churn(0, h, tid); });
+    Launch b(r, 8, 2, [&](GpuHeap *h, u32 tid) { churn(1, h, tid); });
+    go.store(1);
+  }
+  CHECK(got.load() > 32 * kRounds / 2);
+  // What both launches still hold: intact, and no two blocks overlap.
+  std::vector<Held> all;
+  for (const auto &v : held) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end(), [](const Held &x, const Held &y) { return x.p < y.p; });
+  u32 overlaps = 0;
+  for (size_t i = 1; i < all.size(); ++i) overlaps += all[i - 1].p + all[i - 1].n > all[i].p;
+  CHECK(overlaps == 0);
+  for (const Held &m : all) {
+    broken += !Intact(m.p, m.n, m.owner, m.round);
+    refused += !r->Partition(0)->Free(m.p);
+  }
+  CHECK(broken.load() == 0);
+  CHECK(refused.load() == 0);
+  CHECK(r->BytesInUse() == 0);
 }
 
 TEST_CASE("an arena hands out aligned bump allocations until full, and Reset reuses it") {

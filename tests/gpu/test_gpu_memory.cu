@@ -1,6 +1,8 @@
 // Client kernels' memory on a real GPU, in one process with an embedded runtime: CHI_GPU_HEAP
-// from 2048 threads (allocate, fill, verify, free; across threads; to exhaustion), and a
-// gpu2cpu queue the test makes in its own pinned memory and registers with
+// from 2048 threads (allocate, fill, verify, free; across threads; to exhaustion; blocks kept
+// across kernels of other grids; two kernels at once on two streams; a user's own region
+// formatted by FormatGpuHeap), and a gpu2cpu queue the test makes in its own pinned memory
+// and registers with
 // CHI_IPC->RegisterGpuQueue. Label gpu; without a GPU it prints "skipped: no GPU" and exits
 // 77. The host never synchronises the whole device (the orchestrator never returns).
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -37,9 +39,10 @@ struct HeapCounters {
   u32 broken;         ///< blocks whose fill was not
   u32 no_memory;      ///< allocations that returned nullptr where room was expected
   u32 refused_frees;  ///< Free returned false for a live block
-  unsigned long long in_use;  ///< every partition's BytesInUse at the end
+  unsigned long long in_use;  ///< the region's BytesInUse (InUseKernel)
   u32 exhausted;      ///< threads whose allocations ran out (the exhaustion kernel)
   u32 max_live;       ///< most blocks one thread held at once there
+  u32 overlapped;     ///< ConcurrentKernel blocks that saw the other kernel's blocks start
 };
 
 /** Fills a block with words naming (thread, round, index). */
@@ -55,11 +58,10 @@ __device__ bool Intact(const u32 *p, u32 words, u32 tid, u32 round, u32 j) {
   return true;
 }
 
-/** Adds this launch's partitions' BytesInUse (each partition's first thread adds its own). */
-__device__ void SumInUse(const chi::gpu::GpuInfo &info, HeapCounters *c) {
-  __syncthreads();
-  const chi::gpu::GpuHeapSlice s = chi::gpu::ThreadHeapSlice(info);
-  if (s.leader) atomicAdd(&c->in_use, static_cast<unsigned long long>(CHI_GPU_HEAP->BytesInUse()));
+/** One thread: the BytesInUse of every partition of info's heap region (~0: no region). */
+__global__ void InUseKernel(chi::gpu::GpuInfo info, HeapCounters *c) {
+  chi::gpu::GpuHeapRegion *r = chi::gpu::GpuHeapRegion::Open(info.heap_, info.heap_bytes_);
+  c->in_use = r == nullptr ? ~0ull : r->BytesInUse();
 }
 
 /**
@@ -113,7 +115,6 @@ __global__ void HeapKernel(chi::gpu::GpuInfo info, u32 rounds, HeapCounters *c) 
   atomicAdd(&c->broken, broken);
   atomicAdd(&c->no_memory, no_memory);
   atomicAdd(&c->refused_frees, refused);
-  SumInUse(info, c);
 }
 
 /** Every thread allocates 4 KiB blocks until its heap says no, checks them, frees them. */
@@ -142,7 +143,113 @@ __global__ void ExhaustKernel(chi::gpu::GpuInfo info, HeapCounters *c) {
   else refused += !CHI_GPU_HEAP->Free(again);
   atomicAdd(&c->broken, broken);
   atomicAdd(&c->refused_frees, refused);
-  SumInUse(info, c);
+}
+
+/** Blocks each thread of KeepKernel leaves live. */
+constexpr u32 kKeptPerThread = 3;
+/** KeepKernel's and CheckKeptKernel's threads (grids 4 x 128 and 2 x 256). */
+constexpr u32 kKeepThreads = 512;
+
+/** The words of block j KeepKernel's thread tid keeps. */
+__device__ u32 KeptWords(u32 tid, u32 j) { return 8 + (tid * 5 + j * 37) % 200; }
+
+/** Allocates and fills kKeptPerThread blocks per thread and leaves them live in kept[]. */
+__global__ void KeepKernel(chi::gpu::GpuInfo info, u32 **kept, HeapCounters *c) {
+  CHIMAERA_GPU_INIT(info);
+  const u32 tid = chi::gpu::GlobalThreadId();
+  for (u32 j = 0; j < kKeptPerThread; ++j) {
+    auto *p = static_cast<u32 *>(CHI_GPU_HEAP->Allocate(KeptWords(tid, j) * 4));
+    if (p == nullptr) atomicAdd(&c->no_memory, 1u);
+    else Fill(p, KeptWords(tid, j), tid, 7, j);
+    kept[tid * kKeptPerThread + j] = p;
+  }
+}
+
+/**
+ * Every thread, `rounds` times: allocates blocks of 256 B .. 2 KiB until its partition runs
+ * dry (or 64 of them), fills each whole, then checks and frees them.
+ */
+__global__ void HeavyKernel(chi::gpu::GpuInfo info, u32 rounds, HeapCounters *c) {
+  CHIMAERA_GPU_INIT(info);
+  constexpr u32 kMost = 64;
+  const u32 tid = chi::gpu::GlobalThreadId();
+  u32 intact = 0, broken = 0, refused = 0, most = 0;
+  for (u32 r = 0; r < rounds; ++r) {
+    u32 *live[kMost];
+    u32 n = 0;
+    while (n < kMost) {
+      const u32 words = 64u << ((tid + n) % 4);
+      auto *p = static_cast<u32 *>(CHI_GPU_HEAP->Allocate(words * 4));
+      if (p == nullptr) break;
+      Fill(p, words, tid, r, n);
+      live[n++] = p;
+    }
+    most = n > most ? n : most;
+    for (u32 i = 0; i < n; ++i) {
+      Intact(live[i], 64u << ((tid + i) % 4), tid, r, i) ? ++intact : ++broken;
+      refused += !CHI_GPU_HEAP->Free(live[i]);
+    }
+  }
+  atomicAdd(&c->intact, intact);
+  atomicAdd(&c->broken, broken);
+  atomicAdd(&c->refused_frees, refused);
+  atomicMax(&c->max_live, most);
+}
+
+/** Checks KeepKernel's blocks (thread tid those of KeepKernel's tid) and frees them. */
+__global__ void CheckKeptKernel(chi::gpu::GpuInfo info, u32 **kept, HeapCounters *c) {
+  CHIMAERA_GPU_INIT(info);
+  const u32 tid = chi::gpu::GlobalThreadId();
+  for (u32 j = 0; j < kKeptPerThread; ++j) {
+    u32 *p = kept[tid * kKeptPerThread + j];
+    if (p == nullptr) continue;
+    Intact(p, KeptWords(tid, j), tid, 7, j) ? atomicAdd(&c->intact, 1u)
+                                            : atomicAdd(&c->broken, 1u);
+    if (!CHI_GPU_HEAP->Free(p)) atomicAdd(&c->refused_frees, 1u);
+  }
+}
+
+/**
+ * One of two kernels run at once on two streams: each block first waits (at most 2 s) until
+ * `blocks_total` blocks of both have started; then every thread, `rounds` times, frees the
+ * block it took kHold rounds ago (after checking it) and takes a new one, filled with words
+ * naming (launch, thread, round).
+ */
+__global__ void ConcurrentKernel(chi::gpu::GpuInfo info, u32 launch, u32 rounds, u32 *started,
+                                 u32 blocks_total, HeapCounters *c) {
+  CHIMAERA_GPU_INIT(info);
+  constexpr u32 kHold = 4;
+  if (threadIdx.x == 0) {
+    atomicAdd(started, 1u);
+    const u64 t0 = chi::gpu::ClockNs();
+    while (atomicAdd(started, 0u) < blocks_total && chi::gpu::ClockNs() - t0 < 2000000000ull) {
+    }
+    if (atomicAdd(started, 0u) >= blocks_total) atomicAdd(&c->overlapped, 1u);
+  }
+  __syncthreads();
+  const u32 me = chi::gpu::GlobalThreadId() + (launch << 16);
+  u32 *held[kHold] = {};
+  u32 words[kHold] = {};
+  u32 round[kHold] = {};
+  u32 intact = 0, broken = 0, no_memory = 0, refused = 0;
+  for (u32 r = 0; r < rounds + kHold; ++r) {
+    const u32 k = r % kHold;
+    if (held[k] != nullptr) {
+      Intact(held[k], words[k], me, round[k], k) ? ++intact : ++broken;
+      refused += !CHI_GPU_HEAP->Free(held[k]);
+      held[k] = nullptr;
+    }
+    if (r >= rounds) continue;
+    words[k] = 4 + (me * 11 + r * 17) % 300;
+    round[k] = r;
+    held[k] = static_cast<u32 *>(CHI_GPU_HEAP->Allocate(words[k] * 4));
+    if (held[k] == nullptr) ++no_memory;
+    else Fill(held[k], words[k], me, r, k);
+  }
+  atomicAdd(&c->intact, intact);
+  atomicAdd(&c->broken, broken);
+  atomicAdd(&c->no_memory, no_memory);
+  atomicAdd(&c->refused_frees, refused);
 }
 
 /** What a submitting kernel counts. */
@@ -176,8 +283,12 @@ __global__ void ToCpuKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 count,
 /** Test memory made before the runtime starts. */
 struct Env {
   cudaStream_t stream = nullptr;
+  cudaStream_t second = nullptr;  ///< the concurrent-kernels test's other stream
   HeapCounters *heap = nullptr;
   SubmitCounters *submit = nullptr;
+  u32 **kept = nullptr;      ///< KeepKernel's blocks (kKeepThreads x kKeptPerThread)
+  u32 *started = nullptr;    ///< ConcurrentKernel's start count
+  char *user_heap = nullptr;  ///< a region of the test's own (kUserHeapBytes, never freed)
 };
 Env g_env;
 
@@ -194,6 +305,15 @@ T Run(T *counters, Launch launch) {
           cudaSuccess);
   REQUIRE(cudaStreamSynchronize(g_env.stream) == cudaSuccess);
   return host;
+}
+
+/** The size of the test's own heap region. */
+constexpr u64 kUserHeapBytes = 4ull << 20;
+
+/** The BytesInUse of every partition of info's heap region (~0: not a formatted region). */
+unsigned long long HeapInUse(const chi::gpu::GpuInfo &info) {
+  return Run(g_env.heap, [&](cudaStream_t s) { InUseKernel<<<1, 1, 0, s>>>(info, g_env.heap); })
+      .in_use;
 }
 
 /**
@@ -280,7 +400,7 @@ TEST_CASE("2048 GPU threads allocate, fill, verify and free from CHI_GPU_HEAP; a
   CHECK(c.no_memory == 0);
   CHECK(c.refused_frees == 0);
   CHECK(c.intact == 2048u * kRounds * 4);
-  CHECK(c.in_use == 0);
+  CHECK(HeapInUse(info) == 0);
 }
 
 TEST_CASE("a GPU thread's heap runs out with nullptr, never a hang, and a free makes room again") {
@@ -293,7 +413,80 @@ TEST_CASE("a GPU thread's heap runs out with nullptr, never a hang, and a free m
   CHECK(c.broken == 0);
   CHECK(c.refused_frees == 0);
   CHECK(c.no_memory == 0);
-  CHECK(c.in_use == 0);
+  CHECK(HeapInUse(info) == 0);
+}
+
+TEST_CASE("a kernel's live blocks survive a heavy kernel of another grid, and a third frees them") {
+  const chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
+  REQUIRE(HeapInUse(info) == 0);
+  HeapCounters keep = Run(g_env.heap, [&](cudaStream_t s) {
+    KeepKernel<<<4, 128, 0, s>>>(info, g_env.kept, g_env.heap);
+  });
+  CHECK(keep.no_memory == 0);
+  const unsigned long long kept_bytes = HeapInUse(info);
+  CHECK(kept_bytes > 0);
+  HeapCounters heavy = Run(g_env.heap, [&](cudaStream_t s) {
+    HeavyKernel<<<16, kBlockThreads, 0, s>>>(info, 4, g_env.heap);  // 2 threads a partition
+  });
+  CHECK(heavy.broken == 0);
+  CHECK(heavy.refused_frees == 0);
+  CHECK(heavy.intact > 0);
+  CHECK(heavy.max_live < 64);  // the partitions ran dry: the whole heap was handed out
+  CHECK(HeapInUse(info) == kept_bytes);
+  HeapCounters check = Run(g_env.heap, [&](cudaStream_t s) {
+    CheckKeptKernel<<<2, kBlockThreads, 0, s>>>(info, g_env.kept, g_env.heap);
+  });
+  CHECK(check.broken == 0);
+  CHECK(check.intact == kKeepThreads * kKeptPerThread);
+  CHECK(check.refused_frees == 0);
+  CHECK(HeapInUse(info) == 0);
+}
+
+TEST_CASE("two kernels at once on two streams never get the same block of the client heap") {
+  const chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
+  constexpr u32 kRounds = 400;
+  HeapCounters host{};
+  REQUIRE(cudaMemsetAsync(g_env.heap, 0, sizeof(HeapCounters), g_env.stream) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(g_env.started, 0, sizeof(u32), g_env.stream) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(g_env.stream) == cudaSuccess);
+  ConcurrentKernel<<<8, 128, 0, g_env.stream>>>(info, 0, kRounds, g_env.started, 12, g_env.heap);
+  ConcurrentKernel<<<4, kBlockThreads, 0, g_env.second>>>(info, 1, kRounds, g_env.started, 12,
+                                                          g_env.heap);
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  for (cudaStream_t s : {g_env.stream, g_env.second}) {
+    const chi::Status st = chi::gpu::WaitStream(s, kKernelTimeoutNs);
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+  }
+  REQUIRE(cudaMemcpyAsync(&host, g_env.heap, sizeof(host), cudaMemcpyDeviceToHost,
+                          g_env.stream) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(g_env.stream) == cudaSuccess);
+  WARN_MESSAGE(host.overlapped == 12, "the two kernels did not all run at once");
+  CHECK(host.broken == 0);
+  CHECK(host.no_memory == 0);  // 2048 threads, 2048 partitions: each thread has its own
+  CHECK(host.refused_frees == 0);
+  CHECK(host.intact == 2048u * kRounds);
+  CHECK(HeapInUse(info) == 0);
+}
+
+TEST_CASE("a user's own region is no heap until FormatGpuHeap formats it, then serves kernels") {
+  chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
+  info.heap_ = g_env.user_heap;
+  info.heap_bytes_ = kUserHeapBytes;
+  HeapCounters none = Run(g_env.heap, [&](cudaStream_t s) {
+    ExhaustKernel<<<1, 32, 0, s>>>(info, g_env.heap);
+  });
+  CHECK(none.max_live == 0);  // garbage, not a region: CHI_GPU_HEAP gives nullptr
+  CHECK(HeapInUse(info) == ~0ull);
+  const chi::Status st = chi::gpu::FormatGpuHeap(g_env.user_heap, kUserHeapBytes, 64);
+  REQUIRE_MESSAGE(st.ok(), st.ToString());
+  HeapCounters used = Run(g_env.heap, [&](cudaStream_t s) {
+    ExhaustKernel<<<2, 32, 0, s>>>(info, g_env.heap);  // 64 threads, 64 partitions of ~64 KiB
+  });
+  CHECK(used.max_live >= 8);
+  CHECK(used.broken == 0);
+  CHECK(used.refused_frees == 0);
+  CHECK(used.no_memory == 0);
+  CHECK(HeapInUse(info) == 0);
 }
 
 TEST_CASE("a kernel without a heap region gets nullptr from CHI_GPU_HEAP") {
@@ -359,9 +552,20 @@ int main(int argc, char **argv) {
   return chi_gpu_test::RunWithRuntime(argc, argv, "gpu_memory_test", kPool, [] {
     return cudaStreamCreateWithFlags(&g_env.stream, cudaStreamNonBlocking) == cudaSuccess &&
            cudaMalloc(&g_env.heap, sizeof(HeapCounters)) == cudaSuccess &&
+           cudaStreamCreateWithFlags(&g_env.second, cudaStreamNonBlocking) == cudaSuccess &&
            cudaMalloc(&g_env.submit, sizeof(SubmitCounters)) == cudaSuccess &&
+           cudaMalloc(&g_env.kept, sizeof(u32 *) * kKeepThreads * kKeptPerThread) ==
+               cudaSuccess &&
+           cudaMalloc(&g_env.started, sizeof(u32)) == cudaSuccess &&
+           cudaMalloc(&g_env.user_heap, kUserHeapBytes) == cudaSuccess &&
+           cudaMemset(g_env.user_heap, 0xA5, kUserHeapBytes) == cudaSuccess &&
            chi::gpu::PreloadKernel(HeapKernel) == cudaSuccess &&
            chi::gpu::PreloadKernel(ExhaustKernel) == cudaSuccess &&
+           chi::gpu::PreloadKernel(InUseKernel) == cudaSuccess &&
+           chi::gpu::PreloadKernel(KeepKernel) == cudaSuccess &&
+           chi::gpu::PreloadKernel(HeavyKernel) == cudaSuccess &&
+           chi::gpu::PreloadKernel(CheckKeptKernel) == cudaSuccess &&
+           chi::gpu::PreloadKernel(ConcurrentKernel) == cudaSuccess &&
            chi::gpu::PreloadKernel(ToCpuKernel) == cudaSuccess;
   });
 }

@@ -17,7 +17,11 @@ class FixedString {
  public:
   static constexpr u32 kCapacity = N - 1;
 
-  constexpr FixedString() = default;
+  /**
+   * Empty. Only the terminator is written: `data_[N] = {}` made nvcc copy N bytes from a
+   * zero-filled global, one byte load and store each, into every task built on a GPU.
+   */
+  CHI_CROSS_FUN constexpr FixedString() { data_[0] = '\0'; }
   /** Copies at most kCapacity characters; Fits() says whether s was whole. */
   FixedString(std::string_view s) { Assign(s.data(), static_cast<u32>(s.size())); }
   FixedString(const char *s) : FixedString(std::string_view(s)) {}
@@ -56,7 +60,7 @@ class FixedString {
  private:
   u32 size_ = 0;
   bool truncated_ = false;
-  char data_[N] = {};
+  char data_[N];  ///< data_[size_] is NUL; the bytes after it are unspecified
 };
 
 }  // namespace chi

@@ -41,6 +41,10 @@
 #endif
 
 #define CHI_INLINE inline __attribute__((always_inline))
+// Keeps a cold path (an error answer, a failure message) out of line, so its code is not
+// laid into, or hoisted onto, the hot path that calls it (GPU threads run one instruction
+// stream: every instruction on the path costs latency).
+#define CHI_NOINLINE __attribute__((noinline))
 
 // Fully unrolls the loop that follows (a pragma cannot come from a template). GPU polling
 // loops need it: with constant indices their arrays stay in registers, so a batch of loads

@@ -24,7 +24,10 @@ class GpuArena {
   CHI_CROSS_FUN static GpuArena FromHeap(GpuHeap *heap, u64 bytes) {
     return heap == nullptr ? GpuArena() : GpuArena(heap->Allocate(bytes), bytes);
   }
-  /** Gives a FromHeap arena's buffer back (to any partition: the block knows its owner). */
+  /**
+   * Gives a FromHeap arena's buffer back through `heap`, any partition of the same region
+   * (the block knows its owner), even in a later kernel than the one that took it.
+   */
   CHI_CROSS_FUN void ReturnTo(GpuHeap *heap) {
     if (heap != nullptr && base_ != nullptr) heap->Free(base_);
     base_ = nullptr;

@@ -4,7 +4,7 @@
 // gpu2cpu. Futures are per thread: each submitting thread owns its slot, its task (in the
 // slot's record, device memory) and its wait. Invariant: every device-side wait is bounded
 // (the queue's max_wait_ns_, or the caller's timeout) and gives up on the host's abort flag.
-// CHIMAERA_GPU_INIT also formats this launch's CHI_GPU_HEAP partitions (gpu_heap.h).
+// CHIMAERA_GPU_INIT also picks the block's CHI_GPU_HEAP partitions (gpu_heap.h); never formats.
 //
 //   __global__ void MyKernel(chi::gpu::GpuInfo info, chi::PoolId pool, chi::u32 *out) {
 //     CHIMAERA_GPU_INIT(info);                      // every thread of the block calls it
@@ -20,7 +20,7 @@
 #include "chi/core/ids.h"         // PoolId, MethodId, TaskId, TaskNode
 #include "chi/core/pool_query.h"  // PoolQuery, RoutingMode
 #include "chi/gpu/device_util.h"  // ClockNs, Backoff, CopyChunks, GlobalThreadId
-#include "chi/gpu/gpu_heap.h"     // GpuHeap, HeapSliceFor: CHI_GPU_HEAP's partitions
+#include "chi/gpu/gpu_heap.h"     // GpuHeap, GpuHeapRegion: CHI_GPU_HEAP's partitions
 #include "chi/gpu/gpu_wire.h"     // EncodeRequest, DecodeAnswer, MarkComplete
 #include "chi/gpu/mailbox.h"      // GpuQueue, ClientRecord
 #include "chi/gpu/queue_set.h"    // GpuInfo
@@ -76,6 +76,26 @@ CHI_CROSS_FUN u32 ClaimSlot(const GpuQueue<S> &q, u32 start) {
 }
 
 /**
+ * Completes a task that was never sent with an error: sets it on the staged task and copies
+ * that into its record. Out of line: inlined, its message copy (96 byte loads and stores)
+ * was hoisted into every submit, since the staged message bytes are otherwise unused.
+ */
+template <typename TaskT>
+CHI_CROSS_FUN CHI_NOINLINE void FailUnsent(TaskT &staged, ErrorCode code, const char *msg,
+                                           ClientRecord &r) {
+  staged.SetError(code, msg);
+  MarkComplete(staged);
+  CopyChunks(r.task_, &staged, sizeof(TaskT));
+}
+
+/** Fails a waiting task (abort): out of line for the reason FailUnsent is. */
+template <typename TaskT>
+CHI_CROSS_FUN CHI_NOINLINE void FailWaiting(TaskT *t, ErrorCode code, const char *msg) {
+  t->SetError(code, msg);
+  MarkComplete(*t);
+}
+
+/**
  * Builds TaskT in a claimed slot of q and posts its request. An error found before sending
  * (unsupported route, a task larger than the copy space) completes the task at once with
  * that error. Returns nullptr only when no slot could be claimed.
@@ -91,7 +111,9 @@ CHI_CROSS_FUN TaskT *StartOn(const GpuQueue<S> *qp, const GpuInfo &info, PoolId 
   static_assert(alignof(TaskT) <= 16, "GPU client tasks are 16-byte aligned at most");
   static_assert(std::is_trivially_copyable_v<TaskT>,
                 "a GPU client task is built on the stack and its bytes copied into its record");
-  const GpuQueue<S> &q = *qp;
+  // By value: its fields are loaded together, before the claim's acquire (which drops the
+  // SM's L1), instead of one L2 round trip each where they are used.
+  const GpuQueue<S> q = *qp;
   const u32 s = ClaimSlot(q, ClaimStart(info, q.num_slots_));
   if (s == kNoSlot) return nullptr;
   ClientRecord &r = q.records_[s];
@@ -100,7 +122,7 @@ CHI_CROSS_FUN TaskT *StartOn(const GpuQueue<S> *qp, const GpuInfo &info, PoolId 
   // read an L2 round trip waiting behind the archive's previous store.
   alignas(16) char local[(sizeof(TaskT) + 15) & ~static_cast<size_t>(15)];
   TaskT &task = *new (local) TaskT(static_cast<Args &&>(args)...);
-  const u32 seq = r.seq_ + 1;
+  const u32 seq = r.seq_ + 1 == 0 ? 1 : r.seq_ + 1;  // never 0: fresh answer words read as 0
   task.pool_id_ = pool;
   task.pool_query_ = query;
   task.method_ = method;
@@ -111,29 +133,31 @@ CHI_CROSS_FUN TaskT *StartOn(const GpuQueue<S> *qp, const GpuInfo &info, PoolId 
   r.scope_ = S;
   r.queue_ = qp;
   r.stage_ = RecordStage::kLocal;
-  alignas(16) char buf[kGpuPayloadBytes];
-  u32 len = 0;
-  if (!routable) {
-    task.SetError(ErrorCode::kUnsupported,
-                  "from a GPU kernel use PoolQuery::Local(), ToLocalGpu(this GPU) or ToLocalCpu()");
-  } else {
-    ErrorCode error = ErrorCode::kOk;
-    len = EncodeRequest(task, seq, buf, q.payload_bytes_, &error);
-    if (len == 0) {
-      task.SetError(error, error == ErrorCode::kTooLarge ? "task is larger than the GPU copy space"
-                                                         : "task inputs cannot be encoded");
-    }
-  }
   TaskT *t = reinterpret_cast<TaskT *>(r.task_);
-  if (len == 0) {
-    MarkComplete(task);  // an error found before sending: complete at once
-    CopyChunks(r.task_, local, sizeof(TaskT));
+  if (!routable) {
+    FailUnsent(task, ErrorCode::kUnsupported,
+               "from a GPU kernel use PoolQuery::Local(), ToLocalGpu(this GPU) or ToLocalCpu()",
+               r);
     return t;
   }
-  CopyChunks(q.Payload(s), buf, len);
+  alignas(16) char buf[kGpuPayloadBytes];
+  ErrorCode error = ErrorCode::kOk;
+  const u32 len = EncodeRequest(task, seq, buf, q.payload_bytes_, &error);
+  if (len == 0) {
+    FailUnsent(task, error,
+               error == ErrorCode::kTooLarge ? "task is larger than the GPU copy space"
+                                             : "task inputs cannot be encoded",
+               r);
+    return t;
+  }
   r.seq_ = seq;  // before the post: a later claimer compares the answer against it
   r.stage_ = RecordStage::kPosted;
-  q.Post(s, seq, len);
+  if (len <= q.InlineRequestCap()) {
+    q.PostInline(s, seq, buf, len);
+  } else {
+    CopyChunks(q.Payload(s), buf, len);
+    q.Post(s, seq, len);
+  }
   // After the post: only this thread reads the record's task until it releases the slot, so
   // its bytes go out while the server works (the post's release fence need not wait on them).
   CopyChunks(r.task_, local, sizeof(TaskT));
@@ -156,34 +180,45 @@ CHI_CROSS_FUN TaskT *StartTask(const GpuInfo &info, PoolId pool, const PoolQuery
                         static_cast<Args &&>(args)...);
 }
 
-/** Reads the answer of t's request (it is in the slot) into t and completes t. */
+/** What a waiting GPU client needs of its record, read once (a register copy). */
+struct WaitTicket {
+  u32 slot;  ///< the slot its request went to
+  u32 seq;   ///< the sequence the answer must carry
+};
+
+/**
+ * One poll of t's answer: when it is there, decodes it into t and completes t. The answer
+ * is staged on this thread's stack (TakeAnswer reads it with the poll when it is small).
+ */
 template <MemScope S, typename TaskT>
-CHI_CROSS_FUN void ReadAnswer(const GpuQueue<S> &q, ClientRecord *r, TaskT *t, u32 len) {
+CHI_CROSS_FUN bool TryReadAnswer(const GpuQueue<S> &q, WaitTicket w, ClientRecord *r,
+                                 TaskT *t) {
   alignas(16) char buf[kGpuPayloadBytes];
-  if (len > q.payload_bytes_) len = q.payload_bytes_;
-  CopyChunks(buf, q.Payload(r->slot_), len);
-  DecodeAnswer(*t, buf, len, r->seq_);
+  u32 len = 0;
+  if (!q.TakeAnswer(w.slot, w.seq, buf, &len)) return false;
+  DecodeAnswer(*t, buf, len, w.seq);
   r->stage_ = RecordStage::kAnswered;
   MarkComplete(*t);
+  return true;
 }
 
-/** Spins on t's answer; false on timeout (t stays pending). On abort t fails with kShutdown. */
+/**
+ * Spins on t's answer; false on timeout (t stays pending). On abort t fails with kShutdown.
+ * The queue descriptor and the ticket are register copies: anything read through memory
+ * inside the loop would cost an L2 round trip ahead of the poll itself.
+ */
 template <MemScope S, typename TaskT>
-CHI_CROSS_FUN bool WaitOn(const GpuQueue<S> &q, ClientRecord *r, TaskT *t, float max_sec) {
+CHI_CROSS_FUN bool WaitOn(const GpuQueue<S> q, ClientRecord *r, TaskT *t, float max_sec) {
+  const WaitTicket w{r->slot_, r->seq_};
   const u64 limit = max_sec > 0 ? static_cast<u64>(max_sec * 1e9f) : q.max_wait_ns_;
   const u64 t0 = ClockNs();
-  u32 len = 0;
   for (u32 n = 0;; ++n) {
-    if (q.Answered(r->slot_, r->seq_, &len)) {
-      ReadAnswer(q, r, t, len);
-      return true;
-    }
+    if (TryReadAnswer(q, w, r, t)) return true;
     Backoff(n < (1u << 20) ? n : (1u << 20), kClientIdleMaxNs);
     if ((n & 255) == 255) {
       // relaxed: the flag only asks us to stop; nothing is read through it.
       if (q.abort_ != nullptr && q.abort_->Load(MemOrder::kRelaxed) != 0) {
-        t->SetError(ErrorCode::kShutdown, "the GPU runtime is stopping");
-        MarkComplete(*t);
+        FailWaiting(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
         return true;
       }
       if (ClockNs() - t0 > limit) return false;
@@ -191,10 +226,20 @@ CHI_CROSS_FUN bool WaitOn(const GpuQueue<S> &q, ClientRecord *r, TaskT *t, float
   }
 }
 
+/**
+ * True when t is complete. Relaxed: a task submitted from a kernel is completed only by
+ * the thread that waits on it (ReadAnswer, FailUnsent, FailWaiting), so program order
+ * suffices, where an acquire load would drop the SM's L1 on every wait.
+ */
+template <typename TaskT>
+CHI_CROSS_FUN bool CompletedHere(const TaskT *t) {
+  return (t->state_.Load(MemOrder::kRelaxed) & task_state::kComplete) != 0;
+}
+
 /** Future<T>::Wait on the device: waits for t's answer (bounded). */
 template <typename TaskT>
 CHI_CROSS_FUN bool WaitTask(TaskT *t, float max_sec) {
-  if (t->IsComplete()) return true;
+  if (CompletedHere(t)) return true;
   ClientRecord *r = RecordOf(t);
   if (r->scope_ == MemScope::kDevice) {
     return WaitOn(*static_cast<const GpuQueue<MemScope::kDevice> *>(r->queue_), r, t, max_sec);
@@ -206,19 +251,13 @@ CHI_CROSS_FUN bool WaitTask(TaskT *t, float max_sec) {
 template <typename TaskT>
 CHI_CROSS_FUN bool PollTask(const TaskT *task) {
   TaskT *t = const_cast<TaskT *>(task);
-  if (t->IsComplete()) return true;
+  if (CompletedHere(t)) return true;
   ClientRecord *r = RecordOf(t);
-  u32 len = 0;
+  const WaitTicket w{r->slot_, r->seq_};
   if (r->scope_ == MemScope::kDevice) {
-    const auto &q = *static_cast<const GpuQueue<MemScope::kDevice> *>(r->queue_);
-    if (!q.Answered(r->slot_, r->seq_, &len)) return false;
-    ReadAnswer(q, r, t, len);
-  } else {
-    const auto &q = *static_cast<const GpuQueue<MemScope::kSystem> *>(r->queue_);
-    if (!q.Answered(r->slot_, r->seq_, &len)) return false;
-    ReadAnswer(q, r, t, len);
+    return TryReadAnswer(*static_cast<const GpuQueue<MemScope::kDevice> *>(r->queue_), w, r, t);
   }
-  return true;
+  return TryReadAnswer(*static_cast<const GpuQueue<MemScope::kSystem> *>(r->queue_), w, r, t);
 }
 
 /** Future<T>'s release on the device: destroys t and gives its slot back. */
@@ -240,7 +279,10 @@ namespace detail {
 /** This block's copy of its GpuInfo (set by CHIMAERA_GPU_INIT; raw words: no constructor). */
 static __shared__ u64 g_block_info[(sizeof(GpuInfo) + 7) / 8];
 
-/** Zero bytes: the GpuHeap CHI_GPU_HEAP gives a thread without a partition (all nullptr). */
+/** This block's first CHI_GPU_HEAP ticket: thread t uses partition (ticket + t) mod count. */
+static __shared__ u32 g_heap_ticket;
+
+/** Zero bytes: the GpuHeap CHI_GPU_HEAP gives a thread without a heap (all nullptr). */
 static __device__ u64 g_no_heap[(sizeof(GpuHeap) + 7) / 8];
 }  // namespace detail
 
@@ -249,18 +291,11 @@ static CHI_GPU_FUN inline const GpuInfo &BlockInfo() {
   return *reinterpret_cast<const GpuInfo *>(detail::g_block_info);
 }
 
-/** The calling thread's partition of `info`'s heap region (see HeapSliceFor). */
-static CHI_GPU_FUN inline GpuHeapSlice ThreadHeapSlice(const GpuInfo &info) {
-  const u32 block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const u32 blocks = gridDim.x * gridDim.y * gridDim.z;
-  const u32 thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  const u32 threads = blockDim.x * blockDim.y * blockDim.z;
-  return HeapSliceFor(info.heap_, info.heap_bytes_, block, blocks, thread, threads);
-}
-
 /**
- * Stores `info` for the block (thread 0 writes) and formats this launch's heap partitions
- * (each group's first thread), then a barrier: every thread of the block must call it.
+ * Stores `info` for the block and takes one CHI_GPU_HEAP ticket per thread of the block
+ * from its heap region (thread 0 does both; a region that is not formatted is dropped from
+ * the block's copy: no heap), then a barrier: every thread of the block must call it.
+ * Formats nothing: blocks of earlier and concurrent launches keep their memory.
  * num_blocks != 0 spreads the blocks' first slots evenly over the queues.
  */
 static CHI_GPU_FUN inline void InitBlock(const GpuInfo &info, u32 num_blocks) {
@@ -268,17 +303,19 @@ static CHI_GPU_FUN inline void InitBlock(const GpuInfo &info, u32 num_blocks) {
     GpuInfo *mine = reinterpret_cast<GpuInfo *>(detail::g_block_info);
     *mine = info;
     mine->num_blocks_ = num_blocks;
+    GpuHeapRegion *heap = GpuHeapRegion::Open(info.heap_, info.heap_bytes_);
+    if (heap == nullptr) mine->heap_ = nullptr;
+    detail::g_heap_ticket = heap ? heap->TakeTickets(blockDim.x * blockDim.y * blockDim.z) : 0;
   }
-  const GpuHeapSlice slice = ThreadHeapSlice(info);
-  if (slice.leader) GpuHeap::Format(slice.base, slice.bytes);
-  __syncthreads();  // the block's info and partitions are written before any thread uses them
+  __syncthreads();  // the block's info and ticket are written before any thread uses them
 }
 
 /** CHI_GPU_HEAP: the calling thread's heap partition (an empty one when there is no heap). */
 static CHI_GPU_FUN inline GpuHeap *ThreadHeap() {
-  const GpuHeapSlice slice = ThreadHeapSlice(BlockInfo());
-  if (slice.base == nullptr) return reinterpret_cast<GpuHeap *>(detail::g_no_heap);
-  return reinterpret_cast<GpuHeap *>(slice.base);
+  char *const region = BlockInfo().heap_;  // checked by InitBlock: formatted, or nullptr
+  if (region == nullptr) return reinterpret_cast<GpuHeap *>(detail::g_no_heap);
+  const u32 thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  return reinterpret_cast<GpuHeapRegion *>(region)->PartitionFor(detail::g_heap_ticket + thread);
 }
 
 /** Submits from a kernel, as a module client's AsyncX does there (empty future: no slot). */

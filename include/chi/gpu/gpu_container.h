@@ -21,6 +21,7 @@
 #include "chi/core/ids.h"           // PoolId, MethodId
 #include "chi/core/macros.h"        // CHI_GPU_FUN, CHI_CROSS_FUN
 #include "chi/gpu/gpu_wire.h"       // EncodeAnswer, EncodeErrorAnswer
+#include "chi/gpu/mailbox.h"        // kGpuPayloadBytes: the buffer a request is served in
 #include "chi/serialize/archive.h"  // InputArchive
 #include "chi/task/task.h"          // Task
 
@@ -47,7 +48,8 @@ struct GpuMethod {
  * handler and encodes the answer into `buf`, which held the request. Returns its length.
  */
 template <typename MethodT, typename Runtime>
-CHI_GPU_FUN u32 RunGpuMethod(Runtime &rt, const Task &base, InputArchive &in, u64 id, char *buf,
+CHI_GPU_FUN u32 RunGpuMethod(Runtime &rt, const Task &base, InputArchive &in, u64 id,
+                             char (&buf)[kGpuPayloadBytes],
                              u32 cap, GpuRunContext &rctx) {
   typename MethodT::TaskType task;
   task.CopyBase(base);
@@ -70,7 +72,8 @@ struct GpuMethodList {
   /** Runs `method`; *found is false (and nothing is written) when it has no handler. */
   template <typename Runtime>
   CHI_GPU_FUN static u32 Run(Runtime &rt, MethodId method, const Task &base, InputArchive &in,
-                             u64 id, char *buf, u32 cap, GpuRunContext &rctx, bool *found) {
+                             u64 id, char (&buf)[kGpuPayloadBytes], u32 cap,
+                             GpuRunContext &rctx, bool *found) {
     u32 len = 0;
     *found = ((method == Methods::kMethodId
                    ? (len = RunGpuMethod<Methods>(rt, base, in, id, buf, cap, rctx), true)
@@ -112,7 +115,8 @@ struct GpuModuleList {
 
   /** Runs `method` on module `index`'s container `state`; returns the answer's length. */
   CHI_GPU_FUN static u32 Run(u32 index, void *state, MethodId method, const Task &base,
-                             InputArchive &in, u64 id, char *buf, u32 cap, GpuRunContext &rctx) {
+                             InputArchive &in, u64 id, char (&buf)[kGpuPayloadBytes], u32 cap,
+                             GpuRunContext &rctx) {
     u32 len = 0;
     bool found = false;
     u32 i = 0;

@@ -1,9 +1,13 @@
 // GpuHeap: the lock-free allocator with free behind CHI_GPU_HEAP, over device memory from
-// the runtime (GetClientGpuInfo) or the user (GpuInfo::heap_). CHIMAERA_GPU_INIT cuts the
-// region into partitions (HeapSliceFor: per thread, or per group of threads when small);
-// each has power-of-two size classes, free lists with tagged (ABA-safe) heads and a bump cursor.
+// the runtime (GetClientGpuInfo) or the user (GpuInfo::heap_). A region is formatted ONCE,
+// when it is made (GpuHeapRegion::Format; FormatGpuHeap on the host), into a fixed number of
+// partitions, whatever geometry the kernels using it later have. CHIMAERA_GPU_INIT formats
+// nothing: each block takes a run of tickets from the region and thread t of the block uses
+// partition (first ticket + t) mod count. A partition has power-of-two size classes, free
+// lists with tagged (ABA-safe) heads and a bump cursor, all lock-free, so threads of any
+// launches (running at once or one after another) may share one.
 // Invariant: no thread ever waits on another; an exhausted partition returns nullptr; a block
-// is always freed into the partition it came from.
+// is always freed into the partition it came from; nothing re-formats a region in use.
 #pragma once
 
 #include "chi/core/atomic.h"  // Atomic, MemScope, MemOrder
@@ -16,44 +20,53 @@ namespace chi::gpu {
 inline constexpr u64 kGpuHeapAlign = 16;
 /** Size classes: block sizes 32 B << c (header included), c < kGpuHeapClasses (32 B .. 1 GiB). */
 inline constexpr u32 kGpuHeapClasses = 26;
-/** The smallest partition HeapSliceFor gives one thread before it groups threads together. */
+/** A region's partition size when the formatter names no count (64 MiB: 2048 partitions). */
+inline constexpr u64 kGpuHeapPartitionBytes = 32 << 10;
+/** The smallest partition Format makes while it can make fewer, larger ones instead. */
 inline constexpr u64 kGpuHeapMinPartitionBytes = 4096;
+/** Most partitions one region has. */
+inline constexpr u32 kGpuHeapMaxPartitions = 1u << 20;
+/** Largest region: offsets are 32-bit counts of 16-byte units. */
+inline constexpr u64 kGpuHeapMaxRegionBytes = (1ull << 36) - 64;
 
 /**
  * What precedes every block handed out (16 bytes). `next_` is written only by whoever pushes
  * the block onto a free list; a popper may read a stale value, which its tagged CAS rejects.
+ * Blocks are never split or merged, so these 16 bytes stay a block header for good.
  */
 struct alignas(16) GpuHeapBlock {
   static constexpr u32 kLive = 0x4c480000u;  ///< "HL": handed out; low byte is the class
   static constexpr u32 kFree = 0x46480000u;  ///< "HF": on a free list; low byte is the class
   Atomic<u32, MemScope::kDevice> state_;     ///< kLive | class, or kFree | class
-  u32 owner_units_;                          ///< (this - owning partition) / 16
-  Atomic<u64, MemScope::kDevice> next_;      ///< free list: next block's offset units, 0 = end
+  u32 owner_;                                ///< index of the owning partition in its region
+  Atomic<u64, MemScope::kDevice> next_;      ///< free list: next block's unit, 0 = end
 };
 static_assert(sizeof(GpuHeapBlock) == kGpuHeapAlign, "the user's bytes start 16 bytes in");
 
 /**
- * One partition: its header sits at the partition's start, blocks follow. Offsets are in
- * 16-byte units from the header (so a partition is at most 64 GiB); a free-list head is
- * tag << 32 | offset, the tag bumped by every push and pop, so a CAS based on a stale head
- * fails even when the same block is back on top (ABA) unless 2^32 operations came between.
+ * One partition's header. Positions are in 16-byte units from the region's start (unit 0 is
+ * never a block, so 0 ends a list); a free-list head is tag << 32 | unit, the tag bumped by
+ * every push and pop, so a CAS based on a stale head fails even when the same block is back
+ * on top (ABA) unless 2^32 operations came between. The headers of a region's partitions sit
+ * together at its start, their blocks after them; a stand-alone GpuHeap (Format) is a region
+ * of one partition whose blocks follow its header. An all-zero header is a valid empty heap.
  */
 class alignas(64) GpuHeap {
  public:
+  static constexpr u32 kMagic = 0x50484347u;  ///< "GCHP": a formatted partition header
+
   /**
-   * Lays a partition over `bytes` bytes at `base` (64-byte aligned) and returns it; nullptr
-   * when base is null or too small for the header. Whatever the region held is forgotten.
+   * Lays a one-partition heap over `bytes` bytes at `base` (64-byte aligned) and returns it;
+   * nullptr when base is null or too small for the header. Whatever the region held is
+   * forgotten. Regions for CHI_GPU_HEAP are cut by GpuHeapRegion::Format instead.
    */
   CHI_CROSS_FUN static GpuHeap *Format(void *base, u64 bytes) {
     if (base == nullptr || bytes < sizeof(GpuHeap)) return nullptr;
-    if (bytes > (1ull << 36)) bytes = 1ull << 36;  // offsets are 32-bit in 16-byte units
+    if (bytes > kGpuHeapMaxRegionBytes) bytes = kGpuHeapMaxRegionBytes;
     auto *h = static_cast<GpuHeap *>(base);
-    h->bytes_ = bytes & ~(kGpuHeapAlign - 1);
-    // relaxed: the formatting thread publishes the partition with a barrier (__syncthreads)
-    // or a thread start, which orders these stores before any other thread's use.
-    h->cursor_.Store(sizeof(GpuHeap), MemOrder::kRelaxed);
-    h->in_use_.Store(0, MemOrder::kRelaxed);
-    for (u32 c = 0; c < kGpuHeapClasses; ++c) h->heads_[c].Store(0, MemOrder::kRelaxed);
+    const u32 first = sizeof(GpuHeap) / 16;
+    const u32 end = static_cast<u32>(bytes / 16);
+    h->Init(0, first, end, 0, 1, first, end);
     return h;
   }
 
@@ -63,7 +76,7 @@ class alignas(64) GpuHeap {
    * thread's operation on the same list or cursor succeeded.
    */
   CHI_CROSS_FUN void *Allocate(u64 bytes) {
-    if (bytes == 0 || bytes_ == 0) return nullptr;
+    if (bytes == 0 || bytes > BlockBytes(kGpuHeapClasses - 1) || magic_ != kMagic) return nullptr;
     const u32 c = ClassOf(bytes + sizeof(GpuHeapBlock));
     if (c >= kGpuHeapClasses) return nullptr;
     GpuHeapBlock *b = Pop(c);
@@ -78,32 +91,44 @@ class alignas(64) GpuHeap {
 
   /**
    * Gives a block back to the partition it came from (whichever thread calls it, through
-   * any partition). False, doing nothing, for nullptr, a pointer that is not a live block
-   * of a GpuHeap, or a second free of the same block.
+   * any partition of the same region). False, doing nothing, for nullptr, a pointer outside
+   * the region's blocks (never read), one that is not a live block its owner carved, or a
+   * second free of the same block.
    */
   CHI_CROSS_FUN bool Free(void *p) {
-    if (p == nullptr || (reinterpret_cast<u64>(p) & (kGpuHeapAlign - 1)) != 0) return false;
-    GpuHeapBlock *b = static_cast<GpuHeapBlock *>(p) - 1;
-    u32 s = b->state_.Load(MemOrder::kRelaxed);
-    if ((s & 0xffff0000u) != GpuHeapBlock::kLive || (s & 0xff) >= kGpuHeapClasses) return false;
-    // relaxed: only one of two racing frees may win; the push below publishes the block.
-    if (!b->state_.CompareExchange(s, GpuHeapBlock::kFree | (s & 0xff), MemOrder::kRelaxed)) {
+    if (magic_ != kMagic) return false;
+    const u64 base = reinterpret_cast<u64>(Base());
+    const u64 at = reinterpret_cast<u64>(p);
+    if ((at & (kGpuHeapAlign - 1)) != 0 || at < base + (static_cast<u64>(span_begin_) + 1) * 16 ||
+        at >= base + static_cast<u64>(span_end_) * 16) {
       return false;
     }
-    GpuHeap *owner = reinterpret_cast<GpuHeap *>(reinterpret_cast<char *>(b) -
-                                                 static_cast<u64>(b->owner_units_) * 16);
-    owner->in_use_.FetchSub(BlockBytes(s & 0xff), MemOrder::kRelaxed);  // relaxed: a statistic
-    owner->Push(s & 0xff, b);
+    const u32 unit = static_cast<u32>((at - base) / 16 - 1);
+    GpuHeapBlock *b = At(unit);
+    u32 s = b->state_.Load(MemOrder::kRelaxed);
+    const u32 c = s & 0xff;
+    if ((s & 0xffffff00u) != GpuHeapBlock::kLive || c >= kGpuHeapClasses) return false;
+    if (b->owner_ >= count_) return false;
+    GpuHeap *owner = Peer(b->owner_);
+    // relaxed: the cursor only grows, and it passed the block before the block was handed out.
+    if (unit < owner->begin_ ||
+        unit + BlockBytes(c) / 16 > owner->cursor_.Load(MemOrder::kRelaxed)) {
+      return false;
+    }
+    // relaxed: only one of two racing frees may win; the push below publishes the block.
+    if (!b->state_.CompareExchange(s, GpuHeapBlock::kFree | c, MemOrder::kRelaxed)) return false;
+    owner->in_use_.FetchSub(BlockBytes(c), MemOrder::kRelaxed);  // relaxed: a statistic
+    owner->Push(c, b);
     return true;
   }
 
   /** Bytes of the blocks handed out and not yet freed (headers and rounding included). */
   CHI_CROSS_FUN u64 BytesInUse() const { return in_use_.Load(MemOrder::kRelaxed); }
-  /** The partition's size, its header included. */
-  CHI_CROSS_FUN u64 Capacity() const { return bytes_; }
+  /** Bytes the partition's blocks may take (its header, apart, not included). */
+  CHI_CROSS_FUN u64 Capacity() const { return static_cast<u64>(end_ - begin_) * 16; }
   /** The most a single Allocate can return here (0 when the partition is empty). */
   CHI_CROSS_FUN u64 MaxAllocation() const {
-    u64 room = bytes_ > sizeof(GpuHeap) ? bytes_ - sizeof(GpuHeap) : 0;
+    const u64 room = Capacity();
     u64 block = BlockBytes(0);
     while (block * 2 <= room && block < BlockBytes(kGpuHeapClasses - 1)) block *= 2;
     return block <= room ? block - sizeof(GpuHeapBlock) : 0;
@@ -119,15 +144,43 @@ class alignas(64) GpuHeap {
   CHI_CROSS_FUN static u64 BlockBytes(u32 c) { return 32ull << c; }
 
  private:
-  /** The block `units` 16-byte units from the header. */
-  CHI_CROSS_FUN GpuHeapBlock *At(u32 units) {
-    return reinterpret_cast<GpuHeapBlock *>(reinterpret_cast<char *>(this) +
-                                            static_cast<u64>(units) * 16);
+  friend class GpuHeapRegion;
+
+  /**
+   * Makes this header the partition at unit `self` of its region: blocks in [first, end),
+   * the region's `count` headers from unit `peers`, all partitions' blocks in
+   * [span_begin, span_end). Relaxed stores: the formatter publishes the region (a copy
+   * before any launch, a kernel boundary, a thread start) before anyone uses it.
+   */
+  CHI_CROSS_FUN void Init(u32 self, u32 first, u32 end, u32 peers, u32 count, u32 span_begin,
+                          u32 span_end) {
+    self_ = self;
+    begin_ = first;
+    end_ = end;
+    peers_ = peers;
+    count_ = count;
+    span_begin_ = span_begin;
+    span_end_ = span_end;
+    cursor_.Store(first, MemOrder::kRelaxed);
+    in_use_.Store(0, MemOrder::kRelaxed);
+    for (u32 c = 0; c < kGpuHeapClasses; ++c) heads_[c].Store(0, MemOrder::kRelaxed);
+    magic_ = kMagic;
   }
-  CHI_CROSS_FUN u32 UnitsOf(const GpuHeapBlock *b) const {
-    return static_cast<u32>((reinterpret_cast<const char *>(b) -
-                             reinterpret_cast<const char *>(this)) / 16);
+
+  /** The region's first byte. */
+  CHI_CROSS_FUN char *Base() {
+    return reinterpret_cast<char *>(this) - static_cast<u64>(self_) * 16;
   }
+  /** The block at `unit`. */
+  CHI_CROSS_FUN GpuHeapBlock *At(u32 unit) {
+    return reinterpret_cast<GpuHeapBlock *>(Base() + static_cast<u64>(unit) * 16);
+  }
+  /** Partition `index` of the region (index < count_). */
+  CHI_CROSS_FUN GpuHeap *Peer(u32 index) {
+    return reinterpret_cast<GpuHeap *>(Base() + static_cast<u64>(peers_) * 16) + index;
+  }
+  /** This partition's index in its region. */
+  CHI_CROSS_FUN u32 Index() const { return (self_ - peers_) / (sizeof(GpuHeap) / 16); }
 
   /** Takes the top block of class c's free list, or nullptr when it is empty. */
   CHI_CROSS_FUN GpuHeapBlock *Pop(u32 c) {
@@ -148,11 +201,11 @@ class alignas(64) GpuHeap {
 
   /** Puts block b (class c) on top of class c's free list. */
   CHI_CROSS_FUN void Push(u32 c, GpuHeapBlock *b) {
-    const u32 units = UnitsOf(b);
+    const u32 unit = static_cast<u32>((reinterpret_cast<char *>(b) - Base()) / 16);
     u64 h = heads_[c].Load(MemOrder::kRelaxed);  // relaxed: the CAS below orders the push
     for (;;) {
       b->next_.Store(static_cast<u32>(h), MemOrder::kRelaxed);  // published by the CAS
-      const u64 want = ((h >> 32) + 1) << 32 | units;
+      const u64 want = ((h >> 32) + 1) << 32 | unit;
       // release: the block's link, state and the freer's last writes to it happen before
       // the next popper (acquire) touches it.
       if (heads_[c].CompareExchange(h, want, MemOrder::kRelease)) return;
@@ -161,62 +214,143 @@ class alignas(64) GpuHeap {
 
   /** A never-used block of class c from the bump cursor, or nullptr when it does not fit. */
   CHI_CROSS_FUN GpuHeapBlock *Carve(u32 c) {
-    const u64 size = BlockBytes(c);
+    const u64 units = BlockBytes(c) / 16;
     // relaxed: the cursor only hands out disjoint ranges; nothing is published through it.
     u64 at = cursor_.Load(MemOrder::kRelaxed);
     for (;;) {
-      if (at + size > bytes_) return nullptr;
-      if (cursor_.CompareExchange(at, at + size, MemOrder::kRelaxed)) break;
+      if (at + units > end_) return nullptr;
+      if (cursor_.CompareExchange(at, at + units, MemOrder::kRelaxed)) break;
     }
-    auto *b = reinterpret_cast<GpuHeapBlock *>(reinterpret_cast<char *>(this) + at);
-    b->owner_units_ = static_cast<u32>(at / 16);
+    GpuHeapBlock *b = At(static_cast<u32>(at));
+    b->owner_ = Index();
     b->next_.Store(0, MemOrder::kRelaxed);
     b->state_.Store(GpuHeapBlock::kFree | c, MemOrder::kRelaxed);  // Allocate marks it live
     return b;
   }
 
-  u64 bytes_;                                              ///< partition size
-  Atomic<u64, MemScope::kDevice> cursor_;                  ///< first never-used byte
+  u32 magic_;       ///< kMagic once formatted (zero: an empty heap)
+  u32 self_;        ///< this header's unit
+  u32 begin_;       ///< first unit of this partition's blocks
+  u32 end_;         ///< one past its last unit
+  u32 peers_;       ///< unit of the region's first partition header
+  u32 count_;       ///< partitions in the region
+  u32 span_begin_;  ///< first unit of any partition's blocks (what Free accepts) ...
+  u32 span_end_;    ///< ... and one past the last
+  Atomic<u64, MemScope::kDevice> cursor_;                  ///< first never-used unit
   Atomic<u64, MemScope::kDevice> in_use_;                  ///< live block bytes
-  Atomic<u64, MemScope::kDevice> heads_[kGpuHeapClasses];  ///< tag << 32 | offset units
+  Atomic<u64, MemScope::kDevice> heads_[kGpuHeapClasses];  ///< tag << 32 | unit
 };
-
-/** One thread's share of a heap region (see HeapSliceFor). */
-struct GpuHeapSlice {
-  char *base = nullptr;  ///< the partition's start (nullptr: this thread has no heap)
-  u64 bytes = 0;         ///< its size
-  bool leader = false;   ///< this thread formats it (the first thread of its group)
-};
+static_assert(sizeof(GpuHeap) == 256, "a partition header is 16 units of 16 bytes");
 
 /**
- * Where thread `thread` of block `block` (of `blocks` blocks of `threads` threads) finds its
- * partition of the region [region, region + bytes): each block gets an equal share, cut
- * into per-thread partitions when each is at least kGpuHeapMinPartitionBytes, else into
- * partitions shared by groups of 2, 4, ... threads, down to one per block. Pure arithmetic:
- * every thread (and CHI_GPU_HEAP on every call) computes the same answer.
+ * A CHI_GPU_HEAP region: this header (128 bytes), then its partitions' headers, then their
+ * blocks, equal shares of the rest. Format writes only the first HeaderBytes(count) bytes,
+ * so a host can format device memory by copying an image of them (FormatGpuHeap). The
+ * ticket counter sits on its own line: blocks bump it while kernels read the layout words.
  */
-CHI_CROSS_FUN inline GpuHeapSlice HeapSliceFor(char *region, u64 bytes, u32 block, u32 blocks,
-                                               u32 thread, u32 threads) {
-  GpuHeapSlice s;
-  if (region == nullptr || blocks == 0 || threads == 0 || block >= blocks || thread >= threads) {
-    return s;
+class alignas(64) GpuHeapRegion {
+ public:
+  static constexpr u64 kMagic = 0x4e47524145484347ull;  ///< "CGHEARGN"
+
+  /**
+   * The partition count Format uses for a region of `bytes` when asked for `wanted` (0:
+   * one per kGpuHeapPartitionBytes): a power of two, lowered until each partition has
+   * kGpuHeapMinPartitionBytes (or is the only one). 0 when not even one partition fits.
+   */
+  CHI_CROSS_FUN static u32 PartitionsFor(u64 bytes, u32 wanted) {
+    if (bytes > kGpuHeapMaxRegionBytes) bytes = kGpuHeapMaxRegionBytes;
+    u64 n = wanted != 0 ? wanted : bytes / kGpuHeapPartitionBytes;
+    if (n > kGpuHeapMaxPartitions) n = kGpuHeapMaxPartitions;
+    u32 p = 1;
+    while (static_cast<u64>(p) * 2 <= n) p *= 2;
+    while (p > 1 && PartitionBytes(bytes, p) < kGpuHeapMinPartitionBytes) p /= 2;
+    return PartitionBytes(bytes, p) >= GpuHeap::BlockBytes(0) ? p : 0;
   }
-  const u64 per_block = (bytes / blocks) & ~63ull;
-  if (per_block < sizeof(GpuHeap)) return s;
-  u32 group = 1;
-  while (group < threads &&
-         ((per_block / ((threads + group - 1) / group)) & ~63ull) < kGpuHeapMinPartitionBytes) {
-    group *= 2;
+
+  /** Bytes Format writes for `partitions` partitions: this header and theirs. */
+  CHI_CROSS_FUN static u64 HeaderBytes(u32 partitions) {
+    return sizeof(GpuHeapRegion) + static_cast<u64>(partitions) * sizeof(GpuHeap);
   }
-  if (group > threads) group = threads;
-  const u32 parts = (threads + group - 1) / group;
-  const u64 part_bytes = (per_block / parts) & ~63ull;
-  if (part_bytes < sizeof(GpuHeap)) return s;
-  s.base = region + static_cast<u64>(block) * per_block +
-           static_cast<u64>(thread / group) * part_bytes;
-  s.bytes = part_bytes;
-  s.leader = thread % group == 0;
-  return s;
-}
+
+  /**
+   * Cuts `bytes` bytes at `base` (64-byte aligned) into PartitionsFor(bytes, partitions)
+   * formatted partitions and returns the region; nullptr when base is null or too small.
+   * Call it once, before any kernel gets the region (host memory, or one GPU thread before
+   * the kernels that use it): it forgets every block handed out before.
+   */
+  CHI_CROSS_FUN static GpuHeapRegion *Format(void *base, u64 bytes, u32 partitions = 0) {
+    const u32 n = PartitionsFor(bytes, partitions);
+    if (base == nullptr || n == 0) return nullptr;
+    if (bytes > kGpuHeapMaxRegionBytes) bytes = kGpuHeapMaxRegionBytes;
+    auto *r = static_cast<GpuHeapRegion *>(base);
+    const u32 part = static_cast<u32>(PartitionBytes(bytes, n) / 16);
+    const u32 peers = sizeof(GpuHeapRegion) / 16;
+    const u32 first = static_cast<u32>(HeaderBytes(n) / 16);
+    const u32 span_end = first + n * part;
+    for (u32 i = 0; i < n; ++i) {
+      r->Partition(i)->Init(peers + i * (sizeof(GpuHeap) / 16), first + i * part,
+                            first + (i + 1) * part, peers, n, first, span_end);
+    }
+    r->bytes_ = bytes;
+    r->partitions_ = n;
+    r->mask_ = n - 1;
+    r->next_ticket_.Store(0, MemOrder::kRelaxed);  // relaxed: published with the region
+    r->magic_ = kMagic;
+    return r;
+  }
+
+  /**
+   * The region formatted at `base`, when it fits in `bytes` (a GpuInfo's heap_ and
+   * heap_bytes_); nullptr when base is null or holds no formatted region.
+   */
+  CHI_CROSS_FUN static GpuHeapRegion *Open(void *base, u64 bytes) {
+    auto *r = static_cast<GpuHeapRegion *>(base);
+    if (r == nullptr || r->magic_ != kMagic || r->bytes_ > bytes || r->partitions_ == 0 ||
+        (r->partitions_ & r->mask_) != 0 || r->mask_ != r->partitions_ - 1) {
+      return nullptr;
+    }
+    return r;
+  }
+
+  /**
+   * Reserves `n` consecutive tickets (one per thread of a block) and returns the first.
+   * Launches running at once get different tickets, so different partitions while fewer
+   * than Partitions() threads hold tickets together.
+   */
+  CHI_CROSS_FUN u32 TakeTickets(u32 n) {
+    // relaxed: a ticket only spreads threads over partitions; nothing is published by it.
+    return next_ticket_.FetchAdd(n, MemOrder::kRelaxed);
+  }
+  /** The partition of `ticket` (wraps around: the count is a power of two). */
+  CHI_CROSS_FUN GpuHeap *PartitionFor(u32 ticket) { return Partition(ticket & mask_); }
+  /** Partition i (i < Partitions()). */
+  CHI_CROSS_FUN GpuHeap *Partition(u32 i) { return reinterpret_cast<GpuHeap *>(this + 1) + i; }
+  /** How many partitions the region has. */
+  CHI_CROSS_FUN u32 Partitions() const { return partitions_; }
+  /** The region's size as formatted. */
+  CHI_CROSS_FUN u64 Bytes() const { return bytes_; }
+  /** Every partition's BytesInUse, summed (a snapshot while others allocate). */
+  CHI_CROSS_FUN u64 BytesInUse() {
+    u64 sum = 0;
+    for (u32 i = 0; i < partitions_; ++i) sum += Partition(i)->BytesInUse();
+    return sum;
+  }
+
+ private:
+  /** Bytes of each of n partitions' blocks in a region of `bytes` (a multiple of 64). */
+  CHI_CROSS_FUN static u64 PartitionBytes(u64 bytes, u32 n) {
+    const u64 head = HeaderBytes(n);
+    return bytes > head ? ((bytes - head) / n) & ~63ull : 0;
+  }
+
+  u64 magic_;        ///< kMagic once formatted
+  u64 bytes_;        ///< the size it was formatted for
+  u32 partitions_;   ///< a power of two
+  u32 mask_;         ///< partitions_ - 1
+  u64 reserved_[5];
+  Atomic<u32, MemScope::kDevice> next_ticket_;  ///< the next block's first ticket
+  u32 pad_[15];
+};
+static_assert(sizeof(GpuHeapRegion) == 128, "partition headers start 128 bytes in");
 
 }  // namespace chi::gpu

@@ -59,7 +59,8 @@ struct ServerState {
  * Every failure becomes an error answer. Returns the answer's length.
  */
 template <typename ModuleList>
-CHI_GPU_FUN u32 HandleRequest(char *buf, u32 len, u32 cap, ServerState &st) {
+CHI_GPU_FUN u32 HandleRequest(char (&buf)[kGpuPayloadBytes], u32 len, u32 cap,
+                              ServerState &st) {
   const u64 id = GetRequestId(buf);
   InputArchive in(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
   Task base;
@@ -95,8 +96,7 @@ CHI_GPU_FUN void ServeSlot(const GpuQueue<S> &q, u32 s, u64 word, ServerState &s
     CopyChunks(buf, q.Payload(s), len);
     out = HandleRequest<ModuleList>(buf, len, q.payload_bytes_, st);
   }
-  CopyChunks(q.Payload(s), buf, out);
-  q.Answer(s, seq, out);
+  q.PutAnswer(s, seq, buf, out);
 }
 
 /**

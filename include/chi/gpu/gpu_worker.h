@@ -201,12 +201,13 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     l.sent[s] = seq;
     l.cpu2gpu.Post(s, seq, len);
     const u64 deadline = NowNs() + timeout_ns;
+    alignas(16) char buf[kGpuPayloadBytes];
     u32 out = 0;
-    while (!l.cpu2gpu.Answered(s, seq, &out)) {
+    while (!l.cpu2gpu.TakeAnswer(s, seq, buf, &out)) {
       if (NowNs() > deadline) return Status::Error(ErrorCode::kTimeout, "no answer from the GPU");
       CpuRelax();
     }
-    answer->assign(l.cpu2gpu.Payload(s), l.cpu2gpu.Payload(s) + out);
+    answer->assign(buf, buf + out);
     FreeHostSlot(l, s);
     return Status::Ok();
   }
@@ -415,12 +416,13 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     if (l.cpu2gpu_inflight.Load(MemOrder::kAcquire) == 0) return false;
     bool did = false;
     const u32 used = l.used_slots.Load(MemOrder::kAcquire);  // covers every pending slot
+    alignas(16) char buf[kGpuPayloadBytes];
     for (u32 s = 0; s < used; ++s) {
       const u64 p = l.pending[s].Load(MemOrder::kAcquire);  // pairs with SendTo's release
       u32 len = 0;
-      if (p == 0 || !l.cpu2gpu.Answered(s, l.sent[s], &len)) continue;
+      if (p == 0 || !l.cpu2gpu.TakeAnswer(s, l.sent[s], buf, &len)) continue;
       Task *t = reinterpret_cast<Task *>(p);
-      chi::DecodeAnswer(t, l.cpu2gpu.Payload(s), len);
+      chi::DecodeAnswer(t, buf, len);
       l.pending[s].Store(0, MemOrder::kRelaxed);  // only this thread reads it from now on
       FreeHostSlot(l, s);
       l.cpu2gpu_inflight.FetchSub(1, MemOrder::kRelease);
@@ -438,15 +440,16 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
       const u64 w = q.PeekRequest(s);
       const u32 seq = static_cast<u32>(w);
       if (seq == q.served_[s]) continue;
-      FenceAcquire<MemScope::kSystem>();  // the payload was written before the request word
+      alignas(16) char buf[kGpuPayloadBytes];
+      u32 len = 0;
+      const char *p = q.TakeRequest(s, w, buf, &len);
+      if (p == nullptr) continue;  // posted inline and still arriving: the next sweep takes it
       q.served_[s] = seq;
       did = true;
-      const u32 len = static_cast<u32>(w >> 32);
-      char *p = q.Payload(s);
       if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
-        q.Answer(s, seq,
-                 EncodeErrorAnswer(seq, ErrorCode::kMalformed, "GPU request length is out of range",
-                                   p, q.payload_bytes_));
+        q.PutAnswer(s, seq, buf,
+                    EncodeErrorAnswer(seq, ErrorCode::kMalformed,
+                                      "GPU request length is out of range", buf, q.payload_bytes_));
         continue;
       }
       l.gpu2cpu_inflight.FetchAdd(1, MemOrder::kRelaxed);  // before: the task may finish at once
@@ -456,8 +459,8 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
         const u32 n = static_cast<u32>(error_answer_.size()) < q.payload_bytes_
                           ? static_cast<u32>(error_answer_.size())
                           : q.payload_bytes_;
-        std::memcpy(p, error_answer_.data(), n);
-        q.Answer(s, seq, n);
+        std::memcpy(buf, error_answer_.data(), n);
+        q.PutAnswer(s, seq, buf, n);
       }
     }
     return did;
@@ -469,18 +472,18 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     GpuLink &l = index >= kUserLinkBase ? user_.Link(index - kUserLinkBase) : *links_[index];
     const u32 s = static_cast<u32>(t->transport_cookie_);
     const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
-    char *p = q.Payload(s);
+    alignas(16) char buf[kGpuPayloadBytes];  // staged: PutAnswer picks inline or payload
     const u64 id = t->request_id_;
-    PutRequestId(p, id);
-    OutputArchive ar(p + kGpuEnvelopeBytes, q.payload_bytes_ - kGpuEnvelopeBytes);
+    PutRequestId(buf, id);
+    OutputArchive ar(buf + kGpuEnvelopeBytes, q.payload_bytes_ - kGpuEnvelopeBytes);
     t->ops_->save_out(*t, ar);
     const u32 len = ar.ok() ? kGpuEnvelopeBytes + static_cast<u32>(ar.Size())
                             : EncodeErrorAnswer(id, ErrorCode::kTooLarge,
-                                                "the task's outputs exceed the GPU copy space", p,
-                                                q.payload_bytes_);
+                                                "the task's outputs exceed the GPU copy space",
+                                                buf, q.payload_bytes_);
     t->completer_ = nullptr;
     DeleteTask(t);
-    q.Answer(s, static_cast<u32>(id), len);
+    q.PutAnswer(s, static_cast<u32>(id), buf, len);
     l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelease);  // the slot is no longer touched
   }
 

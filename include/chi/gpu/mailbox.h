@@ -7,10 +7,15 @@
 //
 // Protocol for slot s (seq is a per-slot counter, written by the client side only):
 //   client: CAS claim[s] free -> held; write payload; request[s] = seq | len << 32 (release)
-//   server: sees request[s].seq != served[s]; reads payload; runs; writes the answer into
-//           the payload; answer[s] = seq | len << 32 (release); served[s] = seq
-//   client: sees answer[s].seq == seq (an acquire load); reads the answer; releases
+//   server: sees request[s].seq != served[s]; reads payload; runs; publishes the answer
+//           (PutAnswer, below); answer[s] = seq | len << 32; served[s] = seq
+//   client: polls the slot's answer words (TakeAnswer) until they carry seq; releases
 //           claim[s] = free.
+// Answers travel inline when small (after NCCL's LL protocol): each 8-byte answer word holds
+// 4 bytes of the answer and the sequence as a flag, so one batch of loads both detects the
+// answer and reads it, and the server needs no release fence (a word is stored whole). A
+// larger answer goes into the payload, and the first answer word, stored with release after
+// it, says so.
 // A client that stops waiting (timeout, abort, a dead kernel reclaimed by the host) leaves
 // the claim as kVerify: the next claimer checks answer.seq == the record's seq (the server
 // has finished with the payload) before using the slot, and otherwise moves on. So an
@@ -30,6 +35,16 @@ namespace chi::gpu {
 inline constexpr u32 kGpuPayloadBytes = 1024;
 /** Bytes a GPU client may use for its task object in a slot's record. */
 inline constexpr u32 kGpuTaskBytes = 512;
+/** Answer words per slot: a header word (answer length) and kInlineAnswerWords - 1 data words. */
+inline constexpr u32 kInlineAnswerWords = 8;
+/** The longest answer body (the bytes after the 8-byte envelope id) carried inline. */
+inline constexpr u32 kInlineAnswerBytes = 4 * (kInlineAnswerWords - 1);
+/** Answer words a poll loads in one batch (one 32-byte sector): a small answer whole. */
+inline constexpr u32 kAnswerPollWords = 4;
+/** In the header word's data: the answer is in the payload (the rest is its length). */
+inline constexpr u32 kAnswerInPayload = 1u << 31;
+/** In a request word's length: the request is in the payload as flagged words (PostInline). */
+inline constexpr u32 kRequestInline = 1u << 31;
 /** Returned by TryClaim when every slot is taken. */
 inline constexpr u32 kNoSlot = ~0u;
 
@@ -74,7 +89,18 @@ struct GpuQueue {
   u32 payload_bytes_ = 0;              ///< per slot, a multiple of 16, <= kGpuPayloadBytes
   u64 max_wait_ns_ = 0;                ///< a GPU client gives up waiting after this long
   Atomic<u64, S> *request_ = nullptr;  ///< client -> server: seq | len << 32
-  Atomic<u64, S> *answer_ = nullptr;   ///< server -> client: seq | len << 32
+  Atomic<u64, S> *answer_ = nullptr;   ///< server -> client: seq | len << 32 (the slot is done)
+  Atomic<u64, S> *answer_words_ = nullptr;  ///< kInlineAnswerWords per slot: data | seq << 32
+  /**
+   * Whether small answers travel inline (InlineAnswersFor). When not, every answer goes
+   * through the payload and a poll is the one header word.
+   */
+  u32 inline_answers_ = 0;
+  /**
+   * Whether small requests are posted as flagged words (InlineRequestsFor): a GPU client
+   * then needs no system-scope fence to post to the CPU.
+   */
+  u32 inline_requests_ = 0;
   char *payload_ = nullptr;            ///< num_slots_ * payload_bytes_
   Atomic<u32, MemScope::kDevice> *claims_ = nullptr;  ///< client side; see claim::
   ClientRecord *records_ = nullptr;                   ///< GPU-client queues only (else null)
@@ -125,6 +151,27 @@ struct GpuQueue {
     if (doorbell_ != nullptr) doorbell_->FetchAdd(1, MemOrder::kRelease);
   }
 
+  /** The longest request PostInline takes: 4 bytes of it per 8-byte word of the payload. */
+  CHI_CROSS_FUN u32 InlineRequestCap() const {
+    return inline_requests_ != 0 ? payload_bytes_ / 2 : 0;
+  }
+
+  /**
+   * Posts a request of `len` (<= InlineRequestCap()) bytes at buf (16-byte aligned, holding a
+   * multiple of 16 bytes past len) as flagged words in slot s's payload, then the request
+   * word, all relaxed: each word is stored whole and carries seq, so the reader needs no
+   * fence from us (one at system scope costs a GPU ~0.7 us) and checks every word instead.
+   */
+  CHI_CROSS_FUN void PostInline(u32 s, u32 seq, const char *buf, u32 len) const {
+    auto *w = reinterpret_cast<Atomic<u64, S> *>(Payload(s));
+    const u32 *in = reinterpret_cast<const u32 *>(buf);
+    const u64 flag = static_cast<u64>(seq) << 32;
+    const u32 words = (len + 3) / 4;
+    for (u32 k = 0; k < words; ++k) w[k].Store(flag | in[k], MemOrder::kRelaxed);
+    request_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len | kRequestInline) << 32,
+                      MemOrder::kRelaxed);
+  }
+
   /** True once the answer to request `seq` is in slot s; *len is its length. */
   CHI_CROSS_FUN bool Answered(u32 s, u32 seq, u32 *len) const {
     // acquire: the answer's bytes are read right after a hit. An acquire load costs a poll
@@ -135,6 +182,53 @@ struct GpuQueue {
     return true;
   }
 
+  /**
+   * Takes the answer to request `seq` from slot s once it is complete: writes its envelope
+   * (the 8-byte id, which is seq, then the body) into buf, which holds kGpuPayloadBytes, and
+   * its length into *len. False while it is not (wholly) there. One batch of loads for a
+   * small answer: the poll is the read.
+   */
+  CHI_CROSS_FUN bool TakeAnswer(u32 s, u32 seq, char *buf, u32 *len) const {
+    const Atomic<u64, S> *w = answer_words_ + static_cast<u64>(s) * kInlineAnswerWords;
+    u64 v[kInlineAnswerWords];
+    if (inline_answers_ != 0) {
+      // relaxed: each word carries its own flag; nothing is read through these loads' order.
+      CHI_UNROLL
+      for (u32 k = 0; k < kAnswerPollWords; ++k) v[k] = w[k].Load(MemOrder::kRelaxed);
+    } else {
+      // acquire: the answer is in the payload, written before this word (release).
+      v[0] = w[0].Load(MemOrder::kAcquire);
+    }
+    if (static_cast<u32>(v[0] >> 32) != seq) return false;
+    const u32 head = static_cast<u32>(v[0]);
+    *reinterpret_cast<u64 *>(buf) = seq;  // the envelope id of a request is its sequence
+    if ((head & kAnswerInPayload) != 0) {
+      if (inline_answers_ != 0) FenceAcquire<S>();  // the relaxed poll saw the release store
+      u32 n = head & ~kAnswerInPayload;
+      n = n < payload_bytes_ ? n : payload_bytes_;
+      CopyChunks(buf, Payload(s), n);
+      *len = n;
+      return true;
+    }
+    const u32 body = head < kInlineAnswerBytes ? head : kInlineAnswerBytes;
+    const u32 words = (body + 3) / 4;  // data words after the header
+    if (words >= kAnswerPollWords) {
+      CHI_UNROLL
+      for (u32 k = kAnswerPollWords; k < kInlineAnswerWords; ++k) {
+        v[k] = k <= words ? w[k].Load(MemOrder::kRelaxed) : 0;
+      }
+    }
+    u32 *out = reinterpret_cast<u32 *>(buf + 8);
+    CHI_UNROLL
+    for (u32 k = 1; k < kInlineAnswerWords; ++k) {
+      if (k > words) break;
+      if (static_cast<u32>(v[k] >> 32) != seq) return false;  // still arriving
+      out[k - 1] = static_cast<u32>(v[k]);
+    }
+    *len = 8 + body;
+    return true;
+  }
+
   /** Gives slot s up; `maybe_pending` when its request may still be unanswered. */
   CHI_CROSS_FUN void Release(u32 s, bool maybe_pending) const {
     // release: our reads of the answer and record writes happen before the next owner's.
@@ -142,6 +236,37 @@ struct GpuQueue {
   }
 
   // ---- Server side ----
+
+  /**
+   * The request `word` (seq | len << 32, just polled) of slot s: its bytes, or nullptr while
+   * a request posted inline has not wholly arrived (poll again later). An inline request is
+   * unpacked into buf (kGpuPayloadBytes); any other is read in place, after an acquire fence.
+   * *len is its length, the inline bit cleared.
+   */
+  CHI_CROSS_FUN const char *TakeRequest(u32 s, u64 word, char *buf, u32 *len) const {
+    const u32 seq = static_cast<u32>(word);
+    const u32 n = static_cast<u32>(word >> 32);
+    if ((n & kRequestInline) == 0) {
+      FenceAcquire<S>();  // the payload was written before the request word (release)
+      *len = n;
+      return Payload(s);
+    }
+    *len = n & ~kRequestInline;
+    if (*len > InlineRequestCap()) {
+      *len = 0;  // malformed: the caller answers it as a length out of range
+      return buf;
+    }
+    const auto *w = reinterpret_cast<const Atomic<u64, S> *>(Payload(s));
+    u32 *out = reinterpret_cast<u32 *>(buf);
+    const u32 words = (*len + 3) / 4;
+    for (u32 k = 0; k < words; ++k) {
+      // relaxed: each word carries its own flag.
+      const u64 v = w[k].Load(MemOrder::kRelaxed);
+      if (static_cast<u32>(v >> 32) != seq) return nullptr;  // still arriving
+      out[k] = static_cast<u32>(v);
+    }
+    return buf;
+  }
 
   /** The doorbell count (relaxed; FenceAcquire before reading request words it covers). */
   CHI_CROSS_FUN u64 Doorbell() const { return doorbell_->Load(MemOrder::kRelaxed); }
@@ -156,17 +281,67 @@ struct GpuQueue {
     return request_[s].Load(MemOrder::kAcquire);
   }
 
-  /** Publishes the answer to request `seq` (its bytes are in the payload). */
-  CHI_CROSS_FUN void Answer(u32 s, u32 seq, u32 len) const {
-    // release: the answer bytes are visible to the client before the answer word.
-    answer_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len) << 32, MemOrder::kRelease);
+  /**
+   * Publishes the answer to request `seq`: `len` bytes at buf (16-byte aligned, holding a
+   * multiple of 16 bytes past len), its 8-byte envelope id first. A small answer is stored
+   * inline, word by word with no fence; a larger one into the payload, then the header word
+   * with release. Then the slot's answer word (Answer).
+   */
+  CHI_CROSS_FUN void PutAnswer(u32 s, u32 seq, const char *buf, u32 len) const {
+    Atomic<u64, S> *w = answer_words_ + static_cast<u64>(s) * kInlineAnswerWords;
+    const u64 flag = static_cast<u64>(seq) << 32;
+    const u32 body = len > 8 ? len - 8 : 0;
+    if (inline_answers_ != 0 && body <= kInlineAnswerBytes) {
+      const u32 *in = reinterpret_cast<const u32 *>(buf + 8);
+      // relaxed: every word is stored whole and carries the flag; the reader checks each.
+      CHI_UNROLL
+      for (u32 k = 1; k < kInlineAnswerWords; ++k) {
+        if (4 * (k - 1) < body) w[k].Store(flag | in[k - 1], MemOrder::kRelaxed);
+      }
+      w[0].Store(flag | body, MemOrder::kRelaxed);
+      Answer(s, seq, len, MemOrder::kRelaxed);
+      return;
+    }
+    CopyChunks(Payload(s), buf, len);
+    // release: the payload is visible to the client before the header word.
+    w[0].Store(flag | kAnswerInPayload | len, MemOrder::kRelease);
+    Answer(s, seq, len, MemOrder::kRelaxed);
+  }
+
+  /**
+   * Marks slot s's request `seq` done (a verifying claimer, the reaper and probes read it);
+   * PutAnswer calls it. Alone, it publishes only a length: the answer's bytes, if any, must
+   * be in the payload and `order` release.
+   */
+  CHI_CROSS_FUN void Answer(u32 s, u32 seq, u32 len, MemOrder order = MemOrder::kRelease) const {
+    answer_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len) << 32, order);
   }
 
   // ---- Layout ----
 
-  /** Bytes of the arrays both sides touch: request, answer, payloads, doorbell line. */
+  /**
+   * Whether a queue's small answers travel inline: yes where the reader polls memory near
+   * it (a GPU client of gpu2gpu, the host of cpu2gpu); no for gpu2cpu, whose GPU clients
+   * poll pinned memory over PCIe, where four strong loads cost more than one load and a copy
+   * (measured on an H100: benchmarks/gpu/NOTES.md).
+   */
+  CHI_CROSS_FUN static constexpr bool InlineAnswersFor(bool gpu_clients) {
+    return S == MemScope::kDevice || !gpu_clients;
+  }
+
+  /**
+   * Whether requests are posted inline: for gpu2cpu, where the writer is a GPU thread (whose
+   * posted stores need no fence that way) and the reader the host, which polls its own
+   * memory. Not where a GPU reads them (one PCIe round trip per strong load).
+   */
+  CHI_CROSS_FUN static constexpr bool InlineRequestsFor(bool gpu_clients) {
+    return S == MemScope::kSystem && gpu_clients;
+  }
+
+  /** Bytes of the arrays both sides touch: request, answer, payloads, doorbell, answer words. */
   CHI_CROSS_FUN static u64 SharedBytes(u32 slots, u32 payload_bytes) {
-    return 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes + 64;
+    return 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes + 64 +
+           AnswerWordBytes(slots);
   }
   /** Bytes of the client side: claims, and records when the clients are GPU threads. */
   CHI_CROSS_FUN static u64 ClientBytes(u32 slots, bool gpu_clients) {
@@ -193,10 +368,12 @@ struct GpuQueue {
     q.records_ =
         gpu_clients ? reinterpret_cast<ClientRecord *>(client + Lines(4ull * slots)) : nullptr;
     q.served_ = reinterpret_cast<u32 *>(server);
-    q.doorbell_ = gpu_clients ? nullptr
-                              : reinterpret_cast<Atomic<u64, S> *>(
-                                    shared + 2 * Lines(8ull * slots) +
-                                    static_cast<u64>(slots) * payload_bytes);
+    char *const doorbell =
+        shared + 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes;
+    q.doorbell_ = gpu_clients ? nullptr : reinterpret_cast<Atomic<u64, S> *>(doorbell);
+    q.answer_words_ = reinterpret_cast<Atomic<u64, S> *>(doorbell + 64);
+    q.inline_answers_ = InlineAnswersFor(gpu_clients) ? 1 : 0;
+    q.inline_requests_ = InlineRequestsFor(gpu_clients) ? 1 : 0;
     q.abort_ = abort;
     return q;
   }
@@ -212,6 +389,9 @@ struct GpuQueue {
   }
 
   CHI_CROSS_FUN static u64 Lines(u64 bytes) { return (bytes + 63) & ~63ull; }
+  CHI_CROSS_FUN static u64 AnswerWordBytes(u32 slots) {
+    return 8ull * kInlineAnswerWords * slots;  // 64 bytes a slot: whole lines
+  }
 };
 
 }  // namespace chi::gpu

@@ -35,10 +35,12 @@ inline constexpr u64 kGpuInfoMagic = 0x4f464e4955504743ull;  // "CGPUINFO"
 
 /**
  * What a client kernel needs to submit tasks (CHI_IPC->GetClientGpuInfo): device addresses
- * of its GPU's queue descriptors, and the device-memory region CHI_GPU_HEAP partitions
- * (gpu_heap.h; the runtime's, or the user's own). Passed to the kernel by value;
- * CHIMAERA_GPU_INIT keeps a copy per block. Kernels running at the same time need distinct
- * heap regions: each launch re-formats its partitions.
+ * of its GPU's queue descriptors, and the device-memory region CHI_GPU_HEAP allocates from
+ * (gpu_heap.h). Passed to the kernel by value; CHIMAERA_GPU_INIT keeps a copy per block.
+ * The region is formatted once, when it is made: the runtime's by GpuManager, a user's own
+ * by FormatGpuHeap (gpu_manager.h) or GpuHeapRegion::Format before any kernel gets it. Any
+ * number of kernels, at once or one after another, may share it, and a block one kernel
+ * allocated stays valid in later ones until freed. An unformatted region means no heap.
  */
 struct GpuInfo {
   u64 magic_ = 0;  ///< kGpuInfoMagic once filled in
@@ -48,8 +50,8 @@ struct GpuInfo {
   GpuQueue<MemScope::kSystem> *gpu2cpu_ = nullptr;  ///< ToLocalCpu() from a kernel
   u32 num_blocks_ = 0;  ///< set by CHIMAERA_GPU_INIT_BLOCKS: spreads blocks over the slots
   u32 reserved_ = 0;
-  char *heap_ = nullptr;  ///< device memory CHI_GPU_HEAP partitions (nullptr: no heap)
-  u64 heap_bytes_ = 0;    ///< its size
+  char *heap_ = nullptr;  ///< a formatted GpuHeapRegion in device memory (nullptr: no heap)
+  u64 heap_bytes_ = 0;    ///< its size (at least what it was formatted for)
 };
 
 /** One GPU's queues, control block, pool table and container arena. */

@@ -129,7 +129,7 @@ class InputArchive {
     if constexpr (std::is_same_v<T, bool>) {
       ReadBool(&v);
     } else if constexpr (std::is_arithmetic_v<T>) {
-      Read(&v, sizeof(T), detail::WireName<T>());
+      ReadScalar(&v, detail::WireName<T>());
     } else if constexpr (std::is_enum_v<T>) {
       static_assert(detail::FixedEnum<T>,
                     "chi archives need enums with a fixed underlying type (enum class E : u32)");
@@ -139,7 +139,7 @@ class InputArchive {
         if (ReadBool(&b)) v = static_cast<T>(b);
       } else {
         // A fixed underlying type makes every bit pattern a valid enum value.
-        Read(&v, sizeof(T), "enum");
+        ReadScalar(&v, "enum");
       }
     } else if constexpr (std::is_array_v<T>) {
       if constexpr (detail::BulkScalar<std::remove_all_extents_t<T>>) {
@@ -168,6 +168,17 @@ class InputArchive {
                     "chi::InputArchive: give this type a `template <typename Ar> void "
                     "serialize(Ar &ar)` member, or use an arithmetic, enum or C array field");
     }
+  }
+
+  /**
+   * Reads one number or enum through a local, then stores it whole: copied straight into
+   * the target from an unaligned offset, it became one byte store per byte (on a GPU, each
+   * a separate write to the task's memory, and the next read of it a round trip).
+   */
+  template <typename T>
+  CHI_CROSS_FUN CHI_INLINE void ReadScalar(T *v, const char *item) {
+    T tmp;
+    if (Read(&tmp, sizeof(T), item)) *v = tmp;
   }
 
   /** Reads a bool, rejecting bytes other than 0 and 1 (any other is not a bool). */

@@ -76,8 +76,12 @@ struct Task {
     return (state_.Load(MemOrder::kAcquire) & task_state::kComplete) != 0;
   }
 
-  /** Records a failure with a fixed message (first failure wins). */
-  CHI_CROSS_FUN void SetError(ErrorCode code, const char *msg) {
+  /**
+   * Records a failure with a fixed message (first failure wins). Out of line: error paths
+   * stay out of the code around them (on a GPU, inlined message copies swelled every
+   * caller and could be hoisted onto its hot path).
+   */
+  CHI_CROSS_FUN CHI_NOINLINE void SetError(ErrorCode code, const char *msg) {
     if (rc_ != 0) return;
     rc_ = static_cast<u32>(code);
     u32 n = 0;
