@@ -122,10 +122,15 @@ if(CHI_HIPCC)
     COMMAND ${CHI_HIPCC} --offload-arch=gfx90a -std=c++20 -x hip -DCHIMAERA_ENABLE_ROCM=1
             -I${_chi_root}/include -c ${_chi_gpu_device_src}
             -o ${_chi_pkg_bin}/hip_compile_check_gpu.o)
+  add_test(NAME hip_compile_check_ipc
+    COMMAND ${CHI_HIPCC} --offload-arch=gfx90a -std=c++20 -x hip -DCHIMAERA_ENABLE_ROCM=1
+            -I${_chi_root}/include -c ${_chi_root}/tests/gpu_compile/hip_host_check.cc
+            -o ${_chi_pkg_bin}/hip_compile_check_ipc.o)
 else()
   chi_add_skipped_test(hip_compile_check "hipcc not found")
   chi_add_skipped_test(hip_compile_check_single_include "hipcc not found")
   chi_add_skipped_test(hip_compile_check_gpu "hipcc not found")
+  chi_add_skipped_test(hip_compile_check_ipc "hipcc not found")
 endif()
 
 file(MAKE_DIRECTORY ${_chi_pkg_bin})
@@ -134,5 +139,5 @@ set_tests_properties(
   cmake_consumer_install cmake_consumer_install_tree
   nvcc_compile_check nvcc_compile_check_single_include
   hip_compile_check hip_compile_check_single_include
-  nvcc_compile_check_gpu hip_compile_check_gpu
+  nvcc_compile_check_gpu hip_compile_check_gpu hip_compile_check_ipc
   PROPERTIES LABELS packaging TIMEOUT 600)
