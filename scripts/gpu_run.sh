@@ -2,17 +2,23 @@
 # On the GPU machine, from the repository root: builds every GPU test and the GPU benchmark
 # (CUDA on, sm_90, dependencies from the carried .debs), runs them with time limits, keeps
 # the logs under $OUT (or ./gpu_out), and prints a short summary last.
-# Usage: bash scripts/gpu_run.sh [--no-bench | --short]
+# Usage: bash scripts/gpu_run.sh [--no-bench | --short] [--host-bench]
 #   --short: one benchmark run (the default orchestrator) and no ctest re-run, to save
 #   device time when the tests and figures are all that is needed.
+#   --host-bench: also build and run the CPU benchmarks (cross_process, embedded, queues)
+#   three times each: this machine's idle cores give quieter figures than a shared VM.
 set -uo pipefail
 
 out="${OUT:-$PWD/gpu_out}"
 build="${CHI_GPU_BUILD_DIR:-build-gpu-run}"
 bench=1
 short=0
-[[ "${1:-}" == "--no-bench" ]] && bench=0
-[[ "${1:-}" == "--short" ]] && short=1
+host_bench=0
+for arg in "$@"; do
+  [[ "$arg" == "--no-bench" ]] && bench=0
+  [[ "$arg" == "--short" ]] && short=1
+  [[ "$arg" == "--host-bench" ]] && host_bench=1
+done
 mkdir -p "$out"
 summary="$out/summary.txt"
 : > "$summary"
@@ -36,7 +42,9 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHIMAERA_ENABL
   cat "$summary"
   exit 1
 fi
-if ! ninja -C "$build" -j"$(nproc)" chi_gpu_all test_gpu_protocol > "$out/build.log" 2>&1; then
+targets=(chi_gpu_all test_gpu_protocol)
+[[ $host_bench == 1 ]] && targets+=(bench_cross_process bench_embedded bench_queues)
+if ! ninja -C "$build" -j"$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1; then
   grep -E "error|FAILED" "$out/build.log" | head -40
   note "build: FAILED (see build.log)"
   cat "$summary"
@@ -69,6 +77,13 @@ if [[ $bench == 1 ]]; then
     # An orchestrator block on every SM: client kernels must share SMs with it.
     run bench_gpu_all_sms 45 "$build/benchmarks/gpu/bench_gpu" --blocks all
   fi
+fi
+if [[ $host_bench == 1 ]]; then
+  for i in 1 2 3; do
+    run "bench_cross_process_$i" 120 "$build/benchmarks/bench_cross_process"
+    run "bench_embedded_$i" 60 "$build/benchmarks/bench_embedded"
+  done
+  run bench_queues 60 "$build/benchmarks/bench_queues"
 fi
 if [[ $short == 0 ]]; then
   run ctest_gpu_label 90 ctest --test-dir "$build" -L gpu --output-on-failure

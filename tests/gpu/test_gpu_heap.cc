@@ -101,14 +101,17 @@ TEST_CASE("an exhausted heap returns nullptr, and a freed block lets the next al
   GpuHeap *h = GpuHeap::Format(region.get(), 16384);
   std::vector<void *> got = Drain(h, 48);
   REQUIRE(got.size() > 10);
-  CHECK(h->Allocate(48) == nullptr);  // still nothing, asked again
-  CHECK(h->Allocate(1) == nullptr);   // nor a smaller size: the cursor is spent
+  CHECK(h->Allocate(48) == nullptr);           // still nothing, asked again
+  std::vector<void *> tail = Drain(h, 1);      // smaller blocks take the cursor's last bytes
+  CHECK(tail.size() < 3);
+  CHECK(h->Allocate(1) == nullptr);            // then nothing of any size is left
   CHECK(h->Free(got.back()));
   got.pop_back();
   void *again = h->Allocate(48);
   CHECK(again != nullptr);
   got.push_back(again);
   for (void *p : got) CHECK(h->Free(p));
+  for (void *p : tail) CHECK(h->Free(p));
   CHECK(h->BytesInUse() == 0);
   CHECK(Drain(h, 48).size() == got.size());  // everything came back
 }
@@ -267,11 +270,15 @@ TEST_CASE("a region is cut once into a fixed number of disjoint partitions") {
   CHECK(GpuHeapRegion::Open(nullptr, kBytes) == nullptr);
   auto garbage = Region(4096);
   CHECK(GpuHeapRegion::Open(garbage.get(), 4096) == nullptr);  // never formatted
+  REQUIRE(r->SharedPartitions() == 2);  // spill and large, after the private ones
+  CHECK(r->Spill() == r->Partition(r->Partitions()));
+  CHECK(r->Large() == r->Partition(r->Partitions() + 1));
+  CHECK(r->SharedBytes() == kBytes / 4);
   std::vector<std::pair<char *, u64>> blocks;
-  for (u32 i = 0; i < r->Partitions(); ++i) {
+  for (u32 i = 0; i < r->Partitions() + r->SharedPartitions(); ++i) {
     GpuHeap *h = r->Partition(i);
     CHECK(h->Capacity() >= chi::gpu::kGpuHeapMinPartitionBytes);
-    const u64 n = h->MaxAllocation();
+    const u64 n = h->OwnMaxAllocation();
     char *p = static_cast<char *>(h->Allocate(n));
     REQUIRE(p != nullptr);
     CHECK(p >= base + GpuHeapRegion::HeaderBytes(r->Partitions()));
@@ -288,6 +295,8 @@ TEST_CASE("a region is cut once into a fixed number of disjoint partitions") {
   CHECK(GpuHeapRegion::Format(base, kBytes, 5)->Partitions() == 4);
   CHECK(GpuHeapRegion::Format(base, kBytes, 1u << 20)->Partitions() == 128);
   CHECK(GpuHeapRegion::Format(base, 8192)->Partitions() == 1);
+  CHECK(GpuHeapRegion::Format(base, 8192)->SharedPartitions() == 0);  // too few to share
+  CHECK(GpuHeapRegion::Format(base, 8192)->Large() == nullptr);
   CHECK(GpuHeapRegion::Format(base, 64) == nullptr);
   CHECK(GpuHeapRegion::Format(nullptr, kBytes) == nullptr);
 }
@@ -482,6 +491,179 @@ TEST_CASE("two launches of different geometries at once on one region never shar
   for (const Held &m : all) {
     broken += !Intact(m.p, m.n, m.owner, m.round);
     refused += !r->Partition(0)->Free(m.p);
+  }
+  CHECK(broken.load() == 0);
+  CHECK(refused.load() == 0);
+  CHECK(r->BytesInUse() == 0);
+}
+
+TEST_CASE("1 MiB and 8 MiB blocks from a 64 MiB region: writable end to end, then all back") {
+  constexpr u64 kBytes = 64ull << 20;  // the runtime's client heap: 2048 partitions
+  auto region = Region(kBytes);
+  char *base = region.get();
+  GpuHeapRegion *r = GpuHeapRegion::Format(base, kBytes);
+  REQUIRE(r != nullptr);
+  REQUIRE(r->Partitions() == 2048);
+  CHECK(r->MaxAllocation() >= (8ull << 20));
+  GpuHeap *h = r->PartitionFor(r->TakeTickets(1));
+  CHECK(h->OwnMaxAllocation() < (1ull << 20));  // far beyond the thread's own partition
+  for (u32 round = 0; round < 3; ++round) {
+    char *mib = static_cast<char *>(h->Allocate(1ull << 20));
+    char *eight = static_cast<char *>(h->Allocate(8ull << 20));
+    REQUIRE(mib != nullptr);
+    REQUIRE(eight != nullptr);
+    CHECK(reinterpret_cast<u64>(mib) % chi::gpu::kGpuHeapAlign == 0);
+    CHECK(reinterpret_cast<u64>(eight) % chi::gpu::kGpuHeapAlign == 0);
+    CHECK(mib >= base + GpuHeapRegion::HeaderBytes(r->Partitions()));
+    CHECK(eight >= base + GpuHeapRegion::HeaderBytes(r->Partitions()));
+    CHECK(mib + (1ull << 20) <= base + kBytes);
+    CHECK(eight + (8ull << 20) <= base + kBytes);
+    CHECK((mib + (1ull << 20) <= eight || eight + (8ull << 20) <= mib));
+    Fill(mib, 1ull << 20, 1, round);
+    Fill(eight, 8ull << 20, 8, round);
+    CHECK(Intact(mib, 1ull << 20, 1, round));
+    CHECK(Intact(eight, 8ull << 20, 8, round));
+    CHECK(h->BytesInUse() == 0);  // counted where they live: the large partition
+    CHECK(r->Large()->BytesInUse() == ((1ull << 20) + 16) + ((8ull << 20) + 16));
+    CHECK(r->Partition(77)->Free(eight));  // any thread's partition frees them
+    CHECK(h->Free(mib));
+    CHECK_FALSE(h->Free(mib));
+    CHECK(r->BytesInUse() == 0);
+  }
+  CHECK(h->Allocate(r->MaxAllocation() + 1) == nullptr);
+  void *most = h->Allocate(r->MaxAllocation());
+  CHECK(most != nullptr);
+  CHECK(h->Free(most));
+  CHECK(r->BytesInUse() == 0);
+}
+
+TEST_CASE("a thread whose partition runs dry spills, small blocks never enter the large space") {
+  constexpr u64 kBytes = 4 << 20;  // 128 partitions; spill 256 KiB, large 768 KiB
+  auto region = Region(kBytes);
+  GpuHeapRegion *r = GpuHeapRegion::Format(region.get(), kBytes);
+  REQUIRE(r->SharedPartitions() == 2);
+  GpuHeap *h = r->Partition(5);
+  std::vector<void *> got = Drain(h, 1000);
+  const u64 own = h->Capacity() / GpuHeap::BlockBytes(GpuHeap::ClassOf(1000 + 16));
+  CHECK(got.size() > own);  // more than its own partition holds: the rest came from spill
+  CHECK(r->Spill()->BytesInUse() > r->Spill()->Capacity() * 9 / 10);
+  CHECK(r->Large()->BytesInUse() == 0);
+  CHECK(r->Partition(6)->BytesInUse() == 0);  // no other thread's partition was touched
+  CHECK(r->Partition(6)->Allocate(1000) != nullptr);  // which still serves its own thread
+  void *big = h->Allocate(512 << 10);  // the large space is whole
+  CHECK(big != nullptr);
+  for (u32 i = 0; i < got.size(); ++i) Fill(got[i], 1000, 5, i);
+  for (u32 i = 0; i < got.size(); ++i) CHECK(Intact(got[i], 1000, 5, i));
+  for (void *p : got) CHECK(r->Partition(9)->Free(p));
+  CHECK(h->Free(big));
+  CHECK(h->BytesInUse() == 0);
+  CHECK(r->Spill()->BytesInUse() == 0);
+  CHECK(r->Large()->BytesInUse() == 0);
+  CHECK(Drain(h, 1000).size() == got.size());  // all of it came back where it belongs
+}
+
+TEST_CASE("large blocks exhaust the shared space, then nullptr, and small blocks stay intact") {
+  constexpr u64 kBytes = 4 << 20;
+  constexpr u64 kLarge = 64 << 10;
+  auto region = Region(kBytes);
+  GpuHeapRegion *r = GpuHeapRegion::Format(region.get(), kBytes);
+  REQUIRE(r->SharedPartitions() == 2);
+  std::vector<Held> small;
+  for (u32 i = 0; i < 4 * r->Partitions(); ++i) {
+    const u64 n = 16 + (i * 37) % 2000;
+    char *p = static_cast<char *>(r->PartitionFor(i)->Allocate(n));
+    REQUIRE(p != nullptr);
+    Fill(p, n, 1, i);
+    small.push_back({p, n, 1, i});
+  }
+  GpuHeap *h = r->Partition(3);
+  std::vector<char *> large;
+  while (char *p = static_cast<char *>(h->Allocate(kLarge))) {
+    Fill(p, kLarge, 2, static_cast<u32>(large.size()));
+    large.push_back(p);
+    REQUIRE(large.size() < 1000);
+  }
+  const u64 block = GpuHeap::BlockBytes(GpuHeap::ClassOf(kLarge + 16));  // 64 KiB + 16
+  CHECK(large.size() == r->Large()->Capacity() / block);
+  CHECK(h->Allocate(kLarge) == nullptr);      // asked again: still nothing, never a hang
+  CHECK(h->Allocate(1ull << 20) == nullptr);  // nor anything larger
+  void *small_again = h->Allocate(100);       // while the thread's own space still serves it
+  CHECK(small_again != nullptr);
+  for (const Held &s : small) CHECK(Intact(s.p, s.n, s.owner, s.round));
+  for (u32 i = 0; i < large.size(); ++i) CHECK(Intact(large[i], kLarge, 2, i));
+  // Forged live headers inside live blocks, naming a partition that never carved there.
+  auto *forged = reinterpret_cast<u32 *>(large[1]);
+  forged[0] = chi::gpu::GpuHeapBlock::kLive | 4;
+  forged[1] = r->Partitions();  // the spill partition, whose blocks lie before the large ones
+  CHECK_FALSE(h->Free(forged + 4));
+  forged = reinterpret_cast<u32 *>(small[0].p);
+  forged[0] = chi::gpu::GpuHeapBlock::kLive;
+  forged[1] = r->Partitions() + 1;  // the large partition, whose blocks lie after this one
+  CHECK_FALSE(h->Free(forged + 4));
+  auto other = Region(kBytes);
+  GpuHeap *stranger = GpuHeapRegion::Format(other.get(), kBytes)->Partition(0);
+  CHECK_FALSE(stranger->Free(large[0]));  // another region's: refused, not even read
+  CHECK(h->Free(large.back()));
+  large.pop_back();
+  char *again = static_cast<char *>(h->Allocate(kLarge));  // a freed large block makes room
+  CHECK(again != nullptr);
+  large.push_back(again);
+  for (char *p : large) CHECK(r->Partition(0)->Free(p));
+  for (const Held &s : small) CHECK(h->Free(s.p));
+  CHECK(h->Free(small_again));
+  CHECK(r->BytesInUse() == 0);
+}
+
+TEST_CASE("threads mixing small and large blocks at once never get overlapping blocks") {
+  constexpr u64 kBytes = 32 << 20;  // 1024 partitions of ~24 KiB; spill 2 MiB, large 6 MiB
+  constexpr u32 kRounds = 3000, kKeep = 6;
+  auto region = Region(kBytes);
+  GpuHeapRegion *r = GpuHeapRegion::Format(region.get(), kBytes);
+  REQUIRE(r->SharedPartitions() == 2);
+  std::vector<std::vector<Held>> held(32);
+  std::atomic<u32> go{0}, broken{0}, refused{0}, small_got{0}, large_got{0}, large_failed{0};
+  auto churn = [&](GpuHeap *h, u32 tid) {
+    std::vector<Held> &mine = held[tid];
+    while (go.load() == 0) {
+    }
+    u32 seed = tid * 7919 + 1;
+    for (u32 round = 0; round < kRounds; ++round) {
+      seed = seed * 1103515245 + 12345;
+      const bool large = (seed >> 16) % 5 == 0;
+      const u64 n = large ? (24 << 10) + (seed >> 4) % (136 << 10) : 4 + (seed >> 8) % 3000;
+      char *p = static_cast<char *>(h->Allocate(n));
+      if (p != nullptr) {
+        (large ? large_got : small_got).fetch_add(1);
+        Fill(p, n, tid, round);
+        mine.push_back({p, n, tid, round});
+      } else if (large) {
+        large_failed.fetch_add(1);
+      }
+      if (mine.size() > kKeep || (p == nullptr && !mine.empty())) {
+        const size_t k = (seed >> 4) % mine.size();
+        broken += !Intact(mine[k].p, mine[k].n, tid, mine[k].round);
+        refused += !h->Free(mine[k].p);
+        mine.erase(mine.begin() + static_cast<long>(k));
+      }
+    }
+  };
+  {
+    Launch a(r, 2, 8, churn);
+    Launch b(r, 4, 4, [&](GpuHeap *h, u32 tid) { churn(h, 16 + tid); });
+    go.store(1);
+  }
+  CHECK(small_got.load() > 32 * kRounds / 2);
+  CHECK(large_got.load() > 1000);  // of ~19200 asked: many found room while others held some
+  CHECK(large_got.load() + large_failed.load() > 32 * kRounds / 10);
+  std::vector<Held> all;
+  for (const auto &v : held) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end(), [](const Held &x, const Held &y) { return x.p < y.p; });
+  u32 overlaps = 0;
+  for (size_t i = 1; i < all.size(); ++i) overlaps += all[i - 1].p + all[i - 1].n > all[i].p;
+  CHECK(overlaps == 0);
+  for (const Held &m : all) {
+    broken += !Intact(m.p, m.n, m.owner, m.round);
+    refused += !r->Partition(1)->Free(m.p);
   }
   CHECK(broken.load() == 0);
   CHECK(refused.load() == 0);

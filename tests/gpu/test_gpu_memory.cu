@@ -1,10 +1,10 @@
 // Client kernels' memory on a real GPU, in one process with an embedded runtime: CHI_GPU_HEAP
 // from 2048 threads (allocate, fill, verify, free; across threads; to exhaustion; blocks kept
-// across kernels of other grids; two kernels at once on two streams; a user's own region
-// formatted by FormatGpuHeap), and a gpu2cpu queue the test makes in its own pinned memory
-// and registers with
-// CHI_IPC->RegisterGpuQueue. Label gpu; without a GPU it prints "skipped: no GPU" and exits
-// 77. The host never synchronises the whole device (the orchestrator never returns).
+// across kernels of other grids; two kernels at once on two streams; 256 KiB blocks from the
+// shared large partition; a user's own region formatted by FormatGpuHeap), and a gpu2cpu
+// queue the test makes in its own pinned memory and registers with CHI_IPC->RegisterGpuQueue.
+// Label gpu; without a GPU it prints "skipped: no GPU" and exits 77. The host never
+// synchronises the whole device (the orchestrator never returns).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -43,6 +43,7 @@ struct HeapCounters {
   u32 exhausted;      ///< threads whose allocations ran out (the exhaustion kernel)
   u32 max_live;       ///< most blocks one thread held at once there
   u32 overlapped;     ///< ConcurrentKernel blocks that saw the other kernel's blocks start
+  u32 ran_dry;        ///< HeavyKernel threads that some round left on nullptr
 };
 
 /** Fills a block with words naming (thread, round, index). */
@@ -174,6 +175,7 @@ __global__ void HeavyKernel(chi::gpu::GpuInfo info, u32 rounds, HeapCounters *c)
   constexpr u32 kMost = 64;
   const u32 tid = chi::gpu::GlobalThreadId();
   u32 intact = 0, broken = 0, refused = 0, most = 0;
+  bool ran_dry = false;
   for (u32 r = 0; r < rounds; ++r) {
     u32 *live[kMost];
     u32 n = 0;
@@ -185,6 +187,7 @@ __global__ void HeavyKernel(chi::gpu::GpuInfo info, u32 rounds, HeapCounters *c)
       live[n++] = p;
     }
     most = n > most ? n : most;
+    ran_dry = ran_dry || n < kMost;
     for (u32 i = 0; i < n; ++i) {
       Intact(live[i], 64u << ((tid + i) % 4), tid, r, i) ? ++intact : ++broken;
       refused += !CHI_GPU_HEAP->Free(live[i]);
@@ -194,6 +197,7 @@ __global__ void HeavyKernel(chi::gpu::GpuInfo info, u32 rounds, HeapCounters *c)
   atomicAdd(&c->broken, broken);
   atomicAdd(&c->refused_frees, refused);
   atomicMax(&c->max_live, most);
+  if (ran_dry) atomicAdd(&c->ran_dry, 1u);
 }
 
 /** Checks KeepKernel's blocks (thread tid those of KeepKernel's tid) and frees them. */
@@ -207,6 +211,28 @@ __global__ void CheckKeptKernel(chi::gpu::GpuInfo info, u32 **kept, HeapCounters
                                             : atomicAdd(&c->broken, 1u);
     if (!CHI_GPU_HEAP->Free(p)) atomicAdd(&c->refused_frees, 1u);
   }
+}
+
+/** LargeKernel's grid (4 x 8) and block size: 8 MiB in all, within the 12 MiB large space. */
+constexpr u32 kLargeBlocks = 4, kLargeThreads = 8;
+constexpr u32 kLargeWords = (256u << 10) / 4;
+
+/**
+ * Every thread takes one 256 KiB block (far beyond its ~24 KiB partition: the region's shared
+ * large partition serves it), fills it whole, and after a barrier checks and frees it.
+ */
+__global__ void LargeKernel(chi::gpu::GpuInfo info, HeapCounters *c) {
+  CHIMAERA_GPU_INIT(info);
+  const u32 tid = chi::gpu::GlobalThreadId();
+  auto *p = static_cast<u32 *>(CHI_GPU_HEAP->Allocate(kLargeWords * 4));
+  if (p != nullptr) Fill(p, kLargeWords, tid, 0, 5);
+  __syncthreads();  // the block's 256 KiB blocks are all live at once before any is checked
+  if (p == nullptr) {
+    atomicAdd(&c->no_memory, 1u);
+    return;
+  }
+  Intact(p, kLargeWords, tid, 0, 5) ? atomicAdd(&c->intact, 1u) : atomicAdd(&c->broken, 1u);
+  if (!CHI_GPU_HEAP->Free(p)) atomicAdd(&c->refused_frees, 1u);
 }
 
 /**
@@ -408,7 +434,7 @@ TEST_CASE("a GPU thread's heap runs out with nullptr, never a hang, and a free m
   HeapCounters c = Run(g_env.heap, [&](cudaStream_t s) {
     ExhaustKernel<<<8, kBlockThreads, 0, s>>>(info, g_env.heap);
   });
-  CHECK(c.exhausted == 2048);  // 32 KiB a thread: far fewer than 64 blocks of 4 KiB
+  CHECK(c.exhausted == 2048);  // ~24 KiB a thread, a 4 MiB spill for all: < 64 x 4 KiB
   CHECK(c.max_live >= 1);
   CHECK(c.broken == 0);
   CHECK(c.refused_frees == 0);
@@ -431,7 +457,7 @@ TEST_CASE("a kernel's live blocks survive a heavy kernel of another grid, and a 
   CHECK(heavy.broken == 0);
   CHECK(heavy.refused_frees == 0);
   CHECK(heavy.intact > 0);
-  CHECK(heavy.max_live < 64);  // the partitions ran dry: the whole heap was handed out
+  CHECK(heavy.ran_dry > 4096 / 2);  // the partitions and the spill ran dry
   CHECK(HeapInUse(info) == kept_bytes);
   HeapCounters check = Run(g_env.heap, [&](cudaStream_t s) {
     CheckKeptKernel<<<2, kBlockThreads, 0, s>>>(info, g_env.kept, g_env.heap);
@@ -468,6 +494,19 @@ TEST_CASE("two kernels at once on two streams never get the same block of the cl
   CHECK(HeapInUse(info) == 0);
 }
 
+TEST_CASE("GPU threads each take a 256 KiB block of the client heap, fill, verify, free it") {
+  const chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
+  REQUIRE(HeapInUse(info) == 0);
+  HeapCounters c = Run(g_env.heap, [&](cudaStream_t s) {
+    LargeKernel<<<kLargeBlocks, kLargeThreads, 0, s>>>(info, g_env.heap);
+  });
+  CHECK(c.no_memory == 0);
+  CHECK(c.broken == 0);
+  CHECK(c.refused_frees == 0);
+  CHECK(c.intact == kLargeBlocks * kLargeThreads);
+  CHECK(HeapInUse(info) == 0);
+}
+
 TEST_CASE("a user's own region is no heap until FormatGpuHeap formats it, then serves kernels") {
   chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
   info.heap_ = g_env.user_heap;
@@ -480,7 +519,7 @@ TEST_CASE("a user's own region is no heap until FormatGpuHeap formats it, then s
   const chi::Status st = chi::gpu::FormatGpuHeap(g_env.user_heap, kUserHeapBytes, 64);
   REQUIRE_MESSAGE(st.ok(), st.ToString());
   HeapCounters used = Run(g_env.heap, [&](cudaStream_t s) {
-    ExhaustKernel<<<2, 32, 0, s>>>(info, g_env.heap);  // 64 threads, 64 partitions of ~64 KiB
+    ExhaustKernel<<<2, 32, 0, s>>>(info, g_env.heap);  // 64 threads, 64 partitions of ~48 KiB
   });
   CHECK(used.max_live >= 8);
   CHECK(used.broken == 0);
@@ -566,6 +605,7 @@ int main(int argc, char **argv) {
            chi::gpu::PreloadKernel(HeavyKernel) == cudaSuccess &&
            chi::gpu::PreloadKernel(CheckKeptKernel) == cudaSuccess &&
            chi::gpu::PreloadKernel(ConcurrentKernel) == cudaSuccess &&
+           chi::gpu::PreloadKernel(LargeKernel) == cudaSuccess &&
            chi::gpu::PreloadKernel(ToCpuKernel) == cudaSuccess;
   });
 }

@@ -40,7 +40,10 @@ inline constexpr u64 kGpuInfoMagic = 0x4f464e4955504743ull;  // "CGPUINFO"
  * The region is formatted once, when it is made: the runtime's by GpuManager, a user's own
  * by FormatGpuHeap (gpu_manager.h) or GpuHeapRegion::Format before any kernel gets it. Any
  * number of kernels, at once or one after another, may share it, and a block one kernel
- * allocated stays valid in later ones until freed. An unformatted region means no heap.
+ * allocated stays valid in later ones until freed. A thread allocates from its own partition
+ * (~24 KiB of the runtime's 64 MiB), then a spill partition once that runs dry; a block too
+ * big for its partition comes from a large one shared by all (up to 8 MiB there). An
+ * unformatted region means no heap.
  */
 struct GpuInfo {
   u64 magic_ = 0;  ///< kGpuInfoMagic once filled in
