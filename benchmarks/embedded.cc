@@ -3,9 +3,10 @@
 // (CHIMAERA_INIT once per process), with its worker counts set through a
 // temporary CHI_SERVER_CONF file.
 //
-// Prints: synchronous task round trip vs two-thread atomic ping-pong; async
-// throughput of empty tasks with 1 and 2 workers; subtask spawn+wait inside a
-// task; wake latency of a parked worker vs a raw futex wake.
+// Prints: the fiber a task runs on, a reused shell vs a new Boost fiber per task;
+// synchronous task round trip vs two-thread atomic ping-pong; async throughput
+// of empty tasks with 1 and 2 workers; subtask spawn+wait inside a task; wake
+// latency of a parked worker vs a raw futex wake.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -82,6 +83,59 @@ double FutexWakeRoundTripNs(int iters) {
   return chi_bench::Median(samples);
 }
 
+/** A new Boost fiber on a pooled stack per job, run to its end: what each task once cost. */
+double NewFiberPerJobNs(int iters) {
+  chi::StackPool stacks;
+  int runs = 0;
+  const double t0 = NowNs();
+  for (int i = 0; i < iters; ++i) {
+    chi::ctx::fiber f(std::allocator_arg, chi::PooledStack(&stacks),
+                      [&runs](chi::ctx::fiber &&owner) {
+                        ++runs;
+                        return std::move(owner);
+                      });
+    f = std::move(f).resume();
+  }
+  const double t1 = NowNs();
+  if (runs != iters) std::exit(4);
+  return (t1 - t0) / iters;
+}
+
+/** Jobs for ShellJobBody: one handed per Enter. */
+struct ShellJobs {
+  bool handed = false;
+  int runs = 0;
+};
+
+/** Body of the benchmark's shells: runs a handed job, suspends; returns when none is handed. */
+void ShellJobBody(void *arg, chi::FiberShell &shell) {
+  auto *jobs = static_cast<ShellJobs *>(arg);
+  while (jobs->handed) {
+    jobs->handed = false;
+    ++jobs->runs;
+    shell.Suspend();
+  }
+}
+
+/** An idle fiber shell taken, entered for one job and given back: what each task costs now. */
+double ReusedShellPerJobNs(int iters) {
+  chi::FiberSanitizerState owner;
+  owner.AdoptCurrentThread();
+  ShellJobs jobs;
+  chi::ShellPool pool(64 * 1024, &owner, &ShellJobBody, &jobs);
+  const double t0 = NowNs();
+  for (int i = 0; i < iters; ++i) {
+    chi::FiberShell *shell = pool.Take();
+    jobs.handed = true;
+    shell->Enter();
+    pool.Give(shell);
+  }
+  const double t1 = NowNs();
+  pool.EndIdle();
+  if (jobs.runs != iters) std::exit(4);
+  return (t1 - t0) / iters;
+}
+
 /** Writes a config with the given worker counts and points CHI_SERVER_CONF at it. */
 void UseWorkers(unsigned low, unsigned high) {
   std::string path = "/tmp/chi_bench_embedded_" + std::to_string(getpid()) + ".yaml";
@@ -128,6 +182,11 @@ int main() {
               std::thread::hardware_concurrency());
   const double floor_rt = MedianOf(kReps, [] { return AtomicPingPongNs(200000); });
   const double floor_wake = FutexWakeRoundTripNs(200);
+
+  const double new_fiber = MedianOf(kReps, [] { return NewFiberPerJobNs(200000); });
+  const double shell = MedianOf(kReps, [] { return ReusedShellPerJobNs(200000); });
+  chi_bench::ReportLatency("task fiber: reused shell, enter+suspend", shell,
+                           "new Boost fiber per task (pooled)", new_fiber);
 
   InChild([&] {
     auto client = StartRuntime(1, 0);

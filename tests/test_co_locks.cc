@@ -1,6 +1,6 @@
 // CoMutex and CoRwLock inside runtime tasks: waiting suspends the fiber (other
 // tasks keep running on the same worker), same-group tasks re-enter, readers
-// overlap and writers exclude.
+// overlap and writers exclude, and the fibers of waiters are reused afterwards.
 #include "embedded_fixture.h"
 
 #include <algorithm>
@@ -104,4 +104,24 @@ TEST_CASE("a writer's own group re-enters its write lock") {
   REQUIRE(f.Wait(30));
   CHECK(f->GetReturnCode() == 0);
   CHECK(f->max_inside_ == 3);
+}
+
+TEST_CASE("two waves of 100 tasks queued on a CoMutex run on at most 100 fiber shells") {
+  auto &client = LockPool();
+  auto shells = [] {
+    chi::u64 n = 0;
+    for (const chi::WorkerStats &w : chi::Chimaera::Get().Orchestrator()->Stats()) n += w.fibers_;
+    return n;
+  };
+  const chi::u64 before = shells();
+  for (int wave = 0; wave < 2; ++wave) {
+    std::vector<chi::Future<LockHoldTask>> fs;
+    for (int i = 0; i < 100; ++i) {
+      fs.push_back(client.AsyncLockHold(PoolQuery::Local(), LockMode::kMutex, kMs / 10));
+    }
+    std::vector<Interval> iv = RunAll(fs);
+    for (size_t i = 1; i < iv.size(); ++i) CHECK(iv[i].start >= iv[i - 1].end);
+  }
+  // Each waiter holds its shell while suspended; the second wave reuses the first wave's.
+  CHECK(shells() - before <= 100);
 }

@@ -538,6 +538,36 @@ TEST_CASE("stopping the runtime with tasks in flight answers every waiter and a 
   }
 }
 
+TEST_CASE("after a reconnect the connect answer describes the restarted runtime") {
+  for (const std::string &mode : Transports()) {
+    CAPTURE(mode);
+    const u32 port = TestPort(mode == "ipc" ? 11 : mode == "tcp" ? 12 : 10);
+    auto server = std::make_unique<ServerProcess>(port);
+    REQUIRE(server->ok());
+    ClientSession session(port, mode, 20);
+    REQUIRE(session.ok());
+    const chi::ConnectAnswer first = chi::Chimaera::Get().GetConnectAnswer();
+    CHECK(first.runtime_pid == static_cast<u32>(server->pid()));
+    CHECK(StopThroughSession());
+    CHECK(server->WaitExit() == 0);
+
+    server = std::make_unique<ServerProcess>(port);
+    REQUIRE(server->ok());
+    // The first task after the restart (creating the pool again) makes the client rejoin.
+    auto rejoin = DemoClient().AsyncGpuSubmit(chi::PoolQuery::Local(), 1, 7);
+    REQUIRE(rejoin.Wait(20));
+    CHECK(rejoin->GetReturnCode() == 0);
+    const chi::ConnectAnswer now = chi::Chimaera::Get().GetConnectAnswer();
+    CHECK(now.rc == 0);
+    CHECK(now.runtime_pid == static_cast<u32>(server->pid()));
+    CHECK(now.runtime_pid != first.runtime_pid);
+    CHECK(now.port == port);
+    CHECK(now.segments.size() == 3);
+    CHECK(StopThroughSession());
+    CHECK(server->WaitExit() == 0);
+  }
+}
+
 TEST_CASE("a killed runtime fails its clients' waits and its stale segments are cleaned") {
   const u32 port = TestPort(5);
   std::unique_ptr<ServerProcess> server;

@@ -1,5 +1,7 @@
 // Task and runtime lifecycle: periodic tasks, fire-and-forget memory, pool
-// destruction with tasks in flight, repeated init/finalize, idle CPU use.
+// destruction with tasks in flight, repeated init/finalize, idle CPU use, and
+// the fiber shells tasks run on (reused task after task, ended at exit, and
+// surviving a handler that throws).
 #include "child_process.h"
 #include "embedded_fixture.h"
 
@@ -10,6 +12,8 @@
 #include <atomic>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -242,3 +246,185 @@ int ComposeUnknownModuleChild() {
 const chi_test::ChildRoutine kComposeUnknown("compose_unknown_module", &ComposeUnknownModuleChild);
 
 }  // namespace
+
+// ---- Fiber shells ------------------------------------------------------------
+
+namespace {
+
+/** What ShellJobBody does, set by the test between switches. */
+struct ShellJobs {
+  int handed = 0;            ///< jobs handed to the shell and not taken yet
+  bool wait_inside = false;  ///< a job suspends once in its middle
+  int finished = 0;          ///< jobs that ran to their end
+  int cleaned = 0;           ///< job locals destroyed (at the end, or by an unwind)
+};
+
+/** A FiberShell body: takes a handed job, runs it, suspends; returns when none is handed. */
+void ShellJobBody(void *arg, chi::FiberShell &shell) {
+  auto *jobs = static_cast<ShellJobs *>(arg);
+  while (jobs->handed > 0) {
+    --jobs->handed;
+    {
+      struct Local {
+        ShellJobs *jobs;
+        ~Local() { ++jobs->cleaned; }
+      } local{jobs};
+      if (jobs->wait_inside) shell.Suspend();
+      ++jobs->finished;
+    }
+    shell.Suspend();
+  }
+}
+
+/** Sums over every worker of the embedded runtime: tasks done, fiber shells and stacks. */
+struct FiberCounts {
+  chi::u64 tasks = 0;
+  chi::u64 fibers = 0;
+  chi::u64 stacks = 0;
+};
+FiberCounts CountFibers() {
+  FiberCounts c;
+  for (const chi::WorkerStats &w : chi::Chimaera::Get().Orchestrator()->Stats()) {
+    c.tasks += w.tasks_done_;
+    c.fibers += w.fibers_;
+    c.stacks += w.stacks_;
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a fiber shell runs job after job, ends when idle and unwinds a job left suspended") {
+  chi::FiberSanitizerState owner;
+  owner.AdoptCurrentThread();
+  ShellJobs jobs;
+  chi::ShellPool pool(64 * 1024, &owner, &ShellJobBody, &jobs);
+  for (int i = 0; i < 1000; ++i) {
+    chi::FiberShell *s = pool.Take();
+    jobs.handed = 1;
+    REQUIRE(s->Enter());
+    pool.Give(s);
+  }
+  CHECK(jobs.finished == 1000);
+  CHECK(pool.Created() == 1);
+
+  // A shell suspended inside its job is not idle: a second job gets a second shell.
+  jobs.wait_inside = true;
+  chi::FiberShell *a = pool.Take();
+  jobs.handed = 1;
+  REQUIRE(a->Enter());
+  chi::FiberShell *b = pool.Take();
+  CHECK(b != a);
+  jobs.handed = 1;
+  REQUIRE(b->Enter());
+  CHECK(pool.Created() == 2);
+  REQUIRE(b->Enter());  // b's job ends
+  pool.Give(b);
+  CHECK(jobs.finished == 1001);
+
+  pool.EndIdle();  // b's body returns; a is still inside its job
+  CHECK(pool.Live() == 1);
+  CHECK(a->Abandon());  // a's job unwinds: its local is destroyed, the job never finishes
+  CHECK(pool.Live() == 0);
+  CHECK(jobs.finished == 1001);
+  CHECK(jobs.cleaned == 1002);
+  CHECK(pool.Stacks().TotalStacks() == 2);
+  CHECK(pool.Stacks().FreeStacks() == 2);  // both stacks came back when their shells ended
+}
+
+TEST_CASE("ten thousand tasks that wait inside their fibers reuse a bounded set of fiber shells") {
+  auto client = chi_test::MakeDemoPool("shells", chi::PoolId(236, 0));
+  REQUIRE(client.AsyncWaitTest(PoolQuery::Local(), 2).Wait(30));
+  const FiberCounts before = CountFibers();
+  constexpr int kRounds = 100;
+  constexpr int kConcurrent = 20;
+  constexpr chi::u32 kDepth = 5;  // each task waits on a subtask, five deep
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<chi::Future<chimaera::demo::WaitTestTask>> fs;
+    for (int i = 0; i < kConcurrent; ++i) {
+      fs.push_back(client.AsyncWaitTest(PoolQuery::Local(), kDepth));
+    }
+    for (auto &f : fs) {
+      REQUIRE(f.Wait(30));
+      REQUIRE(f->current_depth_ == kDepth);
+    }
+  }
+  const FiberCounts after = CountFibers();
+  CAPTURE(after.fibers - before.fibers);
+  CHECK(after.tasks - before.tasks >= chi::u64{kRounds} * kConcurrent * kDepth);
+  // At most kConcurrent * kDepth tasks are in progress at once; a fiber per task would be 10000.
+  CHECK(after.fibers - before.fibers <= chi::u64{kConcurrent} * kDepth);
+  CHECK(after.stacks == after.fibers);  // a shell keeps its one stack for life
+}
+
+namespace chi_test_thrower {
+
+/** Method ids of the test-only "thrower" module. */
+struct Method {
+  static constexpr chi::MethodId kCreate = 0;
+  static constexpr chi::MethodId kThrow = 10;
+};
+
+/** A task whose handler throws: kind 0 a std::runtime_error, 1 an int, 2 nothing. */
+struct ThrowTask : public chi::Task {
+  IN chi::u32 kind_ = 0;
+  IN chi::u32 sleep_first_ = 0;  ///< suspend the fiber once before throwing
+  OUT chi::u32 ran_ = 0;
+
+  template <typename Ar> void SerializeIn(Ar &ar) { ar(kind_, sleep_first_); }
+  template <typename Ar> void SerializeOut(Ar &ar) { ar(ran_); }
+};
+
+/** Runtime side of the thrower module. */
+class Runtime : public chi::ModuleRuntime<Runtime> {
+ public:
+  void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
+  void Throw(ThrowTask &t, chi::RunContext &) {
+    if (t.sleep_first_ != 0) chi::SleepFor(100000);
+    t.ran_ = 1;
+    if (t.kind_ == 0) throw std::runtime_error("boom");
+    if (t.kind_ == 1) throw 42;
+  }
+  using Methods = chi::MethodList<
+      chi::Method<Method::kCreate, chimaera::admin::CreatePoolTask, &Runtime::Create, "Create">,
+      chi::Method<Method::kThrow, ThrowTask, &Runtime::Throw, "Throw">>;
+};
+inline const bool kRegistered = chi::ModuleManager::Register<Runtime>("chi_test_thrower");
+
+/** Client side of the thrower module. */
+class Client : public chi::ContainerClient {
+ public:
+  explicit Client(chi::PoolId id) : ContainerClient(id) {}
+  chi::Future<ThrowTask> AsyncThrow(chi::u32 kind, bool sleep_first) {
+    ThrowTask *t = MakeTask<ThrowTask>(pool_id_, PoolQuery::Local(), Method::kThrow);
+    t->kind_ = kind;
+    t->sleep_first_ = sleep_first ? 1 : 0;
+    return Submit(t);
+  }
+};
+
+}  // namespace chi_test_thrower
+
+TEST_CASE("a handler that throws is answered with kInternal; its fiber shell runs the next task") {
+  chi_test::MakeDemoPool("thrower-host", chi::PoolId(237, 0));  // starts the runtime
+  auto created = admin.AsyncCreatePool(PoolQuery::Local(), "chi_test_thrower", "thrower",
+                                       chi::PoolId(238, 0));
+  REQUIRE(created.Wait(30));
+  REQUIRE_MESSAGE(created->GetReturnCode() == 0, created->GetMessage());
+  chi_test_thrower::Client thrower(chi::PoolId(238, 0));
+  const FiberCounts before = CountFibers();
+  for (chi::u32 i = 0; i < 300; ++i) {
+    CAPTURE(i);
+    auto f = thrower.AsyncThrow(i % 3, (i / 3) % 2 == 1);
+    REQUIRE(f.Wait(30));
+    CHECK(f->ran_ == 1);
+    if (i % 3 == 2) {
+      CHECK(f->GetReturnCode() == 0);
+      continue;
+    }
+    CHECK(f->GetReturnCode() == static_cast<chi::u32>(chi::ErrorCode::kInternal));
+    if (i % 3 == 0) CHECK(std::string(f->GetMessage()).find("boom") != std::string::npos);
+  }
+  // One task at a time: the shell each throw ran on went back to serve the next one.
+  CHECK(CountFibers().fibers - before.fibers <= 2);
+}

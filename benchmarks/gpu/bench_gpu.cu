@@ -137,8 +137,12 @@ __global__ void TaskLatencyKernel(chi::gpu::GpuInfo info, chi::PoolId pool, bool
   }
 }
 
-/** Every thread submits `count` GPU->GPU tasks back to back (the rate benchmark). */
-__global__ void TaskRateKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 count, u32 *wrong) {
+/**
+ * Every thread submits `count` GPU->GPU tasks back to back (the rate benchmark). Capped at
+ * 88 registers: with an orchestrator block (256 x 168) on every SM (--blocks all), a client
+ * block of 256 threads fits beside it only then; uncapped this kernel takes 92.
+ */
+__global__ void __maxnreg__(88) TaskRateKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 count, u32 *wrong) {
   CHIMAERA_GPU_INIT(info);
   chimaera::demo::Client client(pool);
   const u32 base = chi::gpu::GlobalThreadId() * count;

@@ -4191,38 +4191,44 @@ class CopySpace {
 #define CHI_SINGLE_INCLUDE_CHI_RUNTIME_WORKER_H
 // Worker: one runtime thread. It polls its lanes (active set every pass, cold
 // set every kColdPollInterval passes), routes each new task to a container,
-// runs it on a pooled fiber, resumes fibers whose awaited event completed, and
-// parks on a futex when there is nothing to do.
+// runs it on an idle fiber shell, resumes fibers whose awaited event completed,
+// and parks on a futex when there is nothing to do.
 //
-// Hot path: lane pop -> PoolManager::Acquire -> ResolveQuery -> fiber start ->
+// Hot path: lane pop -> PoolManager::Acquire -> ResolveQuery -> shell switch ->
 // Container::Run -> CompleteTask (flag + wake). Waits inside a task yield the
 // fiber (WaitInFiber); the completer pushes the waiter onto its worker's
-// resume stack, and only that worker ever resumes it.
+// resume stack, and only that worker ever resumes it. A shell goes back to the
+// idle list only when its task's body has returned, never while it is suspended.
 
 #include <sched.h>  // sched_yield while idle
 #include <time.h>   // clock_gettime for timers
 
-#include <deque>    // overflow when a worker's own lane is full (overload only)
-#include <memory>   // unique_ptr for run contexts
-#include <thread>   // the worker thread
-#include <vector>   // lanes, timers
+#include <deque>      // overflow when a worker's own lane is full (overload only)
+#include <exception>  // std::exception thrown by a task handler
+#include <memory>     // unique_ptr for run contexts
+#include <thread>     // the worker thread
+#include <vector>     // lanes, timers
 
 // ---- begin chi/runtime/fiber.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_FIBER_H
 #define CHI_SINGLE_INCLUDE_CHI_RUNTIME_FIBER_H
-// Fibers for task execution: Boost.Context fibers on pooled 64 KB stacks.
-// A worker owns one StackPool; stacks are mmap'd with a guard page and reused,
-// so starting a task costs a context switch, not an allocation. Switches are
-// annotated for ASan and TSan so sanitizer builds understand the stack changes.
+// Fibers for task execution: Boost.Context fibers on pooled 64 KB stacks, kept
+// as reusable "shells". A worker owns one ShellPool; each shell's body is a loop
+// that runs one task after another, so starting a task costs a context switch,
+// not a fiber creation. Invariant: a shell's body never returns while it still
+// has work, and every switch is annotated for ASan and TSan right before the
+// jump, with no instrumented frame unwinding in between (TSan's shadow stacks
+// stay balanced; see FiberSanitizerState).
 
 #include <sys/mman.h>  // mmap/mprotect for stacks with guard pages
 
 #include <boost/context/fiber.hpp>          // boost::context::fiber
 #include <boost/context/stack_context.hpp>  // stack_context handed to Boost
 #include <cstddef>                          // size_t
+#include <memory>                           // unique_ptr for shells (never move)
 #include <new>                              // std::bad_alloc
 #include <utility>                          // std::move
-#include <vector>                           // free stack list
+#include <vector>                           // free stack list, shell lists
 
 #if defined(__SANITIZE_ADDRESS__)
 #define CHI_ASAN_FIBERS 1
@@ -4259,7 +4265,7 @@ class StackPool {
                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (base == MAP_FAILED) throw std::bad_alloc();
       mprotect(base, kPage, PROT_NONE);  // guard page: overflow faults instead of corrupting
-      ++total_;
+      total_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
     }
     ctx::stack_context sc;
     sc.size = stack_bytes_;
@@ -4275,7 +4281,7 @@ class StackPool {
   /** Lowest usable address of the stack handed out last (sanitizer annotations). */
   const void *LastStackBottom() const { return last_bottom_; }
   /** Stacks ever mapped (for stats and leak checks). */
-  u64 TotalStacks() const { return total_; }
+  u64 TotalStacks() const { return total_.Load(MemOrder::kRelaxed); }
   u64 FreeStacks() const { return free_.size(); }
 
  private:
@@ -4283,7 +4289,7 @@ class StackPool {
   static size_t RoundToPage(size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
   size_t stack_bytes_;
-  u64 total_ = 0;
+  Atomic<u64> total_;
   const void *last_bottom_ = nullptr;
   std::vector<void *> free_;
 };
@@ -4301,7 +4307,13 @@ class PooledStack {
 
 /**
  * Sanitizer bookkeeping for one side of a switch. Each execution context (the
- * worker's own stack, or a task fiber) keeps one; a no-op in normal builds.
+ * worker's own stack, or a fiber shell) keeps one; a no-op in normal builds.
+ * TSan keeps a shadow stack per fiber and books every function entry and exit
+ * on the fiber it believes current, so an annotation must sit right before the
+ * jump on both sides: then the frames a switch enters and leaves land on one
+ * fiber. A fiber that ends is the exception (Boost switches away only after the
+ * body's frames returned), so its last switch is told to TSan by the side that
+ * lands (AfterExit).
  */
 struct FiberSanitizerState {
   const void *stack_bottom = nullptr;
@@ -4313,18 +4325,23 @@ struct FiberSanitizerState {
   void *tsan_fiber = nullptr;
 #endif
 
-  /** Call just before switching from `self` to `to`; `dying` when self never resumes. */
-  static void BeforeSwitch(FiberSanitizerState *self, const FiberSanitizerState *to, bool dying) {
+  /** Makes this the state of the calling thread's own stack (the owner of its shells). */
+  void AdoptCurrentThread() {
+#if CHI_TSAN_FIBERS
+    tsan_fiber = __tsan_get_current_fiber();
+#endif
+  }
+
+  /** Call just before switching from `self` to `to`, when `self` will be resumed. */
+  static void BeforeSwitch(FiberSanitizerState *self, const FiberSanitizerState *to) {
 #if CHI_ASAN_FIBERS
-    __sanitizer_start_switch_fiber(dying ? nullptr : &self->fake_stack, to->stack_bottom,
-                                   to->stack_size);
+    __sanitizer_start_switch_fiber(&self->fake_stack, to->stack_bottom, to->stack_size);
 #endif
 #if CHI_TSAN_FIBERS
     __tsan_switch_to_fiber(to->tsan_fiber, 0);
 #endif
     (void)self;
     (void)to;
-    (void)dying;
   }
   /** Call first thing after a switch lands in `self`; records the stack we came from. */
   static void AfterSwitch(FiberSanitizerState *self, FiberSanitizerState *from) {
@@ -4334,6 +4351,180 @@ struct FiberSanitizerState {
     (void)self;
     (void)from;
   }
+  /**
+   * Call in a fiber that is about to return for good, switching to `to`: ASan
+   * frees its fake stack. TSan is told by the landing side (AfterExit), since
+   * this fiber's frames still return after this call.
+   */
+  static void BeforeExit(FiberSanitizerState *self, const FiberSanitizerState *to) {
+#if CHI_ASAN_FIBERS
+    __sanitizer_start_switch_fiber(nullptr, to->stack_bottom, to->stack_size);
+#endif
+    (void)self;
+    (void)to;
+  }
+  /** Call first thing after landing in `self` from a fiber that ended; forgets that fiber. */
+  static void AfterExit(FiberSanitizerState *self, FiberSanitizerState *from) {
+#if CHI_TSAN_FIBERS
+    __tsan_switch_to_fiber(self->tsan_fiber, 0);
+    __tsan_destroy_fiber(from->tsan_fiber);
+    from->tsan_fiber = nullptr;
+#endif
+    AfterSwitch(self, from);
+  }
+};
+
+/**
+ * A fiber reused for many jobs. Its body (a plain function the owner gives)
+ * loops: take a job, run it, Suspend, take the next; it returns only when the
+ * owner ends it. Created, entered and ended by one owner thread; never moves
+ * (the fiber holds its address).
+ */
+class FiberShell {
+ public:
+  /** What a shell runs, on its own stack: `body(arg, shell)`; returning ends the shell. */
+  using Body = void (*)(void *arg, FiberShell &shell);
+  /** Thrown out of Suspend when the owner abandons the shell (Abandon); not a job's failure. */
+  struct Unwind {};
+
+  FiberShell() = default;
+  FiberShell(const FiberShell &) = delete;
+  FiberShell &operator=(const FiberShell &) = delete;
+
+  /** Owner side: creates the fiber on a stack from `stacks`; the body starts at the first Enter. */
+  void Start(StackPool *stacks, FiberSanitizerState *owner, Body body, void *arg) {
+    owner_ = owner;
+#if CHI_TSAN_FIBERS
+    san_.tsan_fiber = __tsan_create_fiber(0);
+    // Boost runs the fiber's entry frame during construction: book it on the shell.
+    __tsan_switch_to_fiber(san_.tsan_fiber, 0);
+#endif
+    fiber_ = ctx::fiber(std::allocator_arg, PooledStack(stacks),
+                        [this, body, arg](ctx::fiber &&owner_side) {
+                          return Main(std::move(owner_side), body, arg);
+                        });
+#if CHI_TSAN_FIBERS
+    __tsan_switch_to_fiber(owner_->tsan_fiber, 0);
+#endif
+    san_.stack_bottom = stacks->LastStackBottom();
+    san_.stack_size = stacks->StackBytes();
+  }
+
+  /** Owner side: runs the shell until it suspends (true) or its body returned (false). */
+  bool Enter() {
+    FiberSanitizerState::BeforeSwitch(owner_, &san_);
+    fiber_ = std::move(fiber_).resume();
+    return Landed();
+  }
+
+  /** Shell side: switches back to the owner until its next Enter. */
+  void Suspend() {
+    FiberSanitizerState::BeforeSwitch(&san_, owner_);
+    sink_ = std::move(sink_).resume();
+    FiberSanitizerState::AfterSwitch(&san_, owner_);
+  }
+
+  /**
+   * Owner side, for a shell suspended in a job that will never be resumed: Suspend
+   * throws Unwind in the shell, so the job's frames unwind (destructors run) and the
+   * body returns. True if the shell ended (a job that swallowed Unwind and suspended
+   * again leaves it alive; Boost then unwinds it when the shell is destroyed).
+   */
+  bool Abandon() {
+    FiberSanitizerState::BeforeSwitch(owner_, &san_);
+    fiber_ = std::move(fiber_).resume_with([this](ctx::fiber &&owner_side) -> ctx::fiber {
+      sink_ = std::move(owner_side);
+      FiberSanitizerState::AfterSwitch(&san_, owner_);
+      throw Unwind{};
+    });
+    return !Landed();
+  }
+
+  /** False once the body returned. */
+  bool Alive() const { return static_cast<bool>(fiber_); }
+
+ private:
+  /** The fiber's function: annotations around the owner's body. */
+  ctx::fiber Main(ctx::fiber &&owner_side, Body body, void *arg) {
+    FiberSanitizerState::AfterSwitch(&san_, owner_);
+    sink_ = std::move(owner_side);
+    try {
+      body(arg, *this);
+    } catch (const Unwind &) {  // Abandon: the job's frames are gone, end like a normal exit
+    }
+    FiberSanitizerState::BeforeExit(&san_, owner_);
+    return std::move(sink_);
+  }
+
+  /** Owner side, right after a switch into the shell returned; false if the shell ended. */
+  bool Landed() {
+    if (CHI_UNLIKELY(!fiber_)) {
+      FiberSanitizerState::AfterExit(owner_, &san_);
+      return false;
+    }
+    FiberSanitizerState::AfterSwitch(owner_, &san_);
+    return true;
+  }
+
+  ctx::fiber fiber_;                      ///< the shell side while it is suspended
+  ctx::fiber sink_;                       ///< the owner side while the shell runs
+  FiberSanitizerState san_;               ///< sanitizer view of the shell's stack
+  FiberSanitizerState *owner_ = nullptr;  ///< sanitizer view of the owner's stack
+};
+
+/**
+ * One thread's fiber shells, all running the same body: hands out an idle shell
+ * (making one only when every shell is busy), takes it back when its job is done,
+ * and ends the idle ones when the thread exits. So shells, and their stacks, are
+ * bounded by the most jobs ever in progress at once, not by the jobs run.
+ */
+class ShellPool {
+ public:
+  /** Shells on `stack_bytes` stacks, switching with `owner`, running `body(arg, shell)`. */
+  ShellPool(size_t stack_bytes, FiberSanitizerState *owner, FiberShell::Body body, void *arg)
+      : stacks_(stack_bytes), owner_(owner), body_(body), arg_(arg) {}
+  ShellPool(const ShellPool &) = delete;
+  ShellPool &operator=(const ShellPool &) = delete;
+
+  /** An idle shell (its body waits at the top of its loop), or a new one. */
+  FiberShell *Take() {
+    if (CHI_LIKELY(!idle_.empty())) {
+      FiberShell *s = idle_.back();
+      idle_.pop_back();
+      return s;
+    }
+    all_.push_back(std::make_unique<FiberShell>());
+    all_.back()->Start(&stacks_, owner_, body_, arg_);
+    created_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+    return all_.back().get();
+  }
+  /** Takes back a shell whose job finished (it is suspended between jobs). */
+  void Give(FiberShell *s) { idle_.push_back(s); }
+
+  /** Enters every idle shell once more; the body must find no job and return. */
+  void EndIdle() {
+    for (FiberShell *s : idle_) s->Enter();
+    idle_.clear();
+  }
+
+  /** Shells ever created (each has run any number of jobs); any thread. */
+  u64 Created() const { return created_.Load(MemOrder::kRelaxed); }
+  /** Shells whose body has not returned yet; owner thread only. */
+  u64 Live() const {
+    u64 n = 0;
+    for (const auto &s : all_) n += s->Alive() ? 1 : 0;
+    return n;
+  }
+  const StackPool &Stacks() const { return stacks_; }
+
+ private:
+  StackPool stacks_;  ///< first member: outlives the shells, whose stacks it takes back
+  FiberSanitizerState *owner_;
+  FiberShell::Body body_;
+  void *arg_;
+  std::vector<std::unique_ptr<FiberShell>> all_;
+  std::vector<FiberShell *> idle_;
+  Atomic<u64> created_;
 };
 
 }  // namespace chi
@@ -4832,10 +5023,11 @@ inline Status ResolveQuery(const PoolInfo &pool, const PoolQuery &q, NodeId this
 // ---- begin chi/runtime/run_context.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_RUN_CONTEXT_H
 #define CHI_SINGLE_INCLUDE_CHI_RUNTIME_RUN_CONTEXT_H
-// RunContext: the runtime-private state of one executing task — its fiber, the
-// worker running it, its container and pool. Never in shared memory; the task
-// struct itself stays plain data. Also the thread-locals that tell Future::Wait
-// whether it runs inside a task fiber (yield) or on a plain thread (park).
+// RunContext: the runtime-private state of one executing task — the fiber shell
+// running it, the worker that owns that shell, its container and pool. Never in
+// shared memory; the task struct itself stays plain data. Also the thread-locals
+// that tell Future::Wait whether it runs inside a task fiber (yield) or on a
+// plain thread (park).
 
 #include <utility>  // std::move
 #include <vector>   // fan-out targets
@@ -4846,7 +5038,11 @@ class Worker;
 class Container;
 struct PoolInfo;
 
-/** Everything a worker tracks for one task between start and completion. */
+/**
+ * Everything a worker tracks for one task between start and completion. A task
+ * holds its shell only while it runs or is suspended: a periodic task waiting
+ * for its next run holds none.
+ */
 class RunContext {
  public:
   /** What the worker should do with the task when its fiber returns control. */
@@ -4855,19 +5051,17 @@ class RunContext {
   Task *task_ = nullptr;            ///< the task being executed
   Container *container_ = nullptr;  ///< target container (kRun)
   PoolInfo *pool_ = nullptr;        ///< pool reference held while in flight
-  Worker *worker_ = nullptr;        ///< the worker that owns the fiber
+  Worker *worker_ = nullptr;        ///< the worker that owns the shell
   Kind kind_ = Kind::kRun;
-  ctx::fiber fiber_;                ///< the task side while suspended
-  ctx::fiber sink_;                 ///< the worker side while the task runs
-  FiberSanitizerState san_;         ///< sanitizer view of this fiber's stack
-  bool finished_ = false;           ///< the fiber function returned
+  FiberShell *shell_ = nullptr;     ///< the fiber running the task, from start to finish
+  bool finished_ = false;           ///< the task's body returned (its shell is free again)
   u32 next_minor_ = 1;              ///< TaskNode minor for the next subtask
   u64 next_run_ns_ = 0;             ///< periodic tasks: when to run again
   RunContext *next_ = nullptr;      ///< intrusive link (resume stack, free list)
   std::vector<ContainerId> targets_;  ///< fan-out: containers that get a replica
 
   /** Task side: switch back to the worker until someone resumes this fiber. */
-  inline void Yield();
+  void Yield() { shell_->Suspend(); }
 
   /** The TaskNode for a subtask spawned by this task (same major, fresh minor). */
   TaskNode NextChildNode() { return task_->task_node_.Child(next_minor_++); }
@@ -4910,10 +5104,11 @@ struct WorkerStats {
   u64 blocked_ = 0;       ///< fibers suspended on an event
   u64 parks_ = 0;         ///< times it went to sleep
   u64 stacks_ = 0;        ///< fiber stacks mapped
+  u64 fibers_ = 0;        ///< fiber shells created (each runs task after task)
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(id_, role_, tasks_done_, queue_depth_, blocked_, parks_, stacks_);
+    ar(id_, role_, tasks_done_, queue_depth_, blocked_, parks_, stacks_, fibers_);
   }
 };
 
@@ -5282,7 +5477,8 @@ class Worker {
 
   Worker(u32 id, WorkerRole role, WorkOrchestrator *orch, PoolManager *pools, NodeId node,
          size_t stack_bytes)
-      : id_(id), role_(role), orch_(orch), pools_(pools), node_(node), stacks_(stack_bytes) {}
+      : id_(id), role_(role), orch_(orch), pools_(pools), node_(node),
+        shells_(stack_bytes, &san_, &Worker::ShellMain, this) {}
   ~Worker() { Join(); }
   Worker(const Worker &) = delete;
   Worker &operator=(const Worker &) = delete;
@@ -5380,14 +5576,13 @@ class Worker {
     for (const LaneSlot &l : cold_) s.queue_depth_ += l.lane->Size();
     s.blocked_ = blocked_;
     s.parks_ = parks_.Load(MemOrder::kRelaxed);
-    s.stacks_ = stacks_.TotalStacks();
+    s.stacks_ = shells_.Stacks().TotalStacks();
+    s.fibers_ = shells_.Created();
     return s;
   }
 
   u32 GetId() const { return id_; }
   WorkerRole GetRole() const { return role_; }
-  /** Sanitizer state of the worker's own stack (fibers switch back to it). */
-  FiberSanitizerState &SanitizerState() { return san_; }
 
  private:
   struct LaneSlot {
@@ -5411,10 +5606,16 @@ class Worker {
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
   inline void OnFiberDone(RunContext *r);
+  inline void ShellLoop(FiberShell &shell);
   inline void RunBody(RunContext *r);
+  inline void EndShells();
   inline void FanOut(RunContext *r);
   inline void FinishTask(Task *t, PoolInfo *pool);  ///< release pool, count, publish
 
+  /** FiberShell::Body of every shell: `worker` is this worker. */
+  static void ShellMain(void *worker, FiberShell &shell) {
+    static_cast<Worker *>(worker)->ShellLoop(shell);
+  }
   void ForceWake() {
     if (parked_.Exchange(0, MemOrder::kAcqRel) != 0) FutexWake(parked_.Raw(), 1);
   }
@@ -5441,7 +5642,8 @@ class Worker {
   WorkOrchestrator *orch_;
   PoolManager *pools_;
   NodeId node_;
-  StackPool stacks_;
+  ShellPool shells_;                ///< fibers that run tasks, reused task after task
+  RunContext *starting_ = nullptr;  ///< the task StartFiber hands to the shell it enters
   std::thread thread_;
   std::vector<LaneSlot> active_;
   std::vector<LaneSlot> cold_;
@@ -5450,7 +5652,7 @@ class Worker {
   std::vector<Sleeper> sleepers_;     ///< fibers in SleepInFiber
   RunContext *free_rctx_ = nullptr;
   std::vector<std::unique_ptr<RunContext>> all_rctx_;
-  FiberSanitizerState san_;
+  FiberSanitizerState san_;  ///< sanitizer view of the worker's own stack
   RouteTargets targets_;
   u64 blocked_ = 0;
   u64 running_ = 0;  ///< fibers started and not finished (includes blocked and periodic)
@@ -5467,41 +5669,45 @@ class Worker {
 /** Resumes a fiber on the worker that owns it (used by CompleteTask). */
 inline void ResumeWaiter(RunContext *r) { r->worker_->Resume(r); }
 
-// ---- Fiber switching ------------------------------------------------------
-
-void RunContext::Yield() {
-  FiberSanitizerState::BeforeSwitch(&san_, &worker_->SanitizerState(), false);
-  sink_ = std::move(sink_).resume();
-  FiberSanitizerState::AfterSwitch(&san_, &worker_->SanitizerState());
-}
+// ---- Fiber shells -----------------------------------------------------------
 
 void Worker::StartFiber(RunContext *r) {
   ++running_;
   r->finished_ = false;
-  r->fiber_ = ctx::fiber(std::allocator_arg, PooledStack(&stacks_), [r](ctx::fiber &&sink) {
-    Worker *w = r->worker_;
-    FiberSanitizerState::AfterSwitch(&r->san_, &w->san_);
-    r->sink_ = std::move(sink);
-    w->RunBody(r);
-    r->finished_ = true;
-    FiberSanitizerState::BeforeSwitch(&r->san_, &w->san_, true);
-    return std::move(r->sink_);
-  });
-  r->san_.stack_bottom = stacks_.LastStackBottom();
-  r->san_.stack_size = stacks_.StackBytes();
-#if CHI_TSAN_FIBERS
-  r->san_.tsan_fiber = __tsan_create_fiber(0);
-#endif
+  r->shell_ = shells_.Take();  // idle: waits at the top of ShellLoop for starting_
+  starting_ = r;
   SwitchTo(r);
 }
 
 void Worker::SwitchTo(RunContext *r) {
   tls_current_rctx = r;
-  FiberSanitizerState::BeforeSwitch(&san_, &r->san_, false);
-  r->fiber_ = std::move(r->fiber_).resume();
-  FiberSanitizerState::AfterSwitch(&san_, &r->san_);
+  r->shell_->Enter();
   tls_current_rctx = nullptr;
   if (r->finished_) OnFiberDone(r);
+}
+
+/** Runs in every shell: one task per pass; returns only when the worker exits (EndShells). */
+void Worker::ShellLoop(FiberShell &shell) {
+  for (;;) {
+    RunContext *r = starting_;
+    starting_ = nullptr;
+    if (r == nullptr) return;
+    RunBody(r);
+    r->finished_ = true;
+    shell.Suspend();  // SwitchTo sees finished_ and frees the shell before its next task
+  }
+}
+
+/** At exit: ends the idle shells, and unwinds those whose task stayed blocked past the grace. */
+void Worker::EndShells() {
+  starting_ = nullptr;
+  shells_.EndIdle();
+  for (auto &r : all_rctx_) {
+    if (r->shell_ == nullptr) continue;
+    tls_current_rctx = r.get();
+    r->shell_->Abandon();  // the task is never answered (as before shells): its destructors run
+    tls_current_rctx = nullptr;
+  }
 }
 
 // ---- Task start, run and completion ---------------------------------------
@@ -5549,19 +5755,29 @@ void Worker::StartTask(Task *t) {
   StartFiber(r);
 }
 
+/** Runs the task's handler (or its fan-out); an exception it throws becomes its error answer. */
 void Worker::RunBody(RunContext *r) {
-  if (r->kind_ == RunContext::Kind::kFanOut) {
-    FanOut(r);
-  } else {
-    r->container_->Run(r->task_->method_, r->task_, *r);
+  try {
+    if (r->kind_ == RunContext::Kind::kFanOut) {
+      FanOut(r);
+    } else {
+      r->container_->Run(r->task_->method_, r->task_, *r);
+    }
+  } catch (const FiberShell::Unwind &) {
+    throw;  // EndShells abandons this fiber: not the task's failure
+  } catch (const ctx::detail::forced_unwind &) {
+    throw;  // Boost destroys this fiber
+  } catch (const std::exception &e) {
+    r->task_->SetErrorf(ErrorCode::kInternal, "task threw: %s", e.what());
+  } catch (...) {
+    r->task_->SetError(ErrorCode::kInternal, "task threw a non-standard exception");
   }
 }
 
 void Worker::OnFiberDone(RunContext *r) {
   --running_;
-#if CHI_TSAN_FIBERS
-  __tsan_destroy_fiber(r->san_.tsan_fiber);
-#endif
+  shells_.Give(r->shell_);  // its body returned: it waits for the next task
+  r->shell_ = nullptr;
   Task *t = r->task_;
   PoolInfo *pool = r->pool_;
   const bool cancelled =
@@ -5584,9 +5800,7 @@ void Worker::OnFiberDone(RunContext *r) {
 
 void Worker::Loop() {
   tls_current_worker = this;
-#if CHI_TSAN_FIBERS
-  san_.tsan_fiber = __tsan_get_current_fiber();
-#endif
+  san_.AdoptCurrentThread();  // before any shell: they switch back to this stack
   u32 idle = 0;
   u64 idle_since = 0;
   u64 pass = 0;
@@ -5625,6 +5839,7 @@ void Worker::Loop() {
     Park();
   }
   EndExternalPolling();
+  EndShells();
   tls_current_worker = nullptr;
 }
 
@@ -8635,6 +8850,8 @@ inline bool IsProcessAlive(const ProcessIdentity &who) {
 // it, ShmClientTransport attaches it. Invariant: the header's magic is written last, and a
 // slot's streams are reset only by the runtime while no client owns the slot.
 
+#include <sched.h>  // sched_getcpu: where each end runs
+
 #include <new>          // placement new of the header and slots
 #include <string>       // segment names, ShmServerInfo
 #include <string_view>  // names
@@ -8644,13 +8861,20 @@ inline bool IsProcessAlive(const ProcessIdentity &who) {
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
 // ShmStream: one direction of a shared-memory connection, a byte ring with one writer and
 // one reader (usually two processes) carrying framed messages of any size in pieces. Both
-// ends are non-blocking so one runtime poller can serve many streams; callers choose how
+// ends never block here, so one runtime poller can serve many streams; callers choose how
 // to wait. Invariant: the ring holds only whole records (16-byte header + payload padded
-// to 16), published by moving write_pos_, so the reader never sees half a record.
+// to 16); the writer clears the header word after a record before it publishes the
+// record's own header word (release), so a reader polls the header at its read position
+// and sees either zero or a whole record, never half of one, and never a stale one.
+//
+// Why the header and not a shared write position: a reader that polls the record itself
+// gets the "ready" signal and the first payload bytes in one cache-line transfer; the
+// write position (still published after each record) is read only by park re-checks,
+// statistics and the corruption check (Unframed), so in steady state it never moves.
 //
 // Framing: a message is a kBegin record (its total length and the first bytes that fit)
-// followed by kMore records with the rest. The reader checks every header against what
-// is published and reports a corrupt stream instead of trusting it.
+// followed by kMore records with the rest. The reader checks every header and reports a
+// corrupt stream instead of trusting it.
 
 #include <algorithm>  // std::min for wrapped copies
 #include <cstring>    // memcpy in and out of the ring
@@ -8676,7 +8900,9 @@ class ShmStream {
   /** Builds an empty stream at `mem` (BytesFor bytes, 64-byte aligned); nullptr if misaligned. */
   static ShmStream *Create(void *mem, u32 ring_bytes) {
     if (!IsRingAligned(mem)) return nullptr;
-    return new (mem) ShmStream(RingSize(ring_bytes));
+    ShmStream *s = new (mem) ShmStream(RingSize(ring_bytes));
+    s->ClearHeader(0);  // the region may hold old bytes: nothing is published at 0
+    return s;
   }
 
   /** Views a stream that another process (or an earlier Create) built at `mem`. */
@@ -8688,13 +8914,13 @@ class ShmStream {
     write_pos_.Store(0, MemOrder::kRelaxed);
     read_pos_.Store(0, MemOrder::kRelaxed);
     cached_read_ = 0;
-    cached_write_ = 0;
+    ClearHeader(0);  // old records at offset 0 must not look published
   }
 
   /** Bytes in the ring (record headers included). */
   u32 RingBytes() const { return ring_bytes_; }
   /** The largest payload one record can carry. */
-  u64 MaxPieceBytes() const { return ring_bytes_ - kRecordHeaderBytes; }
+  u64 MaxPieceBytes() const { return ring_bytes_ - 2 * kRecordHeaderBytes; }
 
   // ---- Writer side ----
 
@@ -8724,8 +8950,8 @@ class ShmStream {
    * parked reader is never missed (the caller notifies it afterwards).
    */
   void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) {
-    // seq_cst: release publishes the record; seq_cst orders it before the notifier's
-    // read of the reader's waiter count (WaitEvent's Dekker pair).
+    // seq_cst: the write position's store is ordered before the notifier's read of the
+    // reader's waiter count (WaitEvent's Dekker pair).
     Append(begin, message_bytes, data, bytes, MemOrder::kSeqCst);
   }
 
@@ -8734,13 +8960,14 @@ class ShmStream {
    * reads any waiter flag, so one fence covers this publish and the stores before it.
    */
   void WritePieceRelease(bool begin, u64 message_bytes, const void *data, u64 bytes) {
-    // release: publishes the record; the caller's fence orders it before its Dekker reads.
+    // release: the caller's fence orders the publish before its Dekker reads.
     Append(begin, message_bytes, data, bytes, MemOrder::kRelease);
   }
 
   /**
-   * Publishes raw bytes with no framing (length rounded up to 16). Fault injection for
-   * tests of a reader's defences only; the caller made sure they fit.
+   * Publishes raw bytes with no framing (length rounded up to 16): the write position
+   * moves, no header is written. Fault injection for tests of a reader's defences only;
+   * the caller made sure they fit.
    */
   void PublishUnframed(const void *data, u64 bytes) {
     u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
@@ -8775,29 +9002,30 @@ class ShmStream {
   enum class PeekResult : u32 { kEmpty, kReady, kCorrupt };
 
   /**
-   * Describes the oldest record without consuming it. kCorrupt: the published bytes do
-   * not form a valid record (unknown kind, or a length beyond what is published); the
-   * stream cannot be trusted any more.
+   * Describes the oldest record without consuming it, reading only its header (no shared
+   * position). kCorrupt: the header is no valid record (unknown kind, or a length the
+   * ring cannot hold); the stream cannot be trusted any more. Bytes published with no
+   * header at all read as kEmpty here; Unframed tells them apart.
    */
   PeekResult Peek(Piece *p) {
-    u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
-    if (cached_write_ == r) {
-      // acquire: the record bytes before write_pos_ are visible once we read it.
-      cached_write_ = write_pos_.Load(MemOrder::kAcquire);
-      if (cached_write_ == r) return PeekResult::kEmpty;
-    }
-    const u64 used = cached_write_ - r;
+    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    // acquire: pairs with the writer's release of the header word; the record's other
+    // header bytes and its payload are visible once we see it.
+    const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
+    if (word == 0) return PeekResult::kEmpty;
     Record rec;
-    if (used < kRecordHeaderBytes || used > ring_bytes_) return PeekResult::kCorrupt;
-    CopyOut(r, &rec, kRecordHeaderBytes);
+    rec.kind = static_cast<u32>(word);
+    rec.bytes = static_cast<u32>(word >> 32);
+    CopyOut(r + sizeof(u64), &rec.message_bytes, sizeof(rec.message_bytes));
     const u64 footprint = kRecordHeaderBytes + RoundUpTo(rec.bytes, kAlign);
-    if ((rec.kind != kBegin && rec.kind != kMore) || footprint > used ||
+    if ((rec.kind != kBegin && rec.kind != kMore) ||
+        footprint > ring_bytes_ - kRecordHeaderBytes ||
         (rec.kind == kBegin && rec.bytes > rec.message_bytes)) {
       return PeekResult::kCorrupt;
     }
     p->kind = rec.kind;
     p->bytes = rec.bytes;
-    p->message_bytes = rec.message_bytes;
+    p->message_bytes = rec.kind == kBegin ? rec.message_bytes : 0;
     p->footprint = footprint;
     const u64 off = (r + kRecordHeaderBytes) & mask_;
     p->first = Ring() + off;
@@ -8815,16 +9043,34 @@ class ShmStream {
     read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
   }
 
-  /** True when a record is published (a spinning reader's cheap check). */
+  /** True when a record is published (a spinning reader's cheap check: the header only). */
   bool HasData() const {
     // acquire: a record seen here is readable by the Peek that follows.
-    return write_pos_.Load(MemOrder::kAcquire) != read_pos_.Load(MemOrder::kRelaxed);
+    return HeaderWord(read_pos_.Load(MemOrder::kRelaxed))->Load(MemOrder::kAcquire) != 0;
   }
 
-  /** True when a record is published (seq_cst: a waiter's Dekker re-check). */
+  /**
+   * True when the writer has published bytes past the read position (seq_cst: a waiter's
+   * Dekker re-check against the writer's publish). A reader may consume a record before
+   * its write position is stored, hence "past", not "different".
+   */
   bool HasDataSeqCst() const {
-    // seq_cst: pairs with the writer's seq_cst write_pos_ store.
-    return write_pos_.Load(MemOrder::kSeqCst) != read_pos_.Load(MemOrder::kRelaxed);
+    // seq_cst: pairs with the writer's seq_cst (or release + fence) write_pos_ store.
+    const u64 w = write_pos_.Load(MemOrder::kSeqCst);
+    return static_cast<i64>(w - read_pos_.Load(MemOrder::kRelaxed)) > 0;
+  }
+
+  /**
+   * True when bytes were published at the read position with no record header: a writer
+   * that broke the framing (the slow check that Peek's kEmpty leaves to pollers that
+   * are not on the hot path). Reads the shared write position.
+   */
+  bool Unframed() const {
+    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    // acquire: the writer stores the header before the position, so once the position
+    // is past r, the header at r is visible to the load below.
+    if (static_cast<i64>(write_pos_.Load(MemOrder::kAcquire) - r) <= 0) return false;
+    return HeaderWord(r)->Load(MemOrder::kAcquire) == 0;
   }
 
   /** Published bytes not yet consumed (a statistic: read from any process). */
@@ -8856,20 +9102,45 @@ class ShmStream {
 
   /** The byte ring trailing the header in the same region. */
   char *Ring() { return reinterpret_cast<char *>(this) + sizeof(ShmStream); }
+  const char *Ring() const { return reinterpret_cast<const char *>(this) + sizeof(ShmStream); }
 
-  /** Payload room for one record given the writer's and a reader's position. */
-  u64 Room(u64 w, u64 r) const {
-    u64 free_bytes = ring_bytes_ - (w - r);
-    return free_bytes > kRecordHeaderBytes ? free_bytes - kRecordHeaderBytes : 0;
+  /** The first 8 bytes of the record header at position pos: kind (low) and bytes (high). */
+  Atomic<u64> *HeaderWord(u64 pos) const {
+    return reinterpret_cast<Atomic<u64> *>(const_cast<char *>(Ring()) + (pos & mask_));
   }
 
-  /** Copies one record into the ring and moves write_pos_ past it with `publish` order. */
+  /** Marks position pos as "nothing published here" (the writer, or an idle stream). */
+  void ClearHeader(u64 pos) {
+    // relaxed: the reader reaches pos only through the acquire of an earlier header whose
+    // release follows this store.
+    HeaderWord(pos)->Store(0, MemOrder::kRelaxed);
+  }
+
+  /**
+   * Payload room for one record given the writer's and a reader's position. One header's
+   * worth stays free so the writer can clear the header after its record (see Append).
+   */
+  u64 Room(u64 w, u64 r) const {
+    u64 free_bytes = ring_bytes_ - (w - r);
+    return free_bytes > 2 * kRecordHeaderBytes ? free_bytes - 2 * kRecordHeaderBytes : 0;
+  }
+
+  /**
+   * Copies one record into the ring: payload and length first, then the next record's
+   * header cleared, then this header's word (release: the reader may take it from here),
+   * then the write position with `publish` order (park re-checks and statistics).
+   */
   void Append(bool begin, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
     u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    Record rec{begin ? kBegin : kMore, static_cast<u32>(bytes), begin ? message_bytes : 0};
-    CopyIn(w, &rec, kRecordHeaderBytes);
+    const u64 next = w + kRecordHeaderBytes + RoundUpTo(bytes, kAlign);
+    const u64 length = begin ? message_bytes : 0;
+    CopyIn(w + sizeof(u64), &length, sizeof(length));
     CopyIn(w + kRecordHeaderBytes, data, bytes);
-    write_pos_.Store(w + kRecordHeaderBytes + RoundUpTo(bytes, kAlign), publish);
+    ClearHeader(next);  // Room keeps it free: the reader has consumed it already
+    const u64 word = static_cast<u64>(begin ? kBegin : kMore) | (bytes << 32);
+    // release: the payload, the length and the cleared next header precede the record.
+    HeaderWord(w)->Store(word, MemOrder::kRelease);
+    write_pos_.Store(next, publish);
   }
 
   /** Copies n bytes into the ring at position pos, wrapping at its end. */
@@ -8883,7 +9154,7 @@ class ShmStream {
   }
 
   /** Copies n bytes out of the ring from position pos, wrapping at its end. */
-  void CopyOut(u64 pos, void *dst, u64 n) {
+  void CopyOut(u64 pos, void *dst, u64 n) const {
     char *d = static_cast<char *>(dst);
     u64 off = pos & mask_;
     u64 first = std::min<u64>(n, ring_bytes_ - off);
@@ -8899,7 +9170,6 @@ class ShmStream {
   u64 cached_read_ = 0;  ///< the writer's last view of read_pos_
   // Line 2: the reader's.
   alignas(kCacheLine) Atomic<u64> read_pos_;
-  u64 cached_write_ = 0;  ///< the reader's last view of write_pos_
 };
 
 /**
@@ -8922,7 +9192,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 2;
+inline constexpr u32 kShmTransportVersion = 3;
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -8973,7 +9243,34 @@ struct ShmClientSlot {
   // Lines 2-3: the client parks here (answers to read; room to write requests).
   alignas(kCacheLine) WaitEvent answer_ready_;
   alignas(kCacheLine) WaitEvent request_room_;
+  // Lines 4-5: where each end last ran (CpuTag), stored only when it changes. Two
+  // spinning ends placed on one CPU hand it to each other (ShareCpu) instead of each
+  // spinning out its time slice.
+  alignas(kCacheLine) Atomic<u32> runtime_cpu_;  ///< the runtime thread that took requests
+  alignas(kCacheLine) Atomic<u32> client_cpu_;   ///< the client thread that sent requests
 };
+
+/** The CPU the calling thread runs on, plus one (0: unknown). Costs a few ns (rseq). */
+inline u32 CpuTag() {
+  const int cpu = sched_getcpu();
+  return cpu < 0 ? 0 : static_cast<u32>(cpu) + 1;
+}
+
+/** Records the caller's CPU in `where` when it changed (the line is rarely written). */
+inline void NoteCpu(Atomic<u32> &where) {
+  const u32 cpu = CpuTag();
+  // relaxed: a scheduling hint, never a synchronisation.
+  if (where.Load(MemOrder::kRelaxed) != cpu) where.Store(cpu, MemOrder::kRelaxed);
+}
+
+/**
+ * True when the other end last ran on the caller's CPU (`other` as NoteCpu wrote it):
+ * then it can only progress while we do not run, and the caller should yield to it.
+ */
+inline bool ShareCpu(const Atomic<u32> &other) {
+  const u32 cpu = other.Load(MemOrder::kRelaxed);  // relaxed: a hint
+  return cpu != 0 && cpu == CpuTag();
+}
 
 /** The first bytes of the segment's data area. */
 struct ShmSegmentHeader {
@@ -9242,6 +9539,12 @@ class ShmClientReceiver : public ClientTransport {
   static constexpr u64 kIdleCheckNs = 200000000;
   /** Most answers one turn of the role takes (the receiver or a helping caller). */
   static constexpr u32 kAnswersPerTurn = 64;
+  /**
+   * How long the receiver naps while callers spinning in Wait deliver answers themselves
+   * (about Future's spin time: an answer left behind by a caller that gave up spinning
+   * waits at most this long).
+   */
+  static constexpr u64 kCallerNapNs = 50000;
 
   /** Why the connection failed (kOk while healthy). */
   ErrorCode Failure() const {
@@ -9285,6 +9588,8 @@ class ShmClientReceiver : public ClientTransport {
     if (helper_installed_) WaitHelper::Remove(&helper_);  // returns once no caller helps
     rx_stop_.Store(1, MemOrder::kSeqCst);  // seq_cst: the receiver's park re-check reads it
     slot_->answer_ready_.Notify();
+    rx_nap_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: after the flag; ends a nap early
+    FutexWake(rx_nap_.Raw(), 1);
     if (receiver_.joinable()) receiver_.join();
     u32 idle = 0;
     // acquire: the last holder's stream reads are done; we keep the role for good.
@@ -9394,8 +9699,13 @@ class ShmClientReceiver : public ClientTransport {
    * leaves split answers, corrupt streams and failures to the receiver thread.
    */
   void HelpDeliver() {
+    if (!ans_->HasData()) {
+      // The runtime worker last seen on our CPU answers only while we do not run.
+      if (ShareCpu(slot_->runtime_cpu_)) sched_yield();
+      return;
+    }
     // relaxed role test first: a busy role costs no write of its line.
-    if (!ans_->HasData() || rx_role_.Load(MemOrder::kRelaxed) != 0) return;
+    if (rx_role_.Load(MemOrder::kRelaxed) != 0) return;
     u32 idle = 0;
     // acquire: the previous holder's stream reads (and consume) are complete before ours.
     if (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) return;
@@ -9518,20 +9828,20 @@ class ShmClientReceiver : public ClientTransport {
 
   /** Waits for the next answer; false when the receiver should stop. */
   bool AwaitAnswer() {
-    const u64 start = MonotonicNs();
+    u64 start = MonotonicNs();
     for (u32 i = 1;; ++i) {
       if (ans_->HasData()) return true;
       if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
       if (helper_installed_ && WaitHelper::Spinners() != 0) {
-        // Callers spinning in Wait take answers themselves: stay off their CPUs until the
-        // last of them stops spinning (bounded, so liveness checks still come round).
-        WaitHelper::AwaitNoSpinners(kPeerCheckNs);
+        LeaveToCallers();
+        start = MonotonicNs();
         continue;
       }
       CpuRelax();
       if ((i & 63) != 0) continue;
       const u64 spun = MonotonicNs() - start;
       if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) break;
+      if (ShareCpu(slot_->runtime_cpu_)) break;  // spinning here only delays the worker
       // A thread we are waiting for (a runtime worker, the caller) may share this CPU.
       sched_yield();
     }
@@ -9549,8 +9859,34 @@ class ShmClientReceiver : public ClientTransport {
           DeadlineAfter(period), rx_waits_);
       if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
       if (ans_->HasData()) return true;
+      if (ans_->Unframed()) {  // published bytes with no record: nothing will ever frame them
+        Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
+        return false;
+      }
       if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
     }
+  }
+
+  /**
+   * Callers spinning in Future::Wait take answers themselves (HelpDeliver), so the
+   * receiver stays off their CPUs. It naps without asking them to wake it: waiting for
+   * the last spinner to leave (AwaitNoSpinners) made every Wait's end a futex wake and a
+   * context switch, once per round trip. Only when they delivered nothing during a whole
+   * nap (they are about to give up spinning and park) does it ask to be woken as they
+   * leave, so an answer arriving after that is not left unread.
+   */
+  void LeaveToCallers() {
+    const u64 helped = helped_answers_.Load(MemOrder::kRelaxed);  // relaxed: a hint
+    if (!napped_ || helped != nap_helped_) {
+      nap_helped_ = helped;
+      napped_ = true;
+      // acquire: StopReceiving bumps the word after raising rx_stop_.
+      const u32 seen = rx_nap_.Load(MemOrder::kAcquire);
+      if (rx_stop_.Load(MemOrder::kSeqCst) == 0) FutexWait(rx_nap_.Raw(), seen, kCallerNapNs);
+      return;
+    }
+    napped_ = false;
+    WaitHelper::AwaitNoSpinners(kPeerCheckNs);
   }
 
   /**
@@ -9597,6 +9933,9 @@ class ShmClientReceiver : public ClientTransport {
   Atomic<u64> stray_answers_;
   Atomic<u64> helped_answers_;
   WaitStats rx_waits_;  ///< the receiver's parks
+  Atomic<u32> rx_nap_;  ///< futex word of the receiver's naps (LeaveToCallers)
+  u64 nap_helped_ = 0;  ///< the receiver's: helped_answers_ when its last nap began
+  bool napped_ = false;  ///< the receiver's: its last turn away from the callers was a nap
 
  private:
   // The role's: read and written only by the holder of rx_role_.
@@ -9711,10 +10050,10 @@ class ShmClientTransport final : public ShmClientReceiver {
         writer_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
       WriteTask(task);
       LeaveWriter();
-      return true;
+    } else {
+      submissions_.Push(task);  // pushers and the writer re-check each other (push, then role)
+      DrainSubmissions();
     }
-    submissions_.Push(task);  // pushers and the writer re-check each other (push, then role)
-    DrainSubmissions();
     return true;
   }
 
@@ -9899,7 +10238,13 @@ class ShmClientTransport final : public ShmClientReceiver {
     // sweeps the table): a task registered after the sweep is failed here. A request that
     // was not sent is failed below anyway.
     if (st.ok() && Unhealthy()) st = FailureStatus();
-    if (!st.ok()) TakeAndFail(idx, id, st.code(), st.message());
+    if (!st.ok()) {
+      TakeAndFail(idx, id, st.code(), st.message());
+      return;
+    }
+    NoteCpu(slot_->client_cpu_);
+    // A runtime worker last seen on our CPU reads the request only once we stop: let it.
+    if (ShareCpu(slot_->runtime_cpu_)) sched_yield();
   }
 
   /** Finds a free table entry, waiting while max_outstanding tasks are out. */
@@ -9993,7 +10338,8 @@ class ShmClientTransport final : public ShmClientReceiver {
 // dies, the connection fails its outstanding tasks (kShutdown / kPeerDead) and the next
 // Send starts a reconnection: a thread repeats the ClientConnect handshake, attaches the
 // new segment and claims a new slot for up to the reconnect time, while tasks sent in the
-// meantime wait for it (they fail with kPeerDead if it does not come back in time).
+// meantime wait for it (they fail with kPeerDead if it does not come back in time). It
+// keeps the handshake answer of the runtime it talks to now (Answer).
 // Invariant: every task handed to Send is completed once; a replaced connection object
 // (and its segment mapping) lives until Close, so a sender still holding it finds it
 // retired and retries.
@@ -10003,19 +10349,32 @@ class ShmClientTransport final : public ShmClientReceiver {
 #include <climits>  // INT_MAX: wake the reconnect thread
 #include <cstdio>   // snprintf of the failure message
 #include <memory>   // unique_ptr of connections
+#include <mutex>    // the current handshake answer (read rarely, replaced on a rejoin)
 #include <thread>   // the reconnect thread
 #include <vector>   // replaced connections
 
 namespace chi {
 
+/** The shm server's description in a handshake answer (kUnsupported when it has none). */
+inline Status ShmInfoFromAnswer(const ConnectAnswer &answer, ShmServerInfo *info) {
+  InputArchive info_ar(answer.shm_info.data(), answer.shm_info.size());
+  info_ar(*info);
+  if (answer.shm_info.empty() || !info_ar.ok()) {
+    return Status::Error(ErrorCode::kUnsupported,
+                         "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
+                         "use CHI_IPC_MODE=ipc or tcp");
+  }
+  return Status::Ok();
+}
+
 /**
  * How to find the runtime again: a ClientConnect handshake (chimaera.h does it over
- * ZeroMQ) that fills *info with the shm server's description, waiting at most
+ * ZeroMQ) that fills *answer with the runtime's accepted answer, waiting at most
  * timeout_sec for a runtime to answer. A plain function pointer: it runs only while
  * reconnecting.
  */
 struct ShmRejoin {
-  Status (*handshake)(void *ctx, double timeout_sec, ShmServerInfo *info) = nullptr;
+  Status (*handshake)(void *ctx, double timeout_sec, ConnectAnswer *answer) = nullptr;
   void *ctx = nullptr;
   double reconnect_sec = 10;  ///< networking.reconnect_timeout_s
 };
@@ -10028,9 +10387,10 @@ class ShmReconnectingTransport final : public ClientTransport {
   /** Most one handshake waits, so a long window still notices Close. */
   static constexpr double kHandshakeSliceSec = 1.0;
 
-  /** Takes over a connected first connection. */
-  ShmReconnectingTransport(std::unique_ptr<ShmClientTransport> first, const ShmRejoin &rejoin)
-      : rejoin_(rejoin) {
+  /** Takes over a connected first connection; `answer` is the handshake that found it. */
+  ShmReconnectingTransport(std::unique_ptr<ShmClientTransport> first, const ShmRejoin &rejoin,
+                           const ConnectAnswer &answer = ConnectAnswer())
+      : rejoin_(rejoin), answer_(answer) {
     current_.Store(first.get(), MemOrder::kRelease);  // release: before any Send sees it
     connections_.push_back(std::move(first));
     thread_ = std::thread([this] { Loop(); });  // parked until a Send finds the runtime gone
@@ -10074,6 +10434,15 @@ class ShmReconnectingTransport final : public ClientTransport {
   u32 RuntimePid() { return Current()->RuntimePid(); }
   /** Successful reconnections so far. */
   u64 Reconnects() const { return reconnects_.Load(MemOrder::kRelaxed); }
+
+  /**
+   * The handshake answer of the runtime the current connection serves with (a copy:
+   * the reconnect thread replaces it when it rejoins a restarted runtime).
+   */
+  ConnectAnswer Answer() const {
+    std::lock_guard<std::mutex> lock(answer_mu_);
+    return answer_;
+  }
 
  private:
   /** Pushes a task for the reconnect thread and makes sure it runs. */
@@ -10129,9 +10498,11 @@ class ShmReconnectingTransport final : public ClientTransport {
       if (now >= deadline) break;
       double left = static_cast<double>(deadline - now) / 1e9;
       if (rejoin_.handshake == nullptr) break;
+      ConnectAnswer answer;
       ShmServerInfo info;
       last = rejoin_.handshake(rejoin_.ctx, left < kHandshakeSliceSec ? left : kHandshakeSliceSec,
-                               &info);
+                               &answer);
+      if (last.ok()) last = ShmInfoFromAnswer(answer, &info);
       std::unique_ptr<ShmClientTransport> next;
       if (last.ok()) last = ShmClientTransport::Connect(info, &next);
       if (last.ok() && !next->Usable()) {  // the old runtime, on its way out
@@ -10147,6 +10518,10 @@ class ShmReconnectingTransport final : public ClientTransport {
       // Retire the old connection first (it is failed or its runtime is leaving), so the
       // new one may help waiters; its mapping stays until Close, for senders holding it.
       c->Retire();
+      {
+        std::lock_guard<std::mutex> lock(answer_mu_);
+        answer_ = std::move(answer);  // before the connection is published: Answer matches it
+      }
       current_.Store(next.get(), MemOrder::kRelease);  // release: set up before senders use it
       connections_.push_back(std::move(next));
       reconnects_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
@@ -10165,6 +10540,8 @@ class ShmReconnectingTransport final : public ClientTransport {
   }
 
   ShmRejoin rejoin_;
+  mutable std::mutex answer_mu_;  ///< guards answer_ (not on any task's path)
+  ConnectAnswer answer_;          ///< the current runtime's handshake answer
   Atomic<ShmClientTransport *> current_{nullptr};
   std::vector<std::unique_ptr<ShmClientTransport>> connections_;  ///< the reconnect thread's
   TaskStack queue_;  ///< tasks waiting for a connection
@@ -10805,6 +11182,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       ++taken;
     }
     if (taken != 0) {
+      NoteCpu(segment_.Slot(i)->runtime_cpu_);
       // relaxed: a statistic.
       header_->stats_.worker_taken.FetchAdd(taken, MemOrder::kRelaxed);
       // Still a reader: the reaper's Reset rebuilds this event once the readers are gone.
@@ -10851,6 +11229,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       if (fits) {
         DeleteTask(t);
         s.ReleaseCredit(header_->server_event_);
+        // A client spinning for this answer on our CPU only runs once we stop: let it.
+        if (ShareCpu(segment_.Slot(i)->client_cpu_)) sched_yield();
         return;
       }
     }
@@ -10918,7 +11298,11 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       }
       if (worked) continue;
       if (idle_since == 0) idle_since = now;
-      if (now - idle_since < shm_server::kPollerSpinNs) {
+      // While workers read the request streams the poller is not needed for requests:
+      // it parks at once instead of competing with them for the CPU. relaxed: a hint;
+      // ReadyToRun's re-check decides.
+      const bool workers_read = header_->worker_readers_.Load(MemOrder::kRelaxed) != 0;
+      if (!workers_read && now - idle_since < shm_server::kPollerSpinNs) {
         sched_yield();  // a worker or client sharing this CPU runs meanwhile
         continue;
       }
@@ -10961,14 +11345,19 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   /** Reads whatever requests slot i has published; dispatches the whole ones. */
   bool PumpRequests(u32 i) {
     ShmServedSlot &s = slots_[i];
+    ShmStream *rs = segment_.RequestStream(i);
     // An empty stream costs no write of the flag's line (workers write it as they answer).
-    if (!segment_.RequestStream(i)->HasData()) return false;
+    // Unframed: bytes published with no record, which only this slow check sees.
+    if (!rs->HasData() && !rs->Unframed()) return false;
     u32 idle = 0;
     // acquire: a worker's reads and counts are complete before ours. Busy: a worker reads.
     if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
     const bool worked = PumpRequestsLocked(i, s);
     s.UnlockReader();
-    if (worked) segment_.Slot(i)->request_room_.Notify();
+    if (worked) {
+      NoteCpu(segment_.Slot(i)->runtime_cpu_);
+      segment_.Slot(i)->request_room_.Notify();
+    }
     return worked;
   }
 
@@ -10980,9 +11369,9 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       if (!HasCredit(s)) break;
       ShmStream::Piece p;
       ShmStream::PeekResult r = rs->Peek(&p);
-      if (r == ShmStream::PeekResult::kEmpty) break;
+      if (r == ShmStream::PeekResult::kEmpty && !rs->Unframed()) break;
       worked = true;
-      if (r == ShmStream::PeekResult::kCorrupt) {
+      if (r != ShmStream::PeekResult::kReady) {
         reaper_->Break(i, ErrorCode::kMalformed);
         return true;
       }
@@ -11244,6 +11633,7 @@ class ShmServer {
 #include <deque>    // tasks waiting for a connection
 #include <future>   // result of the first handshake
 #include <memory>   // unique_ptr
+#include <mutex>    // the latest handshake answer
 #include <string>   // endpoint
 #include <thread>   // the network thread
 #include <vector>   // request slots, encode buffer
@@ -11466,6 +11856,13 @@ class ZmqClientTransport final : public ClientTransport {
   /** The runtime process currently connected (changes after a reconnect; 0 while down). */
   u32 RuntimePid() const { return runtime_pid_.Load(MemOrder::kAcquire); }
 
+  /** The handshake answer of the runtime last connected (replaced by every reconnect). */
+  ConnectAnswer Answer() const {
+    std::lock_guard<std::mutex> lock(answer_mu_);
+    return answer_;
+  }
+
+  /** A snapshot of the counters (any thread). */
   ZmqClientStats Stats() const {
     ZmqClientStats s;
     s.outstanding = outstanding_.Load(MemOrder::kRelaxed);
@@ -11680,6 +12077,10 @@ class ZmqClientTransport final : public ClientTransport {
       answer.rc = static_cast<u32>(ErrorCode::kMalformed);
       answer.msg = "malformed ClientConnect answer";
     }
+    if (answer.rc == 0) {  // before Connect can return: Answer() is the accepted one
+      std::lock_guard<std::mutex> lock(answer_mu_);
+      answer_ = answer;
+    }
     if (!first_done_) {
       first_done_ = true;
       first_answer_ = answer;
@@ -11823,6 +12224,8 @@ class ZmqClientTransport final : public ClientTransport {
   ZmqDoorbell doorbell_;
   std::promise<Status> first_result_;
   ConnectAnswer first_answer_;
+  mutable std::mutex answer_mu_;  ///< guards answer_ (read rarely, written per handshake)
+  ConnectAnswer answer_;          ///< the last accepted handshake answer (Answer)
   bool first_done_ = false;
   bool bye_sent_ = false;
   State state_ = State::kConnecting;
@@ -13268,7 +13671,7 @@ struct GpuQueue {
    */
   CHI_CROSS_FUN bool TakeAnswer(u32 s, u32 seq, char *buf, u32 *len) const {
     const Atomic<u64, S> *w = answer_words_ + static_cast<u64>(s) * kInlineAnswerWords;
-    u64 v[kInlineAnswerWords];
+    u64 v[kAnswerPollWords];
     if (inline_answers_ != 0) {
       // relaxed: each word carries its own flag; nothing is read through these loads' order.
       CHI_UNROLL
@@ -13290,18 +13693,18 @@ struct GpuQueue {
     }
     const u32 body = head < kInlineAnswerBytes ? head : kInlineAnswerBytes;
     const u32 words = (body + 3) / 4;  // data words after the header
-    if (words >= kAnswerPollWords) {
-      CHI_UNROLL
-      for (u32 k = kAnswerPollWords; k < kInlineAnswerWords; ++k) {
-        v[k] = k <= words ? w[k].Load(MemOrder::kRelaxed) : 0;
-      }
-    }
     u32 *out = reinterpret_cast<u32 *>(buf + 8);
     CHI_UNROLL
-    for (u32 k = 1; k < kInlineAnswerWords; ++k) {
+    for (u32 k = 1; k < kAnswerPollWords; ++k) {
       if (k > words) break;
       if (static_cast<u32>(v[k] >> 32) != seq) return false;  // still arriving
       out[k - 1] = static_cast<u32>(v[k]);
+    }
+    // A longer answer's remaining words, one at a time (rare: kept out of registers).
+    for (u32 k = kAnswerPollWords; k <= words; ++k) {
+      const u64 x = w[k].Load(MemOrder::kRelaxed);
+      if (static_cast<u32>(x >> 32) != seq) return false;
+      out[k - 1] = static_cast<u32>(x);
     }
     *len = 8 + body;
     return true;
@@ -16580,8 +16983,19 @@ class Chimaera {
 
   bool IsInitialized() const { return initialized_; }
   bool HasRuntime() const { return orch_ != nullptr; }
-  /** A pure client: the runtime's handshake answer (pid, port, segments). */
-  const ConnectAnswer &GetConnectAnswer() const { return connect_answer_; }
+  /**
+   * A pure client: the handshake answer (pid, port, segments) of the runtime it talks to
+   * now; after a reconnect, the restarted runtime's.
+   */
+  ConnectAnswer GetConnectAnswer() const {
+    if (const auto *shm = dynamic_cast<const ShmReconnectingTransport *>(transport_.get())) {
+      return shm->Answer();
+    }
+    if (const auto *zmq = dynamic_cast<const ZmqClientTransport *>(transport_.get())) {
+      return zmq->Answer();
+    }
+    return connect_answer_;
+  }
   /** A pure client's transport (nullptr otherwise). */
   ClientTransport *GetTransport() { return transport_.get(); }
   ChimaeraMode GetMode() const { return mode_; }
@@ -16741,7 +17155,7 @@ class Chimaera {
       rejoin.handshake = &ShmHandshake;
       rejoin.ctx = &handshake_opt_;
       rejoin.reconnect_sec = config_.reconnect_timeout_sec;
-      transport_ = std::make_unique<ShmReconnectingTransport>(std::move(shm), rejoin);
+      transport_ = std::make_unique<ShmReconnectingTransport>(std::move(shm), rejoin, answer);
       ipc_.AttachTransport(transport_.get(), answer.node_id);
       return Status::Ok();
     }
@@ -16752,28 +17166,20 @@ class Chimaera {
 
   /** The shm server's description in a handshake answer (kUnsupported when it has none). */
   static Status ShmInfoOf(const ConnectAnswer &answer, ShmServerInfo *info) {
-    InputArchive info_ar(answer.shm_info.data(), answer.shm_info.size());
-    info_ar(*info);
-    if (answer.shm_info.empty() || !info_ar.ok()) {
-      return Status::Error(ErrorCode::kUnsupported,
-                           "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
-                           "use CHI_IPC_MODE=ipc or tcp");
-    }
-    return Status::Ok();
+    return ShmInfoFromAnswer(answer, info);
   }
 
   /**
    * The shm client's way back to a restarted runtime (ShmRejoin; its reconnect thread):
    * a fresh ClientConnect handshake over ZeroMQ, waiting at most timeout_sec.
    */
-  static Status ShmHandshake(void *ctx, double timeout_sec, ShmServerInfo *info) {
+  static Status ShmHandshake(void *ctx, double timeout_sec, ConnectAnswer *answer) {
     ZmqClientOptions opt = *static_cast<const ZmqClientOptions *>(ctx);
     opt.connect_timeout_sec = timeout_sec;
     std::unique_ptr<ZmqClientTransport> zmq;
-    ConnectAnswer answer;
-    if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
+    if (Status st = ZmqClientTransport::Connect(opt, &zmq, answer); !st.ok()) return st;
     zmq->Close();  // as at start: the new shm slot is the registration
-    return ShmInfoOf(answer, info);
+    return Status::Ok();
   }
 
   /** Stops the servers (after draining the workers), the workers, and the segments. */

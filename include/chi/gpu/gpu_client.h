@@ -204,11 +204,12 @@ CHI_CROSS_FUN bool TryReadAnswer(const GpuQueue<S> &q, WaitTicket w, ClientRecor
 
 /**
  * Spins on t's answer; false on timeout (t stays pending). On abort t fails with kShutdown.
- * The queue descriptor and the ticket are register copies: anything read through memory
- * inside the loop would cost an L2 round trip ahead of the poll itself.
+ * The ticket is a register copy: an acquire poll (payload-mode queues) drops the SM's L1,
+ * and the record read again through memory would cost an L2 round trip ahead of the poll.
+ * (The descriptor, by reference: a copy cost client kernels ~14 registers.)
  */
 template <MemScope S, typename TaskT>
-CHI_CROSS_FUN bool WaitOn(const GpuQueue<S> q, ClientRecord *r, TaskT *t, float max_sec) {
+CHI_CROSS_FUN bool WaitOn(const GpuQueue<S> &q, ClientRecord *r, TaskT *t, float max_sec) {
   const WaitTicket w{r->slot_, r->seq_};
   const u64 limit = max_sec > 0 ? static_cast<u64>(max_sec * 1e9f) : q.max_wait_ns_;
   const u64 t0 = ClockNs();

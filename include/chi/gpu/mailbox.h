@@ -190,7 +190,7 @@ struct GpuQueue {
    */
   CHI_CROSS_FUN bool TakeAnswer(u32 s, u32 seq, char *buf, u32 *len) const {
     const Atomic<u64, S> *w = answer_words_ + static_cast<u64>(s) * kInlineAnswerWords;
-    u64 v[kInlineAnswerWords];
+    u64 v[kAnswerPollWords];
     if (inline_answers_ != 0) {
       // relaxed: each word carries its own flag; nothing is read through these loads' order.
       CHI_UNROLL
@@ -212,18 +212,18 @@ struct GpuQueue {
     }
     const u32 body = head < kInlineAnswerBytes ? head : kInlineAnswerBytes;
     const u32 words = (body + 3) / 4;  // data words after the header
-    if (words >= kAnswerPollWords) {
-      CHI_UNROLL
-      for (u32 k = kAnswerPollWords; k < kInlineAnswerWords; ++k) {
-        v[k] = k <= words ? w[k].Load(MemOrder::kRelaxed) : 0;
-      }
-    }
     u32 *out = reinterpret_cast<u32 *>(buf + 8);
     CHI_UNROLL
-    for (u32 k = 1; k < kInlineAnswerWords; ++k) {
+    for (u32 k = 1; k < kAnswerPollWords; ++k) {
       if (k > words) break;
       if (static_cast<u32>(v[k] >> 32) != seq) return false;  // still arriving
       out[k - 1] = static_cast<u32>(v[k]);
+    }
+    // A longer answer's remaining words, one at a time (rare: kept out of registers).
+    for (u32 k = kAnswerPollWords; k <= words; ++k) {
+      const u64 x = w[k].Load(MemOrder::kRelaxed);
+      if (static_cast<u32>(x >> 32) != seq) return false;
+      out[k - 1] = static_cast<u32>(x);
     }
     *len = 8 + body;
     return true;

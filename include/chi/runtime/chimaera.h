@@ -79,8 +79,19 @@ class Chimaera {
 
   bool IsInitialized() const { return initialized_; }
   bool HasRuntime() const { return orch_ != nullptr; }
-  /** A pure client: the runtime's handshake answer (pid, port, segments). */
-  const ConnectAnswer &GetConnectAnswer() const { return connect_answer_; }
+  /**
+   * A pure client: the handshake answer (pid, port, segments) of the runtime it talks to
+   * now; after a reconnect, the restarted runtime's.
+   */
+  ConnectAnswer GetConnectAnswer() const {
+    if (const auto *shm = dynamic_cast<const ShmReconnectingTransport *>(transport_.get())) {
+      return shm->Answer();
+    }
+    if (const auto *zmq = dynamic_cast<const ZmqClientTransport *>(transport_.get())) {
+      return zmq->Answer();
+    }
+    return connect_answer_;
+  }
   /** A pure client's transport (nullptr otherwise). */
   ClientTransport *GetTransport() { return transport_.get(); }
   ChimaeraMode GetMode() const { return mode_; }
@@ -240,7 +251,7 @@ class Chimaera {
       rejoin.handshake = &ShmHandshake;
       rejoin.ctx = &handshake_opt_;
       rejoin.reconnect_sec = config_.reconnect_timeout_sec;
-      transport_ = std::make_unique<ShmReconnectingTransport>(std::move(shm), rejoin);
+      transport_ = std::make_unique<ShmReconnectingTransport>(std::move(shm), rejoin, answer);
       ipc_.AttachTransport(transport_.get(), answer.node_id);
       return Status::Ok();
     }
@@ -251,28 +262,20 @@ class Chimaera {
 
   /** The shm server's description in a handshake answer (kUnsupported when it has none). */
   static Status ShmInfoOf(const ConnectAnswer &answer, ShmServerInfo *info) {
-    InputArchive info_ar(answer.shm_info.data(), answer.shm_info.size());
-    info_ar(*info);
-    if (answer.shm_info.empty() || !info_ar.ok()) {
-      return Status::Error(ErrorCode::kUnsupported,
-                           "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
-                           "use CHI_IPC_MODE=ipc or tcp");
-    }
-    return Status::Ok();
+    return ShmInfoFromAnswer(answer, info);
   }
 
   /**
    * The shm client's way back to a restarted runtime (ShmRejoin; its reconnect thread):
    * a fresh ClientConnect handshake over ZeroMQ, waiting at most timeout_sec.
    */
-  static Status ShmHandshake(void *ctx, double timeout_sec, ShmServerInfo *info) {
+  static Status ShmHandshake(void *ctx, double timeout_sec, ConnectAnswer *answer) {
     ZmqClientOptions opt = *static_cast<const ZmqClientOptions *>(ctx);
     opt.connect_timeout_sec = timeout_sec;
     std::unique_ptr<ZmqClientTransport> zmq;
-    ConnectAnswer answer;
-    if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
+    if (Status st = ZmqClientTransport::Connect(opt, &zmq, answer); !st.ok()) return st;
     zmq->Close();  // as at start: the new shm slot is the registration
-    return ShmInfoOf(answer, info);
+    return Status::Ok();
   }
 
   /** Stops the servers (after draining the workers), the workers, and the segments. */

@@ -1,14 +1,15 @@
-// RunContext: the runtime-private state of one executing task — its fiber, the
-// worker running it, its container and pool. Never in shared memory; the task
-// struct itself stays plain data. Also the thread-locals that tell Future::Wait
-// whether it runs inside a task fiber (yield) or on a plain thread (park).
+// RunContext: the runtime-private state of one executing task — the fiber shell
+// running it, the worker that owns that shell, its container and pool. Never in
+// shared memory; the task struct itself stays plain data. Also the thread-locals
+// that tell Future::Wait whether it runs inside a task fiber (yield) or on a
+// plain thread (park).
 #pragma once
 
 #include <utility>  // std::move
 #include <vector>   // fan-out targets
 
 #include "chi/core/types.h"        // u32, u64
-#include "chi/runtime/fiber.h"     // ctx::fiber, FiberSanitizerState
+#include "chi/runtime/fiber.h"     // FiberShell
 #include "chi/task/task.h"         // Task
 
 namespace chi {
@@ -17,7 +18,11 @@ class Worker;
 class Container;
 struct PoolInfo;
 
-/** Everything a worker tracks for one task between start and completion. */
+/**
+ * Everything a worker tracks for one task between start and completion. A task
+ * holds its shell only while it runs or is suspended: a periodic task waiting
+ * for its next run holds none.
+ */
 class RunContext {
  public:
   /** What the worker should do with the task when its fiber returns control. */
@@ -26,19 +31,17 @@ class RunContext {
   Task *task_ = nullptr;            ///< the task being executed
   Container *container_ = nullptr;  ///< target container (kRun)
   PoolInfo *pool_ = nullptr;        ///< pool reference held while in flight
-  Worker *worker_ = nullptr;        ///< the worker that owns the fiber
+  Worker *worker_ = nullptr;        ///< the worker that owns the shell
   Kind kind_ = Kind::kRun;
-  ctx::fiber fiber_;                ///< the task side while suspended
-  ctx::fiber sink_;                 ///< the worker side while the task runs
-  FiberSanitizerState san_;         ///< sanitizer view of this fiber's stack
-  bool finished_ = false;           ///< the fiber function returned
+  FiberShell *shell_ = nullptr;     ///< the fiber running the task, from start to finish
+  bool finished_ = false;           ///< the task's body returned (its shell is free again)
   u32 next_minor_ = 1;              ///< TaskNode minor for the next subtask
   u64 next_run_ns_ = 0;             ///< periodic tasks: when to run again
   RunContext *next_ = nullptr;      ///< intrusive link (resume stack, free list)
   std::vector<ContainerId> targets_;  ///< fan-out: containers that get a replica
 
   /** Task side: switch back to the worker until someone resumes this fiber. */
-  inline void Yield();
+  void Yield() { shell_->Suspend(); }
 
   /** The TaskNode for a subtask spawned by this task (same major, fresh minor). */
   TaskNode NextChildNode() { return task_->task_node_.Child(next_minor_++); }

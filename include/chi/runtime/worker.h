@@ -1,26 +1,28 @@
 // Worker: one runtime thread. It polls its lanes (active set every pass, cold
 // set every kColdPollInterval passes), routes each new task to a container,
-// runs it on a pooled fiber, resumes fibers whose awaited event completed, and
-// parks on a futex when there is nothing to do.
+// runs it on an idle fiber shell, resumes fibers whose awaited event completed,
+// and parks on a futex when there is nothing to do.
 //
-// Hot path: lane pop -> PoolManager::Acquire -> ResolveQuery -> fiber start ->
+// Hot path: lane pop -> PoolManager::Acquire -> ResolveQuery -> shell switch ->
 // Container::Run -> CompleteTask (flag + wake). Waits inside a task yield the
 // fiber (WaitInFiber); the completer pushes the waiter onto its worker's
-// resume stack, and only that worker ever resumes it.
+// resume stack, and only that worker ever resumes it. A shell goes back to the
+// idle list only when its task's body has returned, never while it is suspended.
 #pragma once
 
 #include <sched.h>  // sched_yield while idle
 #include <time.h>   // clock_gettime for timers
 
-#include <deque>    // overflow when a worker's own lane is full (overload only)
-#include <memory>   // unique_ptr for run contexts
-#include <thread>   // the worker thread
-#include <vector>   // lanes, timers
+#include <deque>      // overflow when a worker's own lane is full (overload only)
+#include <exception>  // std::exception thrown by a task handler
+#include <memory>     // unique_ptr for run contexts
+#include <thread>     // the worker thread
+#include <vector>     // lanes, timers
 
 #include "chi/core/atomic.h"            // parked word, resume stack
 #include "chi/core/futex.h"             // parking
 #include "chi/queue/task_queue.h"       // TaskLane
-#include "chi/runtime/fiber.h"          // StackPool, ctx::fiber
+#include "chi/runtime/fiber.h"          // ShellPool, FiberShell
 #include "chi/runtime/pool_manager.h"   // PoolManager, PoolInfo
 #include "chi/runtime/router.h"         // ResolveQuery
 #include "chi/runtime/run_context.h"    // RunContext, thread-locals
@@ -42,7 +44,8 @@ class Worker {
 
   Worker(u32 id, WorkerRole role, WorkOrchestrator *orch, PoolManager *pools, NodeId node,
          size_t stack_bytes)
-      : id_(id), role_(role), orch_(orch), pools_(pools), node_(node), stacks_(stack_bytes) {}
+      : id_(id), role_(role), orch_(orch), pools_(pools), node_(node),
+        shells_(stack_bytes, &san_, &Worker::ShellMain, this) {}
   ~Worker() { Join(); }
   Worker(const Worker &) = delete;
   Worker &operator=(const Worker &) = delete;
@@ -140,14 +143,13 @@ class Worker {
     for (const LaneSlot &l : cold_) s.queue_depth_ += l.lane->Size();
     s.blocked_ = blocked_;
     s.parks_ = parks_.Load(MemOrder::kRelaxed);
-    s.stacks_ = stacks_.TotalStacks();
+    s.stacks_ = shells_.Stacks().TotalStacks();
+    s.fibers_ = shells_.Created();
     return s;
   }
 
   u32 GetId() const { return id_; }
   WorkerRole GetRole() const { return role_; }
-  /** Sanitizer state of the worker's own stack (fibers switch back to it). */
-  FiberSanitizerState &SanitizerState() { return san_; }
 
  private:
   struct LaneSlot {
@@ -171,10 +173,16 @@ class Worker {
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
   inline void OnFiberDone(RunContext *r);
+  inline void ShellLoop(FiberShell &shell);
   inline void RunBody(RunContext *r);
+  inline void EndShells();
   inline void FanOut(RunContext *r);
   inline void FinishTask(Task *t, PoolInfo *pool);  ///< release pool, count, publish
 
+  /** FiberShell::Body of every shell: `worker` is this worker. */
+  static void ShellMain(void *worker, FiberShell &shell) {
+    static_cast<Worker *>(worker)->ShellLoop(shell);
+  }
   void ForceWake() {
     if (parked_.Exchange(0, MemOrder::kAcqRel) != 0) FutexWake(parked_.Raw(), 1);
   }
@@ -201,7 +209,8 @@ class Worker {
   WorkOrchestrator *orch_;
   PoolManager *pools_;
   NodeId node_;
-  StackPool stacks_;
+  ShellPool shells_;                ///< fibers that run tasks, reused task after task
+  RunContext *starting_ = nullptr;  ///< the task StartFiber hands to the shell it enters
   std::thread thread_;
   std::vector<LaneSlot> active_;
   std::vector<LaneSlot> cold_;
@@ -210,7 +219,7 @@ class Worker {
   std::vector<Sleeper> sleepers_;     ///< fibers in SleepInFiber
   RunContext *free_rctx_ = nullptr;
   std::vector<std::unique_ptr<RunContext>> all_rctx_;
-  FiberSanitizerState san_;
+  FiberSanitizerState san_;  ///< sanitizer view of the worker's own stack
   RouteTargets targets_;
   u64 blocked_ = 0;
   u64 running_ = 0;  ///< fibers started and not finished (includes blocked and periodic)
@@ -227,41 +236,45 @@ class Worker {
 /** Resumes a fiber on the worker that owns it (used by CompleteTask). */
 inline void ResumeWaiter(RunContext *r) { r->worker_->Resume(r); }
 
-// ---- Fiber switching ------------------------------------------------------
-
-void RunContext::Yield() {
-  FiberSanitizerState::BeforeSwitch(&san_, &worker_->SanitizerState(), false);
-  sink_ = std::move(sink_).resume();
-  FiberSanitizerState::AfterSwitch(&san_, &worker_->SanitizerState());
-}
+// ---- Fiber shells -----------------------------------------------------------
 
 void Worker::StartFiber(RunContext *r) {
   ++running_;
   r->finished_ = false;
-  r->fiber_ = ctx::fiber(std::allocator_arg, PooledStack(&stacks_), [r](ctx::fiber &&sink) {
-    Worker *w = r->worker_;
-    FiberSanitizerState::AfterSwitch(&r->san_, &w->san_);
-    r->sink_ = std::move(sink);
-    w->RunBody(r);
-    r->finished_ = true;
-    FiberSanitizerState::BeforeSwitch(&r->san_, &w->san_, true);
-    return std::move(r->sink_);
-  });
-  r->san_.stack_bottom = stacks_.LastStackBottom();
-  r->san_.stack_size = stacks_.StackBytes();
-#if CHI_TSAN_FIBERS
-  r->san_.tsan_fiber = __tsan_create_fiber(0);
-#endif
+  r->shell_ = shells_.Take();  // idle: waits at the top of ShellLoop for starting_
+  starting_ = r;
   SwitchTo(r);
 }
 
 void Worker::SwitchTo(RunContext *r) {
   tls_current_rctx = r;
-  FiberSanitizerState::BeforeSwitch(&san_, &r->san_, false);
-  r->fiber_ = std::move(r->fiber_).resume();
-  FiberSanitizerState::AfterSwitch(&san_, &r->san_);
+  r->shell_->Enter();
   tls_current_rctx = nullptr;
   if (r->finished_) OnFiberDone(r);
+}
+
+/** Runs in every shell: one task per pass; returns only when the worker exits (EndShells). */
+void Worker::ShellLoop(FiberShell &shell) {
+  for (;;) {
+    RunContext *r = starting_;
+    starting_ = nullptr;
+    if (r == nullptr) return;
+    RunBody(r);
+    r->finished_ = true;
+    shell.Suspend();  // SwitchTo sees finished_ and frees the shell before its next task
+  }
+}
+
+/** At exit: ends the idle shells, and unwinds those whose task stayed blocked past the grace. */
+void Worker::EndShells() {
+  starting_ = nullptr;
+  shells_.EndIdle();
+  for (auto &r : all_rctx_) {
+    if (r->shell_ == nullptr) continue;
+    tls_current_rctx = r.get();
+    r->shell_->Abandon();  // the task is never answered (as before shells): its destructors run
+    tls_current_rctx = nullptr;
+  }
 }
 
 // ---- Task start, run and completion ---------------------------------------
@@ -309,19 +322,29 @@ void Worker::StartTask(Task *t) {
   StartFiber(r);
 }
 
+/** Runs the task's handler (or its fan-out); an exception it throws becomes its error answer. */
 void Worker::RunBody(RunContext *r) {
-  if (r->kind_ == RunContext::Kind::kFanOut) {
-    FanOut(r);
-  } else {
-    r->container_->Run(r->task_->method_, r->task_, *r);
+  try {
+    if (r->kind_ == RunContext::Kind::kFanOut) {
+      FanOut(r);
+    } else {
+      r->container_->Run(r->task_->method_, r->task_, *r);
+    }
+  } catch (const FiberShell::Unwind &) {
+    throw;  // EndShells abandons this fiber: not the task's failure
+  } catch (const ctx::detail::forced_unwind &) {
+    throw;  // Boost destroys this fiber
+  } catch (const std::exception &e) {
+    r->task_->SetErrorf(ErrorCode::kInternal, "task threw: %s", e.what());
+  } catch (...) {
+    r->task_->SetError(ErrorCode::kInternal, "task threw a non-standard exception");
   }
 }
 
 void Worker::OnFiberDone(RunContext *r) {
   --running_;
-#if CHI_TSAN_FIBERS
-  __tsan_destroy_fiber(r->san_.tsan_fiber);
-#endif
+  shells_.Give(r->shell_);  // its body returned: it waits for the next task
+  r->shell_ = nullptr;
   Task *t = r->task_;
   PoolInfo *pool = r->pool_;
   const bool cancelled =
@@ -344,9 +367,7 @@ void Worker::OnFiberDone(RunContext *r) {
 
 void Worker::Loop() {
   tls_current_worker = this;
-#if CHI_TSAN_FIBERS
-  san_.tsan_fiber = __tsan_get_current_fiber();
-#endif
+  san_.AdoptCurrentThread();  // before any shell: they switch back to this stack
   u32 idle = 0;
   u64 idle_since = 0;
   u64 pass = 0;
@@ -385,6 +406,7 @@ void Worker::Loop() {
     Park();
   }
   EndExternalPolling();
+  EndShells();
   tls_current_worker = nullptr;
 }
 

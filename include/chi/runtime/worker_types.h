@@ -22,10 +22,11 @@ struct WorkerStats {
   u64 blocked_ = 0;       ///< fibers suspended on an event
   u64 parks_ = 0;         ///< times it went to sleep
   u64 stacks_ = 0;        ///< fiber stacks mapped
+  u64 fibers_ = 0;        ///< fiber shells created (each runs task after task)
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(id_, role_, tasks_done_, queue_depth_, blocked_, parks_, stacks_);
+    ar(id_, role_, tasks_done_, queue_depth_, blocked_, parks_, stacks_, fibers_);
   }
 };
 

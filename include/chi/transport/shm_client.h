@@ -57,10 +57,10 @@ class ShmClientTransport final : public ShmClientReceiver {
         writer_.CompareExchange(idle, 1, MemOrder::kAcquire)) {
       WriteTask(task);
       LeaveWriter();
-      return true;
+    } else {
+      submissions_.Push(task);  // pushers and the writer re-check each other (push, then role)
+      DrainSubmissions();
     }
-    submissions_.Push(task);  // pushers and the writer re-check each other (push, then role)
-    DrainSubmissions();
     return true;
   }
 
@@ -245,7 +245,13 @@ class ShmClientTransport final : public ShmClientReceiver {
     // sweeps the table): a task registered after the sweep is failed here. A request that
     // was not sent is failed below anyway.
     if (st.ok() && Unhealthy()) st = FailureStatus();
-    if (!st.ok()) TakeAndFail(idx, id, st.code(), st.message());
+    if (!st.ok()) {
+      TakeAndFail(idx, id, st.code(), st.message());
+      return;
+    }
+    NoteCpu(slot_->client_cpu_);
+    // A runtime worker last seen on our CPU reads the request only once we stop: let it.
+    if (ShareCpu(slot_->runtime_cpu_)) sched_yield();
   }
 
   /** Finds a free table entry, waiting while max_outstanding tasks are out. */

@@ -16,6 +16,7 @@
 #include <vector>   // the answer assembly buffer
 
 #include "chi/core/atomic.h"                   // Atomic, CpuRelax
+#include "chi/core/futex.h"                    // the receiver's naps
 #include "chi/core/status.h"                   // Status, ErrorCode
 #include "chi/queue/wait_event.h"              // WaitEvent, deadlines
 #include "chi/task/future.h"                   // WaitHelper: callers deliver answers
@@ -47,6 +48,12 @@ class ShmClientReceiver : public ClientTransport {
   static constexpr u64 kIdleCheckNs = 200000000;
   /** Most answers one turn of the role takes (the receiver or a helping caller). */
   static constexpr u32 kAnswersPerTurn = 64;
+  /**
+   * How long the receiver naps while callers spinning in Wait deliver answers themselves
+   * (about Future's spin time: an answer left behind by a caller that gave up spinning
+   * waits at most this long).
+   */
+  static constexpr u64 kCallerNapNs = 50000;
 
   /** Why the connection failed (kOk while healthy). */
   ErrorCode Failure() const {
@@ -90,6 +97,8 @@ class ShmClientReceiver : public ClientTransport {
     if (helper_installed_) WaitHelper::Remove(&helper_);  // returns once no caller helps
     rx_stop_.Store(1, MemOrder::kSeqCst);  // seq_cst: the receiver's park re-check reads it
     slot_->answer_ready_.Notify();
+    rx_nap_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: after the flag; ends a nap early
+    FutexWake(rx_nap_.Raw(), 1);
     if (receiver_.joinable()) receiver_.join();
     u32 idle = 0;
     // acquire: the last holder's stream reads are done; we keep the role for good.
@@ -199,8 +208,13 @@ class ShmClientReceiver : public ClientTransport {
    * leaves split answers, corrupt streams and failures to the receiver thread.
    */
   void HelpDeliver() {
+    if (!ans_->HasData()) {
+      // The runtime worker last seen on our CPU answers only while we do not run.
+      if (ShareCpu(slot_->runtime_cpu_)) sched_yield();
+      return;
+    }
     // relaxed role test first: a busy role costs no write of its line.
-    if (!ans_->HasData() || rx_role_.Load(MemOrder::kRelaxed) != 0) return;
+    if (rx_role_.Load(MemOrder::kRelaxed) != 0) return;
     u32 idle = 0;
     // acquire: the previous holder's stream reads (and consume) are complete before ours.
     if (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) return;
@@ -323,20 +337,20 @@ class ShmClientReceiver : public ClientTransport {
 
   /** Waits for the next answer; false when the receiver should stop. */
   bool AwaitAnswer() {
-    const u64 start = MonotonicNs();
+    u64 start = MonotonicNs();
     for (u32 i = 1;; ++i) {
       if (ans_->HasData()) return true;
       if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
       if (helper_installed_ && WaitHelper::Spinners() != 0) {
-        // Callers spinning in Wait take answers themselves: stay off their CPUs until the
-        // last of them stops spinning (bounded, so liveness checks still come round).
-        WaitHelper::AwaitNoSpinners(kPeerCheckNs);
+        LeaveToCallers();
+        start = MonotonicNs();
         continue;
       }
       CpuRelax();
       if ((i & 63) != 0) continue;
       const u64 spun = MonotonicNs() - start;
       if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) break;
+      if (ShareCpu(slot_->runtime_cpu_)) break;  // spinning here only delays the worker
       // A thread we are waiting for (a runtime worker, the caller) may share this CPU.
       sched_yield();
     }
@@ -354,8 +368,34 @@ class ShmClientReceiver : public ClientTransport {
           DeadlineAfter(period), rx_waits_);
       if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
       if (ans_->HasData()) return true;
+      if (ans_->Unframed()) {  // published bytes with no record: nothing will ever frame them
+        Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
+        return false;
+      }
       if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
     }
+  }
+
+  /**
+   * Callers spinning in Future::Wait take answers themselves (HelpDeliver), so the
+   * receiver stays off their CPUs. It naps without asking them to wake it: waiting for
+   * the last spinner to leave (AwaitNoSpinners) made every Wait's end a futex wake and a
+   * context switch, once per round trip. Only when they delivered nothing during a whole
+   * nap (they are about to give up spinning and park) does it ask to be woken as they
+   * leave, so an answer arriving after that is not left unread.
+   */
+  void LeaveToCallers() {
+    const u64 helped = helped_answers_.Load(MemOrder::kRelaxed);  // relaxed: a hint
+    if (!napped_ || helped != nap_helped_) {
+      nap_helped_ = helped;
+      napped_ = true;
+      // acquire: StopReceiving bumps the word after raising rx_stop_.
+      const u32 seen = rx_nap_.Load(MemOrder::kAcquire);
+      if (rx_stop_.Load(MemOrder::kSeqCst) == 0) FutexWait(rx_nap_.Raw(), seen, kCallerNapNs);
+      return;
+    }
+    napped_ = false;
+    WaitHelper::AwaitNoSpinners(kPeerCheckNs);
   }
 
   /**
@@ -402,6 +442,9 @@ class ShmClientReceiver : public ClientTransport {
   Atomic<u64> stray_answers_;
   Atomic<u64> helped_answers_;
   WaitStats rx_waits_;  ///< the receiver's parks
+  Atomic<u32> rx_nap_;  ///< futex word of the receiver's naps (LeaveToCallers)
+  u64 nap_helped_ = 0;  ///< the receiver's: helped_answers_ when its last nap began
+  bool napped_ = false;  ///< the receiver's: its last turn away from the callers was a nap
 
  private:
   // The role's: read and written only by the holder of rx_role_.

@@ -3,7 +3,8 @@
 // dies, the connection fails its outstanding tasks (kShutdown / kPeerDead) and the next
 // Send starts a reconnection: a thread repeats the ClientConnect handshake, attaches the
 // new segment and claims a new slot for up to the reconnect time, while tasks sent in the
-// meantime wait for it (they fail with kPeerDead if it does not come back in time).
+// meantime wait for it (they fail with kPeerDead if it does not come back in time). It
+// keeps the handshake answer of the runtime it talks to now (Answer).
 // Invariant: every task handed to Send is completed once; a replaced connection object
 // (and its segment mapping) lives until Close, so a sender still holding it finds it
 // retired and retries.
@@ -14,6 +15,7 @@
 #include <climits>  // INT_MAX: wake the reconnect thread
 #include <cstdio>   // snprintf of the failure message
 #include <memory>   // unique_ptr of connections
+#include <mutex>    // the current handshake answer (read rarely, replaced on a rejoin)
 #include <thread>   // the reconnect thread
 #include <vector>   // replaced connections
 
@@ -21,7 +23,9 @@
 #include "chi/core/futex.h"              // parking the reconnect thread
 #include "chi/core/status.h"             // Status, ErrorCode
 #include "chi/queue/wait_event.h"        // MonotonicNs
+#include "chi/serialize/archive.h"       // InputArchive: the shm part of an answer
 #include "chi/task/task_ops.h"           // CompleteTask
+#include "chi/transport/client_connect.h"  // ConnectAnswer
 #include "chi/transport/shm_client.h"    // ShmClientTransport, one connection
 #include "chi/transport/shm_segment.h"   // ShmServerInfo
 #include "chi/transport/task_stack.h"    // TaskStack: tasks waiting for a connection
@@ -29,14 +33,26 @@
 
 namespace chi {
 
+/** The shm server's description in a handshake answer (kUnsupported when it has none). */
+inline Status ShmInfoFromAnswer(const ConnectAnswer &answer, ShmServerInfo *info) {
+  InputArchive info_ar(answer.shm_info.data(), answer.shm_info.size());
+  info_ar(*info);
+  if (answer.shm_info.empty() || !info_ar.ok()) {
+    return Status::Error(ErrorCode::kUnsupported,
+                         "CHI_IPC_MODE=shm: the runtime offers no shared-memory transport; "
+                         "use CHI_IPC_MODE=ipc or tcp");
+  }
+  return Status::Ok();
+}
+
 /**
  * How to find the runtime again: a ClientConnect handshake (chimaera.h does it over
- * ZeroMQ) that fills *info with the shm server's description, waiting at most
+ * ZeroMQ) that fills *answer with the runtime's accepted answer, waiting at most
  * timeout_sec for a runtime to answer. A plain function pointer: it runs only while
  * reconnecting.
  */
 struct ShmRejoin {
-  Status (*handshake)(void *ctx, double timeout_sec, ShmServerInfo *info) = nullptr;
+  Status (*handshake)(void *ctx, double timeout_sec, ConnectAnswer *answer) = nullptr;
   void *ctx = nullptr;
   double reconnect_sec = 10;  ///< networking.reconnect_timeout_s
 };
@@ -49,9 +65,10 @@ class ShmReconnectingTransport final : public ClientTransport {
   /** Most one handshake waits, so a long window still notices Close. */
   static constexpr double kHandshakeSliceSec = 1.0;
 
-  /** Takes over a connected first connection. */
-  ShmReconnectingTransport(std::unique_ptr<ShmClientTransport> first, const ShmRejoin &rejoin)
-      : rejoin_(rejoin) {
+  /** Takes over a connected first connection; `answer` is the handshake that found it. */
+  ShmReconnectingTransport(std::unique_ptr<ShmClientTransport> first, const ShmRejoin &rejoin,
+                           const ConnectAnswer &answer = ConnectAnswer())
+      : rejoin_(rejoin), answer_(answer) {
     current_.Store(first.get(), MemOrder::kRelease);  // release: before any Send sees it
     connections_.push_back(std::move(first));
     thread_ = std::thread([this] { Loop(); });  // parked until a Send finds the runtime gone
@@ -95,6 +112,15 @@ class ShmReconnectingTransport final : public ClientTransport {
   u32 RuntimePid() { return Current()->RuntimePid(); }
   /** Successful reconnections so far. */
   u64 Reconnects() const { return reconnects_.Load(MemOrder::kRelaxed); }
+
+  /**
+   * The handshake answer of the runtime the current connection serves with (a copy:
+   * the reconnect thread replaces it when it rejoins a restarted runtime).
+   */
+  ConnectAnswer Answer() const {
+    std::lock_guard<std::mutex> lock(answer_mu_);
+    return answer_;
+  }
 
  private:
   /** Pushes a task for the reconnect thread and makes sure it runs. */
@@ -150,9 +176,11 @@ class ShmReconnectingTransport final : public ClientTransport {
       if (now >= deadline) break;
       double left = static_cast<double>(deadline - now) / 1e9;
       if (rejoin_.handshake == nullptr) break;
+      ConnectAnswer answer;
       ShmServerInfo info;
       last = rejoin_.handshake(rejoin_.ctx, left < kHandshakeSliceSec ? left : kHandshakeSliceSec,
-                               &info);
+                               &answer);
+      if (last.ok()) last = ShmInfoFromAnswer(answer, &info);
       std::unique_ptr<ShmClientTransport> next;
       if (last.ok()) last = ShmClientTransport::Connect(info, &next);
       if (last.ok() && !next->Usable()) {  // the old runtime, on its way out
@@ -168,6 +196,10 @@ class ShmReconnectingTransport final : public ClientTransport {
       // Retire the old connection first (it is failed or its runtime is leaving), so the
       // new one may help waiters; its mapping stays until Close, for senders holding it.
       c->Retire();
+      {
+        std::lock_guard<std::mutex> lock(answer_mu_);
+        answer_ = std::move(answer);  // before the connection is published: Answer matches it
+      }
       current_.Store(next.get(), MemOrder::kRelease);  // release: set up before senders use it
       connections_.push_back(std::move(next));
       reconnects_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
@@ -186,6 +218,8 @@ class ShmReconnectingTransport final : public ClientTransport {
   }
 
   ShmRejoin rejoin_;
+  mutable std::mutex answer_mu_;  ///< guards answer_ (not on any task's path)
+  ConnectAnswer answer_;          ///< the current runtime's handshake answer
   Atomic<ShmClientTransport *> current_{nullptr};
   std::vector<std::unique_ptr<ShmClientTransport>> connections_;  ///< the reconnect thread's
   TaskStack queue_;  ///< tasks waiting for a connection

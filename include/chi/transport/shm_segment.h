@@ -5,6 +5,8 @@
 // slot's streams are reset only by the runtime while no client owns the slot.
 #pragma once
 
+#include <sched.h>  // sched_getcpu: where each end runs
+
 #include <new>          // placement new of the header and slots
 #include <string>       // segment names, ShmServerInfo
 #include <string_view>  // names
@@ -22,7 +24,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 2;
+inline constexpr u32 kShmTransportVersion = 3;
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -73,7 +75,34 @@ struct ShmClientSlot {
   // Lines 2-3: the client parks here (answers to read; room to write requests).
   alignas(kCacheLine) WaitEvent answer_ready_;
   alignas(kCacheLine) WaitEvent request_room_;
+  // Lines 4-5: where each end last ran (CpuTag), stored only when it changes. Two
+  // spinning ends placed on one CPU hand it to each other (ShareCpu) instead of each
+  // spinning out its time slice.
+  alignas(kCacheLine) Atomic<u32> runtime_cpu_;  ///< the runtime thread that took requests
+  alignas(kCacheLine) Atomic<u32> client_cpu_;   ///< the client thread that sent requests
 };
+
+/** The CPU the calling thread runs on, plus one (0: unknown). Costs a few ns (rseq). */
+inline u32 CpuTag() {
+  const int cpu = sched_getcpu();
+  return cpu < 0 ? 0 : static_cast<u32>(cpu) + 1;
+}
+
+/** Records the caller's CPU in `where` when it changed (the line is rarely written). */
+inline void NoteCpu(Atomic<u32> &where) {
+  const u32 cpu = CpuTag();
+  // relaxed: a scheduling hint, never a synchronisation.
+  if (where.Load(MemOrder::kRelaxed) != cpu) where.Store(cpu, MemOrder::kRelaxed);
+}
+
+/**
+ * True when the other end last ran on the caller's CPU (`other` as NoteCpu wrote it):
+ * then it can only progress while we do not run, and the caller should yield to it.
+ */
+inline bool ShareCpu(const Atomic<u32> &other) {
+  const u32 cpu = other.Load(MemOrder::kRelaxed);  // relaxed: a hint
+  return cpu != 0 && cpu == CpuTag();
+}
 
 /** The first bytes of the segment's data area. */
 struct ShmSegmentHeader {

@@ -270,6 +270,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       ++taken;
     }
     if (taken != 0) {
+      NoteCpu(segment_.Slot(i)->runtime_cpu_);
       // relaxed: a statistic.
       header_->stats_.worker_taken.FetchAdd(taken, MemOrder::kRelaxed);
       // Still a reader: the reaper's Reset rebuilds this event once the readers are gone.
@@ -316,6 +317,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       if (fits) {
         DeleteTask(t);
         s.ReleaseCredit(header_->server_event_);
+        // A client spinning for this answer on our CPU only runs once we stop: let it.
+        if (ShareCpu(segment_.Slot(i)->client_cpu_)) sched_yield();
         return;
       }
     }
@@ -383,7 +386,11 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       }
       if (worked) continue;
       if (idle_since == 0) idle_since = now;
-      if (now - idle_since < shm_server::kPollerSpinNs) {
+      // While workers read the request streams the poller is not needed for requests:
+      // it parks at once instead of competing with them for the CPU. relaxed: a hint;
+      // ReadyToRun's re-check decides.
+      const bool workers_read = header_->worker_readers_.Load(MemOrder::kRelaxed) != 0;
+      if (!workers_read && now - idle_since < shm_server::kPollerSpinNs) {
         sched_yield();  // a worker or client sharing this CPU runs meanwhile
         continue;
       }
@@ -426,14 +433,19 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   /** Reads whatever requests slot i has published; dispatches the whole ones. */
   bool PumpRequests(u32 i) {
     ShmServedSlot &s = slots_[i];
+    ShmStream *rs = segment_.RequestStream(i);
     // An empty stream costs no write of the flag's line (workers write it as they answer).
-    if (!segment_.RequestStream(i)->HasData()) return false;
+    // Unframed: bytes published with no record, which only this slow check sees.
+    if (!rs->HasData() && !rs->Unframed()) return false;
     u32 idle = 0;
     // acquire: a worker's reads and counts are complete before ours. Busy: a worker reads.
     if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
     const bool worked = PumpRequestsLocked(i, s);
     s.UnlockReader();
-    if (worked) segment_.Slot(i)->request_room_.Notify();
+    if (worked) {
+      NoteCpu(segment_.Slot(i)->runtime_cpu_);
+      segment_.Slot(i)->request_room_.Notify();
+    }
     return worked;
   }
 
@@ -445,9 +457,9 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       if (!HasCredit(s)) break;
       ShmStream::Piece p;
       ShmStream::PeekResult r = rs->Peek(&p);
-      if (r == ShmStream::PeekResult::kEmpty) break;
+      if (r == ShmStream::PeekResult::kEmpty && !rs->Unframed()) break;
       worked = true;
-      if (r == ShmStream::PeekResult::kCorrupt) {
+      if (r != ShmStream::PeekResult::kReady) {
         reaper_->Break(i, ErrorCode::kMalformed);
         return true;
       }

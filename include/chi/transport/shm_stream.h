@@ -1,12 +1,19 @@
 // ShmStream: one direction of a shared-memory connection, a byte ring with one writer and
 // one reader (usually two processes) carrying framed messages of any size in pieces. Both
-// ends are non-blocking so one runtime poller can serve many streams; callers choose how
+// ends never block here, so one runtime poller can serve many streams; callers choose how
 // to wait. Invariant: the ring holds only whole records (16-byte header + payload padded
-// to 16), published by moving write_pos_, so the reader never sees half a record.
+// to 16); the writer clears the header word after a record before it publishes the
+// record's own header word (release), so a reader polls the header at its read position
+// and sees either zero or a whole record, never half of one, and never a stale one.
+//
+// Why the header and not a shared write position: a reader that polls the record itself
+// gets the "ready" signal and the first payload bytes in one cache-line transfer; the
+// write position (still published after each record) is read only by park re-checks,
+// statistics and the corruption check (Unframed), so in steady state it never moves.
 //
 // Framing: a message is a kBegin record (its total length and the first bytes that fit)
-// followed by kMore records with the rest. The reader checks every header against what
-// is published and reports a corrupt stream instead of trusting it.
+// followed by kMore records with the rest. The reader checks every header and reports a
+// corrupt stream instead of trusting it.
 #pragma once
 
 #include <algorithm>  // std::min for wrapped copies
@@ -38,7 +45,9 @@ class ShmStream {
   /** Builds an empty stream at `mem` (BytesFor bytes, 64-byte aligned); nullptr if misaligned. */
   static ShmStream *Create(void *mem, u32 ring_bytes) {
     if (!IsRingAligned(mem)) return nullptr;
-    return new (mem) ShmStream(RingSize(ring_bytes));
+    ShmStream *s = new (mem) ShmStream(RingSize(ring_bytes));
+    s->ClearHeader(0);  // the region may hold old bytes: nothing is published at 0
+    return s;
   }
 
   /** Views a stream that another process (or an earlier Create) built at `mem`. */
@@ -50,13 +59,13 @@ class ShmStream {
     write_pos_.Store(0, MemOrder::kRelaxed);
     read_pos_.Store(0, MemOrder::kRelaxed);
     cached_read_ = 0;
-    cached_write_ = 0;
+    ClearHeader(0);  // old records at offset 0 must not look published
   }
 
   /** Bytes in the ring (record headers included). */
   u32 RingBytes() const { return ring_bytes_; }
   /** The largest payload one record can carry. */
-  u64 MaxPieceBytes() const { return ring_bytes_ - kRecordHeaderBytes; }
+  u64 MaxPieceBytes() const { return ring_bytes_ - 2 * kRecordHeaderBytes; }
 
   // ---- Writer side ----
 
@@ -86,8 +95,8 @@ class ShmStream {
    * parked reader is never missed (the caller notifies it afterwards).
    */
   void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) {
-    // seq_cst: release publishes the record; seq_cst orders it before the notifier's
-    // read of the reader's waiter count (WaitEvent's Dekker pair).
+    // seq_cst: the write position's store is ordered before the notifier's read of the
+    // reader's waiter count (WaitEvent's Dekker pair).
     Append(begin, message_bytes, data, bytes, MemOrder::kSeqCst);
   }
 
@@ -96,13 +105,14 @@ class ShmStream {
    * reads any waiter flag, so one fence covers this publish and the stores before it.
    */
   void WritePieceRelease(bool begin, u64 message_bytes, const void *data, u64 bytes) {
-    // release: publishes the record; the caller's fence orders it before its Dekker reads.
+    // release: the caller's fence orders the publish before its Dekker reads.
     Append(begin, message_bytes, data, bytes, MemOrder::kRelease);
   }
 
   /**
-   * Publishes raw bytes with no framing (length rounded up to 16). Fault injection for
-   * tests of a reader's defences only; the caller made sure they fit.
+   * Publishes raw bytes with no framing (length rounded up to 16): the write position
+   * moves, no header is written. Fault injection for tests of a reader's defences only;
+   * the caller made sure they fit.
    */
   void PublishUnframed(const void *data, u64 bytes) {
     u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
@@ -137,29 +147,30 @@ class ShmStream {
   enum class PeekResult : u32 { kEmpty, kReady, kCorrupt };
 
   /**
-   * Describes the oldest record without consuming it. kCorrupt: the published bytes do
-   * not form a valid record (unknown kind, or a length beyond what is published); the
-   * stream cannot be trusted any more.
+   * Describes the oldest record without consuming it, reading only its header (no shared
+   * position). kCorrupt: the header is no valid record (unknown kind, or a length the
+   * ring cannot hold); the stream cannot be trusted any more. Bytes published with no
+   * header at all read as kEmpty here; Unframed tells them apart.
    */
   PeekResult Peek(Piece *p) {
-    u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
-    if (cached_write_ == r) {
-      // acquire: the record bytes before write_pos_ are visible once we read it.
-      cached_write_ = write_pos_.Load(MemOrder::kAcquire);
-      if (cached_write_ == r) return PeekResult::kEmpty;
-    }
-    const u64 used = cached_write_ - r;
+    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    // acquire: pairs with the writer's release of the header word; the record's other
+    // header bytes and its payload are visible once we see it.
+    const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
+    if (word == 0) return PeekResult::kEmpty;
     Record rec;
-    if (used < kRecordHeaderBytes || used > ring_bytes_) return PeekResult::kCorrupt;
-    CopyOut(r, &rec, kRecordHeaderBytes);
+    rec.kind = static_cast<u32>(word);
+    rec.bytes = static_cast<u32>(word >> 32);
+    CopyOut(r + sizeof(u64), &rec.message_bytes, sizeof(rec.message_bytes));
     const u64 footprint = kRecordHeaderBytes + RoundUpTo(rec.bytes, kAlign);
-    if ((rec.kind != kBegin && rec.kind != kMore) || footprint > used ||
+    if ((rec.kind != kBegin && rec.kind != kMore) ||
+        footprint > ring_bytes_ - kRecordHeaderBytes ||
         (rec.kind == kBegin && rec.bytes > rec.message_bytes)) {
       return PeekResult::kCorrupt;
     }
     p->kind = rec.kind;
     p->bytes = rec.bytes;
-    p->message_bytes = rec.message_bytes;
+    p->message_bytes = rec.kind == kBegin ? rec.message_bytes : 0;
     p->footprint = footprint;
     const u64 off = (r + kRecordHeaderBytes) & mask_;
     p->first = Ring() + off;
@@ -177,16 +188,34 @@ class ShmStream {
     read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
   }
 
-  /** True when a record is published (a spinning reader's cheap check). */
+  /** True when a record is published (a spinning reader's cheap check: the header only). */
   bool HasData() const {
     // acquire: a record seen here is readable by the Peek that follows.
-    return write_pos_.Load(MemOrder::kAcquire) != read_pos_.Load(MemOrder::kRelaxed);
+    return HeaderWord(read_pos_.Load(MemOrder::kRelaxed))->Load(MemOrder::kAcquire) != 0;
   }
 
-  /** True when a record is published (seq_cst: a waiter's Dekker re-check). */
+  /**
+   * True when the writer has published bytes past the read position (seq_cst: a waiter's
+   * Dekker re-check against the writer's publish). A reader may consume a record before
+   * its write position is stored, hence "past", not "different".
+   */
   bool HasDataSeqCst() const {
-    // seq_cst: pairs with the writer's seq_cst write_pos_ store.
-    return write_pos_.Load(MemOrder::kSeqCst) != read_pos_.Load(MemOrder::kRelaxed);
+    // seq_cst: pairs with the writer's seq_cst (or release + fence) write_pos_ store.
+    const u64 w = write_pos_.Load(MemOrder::kSeqCst);
+    return static_cast<i64>(w - read_pos_.Load(MemOrder::kRelaxed)) > 0;
+  }
+
+  /**
+   * True when bytes were published at the read position with no record header: a writer
+   * that broke the framing (the slow check that Peek's kEmpty leaves to pollers that
+   * are not on the hot path). Reads the shared write position.
+   */
+  bool Unframed() const {
+    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    // acquire: the writer stores the header before the position, so once the position
+    // is past r, the header at r is visible to the load below.
+    if (static_cast<i64>(write_pos_.Load(MemOrder::kAcquire) - r) <= 0) return false;
+    return HeaderWord(r)->Load(MemOrder::kAcquire) == 0;
   }
 
   /** Published bytes not yet consumed (a statistic: read from any process). */
@@ -218,20 +247,45 @@ class ShmStream {
 
   /** The byte ring trailing the header in the same region. */
   char *Ring() { return reinterpret_cast<char *>(this) + sizeof(ShmStream); }
+  const char *Ring() const { return reinterpret_cast<const char *>(this) + sizeof(ShmStream); }
 
-  /** Payload room for one record given the writer's and a reader's position. */
-  u64 Room(u64 w, u64 r) const {
-    u64 free_bytes = ring_bytes_ - (w - r);
-    return free_bytes > kRecordHeaderBytes ? free_bytes - kRecordHeaderBytes : 0;
+  /** The first 8 bytes of the record header at position pos: kind (low) and bytes (high). */
+  Atomic<u64> *HeaderWord(u64 pos) const {
+    return reinterpret_cast<Atomic<u64> *>(const_cast<char *>(Ring()) + (pos & mask_));
   }
 
-  /** Copies one record into the ring and moves write_pos_ past it with `publish` order. */
+  /** Marks position pos as "nothing published here" (the writer, or an idle stream). */
+  void ClearHeader(u64 pos) {
+    // relaxed: the reader reaches pos only through the acquire of an earlier header whose
+    // release follows this store.
+    HeaderWord(pos)->Store(0, MemOrder::kRelaxed);
+  }
+
+  /**
+   * Payload room for one record given the writer's and a reader's position. One header's
+   * worth stays free so the writer can clear the header after its record (see Append).
+   */
+  u64 Room(u64 w, u64 r) const {
+    u64 free_bytes = ring_bytes_ - (w - r);
+    return free_bytes > 2 * kRecordHeaderBytes ? free_bytes - 2 * kRecordHeaderBytes : 0;
+  }
+
+  /**
+   * Copies one record into the ring: payload and length first, then the next record's
+   * header cleared, then this header's word (release: the reader may take it from here),
+   * then the write position with `publish` order (park re-checks and statistics).
+   */
   void Append(bool begin, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
     u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    Record rec{begin ? kBegin : kMore, static_cast<u32>(bytes), begin ? message_bytes : 0};
-    CopyIn(w, &rec, kRecordHeaderBytes);
+    const u64 next = w + kRecordHeaderBytes + RoundUpTo(bytes, kAlign);
+    const u64 length = begin ? message_bytes : 0;
+    CopyIn(w + sizeof(u64), &length, sizeof(length));
     CopyIn(w + kRecordHeaderBytes, data, bytes);
-    write_pos_.Store(w + kRecordHeaderBytes + RoundUpTo(bytes, kAlign), publish);
+    ClearHeader(next);  // Room keeps it free: the reader has consumed it already
+    const u64 word = static_cast<u64>(begin ? kBegin : kMore) | (bytes << 32);
+    // release: the payload, the length and the cleared next header precede the record.
+    HeaderWord(w)->Store(word, MemOrder::kRelease);
+    write_pos_.Store(next, publish);
   }
 
   /** Copies n bytes into the ring at position pos, wrapping at its end. */
@@ -245,7 +299,7 @@ class ShmStream {
   }
 
   /** Copies n bytes out of the ring from position pos, wrapping at its end. */
-  void CopyOut(u64 pos, void *dst, u64 n) {
+  void CopyOut(u64 pos, void *dst, u64 n) const {
     char *d = static_cast<char *>(dst);
     u64 off = pos & mask_;
     u64 first = std::min<u64>(n, ring_bytes_ - off);
@@ -261,7 +315,6 @@ class ShmStream {
   u64 cached_read_ = 0;  ///< the writer's last view of read_pos_
   // Line 2: the reader's.
   alignas(kCacheLine) Atomic<u64> read_pos_;
-  u64 cached_write_ = 0;  ///< the reader's last view of write_pos_
 };
 
 /**

@@ -15,6 +15,7 @@
 #include <deque>    // tasks waiting for a connection
 #include <future>   // result of the first handshake
 #include <memory>   // unique_ptr
+#include <mutex>    // the latest handshake answer
 #include <string>   // endpoint
 #include <thread>   // the network thread
 #include <vector>   // request slots, encode buffer
@@ -111,6 +112,13 @@ class ZmqClientTransport final : public ClientTransport {
   /** The runtime process currently connected (changes after a reconnect; 0 while down). */
   u32 RuntimePid() const { return runtime_pid_.Load(MemOrder::kAcquire); }
 
+  /** The handshake answer of the runtime last connected (replaced by every reconnect). */
+  ConnectAnswer Answer() const {
+    std::lock_guard<std::mutex> lock(answer_mu_);
+    return answer_;
+  }
+
+  /** A snapshot of the counters (any thread). */
   ZmqClientStats Stats() const {
     ZmqClientStats s;
     s.outstanding = outstanding_.Load(MemOrder::kRelaxed);
@@ -325,6 +333,10 @@ class ZmqClientTransport final : public ClientTransport {
       answer.rc = static_cast<u32>(ErrorCode::kMalformed);
       answer.msg = "malformed ClientConnect answer";
     }
+    if (answer.rc == 0) {  // before Connect can return: Answer() is the accepted one
+      std::lock_guard<std::mutex> lock(answer_mu_);
+      answer_ = answer;
+    }
     if (!first_done_) {
       first_done_ = true;
       first_answer_ = answer;
@@ -468,6 +480,8 @@ class ZmqClientTransport final : public ClientTransport {
   ZmqDoorbell doorbell_;
   std::promise<Status> first_result_;
   ConnectAnswer first_answer_;
+  mutable std::mutex answer_mu_;  ///< guards answer_ (read rarely, written per handshake)
+  ConnectAnswer answer_;          ///< the last accepted handshake answer (Answer)
   bool first_done_ = false;
   bool bye_sent_ = false;
   State state_ = State::kConnecting;
