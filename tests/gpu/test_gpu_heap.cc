@@ -390,6 +390,28 @@ struct Held {
   u32 owner, round;
 };
 
+/**
+ * What concurrent launches still hold (`held`, per thread): no two blocks overlap, each is
+ * intact, each frees through partition `via` (into the one that carved it), and the region
+ * ends with nothing in use. Adds to the launches' own broken/refused counts, which must end 0.
+ */
+void CheckHeldThenFree(const std::vector<std::vector<Held>> &held, GpuHeapRegion *r, u32 via,
+                       std::atomic<u32> *broken, std::atomic<u32> *refused) {
+  std::vector<Held> all;
+  for (const auto &v : held) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end(), [](const Held &x, const Held &y) { return x.p < y.p; });
+  u32 overlaps = 0;
+  for (size_t i = 1; i < all.size(); ++i) overlaps += all[i - 1].p + all[i - 1].n > all[i].p;
+  CHECK(overlaps == 0);
+  for (const Held &m : all) {
+    *broken += !Intact(m.p, m.n, m.owner, m.round);
+    *refused += !r->Partition(via)->Free(m.p);
+  }
+  CHECK(broken->load() == 0);
+  CHECK(refused->load() == 0);
+  CHECK(r->BytesInUse() == 0);
+}
+
 }  // namespace
 
 TEST_CASE("blocks one launch leaves live survive a later launch of another geometry") {
@@ -482,19 +504,7 @@ TEST_CASE("two launches of different geometries at once on one region never shar
   }
   CHECK(got.load() > 32 * kRounds / 2);
   // What both launches still hold: intact, and no two blocks overlap.
-  std::vector<Held> all;
-  for (const auto &v : held) all.insert(all.end(), v.begin(), v.end());
-  std::sort(all.begin(), all.end(), [](const Held &x, const Held &y) { return x.p < y.p; });
-  u32 overlaps = 0;
-  for (size_t i = 1; i < all.size(); ++i) overlaps += all[i - 1].p + all[i - 1].n > all[i].p;
-  CHECK(overlaps == 0);
-  for (const Held &m : all) {
-    broken += !Intact(m.p, m.n, m.owner, m.round);
-    refused += !r->Partition(0)->Free(m.p);
-  }
-  CHECK(broken.load() == 0);
-  CHECK(refused.load() == 0);
-  CHECK(r->BytesInUse() == 0);
+  CheckHeldThenFree(held, r, 0, &broken, &refused);
 }
 
 TEST_CASE("1 MiB and 8 MiB blocks from a 64 MiB region: writable end to end, then all back") {
@@ -655,19 +665,7 @@ TEST_CASE("threads mixing small and large blocks at once never get overlapping b
   CHECK(small_got.load() > 32 * kRounds / 2);
   CHECK(large_got.load() > 1000);  // of ~19200 asked: many found room while others held some
   CHECK(large_got.load() + large_failed.load() > 32 * kRounds / 10);
-  std::vector<Held> all;
-  for (const auto &v : held) all.insert(all.end(), v.begin(), v.end());
-  std::sort(all.begin(), all.end(), [](const Held &x, const Held &y) { return x.p < y.p; });
-  u32 overlaps = 0;
-  for (size_t i = 1; i < all.size(); ++i) overlaps += all[i - 1].p + all[i - 1].n > all[i].p;
-  CHECK(overlaps == 0);
-  for (const Held &m : all) {
-    broken += !Intact(m.p, m.n, m.owner, m.round);
-    refused += !r->Partition(1)->Free(m.p);
-  }
-  CHECK(broken.load() == 0);
-  CHECK(refused.load() == 0);
-  CHECK(r->BytesInUse() == 0);
+  CheckHeldThenFree(held, r, 1, &broken, &refused);
 }
 
 TEST_CASE("an arena hands out aligned bump allocations until full, and Reset reuses it") {

@@ -491,7 +491,7 @@ void FillAnswer(char *buf, u32 seq, u32 body) {
 void CheckAnswersEachOnce(bool gpu_clients) {
   CAPTURE(gpu_clients);
   BareQueue b(gpu_clients);
-  CHECK((b.q.inline_answers_ != 0) == !gpu_clients);
+  CHECK(b.q.InlineAnswers() == !gpu_clients);
   alignas(16) char in[chi::gpu::kGpuPayloadBytes] = {};
   alignas(16) char out[chi::gpu::kGpuPayloadBytes] = {};
   u32 len = 0;

@@ -122,7 +122,7 @@ CHI_CROSS_FUN TaskT *StartOn(const GpuQueue<S> *qp, const GpuInfo &info, PoolId 
   // read an L2 round trip waiting behind the archive's previous store.
   alignas(16) char local[(sizeof(TaskT) + 15) & ~static_cast<size_t>(15)];
   TaskT &task = *new (local) TaskT(static_cast<Args &&>(args)...);
-  const u32 seq = r.seq_ + 1 == 0 ? 1 : r.seq_ + 1;  // never 0: fresh answer words read as 0
+  const u32 seq = NextSeq(r.seq_);
   task.pool_id_ = pool;
   task.pool_query_ = query;
   task.method_ = method;

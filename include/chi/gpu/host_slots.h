@@ -32,8 +32,7 @@ inline u32 ClaimHostSlot(const HostQueue &q, u32 start, u32 pid) {
 inline u32 NextHostSeq(const HostQueue &q, u32 s) {
   // relaxed: our claim's acquire ordered the previous owner's post (it released the claim
   // after its post) before this read.
-  const u32 seq = static_cast<u32>(q.request_[s].Load(MemOrder::kRelaxed)) + 1;
-  return seq == 0 ? 1 : seq;  // never 0: fresh answer words read as sequence 0
+  return NextSeq(static_cast<u32>(q.request_[s].Load(MemOrder::kRelaxed)));
 }
 
 /** Gives held slot s back (its answer has been read, or it was never posted). */

@@ -48,6 +48,31 @@ inline constexpr u32 kRequestInline = 1u << 31;
 /** Returned by TryClaim when every slot is taken. */
 inline constexpr u32 kNoSlot = ~0u;
 
+/** The sequence after `last` on a slot: never 0, which fresh (zeroed) words carry. */
+CHI_CROSS_FUN inline u32 NextSeq(u32 last) { return last + 1 == 0 ? 1 : last + 1; }
+
+/**
+ * Stores `words` flagged words: each carries 4 bytes of `in` and `seq` as its flag, so a
+ * reader can tell a whole word of this message from an old one without any fence.
+ */
+template <MemScope S>
+CHI_CROSS_FUN void StoreFlagged(Atomic<u64, S> *w, const u32 *in, u32 words, u32 seq) {
+  const u64 flag = static_cast<u64>(seq) << 32;
+  // relaxed: every word is stored whole and checked on its own by the reader.
+  for (u32 k = 0; k < words; ++k) w[k].Store(flag | in[k], MemOrder::kRelaxed);
+}
+
+/** Reads `words` flagged words into out; false while any still carries another flag. */
+template <MemScope S>
+CHI_CROSS_FUN bool LoadFlagged(const Atomic<u64, S> *w, u32 *out, u32 words, u32 seq) {
+  for (u32 k = 0; k < words; ++k) {
+    const u64 v = w[k].Load(MemOrder::kRelaxed);  // relaxed: each word carries its flag
+    if (static_cast<u32>(v >> 32) != seq) return false;
+    out[k] = static_cast<u32>(v);
+  }
+  return true;
+}
+
 /** Values of a claim word. */
 namespace claim {
 inline constexpr u32 kFree = 0;    ///< free; the mailbox is idle
@@ -91,16 +116,6 @@ struct GpuQueue {
   Atomic<u64, S> *request_ = nullptr;  ///< client -> server: seq | len << 32
   Atomic<u64, S> *answer_ = nullptr;   ///< server -> client: seq | len << 32 (the slot is done)
   Atomic<u64, S> *answer_words_ = nullptr;  ///< kInlineAnswerWords per slot: data | seq << 32
-  /**
-   * Whether small answers travel inline (InlineAnswersFor). When not, every answer goes
-   * through the payload and a poll is the one header word.
-   */
-  u32 inline_answers_ = 0;
-  /**
-   * Whether small requests are posted as flagged words (InlineRequestsFor): a GPU client
-   * then needs no system-scope fence to post to the CPU.
-   */
-  u32 inline_requests_ = 0;
   char *payload_ = nullptr;            ///< num_slots_ * payload_bytes_
   Atomic<u32, MemScope::kDevice> *claims_ = nullptr;  ///< client side; see claim::
   ClientRecord *records_ = nullptr;                   ///< GPU-client queues only (else null)
@@ -115,6 +130,24 @@ struct GpuQueue {
   /** The payload of slot s (16-byte aligned). */
   CHI_CROSS_FUN char *Payload(u32 s) const {
     return payload_ + static_cast<u64>(s) * payload_bytes_;
+  }
+
+  /**
+   * Whether small answers travel inline: where the reader polls memory near it (a GPU
+   * client of gpu2gpu, the host of cpu2gpu). Not for gpu2cpu (GPU clients of pinned
+   * memory: records_ set), whose clients' strong loads over PCIe go one round trip each,
+   * so four of them cost more than one load and a copy (benchmarks/gpu/NOTES.md).
+   */
+  CHI_CROSS_FUN bool InlineAnswers() const {
+    return S == MemScope::kDevice || records_ == nullptr;
+  }
+
+  /**
+   * Whether small requests are posted inline: for gpu2cpu, whose writer is a GPU thread
+   * (posted stores need no system-scope fence that way) and whose reader is the host.
+   */
+  CHI_CROSS_FUN bool InlineRequests() const {
+    return S == MemScope::kSystem && records_ != nullptr;
   }
 
   // ---- Client side ----
@@ -153,7 +186,7 @@ struct GpuQueue {
 
   /** The longest request PostInline takes: 4 bytes of it per 8-byte word of the payload. */
   CHI_CROSS_FUN u32 InlineRequestCap() const {
-    return inline_requests_ != 0 ? payload_bytes_ / 2 : 0;
+    return InlineRequests() ? payload_bytes_ / 2 : 0;
   }
 
   /**
@@ -163,11 +196,8 @@ struct GpuQueue {
    * fence from us (one at system scope costs a GPU ~0.7 us) and checks every word instead.
    */
   CHI_CROSS_FUN void PostInline(u32 s, u32 seq, const char *buf, u32 len) const {
-    auto *w = reinterpret_cast<Atomic<u64, S> *>(Payload(s));
-    const u32 *in = reinterpret_cast<const u32 *>(buf);
-    const u64 flag = static_cast<u64>(seq) << 32;
-    const u32 words = (len + 3) / 4;
-    for (u32 k = 0; k < words; ++k) w[k].Store(flag | in[k], MemOrder::kRelaxed);
+    StoreFlagged(reinterpret_cast<Atomic<u64, S> *>(Payload(s)),
+                 reinterpret_cast<const u32 *>(buf), (len + 3) / 4, seq);
     request_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len | kRequestInline) << 32,
                       MemOrder::kRelaxed);
   }
@@ -191,7 +221,7 @@ struct GpuQueue {
   CHI_CROSS_FUN bool TakeAnswer(u32 s, u32 seq, char *buf, u32 *len) const {
     const Atomic<u64, S> *w = answer_words_ + static_cast<u64>(s) * kInlineAnswerWords;
     u64 v[kAnswerPollWords];
-    if (inline_answers_ != 0) {
+    if (InlineAnswers()) {
       // relaxed: each word carries its own flag; nothing is read through these loads' order.
       CHI_UNROLL
       for (u32 k = 0; k < kAnswerPollWords; ++k) v[k] = w[k].Load(MemOrder::kRelaxed);
@@ -203,7 +233,7 @@ struct GpuQueue {
     const u32 head = static_cast<u32>(v[0]);
     *reinterpret_cast<u64 *>(buf) = seq;  // the envelope id of a request is its sequence
     if ((head & kAnswerInPayload) != 0) {
-      if (inline_answers_ != 0) FenceAcquire<S>();  // the relaxed poll saw the release store
+      if (InlineAnswers()) FenceAcquire<S>();  // the relaxed poll saw the release store
       u32 n = head & ~kAnswerInPayload;
       n = n < payload_bytes_ ? n : payload_bytes_;
       CopyChunks(buf, Payload(s), n);
@@ -220,10 +250,10 @@ struct GpuQueue {
       out[k - 1] = static_cast<u32>(v[k]);
     }
     // A longer answer's remaining words, one at a time (rare: kept out of registers).
-    for (u32 k = kAnswerPollWords; k <= words; ++k) {
-      const u64 x = w[k].Load(MemOrder::kRelaxed);
-      if (static_cast<u32>(x >> 32) != seq) return false;
-      out[k - 1] = static_cast<u32>(x);
+    if (words >= kAnswerPollWords &&
+        !LoadFlagged(w + kAnswerPollWords, out + kAnswerPollWords - 1,
+                     words - (kAnswerPollWords - 1), seq)) {
+      return false;
     }
     *len = 8 + body;
     return true;
@@ -258,14 +288,7 @@ struct GpuQueue {
     }
     const auto *w = reinterpret_cast<const Atomic<u64, S> *>(Payload(s));
     u32 *out = reinterpret_cast<u32 *>(buf);
-    const u32 words = (*len + 3) / 4;
-    for (u32 k = 0; k < words; ++k) {
-      // relaxed: each word carries its own flag.
-      const u64 v = w[k].Load(MemOrder::kRelaxed);
-      if (static_cast<u32>(v >> 32) != seq) return nullptr;  // still arriving
-      out[k] = static_cast<u32>(v);
-    }
-    return buf;
+    return LoadFlagged(w, out, (*len + 3) / 4, seq) ? buf : nullptr;  // nullptr: arriving
   }
 
   /** The doorbell count (relaxed; FenceAcquire before reading request words it covers). */
@@ -291,14 +314,9 @@ struct GpuQueue {
     Atomic<u64, S> *w = answer_words_ + static_cast<u64>(s) * kInlineAnswerWords;
     const u64 flag = static_cast<u64>(seq) << 32;
     const u32 body = len > 8 ? len - 8 : 0;
-    if (inline_answers_ != 0 && body <= kInlineAnswerBytes) {
-      const u32 *in = reinterpret_cast<const u32 *>(buf + 8);
-      // relaxed: every word is stored whole and carries the flag; the reader checks each.
-      CHI_UNROLL
-      for (u32 k = 1; k < kInlineAnswerWords; ++k) {
-        if (4 * (k - 1) < body) w[k].Store(flag | in[k - 1], MemOrder::kRelaxed);
-      }
-      w[0].Store(flag | body, MemOrder::kRelaxed);
+    if (InlineAnswers() && body <= kInlineAnswerBytes) {
+      StoreFlagged(w + 1, reinterpret_cast<const u32 *>(buf + 8), (body + 3) / 4, seq);
+      w[0].Store(flag | body, MemOrder::kRelaxed);  // relaxed: a flagged word like the rest
       Answer(s, seq, len, MemOrder::kRelaxed);
       return;
     }
@@ -318,25 +336,6 @@ struct GpuQueue {
   }
 
   // ---- Layout ----
-
-  /**
-   * Whether a queue's small answers travel inline: yes where the reader polls memory near
-   * it (a GPU client of gpu2gpu, the host of cpu2gpu); no for gpu2cpu, whose GPU clients
-   * poll pinned memory over PCIe, where four strong loads cost more than one load and a copy
-   * (measured on an H100: benchmarks/gpu/NOTES.md).
-   */
-  CHI_CROSS_FUN static constexpr bool InlineAnswersFor(bool gpu_clients) {
-    return S == MemScope::kDevice || !gpu_clients;
-  }
-
-  /**
-   * Whether requests are posted inline: for gpu2cpu, where the writer is a GPU thread (whose
-   * posted stores need no fence that way) and the reader the host, which polls its own
-   * memory. Not where a GPU reads them (one PCIe round trip per strong load).
-   */
-  CHI_CROSS_FUN static constexpr bool InlineRequestsFor(bool gpu_clients) {
-    return S == MemScope::kSystem && gpu_clients;
-  }
 
   /** Bytes of the arrays both sides touch: request, answer, payloads, doorbell, answer words. */
   CHI_CROSS_FUN static u64 SharedBytes(u32 slots, u32 payload_bytes) {
@@ -372,8 +371,6 @@ struct GpuQueue {
         shared + 2 * Lines(8ull * slots) + static_cast<u64>(slots) * payload_bytes;
     q.doorbell_ = gpu_clients ? nullptr : reinterpret_cast<Atomic<u64, S> *>(doorbell);
     q.answer_words_ = reinterpret_cast<Atomic<u64, S> *>(doorbell + 64);
-    q.inline_answers_ = InlineAnswersFor(gpu_clients) ? 1 : 0;
-    q.inline_requests_ = InlineRequestsFor(gpu_clients) ? 1 : 0;
     q.abort_ = abort;
     return q;
   }

@@ -84,12 +84,8 @@ class Chimaera {
    * now; after a reconnect, the restarted runtime's.
    */
   ConnectAnswer GetConnectAnswer() const {
-    if (const auto *shm = dynamic_cast<const ShmReconnectingTransport *>(transport_.get())) {
-      return shm->Answer();
-    }
-    if (const auto *zmq = dynamic_cast<const ZmqClientTransport *>(transport_.get())) {
-      return zmq->Answer();
-    }
+    ConnectAnswer answer;
+    if (transport_ != nullptr && transport_->CopyConnectAnswer(&answer)) return answer;
     return connect_answer_;
   }
   /** A pure client's transport (nullptr otherwise). */

@@ -117,9 +117,10 @@ class ShmReconnectingTransport final : public ClientTransport {
    * The handshake answer of the runtime the current connection serves with (a copy:
    * the reconnect thread replaces it when it rejoins a restarted runtime).
    */
-  ConnectAnswer Answer() const {
+  bool CopyConnectAnswer(ConnectAnswer *out) const override {
     std::lock_guard<std::mutex> lock(answer_mu_);
-    return answer_;
+    *out = answer_;
+    return true;
   }
 
  private:

@@ -12,6 +12,8 @@
 
 namespace chi {
 
+struct ConnectAnswer;  // client_connect.h: what a runtime's handshake answered
+
 /** Bytes of the request-id prefix of every request and answer. */
 inline constexpr u64 kEnvelopeHeaderBytes = sizeof(u64);
 
@@ -29,6 +31,14 @@ class ClientTransport {
   virtual void Close() = 0;
   /** "shm", "ipc" or "tcp". */
   virtual const char *Name() const = 0;
+  /**
+   * Copies the handshake answer of the runtime this transport talks to now (after a
+   * reconnect, the restarted one's) into *out; false when it keeps none.
+   */
+  virtual bool CopyConnectAnswer(ConnectAnswer *out) const {
+    (void)out;
+    return false;
+  }
 };
 
 }  // namespace chi

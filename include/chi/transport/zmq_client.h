@@ -113,9 +113,10 @@ class ZmqClientTransport final : public ClientTransport {
   u32 RuntimePid() const { return runtime_pid_.Load(MemOrder::kAcquire); }
 
   /** The handshake answer of the runtime last connected (replaced by every reconnect). */
-  ConnectAnswer Answer() const {
+  bool CopyConnectAnswer(ConnectAnswer *out) const override {
     std::lock_guard<std::mutex> lock(answer_mu_);
-    return answer_;
+    *out = answer_;
+    return true;
   }
 
   /** A snapshot of the counters (any thread). */
