@@ -270,6 +270,82 @@ double CpuLocalTaskNs(u32 iters) {
   return chi_bench::Median(v);
 }
 
+/**
+ * The CPU side of a GPU->CPU task alone: a host thread plays the kernel (the same client
+ * code) through a gpu2cpu queue in host memory registered with the GPU worker, so the figure
+ * is the worker's sweep, dispatch, hop to a CPU worker, handler and answer, with no PCIe.
+ * *raw_ns: the same queue's round trip for a malformed request the GPU worker answers itself.
+ */
+double CpuSideOfGpuToCpuNs(u32 iters, double *raw_ns) {
+  using Q = chi::gpu::GpuQueue<chi::MemScope::kSystem>;
+  constexpr u32 kSlots = 8;
+  const u64 bytes[3] = {Q::SharedBytes(kSlots, chi::gpu::kGpuPayloadBytes),
+                        Q::ClientBytes(kSlots, true), Q::ServerBytes(kSlots)};
+  char *mem[3];
+  for (u32 i = 0; i < 3; ++i) {
+    mem[i] = static_cast<char *>(std::aligned_alloc(64, (bytes[i] + 63) / 64 * 64));
+    std::memset(mem[i], 0, bytes[i]);
+  }
+  Q q = Q::Make(kSlots, chi::gpu::kGpuPayloadBytes, 5000000000ull, mem[0], mem[1], true,
+                      mem[2], nullptr);
+  if (!CHI_IPC->RegisterGpuQueue(q).ok()) Die("cannot register a host gpu2cpu queue");
+  chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
+  info.gpu2cpu_ = &q;
+  std::vector<double> raw;  // a 4-byte request: the worker answers "malformed" itself
+  for (u32 i = 0; i < iters; ++i) {
+    const double t0 = chi_bench::NowNs();
+    const u32 s = q.TryClaim(0);
+    if (s == chi::gpu::kNoSlot) Die("no free slot in the host gpu2cpu queue");
+    const u32 seq = chi::gpu::NextSeq(q.records_[s].seq_);
+    q.records_[s].seq_ = seq;
+    alignas(16) char buf[chi::gpu::kGpuPayloadBytes] = {};
+    q.PostInline(s, seq, buf, 4);
+    u32 len = 0;
+    while (!q.TakeAnswer(s, seq, buf, &len)) {
+    }
+    q.Release(s, false);
+    raw.push_back(chi_bench::NowNs() - t0);
+  }
+  *raw_ns = chi_bench::Median(std::vector<double>(raw.begin() + iters / 10, raw.end()));
+  std::vector<double> v;
+  for (u32 i = 0; i < iters; ++i) {
+    const double t0 = chi_bench::NowNs();
+    auto *t = chi::gpu::StartTask<chimaera::demo::GpuSubmitTask>(
+        info, kPool, chi::PoolQuery::ToLocalCpu(), chimaera::demo::Method::kGpuSubmit, 0u, i);
+    if (t == nullptr || !chi::gpu::WaitTask(t, 10) || t->result_value_ != i * 2) {
+      Die("wrong answer from the host-side gpu2cpu queue");
+    }
+    chi::gpu::ReleaseTask(t);
+    v.push_back(chi_bench::NowNs() - t0);
+  }
+  if (!CHI_IPC->UnregisterGpuQueue(q).ok()) Die("cannot unregister the host gpu2cpu queue");
+  for (char *m : mem) std::free(m);
+  return chi_bench::Median(std::vector<double>(v.begin() + iters / 10, v.end()));
+}
+
+/** Median round trip of an atomic flag between two CPU threads (the CPU side's floor). */
+double CpuPingPongNs(u32 iters) {
+  alignas(64) std::atomic<u64> ping{0};
+  alignas(64) std::atomic<u64> pong{0};
+  std::thread peer([&] {
+    for (u64 i = 1; i <= iters; ++i) {
+      while (ping.load(std::memory_order_acquire) != i) {
+      }
+      pong.store(i, std::memory_order_release);
+    }
+  });
+  std::vector<double> v;
+  for (u64 i = 1; i <= iters; ++i) {
+    const double t0 = chi_bench::NowNs();
+    ping.store(i, std::memory_order_release);
+    while (pong.load(std::memory_order_acquire) != i) {
+    }
+    v.push_back(chi_bench::NowNs() - t0);
+  }
+  peer.join();
+  return chi_bench::Median(v);
+}
+
 /** Median task round trip from a kernel; *submit_ns: the part spent submitting. */
 double KernelTaskNs(Bench &B, bool to_cpu, u32 batches, u32 per_batch, u32 *wrong,
                     double *submit_ns) {
@@ -436,6 +512,10 @@ int main(int argc, char **argv) {
   const double g2c = Step("GPU->CPU task", "ns", [&] {
     return KernelTaskNs(B, true, batches / 2, per_batch, &wrong, &g2c_submit);
   });
+  double g2c_cpu_raw = 0;
+  const double g2c_cpu =
+      Step("GPU->CPU CPU side", "ns", [&] { return CpuSideOfGpuToCpuNs(iters, &g2c_cpu_raw); });
+  const double cpu_floor = Step("CPU thread ping-pong", "ns", [&] { return CpuPingPongNs(iters); });
   Step("GPU->GPU rate, warm-up", "/s", [&] { return TaskRate(B, B.blocks, 2, &wrong); });
   const double rate =
       Step("GPU->GPU rate", "/s", [&] { return TaskRate(B, B.blocks, B.quick ? 4 : 50, &wrong); });
@@ -467,6 +547,9 @@ int main(int argc, char **argv) {
               c2g_submit, c2g, raw_c2g);
   std::printf("  GPU->GPU: submit %.0f of %.0f;  GPU->CPU: submit %.0f of %.0f\n", g2g_submit,
               g2g, g2c_submit, g2c);
+  std::printf("  GPU->CPU's CPU side (a host thread as the client, host memory) %.0f, a"
+              " malformed request answered by the GPU worker %.0f; CPU thread ping-pong %.0f\n",
+              g2c_cpu, g2c_cpu_raw, cpu_floor);
   std::printf("  request %.0f B; fence.sys %.0f; fence + copy from pinned %.0f, from device"
               " %.0f\n",
               stage.len, stage.fence_sys, stage.copy_pinned, stage.copy_device);

@@ -1,8 +1,8 @@
 // What one poll of pinned host memory costs a GPU thread, by the shape of its loads: one
 // 8-byte relaxed (strong) load, four of them in one 32-byte sector, two 16-byte volatile
-// vector loads over the same sector, and four plain loads after an acquire fence. Tells
-// whether strong loads of system memory from one thread overlap or go one PCIe round trip
-// each (the inline answer words' poll depends on it).
+// vector loads over the same sector, four plain loads after an acquire fence, and one
+// 16-byte relaxed pair (the gpu2cpu answer poll). Tells whether strong loads of system memory
+// from one thread overlap or go one PCIe round trip each (the answer words' poll depends on it).
 #pragma once
 
 #include <cstdio>   // the report
@@ -14,7 +14,7 @@
 namespace bench_gpu {
 
 /** Ways to read four adjacent words of pinned memory. */
-enum class PollShape : u32 { kOneStrong, kFourStrong, kTwoVolatileV2, kFencePlusFour };
+enum class PollShape : u32 { kOneStrong, kFourStrong, kTwoVolatileV2, kFencePlusFour, kOnePair };
 
 /** Two 16-byte volatile loads (per-8-byte single-copy atomic, as NCCL's LL reads). */
 __device__ inline void LoadVolatileV2(const u64 *p, u64 *a, u64 *b) {
@@ -42,6 +42,12 @@ __global__ void PollProbeKernel(const u64 *words, PollShape shape, u32 iters, do
         LoadVolatileV2(words, &a, &b);
         LoadVolatileV2(words + 2, &c, &d);
         sum += a + b + c + d;
+        break;
+      }
+      case PollShape::kOnePair: {  // the gpu2cpu answer poll (chi::gpu::LoadPair)
+        u64 a, b;
+        chi::gpu::LoadPair(w, &a, &b);
+        sum += a + b;
         break;
       }
       case PollShape::kFencePlusFour: {
@@ -159,9 +165,9 @@ inline void PollProbe(cudaStream_t stream, u32 iters) {
   Ok(cudaMalloc(&sink, sizeof(u64)), "probe sink");
   const char *names[] = {"1 relaxed 8-byte load", "4 relaxed 8-byte loads (one sector)",
                          "2 volatile 16-byte loads (one sector)",
-                         "acquire fence + 4 volatile loads"};
+                         "acquire fence + 4 volatile loads", "1 relaxed 16-byte pair (LoadPair)"};
   std::printf("one poll of pinned memory from one GPU thread (mean ns, %u polls):\n", iters);
-  for (u32 s = 0; s < 4; ++s) {
+  for (u32 s = 0; s < 5; ++s) {
     PollProbeKernel<<<1, 1, 0, stream>>>(words, static_cast<PollShape>(s), iters, ns, sink);
     Wait(stream, "poll probe");
     std::printf("  %-44s %8.0f\n", names[s], *ns);

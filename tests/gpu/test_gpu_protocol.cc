@@ -479,34 +479,45 @@ struct BareQueue {
   }
 };
 
-/** An answer envelope for request `seq` with `body` bytes, each derived from seq and its index. */
-void FillAnswer(char *buf, u32 seq, u32 body) {
+/**
+ * An answer envelope for request `seq` with `body` bytes, each derived from seq and its index;
+ * `ok`: the first 8 are a success's header (rc 0, no message), which travels left out.
+ */
+void FillAnswer(char *buf, u32 seq, u32 body, bool ok = false) {
   chi::gpu::PutRequestId(buf, seq);
-  for (u32 i = 0; i < body; ++i) buf[8 + i] = static_cast<char>(seq * 31 + i);
+  for (u32 i = 0; i < body; ++i) {
+    buf[8 + i] = ok && i < chi::gpu::kOkHeaderBytes ? 0 : static_cast<char>(seq * 31 + i);
+  }
 }
 
 }  // namespace
 
 /** Publishes and takes answers of every size class through one queue (see the test below). */
-void CheckAnswersEachOnce(bool gpu_clients) {
+void CheckAnswersEachOnce(bool gpu_clients, bool ok) {
   CAPTURE(gpu_clients);
+  CAPTURE(ok);
   BareQueue b(gpu_clients);
-  CHECK(b.q.InlineAnswers() == !gpu_clients);
+  const u32 cap = b.q.InlineAnswerCap();
+  CHECK(b.q.PairPoll() == gpu_clients);
+  CHECK(cap == (gpu_clients ? 4 : chi::gpu::kInlineAnswerBytes));
   alignas(16) char in[chi::gpu::kGpuPayloadBytes] = {};
   alignas(16) char out[chi::gpu::kGpuPayloadBytes] = {};
   u32 len = 0;
   CHECK_FALSE(b.q.TakeAnswer(0, 1, out, &len));  // fresh words read as sequence 0
-  const u32 bodies[] = {0, 1, 12, chi::gpu::kInlineAnswerBytes, chi::gpu::kInlineAnswerBytes + 1,
-                        600, chi::gpu::kGpuPayloadBytes - 8};
+  const u32 head = ok ? chi::gpu::kOkHeaderBytes : 0;  // bytes a success leaves out
+  const u32 bodies[] = {0, 1, 4, 5, 12, chi::gpu::kInlineAnswerBytes,
+                        chi::gpu::kInlineAnswerBytes + 1, 600,
+                        chi::gpu::kGpuPayloadBytes - 8 - head};
   u32 seq = 0;
-  for (const u32 body : bodies) {
+  for (const u32 rest : bodies) {
+    const u32 body = head + rest;
     CAPTURE(body);
     ++seq;
-    FillAnswer(in, seq, body);
+    FillAnswer(in, seq, body, ok);
     CHECK_FALSE(b.q.TakeAnswer(0, seq, out, &len));
     std::memset(b.q.Payload(0), 0x5a, BareQueue::kPayload);  // stands for the request's bytes
     b.q.PutAnswer(0, seq, in, 8 + body);
-    std::memset(out, 0, sizeof(out));
+    std::memset(out, 0x77, sizeof(out));
     REQUIRE(b.q.TakeAnswer(0, seq, out, &len));
     CHECK(len == 8 + body);
     CHECK(std::memcmp(out, in, len) == 0);
@@ -514,27 +525,35 @@ void CheckAnswersEachOnce(bool gpu_clients) {
     CHECK_FALSE(b.q.TakeAnswer(0, seq + 1, out, &len));     // the next request's is not here
     CHECK_FALSE(b.q.TakeAnswer(1, seq, out, &len));         // nor in the other slot
     // An inline answer leaves the payload (the request's bytes) alone.
-    const bool inline_answer = !gpu_clients && body <= chi::gpu::kInlineAnswerBytes;
+    const bool inline_answer = rest <= cap;
     CHECK((b.q.Payload(0)[8] == 0x5a) == (inline_answer || in[8] == 0x5a));
   }
 }
 
 TEST_CASE("small answers travel inline, large ones through the payload, each exactly once") {
-  CheckAnswersEachOnce(false);  // cpu2gpu and gpu2gpu: inline answer words
-  CheckAnswersEachOnce(true);   // gpu2cpu: every answer through the payload
+  for (const bool ok : {false, true}) {
+    CheckAnswersEachOnce(false, ok);  // cpu2gpu and gpu2gpu: up to 28 bytes inline
+    CheckAnswersEachOnce(true, ok);   // gpu2cpu: one data word inline (a 16-byte poll)
+  }
 }
 
-TEST_CASE("a reader polling while answers are being written never takes a partial one") {
-  BareQueue b;
+/**
+ * A writer publishes kRounds answers while the reader polls; every one must be taken whole.
+ * Bodies vary around the queue's inline cap; even rounds are successes (header left out).
+ */
+void CheckNoPartialAnswers(bool gpu_clients) {
+  CAPTURE(gpu_clients);
+  BareQueue b(gpu_clients);
   constexpr u32 kRounds = 3000;
+  const u32 top = gpu_clients ? chi::gpu::kOkHeaderBytes + 4 : chi::gpu::kInlineAnswerBytes;
   std::atomic<u32> taken{0};
   std::atomic<u32> bad{0};
   std::thread writer([&] {
     alignas(16) char in[chi::gpu::kGpuPayloadBytes];
     for (u32 seq = 1; seq <= kRounds; ++seq) {
       while (taken.load(std::memory_order_acquire) != seq - 1) std::this_thread::yield();
-      FillAnswer(in, seq, chi::gpu::kInlineAnswerBytes - (seq % 5));
-      b.q.PutAnswer(0, seq, in, 8 + chi::gpu::kInlineAnswerBytes - (seq % 5));
+      FillAnswer(in, seq, top - (seq % 5), seq % 2 == 0);
+      b.q.PutAnswer(0, seq, in, 8 + top - (seq % 5));
     }
   });
   alignas(16) char out[chi::gpu::kGpuPayloadBytes];
@@ -542,13 +561,18 @@ TEST_CASE("a reader polling while answers are being written never takes a partia
   for (u32 seq = 1; seq <= kRounds; ++seq) {
     u32 len = 0;
     while (!b.q.TakeAnswer(0, seq, out, &len)) std::this_thread::yield();
-    const u32 body = chi::gpu::kInlineAnswerBytes - (seq % 5);
-    FillAnswer(want, seq, body);
+    const u32 body = top - (seq % 5);
+    FillAnswer(want, seq, body, seq % 2 == 0);
     if (len != 8 + body || std::memcmp(out, want, len) != 0) bad.fetch_add(1);
     taken.store(seq, std::memory_order_release);
   }
   writer.join();
   CHECK(bad.load() == 0);
+}
+
+TEST_CASE("a reader polling while answers are being written never takes a partial one") {
+  CheckNoPartialAnswers(false);
+  CheckNoPartialAnswers(true);
 }
 
 TEST_CASE("requests posted inline arrive whole, and only when every word has come") {

@@ -78,6 +78,32 @@ CHI_CROSS_FUN inline void FenceAcquire() {
 #endif
 }
 
+/**
+ * Reads the two adjacent 8-byte words at p (16-byte aligned) with relaxed order, in one
+ * 16-byte load where the hardware has one: a GPU thread's strong loads of pinned memory go
+ * one PCIe round trip each, so a flagged pair read this way costs one. Each word is read
+ * whole; the pair is not (each word carries its own flag).
+ */
+template <MemScope S>
+CHI_CROSS_FUN inline void LoadPair(const Atomic<u64, S> *p, u64 *a, u64 *b) {
+#if CHI_IS_GPU && CHI_GPU_CUDA
+  if constexpr (S == MemScope::kSystem) {
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(*a), "=l"(*b)
+                 : "l"(p)
+                 : "memory");
+  } else {
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(*a), "=l"(*b)
+                 : "l"(p)
+                 : "memory");
+  }
+#else
+  *a = p[0].Load(MemOrder::kRelaxed);  // relaxed: each word carries its own flag
+  *b = p[1].Load(MemOrder::kRelaxed);
+#endif
+}
+
 /** The lanes of this warp running this code together now (all ones on the host). */
 CHI_CROSS_FUN inline u32 WarpMask() {
 #if CHI_IS_GPU && CHI_GPU_CUDA

@@ -17,7 +17,7 @@
 namespace chi::gpu {
 
 /** Bumped whenever GpuConnectInfo or GpuQueueAttachInfo changes. */
-inline constexpr u32 kGpuConnectInfoVersion = 3;  // 3: inline answer words per slot
+inline constexpr u32 kGpuConnectInfoVersion = 4;  // 4: a success's answer header left out
 
 /** One GPU's cpu2gpu queue as a client process must see it. */
 struct GpuQueueAttachInfo {

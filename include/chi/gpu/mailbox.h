@@ -14,8 +14,9 @@
 // Answers travel inline when small (after NCCL's LL protocol): each 8-byte answer word holds
 // 4 bytes of the answer and the sequence as a flag, so one batch of loads both detects the
 // answer and reads it, and the server needs no release fence (a word is stored whole). A
-// larger answer goes into the payload, and the first answer word, stored with release after
-// it, says so.
+// success's header (rc 0, no message: 8 zero bytes) is left out and flagged instead, so the
+// usual small answer is one data word. A larger answer goes into the payload, and the first
+// answer word, stored with release after it, says so.
 // A client that stops waiting (timeout, abort, a dead kernel reclaimed by the host) leaves
 // the claim as kVerify: the next claimer checks answer.seq == the record's seq (the server
 // has finished with the payload) before using the slot, and otherwise moves on. So an
@@ -43,6 +44,10 @@ inline constexpr u32 kInlineAnswerBytes = 4 * (kInlineAnswerWords - 1);
 inline constexpr u32 kAnswerPollWords = 4;
 /** In the header word's data: the answer is in the payload (the rest is its length). */
 inline constexpr u32 kAnswerInPayload = 1u << 31;
+/** In the header word's data: the body began with kOkHeaderBytes zero bytes, left out. */
+inline constexpr u32 kAnswerOk = 1u << 30;
+/** Bytes of a success's answer header: rc_ = 0, then msg_'s length 0 (two u32s). */
+inline constexpr u32 kOkHeaderBytes = 8;
 /** In a request word's length: the request is in the payload as flagged words (PostInline). */
 inline constexpr u32 kRequestInline = 1u << 31;
 /** Returned by TryClaim when every slot is taken. */
@@ -133,14 +138,14 @@ struct GpuQueue {
   }
 
   /**
-   * Whether small answers travel inline: where the reader polls memory near it (a GPU
-   * client of gpu2gpu, the host of cpu2gpu). Not for gpu2cpu (GPU clients of pinned
-   * memory: records_ set), whose clients' strong loads over PCIe go one round trip each,
-   * so four of them cost more than one load and a copy (benchmarks/gpu/NOTES.md).
+   * Whether the client polls its answer words as one 16-byte pair (header + one data word):
+   * gpu2cpu, GPU clients of pinned memory (records_ set), whose strong loads over PCIe go
+   * one round trip each (benchmarks/gpu/NOTES.md). Others poll a 32-byte batch.
    */
-  CHI_CROSS_FUN bool InlineAnswers() const {
-    return S == MemScope::kDevice || records_ == nullptr;
-  }
+  CHI_CROSS_FUN bool PairPoll() const { return S == MemScope::kSystem && records_ != nullptr; }
+
+  /** The longest answer body (after a success's left-out header) the server puts inline. */
+  CHI_CROSS_FUN u32 InlineAnswerCap() const { return PairPoll() ? 4 : kInlineAnswerBytes; }
 
   /**
    * Whether small requests are posted inline: for gpu2cpu, whose writer is a GPU thread
@@ -221,41 +226,45 @@ struct GpuQueue {
   CHI_CROSS_FUN bool TakeAnswer(u32 s, u32 seq, char *buf, u32 *len) const {
     const Atomic<u64, S> *w = answer_words_ + static_cast<u64>(s) * kInlineAnswerWords;
     u64 v[kAnswerPollWords];
-    if (InlineAnswers()) {
+    const u32 polled = PairPoll() ? 2 : kAnswerPollWords;  // words this poll loaded
+    if (PairPoll()) {
+      LoadPair(w, &v[0], &v[1]);
+    } else {
       // relaxed: each word carries its own flag; nothing is read through these loads' order.
       CHI_UNROLL
       for (u32 k = 0; k < kAnswerPollWords; ++k) v[k] = w[k].Load(MemOrder::kRelaxed);
-    } else {
-      // acquire: the answer is in the payload, written before this word (release).
-      v[0] = w[0].Load(MemOrder::kAcquire);
     }
     if (static_cast<u32>(v[0] >> 32) != seq) return false;
     const u32 head = static_cast<u32>(v[0]);
     *reinterpret_cast<u64 *>(buf) = seq;  // the envelope id of a request is its sequence
     if ((head & kAnswerInPayload) != 0) {
-      if (InlineAnswers()) FenceAcquire<S>();  // the relaxed poll saw the release store
+      FenceAcquire<S>();  // the relaxed poll saw the release store
       u32 n = head & ~kAnswerInPayload;
       n = n < payload_bytes_ ? n : payload_bytes_;
       CopyChunks(buf, Payload(s), n);
       *len = n;
       return true;
     }
-    const u32 body = head < kInlineAnswerBytes ? head : kInlineAnswerBytes;
-    const u32 words = (body + 3) / 4;  // data words after the header
     u32 *out = reinterpret_cast<u32 *>(buf + 8);
+    const u32 ok = (head & kAnswerOk) != 0 ? kOkHeaderBytes / 4 : 0;  // words left out
+    out[0] = 0;  // the left-out header, if any (else overwritten below)
+    out[1] = 0;
+    out += ok;
+    const u32 raw = head & ~kAnswerOk;
+    const u32 body = raw < kInlineAnswerBytes ? raw : kInlineAnswerBytes;
+    const u32 words = (body + 3) / 4;  // data words after the header
     CHI_UNROLL
     for (u32 k = 1; k < kAnswerPollWords; ++k) {
-      if (k > words) break;
+      if (k > words || k >= polled) break;
       if (static_cast<u32>(v[k] >> 32) != seq) return false;  // still arriving
       out[k - 1] = static_cast<u32>(v[k]);
     }
     // A longer answer's remaining words, one at a time (rare: kept out of registers).
-    if (words >= kAnswerPollWords &&
-        !LoadFlagged(w + kAnswerPollWords, out + kAnswerPollWords - 1,
-                     words - (kAnswerPollWords - 1), seq)) {
+    if (words >= polled &&
+        !LoadFlagged(w + polled, out + polled - 1, words - (polled - 1), seq)) {
       return false;
     }
-    *len = 8 + body;
+    *len = 8 + 4 * ok + body;
     return true;
   }
 
@@ -313,10 +322,17 @@ struct GpuQueue {
   CHI_CROSS_FUN void PutAnswer(u32 s, u32 seq, const char *buf, u32 len) const {
     Atomic<u64, S> *w = answer_words_ + static_cast<u64>(s) * kInlineAnswerWords;
     const u64 flag = static_cast<u64>(seq) << 32;
-    const u32 body = len > 8 ? len - 8 : 0;
-    if (InlineAnswers() && body <= kInlineAnswerBytes) {
-      StoreFlagged(w + 1, reinterpret_cast<const u32 *>(buf + 8), (body + 3) / 4, seq);
-      w[0].Store(flag | body, MemOrder::kRelaxed);  // relaxed: a flagged word like the rest
+    u32 body = len > 8 ? len - 8 : 0;
+    const char *data = buf + 8;
+    u32 ok = 0;
+    if (body >= kOkHeaderBytes && *reinterpret_cast<const u64 *>(data) == 0) {
+      ok = kAnswerOk;  // a success's header: the client puts it back
+      data += kOkHeaderBytes;
+      body -= kOkHeaderBytes;
+    }
+    if (body <= InlineAnswerCap()) {
+      StoreFlagged(w + 1, reinterpret_cast<const u32 *>(data), (body + 3) / 4, seq);
+      w[0].Store(flag | ok | body, MemOrder::kRelaxed);  // relaxed: a flagged word like the rest
       Answer(s, seq, len, MemOrder::kRelaxed);
       return;
     }
