@@ -294,16 +294,17 @@ double CpuSideOfGpuToCpuNs(u32 iters, double *raw_ns) {
   std::vector<double> raw;  // a 4-byte request: the worker answers "malformed" itself
   for (u32 i = 0; i < iters; ++i) {
     const double t0 = chi_bench::NowNs();
-    const u32 s = q.TryClaim(0);
+    u32 last = 0;
+    const u32 s = q.TryClaim(0, ~0u, &last);
     if (s == chi::gpu::kNoSlot) Die("no free slot in the host gpu2cpu queue");
-    const u32 seq = chi::gpu::NextSeq(q.records_[s].seq_);
+    const u32 seq = chi::gpu::NextSeq(last);
     q.records_[s].seq_ = seq;
     alignas(16) char buf[chi::gpu::kGpuPayloadBytes] = {};
     q.PostInline(s, seq, buf, 4);
     u32 len = 0;
     while (!q.TakeAnswer(s, seq, buf, &len)) {
     }
-    q.Release(s, false);
+    q.Release(s, seq, false);
     raw.push_back(chi_bench::NowNs() - t0);
   }
   *raw_ns = chi_bench::Median(std::vector<double>(raw.begin() + iters / 10, raw.end()));

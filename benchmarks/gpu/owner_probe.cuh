@@ -178,7 +178,7 @@ struct MiniQueues {
     while (!q.Answered(s, n, &len)) {
       if (now() - t0 > timeout_ns) return false;
     }
-    q.Release(s, false);
+    q.Release(s, n, false);
     return true;
   }
 };

@@ -116,9 +116,10 @@ __global__ void StageKernel(char *pinned, char *device, char *queue_pinned, char
                                      queue_device + 2048 + DevQueue::SharedBytes(1, kCap), true,
                                      queue_device + 1024, nullptr);
   c.claim_release = time([&](u32) {
-    const u32 slot = dq.TryClaim(0);
+    u32 last = 0;
+    const u32 slot = dq.TryClaim(0, ~0u, &last);
     acc += slot;
-    dq.Release(slot, false);
+    dq.Release(slot, last, false);
   });
   {
     chi::gpu::GpuInfo info;
@@ -139,9 +140,10 @@ __global__ void StageKernel(char *pinned, char *device, char *queue_pinned, char
   }
   c.clock_read = time([&](u32) { acc += static_cast<u32>(chi::gpu::ClockNs()); });
   c.claim_slot = time([&](u32) {
-    const u32 slot = chi::gpu::ClaimSlot(dq, 0);
+    u32 last = 0;
+    const u32 slot = chi::gpu::ClaimSlot(dq, 0, &last);
     acc += slot;
-    dq.Release(slot, false);
+    dq.Release(slot, last, false);
   });
   make(1);
   c.serve_raw = serve(4);

@@ -13347,14 +13347,16 @@ CHI_CROSS_FUN inline void MarkComplete(Task &t) {
 // and posts; the one server thread that owns the slot answers into the same payload.
 // Invariant: every word has one writer at a time (request: the claiming client; answer and
 // served: the owning server), so no side ever needs a lock or a read-modify-write across
-// PCIe; only clients of one memory race, on the claim words, with a CAS.
+// PCIe; only clients of one memory race, on the claim words, with an atomic OR (GPU
+// clients) or a CAS (host clients, host_slots.h).
 //
-// Protocol for slot s (seq is a per-slot counter, written by the client side only):
-//   client: CAS claim[s] free -> held; write payload; request[s] = seq | len << 32 (release)
+// Protocol for slot s (seq is a 30-bit per-slot counter, written by the client side only):
+//   client: OR the held bit into claim[s] (a GPU client's claim word also returns the slot's
+//           last seq); write payload; request[s] = seq | len << 32 (release)
 //   server: sees request[s].seq != served[s]; reads payload; runs; publishes the answer
 //           (PutAnswer, below); answer[s] = seq | len << 32; served[s] = seq
 //   client: polls the slot's answer words (TakeAnswer) until they carry seq; releases
-//           claim[s] = free.
+//           claim[s] = seq, free.
 // Answers travel inline when small (after NCCL's LL protocol): each 8-byte answer word holds
 // 4 bytes of the answer and the sequence as a flag, so one batch of loads both detects the
 // answer and reads it, and the server needs no release fence (a word is stored whole). A
@@ -13572,8 +13574,14 @@ inline constexpr u32 kRequestInline = 1u << 31;
 /** Returned by TryClaim when every slot is taken. */
 inline constexpr u32 kNoSlot = ~0u;
 
+/** Sequences are 30 bits: a GPU client's claim word carries its slot's last one beside 2 state bits. */
+inline constexpr u32 kSeqMask = (1u << 30) - 1;
+
 /** The sequence after `last` on a slot: never 0, which fresh (zeroed) words carry. */
-CHI_CROSS_FUN inline u32 NextSeq(u32 last) { return last + 1 == 0 ? 1 : last + 1; }
+CHI_CROSS_FUN inline u32 NextSeq(u32 last) {
+  const u32 next = (last + 1) & kSeqMask;
+  return next == 0 ? 1 : next;
+}
 
 /**
  * Stores `words` flagged words: each carries 4 bytes of `in` and `seq` as its flag, so a
@@ -13597,11 +13605,19 @@ CHI_CROSS_FUN bool LoadFlagged(const Atomic<u64, S> *w, u32 *out, u32 words, u32
   return true;
 }
 
-/** Values of a claim word. */
+/**
+ * A GPU-client slot's claim word: two state bits, and above them the sequence of the slot's
+ * last request (stored by the releasing client), so one RMW both claims a slot and tells
+ * the claimer which sequence comes next, with no read of the record.
+ */
 namespace claim {
 inline constexpr u32 kFree = 0;    ///< free; the mailbox is idle
-inline constexpr u32 kHeld = 1;    ///< a client owns the slot
-inline constexpr u32 kVerify = 2;  ///< free, but check the mailbox is idle first (>= 2)
+inline constexpr u32 kHeld = 1;    ///< bit: a client owns the slot
+inline constexpr u32 kVerify = 2;  ///< bit: check the mailbox is idle first (a byte memset of 2s sets it)
+inline constexpr u32 kStateBits = 2;
+
+/** The word a client releasing its slot stores: the slot's last sequence and its state. */
+CHI_CROSS_FUN inline u32 Word(u32 last_seq, u32 state) { return last_seq << kStateBits | state; }
 }  // namespace claim
 
 /** How far a GPU client's request in a slot has come. */
@@ -13621,7 +13637,7 @@ struct alignas(64) ClientRecord {
   u32 slot_;           ///< this record's slot
   RecordStage stage_;  ///< of the task in task_
   MemScope scope_;     ///< scope of the queue's mailbox words (which GpuQueue<S> it is)
-  const void *queue_;  ///< the GpuQueue<S> descriptor (device-addressable)
+  const void *queue_;  ///< its GpuQueue<S> descriptor (a kernel's: the block's shared copy)
   u64 reserved_[5];
   alignas(16) char task_[kGpuTaskBytes];
 };
@@ -13678,22 +13694,27 @@ struct GpuQueue {
 
   /**
    * Looks at up to `window` slots from `start` (all by default): claims a free slot whose
-   * mailbox is idle, or returns kNoSlot. Clients of one launch start at distinct slots, so
-   * usually the first CAS wins.
+   * mailbox is idle, or returns kNoSlot; *last_seq (if given) is the sequence of the slot's
+   * last request (NextSeq of it is the next). Clients of one launch start at distinct
+   * slots, so usually the first RMW wins.
    */
-  CHI_CROSS_FUN u32 TryClaim(u32 start, u32 window = ~0u) const {
+  CHI_CROSS_FUN u32 TryClaim(u32 start, u32 window = ~0u, u32 *last_seq = nullptr) const {
     const u32 n = window < num_slots_ ? window : num_slots_;
     for (u32 i = 0; i < n; ++i) {
       const u32 s = (start + i) % num_slots_;
-      // CAS first, expecting a free slot (the common case): a load before it would add one
-      // L2 round trip to every claim. On failure c holds the word; only kVerify is retried.
-      // acquire: the previous owner's record (its seq_) is visible once the slot is ours.
-      u32 c = claim::kFree;
-      if (!claims_[s].CompareExchange(c, claim::kHeld, MemOrder::kAcquire)) {
-        if (c == claim::kHeld) continue;
-        if (!claims_[s].CompareExchange(c, claim::kHeld, MemOrder::kAcquire)) continue;
+      // One OR claims a free slot and reads its last sequence; on a held slot it changes
+      // nothing. No load first: that would add an L2 round trip to every claim.
+      // acquire: the previous owner's writes (its record) are visible once the slot is ours.
+      const u32 c = claims_[s].FetchOr(claim::kHeld, MemOrder::kAcquire);
+      if ((c & claim::kHeld) != 0) continue;
+      if ((c & claim::kVerify) == 0) {
+        if (last_seq != nullptr) *last_seq = c >> claim::kStateBits;
+        return s;
       }
-      if (c == claim::kFree || IsIdle(s)) return s;
+      if (IsIdle(s)) {  // the record holds the last sequence (a reclaim overwrote the word)
+        if (last_seq != nullptr) *last_seq = records_ != nullptr ? records_[s].seq_ : 0;
+        return s;
+      }
       // release: hand the slot back unchanged; its last request is still being answered.
       claims_[s].Store(c, MemOrder::kRelease);
     }
@@ -13787,10 +13808,14 @@ struct GpuQueue {
     return true;
   }
 
-  /** Gives slot s up; `maybe_pending` when its request may still be unanswered. */
-  CHI_CROSS_FUN void Release(u32 s, bool maybe_pending) const {
+  /**
+   * Gives slot s up; `last_seq` is the sequence of its last request (the record's seq_),
+   * `maybe_pending` when that request may still be unanswered.
+   */
+  CHI_CROSS_FUN void Release(u32 s, u32 last_seq, bool maybe_pending) const {
     // release: our reads of the answer and record writes happen before the next owner's.
-    claims_[s].Store(maybe_pending ? claim::kVerify : claim::kFree, MemOrder::kRelease);
+    claims_[s].Store(claim::Word(last_seq, maybe_pending ? claim::kVerify : claim::kFree),
+                     MemOrder::kRelease);
   }
 
   // ---- Server side ----
@@ -16013,7 +16038,7 @@ static_assert(sizeof(GpuHeapRegion) == 128, "partition headers start 128 bytes i
 namespace chi::gpu {
 
 /** Bumped whenever GpuConnectInfo or GpuQueueAttachInfo changes. */
-inline constexpr u32 kGpuConnectInfoVersion = 4;  // 4: a success's answer header left out
+inline constexpr u32 kGpuConnectInfoVersion = 5;  // 5: claim words carry the last sequence
 
 /** One GPU's cpu2gpu queue as a client process must see it. */
 struct GpuQueueAttachInfo {
@@ -16914,7 +16939,7 @@ class GpuManager : private GpuPoolDirectory {
     Status st = Check(MemcpyAsync(words.data(), claims, 4ull * n, d.copies), "read slot claims");
     if (st.ok()) st = Check(StreamSynchronize(d.copies), "read slot claims");
     *held = 0;
-    for (u32 w : words) *held += w == claim::kHeld ? 1 : 0;
+    for (u32 w : words) *held += (w & claim::kHeld) != 0 ? 1 : 0;
     return st;
   }
 

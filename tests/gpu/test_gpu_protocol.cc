@@ -270,15 +270,19 @@ TEST_CASE("an abandoned slot is skipped until answered, then reused") {
   HostGpu &gpu = Gpu();
   const auto &q = gpu.Set().host.gpu2gpu;
   // A client that dies holding a slot: others probe past it.
-  const u32 held = q.TryClaim(0);
+  u32 last = 0;
+  const u32 held = q.TryClaim(0, ~0u, &last);
   REQUIRE(held != chi::gpu::kNoSlot);
+  CHECK(last == q.records_[held].seq_);  // the claim word carries the slot's last sequence
   GpuSubmitTask *t = RoundTrip(chi::PoolQuery::Local(), 7);
   CHECK(t->result_value_ == 21);
   chi::gpu::ReleaseTask(t);
-  // The host reclaims it (no client running): the slot is free again after verification.
-  q.claims_[held].Store(chi::gpu::claim::kVerify);
-  CHECK(q.TryClaim(held) == held);
-  q.Release(held, false);
+  // The host reclaims it (no client running) as ReclaimGpuSlots does, a byte memset of 2s:
+  // the slot is free again after verification, and its next sequence follows the record's.
+  std::memset(static_cast<void *>(&q.claims_[held]), chi::gpu::claim::kVerify, 4);
+  CHECK(q.TryClaim(held, ~0u, &last) == held);
+  CHECK(last == q.records_[held].seq_);
+  q.Release(held, last, false);
   // A request abandoned while the orchestrator is stopped: its slot waits for the answer.
   gpu.StopServers();
   GpuSubmitTask *late = chi::gpu::StartTask<GpuSubmitTask>(
@@ -286,11 +290,12 @@ TEST_CASE("an abandoned slot is skipped until answered, then reused") {
   REQUIRE(late != nullptr);
   CHECK_FALSE(chi::gpu::WaitTask(late, 0.05f));
   const u32 slot = chi::gpu::RecordOf(late)->slot_;
+  const u32 late_seq = chi::gpu::RecordOf(late)->seq_;
   chi::gpu::ReleaseTask(late);
-  CHECK(q.claims_[slot].Load() == chi::gpu::claim::kVerify);
-  const u32 other = q.TryClaim(slot);
+  CHECK(q.claims_[slot].Load() == chi::gpu::claim::Word(late_seq, chi::gpu::claim::kVerify));
+  const u32 other = q.TryClaim(slot, ~0u, &last);
   CHECK(other != slot);  // unanswered: not reused
-  q.Release(other, false);
+  q.Release(other, last, false);
   gpu.StartServers();
   GpuSubmitTask *again = RoundTrip(chi::PoolQuery::Local(), 10);
   CHECK(again->result_value_ == 30);
@@ -299,8 +304,31 @@ TEST_CASE("an abandoned slot is skipped until answered, then reused") {
        ++i) {
     usleep(1000);
   }
-  CHECK(q.TryClaim(slot) == slot);  // answered meanwhile: reusable
-  q.Release(slot, false);
+  CHECK(q.TryClaim(slot, ~0u, &last) == slot);  // answered meanwhile: reusable
+  CHECK(last == late_seq);
+  q.Release(slot, last, false);
+}
+
+TEST_CASE("a slot's next request follows the sequence its claim word carries, wrapping past 0") {
+  HostGpu &gpu = Gpu();
+  const auto &q = gpu.Set().host.gpu2gpu;
+  GpuSubmitTask *t = RoundTrip(chi::PoolQuery::Local(), 1);
+  const u32 slot = chi::gpu::RecordOf(t)->slot_;
+  const u32 seq = chi::gpu::RecordOf(t)->seq_;
+  chi::gpu::ReleaseTask(t);
+  CHECK(q.claims_[slot].Load() == chi::gpu::claim::Word(seq, chi::gpu::claim::kFree));
+  // The slot's last request had the highest sequence: the next one wraps to 1, never 0.
+  const u32 top = chi::gpu::kSeqMask;
+  q.records_[slot].seq_ = top;
+  q.answer_[slot].Store(top);
+  q.claims_[slot].Store(chi::gpu::claim::Word(top, chi::gpu::claim::kFree));
+  CHECK(chi::gpu::NextSeq(top) == 1);
+  for (u32 v = 2; v < 6; ++v) {  // the same thread claims the same slot first each time
+    GpuSubmitTask *next = RoundTrip(chi::PoolQuery::Local(), v);
+    CHECK(next->result_value_ == 3 * v);
+    if (chi::gpu::RecordOf(next)->slot_ == slot) CHECK(chi::gpu::RecordOf(next)->seq_ == v - 1);
+    chi::gpu::ReleaseTask(next);
+  }
 }
 
 TEST_CASE("a GPU-side wait gives up on the abort flag and on its timeout") {

@@ -87,7 +87,8 @@ __global__ void DyingKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 post) 
     chi::gpu::StartTask<GpuSubmitTask>(chi::gpu::BlockInfo(), pool, chi::PoolQuery::Local(),
                                        chimaera::demo::Method::kGpuSubmit, 0u, 5u);
   } else {
-    chi::gpu::ClaimSlot(*info.gpu2gpu_, 0);
+    u32 last = 0;
+    chi::gpu::ClaimSlot(*info.gpu2gpu_, 0, &last);
   }
 }
 

@@ -56,15 +56,15 @@ CHI_CROSS_FUN inline u32 ClaimStart(const GpuInfo &info, u32 slots) {
 }
 
 /**
- * Claims a slot of q, spinning while all are taken; kNoSlot on timeout or abort. Each
- * attempt looks at a small window and the next attempt at the following one, so thousands
- * of waiting threads do not each sweep the whole queue.
+ * Claims a slot of q, spinning while all are taken; kNoSlot on timeout or abort. *last_seq:
+ * the sequence of the slot's last request. Each attempt looks at a small window and the next
+ * attempt at the following one, so thousands of waiting threads do not each sweep the queue.
  */
 template <MemScope S>
-CHI_CROSS_FUN u32 ClaimSlot(const GpuQueue<S> &q, u32 start) {
+CHI_CROSS_FUN u32 ClaimSlot(const GpuQueue<S> &q, u32 start, u32 *last_seq) {
   const u64 t0 = ClockNs();
   for (u32 n = 0;; ++n) {
-    const u32 s = q.TryClaim(start, kClaimWindow);
+    const u32 s = q.TryClaim(start, kClaimWindow, last_seq);
     if (s != kNoSlot) return s;
     start += kClaimWindow;
     Backoff(n + 64, kClientIdleMaxNs);
@@ -114,7 +114,8 @@ CHI_CROSS_FUN TaskT *StartOn(const GpuQueue<S> *qp, const GpuInfo &info, PoolId 
   // By value: its fields are loaded together, before the claim's acquire (which drops the
   // SM's L1), instead of one L2 round trip each where they are used.
   const GpuQueue<S> q = *qp;
-  const u32 s = ClaimSlot(q, ClaimStart(info, q.num_slots_));
+  u32 last_seq = 0;
+  const u32 s = ClaimSlot(q, ClaimStart(info, q.num_slots_), &last_seq);
   if (s == kNoSlot) return nullptr;
   ClientRecord &r = q.records_[s];
   // The task is built and encoded on this thread's stack, then its bytes go into the record
@@ -122,7 +123,7 @@ CHI_CROSS_FUN TaskT *StartOn(const GpuQueue<S> *qp, const GpuInfo &info, PoolId 
   // read an L2 round trip waiting behind the archive's previous store.
   alignas(16) char local[(sizeof(TaskT) + 15) & ~static_cast<size_t>(15)];
   TaskT &task = *new (local) TaskT(static_cast<Args &&>(args)...);
-  const u32 seq = NextSeq(r.seq_);
+  const u32 seq = NextSeq(last_seq);
   task.pool_id_ = pool;
   task.pool_query_ = query;
   task.method_ = method;
@@ -267,11 +268,12 @@ template <typename TaskT>
 CHI_CROSS_FUN void ReleaseTask(TaskT *t) {
   ClientRecord *r = RecordOf(t);
   const bool pending = r->stage_ == RecordStage::kPosted;
+  const u32 seq = r->seq_;  // the last posted from this slot (ours, or before us if unsent)
   t->~TaskT();
   if (r->scope_ == MemScope::kDevice) {
-    static_cast<const GpuQueue<MemScope::kDevice> *>(r->queue_)->Release(r->slot_, pending);
+    static_cast<const GpuQueue<MemScope::kDevice> *>(r->queue_)->Release(r->slot_, seq, pending);
   } else {
-    static_cast<const GpuQueue<MemScope::kSystem> *>(r->queue_)->Release(r->slot_, pending);
+    static_cast<const GpuQueue<MemScope::kSystem> *>(r->queue_)->Release(r->slot_, seq, pending);
   }
 }
 
@@ -279,6 +281,12 @@ CHI_CROSS_FUN void ReleaseTask(TaskT *t) {
 namespace detail {
 /** This block's copy of its GpuInfo (set by CHIMAERA_GPU_INIT; raw words: no constructor). */
 static __shared__ u64 g_block_info[(sizeof(GpuInfo) + 7) / 8];
+
+/**
+ * This block's copies of its two queue descriptors (gpu2gpu, gpu2cpu): a submit reads its
+ * descriptor from shared memory, not with an L2 round trip ahead of its claim.
+ */
+static __shared__ u64 g_block_queues[2][(sizeof(GpuQueue<MemScope::kDevice>) + 7) / 8];
 
 /** This block's first CHI_GPU_HEAP ticket: thread t uses partition (ticket + t) mod count. */
 static __shared__ u32 g_heap_ticket;
@@ -293,9 +301,10 @@ static CHI_GPU_FUN inline const GpuInfo &BlockInfo() {
 }
 
 /**
- * Stores `info` for the block and takes one CHI_GPU_HEAP ticket per thread of the block
- * from its heap region (thread 0 does both; a region that is not formatted is dropped from
- * the block's copy: no heap), then a barrier: every thread of the block must call it.
+ * Stores `info` for the block, with its queue descriptors copied into shared memory, and
+ * takes one CHI_GPU_HEAP ticket per thread of the block from its heap region (thread 0 does
+ * it all; a region that is not formatted is dropped from the block's copy: no heap), then a
+ * barrier: every thread of the block must call it.
  * Formats nothing: blocks of earlier and concurrent launches keep their memory.
  * num_blocks != 0 spreads the blocks' first slots evenly over the queues.
  */
@@ -304,6 +313,18 @@ static CHI_GPU_FUN inline void InitBlock(const GpuInfo &info, u32 num_blocks) {
     GpuInfo *mine = reinterpret_cast<GpuInfo *>(detail::g_block_info);
     *mine = info;
     mine->num_blocks_ = num_blocks;
+    static_assert(sizeof(GpuQueue<MemScope::kDevice>) == sizeof(GpuQueue<MemScope::kSystem>),
+                  "both descriptors fit one shared copy each");
+    if (info.gpu2gpu_ != nullptr) {
+      auto *q = reinterpret_cast<GpuQueue<MemScope::kDevice> *>(detail::g_block_queues[0]);
+      *q = *info.gpu2gpu_;
+      mine->gpu2gpu_ = q;
+    }
+    if (info.gpu2cpu_ != nullptr) {
+      auto *q = reinterpret_cast<GpuQueue<MemScope::kSystem> *>(detail::g_block_queues[1]);
+      *q = *info.gpu2cpu_;
+      mine->gpu2cpu_ = q;
+    }
     GpuHeapRegion *heap = GpuHeapRegion::Open(info.heap_, info.heap_bytes_);
     if (heap == nullptr) mine->heap_ = nullptr;
     detail::g_heap_ticket = heap ? heap->TakeTickets(blockDim.x * blockDim.y * blockDim.z) : 0;

@@ -544,7 +544,7 @@ class GpuManager : private GpuPoolDirectory {
     Status st = Check(MemcpyAsync(words.data(), claims, 4ull * n, d.copies), "read slot claims");
     if (st.ok()) st = Check(StreamSynchronize(d.copies), "read slot claims");
     *held = 0;
-    for (u32 w : words) *held += w == claim::kHeld ? 1 : 0;
+    for (u32 w : words) *held += (w & claim::kHeld) != 0 ? 1 : 0;
     return st;
   }
 
