@@ -26,6 +26,12 @@ note() { echo "$*" | tee -a "$summary"; }
 
 { nvidia-smi -L; nvcc --version | tail -2; cmake --version | head -1; g++ --version | head -1; } \
   > "$out/machine.txt" 2>&1
+# CPU topology and the GPU's local CPUs: where the GPU worker thread runs matters (GPU->CPU).
+{ lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA)"; nvidia-smi topo -m;
+  for d in /sys/bus/pci/devices/*; do
+    [[ "$(cat "$d/vendor" 2>/dev/null)" == 0x10de && -f "$d/local_cpulist" ]] &&
+      echo "$(basename "$d"): numa_node $(cat "$d/numa_node") local_cpulist $(cat "$d/local_cpulist")"
+  done; } > "$out/topology.txt" 2>&1
 note "machine: $(head -1 "$out/machine.txt")"
 
 eval "$(bash scripts/unpack-debs.sh .debs /tmp/deps)"

@@ -7698,6 +7698,9 @@ class WorkOrchestrator {
       return Status::Error(ErrorCode::kBadConfig, "workers.low_latency must be at least 1");
     }
     const u32 n = cfg.low_latency + cfg.high_latency;
+    pools_ = pools;
+    node_ = node;
+    stack_bytes_ = cfg.stack_bytes;
     lanes_per_worker_ = cfg.lanes_per_worker == 0 ? 1 : cfg.lanes_per_worker;
     queue_bytes_ = TaskQueue::BytesFor(n * lanes_per_worker_, cfg.queue_depth);
     queue_mem_ = std::aligned_alloc(kCacheLine, (queue_bytes_ + kCacheLine - 1) / kCacheLine * kCacheLine);
@@ -7752,7 +7755,7 @@ class WorkOrchestrator {
     if (CHI_UNLIKELY(!IsAccepting())) return false;
     const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
     Worker *me = tls_current_worker;
-    if (me != nullptr && me->GetRole() == (high ? WorkerRole::kHighLatency : WorkerRole::kLowLatency)) {
+    if (me != nullptr && RunsHere(*me, high)) {
       me->PushLocal(t);  // a worker: Stop joins it before freeing anything
       return true;
     }
@@ -7769,6 +7772,19 @@ class WorkOrchestrator {
     SubmitTo(set[rotate++ % set.size()], t);
     submitting_.FetchSub(1, MemOrder::kRelease);  // release: our push before Stop's free
     return true;
+  }
+
+  /**
+   * A worker of its own for a poller whose work cannot wake a parked thread (role
+   * kGpuPoller: the GPU worker polls GPU queues). It has no lane: the low-latency tasks its
+   * poller submits run on it, with no hop to another thread. Its owner starts it (after
+   * ReplacePoller) and stops it, before this orchestrator stops.
+   */
+  std::unique_ptr<Worker> NewPollerWorker(WorkerRole role) {
+    // relaxed: only makes ids distinct.
+    const u32 id = static_cast<u32>(workers_.size()) +
+                   poller_workers_.FetchAdd(1, MemOrder::kRelaxed);
+    return std::make_unique<Worker>(id, role, this, pools_, node_, stack_bytes_);
   }
 
   /** Hands replica `index` of a fan-out to a worker, spreading replicas over workers. */
@@ -7797,6 +7813,16 @@ class WorkOrchestrator {
   u32 NumWorkers() const { return static_cast<u32>(workers_.size()); }
 
  private:
+  /**
+   * Whether a task submitted on worker w runs there: a high-latency task on a high-latency
+   * worker, a low-latency one on a low-latency or GPU-poller worker.
+   */
+  static bool RunsHere(const Worker &w, bool high) {
+    const WorkerRole r = w.GetRole();
+    return high ? r == WorkerRole::kHighLatency
+                : r == WorkerRole::kLowLatency || r == WorkerRole::kGpuPoller;
+  }
+
   void SubmitTo(Worker *w, Task *t) {
     thread_local u32 lane_rotate = 0;
     TaskLane *lane = lanes_[w->GetId() * lanes_per_worker_ + lane_rotate++ % lanes_per_worker_];
@@ -7820,6 +7846,10 @@ class WorkOrchestrator {
   void *queue_mem_ = nullptr;
   u64 queue_bytes_ = 0;
   u32 lanes_per_worker_ = 1;
+  PoolManager *pools_ = nullptr;   ///< for NewPollerWorker
+  NodeId node_ = 0;                ///< for NewPollerWorker
+  u64 stack_bytes_ = 64 * 1024;    ///< for NewPollerWorker
+  Atomic<u32> poller_workers_;     ///< made by NewPollerWorker (ids after the lanes' workers)
   TaskQueue *queue_ = nullptr;
   Atomic<u32> accepting_;
   alignas(kCacheLine) Atomic<u32> submitting_;  ///< non-worker threads inside Submit
@@ -14161,9 +14191,11 @@ struct GpuPoolTable {
 // GpuWorker: the CPU side of every GPU's CPU-facing queues, on one thread (seed 000's
 // GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
 // tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
-// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) submitted to the
-// workers, whose TaskCompleter writes the answer back into the slot. It serves the gpu2cpu
-// queues applications register (RegisterQueue, user_queues.h) the same way.
+// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) that runs on this
+// same thread, a runtime Worker of role kGpuPoller whose external poller this is (no hop to
+// another thread; a task may still wait, in its fiber), and whose TaskCompleter writes the
+// answer back into the slot. It serves the gpu2cpu queues applications register
+// (RegisterQueue, user_queues.h) the same way. High-latency tasks go to those workers.
 // A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
 // gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
 // Invariant: every task given to Send completes exactly once, with its answer or an error
@@ -14175,7 +14207,6 @@ struct GpuPoolTable {
 #include <cstring>  // memcpy of diagnostic and error answers
 #include <memory>   // per-slot arrays
 #include <string>   // the no-GPU reason
-#include <thread>   // the worker thread
 #include <vector>   // links, error answers, broadcast replicas
 
 // ---- begin chi/gpu/host_slots.h ----
@@ -14464,15 +14495,15 @@ struct GpuLink {
 };
 
 /** The GPU-worker thread and the CPU->GPU transport. */
-class GpuWorker : public ClientTransport, private TaskCompleter {
+class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerPoller {
  public:
-  static constexpr u32 kSpinPolls = 4096;    ///< empty polls before napping
   static constexpr u64 kMinNapNs = 20000;    ///< first idle nap
   static constexpr u64 kMaxNapNs = 1000000;  ///< longest idle nap (gpu2cpu latency when idle)
   static constexpr u32 kClaimSpins = 256;    ///< full-queue spins before a sender parks
   static constexpr u64 kDrainTimeoutNs = 5000000000ull;
   static constexpr u64 kReapPeriodNs = 100000000;  ///< how often the runtime looks for dead clients
   static constexpr u32 kUserLinkBase = 1u << 16;   ///< link index of user queue 0 (task cookies)
+  static constexpr u64 kClientStackBytes = 64 * 1024;  ///< a client's worker runs no tasks
 
   GpuWorker() = default;
   ~GpuWorker() override { Stop(); }
@@ -14497,8 +14528,15 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     dispatcher_ = std::make_unique<RequestDispatcher>(pools, orch);
     closing_.Store(0, MemOrder::kRelease);
     stop_.Store(0, MemOrder::kRelease);
+    rounds_ = 0;
+    next_reap_ = NowNs() + kReapPeriodNs;
     if (!links_.empty()) {
-      thread_ = std::thread([this] { Loop(); });
+      // A client process has no orchestrator: its thread only takes cpu2gpu answers.
+      worker_ = orch != nullptr ? orch->NewPollerWorker(WorkerRole::kGpuPoller)
+                                : std::make_unique<Worker>(0, WorkerRole::kGpuPoller, nullptr,
+                                                           nullptr, 0, kClientStackBytes);
+      worker_->ReplacePoller(nullptr, this);
+      worker_->Start();
       // A process has one wait helper: a pure client's shm transport may hold it already.
       helping_ = WaitHelper::Install(&helper_);
     }
@@ -14528,7 +14566,11 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     Wake();
     if (helping_) WaitHelper::Remove(&helper_);  // returns once no waiter is inside it
     helping_ = false;
-    if (thread_.joinable()) thread_.join();
+    if (worker_ != nullptr) {
+      worker_->RequestStop();  // it drains the tasks it runs, then exits
+      worker_->Join();
+      worker_.reset();
+    }
     if (user_.Inflight() == 0) user_.Clear();  // a restarted worker must not poll them
     for (GpuLink *l : links_) {
       for (u32 s = 0; s < l->cpu2gpu.num_slots_; ++s) {
@@ -14609,7 +14651,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
    * Fails (naming why) for a bad queue, too many queues, or no running GPU worker.
    */
   Status RegisterQueue(const GpuQueue<MemScope::kSystem> &queue) {
-    if (!runtime_ || !thread_.joinable() || stop_.Load(MemOrder::kAcquire) != 0) {
+    if (!runtime_ || worker_ == nullptr || stop_.Load(MemOrder::kAcquire) != 0) {
       return Status::Error(ErrorCode::kUnsupported,
                            "no GPU worker serves gpu2cpu queues in this process (no GPU runtime)");
     }
@@ -14619,6 +14661,9 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
   Status UnregisterQueue(const GpuQueue<MemScope::kSystem> &queue) {
     return user_.Unregister(queue, kDrainTimeoutNs);
   }
+
+  /** Counters of the worker thread (gpu2cpu tasks run on it); zeros when it is not running. */
+  WorkerStats ThreadStats() const { return worker_ != nullptr ? worker_->Stats() : WorkerStats{}; }
 
   /** Tasks this worker posted straight into a cpu2gpu queue (no CPU transport on the way). */
   u64 Posted() const { return posted_.Load(MemOrder::kRelaxed); }  // relaxed: a statistic
@@ -14726,47 +14771,51 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
     }
   }
 
-  /** The thread: poll every link; nap (bounded) when idle, since GPUs cannot wake us. */
-  void Loop() {
-    u32 idle = 0;
-    u64 nap = kMinNapNs;
-    u64 next_reap = NowNs() + kReapPeriodNs;
-    u32 rounds = 0;
-    while (stop_.Load(MemOrder::kAcquire) == 0) {
-      bool did = false;
-      // The clock is read once every 1024 rounds (and after each nap): cheap even when busy.
-      if (runtime_ && (++rounds & 1023) == 0 && NowNs() > next_reap) {
-        did |= ReapDeadClients() != 0;
-        next_reap = NowNs() + kReapPeriodNs;
-      }
-      did |= TakeAnswers();
-      for (u32 i = 0; i < links_.size(); ++i) did |= ServeRequests(*links_[i], i);
-      did |= user_.Serve([this](GpuLink &l, u32 i) { return ServeRequests(l, kUserLinkBase + i); });
-      if (did) {
-        idle = 0;
-        nap = kMinNapNs;
-        continue;
-      }
-      if (++idle < kSpinPolls) {
-        CpuRelax();
-        continue;
-      }
+  /** WorkerPoller: our worker starts polling (nothing to set up). */
+  void BeginPolling(u32) override {}
+
+  /**
+   * WorkerPoller: one pass over every link (answers, then requests) and the registered
+   * queues; now and then, the dead-client reaper. True when it did work.
+   */
+  bool Poll() override {
+    bool did = false;
+    // The clock is read once every 1024 passes (and after each nap): cheap even when busy.
+    if (runtime_ && (++rounds_ & 1023) == 0 && NowNs() > next_reap_) {
+      did |= ReapDeadClients() != 0;
+      next_reap_ = NowNs() + kReapPeriodNs;
+    }
+    did |= TakeAnswers();
+    for (u32 i = 0; i < links_.size(); ++i) did |= ServeRequests(*links_[i], i);
+    did |= user_.Serve([this](GpuLink &l, u32 i) { return ServeRequests(l, kUserLinkBase + i); });
+    return did;
+  }
+
+  /**
+   * WorkerPoller: our worker found nothing to do for a while and would park, but GPUs
+   * cannot wake it. So it naps here, bounded (growing up to kMaxNapNs), polling once
+   * between naps, and goes on (true) when a pass finds work. Never while any task is out: a
+   * GPU answer cannot wake us, and a kernel waiting on a GPU->CPU answer usually posts its
+   * next request right after (and the tasks we run are among those counted). False once
+   * stopping: the worker may then park and exit.
+   */
+  bool EndPolling(u32) override {
+    for (u64 nap = kMinNapNs;; nap = nap * 2 < kMaxNapNs ? nap * 2 : kMaxNapNs) {
       sleeping_.Store(1, MemOrder::kRelaxed);
       FenceSeqCst();  // sleeping_ is visible before we look for posts (pairs with Wake)
-      // Never nap while any task is out: a GPU answer cannot wake us, and a kernel waiting on
-      // a GPU->CPU answer usually posts its next request right after.
       u64 inflight = user_.Inflight();
       for (GpuLink *l : links_) {
         inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) +
                     l->gpu2cpu_inflight.Load(MemOrder::kRelaxed);
       }
-      if (inflight == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
-        FutexWait(sleeping_.Raw(), 1, nap);
-        nap = nap * 2 < kMaxNapNs ? nap * 2 : kMaxNapNs;
+      if (inflight != 0 || stop_.Load(MemOrder::kAcquire) != 0) {
+        sleeping_.Store(0, MemOrder::kRelaxed);
+        return stop_.Load(MemOrder::kAcquire) == 0;
       }
+      FutexWait(sleeping_.Raw(), 1, nap);
       sleeping_.Store(0, MemOrder::kRelaxed);
-      idle = kSpinPolls - 1;  // after a nap, poll once and nap again
-      rounds = 1023;          // and look at the reaper's clock
+      rounds_ = 1023;  // the next pass looks at the reaper's clock
+      if (Poll()) return true;
     }
   }
 
@@ -14886,7 +14935,9 @@ class GpuWorker : public ClientTransport, private TaskCompleter {
   std::string no_gpu_reason_;
   std::unique_ptr<RequestDispatcher> dispatcher_;
   std::vector<char> error_answer_;  ///< reused by ServeRequests (error answers only)
-  std::thread thread_;
+  std::unique_ptr<Worker> worker_;  ///< the thread: polls us, runs the tasks we take in
+  u32 rounds_ = 0;                  ///< Poll passes (the reaper's clock is read every 1024)
+  u64 next_reap_ = 0;               ///< when Poll next looks for dead clients
   bool runtime_ = true;  ///< serves gpu2cpu and reaps dead clients (false: a client's worker)
   u32 pid_ = 0;          ///< what our claim words hold
   Atomic<u64> posted_;

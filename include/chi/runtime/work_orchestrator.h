@@ -41,6 +41,9 @@ class WorkOrchestrator {
       return Status::Error(ErrorCode::kBadConfig, "workers.low_latency must be at least 1");
     }
     const u32 n = cfg.low_latency + cfg.high_latency;
+    pools_ = pools;
+    node_ = node;
+    stack_bytes_ = cfg.stack_bytes;
     lanes_per_worker_ = cfg.lanes_per_worker == 0 ? 1 : cfg.lanes_per_worker;
     queue_bytes_ = TaskQueue::BytesFor(n * lanes_per_worker_, cfg.queue_depth);
     queue_mem_ = std::aligned_alloc(kCacheLine, (queue_bytes_ + kCacheLine - 1) / kCacheLine * kCacheLine);
@@ -95,7 +98,7 @@ class WorkOrchestrator {
     if (CHI_UNLIKELY(!IsAccepting())) return false;
     const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
     Worker *me = tls_current_worker;
-    if (me != nullptr && me->GetRole() == (high ? WorkerRole::kHighLatency : WorkerRole::kLowLatency)) {
+    if (me != nullptr && RunsHere(*me, high)) {
       me->PushLocal(t);  // a worker: Stop joins it before freeing anything
       return true;
     }
@@ -112,6 +115,19 @@ class WorkOrchestrator {
     SubmitTo(set[rotate++ % set.size()], t);
     submitting_.FetchSub(1, MemOrder::kRelease);  // release: our push before Stop's free
     return true;
+  }
+
+  /**
+   * A worker of its own for a poller whose work cannot wake a parked thread (role
+   * kGpuPoller: the GPU worker polls GPU queues). It has no lane: the low-latency tasks its
+   * poller submits run on it, with no hop to another thread. Its owner starts it (after
+   * ReplacePoller) and stops it, before this orchestrator stops.
+   */
+  std::unique_ptr<Worker> NewPollerWorker(WorkerRole role) {
+    // relaxed: only makes ids distinct.
+    const u32 id = static_cast<u32>(workers_.size()) +
+                   poller_workers_.FetchAdd(1, MemOrder::kRelaxed);
+    return std::make_unique<Worker>(id, role, this, pools_, node_, stack_bytes_);
   }
 
   /** Hands replica `index` of a fan-out to a worker, spreading replicas over workers. */
@@ -140,6 +156,16 @@ class WorkOrchestrator {
   u32 NumWorkers() const { return static_cast<u32>(workers_.size()); }
 
  private:
+  /**
+   * Whether a task submitted on worker w runs there: a high-latency task on a high-latency
+   * worker, a low-latency one on a low-latency or GPU-poller worker.
+   */
+  static bool RunsHere(const Worker &w, bool high) {
+    const WorkerRole r = w.GetRole();
+    return high ? r == WorkerRole::kHighLatency
+                : r == WorkerRole::kLowLatency || r == WorkerRole::kGpuPoller;
+  }
+
   void SubmitTo(Worker *w, Task *t) {
     thread_local u32 lane_rotate = 0;
     TaskLane *lane = lanes_[w->GetId() * lanes_per_worker_ + lane_rotate++ % lanes_per_worker_];
@@ -163,6 +189,10 @@ class WorkOrchestrator {
   void *queue_mem_ = nullptr;
   u64 queue_bytes_ = 0;
   u32 lanes_per_worker_ = 1;
+  PoolManager *pools_ = nullptr;   ///< for NewPollerWorker
+  NodeId node_ = 0;                ///< for NewPollerWorker
+  u64 stack_bytes_ = 64 * 1024;    ///< for NewPollerWorker
+  Atomic<u32> poller_workers_;     ///< made by NewPollerWorker (ids after the lanes' workers)
   TaskQueue *queue_ = nullptr;
   Atomic<u32> accepting_;
   alignas(kCacheLine) Atomic<u32> submitting_;  ///< non-worker threads inside Submit
