@@ -4182,7 +4182,6 @@ class CopySpace {
 
 #include <sched.h>  // sched_yield while polling
 
-#include <climits>      // INT_MAX
 #include <type_traits>  // is_trivially_destructible: which tasks a kernel can submit
 #include <vector>       // WaitAll
 
@@ -5085,10 +5084,11 @@ inline RunContext *CurrentRunContext() { return tls_current_rctx; }
 #define CHI_SINGLE_INCLUDE_CHI_RUNTIME_WORKER_TYPES_H
 // The small types around a Worker that other parts of the runtime name without
 // needing the worker itself: its role, its statistics (Monitor), the interface
-// of an external poller (transports reading their rings on the worker's thread),
-// and the monotonic clock the runtime's timers use.
+// of an external poller (transports reading their rings on the worker's thread)
+// and the slot that holds one, and the monotonic clock the runtime's timers use.
 
-#include <time.h>  // clock_gettime
+#include <sched.h>  // sched_yield while a poller swap waits for the loop
+#include <time.h>   // clock_gettime
 
 namespace chi {
 
@@ -5127,6 +5127,94 @@ class WorkerPoller {
 
  protected:
   ~WorkerPoller() = default;
+};
+
+/**
+ * The external poller a worker's loop calls every pass, and how another thread swaps it
+ * and may then free the old one. The loop pins the poller it read (pin word odd) before
+ * it polls, and keeps the pin over idle passes, so such a pass costs two plain loads and
+ * no fence; it unpins before anything that may take long (a task fiber), before it
+ * parks or exits, and when it sees a new epoch (a swap). Replace returns once the loop is
+ * no longer pinned on the old poller. Replace: any thread; the rest: the loop only.
+ */
+class PollerSlot {
+ public:
+  /** Swaps `from` for `to` (either may be nullptr); false when `from` is not installed. */
+  bool Replace(WorkerPoller *from, WorkerPoller *to) {
+    WorkerPoller *expected = from;
+    // seq_cst: swap, then read the pin word; Pin stores it, fences, then reads poller_
+    // (Dekker): either we see the loop pinned, or it sees the new poller.
+    if (!poller_.CompareExchange(expected, to, MemOrder::kSeqCst)) return false;
+    // seq_cst: after the swap; a loop pinned on `from` and idle sees it and unpins.
+    epoch_.FetchAdd(1, MemOrder::kSeqCst);
+    const u64 seq = pin_.Load(MemOrder::kSeqCst);
+    if ((seq & 1) == 0) return true;
+    // acquire: the loop's last use of `from` precedes its unpin.
+    while (pin_.Load(MemOrder::kAcquire) == seq) sched_yield();
+    return true;
+  }
+
+  /** One pass of the poller, if any (a new one is told BeginPolling first). */
+  bool Poll(u32 worker_id) {
+    // relaxed: our own word, and a hint; Pin's load after its fence decides.
+    if (begun_ == nullptr && (pin_.Load(MemOrder::kRelaxed) & 1) == 0 &&
+        poller_.Load(MemOrder::kRelaxed) == nullptr) {
+      return false;
+    }
+    Pin();
+    if (pinned_ == nullptr) {
+      begun_ = nullptr;  // removed: its owner no longer counts on us
+      return false;
+    }
+    if (begun_ != pinned_) pinned_->BeginPolling(worker_id);
+    begun_ = pinned_;
+    return pinned_->Poll();
+  }
+
+  /** The loop parks or exits: the poller stops counting on it (EndPolling), unpinned. */
+  bool End(u32 worker_id) {
+    bool work = false;
+    if (begun_ != nullptr) {
+      Pin();
+      // A poller swapped out meanwhile: its owner no longer counts on us.
+      work = pinned_ == begun_ && begun_->EndPolling(worker_id);
+      begun_ = nullptr;
+    }
+    Unpin();
+    return work;
+  }
+
+  /** Drops the pin: a Replace waiting for the loop may return. */
+  void Unpin() {
+    const u64 seq = pin_.Load(MemOrder::kRelaxed);  // relaxed: only the loop writes it
+    // release: our uses of the pinned poller precede it.
+    if ((seq & 1) != 0) pin_.Store(seq + 1, MemOrder::kRelease);
+  }
+
+ private:
+  /** Pins the loop on poller_ unless it is pinned already in the current epoch. */
+  void Pin() {
+    u64 seq = pin_.Load(MemOrder::kRelaxed);  // relaxed: only the loop writes it
+    if ((seq & 1) != 0) {
+      // relaxed: a line written only by Replace; a new epoch makes us read poller_ again.
+      if (epoch_.Load(MemOrder::kRelaxed) == pinned_epoch_) return;
+      pin_.Store(++seq, MemOrder::kRelease);  // release: unpinned, as in Unpin
+    }
+    pin_.Store(seq + 1, MemOrder::kRelaxed);  // relaxed: the fence orders it
+    // seq_cst fence: the pin before the reads below (Dekker with Replace's swap).
+    FenceSeqCst();
+    pinned_epoch_ = epoch_.Load(MemOrder::kSeqCst);
+    pinned_ = poller_.Load(MemOrder::kSeqCst);
+  }
+
+  // Written by Replace only.
+  alignas(kCacheLine) Atomic<WorkerPoller *> poller_{nullptr};
+  Atomic<u64> epoch_;  ///< bumped by every Replace
+  // The loop's (the pin word is read by Replace).
+  alignas(kCacheLine) Atomic<u64> pin_;  ///< odd while the loop may use pinned_
+  WorkerPoller *pinned_ = nullptr;       ///< poller_ as read when the loop pinned
+  u64 pinned_epoch_ = 0;                 ///< epoch_ as read then
+  WorkerPoller *begun_ = nullptr;        ///< the poller told BeginPolling
 };
 
 /** Monotonic nanoseconds. */
@@ -5470,6 +5558,7 @@ class WorkOrchestrator;
 class Worker {
  public:
   static constexpr u64 kIdleSpinNs = 100000;      ///< idle time spent polling before parking
+  static constexpr u32 kHotPolls = 16;             ///< idle polls after work with no PAUSE
   static constexpr u32 kColdAfterEmptyPolls = 256;
   static constexpr u32 kColdPollInterval = 16;
   static constexpr u32 kPopBatch = 32;             ///< tasks taken from one lane per pass
@@ -5512,16 +5601,14 @@ class Worker {
    * nullptr; any thread); false when `from` was not the one installed. Returns once the
    * loop no longer uses `from`, so its owner may then go.
    */
-  bool ReplacePoller(WorkerPoller *from, WorkerPoller *to) {
-    WorkerPoller *expected = from;
-    // seq_cst: swap, then read poll_seq_; the loop bumps poll_seq_, then reads poller_.
-    if (!poller_.CompareExchange(expected, to, MemOrder::kSeqCst)) return false;
-    const u64 seq = poll_seq_.Load(MemOrder::kSeqCst);
-    if ((seq & 1) == 0) return true;
-    // acquire: the loop's last use of `from` precedes its next bump.
-    while (poll_seq_.Load(MemOrder::kAcquire) == seq) sched_yield();
-    return true;
-  }
+  bool ReplacePoller(WorkerPoller *from, WorkerPoller *to) { return external_.Replace(from, to); }
+
+  /**
+   * Runs a task that this worker's external poller took in (its own thread only): it
+   * starts right after the poll, without a trip through the lanes. `pool` is the
+   * reference taken for it when it was decoded; the task's completion releases it.
+   */
+  void Adopt(Task *t, PoolInfo *pool) { adopted_.push_back(Adopted{t, pool}); }
 
   /** Queues a suspended fiber to be resumed by this worker (any thread). */
   void Resume(RunContext *r) {
@@ -5593,16 +5680,20 @@ class Worker {
     u64 wake_ns;
     RunContext *r;
   };
+  struct Adopted {
+    Task *task;
+    PoolInfo *pool;
+  };
 
   inline void Loop();
   inline bool PollLanes(u64 pass);
   inline bool DrainResumes();
-  inline bool PollExternal();
-  inline bool EndExternalPolling();
+  inline bool StartAdopted();
   inline bool RunDueTimers(bool stopping);
   inline bool HasWork() const;
   inline void Park();
   inline void StartTask(Task *t);
+  inline void StartAcquired(Task *t, PoolInfo *pool);
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
   inline void OnFiberDone(RunContext *r);
@@ -5648,6 +5739,7 @@ class Worker {
   std::vector<LaneSlot> active_;
   std::vector<LaneSlot> cold_;
   std::deque<Task *> overflow_;
+  std::vector<Adopted> adopted_;      ///< tasks the external poller took in (Adopt)
   std::vector<RunContext *> timers_;  ///< periodic tasks waiting for their next run
   std::vector<Sleeper> sleepers_;     ///< fibers in SleepInFiber
   RunContext *free_rctx_ = nullptr;
@@ -5659,9 +5751,7 @@ class Worker {
   alignas(kCacheLine) Atomic<u32> parked_;   ///< futex word: 1 while sleeping
   alignas(kCacheLine) Atomic<u64> resume_;   ///< Treiber stack of RunContexts to resume
   alignas(kCacheLine) Atomic<u32> stop_;
-  Atomic<WorkerPoller *> poller_{nullptr};  ///< external poller (ReplacePoller)
-  Atomic<u64> poll_seq_;                    ///< odd while the loop uses poller_
-  WorkerPoller *begun_ = nullptr;           ///< the loop's: poller told BeginPolling
+  PollerSlot external_;  ///< the external poller (ReplacePoller), unpinned before any fiber
   Atomic<u64> tasks_done_;
   Atomic<u64> parks_;
 };
@@ -5680,6 +5770,7 @@ void Worker::StartFiber(RunContext *r) {
 }
 
 void Worker::SwitchTo(RunContext *r) {
+  external_.Unpin();  // a task may run long: a poller's owner must not wait for it
   tls_current_rctx = r;
   r->shell_->Enter();
   tls_current_rctx = nullptr;
@@ -5714,12 +5805,15 @@ void Worker::EndShells() {
 
 void Worker::FinishTask(Task *t, PoolInfo *pool) {
   if (pool != nullptr) pools_->Release(pool);
-  tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
+  // relaxed: only this thread writes the counter (a load and a store, no locked add).
+  tasks_done_.Store(tasks_done_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
   CompleteTask(t);
 }
 
-void Worker::StartTask(Task *t) {
-  PoolInfo *pool = pools_->Acquire(t->pool_id_);
+void Worker::StartTask(Task *t) { StartAcquired(t, pools_->Acquire(t->pool_id_)); }
+
+/** Starts `t` holding `pool` (null: the pool is gone or being destroyed). */
+void Worker::StartAcquired(Task *t, PoolInfo *pool) {
   if (CHI_UNLIKELY(pool == nullptr)) {
     t->SetErrorf(ErrorCode::kUnknownPool, "pool %s does not exist (or is being destroyed)",
                  t->pool_id_.ToString().c_str());
@@ -5780,19 +5874,32 @@ void Worker::OnFiberDone(RunContext *r) {
   r->shell_ = nullptr;
   Task *t = r->task_;
   PoolInfo *pool = r->pool_;
-  const bool cancelled =
-      (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) != 0 ||
-      pool->destroying_.Load(MemOrder::kAcquire) != 0 || stop_.Load(MemOrder::kAcquire) != 0;
-  if (t->task_flags_.Any(TASK_PERIODIC) && !cancelled && t->rc_ == 0) {
+  if (t->task_flags_.Any(TASK_PERIODIC) && t->rc_ == 0 &&
+      (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) == 0 &&
+      pool->destroying_.Load(MemOrder::kAcquire) == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
     r->next_run_ns_ = NowNs() + static_cast<u64>(t->period_ns_);
     ++running_;  // still ours until it ends
     timers_.push_back(r);
     if (r->container_ != nullptr) r->container_->CountDone();
     return;
   }
-  if (r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun) r->container_->CountDone();
-  pool->tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
+  Container *counted =
+      r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun ? r->container_ : nullptr;
   FreeRunContext(r);
+  if (t->completer_ != nullptr) {
+    // A transport answers another process: the answer goes out first and the counting
+    // after it, off the caller's round trip. The pool stays held until then, so its
+    // containers live on; the completer owns (and frees) the task from here.
+    CompleteTask(t);
+    if (counted != nullptr) counted->CountDone();
+    pool->tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
+    pools_->Release(pool);
+    // relaxed: only this thread writes the counter (a load and a store, no locked add).
+    tasks_done_.Store(tasks_done_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+    return;
+  }
+  if (counted != nullptr) counted->CountDone();
+  pool->tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
   FinishTask(t, pool);  // releases the pool and publishes the outputs
 }
 
@@ -5809,7 +5916,8 @@ void Worker::Loop() {
     ++pass;
     bool did = DrainResumes();
     did |= PollLanes(pass);
-    did |= PollExternal();
+    did |= external_.Poll(id_);
+    did |= StartAdopted();
     if ((pass & (kColdPollInterval - 1)) == 0 || !did) did |= RunDueTimers(false);
     if (did) {
       idle = 0;
@@ -5824,10 +5932,13 @@ void Worker::Loop() {
       continue;
     }
     // Spin for a fixed time, not a fixed count (PAUSE costs 10-140 cycles by CPU),
-    // yielding every 64 polls so a client thread sharing this CPU still runs.
+    // yielding every 64 polls so a client thread sharing this CPU still runs. The first
+    // kHotPolls polls after work skip the PAUSE: the next request of a client waiting on
+    // a round trip comes within a few hundred ns, and a PAUSE (~27 ns on the CI
+    // machine's Zen 5) would add up to its length to noticing it.
     if (idle == 0) idle_since = NowNs();
     if ((++idle & 63) != 0) {
-      CpuRelax();
+      if (idle > kHotPolls) CpuRelax();
       continue;
     }
     if (NowNs() - idle_since < kIdleSpinNs) {
@@ -5835,10 +5946,10 @@ void Worker::Loop() {
       continue;
     }
     idle = 0;
-    if (EndExternalPolling()) continue;
+    if (external_.End(id_)) continue;
     Park();
   }
-  EndExternalPolling();
+  external_.End(id_);
   EndShells();
   tls_current_worker = nullptr;
 }
@@ -5883,32 +5994,14 @@ bool Worker::PollLanes(u64 pass) {
   return did;
 }
 
-bool Worker::PollExternal() {
-  // relaxed: a hint; the seq_cst load below decides.
-  if (begun_ == nullptr && poller_.Load(MemOrder::kRelaxed) == nullptr) return false;
-  // seq_cst: bump, then read poller_ (ReplacePoller does the reverse).
-  poll_seq_.FetchAdd(1, MemOrder::kSeqCst);
-  WorkerPoller *p = poller_.Load(MemOrder::kSeqCst);
-  bool did = false;
-  if (p != nullptr) {
-    if (begun_ != p) p->BeginPolling(id_);
-    begun_ = p;
-    did = p->Poll();
-  } else {
-    begun_ = nullptr;  // removed: its owner no longer counts on us
+/** Starts the tasks the external poller adopted in this pass; true when there were any. */
+bool Worker::StartAdopted() {
+  if (adopted_.empty()) return false;
+  for (size_t k = 0; k < adopted_.size(); ++k) {  // by index: safe even if a start adopted more
+    StartAcquired(adopted_[k].task, adopted_[k].pool);
   }
-  poll_seq_.FetchAdd(1, MemOrder::kRelease);  // release: our use of p precedes it
-  return did;
-}
-
-bool Worker::EndExternalPolling() {
-  if (begun_ == nullptr) return false;
-  poll_seq_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: as in PollExternal
-  WorkerPoller *p = poller_.Load(MemOrder::kSeqCst);
-  const bool work = p == begun_ && p->EndPolling(id_);
-  begun_ = nullptr;
-  poll_seq_.FetchAdd(1, MemOrder::kRelease);  // release: as in PollExternal
-  return work;
+  adopted_.clear();
+  return true;
 }
 
 bool Worker::DrainResumes() {
@@ -5967,7 +6060,9 @@ bool Worker::RunDueTimers(bool stopping) {
 }
 
 bool Worker::HasWork() const {
-  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.empty()) return true;
+  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.empty() || !adopted_.empty()) {
+    return true;
+  }
   if (!sleepers_.empty()) {
     const u64 now = NowNs();
     for (const Sleeper &sl : sleepers_) {
@@ -6046,12 +6141,19 @@ CHI_CROSS_FUN void ReleaseTask(TaskT *task);
  * client's transport installs one so that a waiting caller takes ready answers off the
  * wire itself instead of waiting for the transport's receiver thread to wake it. A plain
  * function pointer, not a virtual: with none installed a poll costs one relaxed load.
+ * Inside a spin phase that BeginSpin counted, a poll (RunInSpin) costs one load: the
+ * count itself is what keeps Remove waiting.
  */
 class WaitHelper {
  public:
   using Fn = void (*)(void *ctx);
-  /** The helper calls fn(ctx); fn must be cheap when it has nothing to do, and never block. */
-  constexpr WaitHelper(Fn fn, void *ctx) : fn_(fn), ctx_(ctx) {}
+  /**
+   * The helper calls fn(ctx); fn must be cheap when it has nothing to do, and never block.
+   * gave_up(ctx), if given, runs when a counted spin phase ends without its task
+   * complete (the caller parks next): the helper's owner takes over its answers.
+   */
+  constexpr WaitHelper(Fn fn, void *ctx, Fn gave_up = nullptr)
+      : fn_(fn), ctx_(ctx), gave_up_(gave_up) {}
 
   /** Installs h unless another helper is installed; true when h is now the helper. */
   static bool Install(WaitHelper *h) {
@@ -6060,51 +6162,54 @@ class WaitHelper {
     return installed_.CompareExchange(none, h, MemOrder::kRelease);
   }
 
-  /** Uninstalls h (if installed) and returns once no thread is running any helper. */
+  /**
+   * Uninstalls h (if installed) and returns once no thread is running any helper: no
+   * thread inside Run, and every spin phase counted while it was installed ended (each
+   * lasts at most Future::kSpinNs; phases that begin afterwards never run it).
+   */
   static void Remove(WaitHelper *h) {
     WaitHelper *expected = h;
-    // seq_cst: clear, then read the count (Dekker with Run's count-then-load).
+    // seq_cst: clear, then read the counts (Dekker with Run's and BeginSpin's count,
+    // then load of the helper).
     installed_.CompareExchange(expected, nullptr, MemOrder::kSeqCst);
-    // seq_cst: the second half of that pair; a runner we see leaves with release.
-    while (running_.Load(MemOrder::kSeqCst) != 0) sched_yield();
+    // seq_cst: the second half of that pair; a runner or spinner we see leaves with release.
+    while (running_.Load(MemOrder::kSeqCst) != 0 || spinners_.Load(MemOrder::kSeqCst) != 0) {
+      sched_yield();
+    }
   }
 
   /**
    * Counts a thread entering Future::Wait's spin phase while a helper is installed;
-   * true when counted (pair it with EndSpin). The helper's owner reads Spinners() to
-   * leave ready answers to the waiting callers first.
+   * true when counted (pair it with EndSpin; poll with RunInSpin meanwhile). The
+   * helper's owner reads Spinners() to leave ready answers to the waiting callers.
    */
   static bool BeginSpin() {
-    // relaxed: a hint for the helper's owner; nothing is published through it.
+    // relaxed: a hint; a helper installed later is simply not run by this phase.
     if (installed_.Load(MemOrder::kRelaxed) == nullptr) return false;
-    spinners_.FetchAdd(1, MemOrder::kRelaxed);
+    // seq_cst: count, then load the helper in RunInSpin (Dekker with Remove).
+    spinners_.FetchAdd(1, MemOrder::kSeqCst);
     return true;
   }
-  /** Ends what a successful BeginSpin counted; the last one out wakes AwaitNoSpinners. */
-  static void EndSpin() {
-    // seq_cst: drop the count, then read parked_ (Dekker with AwaitNoSpinners).
-    if (spinners_.FetchSub(1, MemOrder::kSeqCst) != 1) return;
-    spin_epoch_.FetchAdd(1, MemOrder::kSeqCst);
-    if (parked_.Load(MemOrder::kSeqCst) != 0) FutexWake(spin_epoch_.Raw(), INT_MAX);
+  /** Ends what a successful BeginSpin counted; `done`: the caller's task completed. */
+  static void EndSpin(bool done) {
+    if (!done) {
+      // seq_cst: as in RunInSpin (still counted).
+      WaitHelper *h = installed_.Load(MemOrder::kSeqCst);
+      if (h != nullptr && h->gave_up_ != nullptr) h->gave_up_(h->ctx_);
+    }
+    // release: our helper calls happen before Remove sees the count drop.
+    spinners_.FetchSub(1, MemOrder::kRelease);
   }
   /** Threads spinning in Future::Wait with a helper installed right now (a hint). */
   static u32 Spinners() { return spinners_.Load(MemOrder::kRelaxed); }  // relaxed: a hint
 
-  /**
-   * Parks the calling thread while any thread spins in Future::Wait (those deliver ready
-   * answers themselves, through the helper), at most max_ns. The helper's owner calls it
-   * instead of polling alongside them: on a machine with fewer cores than spinning
-   * threads, its polling kept the callers it should leave the work to off the CPU.
-   */
-  static void AwaitNoSpinners(u64 max_ns) {
-    // seq_cst: announce, read the epoch, then re-check the count (pairs with EndSpin).
-    parked_.FetchAdd(1, MemOrder::kSeqCst);
-    const u32 epoch = spin_epoch_.Load(MemOrder::kSeqCst);
-    if (spinners_.Load(MemOrder::kSeqCst) != 0) FutexWait(spin_epoch_.Raw(), epoch, max_ns);
-    parked_.FetchSub(1, MemOrder::kRelaxed);  // relaxed: only a hint for EndSpin's wake
+  /** Runs the installed helper, if any, inside a spin phase that BeginSpin counted. */
+  static void RunInSpin() {
+    // seq_cst: read after our count (Dekker with Remove): nullptr once it was removed.
+    if (WaitHelper *h = installed_.Load(MemOrder::kSeqCst)) h->fn_(h->ctx_);
   }
 
-  /** Runs the installed helper, if any (Future::Wait's spin loop). */
+  /** Runs the installed helper, if any, from anywhere (counted while it runs). */
   static void Run() {
     // relaxed: only a hint; the helper is re-read below inside the count.
     if (installed_.Load(MemOrder::kRelaxed) == nullptr) return;
@@ -6119,11 +6224,10 @@ class WaitHelper {
  private:
   Fn fn_;
   void *ctx_;
+  Fn gave_up_;
   static inline Atomic<WaitHelper *> installed_{nullptr};
   static inline Atomic<u32> running_{0};   ///< threads inside Run's call right now
   static inline Atomic<u32> spinners_{0};  ///< threads in a counted spin phase
-  static inline Atomic<u32> spin_epoch_{0};  ///< futex word: bumped when spinners_ drops to 0
-  static inline Atomic<u32> parked_{0};      ///< threads in AwaitNoSpinners
 };
 
 /** Owns one submitted task until it completes and the caller is done with it. */
@@ -6132,6 +6236,7 @@ class Future {
  public:
   static constexpr u64 kSpinNs = 50000;  ///< time a waiting thread polls before it parks
   static constexpr u64 kTimedPollNs = 50000;  ///< fiber poll interval for timed waits
+  static constexpr u32 kHotPolls = 32;        ///< polls at the start of a wait with no PAUSE
 
   Future() = default;
   /** Takes ownership of a submitted task. */
@@ -6196,6 +6301,12 @@ class Future {
 #if CHI_IS_GPU
     if constexpr (gpu::kGpuTask<TaskT>) gpu::ReleaseTask(t);  // frees the task's GPU slot
 #else
+    // acquire: a completed task is ours alone (its completer is done with it): free it
+    // without the locked or below.
+    if (t->state_.Load(MemOrder::kAcquire) & task_state::kComplete) {
+      DeleteTask(t);
+      return;
+    }
     // acq_rel: pairs with CompleteTask; exactly one side sees the other's bit and frees.
     const u32 prev = t->state_.FetchOr(task_state::kOrphaned, MemOrder::kAcqRel);
     if (prev & task_state::kComplete) DeleteTask(t);
@@ -6220,25 +6331,32 @@ class Future {
 
   bool WaitOnThread(float max_sec) {
     const bool counted = WaitHelper::BeginSpin();
-    const bool done = SpinOnThread();
-    if (counted) WaitHelper::EndSpin();
+    const bool done = SpinOnThread(counted);
+    if (counted) WaitHelper::EndSpin(done);
     if (done) return true;
     return ParkOnThread(max_sec);
   }
 
-  /** Wait's spin phase on a thread: true when the task completed within kSpinNs. */
-  bool SpinOnThread() {
-    // Poll for a fixed time (PAUSE costs 10-140 cycles by CPU), running the process's
-    // wait helper on each poll. Every 64 polls, read the clock and yield the CPU: a
-    // worker we just woke is often placed on this very CPU by the scheduler, and must
-    // not wait for our time slice to end.
-    const u64 spin_start = NowNs();
+  /**
+   * Wait's spin phase on a thread: true when the task completed within kSpinNs. A phase
+   * that BeginSpin counted (`helped`) runs the process's wait helper on each poll.
+   */
+  bool SpinOnThread(bool helped) {
+    // Poll for a fixed time (PAUSE costs 10-140 cycles by CPU), counted from the 64th
+    // poll, so a short wait reads no clock. The first kHotPolls polls skip the PAUSE: a
+    // short task's answer comes within them, and each PAUSE delays noticing it. Every
+    // 64 polls, read the clock and yield the CPU: a worker we just woke is often placed
+    // on this very CPU by the scheduler, and must not wait for our time slice to end.
+    u64 spin_start = 0;
     for (u32 i = 1;; ++i) {
-      WaitHelper::Run();  // Wait checked the task just before; the helper may complete it
+      // Wait checked the task just before; the helper may complete it.
+      if (helped) WaitHelper::RunInSpin();
       if (task_->IsComplete()) return true;
-      CpuRelax();
+      if (i > kHotPolls) CpuRelax();
       if ((i & 63) == 0) {
-        if (NowNs() - spin_start >= kSpinNs) return false;
+        const u64 now = NowNs();
+        if (spin_start == 0) spin_start = now;
+        if (now - spin_start >= kSpinNs) return false;
         sched_yield();
       }
     }
@@ -8627,6 +8745,8 @@ class RequestDispatcher {
    * Decodes one request and submits its task with `completer` and `cookie`
    * attached (the completer later calls EncodeAnswer). On failure returns false
    * and fills `error_answer` with an answer carrying the error for the client.
+   * Called on a low-latency worker's own loop (a transport's WorkerPoller), the task
+   * stays on that worker (Worker::Adopt) with the pool reference taken here.
    */
   bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
                 std::vector<char> *error_answer) {
@@ -8662,10 +8782,10 @@ class RequestDispatcher {
     }
     Container *c = pool->FirstLocal();
     Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
-    // Asked only on failure: the virtual call is not free on the hot path.
-    const bool has_method = t == nullptr && c != nullptr && c->HasMethod(base.method_);
-    pools_->Release(pool);
     if (t == nullptr) {
+      // Asked only on failure: the virtual call is not free on the hot path.
+      const bool has_method = c != nullptr && c->HasMethod(base.method_);
+      pools_->Release(pool);
       Status st = has_method ? Status::Errorf(ErrorCode::kMalformed,
                                               "inputs of method %u are malformed: %s",
                                               base.method_, ar.status().message())
@@ -8679,6 +8799,14 @@ class RequestDispatcher {
     t->completer_ = completer;
     t->transport_cookie_ = cookie;
     t->request_id_ = request_id;  // echoed back in the answer
+    Worker *me = tls_current_worker;
+    if (me != nullptr && CurrentRunContext() == nullptr &&
+        me->GetRole() == WorkerRole::kLowLatency && !t->task_flags_.Any(TASK_HIGH_LATENCY) &&
+        !(gpu_ != nullptr && t->pool_query_.IsGpuRoute()) && orch_->IsAccepting()) {
+      me->Adopt(t, pool);  // the worker's next step starts it (it releases the pool)
+      return true;
+    }
+    pools_->Release(pool);
     if (gpu_ != nullptr && t->pool_query_.IsGpuRoute()) {
       // acquire: the GPU transport is fully started before we hand it tasks.
       if (ClientTransport *g = gpu_->Load(MemOrder::kAcquire); g != nullptr && g->Send(t)) {
@@ -8902,10 +9030,11 @@ inline bool IsProcessAlive(const ProcessIdentity &who) {
 // ShmStream: one direction of a shared-memory connection, a byte ring with one writer and
 // one reader (usually two processes) carrying framed messages of any size in pieces. Both
 // ends never block here, so one runtime poller can serve many streams; callers choose how
-// to wait. Invariant: the ring holds only whole records (16-byte header + payload padded
-// to 16); the writer clears the header word after a record before it publishes the
-// record's own header word (release), so a reader polls the header at its read position
-// and sees either zero or a whole record, never half of one, and never a stale one.
+// to wait. Invariant: the ring holds only whole records (16-byte header + payload, each
+// starting on a cache line); the writer clears the header word after a record before it
+// publishes the record's own header word (release), so a reader polls the header at its
+// read position and sees either zero or a whole record, never half of one, and never a
+// stale one.
 //
 // Why the header and not a shared write position: a reader that polls the record itself
 // gets the "ready" signal and the first payload bytes in one cache-line transfer; the
@@ -8915,6 +9044,8 @@ inline bool IsProcessAlive(const ProcessIdentity &who) {
 // Framing: a message is a kBegin record (its total length and the first bytes that fit)
 // followed by kMore records with the rest. The reader checks every header and reports a
 // corrupt stream instead of trusting it.
+
+#include <sys/mman.h>  // madvise: prefaulting a ring
 
 #include <algorithm>  // std::min for wrapped copies
 #include <cstring>    // memcpy in and out of the ring
@@ -8930,6 +9061,8 @@ class ShmStream {
   static constexpr u64 kRecordHeaderBytes = 16;
   /** The smallest ring accepted; smaller requests are raised to it. */
   static constexpr u32 kMinRingBytes = 256;
+  /** The most of a ring Prefault maps ahead of use (a default ring entirely). */
+  static constexpr u64 kPrefaultBytes = 1u << 20;
   /** Record kinds ("SM" + n), chosen so zeroed or random memory is rarely mistaken for one. */
   static constexpr u32 kBegin = 0x534d0001;
   static constexpr u32 kMore = 0x534d0002;
@@ -8959,8 +9092,25 @@ class ShmStream {
 
   /** Bytes in the ring (record headers included). */
   u32 RingBytes() const { return ring_bytes_; }
+
+  /**
+   * Maps the ring's first kPrefaultBytes into the calling process now (best effort), so
+   * that the first records written or read do not each few dozen take a page fault.
+   */
+  void Prefault() {
+    constexpr u64 kPage = 4096;
+    const u64 bytes = ring_bytes_ < kPrefaultBytes ? ring_bytes_ : kPrefaultBytes;
+    const u64 begin = reinterpret_cast<u64>(Ring()) & ~(kPage - 1);
+    const u64 end = (reinterpret_cast<u64>(Ring()) + bytes + kPage - 1) & ~(kPage - 1);
+#ifdef MADV_POPULATE_WRITE
+    madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE);  // may fail: fine
+#else
+    (void)begin;
+    (void)end;
+#endif
+  }
   /** The largest payload one record can carry. */
-  u64 MaxPieceBytes() const { return ring_bytes_ - 2 * kRecordHeaderBytes; }
+  u64 MaxPieceBytes() const { return ring_bytes_ - kAlign - kRecordHeaderBytes; }
 
   // ---- Writer side ----
 
@@ -9057,9 +9207,8 @@ class ShmStream {
     rec.kind = static_cast<u32>(word);
     rec.bytes = static_cast<u32>(word >> 32);
     CopyOut(r + sizeof(u64), &rec.message_bytes, sizeof(rec.message_bytes));
-    const u64 footprint = kRecordHeaderBytes + RoundUpTo(rec.bytes, kAlign);
-    if ((rec.kind != kBegin && rec.kind != kMore) ||
-        footprint > ring_bytes_ - kRecordHeaderBytes ||
+    const u64 footprint = RoundUpTo(kRecordHeaderBytes + rec.bytes, kAlign);
+    if ((rec.kind != kBegin && rec.kind != kMore) || footprint > ring_bytes_ - kAlign ||
         (rec.kind == kBegin && rec.bytes > rec.message_bytes)) {
       return PeekResult::kCorrupt;
     }
@@ -9083,10 +9232,20 @@ class ShmStream {
     read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
   }
 
-  /** True when a record is published (a spinning reader's cheap check: the header only). */
+  /**
+   * True when a record is published (a spinning reader's cheap check: the header only).
+   * A record found here has its other lines, and the line of the header after it, on
+   * their way already: the reader's decode does not wait for them one after another,
+   * and its look at the next header (which the writer cleared, so it lies in the
+   * writer's cache) overlaps with its work on this record.
+   */
   bool HasData() const {
+    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
     // acquire: a record seen here is readable by the Peek that follows.
-    return HeaderWord(read_pos_.Load(MemOrder::kRelaxed))->Load(MemOrder::kAcquire) != 0;
+    const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
+    if (word == 0) return false;
+    PrefetchRecord(r, word >> 32);
+    return true;
   }
 
   /**
@@ -9128,9 +9287,25 @@ class ShmStream {
     u32 bytes;
     u64 message_bytes;
   };
-  static constexpr u64 kAlign = 16;
-  static_assert(sizeof(Record) == kRecordHeaderBytes && kRecordHeaderBytes == kAlign,
+  /**
+   * Records start on a cache line: a record of up to 48 payload bytes is one line, the
+   * one the reader polls, and the writer clears the next header on a line of its own.
+   */
+  static constexpr u64 kAlign = kCacheLine;
+  static_assert(sizeof(Record) == kRecordHeaderBytes && kAlign % kRecordHeaderBytes == 0,
                 "a header must never straddle the ring's end");
+
+  /**
+   * Fetches the lines of the record at r that follow its header's, and the next header's
+   * line (only for records of up to 4 KiB: a large one's decode waits anyway).
+   */
+  void PrefetchRecord(u64 r, u64 bytes) const {
+    if (bytes > 4096) return;
+    const u64 footprint = RoundUpTo(kRecordHeaderBytes + bytes, kAlign);
+    for (u64 off = kAlign; off <= footprint; off += kAlign) {
+      __builtin_prefetch(Ring() + ((r + off) & mask_));
+    }
+  }
 
   /** Ring size for a requested byte count. */
   static u32 RingSize(u32 ring_bytes) {
@@ -9157,26 +9332,32 @@ class ShmStream {
   }
 
   /**
-   * Payload room for one record given the writer's and a reader's position. One header's
-   * worth stays free so the writer can clear the header after its record (see Append).
+   * Payload room for one record given the writer's and a reader's position. The line
+   * after the record stays free so the writer can clear the next header (see Append).
    */
   u64 Room(u64 w, u64 r) const {
-    u64 free_bytes = ring_bytes_ - (w - r);
-    return free_bytes > 2 * kRecordHeaderBytes ? free_bytes - 2 * kRecordHeaderBytes : 0;
+    const u64 free_bytes = ring_bytes_ - (w - r);
+    const u64 reserved = kAlign + kRecordHeaderBytes;
+    return free_bytes > reserved ? free_bytes - reserved : 0;
   }
 
   /**
-   * Copies one record into the ring: payload and length first, then the next record's
-   * header cleared, then this header's word (release: the reader may take it from here),
-   * then the write position with `publish` order (park re-checks and statistics).
+   * Copies one record into the ring: the payload past the header's line first, then the
+   * next record's header cleared, then the header's line (length, first payload bytes)
+   * and last its word (release: the reader may take it from here), so the line the
+   * reader polls changes hands once; then the write position with `publish` order
+   * (park re-checks and statistics).
    */
   void Append(bool begin, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
     u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    const u64 next = w + kRecordHeaderBytes + RoundUpTo(bytes, kAlign);
+    const u64 next = w + RoundUpTo(kRecordHeaderBytes + bytes, kAlign);
     const u64 length = begin ? message_bytes : 0;
-    CopyIn(w + sizeof(u64), &length, sizeof(length));
-    CopyIn(w + kRecordHeaderBytes, data, bytes);
+    const u64 head = bytes < kAlign - kRecordHeaderBytes ? bytes : kAlign - kRecordHeaderBytes;
+    const char *src = static_cast<const char *>(data);
+    if (bytes > head) CopyIn(w + kAlign, src + head, bytes - head);
     ClearHeader(next);  // Room keeps it free: the reader has consumed it already
+    CopyIn(w + sizeof(u64), &length, sizeof(length));
+    CopyIn(w + kRecordHeaderBytes, src, head);
     const u64 word = static_cast<u64>(begin ? kBegin : kMore) | (bytes << 32);
     // release: the payload, the length and the cleared next header precede the record.
     HeaderWord(w)->Store(word, MemOrder::kRelease);
@@ -9232,7 +9413,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 3;
+inline constexpr u32 kShmTransportVersion = 4;
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -9259,14 +9440,16 @@ enum class ShmSlotState : u32 {
 /** Life of the runtime (ShmSegmentHeader::runtime_state_). */
 enum class ShmRuntimeState : u32 { kStarting = 0, kServing = 1, kStopping = 2, kStopped = 3 };
 
-/** Counters the runtime publishes in its segment (any process may read them). */
+/**
+ * Counters the runtime publishes in its segment (any process may read them). Those
+ * counted per request live in each slot instead (ShmClientSlot line 6), so that no two
+ * readers ever bump one shared line.
+ */
 struct ShmStatsBlock {
   Atomic<u32> clients;           ///< slots being served now
   Atomic<u64> reclaimed_clients; ///< slots taken back from dead or misbehaving clients
   Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
-  Atomic<u64> tasks_served;      ///< requests taken in (refused ones get an error answer)
   Atomic<u64> broken_streams;    ///< request streams found corrupt
-  Atomic<u64> worker_taken;      ///< requests runtime workers took in themselves (no poller)
   WaitStats poller_waits;        ///< how often the poller parked
 };
 
@@ -9288,6 +9471,11 @@ struct ShmClientSlot {
   // spinning out its time slice.
   alignas(kCacheLine) Atomic<u32> runtime_cpu_;  ///< the runtime thread that took requests
   alignas(kCacheLine) Atomic<u32> client_cpu_;   ///< the client thread that sent requests
+  // Line 6: the runtime's counts for this slot over all its clients, written only by the
+  // holder of the slot's reader flag (a load and a store, no locked add); summed by
+  // anyone reading the statistics.
+  alignas(kCacheLine) Atomic<u64> tasks_served_;  ///< requests taken in (refused ones too)
+  Atomic<u64> worker_taken_;  ///< requests runtime workers took in themselves (no poller)
 };
 
 /** The CPU the calling thread runs on, plus one (0: unknown). Costs a few ns (rseq). */
@@ -9310,6 +9498,11 @@ inline void NoteCpu(Atomic<u32> &where) {
 inline bool ShareCpu(const Atomic<u32> &other) {
   const u32 cpu = other.Load(MemOrder::kRelaxed);  // relaxed: a hint
   return cpu != 0 && cpu == CpuTag();
+}
+
+/** Adds n to a counter that only the calling thread writes (relaxed: a statistic). */
+inline void BumpOwnedCounter(Atomic<u64> &counter, u64 n) {
+  counter.Store(counter.Load(MemOrder::kRelaxed) + n, MemOrder::kRelaxed);
 }
 
 /** The first bytes of the segment's data area. */
@@ -9449,9 +9642,12 @@ class ShmSegment {
   const char *Name() const { return backend_.Name(); }
 
   /** Slot i (i < num_slots_). */
-  ShmClientSlot *Slot(u32 i) const {
-    return reinterpret_cast<ShmClientSlot *>(reinterpret_cast<char *>(header_) +
-                                             header_->slots_offset_ + i * header_->slot_bytes_);
+  ShmClientSlot *Slot(u32 i) const { return SlotOf(header_, i); }
+
+  /** Slot i of the segment whose (validated) header is h. */
+  static ShmClientSlot *SlotOf(const ShmSegmentHeader *h, u32 i) {
+    char *base = reinterpret_cast<char *>(const_cast<ShmSegmentHeader *>(h));
+    return reinterpret_cast<ShmClientSlot *>(base + h->slots_offset_ + i * h->slot_bytes_);
   }
   /** Slot i's client -> runtime stream. */
   ShmStream *RequestStream(u32 i) const {
@@ -9580,11 +9776,18 @@ class ShmClientReceiver : public ClientTransport {
   /** Most answers one turn of the role takes (the receiver or a helping caller). */
   static constexpr u32 kAnswersPerTurn = 64;
   /**
-   * How long the receiver naps while callers spinning in Wait deliver answers themselves
-   * (about Future's spin time: an answer left behind by a caller that gave up spinning
-   * waits at most this long).
+   * How long the receiver naps while callers waiting in Future::Wait deliver answers
+   * themselves (CallersDeliver). A caller that stops spinning without its answer wakes
+   * it at once (CallerGaveUp). Long, since each wake-up takes a CPU from the threads
+   * spinning for answers (and on a machine with few cores, invites the scheduler to
+   * stack two of them on one).
    */
-  static constexpr u64 kCallerNapNs = 50000;
+  static constexpr u64 kCallerNapNs = 10000000;
+  /**
+   * The same while some outstanding task has nobody spinning for it and no caller
+   * delivered answers lately (its answer may arrive after the spinners left).
+   */
+  static constexpr u64 kShortNapNs = 50000;
 
   /** Why the connection failed (kOk while healthy). */
   ErrorCode Failure() const {
@@ -9593,8 +9796,8 @@ class ShmClientReceiver : public ClientTransport {
   }
   /** Tasks sent and not yet answered. */
   u32 Outstanding() const {
-    // acquire: a snapshot of two counters (released never passes claimed).
-    u64 released = released_.Load(MemOrder::kAcquire);
+    // acquire: a snapshot (released never passes claimed, so read it first).
+    const u64 released = Released();
     return static_cast<u32>(claimed_.Load(MemOrder::kAcquire) - released);
   }
   /** Answers that matched no outstanding task (ignored). */
@@ -9664,17 +9867,33 @@ class ShmClientReceiver : public ClientTransport {
     Entry &e = entries_[idx];
     Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));  // relaxed: ours
     u64 expected = id;
-    // acq_rel: exactly one of answer, failure sweep or this takes the entry.
-    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) return;
+    // seq_cst: exactly one of answer, failure sweep or this takes the entry; and the
+    // clear is what a writer parked for a free entry re-checks (Dekker with Notify).
+    if (!e.word.CompareExchange(expected, 0, MemOrder::kSeqCst)) return;
     ReleaseEntry();
     FailTask(t, code, msg);
   }
 
-  /** Counts a freed entry and wakes a writer waiting for one. */
+  /** Counts an entry freed by a failure and wakes a writer waiting for one. */
   void ReleaseEntry() {
-    // seq_cst: the writer's park re-check reads the count (Dekker with Notify).
-    released_.FetchAdd(1, MemOrder::kSeqCst);
+    // relaxed: the entry's seq_cst clear before us is what a parked writer re-checks.
+    released_.FetchAdd(1, MemOrder::kRelaxed);
     table_room_.Notify();
+  }
+
+  /** Entries freed, ever: by answers (the receiver role's count) and by failures. */
+  u64 Released() const {
+    // acquire: entries counted here are done with their old task.
+    return released_.Load(MemOrder::kAcquire) + answered_.Load(MemOrder::kAcquire);
+  }
+
+  /** True when some entry is free (seq_cst loads: a parked writer's re-check). */
+  bool AnyFreeEntrySeqCst() const {
+    for (u32 i = 0; i < table_size_; ++i) {
+      // seq_cst: pairs with the seq_cst clear of whoever frees an entry, then notifies.
+      if (entries_[i].word.Load(MemOrder::kSeqCst) == 0) return true;
+    }
+    return false;
   }
 
   /**
@@ -9691,8 +9910,8 @@ class ShmClientReceiver : public ClientTransport {
     const ErrorCode first = static_cast<ErrorCode>(failure_.Load(MemOrder::kRelaxed));
     for (u32 i = 0; i < table_size_; ++i) {
       Entry &e = entries_[i];
-      // acq_rel: take the entry (see TakeAndFail); acquire sees its task pointer.
-      u64 id = e.word.Exchange(0, MemOrder::kAcqRel);
+      // seq_cst: take the entry (see TakeAndFail); acquire sees its task pointer.
+      u64 id = e.word.Exchange(0, MemOrder::kSeqCst);
       if (id == 0) continue;
       // relaxed: the Exchange above acquired the writer's release of the entry.
       Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
@@ -9729,9 +9948,22 @@ class ShmClientReceiver : public ClientTransport {
 
  private:
   // ---- Receiving (the receiver thread, or a caller helping while it waits) ----
+  // Deliver and HelpDeliver run only while holding rx_role_.
 
   /** The WaitHelper entry point: ctx is the connection. */
   static void HelpThunk(void *ctx) { static_cast<ShmClientReceiver *>(ctx)->HelpDeliver(); }
+  /** The WaitHelper's give-up hook: ctx is the connection. */
+  static void GaveUpThunk(void *ctx) { static_cast<ShmClientReceiver *>(ctx)->CallerGaveUp(); }
+
+  /**
+   * A caller stopped spinning in Future::Wait without its answer (it parks next): the
+   * receiver must deliver it, so a napping receiver wakes now.
+   */
+  void CallerGaveUp() {
+    // seq_cst: bump, then read the nap flag (Dekker with LeaveToCallers).
+    rx_nap_.FetchAdd(1, MemOrder::kSeqCst);
+    if (rx_napping_.Load(MemOrder::kSeqCst) != 0) FutexWake(rx_nap_.Raw(), 1);
+  }
 
   /**
    * A caller spinning in Future::Wait: delivers every whole answer that is ready (any
@@ -9759,9 +9991,8 @@ class ShmClientReceiver : public ClientTransport {
       NotifyRuntimeRoom();
       ++delivered;
     }
+    if (delivered != 0) BumpOwnedCounter(helped_answers_, delivered);  // the role's
     rx_role_.Store(0, MemOrder::kRelease);  // release: our reads precede the next holder's
-    // relaxed: a statistic.
-    if (delivered != 0) helped_answers_.FetchAdd(delivered, MemOrder::kRelaxed);
   }
 
   void ReceiveLoop() {
@@ -9850,13 +10081,15 @@ class ShmClientReceiver : public ClientTransport {
     // relaxed: the request -> runtime -> answer chain orders the writer's store before us.
     Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
     u64 expected = id;
-    // acq_rel: exactly one of answer, failure sweep or a failed send takes the entry.
-    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) {
+    // seq_cst: exactly one of answer, failure sweep or a failed send takes the entry
+    // (and see TakeAndFail on the parked writer).
+    if (!e.word.CompareExchange(expected, 0, MemOrder::kSeqCst)) {
       stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
       return;
     }
     DecodeAnswer(t, data, len);
-    ReleaseEntry();
+    BumpOwnedCounter(answered_, 1);  // the role's count: no locked add
+    table_room_.Notify();
     CompleteTask(t);
   }
 
@@ -9866,13 +10099,20 @@ class ShmClientReceiver : public ClientTransport {
     if (slot_->runtime_needs_room_.Load(MemOrder::kSeqCst) != 0) header_->server_event_.Notify();
   }
 
-  /** Waits for the next answer; false when the receiver should stop. */
-  bool AwaitAnswer() {
+  /** What SpinForAnswer found. */
+  enum class SpinResult : u32 { kData, kStop, kPark };
+
+  /**
+   * The receiver's busy wait for an answer, napping while callers take the answers
+   * themselves; kPark once it should park on the answer stream instead.
+   */
+  SpinResult SpinForAnswer() {
     u64 start = MonotonicNs();
     for (u32 i = 1;; ++i) {
-      if (ans_->HasData()) return true;
-      if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
-      if (helper_installed_ && WaitHelper::Spinners() != 0) {
+      if (ans_->HasData()) return SpinResult::kData;
+      // relaxed: AwaitAnswer re-reads it with acquire.
+      if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return SpinResult::kStop;
+      if (CallersDeliver()) {
         LeaveToCallers();
         start = MonotonicNs();
         continue;
@@ -9880,53 +10120,82 @@ class ShmClientReceiver : public ClientTransport {
       CpuRelax();
       if ((i & 63) != 0) continue;
       const u64 spun = MonotonicNs() - start;
-      if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) break;
-      if (ShareCpu(slot_->runtime_cpu_)) break;  // spinning here only delays the worker
+      if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) {
+        return SpinResult::kPark;
+      }
+      // Spinning here only delays the worker.
+      if (ShareCpu(slot_->runtime_cpu_)) return SpinResult::kPark;
       // A thread we are waiting for (a runtime worker, the caller) may share this CPU.
       sched_yield();
     }
+  }
+
+  /** Waits for the next answer; false when the receiver should stop. */
+  bool AwaitAnswer() {
     for (;;) {
-      const u64 period = Outstanding() != 0 ? kPeerCheckNs : kIdleCheckNs;
-      WaitResult r = slot_->answer_ready_.Wait(
-          [&] {
-            // seq_cst: re-checks against the runtime's publishes and Close's stop flag.
-            return ans_->HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
-                   slot_->state_.Load(MemOrder::kSeqCst) !=
-                       static_cast<u32>(ShmSlotState::kActive) ||
-                   header_->runtime_state_.Load(MemOrder::kSeqCst) ==
-                       static_cast<u32>(ShmRuntimeState::kStopped);
-          },
-          DeadlineAfter(period), rx_waits_);
-      if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
-      if (ans_->HasData()) return true;
-      if (ans_->Unframed()) {  // published bytes with no record: nothing will ever frame them
-        Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
-        return false;
+      const SpinResult spin = SpinForAnswer();
+      if (spin != SpinResult::kPark) return spin == SpinResult::kData;
+      // Parked on the stream, the receiver costs the runtime a futex wake per answer: it
+      // goes back to napping as soon as callers take the answers again.
+      while (!CallersDeliver()) {
+        const u64 period = Outstanding() != 0 ? kPeerCheckNs : kIdleCheckNs;
+        WaitResult r = slot_->answer_ready_.Wait(
+            [&] {
+              // seq_cst: re-checks against the runtime's publishes and Close's stop flag.
+              return ans_->HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
+                     slot_->state_.Load(MemOrder::kSeqCst) !=
+                         static_cast<u32>(ShmSlotState::kActive) ||
+                     header_->runtime_state_.Load(MemOrder::kSeqCst) ==
+                         static_cast<u32>(ShmRuntimeState::kStopped);
+            },
+            DeadlineAfter(period), rx_waits_);
+        if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
+        if (ans_->HasData()) return true;
+        if (ans_->Unframed()) {  // published bytes with no record: nothing will frame them
+          Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
+          return false;
+        }
+        if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
       }
-      if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
     }
   }
 
   /**
+   * True while callers waiting in Future::Wait take the answers (HelpDeliver): one spins
+   * now, or some delivered answers since the receiver last looked (a caller between two
+   * waits is not counted, but it comes back for its next answer). Then the receiver naps
+   * instead of parking on the answer stream: parked there, it would cost the runtime a
+   * futex wake per answer, and take a CPU from the threads that spin for them.
+   */
+  bool CallersDeliver() {
+    if (!helper_installed_) return false;
+    const u64 helped = helped_answers_.Load(MemOrder::kRelaxed);  // relaxed: a hint
+    callers_delivered_ = helped != helped_seen_;
+    helped_seen_ = helped;
+    return callers_delivered_ || WaitHelper::Spinners() != 0;
+  }
+
+  /**
    * Callers spinning in Future::Wait take answers themselves (HelpDeliver), so the
-   * receiver stays off their CPUs. It naps without asking them to wake it: waiting for
-   * the last spinner to leave (AwaitNoSpinners) made every Wait's end a futex wake and a
-   * context switch, once per round trip. Only when they delivered nothing during a whole
-   * nap (they are about to give up spinning and park) does it ask to be woken as they
-   * leave, so an answer arriving after that is not left unread.
+   * receiver naps, off their CPUs, without asking them to wake it as they leave: that
+   * made every Wait's end a futex wake and a context switch, once per round trip. Only
+   * a caller that gives up spinning without its answer wakes it (CallerGaveUp); a nap
+   * starts only once the receiver has looked at the stream since the last such wake.
    */
   void LeaveToCallers() {
-    const u64 helped = helped_answers_.Load(MemOrder::kRelaxed);  // relaxed: a hint
-    if (!napped_ || helped != nap_helped_) {
-      nap_helped_ = helped;
-      napped_ = true;
-      // acquire: StopReceiving bumps the word after raising rx_stop_.
-      const u32 seen = rx_nap_.Load(MemOrder::kAcquire);
-      if (rx_stop_.Load(MemOrder::kSeqCst) == 0) FutexWait(rx_nap_.Raw(), seen, kCallerNapNs);
-      return;
+    // acquire: StopReceiving and CallerGaveUp bump the word after what they report.
+    const u32 seen = rx_nap_.Load(MemOrder::kAcquire);
+    if (seen != nap_seen_) {  // someone gave up (or Close stops us) since the last nap
+      nap_seen_ = seen;
+      return;  // the caller's loop looks at the stream first
     }
-    napped_ = false;
-    WaitHelper::AwaitNoSpinners(kPeerCheckNs);
+    const bool waited = callers_delivered_ || Outstanding() <= WaitHelper::Spinners();
+    const u64 nap = waited ? kCallerNapNs : kShortNapNs;
+    // seq_cst: announce the nap, then sleep while the word still holds `seen` (Dekker
+    // with CallerGaveUp's bump, then read of the flag).
+    rx_napping_.Store(1, MemOrder::kSeqCst);
+    if (rx_stop_.Load(MemOrder::kSeqCst) == 0) FutexWait(rx_nap_.Raw(), seen, nap);
+    rx_napping_.Store(0, MemOrder::kRelaxed);  // relaxed: only spares CallerGaveUp a wake
   }
 
   /**
@@ -9968,22 +10237,25 @@ class ShmClientReceiver : public ClientTransport {
 
  protected:
   // The receiver's.
-  alignas(kCacheLine) Atomic<u64> released_;  ///< entries freed, ever (answers and failures)
+  alignas(kCacheLine) Atomic<u64> released_;  ///< entries freed by failures, ever
   Atomic<u32> rx_stop_;
   Atomic<u64> stray_answers_;
-  Atomic<u64> helped_answers_;
   WaitStats rx_waits_;  ///< the receiver's parks
-  Atomic<u32> rx_nap_;  ///< futex word of the receiver's naps (LeaveToCallers)
-  u64 nap_helped_ = 0;  ///< the receiver's: helped_answers_ when its last nap began
-  bool napped_ = false;  ///< the receiver's: its last turn away from the callers was a nap
+  Atomic<u32> rx_nap_;      ///< futex word of the receiver's naps (LeaveToCallers)
+  Atomic<u32> rx_napping_;  ///< 1 while the receiver naps (CallerGaveUp wakes it)
+  u32 nap_seen_ = 0;        ///< the receiver's: rx_nap_ when it last looked at the stream
+  u64 helped_seen_ = 0;     ///< the receiver's: helped_answers_ when it last looked
+  bool callers_delivered_ = false;  ///< the receiver's: helped_answers_ moved since then
 
  private:
-  // The role's: read and written only by the holder of rx_role_.
+  // The role's: written only by the holder of rx_role_ (the counters read by anyone).
   alignas(kCacheLine) Atomic<u32> rx_role_;  ///< 1 while a thread reads the answer stream
+  Atomic<u64> answered_;        ///< entries freed by answers, ever
+  Atomic<u64> helped_answers_;  ///< of those, delivered by callers waiting in Future::Wait
   std::vector<char> rx_;
   u64 rx_total_ = 0;
   bool rx_assembling_ = false;
-  WaitHelper helper_{&HelpThunk, this};
+  WaitHelper helper_{&HelpThunk, this, &GaveUpThunk};
   bool helper_installed_ = false;  ///< set before the receiver starts, then read-only
   std::thread receiver_;
 };
@@ -10180,6 +10452,8 @@ class ShmClientTransport final : public ShmClientReceiver {
     }
     req_ = segment_.RequestStream(slot_index_);
     ans_ = segment_.AnswerStream(slot_index_);
+    req_->Prefault();  // the first requests and answers then take no page faults here
+    ans_->Prefault();
     max_message_bytes_ = header_->max_message_bytes_;
     table_size_ = header_->max_outstanding_;
     entries_ = std::make_unique<Entry[]>(table_size_);
@@ -10293,8 +10567,7 @@ class ShmClientTransport final : public ShmClientReceiver {
     const u64 claimed = claimed_.Load(MemOrder::kRelaxed);
     auto try_claim = [&] {
       if (claimed - released_seen_ >= table_size_) {
-        // acquire: entries freed by the receiver are done with their old task.
-        released_seen_ = released_.Load(MemOrder::kAcquire);
+        released_seen_ = Released();
         if (claimed - released_seen_ >= table_size_) return false;
       }
       for (u32 k = 0; k < table_size_; ++k) {
@@ -10309,10 +10582,8 @@ class ShmClientTransport final : public ShmClientReceiver {
       }
       return false;
     };
-    return AwaitWhileHealthy(table_room_, tx_waits_, try_claim, [&] {
-      // seq_cst: the re-check against the receiver's seq_cst release count.
-      return claimed - released_.Load(MemOrder::kSeqCst) < table_size_;
-    });
+    return AwaitWhileHealthy(table_room_, tx_waits_, try_claim,
+                             [&] { return AnyFreeEntrySeqCst(); });
   }
 
   /** Streams one message into the request ring, in pieces when it is larger than the room. */
@@ -10350,6 +10621,9 @@ class ShmClientTransport final : public ShmClientReceiver {
    */
   template <typename TryOp, typename Ready>
   bool AwaitWhileHealthy(WaitEvent &event, WaitStats &stats, TryOp try_op, Ready ready) {
+    // The usual case first, before any clock read (the deadline below costs one).
+    if (Unhealthy()) return false;
+    if (try_op()) return true;
     for (;;) {
       bool done = AwaitOp(
           event, stats, [&] { return Unhealthy() || try_op(); },
@@ -10362,7 +10636,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   TaskStack submissions_;  ///< tasks to send, pushed by callers while another thread writes
   Atomic<u32> writer_;    ///< 1 while a thread streams requests (Close keeps it)
   u32 cursor_ = 0;        ///< the writer's next entry to try
-  u64 released_seen_ = 0; ///< the writer's last view of released_
+  u64 released_seen_ = 0; ///< the writer's last view of Released()
   std::vector<char> tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
 };
@@ -10885,6 +11159,8 @@ class ShmReaper {
   /** Starts serving slot i. */
   void Activate(u32 i, const ProcessIdentity &owner) {
     ShmServedSlot &s = slots_[i];
+    segment_->RequestStream(i)->Prefault();  // the first requests then take no page faults
+    segment_->AnswerStream(i)->Prefault();
     s.phase = Phase::kServing;
     s.owner = owner;
     s.owner_dead = false;
@@ -11020,9 +11296,12 @@ inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
   s.clients = h->stats_.clients.Load(MemOrder::kRelaxed);
   s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kRelaxed);
   s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
-  s.tasks_served = h->stats_.tasks_served.Load(MemOrder::kRelaxed);
   s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
-  s.worker_taken = h->stats_.worker_taken.Load(MemOrder::kRelaxed);
+  for (u32 i = 0; i < h->num_slots_; ++i) {
+    const ShmClientSlot *slot = ShmSegment::SlotOf(h, i);
+    s.tasks_served += slot->tasks_served_.Load(MemOrder::kRelaxed);
+    s.worker_taken += slot->worker_taken_.Load(MemOrder::kRelaxed);
+  }
   return s;
 }
 
@@ -11224,8 +11503,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     }
     if (taken != 0) {
       NoteCpu(segment_.Slot(i)->runtime_cpu_);
-      // relaxed: a statistic.
-      header_->stats_.worker_taken.FetchAdd(taken, MemOrder::kRelaxed);
+      BumpOwnedCounter(segment_.Slot(i)->worker_taken_, taken);  // the reader flag's holder
       // Still a reader: the reaper's Reset rebuilds this event once the readers are gone.
       segment_.Slot(i)->request_room_.Notify();
     }
@@ -11456,8 +11734,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     ShmServedSlot &s = slots_[i];
     // relaxed: only the reader flag's holder writes it; counted before the answer exists.
     s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-    // relaxed: a statistic, bumped by the readers of every slot.
-    header_->stats_.tasks_served.FetchAdd(1, MemOrder::kRelaxed);
+    BumpOwnedCounter(segment_.Slot(i)->tasks_served_, 1);  // the reader flag's holder
     std::vector<char> error;  // allocates only for a refusal
     if (!dispatcher_->Dispatch(data, len, this, i, &error)) {
       s.PushError(std::move(error));

@@ -37,6 +37,7 @@ class WorkOrchestrator;
 class Worker {
  public:
   static constexpr u64 kIdleSpinNs = 100000;      ///< idle time spent polling before parking
+  static constexpr u32 kHotPolls = 16;             ///< idle polls after work with no PAUSE
   static constexpr u32 kColdAfterEmptyPolls = 256;
   static constexpr u32 kColdPollInterval = 16;
   static constexpr u32 kPopBatch = 32;             ///< tasks taken from one lane per pass
@@ -79,16 +80,14 @@ class Worker {
    * nullptr; any thread); false when `from` was not the one installed. Returns once the
    * loop no longer uses `from`, so its owner may then go.
    */
-  bool ReplacePoller(WorkerPoller *from, WorkerPoller *to) {
-    WorkerPoller *expected = from;
-    // seq_cst: swap, then read poll_seq_; the loop bumps poll_seq_, then reads poller_.
-    if (!poller_.CompareExchange(expected, to, MemOrder::kSeqCst)) return false;
-    const u64 seq = poll_seq_.Load(MemOrder::kSeqCst);
-    if ((seq & 1) == 0) return true;
-    // acquire: the loop's last use of `from` precedes its next bump.
-    while (poll_seq_.Load(MemOrder::kAcquire) == seq) sched_yield();
-    return true;
-  }
+  bool ReplacePoller(WorkerPoller *from, WorkerPoller *to) { return external_.Replace(from, to); }
+
+  /**
+   * Runs a task that this worker's external poller took in (its own thread only): it
+   * starts right after the poll, without a trip through the lanes. `pool` is the
+   * reference taken for it when it was decoded; the task's completion releases it.
+   */
+  void Adopt(Task *t, PoolInfo *pool) { adopted_.push_back(Adopted{t, pool}); }
 
   /** Queues a suspended fiber to be resumed by this worker (any thread). */
   void Resume(RunContext *r) {
@@ -160,16 +159,20 @@ class Worker {
     u64 wake_ns;
     RunContext *r;
   };
+  struct Adopted {
+    Task *task;
+    PoolInfo *pool;
+  };
 
   inline void Loop();
   inline bool PollLanes(u64 pass);
   inline bool DrainResumes();
-  inline bool PollExternal();
-  inline bool EndExternalPolling();
+  inline bool StartAdopted();
   inline bool RunDueTimers(bool stopping);
   inline bool HasWork() const;
   inline void Park();
   inline void StartTask(Task *t);
+  inline void StartAcquired(Task *t, PoolInfo *pool);
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
   inline void OnFiberDone(RunContext *r);
@@ -215,6 +218,7 @@ class Worker {
   std::vector<LaneSlot> active_;
   std::vector<LaneSlot> cold_;
   std::deque<Task *> overflow_;
+  std::vector<Adopted> adopted_;      ///< tasks the external poller took in (Adopt)
   std::vector<RunContext *> timers_;  ///< periodic tasks waiting for their next run
   std::vector<Sleeper> sleepers_;     ///< fibers in SleepInFiber
   RunContext *free_rctx_ = nullptr;
@@ -226,9 +230,7 @@ class Worker {
   alignas(kCacheLine) Atomic<u32> parked_;   ///< futex word: 1 while sleeping
   alignas(kCacheLine) Atomic<u64> resume_;   ///< Treiber stack of RunContexts to resume
   alignas(kCacheLine) Atomic<u32> stop_;
-  Atomic<WorkerPoller *> poller_{nullptr};  ///< external poller (ReplacePoller)
-  Atomic<u64> poll_seq_;                    ///< odd while the loop uses poller_
-  WorkerPoller *begun_ = nullptr;           ///< the loop's: poller told BeginPolling
+  PollerSlot external_;  ///< the external poller (ReplacePoller), unpinned before any fiber
   Atomic<u64> tasks_done_;
   Atomic<u64> parks_;
 };
@@ -247,6 +249,7 @@ void Worker::StartFiber(RunContext *r) {
 }
 
 void Worker::SwitchTo(RunContext *r) {
+  external_.Unpin();  // a task may run long: a poller's owner must not wait for it
   tls_current_rctx = r;
   r->shell_->Enter();
   tls_current_rctx = nullptr;
@@ -281,12 +284,15 @@ void Worker::EndShells() {
 
 void Worker::FinishTask(Task *t, PoolInfo *pool) {
   if (pool != nullptr) pools_->Release(pool);
-  tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
+  // relaxed: only this thread writes the counter (a load and a store, no locked add).
+  tasks_done_.Store(tasks_done_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
   CompleteTask(t);
 }
 
-void Worker::StartTask(Task *t) {
-  PoolInfo *pool = pools_->Acquire(t->pool_id_);
+void Worker::StartTask(Task *t) { StartAcquired(t, pools_->Acquire(t->pool_id_)); }
+
+/** Starts `t` holding `pool` (null: the pool is gone or being destroyed). */
+void Worker::StartAcquired(Task *t, PoolInfo *pool) {
   if (CHI_UNLIKELY(pool == nullptr)) {
     t->SetErrorf(ErrorCode::kUnknownPool, "pool %s does not exist (or is being destroyed)",
                  t->pool_id_.ToString().c_str());
@@ -347,19 +353,32 @@ void Worker::OnFiberDone(RunContext *r) {
   r->shell_ = nullptr;
   Task *t = r->task_;
   PoolInfo *pool = r->pool_;
-  const bool cancelled =
-      (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) != 0 ||
-      pool->destroying_.Load(MemOrder::kAcquire) != 0 || stop_.Load(MemOrder::kAcquire) != 0;
-  if (t->task_flags_.Any(TASK_PERIODIC) && !cancelled && t->rc_ == 0) {
+  if (t->task_flags_.Any(TASK_PERIODIC) && t->rc_ == 0 &&
+      (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) == 0 &&
+      pool->destroying_.Load(MemOrder::kAcquire) == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
     r->next_run_ns_ = NowNs() + static_cast<u64>(t->period_ns_);
     ++running_;  // still ours until it ends
     timers_.push_back(r);
     if (r->container_ != nullptr) r->container_->CountDone();
     return;
   }
-  if (r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun) r->container_->CountDone();
-  pool->tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
+  Container *counted =
+      r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun ? r->container_ : nullptr;
   FreeRunContext(r);
+  if (t->completer_ != nullptr) {
+    // A transport answers another process: the answer goes out first and the counting
+    // after it, off the caller's round trip. The pool stays held until then, so its
+    // containers live on; the completer owns (and frees) the task from here.
+    CompleteTask(t);
+    if (counted != nullptr) counted->CountDone();
+    pool->tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
+    pools_->Release(pool);
+    // relaxed: only this thread writes the counter (a load and a store, no locked add).
+    tasks_done_.Store(tasks_done_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+    return;
+  }
+  if (counted != nullptr) counted->CountDone();
+  pool->tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
   FinishTask(t, pool);  // releases the pool and publishes the outputs
 }
 
@@ -376,7 +395,8 @@ void Worker::Loop() {
     ++pass;
     bool did = DrainResumes();
     did |= PollLanes(pass);
-    did |= PollExternal();
+    did |= external_.Poll(id_);
+    did |= StartAdopted();
     if ((pass & (kColdPollInterval - 1)) == 0 || !did) did |= RunDueTimers(false);
     if (did) {
       idle = 0;
@@ -391,10 +411,13 @@ void Worker::Loop() {
       continue;
     }
     // Spin for a fixed time, not a fixed count (PAUSE costs 10-140 cycles by CPU),
-    // yielding every 64 polls so a client thread sharing this CPU still runs.
+    // yielding every 64 polls so a client thread sharing this CPU still runs. The first
+    // kHotPolls polls after work skip the PAUSE: the next request of a client waiting on
+    // a round trip comes within a few hundred ns, and a PAUSE (~27 ns on the CI
+    // machine's Zen 5) would add up to its length to noticing it.
     if (idle == 0) idle_since = NowNs();
     if ((++idle & 63) != 0) {
-      CpuRelax();
+      if (idle > kHotPolls) CpuRelax();
       continue;
     }
     if (NowNs() - idle_since < kIdleSpinNs) {
@@ -402,10 +425,10 @@ void Worker::Loop() {
       continue;
     }
     idle = 0;
-    if (EndExternalPolling()) continue;
+    if (external_.End(id_)) continue;
     Park();
   }
-  EndExternalPolling();
+  external_.End(id_);
   EndShells();
   tls_current_worker = nullptr;
 }
@@ -450,32 +473,14 @@ bool Worker::PollLanes(u64 pass) {
   return did;
 }
 
-bool Worker::PollExternal() {
-  // relaxed: a hint; the seq_cst load below decides.
-  if (begun_ == nullptr && poller_.Load(MemOrder::kRelaxed) == nullptr) return false;
-  // seq_cst: bump, then read poller_ (ReplacePoller does the reverse).
-  poll_seq_.FetchAdd(1, MemOrder::kSeqCst);
-  WorkerPoller *p = poller_.Load(MemOrder::kSeqCst);
-  bool did = false;
-  if (p != nullptr) {
-    if (begun_ != p) p->BeginPolling(id_);
-    begun_ = p;
-    did = p->Poll();
-  } else {
-    begun_ = nullptr;  // removed: its owner no longer counts on us
+/** Starts the tasks the external poller adopted in this pass; true when there were any. */
+bool Worker::StartAdopted() {
+  if (adopted_.empty()) return false;
+  for (size_t k = 0; k < adopted_.size(); ++k) {  // by index: safe even if a start adopted more
+    StartAcquired(adopted_[k].task, adopted_[k].pool);
   }
-  poll_seq_.FetchAdd(1, MemOrder::kRelease);  // release: our use of p precedes it
-  return did;
-}
-
-bool Worker::EndExternalPolling() {
-  if (begun_ == nullptr) return false;
-  poll_seq_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: as in PollExternal
-  WorkerPoller *p = poller_.Load(MemOrder::kSeqCst);
-  const bool work = p == begun_ && p->EndPolling(id_);
-  begun_ = nullptr;
-  poll_seq_.FetchAdd(1, MemOrder::kRelease);  // release: as in PollExternal
-  return work;
+  adopted_.clear();
+  return true;
 }
 
 bool Worker::DrainResumes() {
@@ -534,7 +539,9 @@ bool Worker::RunDueTimers(bool stopping) {
 }
 
 bool Worker::HasWork() const {
-  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.empty()) return true;
+  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.empty() || !adopted_.empty()) {
+    return true;
+  }
   if (!sleepers_.empty()) {
     const u64 now = NowNs();
     for (const Sleeper &sl : sleepers_) {

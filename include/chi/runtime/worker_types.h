@@ -1,12 +1,15 @@
 // The small types around a Worker that other parts of the runtime name without
 // needing the worker itself: its role, its statistics (Monitor), the interface
-// of an external poller (transports reading their rings on the worker's thread),
-// and the monotonic clock the runtime's timers use.
+// of an external poller (transports reading their rings on the worker's thread)
+// and the slot that holds one, and the monotonic clock the runtime's timers use.
 #pragma once
 
-#include <time.h>  // clock_gettime
+#include <sched.h>  // sched_yield while a poller swap waits for the loop
+#include <time.h>   // clock_gettime
 
-#include "chi/core/types.h"  // u32, u64
+#include "chi/core/atomic.h"  // the slot's pointer, epoch and pin word
+#include "chi/core/macros.h"  // kCacheLine
+#include "chi/core/types.h"   // u32, u64
 
 namespace chi {
 
@@ -45,6 +48,94 @@ class WorkerPoller {
 
  protected:
   ~WorkerPoller() = default;
+};
+
+/**
+ * The external poller a worker's loop calls every pass, and how another thread swaps it
+ * and may then free the old one. The loop pins the poller it read (pin word odd) before
+ * it polls, and keeps the pin over idle passes, so such a pass costs two plain loads and
+ * no fence; it unpins before anything that may take long (a task fiber), before it
+ * parks or exits, and when it sees a new epoch (a swap). Replace returns once the loop is
+ * no longer pinned on the old poller. Replace: any thread; the rest: the loop only.
+ */
+class PollerSlot {
+ public:
+  /** Swaps `from` for `to` (either may be nullptr); false when `from` is not installed. */
+  bool Replace(WorkerPoller *from, WorkerPoller *to) {
+    WorkerPoller *expected = from;
+    // seq_cst: swap, then read the pin word; Pin stores it, fences, then reads poller_
+    // (Dekker): either we see the loop pinned, or it sees the new poller.
+    if (!poller_.CompareExchange(expected, to, MemOrder::kSeqCst)) return false;
+    // seq_cst: after the swap; a loop pinned on `from` and idle sees it and unpins.
+    epoch_.FetchAdd(1, MemOrder::kSeqCst);
+    const u64 seq = pin_.Load(MemOrder::kSeqCst);
+    if ((seq & 1) == 0) return true;
+    // acquire: the loop's last use of `from` precedes its unpin.
+    while (pin_.Load(MemOrder::kAcquire) == seq) sched_yield();
+    return true;
+  }
+
+  /** One pass of the poller, if any (a new one is told BeginPolling first). */
+  bool Poll(u32 worker_id) {
+    // relaxed: our own word, and a hint; Pin's load after its fence decides.
+    if (begun_ == nullptr && (pin_.Load(MemOrder::kRelaxed) & 1) == 0 &&
+        poller_.Load(MemOrder::kRelaxed) == nullptr) {
+      return false;
+    }
+    Pin();
+    if (pinned_ == nullptr) {
+      begun_ = nullptr;  // removed: its owner no longer counts on us
+      return false;
+    }
+    if (begun_ != pinned_) pinned_->BeginPolling(worker_id);
+    begun_ = pinned_;
+    return pinned_->Poll();
+  }
+
+  /** The loop parks or exits: the poller stops counting on it (EndPolling), unpinned. */
+  bool End(u32 worker_id) {
+    bool work = false;
+    if (begun_ != nullptr) {
+      Pin();
+      // A poller swapped out meanwhile: its owner no longer counts on us.
+      work = pinned_ == begun_ && begun_->EndPolling(worker_id);
+      begun_ = nullptr;
+    }
+    Unpin();
+    return work;
+  }
+
+  /** Drops the pin: a Replace waiting for the loop may return. */
+  void Unpin() {
+    const u64 seq = pin_.Load(MemOrder::kRelaxed);  // relaxed: only the loop writes it
+    // release: our uses of the pinned poller precede it.
+    if ((seq & 1) != 0) pin_.Store(seq + 1, MemOrder::kRelease);
+  }
+
+ private:
+  /** Pins the loop on poller_ unless it is pinned already in the current epoch. */
+  void Pin() {
+    u64 seq = pin_.Load(MemOrder::kRelaxed);  // relaxed: only the loop writes it
+    if ((seq & 1) != 0) {
+      // relaxed: a line written only by Replace; a new epoch makes us read poller_ again.
+      if (epoch_.Load(MemOrder::kRelaxed) == pinned_epoch_) return;
+      pin_.Store(++seq, MemOrder::kRelease);  // release: unpinned, as in Unpin
+    }
+    pin_.Store(seq + 1, MemOrder::kRelaxed);  // relaxed: the fence orders it
+    // seq_cst fence: the pin before the reads below (Dekker with Replace's swap).
+    FenceSeqCst();
+    pinned_epoch_ = epoch_.Load(MemOrder::kSeqCst);
+    pinned_ = poller_.Load(MemOrder::kSeqCst);
+  }
+
+  // Written by Replace only.
+  alignas(kCacheLine) Atomic<WorkerPoller *> poller_{nullptr};
+  Atomic<u64> epoch_;  ///< bumped by every Replace
+  // The loop's (the pin word is read by Replace).
+  alignas(kCacheLine) Atomic<u64> pin_;  ///< odd while the loop may use pinned_
+  WorkerPoller *pinned_ = nullptr;       ///< poller_ as read when the loop pinned
+  u64 pinned_epoch_ = 0;                 ///< epoch_ as read then
+  WorkerPoller *begun_ = nullptr;        ///< the poller told BeginPolling
 };
 
 /** Monotonic nanoseconds. */

@@ -10,7 +10,6 @@
 
 #include <sched.h>  // sched_yield while polling
 
-#include <climits>      // INT_MAX
 #include <type_traits>  // is_trivially_destructible: which tasks a kernel can submit
 #include <vector>       // WaitAll
 
@@ -43,12 +42,19 @@ CHI_CROSS_FUN void ReleaseTask(TaskT *task);
  * client's transport installs one so that a waiting caller takes ready answers off the
  * wire itself instead of waiting for the transport's receiver thread to wake it. A plain
  * function pointer, not a virtual: with none installed a poll costs one relaxed load.
+ * Inside a spin phase that BeginSpin counted, a poll (RunInSpin) costs one load: the
+ * count itself is what keeps Remove waiting.
  */
 class WaitHelper {
  public:
   using Fn = void (*)(void *ctx);
-  /** The helper calls fn(ctx); fn must be cheap when it has nothing to do, and never block. */
-  constexpr WaitHelper(Fn fn, void *ctx) : fn_(fn), ctx_(ctx) {}
+  /**
+   * The helper calls fn(ctx); fn must be cheap when it has nothing to do, and never block.
+   * gave_up(ctx), if given, runs when a counted spin phase ends without its task
+   * complete (the caller parks next): the helper's owner takes over its answers.
+   */
+  constexpr WaitHelper(Fn fn, void *ctx, Fn gave_up = nullptr)
+      : fn_(fn), ctx_(ctx), gave_up_(gave_up) {}
 
   /** Installs h unless another helper is installed; true when h is now the helper. */
   static bool Install(WaitHelper *h) {
@@ -57,51 +63,54 @@ class WaitHelper {
     return installed_.CompareExchange(none, h, MemOrder::kRelease);
   }
 
-  /** Uninstalls h (if installed) and returns once no thread is running any helper. */
+  /**
+   * Uninstalls h (if installed) and returns once no thread is running any helper: no
+   * thread inside Run, and every spin phase counted while it was installed ended (each
+   * lasts at most Future::kSpinNs; phases that begin afterwards never run it).
+   */
   static void Remove(WaitHelper *h) {
     WaitHelper *expected = h;
-    // seq_cst: clear, then read the count (Dekker with Run's count-then-load).
+    // seq_cst: clear, then read the counts (Dekker with Run's and BeginSpin's count,
+    // then load of the helper).
     installed_.CompareExchange(expected, nullptr, MemOrder::kSeqCst);
-    // seq_cst: the second half of that pair; a runner we see leaves with release.
-    while (running_.Load(MemOrder::kSeqCst) != 0) sched_yield();
+    // seq_cst: the second half of that pair; a runner or spinner we see leaves with release.
+    while (running_.Load(MemOrder::kSeqCst) != 0 || spinners_.Load(MemOrder::kSeqCst) != 0) {
+      sched_yield();
+    }
   }
 
   /**
    * Counts a thread entering Future::Wait's spin phase while a helper is installed;
-   * true when counted (pair it with EndSpin). The helper's owner reads Spinners() to
-   * leave ready answers to the waiting callers first.
+   * true when counted (pair it with EndSpin; poll with RunInSpin meanwhile). The
+   * helper's owner reads Spinners() to leave ready answers to the waiting callers.
    */
   static bool BeginSpin() {
-    // relaxed: a hint for the helper's owner; nothing is published through it.
+    // relaxed: a hint; a helper installed later is simply not run by this phase.
     if (installed_.Load(MemOrder::kRelaxed) == nullptr) return false;
-    spinners_.FetchAdd(1, MemOrder::kRelaxed);
+    // seq_cst: count, then load the helper in RunInSpin (Dekker with Remove).
+    spinners_.FetchAdd(1, MemOrder::kSeqCst);
     return true;
   }
-  /** Ends what a successful BeginSpin counted; the last one out wakes AwaitNoSpinners. */
-  static void EndSpin() {
-    // seq_cst: drop the count, then read parked_ (Dekker with AwaitNoSpinners).
-    if (spinners_.FetchSub(1, MemOrder::kSeqCst) != 1) return;
-    spin_epoch_.FetchAdd(1, MemOrder::kSeqCst);
-    if (parked_.Load(MemOrder::kSeqCst) != 0) FutexWake(spin_epoch_.Raw(), INT_MAX);
+  /** Ends what a successful BeginSpin counted; `done`: the caller's task completed. */
+  static void EndSpin(bool done) {
+    if (!done) {
+      // seq_cst: as in RunInSpin (still counted).
+      WaitHelper *h = installed_.Load(MemOrder::kSeqCst);
+      if (h != nullptr && h->gave_up_ != nullptr) h->gave_up_(h->ctx_);
+    }
+    // release: our helper calls happen before Remove sees the count drop.
+    spinners_.FetchSub(1, MemOrder::kRelease);
   }
   /** Threads spinning in Future::Wait with a helper installed right now (a hint). */
   static u32 Spinners() { return spinners_.Load(MemOrder::kRelaxed); }  // relaxed: a hint
 
-  /**
-   * Parks the calling thread while any thread spins in Future::Wait (those deliver ready
-   * answers themselves, through the helper), at most max_ns. The helper's owner calls it
-   * instead of polling alongside them: on a machine with fewer cores than spinning
-   * threads, its polling kept the callers it should leave the work to off the CPU.
-   */
-  static void AwaitNoSpinners(u64 max_ns) {
-    // seq_cst: announce, read the epoch, then re-check the count (pairs with EndSpin).
-    parked_.FetchAdd(1, MemOrder::kSeqCst);
-    const u32 epoch = spin_epoch_.Load(MemOrder::kSeqCst);
-    if (spinners_.Load(MemOrder::kSeqCst) != 0) FutexWait(spin_epoch_.Raw(), epoch, max_ns);
-    parked_.FetchSub(1, MemOrder::kRelaxed);  // relaxed: only a hint for EndSpin's wake
+  /** Runs the installed helper, if any, inside a spin phase that BeginSpin counted. */
+  static void RunInSpin() {
+    // seq_cst: read after our count (Dekker with Remove): nullptr once it was removed.
+    if (WaitHelper *h = installed_.Load(MemOrder::kSeqCst)) h->fn_(h->ctx_);
   }
 
-  /** Runs the installed helper, if any (Future::Wait's spin loop). */
+  /** Runs the installed helper, if any, from anywhere (counted while it runs). */
   static void Run() {
     // relaxed: only a hint; the helper is re-read below inside the count.
     if (installed_.Load(MemOrder::kRelaxed) == nullptr) return;
@@ -116,11 +125,10 @@ class WaitHelper {
  private:
   Fn fn_;
   void *ctx_;
+  Fn gave_up_;
   static inline Atomic<WaitHelper *> installed_{nullptr};
   static inline Atomic<u32> running_{0};   ///< threads inside Run's call right now
   static inline Atomic<u32> spinners_{0};  ///< threads in a counted spin phase
-  static inline Atomic<u32> spin_epoch_{0};  ///< futex word: bumped when spinners_ drops to 0
-  static inline Atomic<u32> parked_{0};      ///< threads in AwaitNoSpinners
 };
 
 /** Owns one submitted task until it completes and the caller is done with it. */
@@ -129,6 +137,7 @@ class Future {
  public:
   static constexpr u64 kSpinNs = 50000;  ///< time a waiting thread polls before it parks
   static constexpr u64 kTimedPollNs = 50000;  ///< fiber poll interval for timed waits
+  static constexpr u32 kHotPolls = 32;        ///< polls at the start of a wait with no PAUSE
 
   Future() = default;
   /** Takes ownership of a submitted task. */
@@ -193,6 +202,12 @@ class Future {
 #if CHI_IS_GPU
     if constexpr (gpu::kGpuTask<TaskT>) gpu::ReleaseTask(t);  // frees the task's GPU slot
 #else
+    // acquire: a completed task is ours alone (its completer is done with it): free it
+    // without the locked or below.
+    if (t->state_.Load(MemOrder::kAcquire) & task_state::kComplete) {
+      DeleteTask(t);
+      return;
+    }
     // acq_rel: pairs with CompleteTask; exactly one side sees the other's bit and frees.
     const u32 prev = t->state_.FetchOr(task_state::kOrphaned, MemOrder::kAcqRel);
     if (prev & task_state::kComplete) DeleteTask(t);
@@ -217,25 +232,32 @@ class Future {
 
   bool WaitOnThread(float max_sec) {
     const bool counted = WaitHelper::BeginSpin();
-    const bool done = SpinOnThread();
-    if (counted) WaitHelper::EndSpin();
+    const bool done = SpinOnThread(counted);
+    if (counted) WaitHelper::EndSpin(done);
     if (done) return true;
     return ParkOnThread(max_sec);
   }
 
-  /** Wait's spin phase on a thread: true when the task completed within kSpinNs. */
-  bool SpinOnThread() {
-    // Poll for a fixed time (PAUSE costs 10-140 cycles by CPU), running the process's
-    // wait helper on each poll. Every 64 polls, read the clock and yield the CPU: a
-    // worker we just woke is often placed on this very CPU by the scheduler, and must
-    // not wait for our time slice to end.
-    const u64 spin_start = NowNs();
+  /**
+   * Wait's spin phase on a thread: true when the task completed within kSpinNs. A phase
+   * that BeginSpin counted (`helped`) runs the process's wait helper on each poll.
+   */
+  bool SpinOnThread(bool helped) {
+    // Poll for a fixed time (PAUSE costs 10-140 cycles by CPU), counted from the 64th
+    // poll, so a short wait reads no clock. The first kHotPolls polls skip the PAUSE: a
+    // short task's answer comes within them, and each PAUSE delays noticing it. Every
+    // 64 polls, read the clock and yield the CPU: a worker we just woke is often placed
+    // on this very CPU by the scheduler, and must not wait for our time slice to end.
+    u64 spin_start = 0;
     for (u32 i = 1;; ++i) {
-      WaitHelper::Run();  // Wait checked the task just before; the helper may complete it
+      // Wait checked the task just before; the helper may complete it.
+      if (helped) WaitHelper::RunInSpin();
       if (task_->IsComplete()) return true;
-      CpuRelax();
+      if (i > kHotPolls) CpuRelax();
       if ((i & 63) == 0) {
-        if (NowNs() - spin_start >= kSpinNs) return false;
+        const u64 now = NowNs();
+        if (spin_start == 0) spin_start = now;
+        if (now - spin_start >= kSpinNs) return false;
         sched_yield();
       }
     }

@@ -77,6 +77,8 @@ class RequestDispatcher {
    * Decodes one request and submits its task with `completer` and `cookie`
    * attached (the completer later calls EncodeAnswer). On failure returns false
    * and fills `error_answer` with an answer carrying the error for the client.
+   * Called on a low-latency worker's own loop (a transport's WorkerPoller), the task
+   * stays on that worker (Worker::Adopt) with the pool reference taken here.
    */
   bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
                 std::vector<char> *error_answer) {
@@ -112,10 +114,10 @@ class RequestDispatcher {
     }
     Container *c = pool->FirstLocal();
     Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
-    // Asked only on failure: the virtual call is not free on the hot path.
-    const bool has_method = t == nullptr && c != nullptr && c->HasMethod(base.method_);
-    pools_->Release(pool);
     if (t == nullptr) {
+      // Asked only on failure: the virtual call is not free on the hot path.
+      const bool has_method = c != nullptr && c->HasMethod(base.method_);
+      pools_->Release(pool);
       Status st = has_method ? Status::Errorf(ErrorCode::kMalformed,
                                               "inputs of method %u are malformed: %s",
                                               base.method_, ar.status().message())
@@ -129,6 +131,14 @@ class RequestDispatcher {
     t->completer_ = completer;
     t->transport_cookie_ = cookie;
     t->request_id_ = request_id;  // echoed back in the answer
+    Worker *me = tls_current_worker;
+    if (me != nullptr && CurrentRunContext() == nullptr &&
+        me->GetRole() == WorkerRole::kLowLatency && !t->task_flags_.Any(TASK_HIGH_LATENCY) &&
+        !(gpu_ != nullptr && t->pool_query_.IsGpuRoute()) && orch_->IsAccepting()) {
+      me->Adopt(t, pool);  // the worker's next step starts it (it releases the pool)
+      return true;
+    }
+    pools_->Release(pool);
     if (gpu_ != nullptr && t->pool_query_.IsGpuRoute()) {
       // acquire: the GPU transport is fully started before we hand it tasks.
       if (ClientTransport *g = gpu_->Load(MemOrder::kAcquire); g != nullptr && g->Send(t)) {

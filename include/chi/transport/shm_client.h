@@ -147,6 +147,8 @@ class ShmClientTransport final : public ShmClientReceiver {
     }
     req_ = segment_.RequestStream(slot_index_);
     ans_ = segment_.AnswerStream(slot_index_);
+    req_->Prefault();  // the first requests and answers then take no page faults here
+    ans_->Prefault();
     max_message_bytes_ = header_->max_message_bytes_;
     table_size_ = header_->max_outstanding_;
     entries_ = std::make_unique<Entry[]>(table_size_);
@@ -260,8 +262,7 @@ class ShmClientTransport final : public ShmClientReceiver {
     const u64 claimed = claimed_.Load(MemOrder::kRelaxed);
     auto try_claim = [&] {
       if (claimed - released_seen_ >= table_size_) {
-        // acquire: entries freed by the receiver are done with their old task.
-        released_seen_ = released_.Load(MemOrder::kAcquire);
+        released_seen_ = Released();
         if (claimed - released_seen_ >= table_size_) return false;
       }
       for (u32 k = 0; k < table_size_; ++k) {
@@ -276,10 +277,8 @@ class ShmClientTransport final : public ShmClientReceiver {
       }
       return false;
     };
-    return AwaitWhileHealthy(table_room_, tx_waits_, try_claim, [&] {
-      // seq_cst: the re-check against the receiver's seq_cst release count.
-      return claimed - released_.Load(MemOrder::kSeqCst) < table_size_;
-    });
+    return AwaitWhileHealthy(table_room_, tx_waits_, try_claim,
+                             [&] { return AnyFreeEntrySeqCst(); });
   }
 
   /** Streams one message into the request ring, in pieces when it is larger than the room. */
@@ -317,6 +316,9 @@ class ShmClientTransport final : public ShmClientReceiver {
    */
   template <typename TryOp, typename Ready>
   bool AwaitWhileHealthy(WaitEvent &event, WaitStats &stats, TryOp try_op, Ready ready) {
+    // The usual case first, before any clock read (the deadline below costs one).
+    if (Unhealthy()) return false;
+    if (try_op()) return true;
     for (;;) {
       bool done = AwaitOp(
           event, stats, [&] { return Unhealthy() || try_op(); },
@@ -329,7 +331,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   TaskStack submissions_;  ///< tasks to send, pushed by callers while another thread writes
   Atomic<u32> writer_;    ///< 1 while a thread streams requests (Close keeps it)
   u32 cursor_ = 0;        ///< the writer's next entry to try
-  u64 released_seen_ = 0; ///< the writer's last view of released_
+  u64 released_seen_ = 0; ///< the writer's last view of Released()
   std::vector<char> tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
 };

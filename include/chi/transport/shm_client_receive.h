@@ -49,11 +49,18 @@ class ShmClientReceiver : public ClientTransport {
   /** Most answers one turn of the role takes (the receiver or a helping caller). */
   static constexpr u32 kAnswersPerTurn = 64;
   /**
-   * How long the receiver naps while callers spinning in Wait deliver answers themselves
-   * (about Future's spin time: an answer left behind by a caller that gave up spinning
-   * waits at most this long).
+   * How long the receiver naps while callers waiting in Future::Wait deliver answers
+   * themselves (CallersDeliver). A caller that stops spinning without its answer wakes
+   * it at once (CallerGaveUp). Long, since each wake-up takes a CPU from the threads
+   * spinning for answers (and on a machine with few cores, invites the scheduler to
+   * stack two of them on one).
    */
-  static constexpr u64 kCallerNapNs = 50000;
+  static constexpr u64 kCallerNapNs = 10000000;
+  /**
+   * The same while some outstanding task has nobody spinning for it and no caller
+   * delivered answers lately (its answer may arrive after the spinners left).
+   */
+  static constexpr u64 kShortNapNs = 50000;
 
   /** Why the connection failed (kOk while healthy). */
   ErrorCode Failure() const {
@@ -62,8 +69,8 @@ class ShmClientReceiver : public ClientTransport {
   }
   /** Tasks sent and not yet answered. */
   u32 Outstanding() const {
-    // acquire: a snapshot of two counters (released never passes claimed).
-    u64 released = released_.Load(MemOrder::kAcquire);
+    // acquire: a snapshot (released never passes claimed, so read it first).
+    const u64 released = Released();
     return static_cast<u32>(claimed_.Load(MemOrder::kAcquire) - released);
   }
   /** Answers that matched no outstanding task (ignored). */
@@ -133,17 +140,33 @@ class ShmClientReceiver : public ClientTransport {
     Entry &e = entries_[idx];
     Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));  // relaxed: ours
     u64 expected = id;
-    // acq_rel: exactly one of answer, failure sweep or this takes the entry.
-    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) return;
+    // seq_cst: exactly one of answer, failure sweep or this takes the entry; and the
+    // clear is what a writer parked for a free entry re-checks (Dekker with Notify).
+    if (!e.word.CompareExchange(expected, 0, MemOrder::kSeqCst)) return;
     ReleaseEntry();
     FailTask(t, code, msg);
   }
 
-  /** Counts a freed entry and wakes a writer waiting for one. */
+  /** Counts an entry freed by a failure and wakes a writer waiting for one. */
   void ReleaseEntry() {
-    // seq_cst: the writer's park re-check reads the count (Dekker with Notify).
-    released_.FetchAdd(1, MemOrder::kSeqCst);
+    // relaxed: the entry's seq_cst clear before us is what a parked writer re-checks.
+    released_.FetchAdd(1, MemOrder::kRelaxed);
     table_room_.Notify();
+  }
+
+  /** Entries freed, ever: by answers (the receiver role's count) and by failures. */
+  u64 Released() const {
+    // acquire: entries counted here are done with their old task.
+    return released_.Load(MemOrder::kAcquire) + answered_.Load(MemOrder::kAcquire);
+  }
+
+  /** True when some entry is free (seq_cst loads: a parked writer's re-check). */
+  bool AnyFreeEntrySeqCst() const {
+    for (u32 i = 0; i < table_size_; ++i) {
+      // seq_cst: pairs with the seq_cst clear of whoever frees an entry, then notifies.
+      if (entries_[i].word.Load(MemOrder::kSeqCst) == 0) return true;
+    }
+    return false;
   }
 
   /**
@@ -160,8 +183,8 @@ class ShmClientReceiver : public ClientTransport {
     const ErrorCode first = static_cast<ErrorCode>(failure_.Load(MemOrder::kRelaxed));
     for (u32 i = 0; i < table_size_; ++i) {
       Entry &e = entries_[i];
-      // acq_rel: take the entry (see TakeAndFail); acquire sees its task pointer.
-      u64 id = e.word.Exchange(0, MemOrder::kAcqRel);
+      // seq_cst: take the entry (see TakeAndFail); acquire sees its task pointer.
+      u64 id = e.word.Exchange(0, MemOrder::kSeqCst);
       if (id == 0) continue;
       // relaxed: the Exchange above acquired the writer's release of the entry.
       Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
@@ -198,9 +221,22 @@ class ShmClientReceiver : public ClientTransport {
 
  private:
   // ---- Receiving (the receiver thread, or a caller helping while it waits) ----
+  // Deliver and HelpDeliver run only while holding rx_role_.
 
   /** The WaitHelper entry point: ctx is the connection. */
   static void HelpThunk(void *ctx) { static_cast<ShmClientReceiver *>(ctx)->HelpDeliver(); }
+  /** The WaitHelper's give-up hook: ctx is the connection. */
+  static void GaveUpThunk(void *ctx) { static_cast<ShmClientReceiver *>(ctx)->CallerGaveUp(); }
+
+  /**
+   * A caller stopped spinning in Future::Wait without its answer (it parks next): the
+   * receiver must deliver it, so a napping receiver wakes now.
+   */
+  void CallerGaveUp() {
+    // seq_cst: bump, then read the nap flag (Dekker with LeaveToCallers).
+    rx_nap_.FetchAdd(1, MemOrder::kSeqCst);
+    if (rx_napping_.Load(MemOrder::kSeqCst) != 0) FutexWake(rx_nap_.Raw(), 1);
+  }
 
   /**
    * A caller spinning in Future::Wait: delivers every whole answer that is ready (any
@@ -228,9 +264,8 @@ class ShmClientReceiver : public ClientTransport {
       NotifyRuntimeRoom();
       ++delivered;
     }
+    if (delivered != 0) BumpOwnedCounter(helped_answers_, delivered);  // the role's
     rx_role_.Store(0, MemOrder::kRelease);  // release: our reads precede the next holder's
-    // relaxed: a statistic.
-    if (delivered != 0) helped_answers_.FetchAdd(delivered, MemOrder::kRelaxed);
   }
 
   void ReceiveLoop() {
@@ -319,13 +354,15 @@ class ShmClientReceiver : public ClientTransport {
     // relaxed: the request -> runtime -> answer chain orders the writer's store before us.
     Task *t = reinterpret_cast<Task *>(e.task.Load(MemOrder::kRelaxed));
     u64 expected = id;
-    // acq_rel: exactly one of answer, failure sweep or a failed send takes the entry.
-    if (!e.word.CompareExchange(expected, 0, MemOrder::kAcqRel)) {
+    // seq_cst: exactly one of answer, failure sweep or a failed send takes the entry
+    // (and see TakeAndFail on the parked writer).
+    if (!e.word.CompareExchange(expected, 0, MemOrder::kSeqCst)) {
       stray_answers_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
       return;
     }
     DecodeAnswer(t, data, len);
-    ReleaseEntry();
+    BumpOwnedCounter(answered_, 1);  // the role's count: no locked add
+    table_room_.Notify();
     CompleteTask(t);
   }
 
@@ -335,13 +372,20 @@ class ShmClientReceiver : public ClientTransport {
     if (slot_->runtime_needs_room_.Load(MemOrder::kSeqCst) != 0) header_->server_event_.Notify();
   }
 
-  /** Waits for the next answer; false when the receiver should stop. */
-  bool AwaitAnswer() {
+  /** What SpinForAnswer found. */
+  enum class SpinResult : u32 { kData, kStop, kPark };
+
+  /**
+   * The receiver's busy wait for an answer, napping while callers take the answers
+   * themselves; kPark once it should park on the answer stream instead.
+   */
+  SpinResult SpinForAnswer() {
     u64 start = MonotonicNs();
     for (u32 i = 1;; ++i) {
-      if (ans_->HasData()) return true;
-      if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return false;  // relaxed: re-read below
-      if (helper_installed_ && WaitHelper::Spinners() != 0) {
+      if (ans_->HasData()) return SpinResult::kData;
+      // relaxed: AwaitAnswer re-reads it with acquire.
+      if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return SpinResult::kStop;
+      if (CallersDeliver()) {
         LeaveToCallers();
         start = MonotonicNs();
         continue;
@@ -349,53 +393,82 @@ class ShmClientReceiver : public ClientTransport {
       CpuRelax();
       if ((i & 63) != 0) continue;
       const u64 spun = MonotonicNs() - start;
-      if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) break;
-      if (ShareCpu(slot_->runtime_cpu_)) break;  // spinning here only delays the worker
+      if (spun >= (Outstanding() != 0 ? kReceiverBusySpinNs : kReceiverSpinNs)) {
+        return SpinResult::kPark;
+      }
+      // Spinning here only delays the worker.
+      if (ShareCpu(slot_->runtime_cpu_)) return SpinResult::kPark;
       // A thread we are waiting for (a runtime worker, the caller) may share this CPU.
       sched_yield();
     }
+  }
+
+  /** Waits for the next answer; false when the receiver should stop. */
+  bool AwaitAnswer() {
     for (;;) {
-      const u64 period = Outstanding() != 0 ? kPeerCheckNs : kIdleCheckNs;
-      WaitResult r = slot_->answer_ready_.Wait(
-          [&] {
-            // seq_cst: re-checks against the runtime's publishes and Close's stop flag.
-            return ans_->HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
-                   slot_->state_.Load(MemOrder::kSeqCst) !=
-                       static_cast<u32>(ShmSlotState::kActive) ||
-                   header_->runtime_state_.Load(MemOrder::kSeqCst) ==
-                       static_cast<u32>(ShmRuntimeState::kStopped);
-          },
-          DeadlineAfter(period), rx_waits_);
-      if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
-      if (ans_->HasData()) return true;
-      if (ans_->Unframed()) {  // published bytes with no record: nothing will ever frame them
-        Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
-        return false;
+      const SpinResult spin = SpinForAnswer();
+      if (spin != SpinResult::kPark) return spin == SpinResult::kData;
+      // Parked on the stream, the receiver costs the runtime a futex wake per answer: it
+      // goes back to napping as soon as callers take the answers again.
+      while (!CallersDeliver()) {
+        const u64 period = Outstanding() != 0 ? kPeerCheckNs : kIdleCheckNs;
+        WaitResult r = slot_->answer_ready_.Wait(
+            [&] {
+              // seq_cst: re-checks against the runtime's publishes and Close's stop flag.
+              return ans_->HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
+                     slot_->state_.Load(MemOrder::kSeqCst) !=
+                         static_cast<u32>(ShmSlotState::kActive) ||
+                     header_->runtime_state_.Load(MemOrder::kSeqCst) ==
+                         static_cast<u32>(ShmRuntimeState::kStopped);
+            },
+            DeadlineAfter(period), rx_waits_);
+        if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
+        if (ans_->HasData()) return true;
+        if (ans_->Unframed()) {  // published bytes with no record: nothing will frame them
+          Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
+          return false;
+        }
+        if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
       }
-      if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
     }
   }
 
   /**
+   * True while callers waiting in Future::Wait take the answers (HelpDeliver): one spins
+   * now, or some delivered answers since the receiver last looked (a caller between two
+   * waits is not counted, but it comes back for its next answer). Then the receiver naps
+   * instead of parking on the answer stream: parked there, it would cost the runtime a
+   * futex wake per answer, and take a CPU from the threads that spin for them.
+   */
+  bool CallersDeliver() {
+    if (!helper_installed_) return false;
+    const u64 helped = helped_answers_.Load(MemOrder::kRelaxed);  // relaxed: a hint
+    callers_delivered_ = helped != helped_seen_;
+    helped_seen_ = helped;
+    return callers_delivered_ || WaitHelper::Spinners() != 0;
+  }
+
+  /**
    * Callers spinning in Future::Wait take answers themselves (HelpDeliver), so the
-   * receiver stays off their CPUs. It naps without asking them to wake it: waiting for
-   * the last spinner to leave (AwaitNoSpinners) made every Wait's end a futex wake and a
-   * context switch, once per round trip. Only when they delivered nothing during a whole
-   * nap (they are about to give up spinning and park) does it ask to be woken as they
-   * leave, so an answer arriving after that is not left unread.
+   * receiver naps, off their CPUs, without asking them to wake it as they leave: that
+   * made every Wait's end a futex wake and a context switch, once per round trip. Only
+   * a caller that gives up spinning without its answer wakes it (CallerGaveUp); a nap
+   * starts only once the receiver has looked at the stream since the last such wake.
    */
   void LeaveToCallers() {
-    const u64 helped = helped_answers_.Load(MemOrder::kRelaxed);  // relaxed: a hint
-    if (!napped_ || helped != nap_helped_) {
-      nap_helped_ = helped;
-      napped_ = true;
-      // acquire: StopReceiving bumps the word after raising rx_stop_.
-      const u32 seen = rx_nap_.Load(MemOrder::kAcquire);
-      if (rx_stop_.Load(MemOrder::kSeqCst) == 0) FutexWait(rx_nap_.Raw(), seen, kCallerNapNs);
-      return;
+    // acquire: StopReceiving and CallerGaveUp bump the word after what they report.
+    const u32 seen = rx_nap_.Load(MemOrder::kAcquire);
+    if (seen != nap_seen_) {  // someone gave up (or Close stops us) since the last nap
+      nap_seen_ = seen;
+      return;  // the caller's loop looks at the stream first
     }
-    napped_ = false;
-    WaitHelper::AwaitNoSpinners(kPeerCheckNs);
+    const bool waited = callers_delivered_ || Outstanding() <= WaitHelper::Spinners();
+    const u64 nap = waited ? kCallerNapNs : kShortNapNs;
+    // seq_cst: announce the nap, then sleep while the word still holds `seen` (Dekker
+    // with CallerGaveUp's bump, then read of the flag).
+    rx_napping_.Store(1, MemOrder::kSeqCst);
+    if (rx_stop_.Load(MemOrder::kSeqCst) == 0) FutexWait(rx_nap_.Raw(), seen, nap);
+    rx_napping_.Store(0, MemOrder::kRelaxed);  // relaxed: only spares CallerGaveUp a wake
   }
 
   /**
@@ -437,22 +510,25 @@ class ShmClientReceiver : public ClientTransport {
 
  protected:
   // The receiver's.
-  alignas(kCacheLine) Atomic<u64> released_;  ///< entries freed, ever (answers and failures)
+  alignas(kCacheLine) Atomic<u64> released_;  ///< entries freed by failures, ever
   Atomic<u32> rx_stop_;
   Atomic<u64> stray_answers_;
-  Atomic<u64> helped_answers_;
   WaitStats rx_waits_;  ///< the receiver's parks
-  Atomic<u32> rx_nap_;  ///< futex word of the receiver's naps (LeaveToCallers)
-  u64 nap_helped_ = 0;  ///< the receiver's: helped_answers_ when its last nap began
-  bool napped_ = false;  ///< the receiver's: its last turn away from the callers was a nap
+  Atomic<u32> rx_nap_;      ///< futex word of the receiver's naps (LeaveToCallers)
+  Atomic<u32> rx_napping_;  ///< 1 while the receiver naps (CallerGaveUp wakes it)
+  u32 nap_seen_ = 0;        ///< the receiver's: rx_nap_ when it last looked at the stream
+  u64 helped_seen_ = 0;     ///< the receiver's: helped_answers_ when it last looked
+  bool callers_delivered_ = false;  ///< the receiver's: helped_answers_ moved since then
 
  private:
-  // The role's: read and written only by the holder of rx_role_.
+  // The role's: written only by the holder of rx_role_ (the counters read by anyone).
   alignas(kCacheLine) Atomic<u32> rx_role_;  ///< 1 while a thread reads the answer stream
+  Atomic<u64> answered_;        ///< entries freed by answers, ever
+  Atomic<u64> helped_answers_;  ///< of those, delivered by callers waiting in Future::Wait
   std::vector<char> rx_;
   u64 rx_total_ = 0;
   bool rx_assembling_ = false;
-  WaitHelper helper_{&HelpThunk, this};
+  WaitHelper helper_{&HelpThunk, this, &GaveUpThunk};
   bool helper_installed_ = false;  ///< set before the receiver starts, then read-only
   std::thread receiver_;
 };

@@ -235,6 +235,8 @@ class ShmReaper {
   /** Starts serving slot i. */
   void Activate(u32 i, const ProcessIdentity &owner) {
     ShmServedSlot &s = slots_[i];
+    segment_->RequestStream(i)->Prefault();  // the first requests then take no page faults
+    segment_->AnswerStream(i)->Prefault();
     s.phase = Phase::kServing;
     s.owner = owner;
     s.owner_dead = false;

@@ -24,7 +24,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 3;
+inline constexpr u32 kShmTransportVersion = 4;
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -51,14 +51,16 @@ enum class ShmSlotState : u32 {
 /** Life of the runtime (ShmSegmentHeader::runtime_state_). */
 enum class ShmRuntimeState : u32 { kStarting = 0, kServing = 1, kStopping = 2, kStopped = 3 };
 
-/** Counters the runtime publishes in its segment (any process may read them). */
+/**
+ * Counters the runtime publishes in its segment (any process may read them). Those
+ * counted per request live in each slot instead (ShmClientSlot line 6), so that no two
+ * readers ever bump one shared line.
+ */
 struct ShmStatsBlock {
   Atomic<u32> clients;           ///< slots being served now
   Atomic<u64> reclaimed_clients; ///< slots taken back from dead or misbehaving clients
   Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
-  Atomic<u64> tasks_served;      ///< requests taken in (refused ones get an error answer)
   Atomic<u64> broken_streams;    ///< request streams found corrupt
-  Atomic<u64> worker_taken;      ///< requests runtime workers took in themselves (no poller)
   WaitStats poller_waits;        ///< how often the poller parked
 };
 
@@ -80,6 +82,11 @@ struct ShmClientSlot {
   // spinning out its time slice.
   alignas(kCacheLine) Atomic<u32> runtime_cpu_;  ///< the runtime thread that took requests
   alignas(kCacheLine) Atomic<u32> client_cpu_;   ///< the client thread that sent requests
+  // Line 6: the runtime's counts for this slot over all its clients, written only by the
+  // holder of the slot's reader flag (a load and a store, no locked add); summed by
+  // anyone reading the statistics.
+  alignas(kCacheLine) Atomic<u64> tasks_served_;  ///< requests taken in (refused ones too)
+  Atomic<u64> worker_taken_;  ///< requests runtime workers took in themselves (no poller)
 };
 
 /** The CPU the calling thread runs on, plus one (0: unknown). Costs a few ns (rseq). */
@@ -102,6 +109,11 @@ inline void NoteCpu(Atomic<u32> &where) {
 inline bool ShareCpu(const Atomic<u32> &other) {
   const u32 cpu = other.Load(MemOrder::kRelaxed);  // relaxed: a hint
   return cpu != 0 && cpu == CpuTag();
+}
+
+/** Adds n to a counter that only the calling thread writes (relaxed: a statistic). */
+inline void BumpOwnedCounter(Atomic<u64> &counter, u64 n) {
+  counter.Store(counter.Load(MemOrder::kRelaxed) + n, MemOrder::kRelaxed);
 }
 
 /** The first bytes of the segment's data area. */
@@ -241,9 +253,12 @@ class ShmSegment {
   const char *Name() const { return backend_.Name(); }
 
   /** Slot i (i < num_slots_). */
-  ShmClientSlot *Slot(u32 i) const {
-    return reinterpret_cast<ShmClientSlot *>(reinterpret_cast<char *>(header_) +
-                                             header_->slots_offset_ + i * header_->slot_bytes_);
+  ShmClientSlot *Slot(u32 i) const { return SlotOf(header_, i); }
+
+  /** Slot i of the segment whose (validated) header is h. */
+  static ShmClientSlot *SlotOf(const ShmSegmentHeader *h, u32 i) {
+    char *base = reinterpret_cast<char *>(const_cast<ShmSegmentHeader *>(h));
+    return reinterpret_cast<ShmClientSlot *>(base + h->slots_offset_ + i * h->slot_bytes_);
   }
   /** Slot i's client -> runtime stream. */
   ShmStream *RequestStream(u32 i) const {

@@ -67,9 +67,12 @@ inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
   s.clients = h->stats_.clients.Load(MemOrder::kRelaxed);
   s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kRelaxed);
   s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
-  s.tasks_served = h->stats_.tasks_served.Load(MemOrder::kRelaxed);
   s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
-  s.worker_taken = h->stats_.worker_taken.Load(MemOrder::kRelaxed);
+  for (u32 i = 0; i < h->num_slots_; ++i) {
+    const ShmClientSlot *slot = ShmSegment::SlotOf(h, i);
+    s.tasks_served += slot->tasks_served_.Load(MemOrder::kRelaxed);
+    s.worker_taken += slot->worker_taken_.Load(MemOrder::kRelaxed);
+  }
   return s;
 }
 
@@ -271,8 +274,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     }
     if (taken != 0) {
       NoteCpu(segment_.Slot(i)->runtime_cpu_);
-      // relaxed: a statistic.
-      header_->stats_.worker_taken.FetchAdd(taken, MemOrder::kRelaxed);
+      BumpOwnedCounter(segment_.Slot(i)->worker_taken_, taken);  // the reader flag's holder
       // Still a reader: the reaper's Reset rebuilds this event once the readers are gone.
       segment_.Slot(i)->request_room_.Notify();
     }
@@ -503,8 +505,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     ShmServedSlot &s = slots_[i];
     // relaxed: only the reader flag's holder writes it; counted before the answer exists.
     s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-    // relaxed: a statistic, bumped by the readers of every slot.
-    header_->stats_.tasks_served.FetchAdd(1, MemOrder::kRelaxed);
+    BumpOwnedCounter(segment_.Slot(i)->tasks_served_, 1);  // the reader flag's holder
     std::vector<char> error;  // allocates only for a refusal
     if (!dispatcher_->Dispatch(data, len, this, i, &error)) {
       s.PushError(std::move(error));

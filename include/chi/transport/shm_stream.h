@@ -1,10 +1,11 @@
 // ShmStream: one direction of a shared-memory connection, a byte ring with one writer and
 // one reader (usually two processes) carrying framed messages of any size in pieces. Both
 // ends never block here, so one runtime poller can serve many streams; callers choose how
-// to wait. Invariant: the ring holds only whole records (16-byte header + payload padded
-// to 16); the writer clears the header word after a record before it publishes the
-// record's own header word (release), so a reader polls the header at its read position
-// and sees either zero or a whole record, never half of one, and never a stale one.
+// to wait. Invariant: the ring holds only whole records (16-byte header + payload, each
+// starting on a cache line); the writer clears the header word after a record before it
+// publishes the record's own header word (release), so a reader polls the header at its
+// read position and sees either zero or a whole record, never half of one, and never a
+// stale one.
 //
 // Why the header and not a shared write position: a reader that polls the record itself
 // gets the "ready" signal and the first payload bytes in one cache-line transfer; the
@@ -15,6 +16,8 @@
 // followed by kMore records with the rest. The reader checks every header and reports a
 // corrupt stream instead of trusting it.
 #pragma once
+
+#include <sys/mman.h>  // madvise: prefaulting a ring
 
 #include <algorithm>  // std::min for wrapped copies
 #include <cstring>    // memcpy in and out of the ring
@@ -35,6 +38,8 @@ class ShmStream {
   static constexpr u64 kRecordHeaderBytes = 16;
   /** The smallest ring accepted; smaller requests are raised to it. */
   static constexpr u32 kMinRingBytes = 256;
+  /** The most of a ring Prefault maps ahead of use (a default ring entirely). */
+  static constexpr u64 kPrefaultBytes = 1u << 20;
   /** Record kinds ("SM" + n), chosen so zeroed or random memory is rarely mistaken for one. */
   static constexpr u32 kBegin = 0x534d0001;
   static constexpr u32 kMore = 0x534d0002;
@@ -64,8 +69,25 @@ class ShmStream {
 
   /** Bytes in the ring (record headers included). */
   u32 RingBytes() const { return ring_bytes_; }
+
+  /**
+   * Maps the ring's first kPrefaultBytes into the calling process now (best effort), so
+   * that the first records written or read do not each few dozen take a page fault.
+   */
+  void Prefault() {
+    constexpr u64 kPage = 4096;
+    const u64 bytes = ring_bytes_ < kPrefaultBytes ? ring_bytes_ : kPrefaultBytes;
+    const u64 begin = reinterpret_cast<u64>(Ring()) & ~(kPage - 1);
+    const u64 end = (reinterpret_cast<u64>(Ring()) + bytes + kPage - 1) & ~(kPage - 1);
+#ifdef MADV_POPULATE_WRITE
+    madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE);  // may fail: fine
+#else
+    (void)begin;
+    (void)end;
+#endif
+  }
   /** The largest payload one record can carry. */
-  u64 MaxPieceBytes() const { return ring_bytes_ - 2 * kRecordHeaderBytes; }
+  u64 MaxPieceBytes() const { return ring_bytes_ - kAlign - kRecordHeaderBytes; }
 
   // ---- Writer side ----
 
@@ -162,9 +184,8 @@ class ShmStream {
     rec.kind = static_cast<u32>(word);
     rec.bytes = static_cast<u32>(word >> 32);
     CopyOut(r + sizeof(u64), &rec.message_bytes, sizeof(rec.message_bytes));
-    const u64 footprint = kRecordHeaderBytes + RoundUpTo(rec.bytes, kAlign);
-    if ((rec.kind != kBegin && rec.kind != kMore) ||
-        footprint > ring_bytes_ - kRecordHeaderBytes ||
+    const u64 footprint = RoundUpTo(kRecordHeaderBytes + rec.bytes, kAlign);
+    if ((rec.kind != kBegin && rec.kind != kMore) || footprint > ring_bytes_ - kAlign ||
         (rec.kind == kBegin && rec.bytes > rec.message_bytes)) {
       return PeekResult::kCorrupt;
     }
@@ -188,10 +209,20 @@ class ShmStream {
     read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
   }
 
-  /** True when a record is published (a spinning reader's cheap check: the header only). */
+  /**
+   * True when a record is published (a spinning reader's cheap check: the header only).
+   * A record found here has its other lines, and the line of the header after it, on
+   * their way already: the reader's decode does not wait for them one after another,
+   * and its look at the next header (which the writer cleared, so it lies in the
+   * writer's cache) overlaps with its work on this record.
+   */
   bool HasData() const {
+    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
     // acquire: a record seen here is readable by the Peek that follows.
-    return HeaderWord(read_pos_.Load(MemOrder::kRelaxed))->Load(MemOrder::kAcquire) != 0;
+    const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
+    if (word == 0) return false;
+    PrefetchRecord(r, word >> 32);
+    return true;
   }
 
   /**
@@ -233,9 +264,25 @@ class ShmStream {
     u32 bytes;
     u64 message_bytes;
   };
-  static constexpr u64 kAlign = 16;
-  static_assert(sizeof(Record) == kRecordHeaderBytes && kRecordHeaderBytes == kAlign,
+  /**
+   * Records start on a cache line: a record of up to 48 payload bytes is one line, the
+   * one the reader polls, and the writer clears the next header on a line of its own.
+   */
+  static constexpr u64 kAlign = kCacheLine;
+  static_assert(sizeof(Record) == kRecordHeaderBytes && kAlign % kRecordHeaderBytes == 0,
                 "a header must never straddle the ring's end");
+
+  /**
+   * Fetches the lines of the record at r that follow its header's, and the next header's
+   * line (only for records of up to 4 KiB: a large one's decode waits anyway).
+   */
+  void PrefetchRecord(u64 r, u64 bytes) const {
+    if (bytes > 4096) return;
+    const u64 footprint = RoundUpTo(kRecordHeaderBytes + bytes, kAlign);
+    for (u64 off = kAlign; off <= footprint; off += kAlign) {
+      __builtin_prefetch(Ring() + ((r + off) & mask_));
+    }
+  }
 
   /** Ring size for a requested byte count. */
   static u32 RingSize(u32 ring_bytes) {
@@ -262,26 +309,32 @@ class ShmStream {
   }
 
   /**
-   * Payload room for one record given the writer's and a reader's position. One header's
-   * worth stays free so the writer can clear the header after its record (see Append).
+   * Payload room for one record given the writer's and a reader's position. The line
+   * after the record stays free so the writer can clear the next header (see Append).
    */
   u64 Room(u64 w, u64 r) const {
-    u64 free_bytes = ring_bytes_ - (w - r);
-    return free_bytes > 2 * kRecordHeaderBytes ? free_bytes - 2 * kRecordHeaderBytes : 0;
+    const u64 free_bytes = ring_bytes_ - (w - r);
+    const u64 reserved = kAlign + kRecordHeaderBytes;
+    return free_bytes > reserved ? free_bytes - reserved : 0;
   }
 
   /**
-   * Copies one record into the ring: payload and length first, then the next record's
-   * header cleared, then this header's word (release: the reader may take it from here),
-   * then the write position with `publish` order (park re-checks and statistics).
+   * Copies one record into the ring: the payload past the header's line first, then the
+   * next record's header cleared, then the header's line (length, first payload bytes)
+   * and last its word (release: the reader may take it from here), so the line the
+   * reader polls changes hands once; then the write position with `publish` order
+   * (park re-checks and statistics).
    */
   void Append(bool begin, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
     u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    const u64 next = w + kRecordHeaderBytes + RoundUpTo(bytes, kAlign);
+    const u64 next = w + RoundUpTo(kRecordHeaderBytes + bytes, kAlign);
     const u64 length = begin ? message_bytes : 0;
-    CopyIn(w + sizeof(u64), &length, sizeof(length));
-    CopyIn(w + kRecordHeaderBytes, data, bytes);
+    const u64 head = bytes < kAlign - kRecordHeaderBytes ? bytes : kAlign - kRecordHeaderBytes;
+    const char *src = static_cast<const char *>(data);
+    if (bytes > head) CopyIn(w + kAlign, src + head, bytes - head);
     ClearHeader(next);  // Room keeps it free: the reader has consumed it already
+    CopyIn(w + sizeof(u64), &length, sizeof(length));
+    CopyIn(w + kRecordHeaderBytes, src, head);
     const u64 word = static_cast<u64>(begin ? kBegin : kMore) | (bytes << 32);
     // release: the payload, the length and the cleared next header precede the record.
     HeaderWord(w)->Store(word, MemOrder::kRelease);
