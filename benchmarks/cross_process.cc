@@ -67,7 +67,9 @@ int ServerRole() {
 int RepRole(const std::string &endpoint) {
   zmq::context_t ctx(1);
   zmq::socket_t rep(ctx, zmq::socket_type::rep);
-  rep.set(zmq::sockopt::linger, 0);
+  // Linger: the echo of the stop message must leave before close (with 0 it was at times
+  // dropped, and the measuring process waited for it forever).
+  rep.set(zmq::sockopt::linger, 1000);
   rep.bind(endpoint);
   for (;;) {
     zmq::message_t m;
@@ -175,19 +177,26 @@ double RawReqRepNs(const std::string &endpoint, int round_trips) {
   zmq::context_t ctx(1);
   zmq::socket_t req(ctx, zmq::socket_type::req);
   req.set(zmq::sockopt::linger, 0);
+  req.set(zmq::sockopt::rcvtimeo, 10000);  // an echo that died (its port taken) ends the run
   req.connect(endpoint);
   char payload[16] = {};
   std::vector<double> samples;
-  for (int i = 0; i < round_trips + 200; ++i) {
+  bool alive = true;
+  for (int i = 0; alive && i < round_trips + 200; ++i) {
     const double t0 = chi_bench::NowNs();
     req.send(zmq::buffer(payload, sizeof(payload)), zmq::send_flags::none);
     zmq::message_t m;
-    (void)req.recv(m, zmq::recv_flags::none);
-    if (i >= 200) samples.push_back(chi_bench::NowNs() - t0);
+    alive = req.recv(m, zmq::recv_flags::none).has_value();
+    if (alive && i >= 200) samples.push_back(chi_bench::NowNs() - t0);
   }
-  req.send(zmq::buffer(payload, 1), zmq::send_flags::none);  // tells the echo to stop
-  zmq::message_t last;
-  (void)req.recv(last, zmq::recv_flags::none);
+  if (alive) {
+    req.send(zmq::buffer(payload, 1), zmq::send_flags::none);  // tells the echo to stop
+    zmq::message_t last;
+    (void)req.recv(last, zmq::recv_flags::none);
+  } else {
+    std::fprintf(stderr, "raw ZeroMQ REQ/REP over %s: no echo\n", endpoint.c_str());
+    kill(rep, SIGKILL);
+  }
   req.close();
   ctx.close();
   WaitExit(rep);

@@ -1,5 +1,6 @@
 // A standalone runtime in a child process and pure clients in others: the
-// ClientConnect handshake, demo calls over every transport, concurrency, a
+// ClientConnect handshake, demo calls over every transport, concurrency (many
+// processes, threads of one process, a process whose wait helper is taken), a
 // client killed mid-stream, a runtime stopped and restarted under load, bad
 // bytes from a raw ZeroMQ peer, and two runtimes side by side. Ports come from
 // the pid so parallel test binaries do not collide.
@@ -79,15 +80,42 @@ bool ConnectAndCreatePool(chi_test::ChildChecks *checks, chimaera::demo::Client 
   return ok;
 }
 
+/** A wait helper that does nothing: it holds the process's only slot, as a GPU client's does. */
+void NoHelp(void *) {}
+chi::WaitHelper g_taken_helper(&NoHelp, nullptr);
+
+/**
+ * Checks a ZeroMQ client's counters after its tasks (nothing for shm): no answer waited
+ * for a sleep's timeout (a wake-up that never came), none is left on the wire.
+ */
+void CheckZmqCounters(chi_test::ChildChecks *checks) {
+  auto *zmq = dynamic_cast<chi::ZmqClientTransport *>(chi::Chimaera::Get().GetTransport());
+  if (zmq == nullptr) return;
+  const chi::ZmqClientStats s = zmq->Stats();
+  checks->Expect(s.late_wakeups == 0,
+                 std::to_string(s.late_wakeups) + " answers waited for a sleep's timeout");
+  checks->Expect(s.outstanding == 0, std::to_string(s.outstanding) + " tasks still on the wire");
+}
+
 /**
  * A load client: XP_TASKS GpuSubmit and Custom calls with up to 256 in flight,
- * every answer checked; exits non-zero on the first wrong one.
+ * every answer checked; exits non-zero on the first wrong one. With XP_TAKE_HELPER=1
+ * the process's wait helper is taken before it connects (as in a GPU client), so a
+ * ZeroMQ transport's network thread alone receives, and a timed wait is checked too.
  */
 int LoadClientMain() {
   DieWithParent();
   chi_test::ChildChecks checks;
+  const bool take_helper = EnvU64("XP_TAKE_HELPER") != 0;
+  if (take_helper) checks.Expect(chi::WaitHelper::Install(&g_taken_helper), "take the wait helper");
   chimaera::demo::Client client;
   if (!ConnectAndCreatePool(&checks, &client)) return checks.Result();
+  if (take_helper) {
+    auto slow = client.AsyncLockHold(chi::PoolQuery::Local(), chimaera::demo::LockMode::kMutex,
+                                     100000000ull);
+    checks.Expect(!slow.Wait(0.01f), "a timed wait on a slow task gives up");
+    checks.Expect(slow.Wait(10) && slow->GetReturnCode() == 0, "then the slow task finishes");
+  }
   const u64 tasks = EnvU64("XP_TASKS", 10000);
   const u32 id = static_cast<u32>(EnvU64("XP_CLIENT_ID"));
   const u32 expect_pid = static_cast<u32>(EnvU64("XP_EXPECT_PID"));
@@ -128,7 +156,9 @@ int LoadClientMain() {
     }
   }
   checks.Expect(wrong == 0, std::to_string(wrong) + " wrong or missing answers");
+  CheckZmqCounters(&checks);
   chi::CHIMAERA_FINALIZE();
+  if (take_helper) chi::WaitHelper::Remove(&g_taken_helper);
   return checks.Result();
 }
 chi_test::ChildRoutine kLoadClientRoutine("xp_load_client", LoadClientMain);
@@ -417,6 +447,74 @@ TEST_CASE("four clients with ten thousand tasks each all get correct answers") {
   CHECK(s.requests_ >= 2 * 4 * 10000);
   CHECK(ServerStats("shm").requests_ >= 4 * 10000);
   CHECK(s.tasks_outstanding_ == 1);  // the Monitor task that reports it
+  CHECK(StopThroughSession());
+  CHECK(server.WaitExit() == 0);
+}
+
+TEST_CASE("ZeroMQ clients whose wait helper is taken (as in a GPU client) get every answer") {
+  // The network thread alone receives then: 256 tasks in flight once fell to 0.002 M/s,
+  // each batch of answers waiting for a poll timeout; late_wakeups counts such waits.
+  ServerProcess server(TestPort(13));
+  REQUIRE(server.ok());
+  for (const std::string mode : {"ipc", "tcp"}) {
+    CAPTURE(mode);
+    std::vector<pid_t> clients;
+    for (int i = 0; i < 2; ++i) {
+      auto env = ClientEnv(server.port(), mode);
+      env.push_back({"XP_CLIENT_ID", std::to_string(i + 1)});
+      env.push_back({"XP_TASKS", "10000"});
+      env.push_back({"XP_TAKE_HELPER", "1"});
+      clients.push_back(chi_test::SpawnChild("xp_load_client", env));
+    }
+    for (pid_t p : clients) CHECK(chi_test::WaitChild(p, 90) == 0);
+  }
+  ClientSession session(server.port(), "tcp");
+  REQUIRE(session.ok());
+  CHECK(StopThroughSession());
+  CHECK(server.WaitExit() == 0);
+}
+
+TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them themselves") {
+  ServerProcess server(TestPort(14));
+  REQUIRE(server.ok());
+  for (const std::string mode : {"ipc", "tcp"}) {
+    CAPTURE(mode);
+    ClientSession session(server.port(), mode);
+    REQUIRE(session.ok());
+    chimaera::demo::Client c = DemoClient();
+    for (u32 i = 0; i < 100; ++i) {  // one caller, one task at a time
+      auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 3, i);
+      REQUIRE(f.Wait(30));
+      CHECK(f->result_value_ == i * 2 + 3);
+    }
+    auto *zmq = dynamic_cast<chi::ZmqClientTransport *>(chi::Chimaera::Get().GetTransport());
+    REQUIRE(zmq != nullptr);
+    chi::ZmqClientStats s = zmq->Stats();
+    CHECK(s.sent_by_caller > 0);  // it sends its requests itself
+    // and takes answers while it waits, unless a GPU client's worker holds the wait helper
+    if (s.wait_helper) CHECK(s.received_by_caller > 0);
+    chi::Atomic<u32> wrong;
+    std::vector<std::thread> threads;
+    for (u32 k = 0; k < 4; ++k) {
+      threads.emplace_back([&c, &wrong, k] {
+        for (u32 i = 0; i < 300; ++i) {  // one or two tasks in flight per thread
+          auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), k, i);
+          auto g = i % 2 == 0 ? c.AsyncGpuSubmit(chi::PoolQuery::Local(), k, i + 1)
+                              : chi::Future<chimaera::demo::GpuSubmitTask>();
+          bool ok = f.Wait(30) && f->GetReturnCode() == 0 && f->result_value_ == i * 2 + k;
+          if (g.IsValid()) ok = ok && g.Wait(30) && g->result_value_ == (i + 1) * 2 + k;
+          if (!ok) wrong.FetchAdd(1, chi::MemOrder::kRelaxed);
+        }
+      });
+    }
+    for (std::thread &t : threads) t.join();
+    CHECK(wrong.Load(chi::MemOrder::kRelaxed) == 0);
+    s = zmq->Stats();
+    CHECK(s.late_wakeups == 0);
+    CHECK(s.outstanding == 0);
+  }
+  ClientSession session(server.port(), "tcp");
+  REQUIRE(session.ok());
   CHECK(StopThroughSession());
   CHECK(server.WaitExit() == 0);
 }

@@ -11936,36 +11936,205 @@ class ShmServer {
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_H
 // ZmqClientTransport: a pure client's connection to its runtime over ZeroMQ
-// (DEALER to the runtime's ROUTER, ipc or tcp). Callers hand tasks over on a
-// lock-free list; one network thread encodes, sends, matches answers by request
-// id and completes the tasks. A lost runtime fails outstanding tasks with
-// kPeerDead (kShutdown when it said goodbye), then the thread reconnects and
-// repeats the ClientConnect handshake; tasks sent meanwhile wait up to
-// reconnect_sec for it. Invariant: every task handed to Send is completed once.
+// (DEALER to the runtime's ROUTER, ipc or tcp; the socket half is in
+// zmq_client_connection.h). A caller sends its request itself when the socket's
+// lock is free (else it queues it for the network thread), and while it waits in
+// Future::Wait it takes answers off the socket itself (through the process's
+// WaitHelper; one waiting caller sleeps on the socket, see zmq_client_watch.h), so
+// a round trip needs no hand-off to another thread. The network thread sleeps in
+// poll() on the socket's ZMQ_FD, without the lock, and handles the rest: streams of
+// tasks, answers nobody waits for, the handshake, reconnection; it does everything
+// when the process's WaitHelper belongs to someone else (a GPU client's GpuWorker).
+// Invariants: every task handed to Send is completed once; the socket is used only
+// under sock_mu_, and by the ZMQ_FD rule (zmq_common.h).
 
 #include <pthread.h>  // naming the network thread
-#include <unistd.h>   // getpid, getuid
 
-#include <climits>  // INT_MAX: wake every blocked sender
-#include <cstring>  // memcpy of monitor events
-#include <deque>    // tasks waiting for a connection
-#include <future>   // result of the first handshake
-#include <memory>   // unique_ptr
-#include <mutex>    // the latest handshake answer
-#include <string>   // endpoint
-#include <thread>   // the network thread
-#include <vector>   // request slots, encode buffer
+#include <cerrno>  // EINTR from poll
+#include <future>  // result of the first handshake
+#include <memory>  // unique_ptr
+#include <mutex>   // the socket's lock
+#include <thread>  // the network thread
 
 #include <zmq.hpp>  // cppzmq
 
+// ---- begin chi/transport/zmq_client_connection.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_CONNECTION_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_CONNECTION_H
+// ZmqClientConnection: the socket half of a pure client's ZeroMQ connection to its
+// runtime (DEALER to the runtime's ROUTER, ipc or tcp): opening and replacing the
+// socket, the ClientConnect handshake, sending requests, taking answers off the
+// socket and completing their tasks, and failing tasks when the runtime is lost.
+// ZmqClientTransport (zmq_client.h) adds who does it: calling threads and the
+// network thread. Invariants: every function here runs under sock_mu_ (the socket
+// is not thread-safe), and whoever used the socket leaves it drained or asks the
+// network thread for a pass before unlocking (the ZMQ_FD rule, zmq_common.h).
+
+#include <unistd.h>  // getpid, getuid
+
+#include <cstring>  // memcpy of monitor events
+#include <deque>    // tasks waiting for a connection, deferred control messages
+#include <future>   // result of the first handshake
+#include <memory>   // unique_ptr
+#include <mutex>    // the socket's lock, the latest handshake answer
+#include <string>   // endpoint
+#include <vector>   // encode buffer
+
+#include <zmq.hpp>  // cppzmq
+
+// ---- begin chi/transport/zmq_client_table.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_TABLE_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_TABLE_H
+// ZmqRequestTable: the tasks a pure client's ZeroMQ connection has on the wire,
+// by request id (slot index in the low half, the slot's generation in the high
+// half, so a late answer for a failed task matches nothing), plus back-pressure
+// on how many tasks are unanswered and their completion. ZmqClientTransport
+// (zmq_client.h) uses it under its socket lock. Invariant: a task is completed
+// once, by whoever takes it out of its slot.
+
+#include <climits>  // INT_MAX: wake every blocked sender
+#include <vector>   // slots, free list
+
+namespace chi {
+
+/** Request ids of the tasks on the wire, and their completion (see the file comment). */
+class ZmqRequestTable {
+ public:
+  explicit ZmqRequestTable(u64 max_inflight) : max_inflight_(max_inflight) {}
+
+  /** Any thread: counts a task handed over; parks while max_inflight are unanswered. */
+  void Admit() {
+    for (u32 spins = 0; inflight_.Load(MemOrder::kAcquire) >= max_inflight_; ++spins) {
+      if (spins < 1024) {
+        CpuRelax();
+        continue;
+      }
+      const u32 seen = room_.Load(MemOrder::kAcquire);
+      room_waiters_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: visible before the re-check
+      if (inflight_.Load(MemOrder::kSeqCst) >= max_inflight_) {
+        FutexWait(room_.Raw(), seen, 1000000);
+      }
+      room_waiters_.FetchSub(1, MemOrder::kRelaxed);
+    }
+    // seq_cst: counted before the sender reads the watch role (zmq_client_watch.h).
+    inflight_.FetchAdd(1, MemOrder::kSeqCst);
+  }
+
+  /** Under the socket lock: puts t in a slot and returns its request id. */
+  u64 Insert(Task *t) {
+    u32 index;
+    if (!free_.empty()) {
+      index = free_.back();
+      free_.pop_back();
+    } else {
+      index = static_cast<u32>(slots_.size());
+      slots_.push_back(Slot{});
+    }
+    slots_[index].task = t;
+    outstanding_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a hint for waiting callers
+    return (static_cast<u64>(slots_[index].generation) << 32) | index;
+  }
+
+  /** Under the socket lock: takes the task request `id` names out of its slot, or nullptr. */
+  Task *Take(u64 id) {
+    const u32 index = static_cast<u32>(id);
+    if (index >= slots_.size() || slots_[index].task == nullptr ||
+        slots_[index].generation != static_cast<u32>(id >> 32)) {
+      return nullptr;  // an answer to a task already failed by a peer loss
+    }
+    Task *t = slots_[index].task;
+    Release(index);
+    return t;
+  }
+
+  /** Under the socket lock: fails every task on the wire with `code`. */
+  void FailAll(ErrorCode code, const char *why) {
+    for (u32 i = 0; i < slots_.size(); ++i) {
+      if (Task *t = slots_[i].task) {
+        Release(i);
+        Fail(t, code, why);
+      }
+    }
+  }
+
+  /** Completes t with an error. */
+  void Fail(Task *t, ErrorCode code, const char *why) {
+    t->SetError(code, why);
+    Complete(t);
+  }
+
+  /** Completes t (its outputs are set) and makes room for a parked sender. */
+  void Complete(Task *t) {
+    // Uncounted before the task shows complete, so that its caller's next Send sees only
+    // its own task in flight (a new burst, see ZmqClientTransport::SendNow); seq_cst:
+    // pairs with Admit's re-check.
+    inflight_.FetchSub(1, MemOrder::kSeqCst);
+    CompleteTask(t);
+    // seq_cst: counted before the completer reads the watch role (zmq_client.h, Watch).
+    completions_.FetchAdd(1, MemOrder::kSeqCst);
+    if (room_waiters_.Load(MemOrder::kSeqCst) != 0) {
+      room_.FetchAdd(1, MemOrder::kRelease);
+      FutexWake(room_.Raw(), INT_MAX);
+    }
+  }
+
+  /** Tasks completed so far (seq_cst: see Complete). */
+  u64 Completions() const { return completions_.Load(MemOrder::kSeqCst); }
+
+  /** Tasks on the wire now (any thread; a hint). */
+  u64 Outstanding() const { return outstanding_.Load(MemOrder::kRelaxed); }
+
+  /** Tasks handed over and not completed, sent or not (any thread; a hint). */
+  u64 Inflight() const { return inflight_.Load(MemOrder::kRelaxed); }
+
+  /** True when no task is handed over and not completed (seq_cst: zmq_client_watch.h). */
+  bool Idle() const { return inflight_.Load(MemOrder::kSeqCst) == 0; }
+
+ private:
+  /** A sent task awaiting its answer; generation tells a stale answer from a current one. */
+  struct Slot {
+    Task *task = nullptr;
+    u32 generation = 1;
+  };
+
+  void Release(u32 index) {
+    slots_[index].task = nullptr;
+    ++slots_[index].generation;  // a late answer for the old occupant no longer matches
+    free_.push_back(index);
+    outstanding_.FetchSub(1, MemOrder::kRelaxed);
+  }
+
+  const u64 max_inflight_;
+  std::vector<Slot> slots_;  ///< request id low half = index; under the socket lock
+  std::vector<u32> free_;    ///< under the socket lock
+  Atomic<u64> inflight_;     ///< handed over, not completed (includes tasks not yet sent)
+  Atomic<u32> room_;         ///< futex word: bumped when a parked sender may go on
+  Atomic<u32> room_waiters_;
+  Atomic<u64> outstanding_;  ///< in a slot (sent, unanswered)
+  Atomic<u64> completions_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_TABLE_H
+// ---- end chi/transport/zmq_client_table.h ----
 // ---- begin chi/transport/zmq_common.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
 // What the ZeroMQ client transport and server share: endpoint names (per user
 // and port), the control messages that travel in the task envelope, socket
 // options, and the doorbell that wakes a network thread from other threads.
-// Invariant: a ZeroMQ socket is only ever touched by its network thread;
-// other threads reach it through a lock-free list plus this doorbell.
+// Invariant: a ZeroMQ socket is used by one thread at a time, under its
+// transport's lock; threads that cannot take it hand work over on a lock-free
+// list plus this doorbell.
+//
+// The ZMQ_FD rule. Threads sleep in poll() on a socket's ZMQ_FD without its lock.
+// That fd is edge-like: it signals commands that reach the socket after a thread
+// last used it (send, recv or reading ZMQ_EVENTS all consume them), not "a message
+// is waiting". So a thread that used a socket must, before unlocking, either have
+// received until EAGAIN (or read ZMQ_EVENTS without ZMQ_POLLIN), or ask the network
+// thread for another pass. A thread that stops early (a full batch) and sleeps on
+// the fd sleeps with messages waiting: that is how 256 tasks in flight once fell
+// to 0.002 M/s, each batch of answers waiting for the next poll timeout.
 
 #include <sys/eventfd.h>  // the doorbell's file descriptor
 #include <unistd.h>       // getuid, read, write, close
@@ -12062,6 +12231,9 @@ class ZmqDoorbell {
       (void)n;  // EAGAIN means the counter is already non-zero: the thread wakes anyway
     }
   }
+  /** True while the network thread sleeps or is about to (a hint: read relaxed). */
+  bool Sleeping() const { return sleeping_.Load(MemOrder::kRelaxed) != 0; }
+
   /** Network thread: announce a sleep; re-check the work lists afterwards, then poll. */
   void PrepareSleep() {
     sleeping_.Store(1, MemOrder::kRelaxed);
@@ -12071,6 +12243,17 @@ class ZmqDoorbell {
   /** Network thread: back from polling; clears the flag and the counter. */
   void Awake() {
     sleeping_.Store(0, MemOrder::kRelaxed);
+    Clear();
+  }
+
+  /** Makes the fd readable now, whether or not anyone sleeps (a bell without the flag). */
+  void Signal() {
+    u64 one = 1;
+    ssize_t n = write(fd_, &one, sizeof(one));
+    (void)n;  // EAGAIN means the counter is already non-zero: the poller wakes anyway
+  }
+  /** Clears the counter: the fd is no longer readable until the next ring. */
+  void Clear() {
     u64 v = 0;
     ssize_t n = read(fd_, &v, sizeof(v));
     (void)n;  // EAGAIN: nobody rang
@@ -12080,6 +12263,11 @@ class ZmqDoorbell {
   int fd_;
   Atomic<u32> sleeping_;
 };
+
+/** True when `s` has a message to receive; re-reads its events (see the ZMQ_FD rule). */
+inline bool ZmqReadable(zmq::socket_t &s) {
+  return (s.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+}
 
 /** Socket options every chi ZeroMQ socket gets: bounded linger, no message limit on HWM. */
 inline void ConfigureZmqSocket(zmq::socket_t &s) {
@@ -12101,7 +12289,7 @@ struct ZmqClientOptions {
   double connect_timeout_sec = 5;  ///< first handshake must succeed within this
   double reconnect_sec = 10;       ///< after a loss, tasks wait this long for the runtime
   u64 max_inflight = 1u << 16;     ///< Send blocks beyond this many unanswered tasks
-  u64 spin_ns = 20000;             ///< busy polling after activity before sleeping
+  u64 spin_ns = 20000;             ///< network thread: busy polling after work before sleeping
 };
 
 /** Counters of a client connection. */
@@ -12109,166 +12297,29 @@ struct ZmqClientStats {
   u64 outstanding = 0;   ///< tasks sent, not answered
   u64 reconnects = 0;    ///< handshakes after the first
   u64 peer_losses = 0;   ///< times the runtime went away
+  u64 sent_by_caller = 0;      ///< requests the calling thread sent itself
+  u64 received_by_caller = 0;  ///< answers callers took themselves (waiting, or after a send)
+  bool wait_helper = false;    ///< waiting callers take answers (the process's WaitHelper is ours)
+  /**
+   * Answers the network thread found waiting on waking from a sleep that ran to its bound
+   * with no timer due: a wake-up that never came (the ZMQ_FD rule broken). Expected 0.
+   */
+  u64 late_wakeups = 0;
 };
 
-/** A pure client's ZeroMQ connection (see the file comment). */
-class ZmqClientTransport final : public ClientTransport {
- public:
-  ~ZmqClientTransport() override { Close(); }
-
-  /**
-   * Connects to the runtime on this node and performs the handshake. Fails with
-   * kTimeout when no runtime answers in time, or with the runtime's refusal.
-   */
-  static Status Connect(const ZmqClientOptions &opt, std::unique_ptr<ZmqClientTransport> *out,
-                        ConnectAnswer *answer = nullptr) {
-    if (opt.mode != "ipc" && opt.mode != "tcp") {
-      return Status::Errorf(ErrorCode::kInvalidArgument, "ZeroMQ transport '%.16s': use ipc or tcp",
-                            opt.mode.c_str());
-    }
-    std::unique_ptr<ZmqClientTransport> t(new ZmqClientTransport(opt));
-    if (!t->doorbell_.ok()) return Status::Error(ErrorCode::kIo, "eventfd for the network thread");
-    std::future<Status> first = t->first_result_.get_future();
-    t->thread_ = std::thread([raw = t.get()] { raw->Run(); });
-    Status st = first.get();
-    if (!st.ok()) {
-      t->Close();
-      return st;
-    }
-    if (answer != nullptr) *answer = t->first_answer_;
-    *out = std::move(t);
-    return Status::Ok();
-  }
-
-  /** Hands a stamped task to the network thread; false once closed. Blocks when too many are in flight. */
-  bool Send(Task *t) override {
-    senders_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: Close's flag and our count order totally
-    if (closed_.Load(MemOrder::kSeqCst) != 0) {
-      senders_.FetchSub(1, MemOrder::kRelease);
-      return false;
-    }
-    WaitForRoom();
-    inflight_.FetchAdd(1, MemOrder::kRelaxed);
-    Task *head = submitted_.Load(MemOrder::kRelaxed);
-    do {
-      t->transport_cookie_ = reinterpret_cast<u64>(head);
-      // release: the task's fields are visible to the network thread that takes the list.
-    } while (!submitted_.CompareExchange(head, t, MemOrder::kRelease));
-    senders_.FetchSub(1, MemOrder::kRelease);
-    doorbell_.Ring();
-    return true;
-  }
-
-  /** Fails what is pending with kShutdown, says goodbye, closes the socket. Idempotent. */
-  void Close() override {
-    if (closed_.Exchange(1, MemOrder::kSeqCst) != 0) return;
-    while (senders_.Load(MemOrder::kAcquire) != 0) CpuRelax();  // a Send mid-push finishes first
-    stop_.Store(1, MemOrder::kRelease);
-    doorbell_.Ring();
-    if (thread_.joinable()) thread_.join();
-    ctx_.close();
-  }
-
-  const char *Name() const override { return opt_.mode == "ipc" ? "ipc" : "tcp"; }
-
-  /** The runtime process currently connected (changes after a reconnect; 0 while down). */
-  u32 RuntimePid() const { return runtime_pid_.Load(MemOrder::kAcquire); }
-
-  /** The handshake answer of the runtime last connected (replaced by every reconnect). */
-  bool CopyConnectAnswer(ConnectAnswer *out) const override {
-    std::lock_guard<std::mutex> lock(answer_mu_);
-    *out = answer_;
-    return true;
-  }
-
-  /** A snapshot of the counters (any thread). */
-  ZmqClientStats Stats() const {
-    ZmqClientStats s;
-    s.outstanding = outstanding_.Load(MemOrder::kRelaxed);
-    s.reconnects = reconnects_.Load(MemOrder::kRelaxed);
-    s.peer_losses = losses_.Load(MemOrder::kRelaxed);
-    return s;
-  }
-
- private:
+/** The socket half of a client connection (see the file comment); a base class only. */
+class ZmqClientConnection : public ClientTransport {
+ protected:
   enum class State { kConnecting, kReady, kDown };
   static constexpr u32 kRecvBatch = 64;
-  static constexpr u64 kTimerNs = 50000000ull;  ///< timer granularity while idle
 
-  explicit ZmqClientTransport(const ZmqClientOptions &opt)
-      : opt_(opt), endpoint_(ZmqEndpoint(opt.mode, opt.port)) {}
+  explicit ZmqClientConnection(const ZmqClientOptions &opt)
+      : opt_(opt), endpoint_(ZmqEndpoint(opt.mode, opt.port)), table_(opt.max_inflight) {}
 
-  /** Back-pressure: park while max_inflight tasks are unanswered. */
-  void WaitForRoom() {
-    for (u32 spins = 0; inflight_.Load(MemOrder::kAcquire) >= opt_.max_inflight; ++spins) {
-      if (spins < 1024) {
-        CpuRelax();
-        continue;
-      }
-      const u32 seen = room_.Load(MemOrder::kAcquire);
-      room_waiters_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: visible before the re-check
-      if (inflight_.Load(MemOrder::kSeqCst) >= opt_.max_inflight) {
-        FutexWait(room_.Raw(), seen, 1000000);
-      }
-      room_waiters_.FetchSub(1, MemOrder::kRelaxed);
-    }
-  }
-
-  // ---- Network thread ----
-
-  void Run() {
-    pthread_setname_np(pthread_self(), "chi-zmq-client");
-    const u64 start = NowNs();
-    connect_deadline_ = start + static_cast<u64>(opt_.connect_timeout_sec * 1e9);
-    try {
-      OpenSocket();
-      Loop();
-    } catch (const zmq::error_t &e) {
-      FailAll(ErrorCode::kIo, "ZeroMQ error in the client transport");
-      if (!first_done_) {
-        first_done_ = true;
-        first_result_.set_value(Status::Errorf(ErrorCode::kIo, "ZeroMQ: %s", e.what()));
-      }
-    }
-    FailAll(ErrorCode::kShutdown, "the client closed its connection to the runtime");
-    if (state_ == State::kReady && socket_) {
-      socket_->set(zmq::sockopt::linger, 100);  // long enough for the Bye, short at exit
-      bye_sent_ = socket_->send(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait)
-                      .has_value();
-    }
-    CloseSocket();
-  }
-
-  void Loop() {
-    u64 last_busy = NowNs();
-    u64 next_timer = last_busy + kTimerNs;
-    while (stop_.Load(MemOrder::kAcquire) == 0) {
-      bool busy = TakeSubmitted();
-      busy |= ReceiveBatch();
-      busy |= ReadMonitor();
-      const u64 now = NowNs();
-      if (now >= next_timer) {
-        Timers(now);
-        next_timer = now + kTimerNs;
-      }
-      if (busy) {
-        last_busy = now;
-        continue;
-      }
-      if (now - last_busy < opt_.spin_ns) {
-        CpuRelax();
-        continue;
-      }
-      doorbell_.PrepareSleep();
-      if (submitted_.Load(MemOrder::kAcquire) == nullptr && stop_.Load(MemOrder::kAcquire) == 0) {
-        zmq::pollitem_t items[3] = {{socket_->handle(), 0, ZMQ_POLLIN, 0},
-                                    {monitor_->handle(), 0, ZMQ_POLLIN, 0},
-                                    {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0}};
-        zmq::poll(items, 3, std::chrono::milliseconds(kTimerNs / 1000000));
-      }
-      doorbell_.Awake();
-      last_busy = NowNs();
-    }
+  /** The socket holder left work on it for the network thread (the fd will not say so). */
+  void AskForPass() {
+    wake_asked_.Store(1, MemOrder::kRelaxed);  // relaxed: Ring's seq_cst fence publishes it
+    doorbell_.Ring();
   }
 
   /** A fresh DEALER (and its monitor), connected, with the handshake queued on it. */
@@ -12290,6 +12341,7 @@ class ZmqClientTransport final : public ClientTransport {
     monitor_->set(zmq::sockopt::linger, 0);
     monitor_->connect(mon);
     socket_->connect(endpoint_);
+    socket_fd_ = socket_->get(zmq::sockopt::fd);
     ConnectRequest req;
     req.pid = static_cast<u32>(getpid());
     req.uid = static_cast<u32>(getuid());
@@ -12311,6 +12363,17 @@ class ZmqClientTransport final : public ClientTransport {
     }
   }
 
+  /** Handles control messages a caller received (callers never replace the socket). */
+  bool HandleDeferredControls() {
+    if (controls_.empty()) return false;
+    while (!controls_.empty()) {
+      zmq::message_t msg = std::move(controls_.front());
+      controls_.pop_front();
+      HandleControl(EnvelopeId(msg.data()), msg);
+    }
+    return true;
+  }
+
   /** Moves newly submitted tasks onto the wire (or the waiting list); true when any. */
   bool TakeSubmitted() {
     // acquire: pairs with Send's release; the tasks' fields are visible.
@@ -12330,7 +12393,8 @@ class ZmqClientTransport final : public ClientTransport {
       if (state_ == State::kReady) {
         SendTask(t);
       } else if (down_expired_) {
-        Finish(t, ErrorCode::kPeerDead, "no runtime: it went away and did not come back in time");
+        table_.Fail(t, ErrorCode::kPeerDead,
+                    "no runtime: it went away and did not come back in time");
       } else {
         waiting_.push_back(t);
       }
@@ -12338,24 +12402,22 @@ class ZmqClientTransport final : public ClientTransport {
     return true;
   }
 
+  /** Under sock_mu_: gives t a request id and sends it. */
   void SendTask(Task *t) {
-    u32 index;
-    if (!free_slots_.empty()) {
-      index = free_slots_.back();
-      free_slots_.pop_back();
-    } else {
-      index = static_cast<u32>(slots_.size());
-      slots_.push_back(Slot{});
-    }
-    Slot &s = slots_[index];
-    s.task = t;
-    const u64 request_id = (static_cast<u64>(s.generation) << 32) | index;
+    const u64 request_id = table_.Insert(t);
     EncodeRequest(t, request_id, &encode_);
-    outstanding_.FetchAdd(1, MemOrder::kRelaxed);
     socket_->send(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
   }
 
-  bool ReceiveBatch() {
+  /**
+   * Receives and delivers up to kRecvBatch messages; returns how many. The network
+   * thread handles control messages; a caller (network_thread false) leaves them, and
+   * what follows them, to it. It ends with a recv that found nothing, or asks the
+   * network thread for another pass (a full batch: more may wait, and the fd will not
+   * say so), as the ZMQ_FD rule asks.
+   */
+  u32 ReceiveBatch(bool network_thread) {
+    if (!network_thread && !controls_.empty()) return 0;  // the thread was rung for them
     u32 got = 0;
     for (; got < kRecvBatch && socket_; ++got) {
       zmq::message_t msg;
@@ -12367,23 +12429,26 @@ class ZmqClientTransport final : public ClientTransport {
       if (msg.size() < kEnvelopeHeaderBytes) continue;
       const u64 id = EnvelopeId(msg.data());
       if (id & zmq_control::kBit) {
-        HandleControl(id, msg);
-        continue;
+        if (network_thread) {
+          HandleControl(id, msg);
+          continue;
+        }
+        controls_.push_back(std::move(msg));
+        AskForPass();
+        return got + 1;
       }
-      const u32 index = static_cast<u32>(id);
-      const u32 generation = static_cast<u32>(id >> 32);
-      if (index >= slots_.size() || slots_[index].task == nullptr ||
-          slots_[index].generation != generation) {
-        continue;  // an answer to a task already failed by a peer loss
-      }
-      Task *t = slots_[index].task;
-      ReleaseSlot(index);
+      Task *t = table_.Take(id);
+      if (t == nullptr) continue;  // an answer to a task already failed by a peer loss
       DecodeAnswer(t, static_cast<const char *>(msg.data()), msg.size());
-      Complete(t);
+      table_.Complete(t);
+      // relaxed: a statistic.
+      if (!network_thread) received_by_caller_.FetchAdd(1, MemOrder::kRelaxed);
     }
-    return got > 0;
+    if (got == kRecvBatch) AskForPass();  // more may wait: the fd is quiet
+    return got;
   }
 
+  /** Network thread: the runtime's goodbye, or its answer to our handshake (kAccept). */
   void HandleControl(u64 id, const zmq::message_t &msg) {
     if (id == zmq_control::kShutdown) {
       PeerLost(ErrorCode::kShutdown, "the runtime shut down before answering");
@@ -12452,18 +12517,26 @@ class ZmqClientTransport final : public ClientTransport {
   void PeerLost(ErrorCode code, const char *why) {
     losses_.FetchAdd(1, MemOrder::kRelaxed);
     runtime_pid_.Store(0, MemOrder::kRelease);
-    for (u32 i = 0; i < slots_.size(); ++i) {
-      if (Task *t = slots_[i].task) {
-        ReleaseSlot(i);
-        Finish(t, code, why);
-      }
-    }
+    table_.FailAll(code, why);
     state_ = State::kDown;
     down_since_ = NowNs();
     CloseSocket();
     OpenSocket();
   }
 
+  /** Nanoseconds from `now` until Timers has something to do; ~0 when nothing is due. */
+  u64 NextTimerNs(u64 now) const {
+    u64 due = ~0ull;
+    if (!first_done_) due = connect_deadline_;
+    if (state_ == State::kDown && !down_expired_) {
+      const u64 expiry = down_since_ + static_cast<u64>(opt_.reconnect_sec * 1e9);
+      due = expiry < due ? expiry : due;
+    }
+    if (due == ~0ull) return due;
+    return due > now ? due - now : 0;
+  }
+
+  /** Ends the connect wait, and the reconnect wait of queued tasks, at their deadlines. */
   void Timers(u64 now) {
     if (!first_done_ && now >= connect_deadline_) {
       first_done_ = true;
@@ -12481,70 +12554,41 @@ class ZmqClientTransport final : public ClientTransport {
     }
   }
 
+  /** Fails the tasks that wait for a connection. */
   void FailWaiting(ErrorCode code, const char *why) {
     while (!waiting_.empty()) {
       Task *t = waiting_.front();
       waiting_.pop_front();
-      Finish(t, code, why);
+      table_.Fail(t, code, why);
     }
   }
 
   /** Completes everything this transport still holds (at close or fatal error). */
   void FailAll(ErrorCode code, const char *why) {
-    for (u32 i = 0; i < slots_.size(); ++i) {
-      if (Task *t = slots_[i].task) {
-        ReleaseSlot(i);
-        Finish(t, code, why);
-      }
-    }
+    table_.FailAll(code, why);
     FailWaiting(code, why);
     Task *list = submitted_.Exchange(nullptr, MemOrder::kAcquire);
     while (list != nullptr) {
       Task *next = reinterpret_cast<Task *>(list->transport_cookie_);
       list->transport_cookie_ = 0;
-      Finish(list, code, why);
+      table_.Fail(list, code, why);
       list = next;
     }
   }
 
-  void ReleaseSlot(u32 index) {
-    slots_[index].task = nullptr;
-    ++slots_[index].generation;  // a late answer for the old occupant no longer matches
-    free_slots_.push_back(index);
-    outstanding_.FetchSub(1, MemOrder::kRelaxed);
-  }
-
-  void Finish(Task *t, ErrorCode code, const char *why) {
-    t->SetError(code, why);
-    Complete(t);
-  }
-
-  void Complete(Task *t) {
-    CompleteTask(t);
-    inflight_.FetchSub(1, MemOrder::kSeqCst);  // seq_cst: pairs with WaitForRoom's re-check
-    if (room_waiters_.Load(MemOrder::kSeqCst) != 0) {
-      room_.FetchAdd(1, MemOrder::kRelease);
-      FutexWake(room_.Raw(), INT_MAX);
-    }
-  }
-
-  /** A sent task awaiting its answer; generation tells a stale answer from a current one. */
-  struct Slot {
-    Task *task = nullptr;
-    u32 generation = 1;
-  };
-
   ZmqClientOptions opt_;
   std::string endpoint_;
   zmq::context_t ctx_{1};
-  std::unique_ptr<zmq::socket_t> socket_;   ///< network thread only
+  std::mutex sock_mu_;  ///< the socket, the slots, the connection state (see the file comment)
+  std::unique_ptr<zmq::socket_t> socket_;   ///< under sock_mu_; replaced by the network thread
   std::unique_ptr<zmq::socket_t> monitor_;  ///< network thread only
-  std::thread thread_;
+  int socket_fd_ = -1;                      ///< socket_'s ZMQ_FD; under sock_mu_
+  std::deque<zmq::message_t> controls_;     ///< control messages a caller received; under sock_mu_
   ZmqDoorbell doorbell_;
   std::promise<Status> first_result_;
   ConnectAnswer first_answer_;
   mutable std::mutex answer_mu_;  ///< guards answer_ (read rarely, written per handshake)
-  ConnectAnswer answer_;          ///< the last accepted handshake answer (Answer)
+  ConnectAnswer answer_;          ///< the runtime's answer to the latest accepted handshake
   bool first_done_ = false;
   bool bye_sent_ = false;
   State state_ = State::kConnecting;
@@ -12552,21 +12596,498 @@ class ZmqClientTransport final : public ClientTransport {
   u64 down_since_ = 0;
   u64 connect_deadline_ = 0;
   u64 monitor_serial_ = 0;
-  std::vector<Slot> slots_;       ///< request id low half = index
-  std::vector<u32> free_slots_;
+  ZmqRequestTable table_;         ///< tasks on the wire; its slots under sock_mu_
   std::deque<Task *> waiting_;    ///< submitted while not connected
   std::vector<char> encode_;      ///< reused request buffer
   Atomic<Task *> submitted_{nullptr};  ///< newest first, linked through transport_cookie_
-  Atomic<u32> closed_;
   Atomic<u32> stop_;
-  Atomic<u32> senders_;
-  Atomic<u64> inflight_;
-  Atomic<u32> room_;
-  Atomic<u32> room_waiters_;
   Atomic<u32> runtime_pid_;
-  Atomic<u64> outstanding_;
   Atomic<u64> reconnects_;
   Atomic<u64> losses_;
+  Atomic<u32> wake_asked_;    ///< a caller asked the network thread for a pass
+  Atomic<u64> received_by_caller_;
+  Atomic<u64> late_wakeups_;  ///< see ZmqClientStats
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_CONNECTION_H
+// ---- end chi/transport/zmq_client_connection.h ----
+// ---- begin chi/transport/zmq_client_watch.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_WATCH_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_WATCH_H
+// ZmqSocketWatch: which thread of a ZeroMQ client (zmq_client.h) sleeps on its
+// socket's ZMQ_FD. One caller waiting in Future::Wait at a time holds the watch
+// role and blocks in poll() on the fd, as a REQ socket's caller does; meanwhile the
+// network thread sleeps without the fd ("blind"), so an answer wakes that caller
+// alone. The fd only signals what happened since a thread last used the socket, so
+// when another thread completes tasks (the watcher's may be among them) it rings
+// the watcher's bell. Invariants: a completion counted after the watcher last looked
+// at the count rings the bell (role and count are seq_cst on both sides); while the
+// network thread sleeps blind, a caller watches, or no task is in flight, or its
+// doorbell rang: a leaving watcher rings it when tasks are in flight (Release), a
+// caller that sent a task while nobody watches rings it (BlindUnwatched). Both sides
+// write their own word, then read the other's, seq_cst (a Dekker pair each), with the
+// in-flight count written before the role is read (ZmqRequestTable::Admit).
+
+#include <poll.h>  // the watcher's wait on the socket and the bell
+
+namespace chi {
+
+/** The watch role over one client socket (see the file comment). */
+class ZmqSocketWatch {
+ public:
+  /** False when the bell's eventfd could not be created. */
+  bool ok() const { return bell_.ok(); }
+
+  /** A waiting caller takes the role; false when another caller holds it. */
+  bool TryTake() {
+    u32 idle = 0;
+    // seq_cst: the role before the watcher reads the completion count (Dekker with Wake).
+    return role_.CompareExchange(idle, 1, MemOrder::kSeqCst);
+  }
+
+  /** The watcher: blocks until fd is readable, the bell rings or timeout_ms; false on timeout. */
+  bool Block(int fd, int timeout_ms) {
+    pollfd p[2] = {{fd, POLLIN, 0}, {bell_.fd(), POLLIN, 0}};
+    // A stale fd (the socket was replaced meanwhile) only ends the wait early.
+    const bool came = poll(p, 2, timeout_ms) != 0;
+    bell_.Clear();
+    return came;
+  }
+
+  /**
+   * The watcher gives the role up; true when the network thread sleeps blind (it must
+   * be rung if tasks are in flight: read the count after this).
+   */
+  bool Release() {
+    // seq_cst: release the role, then read blind_ (Dekker with BeginSleep).
+    role_.Store(0, MemOrder::kSeqCst);
+    return blind_.Load(MemOrder::kSeqCst) != 0;
+  }
+
+  /**
+   * A caller that sent a task (counted in flight first): true when the network thread
+   * sleeps blind and nobody watches, so it must be rung to watch the socket itself.
+   */
+  bool BlindUnwatched() const {
+    // seq_cst: after the in-flight count (Dekker with BeginSleep, and with Release).
+    return blind_.Load(MemOrder::kSeqCst) != 0 && role_.Load(MemOrder::kSeqCst) == 0;
+  }
+
+  /** A thread that completed tasks (after counting them) wakes the watcher, if any. */
+  void Wake() {
+    if (role_.Load(MemOrder::kSeqCst) != 0) bell_.Signal();  // seq_cst: after the count
+  }
+
+  /**
+   * The network thread, about to sleep: true when it must watch the socket's fd itself
+   * (no caller does). A watcher that leaves while it sleeps blind wakes it (Release).
+   */
+  bool BeginSleep() {
+    // seq_cst: announce, then read the role (Dekker with Release).
+    blind_.Store(1, MemOrder::kSeqCst);
+    if (role_.Load(MemOrder::kSeqCst) != 0) return false;
+    blind_.Store(0, MemOrder::kRelaxed);  // relaxed: only spares a watcher a needless wake
+    return true;
+  }
+
+  /** The network thread is awake again. */
+  void EndSleep() { blind_.Store(0, MemOrder::kRelaxed); }  // relaxed: as in BeginSleep
+
+ private:
+  ZmqDoorbell bell_;    ///< rung for the watcher; read only by it
+  Atomic<u32> role_;    ///< 1 while a caller watches
+  Atomic<u32> blind_;   ///< 1 while the network thread sleeps without the socket's fd
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_WATCH_H
+// ---- end chi/transport/zmq_client_watch.h ----
+
+namespace chi {
+
+/** A pure client's ZeroMQ connection (see the file comment). */
+class ZmqClientTransport final : public ZmqClientConnection {
+ public:
+  ~ZmqClientTransport() override { Close(); }
+
+  /**
+   * Connects to the runtime on this node and performs the handshake. Fails with
+   * kTimeout when no runtime answers in time, or with the runtime's refusal.
+   */
+  static Status Connect(const ZmqClientOptions &opt, std::unique_ptr<ZmqClientTransport> *out,
+                        ConnectAnswer *answer = nullptr) {
+    if (opt.mode != "ipc" && opt.mode != "tcp") {
+      return Status::Errorf(ErrorCode::kInvalidArgument, "ZeroMQ transport '%.16s': use ipc or tcp",
+                            opt.mode.c_str());
+    }
+    std::unique_ptr<ZmqClientTransport> t(new ZmqClientTransport(opt));
+    if (!t->doorbell_.ok() || !t->watch_.ok()) {
+      return Status::Error(ErrorCode::kIo, "eventfd for the network thread");
+    }
+    std::future<Status> first = t->first_result_.get_future();
+    t->thread_ = std::thread([raw = t.get()] { raw->Run(); });
+    Status st = first.get();
+    if (!st.ok()) {
+      t->Close();
+      return st;
+    }
+    if (answer != nullptr) *answer = t->first_answer_;
+    *out = std::move(t);
+    return Status::Ok();
+  }
+
+  /**
+   * Sends a stamped task on this thread when the socket is free, else hands it to the
+   * network thread; false once closed. Blocks while too many are in flight.
+   */
+  bool Send(Task *t) override {
+    senders_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: Close's flag and our count order totally
+    if (closed_.Load(MemOrder::kSeqCst) != 0) {
+      senders_.FetchSub(1, MemOrder::kRelease);
+      return false;
+    }
+    table_.Admit();
+    OfferHelper();
+    if (SendNow(t)) {
+      senders_.FetchSub(1, MemOrder::kRelease);
+      return true;
+    }
+    Task *head = submitted_.Load(MemOrder::kRelaxed);
+    do {
+      t->transport_cookie_ = reinterpret_cast<u64>(head);
+      // release: the task's fields are visible to the network thread that takes the list.
+    } while (!submitted_.CompareExchange(head, t, MemOrder::kRelease));
+    senders_.FetchSub(1, MemOrder::kRelease);
+    doorbell_.Ring();
+    return true;
+  }
+
+  /** Fails what is pending with kShutdown, says goodbye, closes the socket. Idempotent. */
+  void Close() override {
+    if (closed_.Exchange(1, MemOrder::kSeqCst) != 0) return;
+    while (senders_.Load(MemOrder::kAcquire) != 0) CpuRelax();  // a Send mid-push finishes first
+    // acquire: a Send's install is seen; Remove returns once no caller is in the helper.
+    if (helper_state_.Load(MemOrder::kAcquire) == kHelperInstalled) WaitHelper::Remove(&helper_);
+    stop_.Store(1, MemOrder::kRelease);
+    doorbell_.Ring();
+    if (thread_.joinable()) thread_.join();
+    ctx_.close();
+  }
+
+  const char *Name() const override { return opt_.mode == "ipc" ? "ipc" : "tcp"; }
+
+  /** The runtime process currently connected (changes after a reconnect; 0 while down). */
+  u32 RuntimePid() const { return runtime_pid_.Load(MemOrder::kAcquire); }
+
+  /** The handshake answer of the runtime last connected (replaced by every reconnect). */
+  bool CopyConnectAnswer(ConnectAnswer *out) const override {
+    std::lock_guard<std::mutex> lock(answer_mu_);
+    *out = answer_;
+    return true;
+  }
+
+  /** A snapshot of the counters (any thread). */
+  ZmqClientStats Stats() const {
+    ZmqClientStats s;
+    s.outstanding = table_.Outstanding();
+    s.reconnects = reconnects_.Load(MemOrder::kRelaxed);
+    s.peer_losses = losses_.Load(MemOrder::kRelaxed);
+    s.sent_by_caller = sent_by_caller_.Load(MemOrder::kRelaxed);
+    s.received_by_caller = received_by_caller_.Load(MemOrder::kRelaxed);
+    s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
+    s.wait_helper = helper_state_.Load(MemOrder::kAcquire) == kHelperInstalled;
+    return s;
+  }
+
+ private:
+  /**
+   * Longest sleep of the network thread. Every wake-up it needs is an event (socket,
+   * monitor, doorbell) or a timer it knows of; this bound only caps the damage of a
+   * wake-up that never comes, which Stats().late_wakeups counts.
+   */
+  static constexpr u64 kMaxSleepNs = 1000000000ull;
+
+  explicit ZmqClientTransport(const ZmqClientOptions &opt) : ZmqClientConnection(opt) {}
+
+  // ---- Calling threads ----
+
+  static constexpr u32 kHelperUntried = 0;
+  static constexpr u32 kHelperTrying = 1;
+  static constexpr u32 kHelperInstalled = 2;
+  static constexpr u32 kHelperRefused = 3;
+  /**
+   * Beyond this many tasks in flight (sent or queued) a caller queues its task, and leaves
+   * the answers to the network thread: it sends and receives a stream in batches, one
+   * events check each, where callers pay one per task and contend for the socket. Counted
+   * with queued tasks, so that a caller waiting at the head of a stream it just queued
+   * does not take the socket (that cut the throughput of 256-task windows markedly).
+   */
+  static constexpr u64 kDirectMaxInflight = 4;
+  /** Longest a waiting caller blocks on the socket before Future::Wait looks again. */
+  static constexpr int kWatchMs = 1;
+  /** Calls that only look after a watch that saw nothing (Future::Wait's clock period). */
+  static constexpr u32 kSkipAfterIdle = 64;
+
+  /** What a calling thread remembers of its use of this connection (thread_local). */
+  struct CallerState {
+    const ZmqClientTransport *connection = nullptr;  ///< whose state this is
+    u64 seen = ~0ull;          ///< completions when it last looked (see Watch); ~0: never
+    u32 skip = 0;              ///< helper calls left that only look (after an idle watch)
+    bool streamed = false;     ///< its current burst went past kDirectMaxInflight
+    bool queue_burst = false;  ///< its current burst goes through the network thread
+  };
+
+  /** This thread's state for this connection (fresh when it last used another one). */
+  CallerState &Caller() {
+    thread_local CallerState state;
+    if (state.connection != this) {
+      state = CallerState();
+      state.connection = this;
+    }
+    return state;
+  }
+
+  /**
+   * Offers this connection's answers to callers waiting in Future::Wait, on the first
+   * Send (not at Connect: a handshake-only connection must leave the process's single
+   * WaitHelper slot to the shm transport it hands over to).
+   */
+  void OfferHelper() {
+    if (helper_state_.Load(MemOrder::kRelaxed) != kHelperUntried) return;  // relaxed: a hint
+    u32 untried = kHelperUntried;
+    // relaxed: only the winner installs; Close reads the final state with acquire.
+    if (!helper_state_.CompareExchange(untried, kHelperTrying, MemOrder::kRelaxed)) return;
+    const bool ok = WaitHelper::Install(&helper_);
+    // release: Close (which waits for this Send) sees the install and removes it.
+    helper_state_.Store(ok ? kHelperInstalled : kHelperRefused, MemOrder::kRelease);
+  }
+
+  /**
+   * Sends t on the calling thread when the socket is free and connected; false when
+   * it must go through the network thread (socket busy, not connected, earlier tasks
+   * still queued there: a caller's tasks leave in the order it sent them, or a stream
+   * of tasks, which the thread sends in batches).
+   */
+  bool SendNow(Task *t) {
+    // A burst of sends starts when t is the only task in flight. A thread whose last burst
+    // was a stream is taken to stream again: its whole burst goes to the network thread,
+    // which sends it as one batch. Sending the first tasks of each 256-task window at once
+    // split the window in two (two wake-up chains through both processes) and cost up to
+    // a third of the throughput on a 2-core host.
+    CallerState &me = Caller();
+    const u64 inflight = table_.Inflight();  // t is counted already
+    if (inflight == 1) {
+      me.queue_burst = me.streamed;
+      me.streamed = false;
+    }
+    if (inflight > kDirectMaxInflight) me.streamed = true;
+    if (me.queue_burst || inflight > kDirectMaxInflight) return false;
+    // An awake network thread takes a queued task at no wake-up's cost, and batches it
+    // with others: a producer starved of CPU otherwise sent a stream one task at a time.
+    if (!doorbell_.Sleeping()) return false;
+    // relaxed: a hint; a task queued after this check is still sent by the thread.
+    if (submitted_.Load(MemOrder::kRelaxed) != nullptr) return false;
+    std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || state_ != State::kReady || !socket_ || !controls_.empty()) {
+      return false;
+    }
+    const u64 completions = table_.Completions();
+    try {
+      SendTask(t);  // from here on the task is in a slot: the thread fails it if need be
+      sent_by_caller_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+      ReceiveBatch(false);  // the ZMQ_FD rule: our send may have taken the fd's signal
+    } catch (const zmq::error_t &) {
+      AskForPass();  // the network thread meets the same error and fails the slots
+    }
+    lock.unlock();
+    if (table_.Completions() != completions) watch_.Wake();
+    // The network thread may sleep blind since a watcher left with nothing in flight; if
+    // nobody watches now, it must, or t's answer waits unseen should its caller park.
+    if (watch_.BlindUnwatched()) AskForPass();
+    return true;
+  }
+
+  /** The WaitHelper entry point: ctx is the connection. */
+  static void HelpThunk(void *ctx) { static_cast<ZmqClientTransport *>(ctx)->HelpReceive(); }
+
+  /**
+   * A caller waiting in Future::Wait while few tasks are in flight (a stream's answers
+   * are the network thread's): takes every answer that is ready (anyone's). When none is,
+   * one waiting caller at a time blocks on the socket, at most kWatchMs (ZmqSocketWatch).
+   * After a watch that saw nothing, the thread's next kSkipAfterIdle calls only look, so
+   * Future::Wait soon reads its clock and parks. Never waits for the lock.
+   */
+  void HelpReceive() {
+    CallerState &me = Caller();  // per thread: each waiting caller has its own spin phase
+    if (table_.Outstanding() != 0 && table_.Inflight() <= kDirectMaxInflight) {
+      if (me.skip == 0 && watch_.TryTake()) {
+        if (!Watch(me.seen)) me.skip = kSkipAfterIdle;
+      } else {
+        if (me.skip != 0) --me.skip;
+        const u64 before = table_.Completions();
+        int fd = -1;
+        TryReceive(&fd);
+        if (table_.Completions() != before) watch_.Wake();
+      }
+    }
+    me.seen = table_.Completions();  // Future::Wait checks its task after this
+  }
+
+  /**
+   * The watcher's turn. A task completed since this thread last looked may be its own,
+   * so it blocks only while the count is unchanged: a completion counted later rings
+   * the bell. False when it watched for kWatchMs and nothing came.
+   */
+  bool Watch(u64 seen) {
+    int fd = -1;
+    bool came = true;
+    if (!TryReceive(&fd) && fd >= 0 && table_.Completions() == seen) {
+      came = watch_.Block(fd, kWatchMs);
+      TryReceive(&fd);
+    }
+    // The network thread sleeps without the fd: with tasks in flight it must watch again
+    // (their callers may park), or their answers would wait for its sleep's timeout. With
+    // none it sleeps on: waking it after every round trip cost the next one the socket's
+    // lock at times. (A runtime that stops is seen on the monitor, which it always polls.)
+    if (watch_.Release() && !table_.Idle()) AskForPass();
+    return came;
+  }
+
+  /** Receives what is ready if the socket is free; true when it delivered any. *fd: its fd. */
+  bool TryReceive(int *fd) {
+    std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || !socket_) return false;
+    *fd = socket_fd_;
+    try {
+      return ReceiveBatch(false) != 0;
+    } catch (const zmq::error_t &) {
+      AskForPass();
+      *fd = -1;
+      return false;
+    }
+  }
+
+  // ---- Network thread ----
+
+  /** The network thread: connects, serves until Close, then fails what is left. */
+  void Run() {
+    pthread_setname_np(pthread_self(), "chi-zmq-client");
+    const u64 start = NowNs();
+    connect_deadline_ = start + static_cast<u64>(opt_.connect_timeout_sec * 1e9);
+    try {
+      {
+        std::lock_guard<std::mutex> lock(sock_mu_);
+        OpenSocket();
+      }
+      Loop();
+    } catch (const zmq::error_t &e) {
+      std::lock_guard<std::mutex> lock(sock_mu_);
+      FailAll(ErrorCode::kIo, "ZeroMQ error in the client transport");
+      if (!first_done_) {
+        first_done_ = true;
+        first_result_.set_value(Status::Errorf(ErrorCode::kIo, "ZeroMQ: %s", e.what()));
+      }
+    }
+    std::lock_guard<std::mutex> lock(sock_mu_);  // Close removed the helper: no caller helps
+    FailAll(ErrorCode::kShutdown, "the client closed its connection to the runtime");
+    if (state_ == State::kReady && socket_) {
+      socket_->set(zmq::sockopt::linger, 100);  // long enough for the Bye, short at exit
+      bye_sent_ = socket_->send(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait)
+                      .has_value();
+    }
+    CloseSocket();
+  }
+
+  /**
+   * Passes over the socket under its lock while there is work; between passes it spins
+   * (spin_ns after work) or sleeps in poll() without the lock, so callers can use it.
+   */
+  void Loop() {
+    u64 last_busy = NowNs();
+    bool work = true;        // a pass is due
+    bool timed_out = false;  // the sleep before this pass ran to kMaxSleepNs
+    while (stop_.Load(MemOrder::kAcquire) == 0) {
+      if (work && Pass(timed_out)) last_busy = NowNs();
+      timed_out = false;
+      const u64 now = NowNs();
+      if (now - last_busy < opt_.spin_ns) {  // spin on readiness, not on the lock
+        work = Probe(0, true);
+        if (!work) CpuRelax();
+        continue;
+      }
+      doorbell_.PrepareSleep();
+      if (!WorkAsked()) {
+        // Until the next timer, at most kMaxSleepNs; rounded up: never before it is due.
+        const u64 timer_ns = NextTimerNs(now);
+        const bool capped = timer_ns >= kMaxSleepNs;  // no timer due: it ends on an event
+        const u64 sleep_ns = capped ? kMaxSleepNs : timer_ns;
+        const long sleep_ms = static_cast<long>((sleep_ns + 999999) / 1000000);
+        timed_out = !Probe(sleep_ms, watch_.BeginSleep()) && capped;
+        watch_.EndSleep();
+      }
+      doorbell_.Awake();  // no spin after a wake-up: a waiting caller may have taken the answer
+      work = true;
+    }
+  }
+
+  /**
+   * One pass under the socket's lock: control messages callers left, queued tasks, ready
+   * answers, connection events, timers. True when it found anything to do.
+   */
+  bool Pass(bool after_timeout) {
+    // relaxed: the doorbell's fences order it; this pass does what it asked for.
+    wake_asked_.Store(0, MemOrder::kRelaxed);
+    const u64 completions = table_.Completions();
+    bool busy = false;
+    {
+      std::lock_guard<std::mutex> lock(sock_mu_);
+      busy |= HandleDeferredControls();
+      busy |= TakeSubmitted();
+      // Before the monitor: what came before a disconnect (answers, a goodbye) counts.
+      const u32 got = ReceiveBatch(true);
+      // relaxed: a statistic. Answers waiting after a full sleep were never signalled.
+      if (after_timeout && got != 0) late_wakeups_.FetchAdd(got, MemOrder::kRelaxed);
+      busy |= got != 0;
+      if (ReadMonitor()) {  // a replaced socket is read once too (the ZMQ_FD rule)
+        busy = true;
+        ReceiveBatch(true);
+      }
+      Timers(NowNs());  // after the socket work: a peer loss just stamped down_since_
+    }
+    if (table_.Completions() != completions) watch_.Wake();
+    return busy;
+  }
+
+  /** True when a caller queued work or asked for a pass (re-checked after PrepareSleep). */
+  bool WorkAsked() const {
+    return submitted_.Load(MemOrder::kAcquire) != nullptr ||  // acquire: pairs with Send
+           wake_asked_.Load(MemOrder::kRelaxed) != 0 ||  // relaxed: the doorbell's fences order it
+           stop_.Load(MemOrder::kAcquire) != 0;
+  }
+
+  /**
+   * Waits up to timeout_ms for the socket (by its ZMQ_FD, without the lock: callers may
+   * use the socket meanwhile, and by the ZMQ_FD rule the fd then signals what comes
+   * next), the monitor (ours alone) or the doorbell; false when the time ran out.
+   */
+  bool Probe(long timeout_ms, bool with_socket) {
+    if (WorkAsked()) return true;
+    zmq::pollitem_t items[3] = {{monitor_->handle(), 0, ZMQ_POLLIN, 0},
+                                {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0},
+                                {nullptr, socket_fd_, ZMQ_POLLIN, 0}};
+    const int rc = zmq_poll(items, with_socket ? 3 : 2, timeout_ms);
+    if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
+    return rc != 0;  // a signal's interruption counts as a wake-up: look again
+  }
+
+  WaitHelper helper_{&HelpThunk, this};
+  ZmqSocketWatch watch_;  ///< which waiting caller, if any, sleeps on the socket's fd
+  std::thread thread_;
+  Atomic<u32> closed_;
+  Atomic<u32> senders_;
+  Atomic<u32> helper_state_;  ///< kHelperUntried .. kHelperRefused
+  Atomic<u64> sent_by_caller_;
 };
 
 }  // namespace chi
@@ -12576,23 +13097,144 @@ class ZmqClientTransport final : public ClientTransport {
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_H
 // ZmqServer: the runtime's network worker for pure clients over ZeroMQ. One
-// thread owns a ROUTER socket per endpoint (ipc and tcp on loopback), answers
-// ClientConnect handshakes, decodes task requests through the RequestDispatcher
-// and sends the answers that workers hand back (OnComplete, any worker thread).
-// Invariant: only the network thread touches sockets and the peer table;
-// workers publish answers on a lock-free list and ring the doorbell.
+// thread serves a ROUTER socket per endpoint (ipc and tcp on loopback): it answers
+// ClientConnect handshakes and decodes task requests through the RequestDispatcher.
+// A worker finishing a task sends the answer itself when the sockets' lock is free
+// (else it queues it for the network thread), so an answer needs no hand-off. The
+// network thread sleeps in poll() on the sockets' ZMQ_FDs without the lock.
+// Invariants: sockets and the peer table are used only under sock_mu_, and by the
+// ZMQ_FD rule (zmq_common.h): the network thread receives until EAGAIN or passes
+// again, and a worker that finds requests waiting after its send asks for a pass.
 
 #include <pthread.h>  // naming the network thread
 #include <unistd.h>   // unlink of the ipc socket file
 
+#include <cerrno>         // EINTR from poll
 #include <cstring>        // strlen
 #include <future>         // start-up result of the network thread
+#include <mutex>          // the sockets' lock
 #include <string>         // peer keys
 #include <thread>         // the network thread
 #include <unordered_map>  // peers by routing id
 #include <vector>         // answer buffers, free slots
 
 #include <zmq.hpp>  // cppzmq
+
+// ---- begin chi/transport/zmq_server_answers.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_ANSWERS_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_ANSWERS_H
+// Answers of the ZeroMQ server (zmq_server.h): the slot that carries one remote
+// task's answer (its client's routing id and the encoded bytes), a bounded pool of
+// slots, and the lock-free list on which answers wait for the network thread.
+// Invariant: a slot has one owner at a time: the pool (under the server's lock), a
+// dispatched task (its transport cookie), or the list.
+
+#include <string>  // routing ids
+#include <vector>  // encoded answers, the pool
+
+namespace chi {
+
+/** Where one remote task's answer goes, and its encoded bytes. */
+struct ZmqAnswerSlot {
+  ZmqAnswerSlot *next = nullptr;  ///< the next slot on ZmqAnswerQueue's list
+  std::string peer;               ///< socket index byte + routing id
+  std::vector<char> bytes;        ///< the encoded answer (capacity reused)
+};
+
+/** Slots kept for reuse (single-threaded: the server's lock guards it). */
+class ZmqAnswerPool {
+ public:
+  static constexpr u64 kKeepBufferBytes = 1 << 20;  ///< larger answer buffers are not kept
+  static constexpr size_t kMaxFreeSlots = 1024;     ///< slots beyond this are freed
+
+  ZmqAnswerPool() = default;
+  ~ZmqAnswerPool() { Clear(); }
+  ZmqAnswerPool(const ZmqAnswerPool &) = delete;
+  ZmqAnswerPool &operator=(const ZmqAnswerPool &) = delete;
+
+  /** A slot from the pool, or a new one. */
+  ZmqAnswerSlot *Take() {
+    if (free_.empty()) return new ZmqAnswerSlot();
+    ZmqAnswerSlot *s = free_.back();
+    free_.pop_back();
+    pooled_bytes_ -= s->bytes.capacity();
+    Publish();
+    return s;
+  }
+
+  /** Keeps a slot for reuse; large buffers and slots beyond the pool's bound are freed. */
+  void Give(ZmqAnswerSlot *s) {
+    if (free_.size() >= kMaxFreeSlots) {
+      delete s;
+      return;
+    }
+    if (s->bytes.capacity() > kKeepBufferBytes) std::vector<char>().swap(s->bytes);
+    s->bytes.clear();
+    pooled_bytes_ += s->bytes.capacity();
+    free_.push_back(s);
+    Publish();
+  }
+
+  /** Frees every pooled slot. */
+  void Clear() {
+    for (ZmqAnswerSlot *s : free_) delete s;
+    free_.clear();
+    pooled_bytes_ = 0;
+    Publish();
+  }
+
+  /** Bytes the pool holds (any thread). */
+  u64 BytesHeld() const { return bytes_held_.Load(MemOrder::kRelaxed); }  // relaxed: a statistic
+
+ private:
+  void Publish() {
+    bytes_held_.Store(pooled_bytes_ + free_.size() * sizeof(ZmqAnswerSlot), MemOrder::kRelaxed);
+  }
+
+  std::vector<ZmqAnswerSlot *> free_;
+  u64 pooled_bytes_ = 0;
+  Atomic<u64> bytes_held_;
+};
+
+/** Encoded answers waiting for the network thread: any thread pushes, it takes them all. */
+class ZmqAnswerQueue {
+ public:
+  /** Pushes an encoded answer (any thread). */
+  void Push(ZmqAnswerSlot *slot) {
+    ZmqAnswerSlot *head = head_.Load(MemOrder::kRelaxed);
+    do {
+      slot->next = head;
+      // release: the encoded bytes are visible to the thread that takes the list.
+    } while (!head_.CompareExchange(head, slot, MemOrder::kRelease));
+  }
+
+  /** True when answers wait (acquire: a taker then sees their bytes). */
+  bool Waiting() const { return head_.Load(MemOrder::kAcquire) != nullptr; }
+
+  /** A hint that answers wait, for a sender that must not overtake them (relaxed). */
+  bool WaitingHint() const { return head_.Load(MemOrder::kRelaxed) != nullptr; }
+
+  /** Takes every waiting answer, oldest first (linked through next); nullptr when none. */
+  ZmqAnswerSlot *TakeAll() {
+    // acquire: pairs with Push's release; the encoded bytes are visible.
+    ZmqAnswerSlot *list = head_.Exchange(nullptr, MemOrder::kAcquire);
+    ZmqAnswerSlot *fifo = nullptr;
+    while (list != nullptr) {  // the list is newest first; reverse it
+      ZmqAnswerSlot *next = list->next;
+      list->next = fifo;
+      fifo = list;
+      list = next;
+    }
+    return fifo;
+  }
+
+ private:
+  Atomic<ZmqAnswerSlot *> head_{nullptr};  ///< newest first
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_ANSWERS_H
+// ---- end chi/transport/zmq_server_answers.h ----
 
 namespace chi {
 
@@ -12605,6 +13247,13 @@ struct ZmqServerStats {
   u64 requests = 0;           ///< task requests received
   u64 requests_refused = 0;   ///< requests answered with an error (malformed, not connected, ...)
   u64 answers_dropped = 0;    ///< answers whose client was gone
+  u64 answers_by_worker = 0;  ///< answers the finishing worker sent itself
+  /**
+   * Requests the network thread found waiting after a sleep that ran to its timeout (the
+   * reaper's): a wake-up that never came (the ZMQ_FD rule broken), or, rarely, a request
+   * that landed just then. Expected 0.
+   */
+  u64 late_wakeups = 0;
 };
 
 /** Serves pure clients over ZeroMQ ROUTER sockets (ipc and/or tcp). */
@@ -12673,16 +13322,14 @@ class ZmqServer final : public TaskCompleter {
     ctx_.close();
   }
 
-  /** Worker side: a remote task finished; queue its answer for the network thread. */
+  /**
+   * Worker side: a remote task finished; sends its answer when the sockets are free,
+   * else queues it for the network thread.
+   */
   void OnComplete(Task *t) override {
-    auto *slot = reinterpret_cast<AnswerSlot *>(t->transport_cookie_);
+    auto *slot = reinterpret_cast<ZmqAnswerSlot *>(t->transport_cookie_);
     RequestDispatcher::EncodeAnswer(t, &slot->bytes);
-    AnswerSlot *head = answers_.Load(MemOrder::kRelaxed);
-    do {
-      slot->next = head;
-      // release: the encoded bytes are visible to the network thread that takes the list.
-    } while (!answers_.CompareExchange(head, slot, MemOrder::kRelease));
-    doorbell_.Ring();
+    if (!SendNow(slot)) QueueAnswer(slot);
   }
 
   /** A snapshot of the counters (any thread). */
@@ -12691,23 +13338,24 @@ class ZmqServer final : public TaskCompleter {
     s.clients = clients_.Load(MemOrder::kRelaxed);
     s.clients_reaped = reaped_.Load(MemOrder::kRelaxed);
     s.tasks_outstanding = outstanding_.Load(MemOrder::kRelaxed);
-    s.bytes_held = bytes_held_.Load(MemOrder::kRelaxed);
+    s.bytes_held = pool_.BytesHeld();
     s.requests = requests_.Load(MemOrder::kRelaxed);
     s.requests_refused = refused_.Load(MemOrder::kRelaxed);
     s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
+    s.answers_by_worker = sent_by_worker_.Load(MemOrder::kRelaxed);
+    s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
     return s;
   }
 
  private:
   static constexpr u32 kRecvBatch = 64;           ///< messages per socket per pass
-  static constexpr u64 kKeepBufferBytes = 1 << 20;  ///< larger answer buffers are not pooled
-  static constexpr size_t kMaxFreeSlots = 1024;
+  /** Beyond this many tasks in flight, workers leave answers to the network thread. */
+  static constexpr u64 kDirectMaxOutstanding = 4;
 
-  /** Where one remote task's answer goes, and its encoded bytes. */
-  struct AnswerSlot {
-    AnswerSlot *next = nullptr;
-    std::string peer;          ///< socket index byte + routing id
-    std::vector<char> bytes;   ///< the encoded answer (capacity reused)
+  /** A request taken off a socket under the lock, dispatched after it (see Pass). */
+  struct Pending {
+    ZmqAnswerSlot *slot;  ///< where its answer goes
+    zmq::message_t body;  ///< the request envelope
   };
   /** A registered client. */
   struct Peer {
@@ -12716,8 +13364,53 @@ class ZmqServer final : public TaskCompleter {
     u64 outstanding = 0;
   };
 
+  /**
+   * A worker: sends slot's answer itself and true, unless the network thread (or another
+   * worker) holds the sockets, the queue holds older answers (they go first), or many
+   * tasks are in flight (the thread sends those in batches, one events check each).
+   */
+  bool SendNow(ZmqAnswerSlot *slot) {
+    // A task that completes at once while the network thread dispatches it inside its pass
+    // (a GPU-route task failed at once) must not try-lock the mutex that thread holds.
+    if (HoldsSockets()) return false;
+    if (outstanding_.Load(MemOrder::kRelaxed) > kDirectMaxOutstanding) return false;
+    // relaxed: a hint; an answer queued after this check is still sent by the thread.
+    if (answers_.WaitingHint()) return false;
+    std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || sockets_closed_) return false;
+    const int i = static_cast<u8>(slot->peer[0]);
+    DeliverAnswer(slot);
+    sent_by_worker_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+    bool readable = true;  // on error, let the network thread look
+    try {
+      // The ZMQ_FD rule: our send may have taken the fd's signal of requests now waiting.
+      readable = ZmqReadable(*sockets_[i]);
+    } catch (const zmq::error_t &) {
+    }
+    if (readable) {
+      wake_asked_.Store(1, MemOrder::kRelaxed);  // relaxed: Ring's seq_cst fence publishes it
+      doorbell_.Ring();
+    }
+    return true;
+  }
+
   // ---- Network thread ----
 
+  /** True on the network thread while it holds sock_mu_ (see SocketsHeld). */
+  static bool &HoldsSockets() {
+    static thread_local bool held = false;
+    return held;
+  }
+
+  /** Marks the network thread's sock_mu_ sections, for SendNow's re-entry check. */
+  struct SocketsHeld {
+    SocketsHeld() { HoldsSockets() = true; }
+    ~SocketsHeld() { HoldsSockets() = false; }
+    SocketsHeld(const SocketsHeld &) = delete;
+    SocketsHeld &operator=(const SocketsHeld &) = delete;
+  };
+
+  /** The network thread: binds, waits for Open, serves until Stop, then says goodbye. */
   void Run(std::promise<Status> *started) {
     pthread_setname_np(pthread_self(), "chi-zmq-server");
     Status st = Bind();
@@ -12728,13 +13421,16 @@ class ZmqServer final : public TaskCompleter {
     }
     while (open_.Load(MemOrder::kAcquire) == 0) FutexWait(open_.Raw(), 0);
     Loop();
+    std::lock_guard<std::mutex> lock(sock_mu_);
+    const SocketsHeld held;
     DrainAnswers();
     NotifyShutdown();
     CloseSockets();
-    for (AnswerSlot *s : free_) delete s;
-    free_.clear();
+    sockets_closed_ = true;
+    pool_.Clear();
   }
 
+  /** Binds the wanted endpoints (kAlreadyExists when another process holds the port). */
   Status Bind() {
     try {
       const char *modes[2] = {"ipc", "tcp"};
@@ -12753,6 +13449,7 @@ class ZmqServer final : public TaskCompleter {
                                 e.num() == EADDRINUSE ? " (another runtime or program uses the "
                                                         "port; set CHI_PORT)" : "");
         }
+        socket_fds_[i] = s->get(zmq::sockopt::fd);
         sockets_[i] = std::move(s);
         ipc_bound_ = ipc_bound_ || i == 0;
       }
@@ -12762,44 +13459,115 @@ class ZmqServer final : public TaskCompleter {
     }
   }
 
+  /**
+   * Passes over the sockets under their lock while there is work; between passes it
+   * spins (spin_ns after work) or sleeps in poll() without the lock, so workers can send.
+   */
   void Loop() {
     u64 last_busy = NowNs();
-    u64 next_reap = last_busy + opt_.reap_interval_ns;
+    next_reap_ = last_busy + opt_.reap_interval_ns;
+    bool work = true;        // a pass is due
+    bool timed_out = false;  // the sleep before this pass ran to its timeout
     while (stop_.Load(MemOrder::kAcquire) == 0) {
-      bool busy = DrainAnswers();
-      for (int i = 0; i < 2; ++i) busy |= ReceiveBatch(i);
+      if (work && Pass(timed_out)) last_busy = NowNs();
+      timed_out = false;
       const u64 now = NowNs();
-      if (now >= next_reap) {
-        Reap();
-        next_reap = now + opt_.reap_interval_ns;
-      }
-      if (busy) {
-        last_busy = now;
-        continue;
-      }
-      if (now - last_busy < opt_.spin_ns) {
-        CpuRelax();
+      if (now - last_busy < opt_.spin_ns) {  // spin on readiness, not on the lock
+        work = Probe(0);
+        if (!work) CpuRelax();
         continue;
       }
       doorbell_.PrepareSleep();
-      if (answers_.Load(MemOrder::kAcquire) == nullptr && stop_.Load(MemOrder::kAcquire) == 0) {
-        zmq::pollitem_t items[3];
-        int n = 0;
-        for (int i = 0; i < 2; ++i) {
-          if (sockets_[i]) items[n++] = {sockets_[i]->handle(), 0, ZMQ_POLLIN, 0};
-        }
-        items[n++] = {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0};
-        const long wait_ms = static_cast<long>(opt_.reap_interval_ns / 1000000) + 1;
-        zmq::poll(items, n, std::chrono::milliseconds(wait_ms));
+      if (!WorkAsked()) {
+        // Until the next reap, rounded up: never before it is due.
+        const u64 wait_ns = next_reap_ > now ? next_reap_ - now : 0;
+        timed_out = !Probe(static_cast<long>((wait_ns + 999999) / 1000000));
       }
       doorbell_.Awake();
-      last_busy = NowNs();  // one short spin after every wake-up
+      work = true;
     }
   }
 
-  /** Receives up to kRecvBatch messages from socket i; true when any arrived. */
-  bool ReceiveBatch(int i) {
-    if (!sockets_[i]) return false;
+  /**
+   * One pass: under the sockets' lock, queued answers, requests and the reaper; then,
+   * without it, the requests it took while few were in flight are dispatched, so that a
+   * worker finishing one at once finds the lock free and answers itself. True when busy.
+   */
+  bool Pass(bool after_timeout) {
+    // relaxed: the doorbell's fences order it; this pass does what it asked for.
+    wake_asked_.Store(0, MemOrder::kRelaxed);
+    bool busy = false;
+    {
+      std::lock_guard<std::mutex> lock(sock_mu_);
+      const SocketsHeld held;
+      busy |= DrainAnswers();
+      for (int i = 0; i < 2; ++i) {
+        const u32 got = ReceiveBatch(i);
+        // relaxed: a statistic. Requests waiting after a full sleep were never signalled.
+        if (after_timeout && got != 0) late_wakeups_.FetchAdd(got, MemOrder::kRelaxed);
+        busy |= got != 0;
+      }
+      const u64 now = NowNs();
+      if (now >= next_reap_) {
+        Reap();
+        next_reap_ = now + opt_.reap_interval_ns;
+      }
+    }
+    DispatchPending();
+    return busy;
+  }
+
+  /** Submits the requests taken so far, in order; a refused one's error answer is queued. */
+  void DispatchPending() {
+    for (Pending &p : pending_) {
+      const char *data = static_cast<const char *>(p.body.data());
+      if (dispatcher_->Dispatch(data, p.body.size(), this, reinterpret_cast<u64>(p.slot),
+                                &p.slot->bytes)) {
+        continue;  // the task owns the slot now: it may be answered already
+      }
+      refused_.FetchAdd(1, MemOrder::kRelaxed);
+      QueueAnswer(p.slot);  // counted as outstanding when taken; delivered next pass
+    }
+    pending_.clear();
+  }
+
+  /** Queues an encoded answer for the network thread's next pass (any thread). */
+  void QueueAnswer(ZmqAnswerSlot *slot) {
+    answers_.Push(slot);
+    doorbell_.Ring();
+  }
+
+  /** True when answers are queued or a worker asked for a pass (re-read after PrepareSleep). */
+  bool WorkAsked() const {
+    return answers_.Waiting() ||
+           wake_asked_.Load(MemOrder::kRelaxed) != 0 ||  // relaxed: the doorbell's fences order it
+           stop_.Load(MemOrder::kAcquire) != 0;
+  }
+
+  /**
+   * Waits up to timeout_ms for a socket (by its ZMQ_FD, without the lock: by the ZMQ_FD
+   * rule whoever used a socket left it so that the fd signals what comes next) or the
+   * doorbell; false when the time ran out.
+   */
+  bool Probe(long timeout_ms) {
+    if (WorkAsked()) return true;
+    zmq::pollitem_t items[3];
+    int n = 0;
+    for (int i = 0; i < 2; ++i) {
+      if (socket_fds_[i] >= 0) items[n++] = {nullptr, socket_fds_[i], ZMQ_POLLIN, 0};
+    }
+    items[n++] = {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0};
+    const int rc = zmq_poll(items, n, timeout_ms);
+    if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
+    return rc != 0;  // a signal's interruption counts as a wake-up: look again
+  }
+
+  /**
+   * Receives up to kRecvBatch messages from socket i; returns how many. A full batch asks
+   * for another pass: more may wait, and the fd will not say so (the ZMQ_FD rule).
+   */
+  u32 ReceiveBatch(int i) {
+    if (!sockets_[i]) return 0;
     zmq::socket_t &s = *sockets_[i];
     u32 got = 0;
     for (; got < kRecvBatch; ++got) {
@@ -12817,12 +13585,18 @@ class ZmqServer final : public TaskCompleter {
         Refuse(peer, 0, ErrorCode::kMalformed, "a request must be exactly one frame");
         continue;
       }
-      Handle(peer, payload);
+      Handle(peer, std::move(payload));
     }
-    return got > 0;
+    // relaxed: read by this thread, in its next Probe.
+    if (got == kRecvBatch) wake_asked_.Store(1, MemOrder::kRelaxed);
+    return got;
   }
 
-  void Handle(const std::string &peer, const zmq::message_t &msg) {
+  /**
+   * A task request (or control message) from `peer`: taken for dispatch after the pass
+   * (counted outstanding from here), or answered with an error.
+   */
+  void Handle(const std::string &peer, zmq::message_t &&msg) {
     const char *data = static_cast<const char *>(msg.data());
     if (msg.size() < kEnvelopeHeaderBytes) {
       Refuse(peer, 0, ErrorCode::kTruncated, "request shorter than its 8-byte header");
@@ -12844,19 +13618,20 @@ class ZmqServer final : public TaskCompleter {
       Refuse(peer, id, ErrorCode::kShutdown, "the runtime is shutting down");
       return;
     }
-    AnswerSlot *slot = TakeSlot();
+    ZmqAnswerSlot *slot = pool_.Take();
     slot->peer = peer;
-    outstanding_.FetchAdd(1, MemOrder::kRelaxed);  // before the task can run (Monitor counts it)
-    if (!dispatcher_->Dispatch(data, msg.size(), this, reinterpret_cast<u64>(slot), &error_)) {
-      outstanding_.FetchSub(1, MemOrder::kRelaxed);
-      refused_.FetchAdd(1, MemOrder::kRelaxed);
-      SendTo(peer, error_.data(), error_.size());
-      GiveSlot(slot);
-      return;
-    }
-    ++it->second.outstanding;
+    // relaxed: the count is this thread's to raise; workers read it as a hint.
+    const u64 outstanding = outstanding_.FetchAdd(1, MemOrder::kRelaxed) + 1;  // Monitor counts it
+    ++it->second.outstanding;  // DeliverAnswer takes both back, answer or error
+    pending_.push_back(Pending{slot, std::move(msg)});
+    // Few in flight: dispatched after the pass, when a worker that finishes at once finds
+    // the lock free and answers itself. Many: now, in order, so that the workers start
+    // while the pass goes on (a stream's answers are this thread's anyway); waiting for
+    // the pass to end cost a 256-task stream its overlap of receiving and running.
+    if (outstanding > kDirectMaxOutstanding) DispatchPending();
   }
 
+  /** A control message: a handshake (answered), a goodbye, or an unknown one (refused). */
   void HandleControl(const std::string &peer, u64 id, const zmq::message_t &msg) {
     if (id == zmq_control::kBye) {
       if (peers_.erase(peer) != 0) clients_.Store(peers_.size(), MemOrder::kRelaxed);
@@ -12917,30 +13692,27 @@ class ZmqServer final : public TaskCompleter {
 
   /** Sends the answers workers queued, oldest first; true when there were any. */
   bool DrainAnswers() {
-    // acquire: pairs with OnComplete's release; the encoded bytes are visible.
-    AnswerSlot *list = answers_.Exchange(nullptr, MemOrder::kAcquire);
-    if (list == nullptr) return false;
-    AnswerSlot *fifo = nullptr;
-    while (list != nullptr) {  // the list is newest first; reverse it
-      AnswerSlot *next = list->next;
-      list->next = fifo;
-      fifo = list;
-      list = next;
-    }
+    ZmqAnswerSlot *fifo = answers_.TakeAll();
+    if (fifo == nullptr) return false;
     while (fifo != nullptr) {
-      AnswerSlot *slot = fifo;
+      ZmqAnswerSlot *slot = fifo;
       fifo = fifo->next;
-      auto it = peers_.find(slot->peer);
-      if (it != peers_.end()) {
-        SendTo(slot->peer, slot->bytes.data(), slot->bytes.size());
-        --it->second.outstanding;
-      } else {
-        dropped_.FetchAdd(1, MemOrder::kRelaxed);
-      }
-      outstanding_.FetchSub(1, MemOrder::kRelaxed);
-      GiveSlot(slot);
+      DeliverAnswer(slot);
     }
     return true;
+  }
+
+  /** Sends one answer to its client (dropped when the client is gone); under sock_mu_. */
+  void DeliverAnswer(ZmqAnswerSlot *slot) {
+    auto it = peers_.find(slot->peer);
+    if (it != peers_.end()) {
+      SendTo(slot->peer, slot->bytes.data(), slot->bytes.size());
+      --it->second.outstanding;
+    } else {
+      dropped_.FetchAdd(1, MemOrder::kRelaxed);
+    }
+    outstanding_.FetchSub(1, MemOrder::kRelaxed);
+    pool_.Give(slot);
   }
 
   /** Forgets clients whose process has died (their later answers are dropped). */
@@ -12979,50 +13751,36 @@ class ZmqServer final : public TaskCompleter {
     }
   }
 
-  AnswerSlot *TakeSlot() {
-    if (free_.empty()) return new AnswerSlot();
-    AnswerSlot *s = free_.back();
-    free_.pop_back();
-    pooled_bytes_ -= s->bytes.capacity();
-    return s;
-  }
-  /** Pools a slot for reuse; large buffers and slots beyond the pool's bound are freed. */
-  void GiveSlot(AnswerSlot *s) {
-    if (free_.size() >= kMaxFreeSlots) {
-      delete s;
-      return;
-    }
-    if (s->bytes.capacity() > kKeepBufferBytes) std::vector<char>().swap(s->bytes);
-    s->bytes.clear();
-    pooled_bytes_ += s->bytes.capacity();
-    free_.push_back(s);
-    bytes_held_.Store(pooled_bytes_ + free_.size() * sizeof(AnswerSlot), MemOrder::kRelaxed);
-  }
-
   RequestDispatcher *dispatcher_ = nullptr;
   Options opt_;
   zmq::context_t ctx_{1};
-  std::unique_ptr<zmq::socket_t> sockets_[2];  ///< [0] ipc, [1] tcp
+  std::mutex sock_mu_;  ///< the sockets, peers_, pool_ and the scratch buffer
+  std::unique_ptr<zmq::socket_t> sockets_[2];  ///< [0] ipc, [1] tcp; under sock_mu_
+  int socket_fds_[2] = {-1, -1};               ///< their ZMQ_FDs; set before serving
+  bool sockets_closed_ = false;                ///< under sock_mu_: late answers are dropped
   std::thread thread_;
   ZmqDoorbell doorbell_;
   ConnectAnswer template_;
-  std::unordered_map<std::string, Peer> peers_;  ///< network thread only
-  std::vector<AnswerSlot *> free_;               ///< network thread only
-  std::vector<char> error_;                      ///< network thread's scratch answer
+  std::unordered_map<std::string, Peer> peers_;  ///< under sock_mu_
+  ZmqAnswerPool pool_;                           ///< under sock_mu_
+  std::vector<Pending> pending_;                 ///< network thread only: taken, not dispatched
+  std::vector<char> error_;                      ///< scratch error answer; under sock_mu_
   u64 next_client_id_ = 0;
-  u64 pooled_bytes_ = 0;
+  u64 next_reap_ = 0;  ///< network thread: when Reap runs next
   bool ipc_bound_ = false;
-  Atomic<AnswerSlot *> answers_{nullptr};  ///< finished answers, newest first
+  ZmqAnswerQueue answers_;  ///< finished answers for the network thread
   Atomic<u32> open_;
   Atomic<u32> stop_;
   Atomic<u32> shutting_down_;
   Atomic<u64> clients_;
   Atomic<u64> reaped_;
   Atomic<u64> outstanding_;
-  Atomic<u64> bytes_held_;
   Atomic<u64> requests_;
   Atomic<u64> refused_;
   Atomic<u64> dropped_;
+  Atomic<u64> sent_by_worker_;
+  Atomic<u32> wake_asked_;  ///< a worker took a socket's wake-up: the thread must look
+  Atomic<u64> late_wakeups_;  ///< see ZmqServerStats
 };
 
 }  // namespace chi

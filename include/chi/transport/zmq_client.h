@@ -1,56 +1,37 @@
 // ZmqClientTransport: a pure client's connection to its runtime over ZeroMQ
-// (DEALER to the runtime's ROUTER, ipc or tcp). Callers hand tasks over on a
-// lock-free list; one network thread encodes, sends, matches answers by request
-// id and completes the tasks. A lost runtime fails outstanding tasks with
-// kPeerDead (kShutdown when it said goodbye), then the thread reconnects and
-// repeats the ClientConnect handshake; tasks sent meanwhile wait up to
-// reconnect_sec for it. Invariant: every task handed to Send is completed once.
+// (DEALER to the runtime's ROUTER, ipc or tcp; the socket half is in
+// zmq_client_connection.h). A caller sends its request itself when the socket's
+// lock is free (else it queues it for the network thread), and while it waits in
+// Future::Wait it takes answers off the socket itself (through the process's
+// WaitHelper; one waiting caller sleeps on the socket, see zmq_client_watch.h), so
+// a round trip needs no hand-off to another thread. The network thread sleeps in
+// poll() on the socket's ZMQ_FD, without the lock, and handles the rest: streams of
+// tasks, answers nobody waits for, the handshake, reconnection; it does everything
+// when the process's WaitHelper belongs to someone else (a GPU client's GpuWorker).
+// Invariants: every task handed to Send is completed once; the socket is used only
+// under sock_mu_, and by the ZMQ_FD rule (zmq_common.h).
 #pragma once
 
 #include <pthread.h>  // naming the network thread
-#include <unistd.h>   // getpid, getuid
 
-#include <climits>  // INT_MAX: wake every blocked sender
-#include <cstring>  // memcpy of monitor events
-#include <deque>    // tasks waiting for a connection
-#include <future>   // result of the first handshake
-#include <memory>   // unique_ptr
-#include <mutex>    // the latest handshake answer
-#include <string>   // endpoint
-#include <thread>   // the network thread
-#include <vector>   // request slots, encode buffer
+#include <cerrno>  // EINTR from poll
+#include <future>  // result of the first handshake
+#include <memory>  // unique_ptr
+#include <mutex>   // the socket's lock
+#include <thread>  // the network thread
 
 #include <zmq.hpp>  // cppzmq
 
-#include "chi/core/atomic.h"                   // submit list, counters
-#include "chi/core/futex.h"                    // back-pressure parking
-#include "chi/runtime/worker.h"                // NowNs
-#include "chi/task/task_ops.h"                 // CompleteTask
-#include "chi/transport/client_connect.h"      // ConnectRequest/Answer
-#include "chi/transport/request_dispatcher.h"  // EncodeRequest, DecodeAnswer
-#include "chi/transport/zmq_common.h"          // endpoints, control ids, doorbell
+#include "chi/core/atomic.h"                      // counters
+#include "chi/runtime/worker.h"                   // NowNs
+#include "chi/task/future.h"                      // WaitHelper: waiting callers receive
+#include "chi/transport/zmq_client_connection.h"  // the socket half, options, stats
+#include "chi/transport/zmq_client_watch.h"       // a waiting caller sleeps on the socket
 
 namespace chi {
 
-/** How a ZeroMQ client finds and keeps its runtime. */
-struct ZmqClientOptions {
-  std::string mode = "tcp";        ///< "ipc" or "tcp"
-  u32 port = 9413;
-  double connect_timeout_sec = 5;  ///< first handshake must succeed within this
-  double reconnect_sec = 10;       ///< after a loss, tasks wait this long for the runtime
-  u64 max_inflight = 1u << 16;     ///< Send blocks beyond this many unanswered tasks
-  u64 spin_ns = 20000;             ///< busy polling after activity before sleeping
-};
-
-/** Counters of a client connection. */
-struct ZmqClientStats {
-  u64 outstanding = 0;   ///< tasks sent, not answered
-  u64 reconnects = 0;    ///< handshakes after the first
-  u64 peer_losses = 0;   ///< times the runtime went away
-};
-
 /** A pure client's ZeroMQ connection (see the file comment). */
-class ZmqClientTransport final : public ClientTransport {
+class ZmqClientTransport final : public ZmqClientConnection {
  public:
   ~ZmqClientTransport() override { Close(); }
 
@@ -65,7 +46,9 @@ class ZmqClientTransport final : public ClientTransport {
                             opt.mode.c_str());
     }
     std::unique_ptr<ZmqClientTransport> t(new ZmqClientTransport(opt));
-    if (!t->doorbell_.ok()) return Status::Error(ErrorCode::kIo, "eventfd for the network thread");
+    if (!t->doorbell_.ok() || !t->watch_.ok()) {
+      return Status::Error(ErrorCode::kIo, "eventfd for the network thread");
+    }
     std::future<Status> first = t->first_result_.get_future();
     t->thread_ = std::thread([raw = t.get()] { raw->Run(); });
     Status st = first.get();
@@ -78,15 +61,22 @@ class ZmqClientTransport final : public ClientTransport {
     return Status::Ok();
   }
 
-  /** Hands a stamped task to the network thread; false once closed. Blocks when too many are in flight. */
+  /**
+   * Sends a stamped task on this thread when the socket is free, else hands it to the
+   * network thread; false once closed. Blocks while too many are in flight.
+   */
   bool Send(Task *t) override {
     senders_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: Close's flag and our count order totally
     if (closed_.Load(MemOrder::kSeqCst) != 0) {
       senders_.FetchSub(1, MemOrder::kRelease);
       return false;
     }
-    WaitForRoom();
-    inflight_.FetchAdd(1, MemOrder::kRelaxed);
+    table_.Admit();
+    OfferHelper();
+    if (SendNow(t)) {
+      senders_.FetchSub(1, MemOrder::kRelease);
+      return true;
+    }
     Task *head = submitted_.Load(MemOrder::kRelaxed);
     do {
       t->transport_cookie_ = reinterpret_cast<u64>(head);
@@ -101,6 +91,8 @@ class ZmqClientTransport final : public ClientTransport {
   void Close() override {
     if (closed_.Exchange(1, MemOrder::kSeqCst) != 0) return;
     while (senders_.Load(MemOrder::kAcquire) != 0) CpuRelax();  // a Send mid-push finishes first
+    // acquire: a Send's install is seen; Remove returns once no caller is in the helper.
+    if (helper_state_.Load(MemOrder::kAcquire) == kHelperInstalled) WaitHelper::Remove(&helper_);
     stop_.Store(1, MemOrder::kRelease);
     doorbell_.Ring();
     if (thread_.joinable()) thread_.join();
@@ -122,52 +114,206 @@ class ZmqClientTransport final : public ClientTransport {
   /** A snapshot of the counters (any thread). */
   ZmqClientStats Stats() const {
     ZmqClientStats s;
-    s.outstanding = outstanding_.Load(MemOrder::kRelaxed);
+    s.outstanding = table_.Outstanding();
     s.reconnects = reconnects_.Load(MemOrder::kRelaxed);
     s.peer_losses = losses_.Load(MemOrder::kRelaxed);
+    s.sent_by_caller = sent_by_caller_.Load(MemOrder::kRelaxed);
+    s.received_by_caller = received_by_caller_.Load(MemOrder::kRelaxed);
+    s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
+    s.wait_helper = helper_state_.Load(MemOrder::kAcquire) == kHelperInstalled;
     return s;
   }
 
  private:
-  enum class State { kConnecting, kReady, kDown };
-  static constexpr u32 kRecvBatch = 64;
-  static constexpr u64 kTimerNs = 50000000ull;  ///< timer granularity while idle
+  /**
+   * Longest sleep of the network thread. Every wake-up it needs is an event (socket,
+   * monitor, doorbell) or a timer it knows of; this bound only caps the damage of a
+   * wake-up that never comes, which Stats().late_wakeups counts.
+   */
+  static constexpr u64 kMaxSleepNs = 1000000000ull;
 
-  explicit ZmqClientTransport(const ZmqClientOptions &opt)
-      : opt_(opt), endpoint_(ZmqEndpoint(opt.mode, opt.port)) {}
+  explicit ZmqClientTransport(const ZmqClientOptions &opt) : ZmqClientConnection(opt) {}
 
-  /** Back-pressure: park while max_inflight tasks are unanswered. */
-  void WaitForRoom() {
-    for (u32 spins = 0; inflight_.Load(MemOrder::kAcquire) >= opt_.max_inflight; ++spins) {
-      if (spins < 1024) {
-        CpuRelax();
-        continue;
+  // ---- Calling threads ----
+
+  static constexpr u32 kHelperUntried = 0;
+  static constexpr u32 kHelperTrying = 1;
+  static constexpr u32 kHelperInstalled = 2;
+  static constexpr u32 kHelperRefused = 3;
+  /**
+   * Beyond this many tasks in flight (sent or queued) a caller queues its task, and leaves
+   * the answers to the network thread: it sends and receives a stream in batches, one
+   * events check each, where callers pay one per task and contend for the socket. Counted
+   * with queued tasks, so that a caller waiting at the head of a stream it just queued
+   * does not take the socket (that cut the throughput of 256-task windows markedly).
+   */
+  static constexpr u64 kDirectMaxInflight = 4;
+  /** Longest a waiting caller blocks on the socket before Future::Wait looks again. */
+  static constexpr int kWatchMs = 1;
+  /** Calls that only look after a watch that saw nothing (Future::Wait's clock period). */
+  static constexpr u32 kSkipAfterIdle = 64;
+
+  /** What a calling thread remembers of its use of this connection (thread_local). */
+  struct CallerState {
+    const ZmqClientTransport *connection = nullptr;  ///< whose state this is
+    u64 seen = ~0ull;          ///< completions when it last looked (see Watch); ~0: never
+    u32 skip = 0;              ///< helper calls left that only look (after an idle watch)
+    bool streamed = false;     ///< its current burst went past kDirectMaxInflight
+    bool queue_burst = false;  ///< its current burst goes through the network thread
+  };
+
+  /** This thread's state for this connection (fresh when it last used another one). */
+  CallerState &Caller() {
+    thread_local CallerState state;
+    if (state.connection != this) {
+      state = CallerState();
+      state.connection = this;
+    }
+    return state;
+  }
+
+  /**
+   * Offers this connection's answers to callers waiting in Future::Wait, on the first
+   * Send (not at Connect: a handshake-only connection must leave the process's single
+   * WaitHelper slot to the shm transport it hands over to).
+   */
+  void OfferHelper() {
+    if (helper_state_.Load(MemOrder::kRelaxed) != kHelperUntried) return;  // relaxed: a hint
+    u32 untried = kHelperUntried;
+    // relaxed: only the winner installs; Close reads the final state with acquire.
+    if (!helper_state_.CompareExchange(untried, kHelperTrying, MemOrder::kRelaxed)) return;
+    const bool ok = WaitHelper::Install(&helper_);
+    // release: Close (which waits for this Send) sees the install and removes it.
+    helper_state_.Store(ok ? kHelperInstalled : kHelperRefused, MemOrder::kRelease);
+  }
+
+  /**
+   * Sends t on the calling thread when the socket is free and connected; false when
+   * it must go through the network thread (socket busy, not connected, earlier tasks
+   * still queued there: a caller's tasks leave in the order it sent them, or a stream
+   * of tasks, which the thread sends in batches).
+   */
+  bool SendNow(Task *t) {
+    // A burst of sends starts when t is the only task in flight. A thread whose last burst
+    // was a stream is taken to stream again: its whole burst goes to the network thread,
+    // which sends it as one batch. Sending the first tasks of each 256-task window at once
+    // split the window in two (two wake-up chains through both processes) and cost up to
+    // a third of the throughput on a 2-core host.
+    CallerState &me = Caller();
+    const u64 inflight = table_.Inflight();  // t is counted already
+    if (inflight == 1) {
+      me.queue_burst = me.streamed;
+      me.streamed = false;
+    }
+    if (inflight > kDirectMaxInflight) me.streamed = true;
+    if (me.queue_burst || inflight > kDirectMaxInflight) return false;
+    // An awake network thread takes a queued task at no wake-up's cost, and batches it
+    // with others: a producer starved of CPU otherwise sent a stream one task at a time.
+    if (!doorbell_.Sleeping()) return false;
+    // relaxed: a hint; a task queued after this check is still sent by the thread.
+    if (submitted_.Load(MemOrder::kRelaxed) != nullptr) return false;
+    std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || state_ != State::kReady || !socket_ || !controls_.empty()) {
+      return false;
+    }
+    const u64 completions = table_.Completions();
+    try {
+      SendTask(t);  // from here on the task is in a slot: the thread fails it if need be
+      sent_by_caller_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+      ReceiveBatch(false);  // the ZMQ_FD rule: our send may have taken the fd's signal
+    } catch (const zmq::error_t &) {
+      AskForPass();  // the network thread meets the same error and fails the slots
+    }
+    lock.unlock();
+    if (table_.Completions() != completions) watch_.Wake();
+    // The network thread may sleep blind since a watcher left with nothing in flight; if
+    // nobody watches now, it must, or t's answer waits unseen should its caller park.
+    if (watch_.BlindUnwatched()) AskForPass();
+    return true;
+  }
+
+  /** The WaitHelper entry point: ctx is the connection. */
+  static void HelpThunk(void *ctx) { static_cast<ZmqClientTransport *>(ctx)->HelpReceive(); }
+
+  /**
+   * A caller waiting in Future::Wait while few tasks are in flight (a stream's answers
+   * are the network thread's): takes every answer that is ready (anyone's). When none is,
+   * one waiting caller at a time blocks on the socket, at most kWatchMs (ZmqSocketWatch).
+   * After a watch that saw nothing, the thread's next kSkipAfterIdle calls only look, so
+   * Future::Wait soon reads its clock and parks. Never waits for the lock.
+   */
+  void HelpReceive() {
+    CallerState &me = Caller();  // per thread: each waiting caller has its own spin phase
+    if (table_.Outstanding() != 0 && table_.Inflight() <= kDirectMaxInflight) {
+      if (me.skip == 0 && watch_.TryTake()) {
+        if (!Watch(me.seen)) me.skip = kSkipAfterIdle;
+      } else {
+        if (me.skip != 0) --me.skip;
+        const u64 before = table_.Completions();
+        int fd = -1;
+        TryReceive(&fd);
+        if (table_.Completions() != before) watch_.Wake();
       }
-      const u32 seen = room_.Load(MemOrder::kAcquire);
-      room_waiters_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: visible before the re-check
-      if (inflight_.Load(MemOrder::kSeqCst) >= opt_.max_inflight) {
-        FutexWait(room_.Raw(), seen, 1000000);
-      }
-      room_waiters_.FetchSub(1, MemOrder::kRelaxed);
+    }
+    me.seen = table_.Completions();  // Future::Wait checks its task after this
+  }
+
+  /**
+   * The watcher's turn. A task completed since this thread last looked may be its own,
+   * so it blocks only while the count is unchanged: a completion counted later rings
+   * the bell. False when it watched for kWatchMs and nothing came.
+   */
+  bool Watch(u64 seen) {
+    int fd = -1;
+    bool came = true;
+    if (!TryReceive(&fd) && fd >= 0 && table_.Completions() == seen) {
+      came = watch_.Block(fd, kWatchMs);
+      TryReceive(&fd);
+    }
+    // The network thread sleeps without the fd: with tasks in flight it must watch again
+    // (their callers may park), or their answers would wait for its sleep's timeout. With
+    // none it sleeps on: waking it after every round trip cost the next one the socket's
+    // lock at times. (A runtime that stops is seen on the monitor, which it always polls.)
+    if (watch_.Release() && !table_.Idle()) AskForPass();
+    return came;
+  }
+
+  /** Receives what is ready if the socket is free; true when it delivered any. *fd: its fd. */
+  bool TryReceive(int *fd) {
+    std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || !socket_) return false;
+    *fd = socket_fd_;
+    try {
+      return ReceiveBatch(false) != 0;
+    } catch (const zmq::error_t &) {
+      AskForPass();
+      *fd = -1;
+      return false;
     }
   }
 
   // ---- Network thread ----
 
+  /** The network thread: connects, serves until Close, then fails what is left. */
   void Run() {
     pthread_setname_np(pthread_self(), "chi-zmq-client");
     const u64 start = NowNs();
     connect_deadline_ = start + static_cast<u64>(opt_.connect_timeout_sec * 1e9);
     try {
-      OpenSocket();
+      {
+        std::lock_guard<std::mutex> lock(sock_mu_);
+        OpenSocket();
+      }
       Loop();
     } catch (const zmq::error_t &e) {
+      std::lock_guard<std::mutex> lock(sock_mu_);
       FailAll(ErrorCode::kIo, "ZeroMQ error in the client transport");
       if (!first_done_) {
         first_done_ = true;
         first_result_.set_value(Status::Errorf(ErrorCode::kIo, "ZeroMQ: %s", e.what()));
       }
     }
+    std::lock_guard<std::mutex> lock(sock_mu_);  // Close removed the helper: no caller helps
     FailAll(ErrorCode::kShutdown, "the client closed its connection to the runtime");
     if (state_ == State::kReady && socket_) {
       socket_->set(zmq::sockopt::linger, 100);  // long enough for the Bye, short at exit
@@ -177,334 +323,95 @@ class ZmqClientTransport final : public ClientTransport {
     CloseSocket();
   }
 
+  /**
+   * Passes over the socket under its lock while there is work; between passes it spins
+   * (spin_ns after work) or sleeps in poll() without the lock, so callers can use it.
+   */
   void Loop() {
     u64 last_busy = NowNs();
-    u64 next_timer = last_busy + kTimerNs;
+    bool work = true;        // a pass is due
+    bool timed_out = false;  // the sleep before this pass ran to kMaxSleepNs
     while (stop_.Load(MemOrder::kAcquire) == 0) {
-      bool busy = TakeSubmitted();
-      busy |= ReceiveBatch();
-      busy |= ReadMonitor();
+      if (work && Pass(timed_out)) last_busy = NowNs();
+      timed_out = false;
       const u64 now = NowNs();
-      if (now >= next_timer) {
-        Timers(now);
-        next_timer = now + kTimerNs;
-      }
-      if (busy) {
-        last_busy = now;
-        continue;
-      }
-      if (now - last_busy < opt_.spin_ns) {
-        CpuRelax();
+      if (now - last_busy < opt_.spin_ns) {  // spin on readiness, not on the lock
+        work = Probe(0, true);
+        if (!work) CpuRelax();
         continue;
       }
       doorbell_.PrepareSleep();
-      if (submitted_.Load(MemOrder::kAcquire) == nullptr && stop_.Load(MemOrder::kAcquire) == 0) {
-        zmq::pollitem_t items[3] = {{socket_->handle(), 0, ZMQ_POLLIN, 0},
-                                    {monitor_->handle(), 0, ZMQ_POLLIN, 0},
-                                    {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0}};
-        zmq::poll(items, 3, std::chrono::milliseconds(kTimerNs / 1000000));
+      if (!WorkAsked()) {
+        // Until the next timer, at most kMaxSleepNs; rounded up: never before it is due.
+        const u64 timer_ns = NextTimerNs(now);
+        const bool capped = timer_ns >= kMaxSleepNs;  // no timer due: it ends on an event
+        const u64 sleep_ns = capped ? kMaxSleepNs : timer_ns;
+        const long sleep_ms = static_cast<long>((sleep_ns + 999999) / 1000000);
+        timed_out = !Probe(sleep_ms, watch_.BeginSleep()) && capped;
+        watch_.EndSleep();
       }
-      doorbell_.Awake();
-      last_busy = NowNs();
+      doorbell_.Awake();  // no spin after a wake-up: a waiting caller may have taken the answer
+      work = true;
     }
   }
 
-  /** A fresh DEALER (and its monitor), connected, with the handshake queued on it. */
-  void OpenSocket() {
-    socket_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
-    ConfigureZmqSocket(*socket_);
-    socket_->set(zmq::sockopt::reconnect_ivl, 20);
-    socket_->set(zmq::sockopt::reconnect_ivl_max, 200);
-    socket_->set(zmq::sockopt::heartbeat_ivl, 500);      // a hung runtime is noticed in ~2 s
-    socket_->set(zmq::sockopt::heartbeat_timeout, 2000);
-    const std::string mon = "inproc://chi-zmq-monitor-" +
-                            std::to_string(reinterpret_cast<u64>(this)) + "-" +
-                            std::to_string(++monitor_serial_);
-    if (zmq_socket_monitor(socket_->handle(), mon.c_str(),
-                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
-      throw zmq::error_t();
-    }
-    monitor_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
-    monitor_->set(zmq::sockopt::linger, 0);
-    monitor_->connect(mon);
-    socket_->connect(endpoint_);
-    ConnectRequest req;
-    req.pid = static_cast<u32>(getpid());
-    req.uid = static_cast<u32>(getuid());
-    req.mode = opt_.mode;
-    socket_->send(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
-  }
-
-  /** Closes the socket; what is still queued on it is dropped (a lost runtime, or a Bye). */
-  void CloseSocket() {
-    if (socket_) {
-      zmq_socket_monitor(socket_->handle(), nullptr, 0);
-      if (!bye_sent_) socket_->set(zmq::sockopt::linger, 0);
-      socket_->close();
-      socket_.reset();
-    }
-    if (monitor_) {
-      monitor_->close();
-      monitor_.reset();
-    }
-  }
-
-  /** Moves newly submitted tasks onto the wire (or the waiting list); true when any. */
-  bool TakeSubmitted() {
-    // acquire: pairs with Send's release; the tasks' fields are visible.
-    Task *list = submitted_.Exchange(nullptr, MemOrder::kAcquire);
-    if (list == nullptr) return false;
-    Task *fifo = nullptr;
-    while (list != nullptr) {  // newest first on the list; reverse it
-      Task *next = reinterpret_cast<Task *>(list->transport_cookie_);
-      list->transport_cookie_ = reinterpret_cast<u64>(fifo);
-      fifo = list;
-      list = next;
-    }
-    while (fifo != nullptr) {
-      Task *t = fifo;
-      fifo = reinterpret_cast<Task *>(t->transport_cookie_);
-      t->transport_cookie_ = 0;
-      if (state_ == State::kReady) {
-        SendTask(t);
-      } else if (down_expired_) {
-        Finish(t, ErrorCode::kPeerDead, "no runtime: it went away and did not come back in time");
-      } else {
-        waiting_.push_back(t);
+  /**
+   * One pass under the socket's lock: control messages callers left, queued tasks, ready
+   * answers, connection events, timers. True when it found anything to do.
+   */
+  bool Pass(bool after_timeout) {
+    // relaxed: the doorbell's fences order it; this pass does what it asked for.
+    wake_asked_.Store(0, MemOrder::kRelaxed);
+    const u64 completions = table_.Completions();
+    bool busy = false;
+    {
+      std::lock_guard<std::mutex> lock(sock_mu_);
+      busy |= HandleDeferredControls();
+      busy |= TakeSubmitted();
+      // Before the monitor: what came before a disconnect (answers, a goodbye) counts.
+      const u32 got = ReceiveBatch(true);
+      // relaxed: a statistic. Answers waiting after a full sleep were never signalled.
+      if (after_timeout && got != 0) late_wakeups_.FetchAdd(got, MemOrder::kRelaxed);
+      busy |= got != 0;
+      if (ReadMonitor()) {  // a replaced socket is read once too (the ZMQ_FD rule)
+        busy = true;
+        ReceiveBatch(true);
       }
+      Timers(NowNs());  // after the socket work: a peer loss just stamped down_since_
     }
-    return true;
+    if (table_.Completions() != completions) watch_.Wake();
+    return busy;
   }
 
-  void SendTask(Task *t) {
-    u32 index;
-    if (!free_slots_.empty()) {
-      index = free_slots_.back();
-      free_slots_.pop_back();
-    } else {
-      index = static_cast<u32>(slots_.size());
-      slots_.push_back(Slot{});
-    }
-    Slot &s = slots_[index];
-    s.task = t;
-    const u64 request_id = (static_cast<u64>(s.generation) << 32) | index;
-    EncodeRequest(t, request_id, &encode_);
-    outstanding_.FetchAdd(1, MemOrder::kRelaxed);
-    socket_->send(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
+  /** True when a caller queued work or asked for a pass (re-checked after PrepareSleep). */
+  bool WorkAsked() const {
+    return submitted_.Load(MemOrder::kAcquire) != nullptr ||  // acquire: pairs with Send
+           wake_asked_.Load(MemOrder::kRelaxed) != 0 ||  // relaxed: the doorbell's fences order it
+           stop_.Load(MemOrder::kAcquire) != 0;
   }
 
-  bool ReceiveBatch() {
-    u32 got = 0;
-    for (; got < kRecvBatch && socket_; ++got) {
-      zmq::message_t msg;
-      if (!socket_->recv(msg, zmq::recv_flags::dontwait)) break;
-      while (msg.more()) {  // the runtime sends one frame; skip anything else
-        zmq::message_t extra;
-        if (!socket_->recv(extra, zmq::recv_flags::none) || !extra.more()) break;
-      }
-      if (msg.size() < kEnvelopeHeaderBytes) continue;
-      const u64 id = EnvelopeId(msg.data());
-      if (id & zmq_control::kBit) {
-        HandleControl(id, msg);
-        continue;
-      }
-      const u32 index = static_cast<u32>(id);
-      const u32 generation = static_cast<u32>(id >> 32);
-      if (index >= slots_.size() || slots_[index].task == nullptr ||
-          slots_[index].generation != generation) {
-        continue;  // an answer to a task already failed by a peer loss
-      }
-      Task *t = slots_[index].task;
-      ReleaseSlot(index);
-      DecodeAnswer(t, static_cast<const char *>(msg.data()), msg.size());
-      Complete(t);
-    }
-    return got > 0;
+  /**
+   * Waits up to timeout_ms for the socket (by its ZMQ_FD, without the lock: callers may
+   * use the socket meanwhile, and by the ZMQ_FD rule the fd then signals what comes
+   * next), the monitor (ours alone) or the doorbell; false when the time ran out.
+   */
+  bool Probe(long timeout_ms, bool with_socket) {
+    if (WorkAsked()) return true;
+    zmq::pollitem_t items[3] = {{monitor_->handle(), 0, ZMQ_POLLIN, 0},
+                                {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0},
+                                {nullptr, socket_fd_, ZMQ_POLLIN, 0}};
+    const int rc = zmq_poll(items, with_socket ? 3 : 2, timeout_ms);
+    if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
+    return rc != 0;  // a signal's interruption counts as a wake-up: look again
   }
 
-  void HandleControl(u64 id, const zmq::message_t &msg) {
-    if (id == zmq_control::kShutdown) {
-      PeerLost(ErrorCode::kShutdown, "the runtime shut down before answering");
-      return;
-    }
-    if (id != zmq_control::kAccept) return;
-    ConnectAnswer answer;
-    if (!ParseControl(msg, &answer)) {
-      answer = ConnectAnswer();
-      answer.rc = static_cast<u32>(ErrorCode::kMalformed);
-      answer.msg = "malformed ClientConnect answer";
-    }
-    if (answer.rc == 0) {  // before Connect can return: Answer() is the accepted one
-      std::lock_guard<std::mutex> lock(answer_mu_);
-      answer_ = answer;
-    }
-    if (!first_done_) {
-      first_done_ = true;
-      first_answer_ = answer;
-      if (answer.rc != 0) {
-        first_result_.set_value(answer.ToStatus());
-        stop_.Store(1, MemOrder::kRelease);
-        return;
-      }
-      first_result_.set_value(Status::Ok());
-    } else if (answer.rc != 0) {
-      FailWaiting(static_cast<ErrorCode>(answer.rc), "the runtime refused the reconnection");
-      return;
-    } else {
-      reconnects_.FetchAdd(1, MemOrder::kRelaxed);
-    }
-    runtime_pid_.Store(answer.runtime_pid, MemOrder::kRelease);
-    state_ = State::kReady;
-    down_expired_ = false;
-    while (!waiting_.empty()) {
-      Task *t = waiting_.front();
-      waiting_.pop_front();
-      SendTask(t);
-    }
-  }
-
-  /** Reads connection events; a disconnect is a lost runtime. */
-  bool ReadMonitor() {
-    bool any = false;
-    for (;;) {
-      zmq::message_t event;
-      if (!monitor_ || !monitor_->recv(event, zmq::recv_flags::dontwait)) return any;
-      any = true;
-      zmq::message_t address;
-      if (event.more()) (void)monitor_->recv(address, zmq::recv_flags::none);
-      u16 kind = 0;
-      if (event.size() >= sizeof(kind)) std::memcpy(&kind, event.data(), sizeof(kind));
-      if (kind == ZMQ_EVENT_DISCONNECTED) {
-        if (state_ == State::kReady) {
-          PeerLost(ErrorCode::kPeerDead, "the runtime went away before answering");
-        } else {  // lost mid-handshake: start over so the handshake is sent again
-          CloseSocket();
-          OpenSocket();
-        }
-        return true;  // the monitor was replaced
-      }
-    }
-  }
-
-  /** The runtime is gone: fail what it holds and reconnect on a fresh socket. */
-  void PeerLost(ErrorCode code, const char *why) {
-    losses_.FetchAdd(1, MemOrder::kRelaxed);
-    runtime_pid_.Store(0, MemOrder::kRelease);
-    for (u32 i = 0; i < slots_.size(); ++i) {
-      if (Task *t = slots_[i].task) {
-        ReleaseSlot(i);
-        Finish(t, code, why);
-      }
-    }
-    state_ = State::kDown;
-    down_since_ = NowNs();
-    CloseSocket();
-    OpenSocket();
-  }
-
-  void Timers(u64 now) {
-    if (!first_done_ && now >= connect_deadline_) {
-      first_done_ = true;
-      first_result_.set_value(Status::Errorf(
-          ErrorCode::kTimeout, "no runtime answered at %s within %.1f s (start one with "
-          "chimaera runtime start, or check CHI_PORT / CHI_IPC_MODE)",
-          endpoint_.c_str(), opt_.connect_timeout_sec));
-      stop_.Store(1, MemOrder::kRelease);
-      return;
-    }
-    if (state_ == State::kDown && !down_expired_ &&
-        now - down_since_ >= static_cast<u64>(opt_.reconnect_sec * 1e9)) {
-      down_expired_ = true;
-      FailWaiting(ErrorCode::kPeerDead, "no runtime: it went away and did not come back in time");
-    }
-  }
-
-  void FailWaiting(ErrorCode code, const char *why) {
-    while (!waiting_.empty()) {
-      Task *t = waiting_.front();
-      waiting_.pop_front();
-      Finish(t, code, why);
-    }
-  }
-
-  /** Completes everything this transport still holds (at close or fatal error). */
-  void FailAll(ErrorCode code, const char *why) {
-    for (u32 i = 0; i < slots_.size(); ++i) {
-      if (Task *t = slots_[i].task) {
-        ReleaseSlot(i);
-        Finish(t, code, why);
-      }
-    }
-    FailWaiting(code, why);
-    Task *list = submitted_.Exchange(nullptr, MemOrder::kAcquire);
-    while (list != nullptr) {
-      Task *next = reinterpret_cast<Task *>(list->transport_cookie_);
-      list->transport_cookie_ = 0;
-      Finish(list, code, why);
-      list = next;
-    }
-  }
-
-  void ReleaseSlot(u32 index) {
-    slots_[index].task = nullptr;
-    ++slots_[index].generation;  // a late answer for the old occupant no longer matches
-    free_slots_.push_back(index);
-    outstanding_.FetchSub(1, MemOrder::kRelaxed);
-  }
-
-  void Finish(Task *t, ErrorCode code, const char *why) {
-    t->SetError(code, why);
-    Complete(t);
-  }
-
-  void Complete(Task *t) {
-    CompleteTask(t);
-    inflight_.FetchSub(1, MemOrder::kSeqCst);  // seq_cst: pairs with WaitForRoom's re-check
-    if (room_waiters_.Load(MemOrder::kSeqCst) != 0) {
-      room_.FetchAdd(1, MemOrder::kRelease);
-      FutexWake(room_.Raw(), INT_MAX);
-    }
-  }
-
-  /** A sent task awaiting its answer; generation tells a stale answer from a current one. */
-  struct Slot {
-    Task *task = nullptr;
-    u32 generation = 1;
-  };
-
-  ZmqClientOptions opt_;
-  std::string endpoint_;
-  zmq::context_t ctx_{1};
-  std::unique_ptr<zmq::socket_t> socket_;   ///< network thread only
-  std::unique_ptr<zmq::socket_t> monitor_;  ///< network thread only
+  WaitHelper helper_{&HelpThunk, this};
+  ZmqSocketWatch watch_;  ///< which waiting caller, if any, sleeps on the socket's fd
   std::thread thread_;
-  ZmqDoorbell doorbell_;
-  std::promise<Status> first_result_;
-  ConnectAnswer first_answer_;
-  mutable std::mutex answer_mu_;  ///< guards answer_ (read rarely, written per handshake)
-  ConnectAnswer answer_;          ///< the last accepted handshake answer (Answer)
-  bool first_done_ = false;
-  bool bye_sent_ = false;
-  State state_ = State::kConnecting;
-  bool down_expired_ = false;
-  u64 down_since_ = 0;
-  u64 connect_deadline_ = 0;
-  u64 monitor_serial_ = 0;
-  std::vector<Slot> slots_;       ///< request id low half = index
-  std::vector<u32> free_slots_;
-  std::deque<Task *> waiting_;    ///< submitted while not connected
-  std::vector<char> encode_;      ///< reused request buffer
-  Atomic<Task *> submitted_{nullptr};  ///< newest first, linked through transport_cookie_
   Atomic<u32> closed_;
-  Atomic<u32> stop_;
   Atomic<u32> senders_;
-  Atomic<u64> inflight_;
-  Atomic<u32> room_;
-  Atomic<u32> room_waiters_;
-  Atomic<u32> runtime_pid_;
-  Atomic<u64> outstanding_;
-  Atomic<u64> reconnects_;
-  Atomic<u64> losses_;
+  Atomic<u32> helper_state_;  ///< kHelperUntried .. kHelperRefused
+  Atomic<u64> sent_by_caller_;
 };
 
 }  // namespace chi

@@ -1,8 +1,18 @@
 // What the ZeroMQ client transport and server share: endpoint names (per user
 // and port), the control messages that travel in the task envelope, socket
 // options, and the doorbell that wakes a network thread from other threads.
-// Invariant: a ZeroMQ socket is only ever touched by its network thread;
-// other threads reach it through a lock-free list plus this doorbell.
+// Invariant: a ZeroMQ socket is used by one thread at a time, under its
+// transport's lock; threads that cannot take it hand work over on a lock-free
+// list plus this doorbell.
+//
+// The ZMQ_FD rule. Threads sleep in poll() on a socket's ZMQ_FD without its lock.
+// That fd is edge-like: it signals commands that reach the socket after a thread
+// last used it (send, recv or reading ZMQ_EVENTS all consume them), not "a message
+// is waiting". So a thread that used a socket must, before unlocking, either have
+// received until EAGAIN (or read ZMQ_EVENTS without ZMQ_POLLIN), or ask the network
+// thread for another pass. A thread that stops early (a full batch) and sleeps on
+// the fd sleeps with messages waiting: that is how 256 tasks in flight once fell
+// to 0.002 M/s, each batch of answers waiting for the next poll timeout.
 #pragma once
 
 #include <sys/eventfd.h>  // the doorbell's file descriptor
@@ -105,6 +115,9 @@ class ZmqDoorbell {
       (void)n;  // EAGAIN means the counter is already non-zero: the thread wakes anyway
     }
   }
+  /** True while the network thread sleeps or is about to (a hint: read relaxed). */
+  bool Sleeping() const { return sleeping_.Load(MemOrder::kRelaxed) != 0; }
+
   /** Network thread: announce a sleep; re-check the work lists afterwards, then poll. */
   void PrepareSleep() {
     sleeping_.Store(1, MemOrder::kRelaxed);
@@ -114,6 +127,17 @@ class ZmqDoorbell {
   /** Network thread: back from polling; clears the flag and the counter. */
   void Awake() {
     sleeping_.Store(0, MemOrder::kRelaxed);
+    Clear();
+  }
+
+  /** Makes the fd readable now, whether or not anyone sleeps (a bell without the flag). */
+  void Signal() {
+    u64 one = 1;
+    ssize_t n = write(fd_, &one, sizeof(one));
+    (void)n;  // EAGAIN means the counter is already non-zero: the poller wakes anyway
+  }
+  /** Clears the counter: the fd is no longer readable until the next ring. */
+  void Clear() {
     u64 v = 0;
     ssize_t n = read(fd_, &v, sizeof(v));
     (void)n;  // EAGAIN: nobody rang
@@ -123,6 +147,11 @@ class ZmqDoorbell {
   int fd_;
   Atomic<u32> sleeping_;
 };
+
+/** True when `s` has a message to receive; re-reads its events (see the ZMQ_FD rule). */
+inline bool ZmqReadable(zmq::socket_t &s) {
+  return (s.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+}
 
 /** Socket options every chi ZeroMQ socket gets: bounded linger, no message limit on HWM. */
 inline void ConfigureZmqSocket(zmq::socket_t &s) {

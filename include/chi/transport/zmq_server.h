@@ -1,16 +1,21 @@
 // ZmqServer: the runtime's network worker for pure clients over ZeroMQ. One
-// thread owns a ROUTER socket per endpoint (ipc and tcp on loopback), answers
-// ClientConnect handshakes, decodes task requests through the RequestDispatcher
-// and sends the answers that workers hand back (OnComplete, any worker thread).
-// Invariant: only the network thread touches sockets and the peer table;
-// workers publish answers on a lock-free list and ring the doorbell.
+// thread serves a ROUTER socket per endpoint (ipc and tcp on loopback): it answers
+// ClientConnect handshakes and decodes task requests through the RequestDispatcher.
+// A worker finishing a task sends the answer itself when the sockets' lock is free
+// (else it queues it for the network thread), so an answer needs no hand-off. The
+// network thread sleeps in poll() on the sockets' ZMQ_FDs without the lock.
+// Invariants: sockets and the peer table are used only under sock_mu_, and by the
+// ZMQ_FD rule (zmq_common.h): the network thread receives until EAGAIN or passes
+// again, and a worker that finds requests waiting after its send asks for a pass.
 #pragma once
 
 #include <pthread.h>  // naming the network thread
 #include <unistd.h>   // unlink of the ipc socket file
 
+#include <cerrno>         // EINTR from poll
 #include <cstring>        // strlen
 #include <future>         // start-up result of the network thread
+#include <mutex>          // the sockets' lock
 #include <string>         // peer keys
 #include <thread>         // the network thread
 #include <unordered_map>  // peers by routing id
@@ -24,6 +29,7 @@
 #include "chi/transport/client_connect.h"     // ConnectRequest/Answer, ProcessAlive
 #include "chi/transport/request_dispatcher.h" // Dispatch, EncodeAnswer
 #include "chi/transport/zmq_common.h"         // endpoints, control ids, doorbell
+#include "chi/transport/zmq_server_answers.h" // answer slots, their pool and queue
 
 namespace chi {
 
@@ -36,6 +42,13 @@ struct ZmqServerStats {
   u64 requests = 0;           ///< task requests received
   u64 requests_refused = 0;   ///< requests answered with an error (malformed, not connected, ...)
   u64 answers_dropped = 0;    ///< answers whose client was gone
+  u64 answers_by_worker = 0;  ///< answers the finishing worker sent itself
+  /**
+   * Requests the network thread found waiting after a sleep that ran to its timeout (the
+   * reaper's): a wake-up that never came (the ZMQ_FD rule broken), or, rarely, a request
+   * that landed just then. Expected 0.
+   */
+  u64 late_wakeups = 0;
 };
 
 /** Serves pure clients over ZeroMQ ROUTER sockets (ipc and/or tcp). */
@@ -104,16 +117,14 @@ class ZmqServer final : public TaskCompleter {
     ctx_.close();
   }
 
-  /** Worker side: a remote task finished; queue its answer for the network thread. */
+  /**
+   * Worker side: a remote task finished; sends its answer when the sockets are free,
+   * else queues it for the network thread.
+   */
   void OnComplete(Task *t) override {
-    auto *slot = reinterpret_cast<AnswerSlot *>(t->transport_cookie_);
+    auto *slot = reinterpret_cast<ZmqAnswerSlot *>(t->transport_cookie_);
     RequestDispatcher::EncodeAnswer(t, &slot->bytes);
-    AnswerSlot *head = answers_.Load(MemOrder::kRelaxed);
-    do {
-      slot->next = head;
-      // release: the encoded bytes are visible to the network thread that takes the list.
-    } while (!answers_.CompareExchange(head, slot, MemOrder::kRelease));
-    doorbell_.Ring();
+    if (!SendNow(slot)) QueueAnswer(slot);
   }
 
   /** A snapshot of the counters (any thread). */
@@ -122,23 +133,24 @@ class ZmqServer final : public TaskCompleter {
     s.clients = clients_.Load(MemOrder::kRelaxed);
     s.clients_reaped = reaped_.Load(MemOrder::kRelaxed);
     s.tasks_outstanding = outstanding_.Load(MemOrder::kRelaxed);
-    s.bytes_held = bytes_held_.Load(MemOrder::kRelaxed);
+    s.bytes_held = pool_.BytesHeld();
     s.requests = requests_.Load(MemOrder::kRelaxed);
     s.requests_refused = refused_.Load(MemOrder::kRelaxed);
     s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
+    s.answers_by_worker = sent_by_worker_.Load(MemOrder::kRelaxed);
+    s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
     return s;
   }
 
  private:
   static constexpr u32 kRecvBatch = 64;           ///< messages per socket per pass
-  static constexpr u64 kKeepBufferBytes = 1 << 20;  ///< larger answer buffers are not pooled
-  static constexpr size_t kMaxFreeSlots = 1024;
+  /** Beyond this many tasks in flight, workers leave answers to the network thread. */
+  static constexpr u64 kDirectMaxOutstanding = 4;
 
-  /** Where one remote task's answer goes, and its encoded bytes. */
-  struct AnswerSlot {
-    AnswerSlot *next = nullptr;
-    std::string peer;          ///< socket index byte + routing id
-    std::vector<char> bytes;   ///< the encoded answer (capacity reused)
+  /** A request taken off a socket under the lock, dispatched after it (see Pass). */
+  struct Pending {
+    ZmqAnswerSlot *slot;  ///< where its answer goes
+    zmq::message_t body;  ///< the request envelope
   };
   /** A registered client. */
   struct Peer {
@@ -147,8 +159,53 @@ class ZmqServer final : public TaskCompleter {
     u64 outstanding = 0;
   };
 
+  /**
+   * A worker: sends slot's answer itself and true, unless the network thread (or another
+   * worker) holds the sockets, the queue holds older answers (they go first), or many
+   * tasks are in flight (the thread sends those in batches, one events check each).
+   */
+  bool SendNow(ZmqAnswerSlot *slot) {
+    // A task that completes at once while the network thread dispatches it inside its pass
+    // (a GPU-route task failed at once) must not try-lock the mutex that thread holds.
+    if (HoldsSockets()) return false;
+    if (outstanding_.Load(MemOrder::kRelaxed) > kDirectMaxOutstanding) return false;
+    // relaxed: a hint; an answer queued after this check is still sent by the thread.
+    if (answers_.WaitingHint()) return false;
+    std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || sockets_closed_) return false;
+    const int i = static_cast<u8>(slot->peer[0]);
+    DeliverAnswer(slot);
+    sent_by_worker_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+    bool readable = true;  // on error, let the network thread look
+    try {
+      // The ZMQ_FD rule: our send may have taken the fd's signal of requests now waiting.
+      readable = ZmqReadable(*sockets_[i]);
+    } catch (const zmq::error_t &) {
+    }
+    if (readable) {
+      wake_asked_.Store(1, MemOrder::kRelaxed);  // relaxed: Ring's seq_cst fence publishes it
+      doorbell_.Ring();
+    }
+    return true;
+  }
+
   // ---- Network thread ----
 
+  /** True on the network thread while it holds sock_mu_ (see SocketsHeld). */
+  static bool &HoldsSockets() {
+    static thread_local bool held = false;
+    return held;
+  }
+
+  /** Marks the network thread's sock_mu_ sections, for SendNow's re-entry check. */
+  struct SocketsHeld {
+    SocketsHeld() { HoldsSockets() = true; }
+    ~SocketsHeld() { HoldsSockets() = false; }
+    SocketsHeld(const SocketsHeld &) = delete;
+    SocketsHeld &operator=(const SocketsHeld &) = delete;
+  };
+
+  /** The network thread: binds, waits for Open, serves until Stop, then says goodbye. */
   void Run(std::promise<Status> *started) {
     pthread_setname_np(pthread_self(), "chi-zmq-server");
     Status st = Bind();
@@ -159,13 +216,16 @@ class ZmqServer final : public TaskCompleter {
     }
     while (open_.Load(MemOrder::kAcquire) == 0) FutexWait(open_.Raw(), 0);
     Loop();
+    std::lock_guard<std::mutex> lock(sock_mu_);
+    const SocketsHeld held;
     DrainAnswers();
     NotifyShutdown();
     CloseSockets();
-    for (AnswerSlot *s : free_) delete s;
-    free_.clear();
+    sockets_closed_ = true;
+    pool_.Clear();
   }
 
+  /** Binds the wanted endpoints (kAlreadyExists when another process holds the port). */
   Status Bind() {
     try {
       const char *modes[2] = {"ipc", "tcp"};
@@ -184,6 +244,7 @@ class ZmqServer final : public TaskCompleter {
                                 e.num() == EADDRINUSE ? " (another runtime or program uses the "
                                                         "port; set CHI_PORT)" : "");
         }
+        socket_fds_[i] = s->get(zmq::sockopt::fd);
         sockets_[i] = std::move(s);
         ipc_bound_ = ipc_bound_ || i == 0;
       }
@@ -193,44 +254,115 @@ class ZmqServer final : public TaskCompleter {
     }
   }
 
+  /**
+   * Passes over the sockets under their lock while there is work; between passes it
+   * spins (spin_ns after work) or sleeps in poll() without the lock, so workers can send.
+   */
   void Loop() {
     u64 last_busy = NowNs();
-    u64 next_reap = last_busy + opt_.reap_interval_ns;
+    next_reap_ = last_busy + opt_.reap_interval_ns;
+    bool work = true;        // a pass is due
+    bool timed_out = false;  // the sleep before this pass ran to its timeout
     while (stop_.Load(MemOrder::kAcquire) == 0) {
-      bool busy = DrainAnswers();
-      for (int i = 0; i < 2; ++i) busy |= ReceiveBatch(i);
+      if (work && Pass(timed_out)) last_busy = NowNs();
+      timed_out = false;
       const u64 now = NowNs();
-      if (now >= next_reap) {
-        Reap();
-        next_reap = now + opt_.reap_interval_ns;
-      }
-      if (busy) {
-        last_busy = now;
-        continue;
-      }
-      if (now - last_busy < opt_.spin_ns) {
-        CpuRelax();
+      if (now - last_busy < opt_.spin_ns) {  // spin on readiness, not on the lock
+        work = Probe(0);
+        if (!work) CpuRelax();
         continue;
       }
       doorbell_.PrepareSleep();
-      if (answers_.Load(MemOrder::kAcquire) == nullptr && stop_.Load(MemOrder::kAcquire) == 0) {
-        zmq::pollitem_t items[3];
-        int n = 0;
-        for (int i = 0; i < 2; ++i) {
-          if (sockets_[i]) items[n++] = {sockets_[i]->handle(), 0, ZMQ_POLLIN, 0};
-        }
-        items[n++] = {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0};
-        const long wait_ms = static_cast<long>(opt_.reap_interval_ns / 1000000) + 1;
-        zmq::poll(items, n, std::chrono::milliseconds(wait_ms));
+      if (!WorkAsked()) {
+        // Until the next reap, rounded up: never before it is due.
+        const u64 wait_ns = next_reap_ > now ? next_reap_ - now : 0;
+        timed_out = !Probe(static_cast<long>((wait_ns + 999999) / 1000000));
       }
       doorbell_.Awake();
-      last_busy = NowNs();  // one short spin after every wake-up
+      work = true;
     }
   }
 
-  /** Receives up to kRecvBatch messages from socket i; true when any arrived. */
-  bool ReceiveBatch(int i) {
-    if (!sockets_[i]) return false;
+  /**
+   * One pass: under the sockets' lock, queued answers, requests and the reaper; then,
+   * without it, the requests it took while few were in flight are dispatched, so that a
+   * worker finishing one at once finds the lock free and answers itself. True when busy.
+   */
+  bool Pass(bool after_timeout) {
+    // relaxed: the doorbell's fences order it; this pass does what it asked for.
+    wake_asked_.Store(0, MemOrder::kRelaxed);
+    bool busy = false;
+    {
+      std::lock_guard<std::mutex> lock(sock_mu_);
+      const SocketsHeld held;
+      busy |= DrainAnswers();
+      for (int i = 0; i < 2; ++i) {
+        const u32 got = ReceiveBatch(i);
+        // relaxed: a statistic. Requests waiting after a full sleep were never signalled.
+        if (after_timeout && got != 0) late_wakeups_.FetchAdd(got, MemOrder::kRelaxed);
+        busy |= got != 0;
+      }
+      const u64 now = NowNs();
+      if (now >= next_reap_) {
+        Reap();
+        next_reap_ = now + opt_.reap_interval_ns;
+      }
+    }
+    DispatchPending();
+    return busy;
+  }
+
+  /** Submits the requests taken so far, in order; a refused one's error answer is queued. */
+  void DispatchPending() {
+    for (Pending &p : pending_) {
+      const char *data = static_cast<const char *>(p.body.data());
+      if (dispatcher_->Dispatch(data, p.body.size(), this, reinterpret_cast<u64>(p.slot),
+                                &p.slot->bytes)) {
+        continue;  // the task owns the slot now: it may be answered already
+      }
+      refused_.FetchAdd(1, MemOrder::kRelaxed);
+      QueueAnswer(p.slot);  // counted as outstanding when taken; delivered next pass
+    }
+    pending_.clear();
+  }
+
+  /** Queues an encoded answer for the network thread's next pass (any thread). */
+  void QueueAnswer(ZmqAnswerSlot *slot) {
+    answers_.Push(slot);
+    doorbell_.Ring();
+  }
+
+  /** True when answers are queued or a worker asked for a pass (re-read after PrepareSleep). */
+  bool WorkAsked() const {
+    return answers_.Waiting() ||
+           wake_asked_.Load(MemOrder::kRelaxed) != 0 ||  // relaxed: the doorbell's fences order it
+           stop_.Load(MemOrder::kAcquire) != 0;
+  }
+
+  /**
+   * Waits up to timeout_ms for a socket (by its ZMQ_FD, without the lock: by the ZMQ_FD
+   * rule whoever used a socket left it so that the fd signals what comes next) or the
+   * doorbell; false when the time ran out.
+   */
+  bool Probe(long timeout_ms) {
+    if (WorkAsked()) return true;
+    zmq::pollitem_t items[3];
+    int n = 0;
+    for (int i = 0; i < 2; ++i) {
+      if (socket_fds_[i] >= 0) items[n++] = {nullptr, socket_fds_[i], ZMQ_POLLIN, 0};
+    }
+    items[n++] = {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0};
+    const int rc = zmq_poll(items, n, timeout_ms);
+    if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
+    return rc != 0;  // a signal's interruption counts as a wake-up: look again
+  }
+
+  /**
+   * Receives up to kRecvBatch messages from socket i; returns how many. A full batch asks
+   * for another pass: more may wait, and the fd will not say so (the ZMQ_FD rule).
+   */
+  u32 ReceiveBatch(int i) {
+    if (!sockets_[i]) return 0;
     zmq::socket_t &s = *sockets_[i];
     u32 got = 0;
     for (; got < kRecvBatch; ++got) {
@@ -248,12 +380,18 @@ class ZmqServer final : public TaskCompleter {
         Refuse(peer, 0, ErrorCode::kMalformed, "a request must be exactly one frame");
         continue;
       }
-      Handle(peer, payload);
+      Handle(peer, std::move(payload));
     }
-    return got > 0;
+    // relaxed: read by this thread, in its next Probe.
+    if (got == kRecvBatch) wake_asked_.Store(1, MemOrder::kRelaxed);
+    return got;
   }
 
-  void Handle(const std::string &peer, const zmq::message_t &msg) {
+  /**
+   * A task request (or control message) from `peer`: taken for dispatch after the pass
+   * (counted outstanding from here), or answered with an error.
+   */
+  void Handle(const std::string &peer, zmq::message_t &&msg) {
     const char *data = static_cast<const char *>(msg.data());
     if (msg.size() < kEnvelopeHeaderBytes) {
       Refuse(peer, 0, ErrorCode::kTruncated, "request shorter than its 8-byte header");
@@ -275,19 +413,20 @@ class ZmqServer final : public TaskCompleter {
       Refuse(peer, id, ErrorCode::kShutdown, "the runtime is shutting down");
       return;
     }
-    AnswerSlot *slot = TakeSlot();
+    ZmqAnswerSlot *slot = pool_.Take();
     slot->peer = peer;
-    outstanding_.FetchAdd(1, MemOrder::kRelaxed);  // before the task can run (Monitor counts it)
-    if (!dispatcher_->Dispatch(data, msg.size(), this, reinterpret_cast<u64>(slot), &error_)) {
-      outstanding_.FetchSub(1, MemOrder::kRelaxed);
-      refused_.FetchAdd(1, MemOrder::kRelaxed);
-      SendTo(peer, error_.data(), error_.size());
-      GiveSlot(slot);
-      return;
-    }
-    ++it->second.outstanding;
+    // relaxed: the count is this thread's to raise; workers read it as a hint.
+    const u64 outstanding = outstanding_.FetchAdd(1, MemOrder::kRelaxed) + 1;  // Monitor counts it
+    ++it->second.outstanding;  // DeliverAnswer takes both back, answer or error
+    pending_.push_back(Pending{slot, std::move(msg)});
+    // Few in flight: dispatched after the pass, when a worker that finishes at once finds
+    // the lock free and answers itself. Many: now, in order, so that the workers start
+    // while the pass goes on (a stream's answers are this thread's anyway); waiting for
+    // the pass to end cost a 256-task stream its overlap of receiving and running.
+    if (outstanding > kDirectMaxOutstanding) DispatchPending();
   }
 
+  /** A control message: a handshake (answered), a goodbye, or an unknown one (refused). */
   void HandleControl(const std::string &peer, u64 id, const zmq::message_t &msg) {
     if (id == zmq_control::kBye) {
       if (peers_.erase(peer) != 0) clients_.Store(peers_.size(), MemOrder::kRelaxed);
@@ -348,30 +487,27 @@ class ZmqServer final : public TaskCompleter {
 
   /** Sends the answers workers queued, oldest first; true when there were any. */
   bool DrainAnswers() {
-    // acquire: pairs with OnComplete's release; the encoded bytes are visible.
-    AnswerSlot *list = answers_.Exchange(nullptr, MemOrder::kAcquire);
-    if (list == nullptr) return false;
-    AnswerSlot *fifo = nullptr;
-    while (list != nullptr) {  // the list is newest first; reverse it
-      AnswerSlot *next = list->next;
-      list->next = fifo;
-      fifo = list;
-      list = next;
-    }
+    ZmqAnswerSlot *fifo = answers_.TakeAll();
+    if (fifo == nullptr) return false;
     while (fifo != nullptr) {
-      AnswerSlot *slot = fifo;
+      ZmqAnswerSlot *slot = fifo;
       fifo = fifo->next;
-      auto it = peers_.find(slot->peer);
-      if (it != peers_.end()) {
-        SendTo(slot->peer, slot->bytes.data(), slot->bytes.size());
-        --it->second.outstanding;
-      } else {
-        dropped_.FetchAdd(1, MemOrder::kRelaxed);
-      }
-      outstanding_.FetchSub(1, MemOrder::kRelaxed);
-      GiveSlot(slot);
+      DeliverAnswer(slot);
     }
     return true;
+  }
+
+  /** Sends one answer to its client (dropped when the client is gone); under sock_mu_. */
+  void DeliverAnswer(ZmqAnswerSlot *slot) {
+    auto it = peers_.find(slot->peer);
+    if (it != peers_.end()) {
+      SendTo(slot->peer, slot->bytes.data(), slot->bytes.size());
+      --it->second.outstanding;
+    } else {
+      dropped_.FetchAdd(1, MemOrder::kRelaxed);
+    }
+    outstanding_.FetchSub(1, MemOrder::kRelaxed);
+    pool_.Give(slot);
   }
 
   /** Forgets clients whose process has died (their later answers are dropped). */
@@ -410,50 +546,36 @@ class ZmqServer final : public TaskCompleter {
     }
   }
 
-  AnswerSlot *TakeSlot() {
-    if (free_.empty()) return new AnswerSlot();
-    AnswerSlot *s = free_.back();
-    free_.pop_back();
-    pooled_bytes_ -= s->bytes.capacity();
-    return s;
-  }
-  /** Pools a slot for reuse; large buffers and slots beyond the pool's bound are freed. */
-  void GiveSlot(AnswerSlot *s) {
-    if (free_.size() >= kMaxFreeSlots) {
-      delete s;
-      return;
-    }
-    if (s->bytes.capacity() > kKeepBufferBytes) std::vector<char>().swap(s->bytes);
-    s->bytes.clear();
-    pooled_bytes_ += s->bytes.capacity();
-    free_.push_back(s);
-    bytes_held_.Store(pooled_bytes_ + free_.size() * sizeof(AnswerSlot), MemOrder::kRelaxed);
-  }
-
   RequestDispatcher *dispatcher_ = nullptr;
   Options opt_;
   zmq::context_t ctx_{1};
-  std::unique_ptr<zmq::socket_t> sockets_[2];  ///< [0] ipc, [1] tcp
+  std::mutex sock_mu_;  ///< the sockets, peers_, pool_ and the scratch buffer
+  std::unique_ptr<zmq::socket_t> sockets_[2];  ///< [0] ipc, [1] tcp; under sock_mu_
+  int socket_fds_[2] = {-1, -1};               ///< their ZMQ_FDs; set before serving
+  bool sockets_closed_ = false;                ///< under sock_mu_: late answers are dropped
   std::thread thread_;
   ZmqDoorbell doorbell_;
   ConnectAnswer template_;
-  std::unordered_map<std::string, Peer> peers_;  ///< network thread only
-  std::vector<AnswerSlot *> free_;               ///< network thread only
-  std::vector<char> error_;                      ///< network thread's scratch answer
+  std::unordered_map<std::string, Peer> peers_;  ///< under sock_mu_
+  ZmqAnswerPool pool_;                           ///< under sock_mu_
+  std::vector<Pending> pending_;                 ///< network thread only: taken, not dispatched
+  std::vector<char> error_;                      ///< scratch error answer; under sock_mu_
   u64 next_client_id_ = 0;
-  u64 pooled_bytes_ = 0;
+  u64 next_reap_ = 0;  ///< network thread: when Reap runs next
   bool ipc_bound_ = false;
-  Atomic<AnswerSlot *> answers_{nullptr};  ///< finished answers, newest first
+  ZmqAnswerQueue answers_;  ///< finished answers for the network thread
   Atomic<u32> open_;
   Atomic<u32> stop_;
   Atomic<u32> shutting_down_;
   Atomic<u64> clients_;
   Atomic<u64> reaped_;
   Atomic<u64> outstanding_;
-  Atomic<u64> bytes_held_;
   Atomic<u64> requests_;
   Atomic<u64> refused_;
   Atomic<u64> dropped_;
+  Atomic<u64> sent_by_worker_;
+  Atomic<u32> wake_asked_;  ///< a worker took a socket's wake-up: the thread must look
+  Atomic<u64> late_wakeups_;  ///< see ZmqServerStats
 };
 
 }  // namespace chi
