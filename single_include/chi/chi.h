@@ -188,6 +188,12 @@ class Atomic {
 #endif
   }
 
+  /**
+   * Adds d to a word only the calling thread writes (counters others merely read): a
+   * relaxed load and store, no locked read-modify-write.
+   */
+  CHI_CROSS_FUN void AddOwned(T d) { Store(Load(MemOrder::kRelaxed) + d, MemOrder::kRelaxed); }
+
   /** Ors bits in and returns the previous value. */
   CHI_CROSS_FUN T FetchOr(T d, MemOrder o = MemOrder::kSeqCst) {
 #if CHI_IS_GPU && CHI_GPU_CUDA
@@ -5805,8 +5811,7 @@ void Worker::EndShells() {
 
 void Worker::FinishTask(Task *t, PoolInfo *pool) {
   if (pool != nullptr) pools_->Release(pool);
-  // relaxed: only this thread writes the counter (a load and a store, no locked add).
-  tasks_done_.Store(tasks_done_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+  tasks_done_.AddOwned(1);  // only this thread writes it
   CompleteTask(t);
 }
 
@@ -5894,8 +5899,7 @@ void Worker::OnFiberDone(RunContext *r) {
     if (counted != nullptr) counted->CountDone();
     pool->tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
     pools_->Release(pool);
-    // relaxed: only this thread writes the counter (a load and a store, no locked add).
-    tasks_done_.Store(tasks_done_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+    tasks_done_.AddOwned(1);  // only this thread writes it
     return;
   }
   if (counted != nullptr) counted->CountDone();
@@ -7871,12 +7875,11 @@ class WorkOrchestrator {
    */
   bool Submit(Task *t) {
     if (CHI_UNLIKELY(!IsAccepting())) return false;
-    const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
-    Worker *me = tls_current_worker;
-    if (me != nullptr && RunsHere(*me, high)) {
+    if (Worker *me = LocalWorkerFor(*t)) {
       me->PushLocal(t);  // a worker: Stop joins it before freeing anything
       return true;
     }
+    const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
     // Other threads (transport servers, applications) are counted, so that Stop frees the
     // lanes only once none of them is still pushing into one.
     // seq_cst: count, then check accepting_; Stop does the reverse (Dekker).
@@ -7903,6 +7906,16 @@ class WorkOrchestrator {
     const u32 id = static_cast<u32>(workers_.size()) +
                    poller_workers_.FetchAdd(1, MemOrder::kRelaxed);
     return std::make_unique<Worker>(id, role, this, pools_, node_, stack_bytes_);
+  }
+
+  /**
+   * The worker a task submitted from the calling thread stays on: the calling worker when
+   * it serves the task's latency class (see RunsHere), else nullptr (it goes to a lane).
+   */
+  Worker *LocalWorkerFor(const Task &t) const {
+    Worker *me = tls_current_worker;
+    if (me == nullptr) return nullptr;
+    return RunsHere(*me, t.task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty()) ? me : nullptr;
   }
 
   /** Hands replica `index` of a fan-out to a worker, spreading replicas over workers. */
@@ -8745,8 +8758,9 @@ class RequestDispatcher {
    * Decodes one request and submits its task with `completer` and `cookie`
    * attached (the completer later calls EncodeAnswer). On failure returns false
    * and fills `error_answer` with an answer carrying the error for the client.
-   * Called on a low-latency worker's own loop (a transport's WorkerPoller), the task
-   * stays on that worker (Worker::Adopt) with the pool reference taken here.
+   * Called on a worker's own loop (a transport's WorkerPoller) that would keep the task
+   * (WorkOrchestrator::LocalWorkerFor), it stays there (Worker::Adopt) with the pool
+   * reference taken here.
    */
   bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
                 std::vector<char> *error_answer) {
@@ -8799,9 +8813,8 @@ class RequestDispatcher {
     t->completer_ = completer;
     t->transport_cookie_ = cookie;
     t->request_id_ = request_id;  // echoed back in the answer
-    Worker *me = tls_current_worker;
+    Worker *me = orch_->LocalWorkerFor(*t);
     if (me != nullptr && CurrentRunContext() == nullptr &&
-        me->GetRole() == WorkerRole::kLowLatency && !t->task_flags_.Any(TASK_HIGH_LATENCY) &&
         !(gpu_ != nullptr && t->pool_query_.IsGpuRoute()) && orch_->IsAccepting()) {
       me->Adopt(t, pool);  // the worker's next step starts it (it releases the pool)
       return true;
@@ -9500,11 +9513,6 @@ inline bool ShareCpu(const Atomic<u32> &other) {
   return cpu != 0 && cpu == CpuTag();
 }
 
-/** Adds n to a counter that only the calling thread writes (relaxed: a statistic). */
-inline void BumpOwnedCounter(Atomic<u64> &counter, u64 n) {
-  counter.Store(counter.Load(MemOrder::kRelaxed) + n, MemOrder::kRelaxed);
-}
-
 /** The first bytes of the segment's data area. */
 struct ShmSegmentHeader {
   // Line 0: geometry and identity, written before the magic and then only read.
@@ -9991,7 +9999,7 @@ class ShmClientReceiver : public ClientTransport {
       NotifyRuntimeRoom();
       ++delivered;
     }
-    if (delivered != 0) BumpOwnedCounter(helped_answers_, delivered);  // the role's
+    if (delivered != 0) helped_answers_.AddOwned(delivered);  // the role's
     rx_role_.Store(0, MemOrder::kRelease);  // release: our reads precede the next holder's
   }
 
@@ -10088,7 +10096,7 @@ class ShmClientReceiver : public ClientTransport {
       return;
     }
     DecodeAnswer(t, data, len);
-    BumpOwnedCounter(answered_, 1);  // the role's count: no locked add
+    answered_.AddOwned(1);  // the role's count: no locked add
     table_room_.Notify();
     CompleteTask(t);
   }
@@ -11503,7 +11511,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     }
     if (taken != 0) {
       NoteCpu(segment_.Slot(i)->runtime_cpu_);
-      BumpOwnedCounter(segment_.Slot(i)->worker_taken_, taken);  // the reader flag's holder
+      segment_.Slot(i)->worker_taken_.AddOwned(taken);  // the reader flag's holder
       // Still a reader: the reaper's Reset rebuilds this event once the readers are gone.
       segment_.Slot(i)->request_room_.Notify();
     }
@@ -11733,8 +11741,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   void Dispatch(u32 i, const char *data, u64 len) {
     ShmServedSlot &s = slots_[i];
     // relaxed: only the reader flag's holder writes it; counted before the answer exists.
-    s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-    BumpOwnedCounter(segment_.Slot(i)->tasks_served_, 1);  // the reader flag's holder
+    s.accepted.AddOwned(1);
+    segment_.Slot(i)->tasks_served_.AddOwned(1);  // the reader flag's holder
     std::vector<char> error;  // allocates only for a refusal
     if (!dispatcher_->Dispatch(data, len, this, i, &error)) {
       s.PushError(std::move(error));
@@ -12225,11 +12233,7 @@ class ZmqDoorbell {
   void Ring() {
     // seq_cst fence: our publish is visible before we read sleeping_ (mirrors Sleep).
     FenceSeqCst();
-    if (sleeping_.Load(MemOrder::kRelaxed) != 0) {
-      u64 one = 1;
-      ssize_t n = write(fd_, &one, sizeof(one));
-      (void)n;  // EAGAIN means the counter is already non-zero: the thread wakes anyway
-    }
+    if (sleeping_.Load(MemOrder::kRelaxed) != 0) Signal();
   }
   /** True while the network thread sleeps or is about to (a hint: read relaxed). */
   bool Sleeping() const { return sleeping_.Load(MemOrder::kRelaxed) != 0; }

@@ -92,6 +92,12 @@ class Atomic {
 #endif
   }
 
+  /**
+   * Adds d to a word only the calling thread writes (counters others merely read): a
+   * relaxed load and store, no locked read-modify-write.
+   */
+  CHI_CROSS_FUN void AddOwned(T d) { Store(Load(MemOrder::kRelaxed) + d, MemOrder::kRelaxed); }
+
   /** Ors bits in and returns the previous value. */
   CHI_CROSS_FUN T FetchOr(T d, MemOrder o = MemOrder::kSeqCst) {
 #if CHI_IS_GPU && CHI_GPU_CUDA

@@ -96,12 +96,11 @@ class WorkOrchestrator {
    */
   bool Submit(Task *t) {
     if (CHI_UNLIKELY(!IsAccepting())) return false;
-    const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
-    Worker *me = tls_current_worker;
-    if (me != nullptr && RunsHere(*me, high)) {
+    if (Worker *me = LocalWorkerFor(*t)) {
       me->PushLocal(t);  // a worker: Stop joins it before freeing anything
       return true;
     }
+    const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
     // Other threads (transport servers, applications) are counted, so that Stop frees the
     // lanes only once none of them is still pushing into one.
     // seq_cst: count, then check accepting_; Stop does the reverse (Dekker).
@@ -128,6 +127,16 @@ class WorkOrchestrator {
     const u32 id = static_cast<u32>(workers_.size()) +
                    poller_workers_.FetchAdd(1, MemOrder::kRelaxed);
     return std::make_unique<Worker>(id, role, this, pools_, node_, stack_bytes_);
+  }
+
+  /**
+   * The worker a task submitted from the calling thread stays on: the calling worker when
+   * it serves the task's latency class (see RunsHere), else nullptr (it goes to a lane).
+   */
+  Worker *LocalWorkerFor(const Task &t) const {
+    Worker *me = tls_current_worker;
+    if (me == nullptr) return nullptr;
+    return RunsHere(*me, t.task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty()) ? me : nullptr;
   }
 
   /** Hands replica `index` of a fan-out to a worker, spreading replicas over workers. */

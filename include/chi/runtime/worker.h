@@ -284,8 +284,7 @@ void Worker::EndShells() {
 
 void Worker::FinishTask(Task *t, PoolInfo *pool) {
   if (pool != nullptr) pools_->Release(pool);
-  // relaxed: only this thread writes the counter (a load and a store, no locked add).
-  tasks_done_.Store(tasks_done_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+  tasks_done_.AddOwned(1);  // only this thread writes it
   CompleteTask(t);
 }
 
@@ -373,8 +372,7 @@ void Worker::OnFiberDone(RunContext *r) {
     if (counted != nullptr) counted->CountDone();
     pool->tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
     pools_->Release(pool);
-    // relaxed: only this thread writes the counter (a load and a store, no locked add).
-    tasks_done_.Store(tasks_done_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
+    tasks_done_.AddOwned(1);  // only this thread writes it
     return;
   }
   if (counted != nullptr) counted->CountDone();

@@ -77,8 +77,9 @@ class RequestDispatcher {
    * Decodes one request and submits its task with `completer` and `cookie`
    * attached (the completer later calls EncodeAnswer). On failure returns false
    * and fills `error_answer` with an answer carrying the error for the client.
-   * Called on a low-latency worker's own loop (a transport's WorkerPoller), the task
-   * stays on that worker (Worker::Adopt) with the pool reference taken here.
+   * Called on a worker's own loop (a transport's WorkerPoller) that would keep the task
+   * (WorkOrchestrator::LocalWorkerFor), it stays there (Worker::Adopt) with the pool
+   * reference taken here.
    */
   bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
                 std::vector<char> *error_answer) {
@@ -131,9 +132,8 @@ class RequestDispatcher {
     t->completer_ = completer;
     t->transport_cookie_ = cookie;
     t->request_id_ = request_id;  // echoed back in the answer
-    Worker *me = tls_current_worker;
+    Worker *me = orch_->LocalWorkerFor(*t);
     if (me != nullptr && CurrentRunContext() == nullptr &&
-        me->GetRole() == WorkerRole::kLowLatency && !t->task_flags_.Any(TASK_HIGH_LATENCY) &&
         !(gpu_ != nullptr && t->pool_query_.IsGpuRoute()) && orch_->IsAccepting()) {
       me->Adopt(t, pool);  // the worker's next step starts it (it releases the pool)
       return true;

@@ -264,7 +264,7 @@ class ShmClientReceiver : public ClientTransport {
       NotifyRuntimeRoom();
       ++delivered;
     }
-    if (delivered != 0) BumpOwnedCounter(helped_answers_, delivered);  // the role's
+    if (delivered != 0) helped_answers_.AddOwned(delivered);  // the role's
     rx_role_.Store(0, MemOrder::kRelease);  // release: our reads precede the next holder's
   }
 
@@ -361,7 +361,7 @@ class ShmClientReceiver : public ClientTransport {
       return;
     }
     DecodeAnswer(t, data, len);
-    BumpOwnedCounter(answered_, 1);  // the role's count: no locked add
+    answered_.AddOwned(1);  // the role's count: no locked add
     table_room_.Notify();
     CompleteTask(t);
   }

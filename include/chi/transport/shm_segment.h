@@ -111,11 +111,6 @@ inline bool ShareCpu(const Atomic<u32> &other) {
   return cpu != 0 && cpu == CpuTag();
 }
 
-/** Adds n to a counter that only the calling thread writes (relaxed: a statistic). */
-inline void BumpOwnedCounter(Atomic<u64> &counter, u64 n) {
-  counter.Store(counter.Load(MemOrder::kRelaxed) + n, MemOrder::kRelaxed);
-}
-
 /** The first bytes of the segment's data area. */
 struct ShmSegmentHeader {
   // Line 0: geometry and identity, written before the magic and then only read.

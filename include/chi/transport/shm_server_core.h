@@ -274,7 +274,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     }
     if (taken != 0) {
       NoteCpu(segment_.Slot(i)->runtime_cpu_);
-      BumpOwnedCounter(segment_.Slot(i)->worker_taken_, taken);  // the reader flag's holder
+      segment_.Slot(i)->worker_taken_.AddOwned(taken);  // the reader flag's holder
       // Still a reader: the reaper's Reset rebuilds this event once the readers are gone.
       segment_.Slot(i)->request_room_.Notify();
     }
@@ -504,8 +504,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   void Dispatch(u32 i, const char *data, u64 len) {
     ShmServedSlot &s = slots_[i];
     // relaxed: only the reader flag's holder writes it; counted before the answer exists.
-    s.accepted.Store(s.accepted.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-    BumpOwnedCounter(segment_.Slot(i)->tasks_served_, 1);  // the reader flag's holder
+    s.accepted.AddOwned(1);
+    segment_.Slot(i)->tasks_served_.AddOwned(1);  // the reader flag's holder
     std::vector<char> error;  // allocates only for a refusal
     if (!dispatcher_->Dispatch(data, len, this, i, &error)) {
       s.PushError(std::move(error));

@@ -109,11 +109,7 @@ class ZmqDoorbell {
   void Ring() {
     // seq_cst fence: our publish is visible before we read sleeping_ (mirrors Sleep).
     FenceSeqCst();
-    if (sleeping_.Load(MemOrder::kRelaxed) != 0) {
-      u64 one = 1;
-      ssize_t n = write(fd_, &one, sizeof(one));
-      (void)n;  // EAGAIN means the counter is already non-zero: the thread wakes anyway
-    }
+    if (sleeping_.Load(MemOrder::kRelaxed) != 0) Signal();
   }
   /** True while the network thread sleeps or is about to (a hint: read relaxed). */
   bool Sleeping() const { return sleeping_.Load(MemOrder::kRelaxed) != 0; }
