@@ -4,7 +4,9 @@
 // same endpoint type for ipc/tcp), then throughput with 1 and 4 client processes.
 // The runtime, the floors' peers and the extra clients are this binary re-executed
 // with a role argument.
-//   bench_cross_process [round_trips=3000] [tasks_per_client=20000]
+// The round trip and its floor are taken in alternating blocks (see MeasureInterleaved).
+//   bench_cross_process [round_trips=6000] [tasks_per_client=20000 (0: no throughput)]
+//                       [transports=shm,ipc,tcp]
 #include <fcntl.h>     // pipes for child reports
 #include <signal.h>    // killing the runtime on failure
 #include <sys/wait.h>  // waitpid
@@ -17,6 +19,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <type_traits>  // is_same_v: which floor
+#include <algorithm>  // sort of block ratios
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +33,7 @@ namespace {
 using chi::u64;
 
 constexpr chi::PoolId kPool(400, 0);
+constexpr int kBlocks = 20;  ///< alternating floor/task blocks per transport
 
 /** Runs this binary again with `args` and extra environment; stdout to `out_fd` when >= 0. */
 pid_t Spawn(const std::vector<std::string> &args,
@@ -83,52 +88,79 @@ int RepRole(const std::string &endpoint) {
   return 0;
 }
 
-/** Two flags on separate cache lines: the shm floor's ping-pong. */
+/**
+ * The shm floor's shared words: two flags on separate cache lines, and a futex word that
+ * parks the peer between blocks, so it never spins while the task round trips run.
+ */
 struct PingPong {
   alignas(64) chi::Atomic<u64> ping;
   alignas(64) chi::Atomic<u64> pong;
+  alignas(64) chi::Atomic<chi::u32> go;  ///< 0: park, 1: answer pings, 2: exit
 };
-constexpr u64 kPingStop = ~0ull;
+constexpr u64 kBlockEnd = ~0ull;  ///< ping value that ends a block (echoed as its ack)
 
-/** The shm floor's peer: answers every ping with the same value until kPingStop. */
+/** The shm floor's peer: answers every ping with the same value, block after block. */
 int PongRole(const std::string &segment) {
   chi::PosixShmBackend seg;
   if (!seg.Attach(segment).ok()) return 1;
   auto *pp = reinterpret_cast<PingPong *>(seg.Data());
   u64 last = 0;
   for (;;) {
-    const u64 v = pp->ping.Load(chi::MemOrder::kAcquire);  // acquire: pairs with the ping
-    if (v == kPingStop) break;
-    if (v != last) {
-      pp->pong.Store(v, chi::MemOrder::kRelease);  // release: the answer after the read
-      last = v;
-    } else {
-      chi::CpuRelax();
+    chi::u32 go = 0;
+    // acquire: the measuring side's block set-up precedes its go.
+    while ((go = pp->go.Load(chi::MemOrder::kAcquire)) == 0) chi::FutexWait(pp->go.Raw(), 0);
+    if (go == 2) return 0;
+    for (;;) {
+      const u64 v = pp->ping.Load(chi::MemOrder::kAcquire);  // acquire: pairs with the ping
+      if (v != last) {
+        pp->pong.Store(v, chi::MemOrder::kRelease);  // release: the answer after the read
+        last = v;
+        if (v == kBlockEnd) break;  // go was cleared before this ping: park again
+      } else {
+        chi::CpuRelax();
+      }
     }
   }
-  return 0;
 }
 
-/** Median round trip of a two-process spinning flag ping-pong in shared memory. */
-double ShmPingPongNs(int round_trips) {
-  const std::string name = "bench_xp_pingpong_" + std::to_string(getpid());
-  chi::PosixShmBackend seg;
-  if (!seg.Create(name, sizeof(PingPong), chi::CreateMode::kReplace).ok()) return 0;
-  auto *pp = new (seg.Data()) PingPong();
-  const pid_t peer = Spawn({"--pong", name}, {});
-  std::vector<double> samples;
-  u64 v = 0;
-  for (int i = 0; i < round_trips + 200; ++i) {
-    const double t0 = chi_bench::NowNs();
-    pp->ping.Store(++v, chi::MemOrder::kRelease);
-    while (pp->pong.Load(chi::MemOrder::kAcquire) != v) chi::CpuRelax();
-    if (i >= 200) samples.push_back(chi_bench::NowNs() - t0);
+/** The shm floor: a two-process spinning flag ping-pong, run in blocks. */
+class ShmPingPong {
+ public:
+  bool Start() {
+    name_ = "bench_xp_pingpong_" + std::to_string(getpid());
+    if (!seg_.Create(name_, sizeof(PingPong), chi::CreateMode::kReplace).ok()) return false;
+    pp_ = new (seg_.Data()) PingPong();
+    peer_ = Spawn({"--pong", name_}, {});
+    return true;
   }
-  pp->ping.Store(kPingStop, chi::MemOrder::kRelease);
-  WaitExit(peer);
-  seg.Destroy();
-  return chi_bench::Median(samples);
-}
+  /** Appends the round trips of one block of n (after `warm` unrecorded ones) to *out. */
+  void Block(int warm, int n, std::vector<double> *out) {
+    pp_->go.Store(1, chi::MemOrder::kRelease);  // release: pairs with the peer's acquire
+    chi::FutexWake(pp_->go.Raw(), 1);
+    for (int i = 0; i < warm + n; ++i) {
+      const double t0 = chi_bench::NowNs();
+      pp_->ping.Store(++v_, chi::MemOrder::kRelease);
+      while (pp_->pong.Load(chi::MemOrder::kAcquire) != v_) chi::CpuRelax();
+      if (i >= warm) out->push_back(chi_bench::NowNs() - t0);
+    }
+    pp_->go.Store(0, chi::MemOrder::kRelaxed);  // relaxed: the ping below publishes it
+    pp_->ping.Store(kBlockEnd, chi::MemOrder::kRelease);
+    while (pp_->pong.Load(chi::MemOrder::kAcquire) != kBlockEnd) chi::CpuRelax();
+  }
+  void Stop() {
+    pp_->go.Store(2, chi::MemOrder::kRelease);  // release: as in Block
+    chi::FutexWake(pp_->go.Raw(), 1);
+    WaitExit(peer_);
+    seg_.Destroy();
+  }
+
+ private:
+  std::string name_;
+  chi::PosixShmBackend seg_;
+  PingPong *pp_ = nullptr;
+  pid_t peer_ = -1;
+  u64 v_ = 0;
+};
 
 /** Connects this process as a pure client over `mode` and creates the pool. */
 bool Connect(chimaera::demo::Client *c) {
@@ -171,48 +203,95 @@ int ClientRole(u64 tasks) {
 
 // ---- Measurements ----
 
-/** Median round trip of raw ZeroMQ REQ/REP (16 B) over `endpoint`. */
-double RawReqRepNs(const std::string &endpoint, int round_trips) {
-  const pid_t rep = Spawn({"--rep", endpoint}, {});
-  zmq::context_t ctx(1);
-  zmq::socket_t req(ctx, zmq::socket_type::req);
-  req.set(zmq::sockopt::linger, 0);
-  req.set(zmq::sockopt::rcvtimeo, 10000);  // an echo that died (its port taken) ends the run
-  req.connect(endpoint);
-  char payload[16] = {};
-  std::vector<double> samples;
-  bool alive = true;
-  for (int i = 0; alive && i < round_trips + 200; ++i) {
-    const double t0 = chi_bench::NowNs();
-    req.send(zmq::buffer(payload, sizeof(payload)), zmq::send_flags::none);
-    zmq::message_t m;
-    alive = req.recv(m, zmq::recv_flags::none).has_value();
-    if (alive && i >= 200) samples.push_back(chi_bench::NowNs() - t0);
+/** The ipc/tcp floor: raw ZeroMQ REQ/REP (16 B) to an echo process, run in blocks. */
+class RawReqRep {
+ public:
+  explicit RawReqRep(const std::string &endpoint) : endpoint_(endpoint) {}
+  bool Start() {
+    rep_ = Spawn({"--rep", endpoint_}, {});
+    req_.set(zmq::sockopt::linger, 0);
+    req_.set(zmq::sockopt::rcvtimeo, 10000);  // an echo that died (its port taken) ends the run
+    req_.connect(endpoint_);
+    return true;
   }
-  if (alive) {
-    req.send(zmq::buffer(payload, 1), zmq::send_flags::none);  // tells the echo to stop
-    zmq::message_t last;
-    (void)req.recv(last, zmq::recv_flags::none);
-  } else {
-    std::fprintf(stderr, "raw ZeroMQ REQ/REP over %s: no echo\n", endpoint.c_str());
-    kill(rep, SIGKILL);
+  /** As ShmPingPong::Block; false once the echo stopped answering. */
+  bool Block(int warm, int n, std::vector<double> *out) {
+    char payload[16] = {};
+    for (int i = 0; alive_ && i < warm + n; ++i) {
+      const double t0 = chi_bench::NowNs();
+      req_.send(zmq::buffer(payload, sizeof(payload)), zmq::send_flags::none);
+      zmq::message_t m;
+      alive_ = req_.recv(m, zmq::recv_flags::none).has_value();
+      if (alive_ && i >= warm) out->push_back(chi_bench::NowNs() - t0);
+    }
+    if (!alive_) std::fprintf(stderr, "raw ZeroMQ REQ/REP over %s: no echo\n", endpoint_.c_str());
+    return alive_;
   }
-  req.close();
-  ctx.close();
-  WaitExit(rep);
-  return chi_bench::Median(samples);
-}
+  void Stop() {
+    if (alive_) {
+      char stop = 0;
+      req_.send(zmq::buffer(&stop, 1), zmq::send_flags::none);  // tells the echo to stop
+      zmq::message_t last;
+      (void)req_.recv(last, zmq::recv_flags::none);
+    } else {
+      kill(rep_, SIGKILL);
+    }
+    req_.close();
+    ctx_.close();
+    WaitExit(rep_);
+  }
 
-/** Median task round trip through the current client connection. */
-double TaskRoundTripNs(chimaera::demo::Client &c, int round_trips) {
-  std::vector<double> samples;
-  for (int i = 0; i < round_trips + 200; ++i) {
+ private:
+  std::string endpoint_;
+  zmq::context_t ctx_{1};
+  zmq::socket_t req_{ctx_, zmq::socket_type::req};
+  pid_t rep_ = -1;
+  bool alive_ = true;
+};
+
+/** Appends one block of task round trips through the current client connection. */
+void TaskBlock(chimaera::demo::Client &c, int warm, int n, std::vector<double> *out) {
+  for (int i = 0; i < warm + n; ++i) {
     const double t0 = chi_bench::NowNs();
     auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, static_cast<chi::u32>(i));
     f.Wait();
-    if (i >= 200) samples.push_back(chi_bench::NowNs() - t0);
+    if (i >= warm) out->push_back(chi_bench::NowNs() - t0);
   }
-  return chi_bench::Median(samples);
+}
+
+/** Round trips of a floor and of our tasks, taken in alternating blocks. */
+struct Interleaved {
+  std::vector<double> floor, ours;
+  std::vector<double> block_ratios;  ///< median(ours) / median(floor) of each block pair
+};
+
+/**
+ * Measures the floor and our task round trip in `blocks` alternating blocks of
+ * round_trips / blocks each (200 unrecorded warm-ups before the first of each), so both
+ * see the same CPU placement: on a VM the vCPUs move between cores, and a floor taken a
+ * second apart from ours can differ from it by 4x.
+ */
+template <typename Floor>
+bool MeasureInterleaved(Floor &floor, chimaera::demo::Client &c, int round_trips, int blocks,
+                        Interleaved *out) {
+  const int n = round_trips / blocks > 0 ? round_trips / blocks : 1;
+  for (int b = 0; b < blocks; ++b) {
+    const int warm = b == 0 ? 200 : 20;
+    std::vector<double> f, o;
+    // The runtime's worker and the client's receiver park after 100 us idle: the floor
+    // then runs alone, as it would on a quiet machine (the task block's warm-ups wake them).
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if constexpr (std::is_same_v<Floor, RawReqRep>) {
+      if (!floor.Block(warm, n, &f)) return false;
+    } else {
+      floor.Block(warm, n, &f);
+    }
+    TaskBlock(c, warm, n, &o);
+    out->block_ratios.push_back(chi_bench::Median(o) / chi_bench::Median(f));
+    out->floor.insert(out->floor.end(), f.begin(), f.end());
+    out->ours.insert(out->ours.end(), o.begin(), o.end());
+  }
+  return true;
 }
 
 /** Tasks per second of `clients` client processes streaming concurrently. */
@@ -242,7 +321,7 @@ double MultiClientRate(int clients, u64 tasks, const std::vector<std::pair<std::
   return static_cast<double>(tasks) * clients / ((last - first) / 1e9);
 }
 
-int Run(int round_trips, u64 tasks) {
+int Run(int round_trips, u64 tasks, const std::string &modes) {
   const chi::u32 port = 30000 + static_cast<chi::u32>(getpid()) % 10000;
   const std::vector<std::pair<std::string, std::string>> server_env = {
       {"CHI_PORT", std::to_string(port)}};
@@ -256,6 +335,7 @@ int Run(int round_trips, u64 tasks) {
               "client\n", server, port, round_trips, static_cast<unsigned long long>(tasks));
   int rc = 0;
   for (const std::string mode : {"shm", "ipc", "tcp"}) {
+    if (modes.find(mode) == std::string::npos) continue;
     setenv("CHI_PORT", std::to_string(port).c_str(), 1);
     setenv("CHI_IPC_MODE", mode.c_str(), 1);
     setenv("CHI_WITH_RUNTIME", "0", 1);
@@ -268,19 +348,42 @@ int Run(int round_trips, u64 tasks) {
     const std::string floor_ep = mode == "ipc"
         ? "ipc:///tmp/chi_bench_floor_" + std::to_string(getpid()) + ".ipc"
         : "tcp://127.0.0.1:" + std::to_string(port + 1);
-    const double floor = mode == "shm" ? ShmPingPongNs(round_trips)
-                                       : RawReqRepNs(floor_ep, round_trips);
-    const double ours = TaskRoundTripNs(c, round_trips);
+    Interleaved m;
+    bool measured = false;
+    if (mode == "shm") {
+      ShmPingPong floor;
+      if (floor.Start()) {
+        measured = MeasureInterleaved(floor, c, round_trips, kBlocks, &m);
+        floor.Stop();
+      }
+    } else {
+      RawReqRep floor(floor_ep);
+      measured = floor.Start() && MeasureInterleaved(floor, c, round_trips, kBlocks, &m);
+      floor.Stop();
+    }
+    if (!measured) rc = 1;
     const std::string label = mode + ": task round trip (GpuSubmit)";
     const std::string floor_label = mode == "shm" ? std::string("two-process shm ping-pong")
                                                   : "raw ZeroMQ REQ/REP 16 B " + mode;
-    chi_bench::ReportLatency(label.c_str(), ours, floor_label.c_str(), floor);
+    chi_bench::ReportLatency(label.c_str(), chi_bench::Median(m.ours), floor_label.c_str(),
+                             chi_bench::Median(m.floor));
+    std::vector<double> sorted = m.block_ratios;
+    std::sort(sorted.begin(), sorted.end());
+    if (!sorted.empty()) {
+      std::printf("%s: ratio per block pair (%d blocks): median %.2fx, range %.2fx .. %.2fx\n",
+                  mode.c_str(), kBlocks, chi_bench::Median(sorted), sorted.front(),
+                  sorted.back());
+    }
     if (auto *shm = dynamic_cast<chi::ShmReconnectingTransport *>(
             chi::Chimaera::Get().GetTransport())) {
       // Who took the answers off the wire: the caller spinning in Wait, or the receiver.
-      std::printf("shm: answers delivered by the waiting caller: %llu of %d\n",
+      std::printf("shm: answers delivered by the waiting caller: %llu of %zu\n",
                   static_cast<unsigned long long>(shm->Current()->HelpedAnswers()),
-                  round_trips + 201);
+                  m.ours.size() + 200 + 20 * (kBlocks - 1) + 1);
+    }
+    if (tasks == 0) {  // latency only
+      chi::CHIMAERA_FINALIZE();
+      continue;
     }
     const u64 t0 = chi::NowNs();
     const bool ok = Stream(c, tasks);
@@ -314,7 +417,8 @@ int main(int argc, char **argv) {
   if (role == "--rep" && argc > 2) return RepRole(argv[2]);
   if (role == "--pong" && argc > 2) return PongRole(argv[2]);
   if (role == "--client" && argc > 2) return ClientRole(std::strtoull(argv[2], nullptr, 10));
-  const int round_trips = argc > 1 ? std::atoi(argv[1]) : 3000;
+  const int round_trips = argc > 1 ? std::atoi(argv[1]) : 6000;
   const u64 tasks = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 20000;
-  return Run(round_trips > 0 ? round_trips : 3000, tasks > 0 ? tasks : 20000);
+  const std::string modes = argc > 3 ? argv[3] : "shm,ipc,tcp";
+  return Run(round_trips > 0 ? round_trips : 6000, tasks, modes);
 }

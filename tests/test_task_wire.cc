@@ -94,9 +94,64 @@ TEST_CASE("an unknown method or malformed request bytes build no task") {
     bad[rng() % bad.size()] ^= static_cast<char>(1 + rng() % 255);
     if (chi::Task *x = DecodeRequest(container, bad)) {
       ++built;
-      CHECK(static_cast<CustomTask *>(x)->data_.size() <= bad.size());
+      // A flipped method byte may name another method whose inputs the bytes also spell.
+      if (x->method_ == Method::kCustom) {
+        CHECK(static_cast<CustomTask *>(x)->data_.size() <= bad.size());
+      }
       chi::DeleteTask(x);
     }
   }
   CHECK(built < 2000);
+}
+
+TEST_CASE("the routing header is compact for usual values and exact for every other") {
+  chi::Task root;
+  root.pool_id_ = chi::PoolId(7, 1);
+  root.pool_query_ = chi::PoolQuery::Local();
+  root.method_ = Method::kCustom;
+  root.task_id_ = chi::TaskId{3, 4242, 99};
+  root.task_node_ = chi::TaskNode(99, 0);  // a root task: (its unique id, 0)
+  std::vector<char> small;
+  chi::OutputArchive out(small);
+  root.SerializeBaseIn(out);
+  // pool, shape, method, flags, task id: a small request fits one cache line with its
+  // 8-byte request id, 8-byte record header and a few input bytes.
+  CHECK(small.size() == 36);
+  chi::InputArchive in(small.data(), small.size());
+  chi::Task back;
+  back.period_ns_ = 5;  // stale values a reused decode target may hold are replaced
+  back.task_node_ = chi::TaskNode(1, 1);
+  back.SerializeBaseIn(in);
+  CHECK(in.ok());
+  CHECK(in.Remaining() == 0);
+  CHECK(back.pool_query_ == chi::PoolQuery::Local());
+  CHECK(back.period_ns_ == 0);
+  CHECK(back.task_node_ == chi::TaskNode(99, 0));
+  CHECK(back.task_id_ == root.task_id_);
+
+  chi::Task full;
+  full.pool_id_ = chi::PoolId(7, 1);
+  full.pool_query_ = chi::PoolQuery::Range(3, 5);
+  full.period_ns_ = 2.5e6;
+  full.task_id_ = chi::TaskId{3, 4242, 100};
+  full.task_node_ = chi::TaskNode(99, 2);  // a subtask of the root above
+  std::vector<char> big;
+  chi::OutputArchive out2(big);
+  full.SerializeBaseIn(out2);
+  CHECK(big.size() == 36 + 12 + 8 + 12);
+  chi::InputArchive in2(big.data(), big.size());
+  chi::Task back2;
+  back2.SerializeBaseIn(in2);
+  CHECK(in2.ok());
+  CHECK(back2.pool_query_ == full.pool_query_);
+  CHECK(back2.period_ns_ == full.period_ns_);
+  CHECK(back2.task_node_ == full.task_node_);
+
+  // Shape bits nobody defined: the query comes out invalid, so the request is refused.
+  std::vector<char> odd = small;
+  odd[8 + 3] = static_cast<char>(0x40);  // the shape word's top byte
+  chi::InputArchive in3(odd.data(), odd.size());
+  chi::Task back3;
+  back3.SerializeBaseIn(in3);
+  CHECK_FALSE(back3.pool_query_.IsValid());
 }

@@ -715,6 +715,23 @@ class PoolQuery {
     ar(mode_, count_, value_);
   }
 
+  /**
+   * True when the query carries arguments (count or value). A compact routing header
+   * (Task::SerializeBaseIn) sends the mode alone otherwise.
+   */
+  CHI_CROSS_FUN constexpr bool HasArgs() const { return count_ != 0 || value_ != 0; }
+  /** Serializes the arguments alone; the mode travels in the compact header. */
+  template <typename Ar>
+  CHI_CROSS_FUN void SerializeArgs(Ar &ar) {
+    ar(count_, value_);
+  }
+  /** Sets a mode read from a compact header, with no arguments (IsValid judges it). */
+  CHI_CROSS_FUN void SetWireMode(u32 mode) {
+    mode_ = static_cast<RoutingMode>(mode);
+    count_ = 0;
+    value_ = 0;
+  }
+
  private:
   CHI_CROSS_FUN constexpr PoolQuery(RoutingMode mode, u64 value, u32 count)
       : mode_(mode), count_(count), value_(value) {}
@@ -2543,6 +2560,14 @@ inline constexpr u32 kTaskMessageSize = 96;
 
 /** A container method to execute, its parameters (in subclasses) and its answer. */
 struct Task {
+  // The shape word of the compact routing header (SerializeBaseIn): the routing mode in
+  // the low byte, then which optional fields follow.
+  static constexpr u32 kWireModeMask = 0xffu;
+  static constexpr u32 kWireQueryArgs = 1u << 8;  ///< the query's count and value follow
+  static constexpr u32 kWirePeriod = 1u << 9;     ///< period_ns_ follows (else 0)
+  static constexpr u32 kWireNode = 1u << 10;      ///< task_node_ follows (else (unique, 0))
+  static constexpr u32 kWireKnown = kWireModeMask | kWireQueryArgs | kWirePeriod | kWireNode;
+
   IN PoolId pool_id_;          ///< the pool that runs the task
   IN TaskNode task_node_;      ///< place in the task graph (subtasks share major)
   IN PoolQuery pool_query_;    ///< which container(s)
@@ -2593,10 +2618,31 @@ struct Task {
     msg_.Assign(buf, n < 0 ? 0u : (n >= static_cast<int>(sizeof(buf)) ? sizeof(buf) - 1 : n));
   }
 
-  /** The routing header every transport sends before the task's own inputs. */
+  /**
+   * The routing header every transport sends before the task's own inputs, compact: a
+   * shape word (the routing mode and which optional fields follow) stands for the query's
+   * arguments, the period and the task node when they hold their usual values (none;
+   * 0; a root task's (unique id, 0)). A small request then fits in one cache line.
+   */
   template <typename Ar>
   CHI_CROSS_FUN void SerializeBaseIn(Ar &ar) {
-    ar(pool_id_, task_node_, pool_query_, method_, task_flags_, period_ns_, task_id_);
+    u32 shape = 0;
+    if constexpr (Ar::kIsOutput) {
+      shape = static_cast<u32>(pool_query_.GetMode()) |
+              (pool_query_.HasArgs() ? kWireQueryArgs : 0u) |
+              (period_ns_ != 0 ? kWirePeriod : 0u) |
+              (task_node_ == TaskNode(task_id_.unique_, 0) ? 0u : kWireNode);
+    }
+    ar(pool_id_, shape, method_, task_flags_, task_id_);
+    if constexpr (!Ar::kIsOutput) {
+      // Unknown shape bits leave an invalid mode: the request is refused as malformed.
+      pool_query_.SetWireMode((shape & ~kWireKnown) == 0 ? (shape & kWireModeMask) : ~0u);
+      period_ns_ = 0;
+      task_node_ = TaskNode(task_id_.unique_, 0);
+    }
+    if (shape & kWireQueryArgs) pool_query_.SerializeArgs(ar);
+    if (shape & kWirePeriod) ar(period_ns_);
+    if (shape & kWireNode) ar(task_node_);
   }
   /** The answer every transport sends back before the task's own outputs. */
   template <typename Ar>
@@ -8096,13 +8142,17 @@ class IpcManager {
     return chi::NewTask<T>(std::forward<Args>(args)...);
   }
 
-  /** Stamps identity fields on a task before it is sent. */
+  /**
+   * Stamps identity fields on a task before it is sent. A root task's node is (its
+   * unique id, 0), which the compact routing header then leaves out.
+   */
   void Stamp(Task *t) {
-    t->task_id_ = TaskId{node_, pid_, next_unique_.FetchAdd(1, MemOrder::kRelaxed)};
+    const u64 unique = next_unique_.FetchAdd(1, MemOrder::kRelaxed);
+    t->task_id_ = TaskId{node_, pid_, unique};
     if (RunContext *parent = CurrentRunContext()) {
       t->task_node_ = parent->NextChildNode();  // same major: CoMutex re-entry
     } else {
-      t->task_node_ = TaskNode(next_major_.FetchAdd(1, MemOrder::kRelaxed), 0);
+      t->task_node_ = TaskNode(unique, 0);
     }
   }
 
@@ -8201,7 +8251,6 @@ class IpcManager {
   NodeId node_ = 0;
   u32 pid_ = 0;
   Atomic<u64> next_unique_{1};
-  Atomic<u64> next_major_{1};
 };
 
 }  // namespace chi
@@ -8411,7 +8460,7 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 namespace chi {
 
 /** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
-inline constexpr u32 kConnectProtocolVersion = 2;
+inline constexpr u32 kConnectProtocolVersion = 3;  // 3: the compact routing header
 /** Bumped whenever RuntimeHeader (the start of the main segment) changes. */
 inline constexpr u32 kRuntimeHeaderVersion = 1;
 inline constexpr u64 kRuntimeHeaderMagic = 0x5254494843ull;  // "CHITR"
@@ -9031,20 +9080,107 @@ inline bool IsProcessAlive(const ProcessIdentity &who) {
 // it, ShmClientTransport attaches it. Invariant: the header's magic is written last, and a
 // slot's streams are reset only by the runtime while no client owns the slot.
 
-#include <sched.h>  // sched_getcpu: where each end runs
-
 #include <new>          // placement new of the header and slots
 #include <string>       // segment names, ShmServerInfo
 #include <string_view>  // names
 
+// ---- begin chi/core/cpu_share.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_CORE_CPU_SHARE_H
+#define CHI_SINGLE_INCLUDE_CHI_CORE_CPU_SHARE_H
+// Two threads that spin for each other across processes (a client waiting for its answer,
+// the runtime thread serving it) must not share one CPU: each then progresses only while
+// the other is off it. Each end records where it runs (NoteCpu); an end that finds the
+// other on its own CPU yields to it (ShareCpu), and a runtime thread that keeps finding
+// it so moves itself to another CPU (CpuUnstacker): the kernel's balancer leaves two
+// threads that keep handing one CPU to each other stacked there for tens of milliseconds.
+
+#include <sched.h>  // sched_getcpu, sched_{get,set}affinity
+
+namespace chi {
+
+/** The CPU the calling thread runs on, plus one (0: unknown). Costs a few ns (rseq). */
+inline u32 CpuTag() {
+  const int cpu = sched_getcpu();
+  return cpu < 0 ? 0 : static_cast<u32>(cpu) + 1;
+}
+
+/** Records the caller's CPU in `where` when it changed (the line is rarely written). */
+inline void NoteCpu(Atomic<u32> &where) {
+  const u32 cpu = CpuTag();
+  // relaxed: a scheduling hint, never a synchronisation.
+  if (where.Load(MemOrder::kRelaxed) != cpu) where.Store(cpu, MemOrder::kRelaxed);
+}
+
+/**
+ * True when the other end last ran on the caller's CPU (`other` as NoteCpu wrote it):
+ * then it can only progress while we do not run, and the caller should yield to it.
+ */
+inline bool ShareCpu(const Atomic<u32> &other) {
+  const u32 cpu = other.Load(MemOrder::kRelaxed);  // relaxed: a hint
+  return cpu != 0 && cpu == CpuTag();
+}
+
+/**
+ * A runtime thread's memory of finding its peer on its CPU. Once that has lasted
+ * kMoveAfterNs with no sighting apart, the thread moves to another CPU it may run on (its
+ * affinity minus this CPU, then its whole affinity again: it stays free to go anywhere),
+ * at most once per kMoveIntervalNs so an oversubscribed machine does not see it hop.
+ * Only for threads the runtime owns: a client's threads are the application's.
+ */
+class CpuUnstacker {
+ public:
+  /** Stacking this long (ns) moves the thread. */
+  static constexpr u64 kMoveAfterNs = 2000000;
+  /** The least time (ns) between two moves. */
+  static constexpr u64 kMoveIntervalNs = 50000000;
+
+  /** The peer was seen on this thread's CPU at `now_ns`; may move the thread. */
+  void Stacked(u64 now_ns) {
+    if (since_ns_ == 0) since_ns_ = now_ns;
+    if (now_ns - since_ns_ < kMoveAfterNs || now_ns - last_move_ns_ < kMoveIntervalNs) return;
+    last_move_ns_ = now_ns;
+    since_ns_ = 0;
+    if (MoveOff()) ++moves_;
+  }
+
+  /** The peer was seen elsewhere: the stacking, if any, is over. */
+  void Apart() { since_ns_ = 0; }
+
+  /** Times this thread moved. */
+  u64 Moves() const { return moves_; }
+
+ private:
+  /** Moves the calling thread off its current CPU; false when it has nowhere to go. */
+  static bool MoveOff() {
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
+    const int cpu = sched_getcpu();
+    if (cpu < 0 || CPU_COUNT(&allowed) < 2 || !CPU_ISSET(cpu, &allowed)) return false;
+    cpu_set_t others = allowed;
+    CPU_CLR(cpu, &others);
+    // The kernel migrates a thread off a CPU its new mask excludes at once; the full mask
+    // again afterwards leaves it where it landed.
+    const bool moved = sched_setaffinity(0, sizeof(others), &others) == 0;
+    sched_setaffinity(0, sizeof(allowed), &allowed);
+    return moved;
+  }
+
+  u64 since_ns_ = 0;      ///< when the current stacking was first seen (0: none)
+  u64 last_move_ns_ = 0;  ///< when the thread last moved
+  u64 moves_ = 0;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_CORE_CPU_SHARE_H
+// ---- end chi/core/cpu_share.h ----
 // ---- begin chi/transport/shm_stream.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
 // ShmStream: one direction of a shared-memory connection, a byte ring with one writer and
 // one reader (usually two processes) carrying framed messages of any size in pieces. Both
 // ends never block here, so one runtime poller can serve many streams; callers choose how
-// to wait. Invariant: the ring holds only whole records (16-byte header + payload, each
-// starting on a cache line); the writer clears the header word after a record before it
+// to wait. Invariant: the ring holds only whole records (an 8- or 16-byte header + payload,
+// each starting on a cache line); the writer clears the header word after a record before it
 // publishes the record's own header word (release), so a reader polls the header at its
 // read position and sees either zero or a whole record, never half of one, and never a
 // stale one.
@@ -9054,9 +9190,11 @@ inline bool IsProcessAlive(const ProcessIdentity &who) {
 // write position (still published after each record) is read only by park re-checks,
 // statistics and the corruption check (Unframed), so in steady state it never moves.
 //
-// Framing: a message is a kBegin record (its total length and the first bytes that fit)
-// followed by kMore records with the rest. The reader checks every header and reports a
-// corrupt stream instead of trusting it.
+// Framing: a message that fits one record is a kWhole record (8-byte header: kind and
+// length), so a request of up to 56 bytes is one cache line. A larger one is a kBegin
+// record (16-byte header: its total length too, and the first bytes that fit) followed by
+// kMore records (8-byte headers) with the rest. The reader checks every header and
+// reports a corrupt stream instead of trusting it.
 
 #include <sys/mman.h>  // madvise: prefaulting a ring
 
@@ -9070,7 +9208,7 @@ namespace chi {
 /** A single-writer, single-reader message stream through a fixed byte ring (host only). */
 class ShmStream {
  public:
-  /** Bytes of every record header. */
+  /** The most bytes a record header takes (kBegin's; kWhole and kMore take 8). */
   static constexpr u64 kRecordHeaderBytes = 16;
   /** The smallest ring accepted; smaller requests are raised to it. */
   static constexpr u32 kMinRingBytes = 256;
@@ -9079,6 +9217,8 @@ class ShmStream {
   /** Record kinds ("SM" + n), chosen so zeroed or random memory is rarely mistaken for one. */
   static constexpr u32 kBegin = 0x534d0001;
   static constexpr u32 kMore = 0x534d0002;
+  /** A whole message in one record; Peek reports it as a kBegin of its own length. */
+  static constexpr u32 kWhole = 0x534d0003;
 
   /** Region bytes for a ring of `ring_bytes` (raised to >= kMinRingBytes, a power of two). */
   static size_t BytesFor(u32 ring_bytes) { return sizeof(ShmStream) + RingSize(ring_bytes); }
@@ -9148,7 +9288,8 @@ class ShmStream {
   }
 
   /**
-   * Appends one record: kBegin (begin = true, message_bytes = the whole message) or kMore.
+   * Appends one record: kBegin (begin = true, message_bytes = the whole message; kWhole
+   * when `bytes` is all of it) or kMore.
    * The caller made sure `bytes` <= WritableBytes(bytes). Publishes with seq_cst so a
    * parked reader is never missed (the caller notifies it afterwards).
    */
@@ -9216,24 +9357,25 @@ class ShmStream {
     // header bytes and its payload are visible once we see it.
     const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
     if (word == 0) return PeekResult::kEmpty;
-    Record rec;
-    rec.kind = static_cast<u32>(word);
-    rec.bytes = static_cast<u32>(word >> 32);
-    CopyOut(r + sizeof(u64), &rec.message_bytes, sizeof(rec.message_bytes));
-    const u64 footprint = RoundUpTo(kRecordHeaderBytes + rec.bytes, kAlign);
-    if ((rec.kind != kBegin && rec.kind != kMore) || footprint > ring_bytes_ - kAlign ||
-        (rec.kind == kBegin && rec.bytes > rec.message_bytes)) {
+    const u32 kind = static_cast<u32>(word);
+    const u32 bytes = static_cast<u32>(word >> 32);
+    const u64 header = HeaderBytes(kind);
+    u64 message_bytes = bytes;
+    if (kind == kBegin) CopyOut(r + sizeof(u64), &message_bytes, sizeof(message_bytes));
+    const u64 footprint = RoundUpTo(header + bytes, kAlign);
+    if ((kind != kBegin && kind != kMore && kind != kWhole) || footprint > ring_bytes_ - kAlign ||
+        bytes > message_bytes) {
       return PeekResult::kCorrupt;
     }
-    p->kind = rec.kind;
-    p->bytes = rec.bytes;
-    p->message_bytes = rec.kind == kBegin ? rec.message_bytes : 0;
+    p->kind = kind == kMore ? kMore : kBegin;
+    p->bytes = bytes;
+    p->message_bytes = kind == kMore ? 0 : message_bytes;
     p->footprint = footprint;
-    const u64 off = (r + kRecordHeaderBytes) & mask_;
+    const u64 off = (r + header) & mask_;
     p->first = Ring() + off;
-    p->first_bytes = std::min<u64>(rec.bytes, ring_bytes_ - off);
+    p->first_bytes = std::min<u64>(bytes, ring_bytes_ - off);
     p->second = Ring();
-    p->second_bytes = rec.bytes - p->first_bytes;
+    p->second_bytes = bytes - p->first_bytes;
     return PeekResult::kReady;
   }
 
@@ -9294,19 +9436,14 @@ class ShmStream {
   }
 
  private:
-  /** What every record starts with; always 16-byte aligned in the ring. */
-  struct Record {
-    u32 kind;
-    u32 bytes;
-    u64 message_bytes;
-  };
+  /** Header bytes of a record of `kind`: the word (kind, bytes), and kBegin's total length. */
+  static constexpr u64 HeaderBytes(u32 kind) { return kind == kBegin ? 16 : 8; }
   /**
    * Records start on a cache line: a record of up to 48 payload bytes is one line, the
    * one the reader polls, and the writer clears the next header on a line of its own.
    */
   static constexpr u64 kAlign = kCacheLine;
-  static_assert(sizeof(Record) == kRecordHeaderBytes && kAlign % kRecordHeaderBytes == 0,
-                "a header must never straddle the ring's end");
+  static_assert(kAlign % kRecordHeaderBytes == 0, "a header must never straddle the ring's end");
 
   /**
    * Fetches the lines of the record at r that follow its header's, and the next header's
@@ -9363,15 +9500,16 @@ class ShmStream {
    */
   void Append(bool begin, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
     u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    const u64 next = w + RoundUpTo(kRecordHeaderBytes + bytes, kAlign);
-    const u64 length = begin ? message_bytes : 0;
-    const u64 head = bytes < kAlign - kRecordHeaderBytes ? bytes : kAlign - kRecordHeaderBytes;
+    const u32 kind = !begin ? kMore : (bytes == message_bytes ? kWhole : kBegin);
+    const u64 header = HeaderBytes(kind);
+    const u64 next = w + RoundUpTo(header + bytes, kAlign);
+    const u64 head = bytes < kAlign - header ? bytes : kAlign - header;
     const char *src = static_cast<const char *>(data);
     if (bytes > head) CopyIn(w + kAlign, src + head, bytes - head);
     ClearHeader(next);  // Room keeps it free: the reader has consumed it already
-    CopyIn(w + sizeof(u64), &length, sizeof(length));
-    CopyIn(w + kRecordHeaderBytes, src, head);
-    const u64 word = static_cast<u64>(begin ? kBegin : kMore) | (bytes << 32);
+    if (kind == kBegin) CopyIn(w + sizeof(u64), &message_bytes, sizeof(message_bytes));
+    CopyIn(w + header, src, head);
+    const u64 word = static_cast<u64>(kind) | (bytes << 32);
     // release: the payload, the length and the cleared next header precede the record.
     HeaderWord(w)->Store(word, MemOrder::kRelease);
     write_pos_.Store(next, publish);
@@ -9426,7 +9564,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 4;
+inline constexpr u32 kShmTransportVersion = 5;  // 5: kWhole records (8-byte headers)
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -9490,28 +9628,6 @@ struct ShmClientSlot {
   alignas(kCacheLine) Atomic<u64> tasks_served_;  ///< requests taken in (refused ones too)
   Atomic<u64> worker_taken_;  ///< requests runtime workers took in themselves (no poller)
 };
-
-/** The CPU the calling thread runs on, plus one (0: unknown). Costs a few ns (rseq). */
-inline u32 CpuTag() {
-  const int cpu = sched_getcpu();
-  return cpu < 0 ? 0 : static_cast<u32>(cpu) + 1;
-}
-
-/** Records the caller's CPU in `where` when it changed (the line is rarely written). */
-inline void NoteCpu(Atomic<u32> &where) {
-  const u32 cpu = CpuTag();
-  // relaxed: a scheduling hint, never a synchronisation.
-  if (where.Load(MemOrder::kRelaxed) != cpu) where.Store(cpu, MemOrder::kRelaxed);
-}
-
-/**
- * True when the other end last ran on the caller's CPU (`other` as NoteCpu wrote it):
- * then it can only progress while we do not run, and the caller should yield to it.
- */
-inline bool ShareCpu(const Atomic<u32> &other) {
-  const u32 cpu = other.Load(MemOrder::kRelaxed);  // relaxed: a hint
-  return cpu != 0 && cpu == CpuTag();
-}
 
 /** The first bytes of the segment's data area. */
 struct ShmSegmentHeader {
@@ -11556,8 +11672,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       if (fits) {
         DeleteTask(t);
         s.ReleaseCredit(header_->server_event_);
-        // A client spinning for this answer on our CPU only runs once we stop: let it.
-        if (ShareCpu(segment_.Slot(i)->client_cpu_)) sched_yield();
+        GiveWayTo(segment_.Slot(i)->client_cpu_);
         return;
       }
     }
@@ -11566,6 +11681,20 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     s.pending_count.FetchAdd(1, MemOrder::kSeqCst);
     s.pending->Push(reinterpret_cast<u64>(t));  // never full: the credits bound it
     header_->server_event_.Notify();
+  }
+
+  /**
+   * After a worker's answer: a client spinning for it on this CPU runs only once we stop,
+   * so yield; and when that lasts, move this worker to another CPU (CpuUnstacker).
+   */
+  static void GiveWayTo(const Atomic<u32> &client_cpu) {
+    thread_local CpuUnstacker unstacker;
+    if (ShareCpu(client_cpu)) {
+      unstacker.Stacked(MonotonicNs());
+      sched_yield();
+    } else {
+      unstacker.Apart();
+    }
   }
 
   /** True when slot s may take another request (the poller; reads `answered` rarely). */
@@ -17128,7 +17257,7 @@ static_assert(sizeof(GpuHeapRegion) == 128, "partition headers start 128 bytes i
 namespace chi::gpu {
 
 /** Bumped whenever GpuConnectInfo or GpuQueueAttachInfo changes. */
-inline constexpr u32 kGpuConnectInfoVersion = 5;  // 5: claim words carry the last sequence
+inline constexpr u32 kGpuConnectInfoVersion = 6;  // 6: the compact routing header
 
 /** One GPU's cpu2gpu queue as a client process must see it. */
 struct GpuQueueAttachInfo {

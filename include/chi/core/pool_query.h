@@ -155,6 +155,23 @@ class PoolQuery {
     ar(mode_, count_, value_);
   }
 
+  /**
+   * True when the query carries arguments (count or value). A compact routing header
+   * (Task::SerializeBaseIn) sends the mode alone otherwise.
+   */
+  CHI_CROSS_FUN constexpr bool HasArgs() const { return count_ != 0 || value_ != 0; }
+  /** Serializes the arguments alone; the mode travels in the compact header. */
+  template <typename Ar>
+  CHI_CROSS_FUN void SerializeArgs(Ar &ar) {
+    ar(count_, value_);
+  }
+  /** Sets a mode read from a compact header, with no arguments (IsValid judges it). */
+  CHI_CROSS_FUN void SetWireMode(u32 mode) {
+    mode_ = static_cast<RoutingMode>(mode);
+    count_ = 0;
+    value_ = 0;
+  }
+
  private:
   CHI_CROSS_FUN constexpr PoolQuery(RoutingMode mode, u64 value, u32 count)
       : mode_(mode), count_(count), value_(value) {}

@@ -17,7 +17,7 @@
 namespace chi::gpu {
 
 /** Bumped whenever GpuConnectInfo or GpuQueueAttachInfo changes. */
-inline constexpr u32 kGpuConnectInfoVersion = 5;  // 5: claim words carry the last sequence
+inline constexpr u32 kGpuConnectInfoVersion = 6;  // 6: the compact routing header
 
 /** One GPU's cpu2gpu queue as a client process must see it. */
 struct GpuQueueAttachInfo {

@@ -53,13 +53,17 @@ class IpcManager {
     return chi::NewTask<T>(std::forward<Args>(args)...);
   }
 
-  /** Stamps identity fields on a task before it is sent. */
+  /**
+   * Stamps identity fields on a task before it is sent. A root task's node is (its
+   * unique id, 0), which the compact routing header then leaves out.
+   */
   void Stamp(Task *t) {
-    t->task_id_ = TaskId{node_, pid_, next_unique_.FetchAdd(1, MemOrder::kRelaxed)};
+    const u64 unique = next_unique_.FetchAdd(1, MemOrder::kRelaxed);
+    t->task_id_ = TaskId{node_, pid_, unique};
     if (RunContext *parent = CurrentRunContext()) {
       t->task_node_ = parent->NextChildNode();  // same major: CoMutex re-entry
     } else {
-      t->task_node_ = TaskNode(next_major_.FetchAdd(1, MemOrder::kRelaxed), 0);
+      t->task_node_ = TaskNode(unique, 0);
     }
   }
 
@@ -158,7 +162,6 @@ class IpcManager {
   NodeId node_ = 0;
   u32 pid_ = 0;
   Atomic<u64> next_unique_{1};
-  Atomic<u64> next_major_{1};
 };
 
 }  // namespace chi

@@ -50,6 +50,14 @@ inline constexpr u32 kTaskMessageSize = 96;
 
 /** A container method to execute, its parameters (in subclasses) and its answer. */
 struct Task {
+  // The shape word of the compact routing header (SerializeBaseIn): the routing mode in
+  // the low byte, then which optional fields follow.
+  static constexpr u32 kWireModeMask = 0xffu;
+  static constexpr u32 kWireQueryArgs = 1u << 8;  ///< the query's count and value follow
+  static constexpr u32 kWirePeriod = 1u << 9;     ///< period_ns_ follows (else 0)
+  static constexpr u32 kWireNode = 1u << 10;      ///< task_node_ follows (else (unique, 0))
+  static constexpr u32 kWireKnown = kWireModeMask | kWireQueryArgs | kWirePeriod | kWireNode;
+
   IN PoolId pool_id_;          ///< the pool that runs the task
   IN TaskNode task_node_;      ///< place in the task graph (subtasks share major)
   IN PoolQuery pool_query_;    ///< which container(s)
@@ -100,10 +108,31 @@ struct Task {
     msg_.Assign(buf, n < 0 ? 0u : (n >= static_cast<int>(sizeof(buf)) ? sizeof(buf) - 1 : n));
   }
 
-  /** The routing header every transport sends before the task's own inputs. */
+  /**
+   * The routing header every transport sends before the task's own inputs, compact: a
+   * shape word (the routing mode and which optional fields follow) stands for the query's
+   * arguments, the period and the task node when they hold their usual values (none;
+   * 0; a root task's (unique id, 0)). A small request then fits in one cache line.
+   */
   template <typename Ar>
   CHI_CROSS_FUN void SerializeBaseIn(Ar &ar) {
-    ar(pool_id_, task_node_, pool_query_, method_, task_flags_, period_ns_, task_id_);
+    u32 shape = 0;
+    if constexpr (Ar::kIsOutput) {
+      shape = static_cast<u32>(pool_query_.GetMode()) |
+              (pool_query_.HasArgs() ? kWireQueryArgs : 0u) |
+              (period_ns_ != 0 ? kWirePeriod : 0u) |
+              (task_node_ == TaskNode(task_id_.unique_, 0) ? 0u : kWireNode);
+    }
+    ar(pool_id_, shape, method_, task_flags_, task_id_);
+    if constexpr (!Ar::kIsOutput) {
+      // Unknown shape bits leave an invalid mode: the request is refused as malformed.
+      pool_query_.SetWireMode((shape & ~kWireKnown) == 0 ? (shape & kWireModeMask) : ~0u);
+      period_ns_ = 0;
+      task_node_ = TaskNode(task_id_.unique_, 0);
+    }
+    if (shape & kWireQueryArgs) pool_query_.SerializeArgs(ar);
+    if (shape & kWirePeriod) ar(period_ns_);
+    if (shape & kWireNode) ar(task_node_);
   }
   /** The answer every transport sends back before the task's own outputs. */
   template <typename Ar>

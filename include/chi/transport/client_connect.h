@@ -26,7 +26,7 @@
 namespace chi {
 
 /** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
-inline constexpr u32 kConnectProtocolVersion = 2;
+inline constexpr u32 kConnectProtocolVersion = 3;  // 3: the compact routing header
 /** Bumped whenever RuntimeHeader (the start of the main segment) changes. */
 inline constexpr u32 kRuntimeHeaderVersion = 1;
 inline constexpr u64 kRuntimeHeaderMagic = 0x5254494843ull;  // "CHITR"

@@ -5,13 +5,12 @@
 // slot's streams are reset only by the runtime while no client owns the slot.
 #pragma once
 
-#include <sched.h>  // sched_getcpu: where each end runs
-
 #include <new>          // placement new of the header and slots
 #include <string>       // segment names, ShmServerInfo
 #include <string_view>  // names
 
 #include "chi/core/atomic.h"                // Atomic fields in the segment
+#include "chi/core/cpu_share.h"             // NoteCpu / ShareCpu on the slot's CPU words
 #include "chi/core/macros.h"                // kCacheLine
 #include "chi/core/status.h"                // Status, ErrorCode
 #include "chi/core/types.h"                 // u32, u64
@@ -24,7 +23,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 4;
+inline constexpr u32 kShmTransportVersion = 5;  // 5: kWhole records (8-byte headers)
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -88,28 +87,6 @@ struct ShmClientSlot {
   alignas(kCacheLine) Atomic<u64> tasks_served_;  ///< requests taken in (refused ones too)
   Atomic<u64> worker_taken_;  ///< requests runtime workers took in themselves (no poller)
 };
-
-/** The CPU the calling thread runs on, plus one (0: unknown). Costs a few ns (rseq). */
-inline u32 CpuTag() {
-  const int cpu = sched_getcpu();
-  return cpu < 0 ? 0 : static_cast<u32>(cpu) + 1;
-}
-
-/** Records the caller's CPU in `where` when it changed (the line is rarely written). */
-inline void NoteCpu(Atomic<u32> &where) {
-  const u32 cpu = CpuTag();
-  // relaxed: a scheduling hint, never a synchronisation.
-  if (where.Load(MemOrder::kRelaxed) != cpu) where.Store(cpu, MemOrder::kRelaxed);
-}
-
-/**
- * True when the other end last ran on the caller's CPU (`other` as NoteCpu wrote it):
- * then it can only progress while we do not run, and the caller should yield to it.
- */
-inline bool ShareCpu(const Atomic<u32> &other) {
-  const u32 cpu = other.Load(MemOrder::kRelaxed);  // relaxed: a hint
-  return cpu != 0 && cpu == CpuTag();
-}
 
 /** The first bytes of the segment's data area. */
 struct ShmSegmentHeader {

@@ -319,8 +319,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       if (fits) {
         DeleteTask(t);
         s.ReleaseCredit(header_->server_event_);
-        // A client spinning for this answer on our CPU only runs once we stop: let it.
-        if (ShareCpu(segment_.Slot(i)->client_cpu_)) sched_yield();
+        GiveWayTo(segment_.Slot(i)->client_cpu_);
         return;
       }
     }
@@ -329,6 +328,20 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     s.pending_count.FetchAdd(1, MemOrder::kSeqCst);
     s.pending->Push(reinterpret_cast<u64>(t));  // never full: the credits bound it
     header_->server_event_.Notify();
+  }
+
+  /**
+   * After a worker's answer: a client spinning for it on this CPU runs only once we stop,
+   * so yield; and when that lasts, move this worker to another CPU (CpuUnstacker).
+   */
+  static void GiveWayTo(const Atomic<u32> &client_cpu) {
+    thread_local CpuUnstacker unstacker;
+    if (ShareCpu(client_cpu)) {
+      unstacker.Stacked(MonotonicNs());
+      sched_yield();
+    } else {
+      unstacker.Apart();
+    }
   }
 
   /** True when slot s may take another request (the poller; reads `answered` rarely). */

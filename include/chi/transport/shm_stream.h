@@ -1,8 +1,8 @@
 // ShmStream: one direction of a shared-memory connection, a byte ring with one writer and
 // one reader (usually two processes) carrying framed messages of any size in pieces. Both
 // ends never block here, so one runtime poller can serve many streams; callers choose how
-// to wait. Invariant: the ring holds only whole records (16-byte header + payload, each
-// starting on a cache line); the writer clears the header word after a record before it
+// to wait. Invariant: the ring holds only whole records (an 8- or 16-byte header + payload,
+// each starting on a cache line); the writer clears the header word after a record before it
 // publishes the record's own header word (release), so a reader polls the header at its
 // read position and sees either zero or a whole record, never half of one, and never a
 // stale one.
@@ -12,9 +12,11 @@
 // write position (still published after each record) is read only by park re-checks,
 // statistics and the corruption check (Unframed), so in steady state it never moves.
 //
-// Framing: a message is a kBegin record (its total length and the first bytes that fit)
-// followed by kMore records with the rest. The reader checks every header and reports a
-// corrupt stream instead of trusting it.
+// Framing: a message that fits one record is a kWhole record (8-byte header: kind and
+// length), so a request of up to 56 bytes is one cache line. A larger one is a kBegin
+// record (16-byte header: its total length too, and the first bytes that fit) followed by
+// kMore records (8-byte headers) with the rest. The reader checks every header and
+// reports a corrupt stream instead of trusting it.
 #pragma once
 
 #include <sys/mman.h>  // madvise: prefaulting a ring
@@ -34,7 +36,7 @@ namespace chi {
 /** A single-writer, single-reader message stream through a fixed byte ring (host only). */
 class ShmStream {
  public:
-  /** Bytes of every record header. */
+  /** The most bytes a record header takes (kBegin's; kWhole and kMore take 8). */
   static constexpr u64 kRecordHeaderBytes = 16;
   /** The smallest ring accepted; smaller requests are raised to it. */
   static constexpr u32 kMinRingBytes = 256;
@@ -43,6 +45,8 @@ class ShmStream {
   /** Record kinds ("SM" + n), chosen so zeroed or random memory is rarely mistaken for one. */
   static constexpr u32 kBegin = 0x534d0001;
   static constexpr u32 kMore = 0x534d0002;
+  /** A whole message in one record; Peek reports it as a kBegin of its own length. */
+  static constexpr u32 kWhole = 0x534d0003;
 
   /** Region bytes for a ring of `ring_bytes` (raised to >= kMinRingBytes, a power of two). */
   static size_t BytesFor(u32 ring_bytes) { return sizeof(ShmStream) + RingSize(ring_bytes); }
@@ -112,7 +116,8 @@ class ShmStream {
   }
 
   /**
-   * Appends one record: kBegin (begin = true, message_bytes = the whole message) or kMore.
+   * Appends one record: kBegin (begin = true, message_bytes = the whole message; kWhole
+   * when `bytes` is all of it) or kMore.
    * The caller made sure `bytes` <= WritableBytes(bytes). Publishes with seq_cst so a
    * parked reader is never missed (the caller notifies it afterwards).
    */
@@ -180,24 +185,25 @@ class ShmStream {
     // header bytes and its payload are visible once we see it.
     const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
     if (word == 0) return PeekResult::kEmpty;
-    Record rec;
-    rec.kind = static_cast<u32>(word);
-    rec.bytes = static_cast<u32>(word >> 32);
-    CopyOut(r + sizeof(u64), &rec.message_bytes, sizeof(rec.message_bytes));
-    const u64 footprint = RoundUpTo(kRecordHeaderBytes + rec.bytes, kAlign);
-    if ((rec.kind != kBegin && rec.kind != kMore) || footprint > ring_bytes_ - kAlign ||
-        (rec.kind == kBegin && rec.bytes > rec.message_bytes)) {
+    const u32 kind = static_cast<u32>(word);
+    const u32 bytes = static_cast<u32>(word >> 32);
+    const u64 header = HeaderBytes(kind);
+    u64 message_bytes = bytes;
+    if (kind == kBegin) CopyOut(r + sizeof(u64), &message_bytes, sizeof(message_bytes));
+    const u64 footprint = RoundUpTo(header + bytes, kAlign);
+    if ((kind != kBegin && kind != kMore && kind != kWhole) || footprint > ring_bytes_ - kAlign ||
+        bytes > message_bytes) {
       return PeekResult::kCorrupt;
     }
-    p->kind = rec.kind;
-    p->bytes = rec.bytes;
-    p->message_bytes = rec.kind == kBegin ? rec.message_bytes : 0;
+    p->kind = kind == kMore ? kMore : kBegin;
+    p->bytes = bytes;
+    p->message_bytes = kind == kMore ? 0 : message_bytes;
     p->footprint = footprint;
-    const u64 off = (r + kRecordHeaderBytes) & mask_;
+    const u64 off = (r + header) & mask_;
     p->first = Ring() + off;
-    p->first_bytes = std::min<u64>(rec.bytes, ring_bytes_ - off);
+    p->first_bytes = std::min<u64>(bytes, ring_bytes_ - off);
     p->second = Ring();
-    p->second_bytes = rec.bytes - p->first_bytes;
+    p->second_bytes = bytes - p->first_bytes;
     return PeekResult::kReady;
   }
 
@@ -258,19 +264,14 @@ class ShmStream {
   }
 
  private:
-  /** What every record starts with; always 16-byte aligned in the ring. */
-  struct Record {
-    u32 kind;
-    u32 bytes;
-    u64 message_bytes;
-  };
+  /** Header bytes of a record of `kind`: the word (kind, bytes), and kBegin's total length. */
+  static constexpr u64 HeaderBytes(u32 kind) { return kind == kBegin ? 16 : 8; }
   /**
    * Records start on a cache line: a record of up to 48 payload bytes is one line, the
    * one the reader polls, and the writer clears the next header on a line of its own.
    */
   static constexpr u64 kAlign = kCacheLine;
-  static_assert(sizeof(Record) == kRecordHeaderBytes && kAlign % kRecordHeaderBytes == 0,
-                "a header must never straddle the ring's end");
+  static_assert(kAlign % kRecordHeaderBytes == 0, "a header must never straddle the ring's end");
 
   /**
    * Fetches the lines of the record at r that follow its header's, and the next header's
@@ -327,15 +328,16 @@ class ShmStream {
    */
   void Append(bool begin, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
     u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    const u64 next = w + RoundUpTo(kRecordHeaderBytes + bytes, kAlign);
-    const u64 length = begin ? message_bytes : 0;
-    const u64 head = bytes < kAlign - kRecordHeaderBytes ? bytes : kAlign - kRecordHeaderBytes;
+    const u32 kind = !begin ? kMore : (bytes == message_bytes ? kWhole : kBegin);
+    const u64 header = HeaderBytes(kind);
+    const u64 next = w + RoundUpTo(header + bytes, kAlign);
+    const u64 head = bytes < kAlign - header ? bytes : kAlign - header;
     const char *src = static_cast<const char *>(data);
     if (bytes > head) CopyIn(w + kAlign, src + head, bytes - head);
     ClearHeader(next);  // Room keeps it free: the reader has consumed it already
-    CopyIn(w + sizeof(u64), &length, sizeof(length));
-    CopyIn(w + kRecordHeaderBytes, src, head);
-    const u64 word = static_cast<u64>(begin ? kBegin : kMore) | (bytes << 32);
+    if (kind == kBegin) CopyIn(w + sizeof(u64), &message_bytes, sizeof(message_bytes));
+    CopyIn(w + header, src, head);
+    const u64 word = static_cast<u64>(kind) | (bytes << 32);
     // release: the payload, the length and the cleared next header precede the record.
     HeaderWord(w)->Store(word, MemOrder::kRelease);
     write_pos_.Store(next, publish);
