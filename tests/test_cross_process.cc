@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>  // std::size of the helper slots
 #include <fstream>
 #include <random>
 #include <string>
@@ -80,9 +81,11 @@ bool ConnectAndCreatePool(chi_test::ChildChecks *checks, chimaera::demo::Client 
   return ok;
 }
 
-/** A wait helper that does nothing: it holds the process's only slot, as a GPU client's does. */
+/** Wait helpers that do nothing: they hold every slot, so the transport gets none. */
 void NoHelp(void *) {}
-chi::WaitHelper g_taken_helper(&NoHelp, nullptr);
+chi::WaitHelper g_taken_helpers[] = {{&NoHelp, nullptr}, {&NoHelp, nullptr}, {&NoHelp, nullptr},
+                                     {&NoHelp, nullptr}};
+static_assert(std::size(g_taken_helpers) == chi::WaitHelper::kMaxHelpers);
 
 /**
  * Checks a ZeroMQ client's counters after its tasks (nothing for shm): no answer waited
@@ -107,7 +110,9 @@ int LoadClientMain() {
   DieWithParent();
   chi_test::ChildChecks checks;
   const bool take_helper = EnvU64("XP_TAKE_HELPER") != 0;
-  if (take_helper) checks.Expect(chi::WaitHelper::Install(&g_taken_helper), "take the wait helper");
+  for (chi::WaitHelper &h : g_taken_helpers) {
+    if (take_helper) checks.Expect(chi::WaitHelper::Install(&h), "take a wait helper slot");
+  }
   chimaera::demo::Client client;
   if (!ConnectAndCreatePool(&checks, &client)) return checks.Result();
   if (take_helper) {
@@ -158,7 +163,9 @@ int LoadClientMain() {
   checks.Expect(wrong == 0, std::to_string(wrong) + " wrong or missing answers");
   CheckZmqCounters(&checks);
   chi::CHIMAERA_FINALIZE();
-  if (take_helper) chi::WaitHelper::Remove(&g_taken_helper);
+  for (chi::WaitHelper &h : g_taken_helpers) {
+    if (take_helper) chi::WaitHelper::Remove(&h);
+  }
   return checks.Result();
 }
 chi_test::ChildRoutine kLoadClientRoutine("xp_load_client", LoadClientMain);

@@ -805,25 +805,41 @@ chi::Future<chimaera::demo::CustomTask> LocalTask() {
 }
 }  // namespace
 
-TEST_CASE("a thread spinning in Future::Wait runs the installed wait helper, and only that one") {
+TEST_CASE("a thread spinning in Future::Wait runs every installed wait helper, up to four") {
   CountingHelper counting;
   chi::WaitHelper helper(&CountingHelper::Run, &counting);
   REQUIRE(chi::WaitHelper::Install(&helper));
-  CountingHelper other_counting;
+  CountingHelper other_counting;  // a second owner (a GPU client beside a transport)
   chi::WaitHelper other(&CountingHelper::Run, &other_counting);
-  CHECK_FALSE(chi::WaitHelper::Install(&other));  // one helper per process
+  REQUIRE(chi::WaitHelper::Install(&other));
 
-  // Nobody but the helper completes this task: Wait returns only because it ran.
+  // Nobody but the first helper completes this task: Wait returns only because it ran.
   auto f = LocalTask();
   counting.to_complete.Store(reinterpret_cast<u64>(f.get()), chi::MemOrder::kRelease);
   CHECK(f.Wait(10));
   CHECK(counting.runs.Load() >= 1);
-  CHECK(other_counting.runs.Load() == 0);
-
-  chi::WaitHelper::Remove(&other);  // not installed: changes nothing
+  // The second helper completes the next one (the first has nothing to complete).
   auto g = LocalTask();
-  counting.to_complete.Store(reinterpret_cast<u64>(g.get()), chi::MemOrder::kRelease);
+  other_counting.to_complete.Store(reinterpret_cast<u64>(g.get()), chi::MemOrder::kRelease);
   CHECK(g.Wait(10));
+  CHECK(other_counting.runs.Load() >= 1);
+
+  // Four slots: two more fit, a fifth does not.
+  CountingHelper spare_counting;
+  chi::WaitHelper spare1(&CountingHelper::Run, &spare_counting);
+  chi::WaitHelper spare2(&CountingHelper::Run, &spare_counting);
+  chi::WaitHelper spare3(&CountingHelper::Run, &spare_counting);
+  REQUIRE(chi::WaitHelper::Install(&spare1));
+  REQUIRE(chi::WaitHelper::Install(&spare2));
+  CHECK_FALSE(chi::WaitHelper::Install(&spare3));
+  chi::WaitHelper::Remove(&spare3);  // not installed: changes nothing
+  chi::WaitHelper::Remove(&spare1);
+  chi::WaitHelper::Remove(&spare2);
+
+  chi::WaitHelper::Remove(&other);  // the first keeps running
+  auto k = LocalTask();
+  counting.to_complete.Store(reinterpret_cast<u64>(k.get()), chi::MemOrder::kRelease);
+  CHECK(k.Wait(10));
 
   chi::WaitHelper::Remove(&helper);
   const u32 runs = counting.runs.Load();
@@ -833,7 +849,7 @@ TEST_CASE("a thread spinning in Future::Wait runs the installed wait helper, and
   CHECK(counting.runs.Load() == runs);
   chi::CompleteTask(h.get());
   CHECK(h.Wait(1));
-  REQUIRE(chi::WaitHelper::Install(&other));  // the slot is free again
+  REQUIRE(chi::WaitHelper::Install(&other));  // the slots are free again
   chi::WaitHelper::Remove(&other);
 }
 

@@ -116,7 +116,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
                                                            nullptr, 0, kClientStackBytes);
       worker_->ReplacePoller(nullptr, this);
       worker_->Start();
-      // A process has one wait helper: a pure client's shm transport may hold it already.
+      // Beside a pure client's transport helper, if any (a process holds up to four).
       helping_ = WaitHelper::Install(&helper_);
     }
   }

@@ -37,17 +37,21 @@ CHI_CROSS_FUN void ReleaseTask(TaskT *task);
 #endif
 
 /**
- * A per-process hook that a thread spinning in Future::Wait runs on every poll (only
+ * Per-process hooks that a thread spinning in Future::Wait runs on every poll (only
  * there: never in a runtime fiber, never on a GPU, never once the thread parks). A pure
  * client's transport installs one so that a waiting caller takes ready answers off the
- * wire itself instead of waiting for the transport's receiver thread to wake it. A plain
- * function pointer, not a virtual: with none installed a poll costs one relaxed load.
- * Inside a spin phase that BeginSpin counted, a poll (RunInSpin) costs one load: the
- * count itself is what keeps Remove waiting.
+ * wire itself instead of waiting for the transport's receiver thread to wake it; a GPU
+ * client's worker installs another, so up to kMaxHelpers live side by side. Plain
+ * function pointers, not virtuals: with none installed a poll costs one relaxed load.
+ * Inside a spin phase that BeginSpin counted, a poll (RunInSpin) costs a load per slot:
+ * the count itself is what keeps Remove waiting.
  */
 class WaitHelper {
  public:
   using Fn = void (*)(void *ctx);
+  /** Helpers installed at once, at most (a transport and a GPU client need two). */
+  static constexpr u32 kMaxHelpers = 4;
+
   /**
    * The helper calls fn(ctx); fn must be cheap when it has nothing to do, and never block.
    * gave_up(ctx), if given, runs when a counted spin phase ends without its task
@@ -56,11 +60,17 @@ class WaitHelper {
   constexpr WaitHelper(Fn fn, void *ctx, Fn gave_up = nullptr)
       : fn_(fn), ctx_(ctx), gave_up_(gave_up) {}
 
-  /** Installs h unless another helper is installed; true when h is now the helper. */
+  /** Installs h in a free slot; false when all kMaxHelpers slots are taken. */
   static bool Install(WaitHelper *h) {
-    WaitHelper *none = nullptr;
-    // release: fn_/ctx_ and whatever ctx points to are set up before a waiter runs them.
-    return installed_.CompareExchange(none, h, MemOrder::kRelease);
+    for (u32 i = 0; i < kMaxHelpers; ++i) {
+      WaitHelper *none = nullptr;
+      // release: fn_/ctx_ and whatever ctx points to are set up before a waiter runs them.
+      if (installed_[i].CompareExchange(none, h, MemOrder::kRelease)) {
+        count_.FetchAdd(1, MemOrder::kRelease);  // release: after the slot (BeginSpin's hint)
+        return true;
+      }
+    }
+    return false;
   }
 
   /**
@@ -69,10 +79,14 @@ class WaitHelper {
    * lasts at most Future::kSpinNs; phases that begin afterwards never run it).
    */
   static void Remove(WaitHelper *h) {
-    WaitHelper *expected = h;
-    // seq_cst: clear, then read the counts (Dekker with Run's and BeginSpin's count,
-    // then load of the helper).
-    installed_.CompareExchange(expected, nullptr, MemOrder::kSeqCst);
+    for (u32 i = 0; i < kMaxHelpers; ++i) {
+      WaitHelper *expected = h;
+      // seq_cst: clear, then read the counts (Dekker with Run's and BeginSpin's count,
+      // then load of the helper).
+      if (installed_[i].CompareExchange(expected, nullptr, MemOrder::kSeqCst)) {
+        count_.FetchSub(1, MemOrder::kRelaxed);  // relaxed: only BeginSpin's hint
+      }
+    }
     // seq_cst: the second half of that pair; a runner or spinner we see leaves with release.
     while (running_.Load(MemOrder::kSeqCst) != 0 || spinners_.Load(MemOrder::kSeqCst) != 0) {
       sched_yield();
@@ -82,21 +96,23 @@ class WaitHelper {
   /**
    * Counts a thread entering Future::Wait's spin phase while a helper is installed;
    * true when counted (pair it with EndSpin; poll with RunInSpin meanwhile). The
-   * helper's owner reads Spinners() to leave ready answers to the waiting callers.
+   * helpers' owners read Spinners() to leave ready answers to the waiting callers.
    */
   static bool BeginSpin() {
     // relaxed: a hint; a helper installed later is simply not run by this phase.
-    if (installed_.Load(MemOrder::kRelaxed) == nullptr) return false;
-    // seq_cst: count, then load the helper in RunInSpin (Dekker with Remove).
+    if (count_.Load(MemOrder::kRelaxed) == 0) return false;
+    // seq_cst: count, then load the helpers in RunInSpin (Dekker with Remove).
     spinners_.FetchAdd(1, MemOrder::kSeqCst);
     return true;
   }
   /** Ends what a successful BeginSpin counted; `done`: the caller's task completed. */
   static void EndSpin(bool done) {
     if (!done) {
-      // seq_cst: as in RunInSpin (still counted).
-      WaitHelper *h = installed_.Load(MemOrder::kSeqCst);
-      if (h != nullptr && h->gave_up_ != nullptr) h->gave_up_(h->ctx_);
+      for (u32 i = 0; i < kMaxHelpers; ++i) {
+        // seq_cst: as in RunInSpin (still counted).
+        WaitHelper *h = installed_[i].Load(MemOrder::kSeqCst);
+        if (h != nullptr && h->gave_up_ != nullptr) h->gave_up_(h->ctx_);
+      }
     }
     // release: our helper calls happen before Remove sees the count drop.
     spinners_.FetchSub(1, MemOrder::kRelease);
@@ -104,29 +120,35 @@ class WaitHelper {
   /** Threads spinning in Future::Wait with a helper installed right now (a hint). */
   static u32 Spinners() { return spinners_.Load(MemOrder::kRelaxed); }  // relaxed: a hint
 
-  /** Runs the installed helper, if any, inside a spin phase that BeginSpin counted. */
-  static void RunInSpin() {
-    // seq_cst: read after our count (Dekker with Remove): nullptr once it was removed.
-    if (WaitHelper *h = installed_.Load(MemOrder::kSeqCst)) h->fn_(h->ctx_);
-  }
+  /** Runs the installed helpers inside a spin phase that BeginSpin counted. */
+  static void RunInSpin() { CallAll(); }
 
-  /** Runs the installed helper, if any, from anywhere (counted while it runs). */
+  /** Runs the installed helpers from anywhere (counted while they run). */
   static void Run() {
-    // relaxed: only a hint; the helper is re-read below inside the count.
-    if (installed_.Load(MemOrder::kRelaxed) == nullptr) return;
-    // seq_cst: count, then load the helper; Remove does the reverse, so it waits for us
+    // relaxed: only a hint; the helpers are re-read below inside the count.
+    if (count_.Load(MemOrder::kRelaxed) == 0) return;
+    // seq_cst: count, then load the helpers; Remove does the reverse, so it waits for us
     // or we see its nullptr.
     running_.FetchAdd(1, MemOrder::kSeqCst);
-    if (WaitHelper *h = installed_.Load(MemOrder::kSeqCst)) h->fn_(h->ctx_);
-    // release: our use of the helper happens before Remove sees the count drop.
+    CallAll();
+    // release: our use of the helpers happens before Remove sees the count drop.
     running_.FetchSub(1, MemOrder::kRelease);
   }
 
  private:
+  /** Calls every installed helper (the caller is counted: running_ or spinners_). */
+  static void CallAll() {
+    for (u32 i = 0; i < kMaxHelpers; ++i) {
+      // seq_cst: read after our count (Dekker with Remove): nullptr once it was removed.
+      if (WaitHelper *h = installed_[i].Load(MemOrder::kSeqCst)) h->fn_(h->ctx_);
+    }
+  }
+
   Fn fn_;
   void *ctx_;
   Fn gave_up_;
-  static inline Atomic<WaitHelper *> installed_{nullptr};
+  static inline Atomic<WaitHelper *> installed_[kMaxHelpers] = {};
+  static inline Atomic<u32> count_{0};     ///< slots in use (a hint for BeginSpin and Run)
   static inline Atomic<u32> running_{0};   ///< threads inside Run's call right now
   static inline Atomic<u32> spinners_{0};  ///< threads in a counted spin phase
 };
