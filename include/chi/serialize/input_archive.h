@@ -122,7 +122,7 @@ class InputArchive {
 
   /** Reads one argument, chosen by its type. */
   template <typename T>
-  CHI_CROSS_FUN void ReadOne(T &v) {
+  CHI_CROSS_FUN CHI_HOST_INLINE void ReadOne(T &v) {
     static_assert(!std::is_const_v<T>, "chi::InputArchive cannot read into a const value");
     static_assert(!std::is_pointer_v<T>,
                   "chi::InputArchive: pointers do not cross address spaces");

@@ -136,7 +136,7 @@ class OutputArchive {
 
   /** Writes one argument, chosen by its type. */
   template <typename T>
-  CHI_CROSS_FUN void WriteOne(const T &v) {
+  CHI_CROSS_FUN CHI_HOST_INLINE void WriteOne(const T &v) {
     using U = std::remove_cv_t<T>;
     static_assert(!std::is_pointer_v<U>,
                   "chi::OutputArchive: pointers do not cross address spaces; serialize the "
