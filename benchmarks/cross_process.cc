@@ -35,13 +35,18 @@ using chi::u64;
 constexpr chi::PoolId kPool(400, 0);
 constexpr int kBlocks = 20;  ///< alternating floor/task blocks per transport
 
-/** Runs this binary again with `args` and extra environment; stdout to `out_fd` when >= 0. */
+/**
+ * Runs this binary again with `args` and extra environment; stdout to `out_fd` and stdin
+ * from `in_fd` when >= 0.
+ */
 pid_t Spawn(const std::vector<std::string> &args,
-            const std::vector<std::pair<std::string, std::string>> &env, int out_fd = -1) {
+            const std::vector<std::pair<std::string, std::string>> &env, int out_fd = -1,
+            int in_fd = -1) {
   const pid_t pid = fork();
   if (pid == 0) {
     for (const auto &kv : env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
     if (out_fd >= 0) dup2(out_fd, STDOUT_FILENO);
+    if (in_fd >= 0) dup2(in_fd, STDIN_FILENO);
     std::vector<char *> argv;
     argv.push_back(const_cast<char *>("bench_cross_process"));
     for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
@@ -187,10 +192,17 @@ bool Stream(chimaera::demo::Client &c, u64 tasks) {
   return ok;
 }
 
-/** A throughput client: prints "start_ns end_ns" (CLOCK_MONOTONIC) of its stream. */
+/**
+ * A throughput client: connects, says "ready", waits for a byte on stdin (all clients
+ * start together), then prints "start_ns end_ns" (CLOCK_MONOTONIC) of its stream.
+ */
 int ClientRole(u64 tasks) {
   chimaera::demo::Client c;
   if (!Connect(&c)) return 1;
+  std::printf("ready\n");
+  std::fflush(stdout);
+  char go = 0;
+  if (read(STDIN_FILENO, &go, 1) != 1) return 1;
   const u64 start = chi::NowNs();
   const bool ok = Stream(c, tasks);
   const u64 end = chi::NowNs();
@@ -294,24 +306,38 @@ bool MeasureInterleaved(Floor &floor, chimaera::demo::Client &c, int round_trips
   return true;
 }
 
-/** Tasks per second of `clients` client processes streaming concurrently. */
-double MultiClientRate(int clients, u64 tasks, const std::vector<std::pair<std::string, std::string>> &env) {
+/**
+ * Tasks per second of `clients` client processes streaming concurrently, from the moment
+ * all are connected and told to go (process start-up is not counted) to the last one done.
+ */
+double MultiClientRate(int clients, u64 tasks,
+                       const std::vector<std::pair<std::string, std::string>> &env) {
   std::vector<pid_t> pids;
-  std::vector<int> fds;
+  std::vector<int> outs, gos;
   for (int i = 0; i < clients; ++i) {
-    int p[2];
-    if (pipe(p) != 0) return 0;
-    pids.push_back(Spawn({"--client", std::to_string(tasks)}, env, p[1]));
-    close(p[1]);
-    fds.push_back(p[0]);
+    int out[2], in[2];
+    if (pipe(out) != 0 || pipe(in) != 0) return 0;
+    pids.push_back(Spawn({"--client", std::to_string(tasks)}, env, out[1], in[0]));
+    close(out[1]);
+    close(in[0]);
+    outs.push_back(out[0]);
+    gos.push_back(in[1]);
+  }
+  bool ok = true;
+  for (int i = 0; i < clients; ++i) {  // each says "ready" once connected
+    char line[8] = {};
+    ok = read(outs[i], line, 6) == 6 && std::string(line, 6) == "ready\n" && ok;
+  }
+  for (int i = 0; i < clients; ++i) {  // all go at once (a failed client's stdin just closes)
+    ok = (!ok || write(gos[i], "g", 1) == 1) && ok;
+    close(gos[i]);
   }
   u64 first = ~0ull, last = 0;
-  bool ok = true;
   for (int i = 0; i < clients; ++i) {
     char buf[128] = {};
     ssize_t n = 0, got = 0;
-    while ((n = read(fds[i], buf + got, sizeof(buf) - 1 - got)) > 0) got += n;
-    close(fds[i]);
+    while ((n = read(outs[i], buf + got, sizeof(buf) - 1 - got)) > 0) got += n;
+    close(outs[i]);
     unsigned long long s = 0, e = 0;
     ok = WaitExit(pids[i]) == 0 && std::sscanf(buf, "%llu %llu", &s, &e) == 2 && ok;
     first = s < first ? s : first;
