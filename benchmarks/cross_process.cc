@@ -271,6 +271,15 @@ void TaskBlock(chimaera::demo::Client &c, int warm, int n, std::vector<double> *
   }
 }
 
+/** Times the runtime's workers parked so far (admin Monitor through the current client). */
+u64 WorkerParks() {
+  auto f = chimaera::admin::Client().AsyncMonitor(chi::PoolQuery::Local());
+  if (!f.Wait(10) || f->GetReturnCode() != 0) return 0;
+  u64 parks = 0;
+  for (const chi::WorkerStats &w : f->Decode().workers_) parks += w.parks_;
+  return parks;
+}
+
 /** Round trips of a floor and of our tasks, taken in alternating blocks. */
 struct Interleaved {
   std::vector<double> floor, ours;
@@ -290,7 +299,7 @@ bool MeasureInterleaved(Floor &floor, chimaera::demo::Client &c, int round_trips
   for (int b = 0; b < blocks; ++b) {
     const int warm = b == 0 ? 200 : 20;
     std::vector<double> f, o;
-    // The runtime's worker and the client's receiver park after 100 us idle: the floor
+    // The runtime's worker (400 us idle) and the client's receiver park: the floor
     // then runs alone, as it would on a quiet machine (the task block's warm-ups wake them).
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     if constexpr (std::is_same_v<Floor, RawReqRep>) {
@@ -376,6 +385,7 @@ int Run(int round_trips, u64 tasks, const std::string &modes) {
         : "tcp://127.0.0.1:" + std::to_string(port + 1);
     Interleaved m;
     bool measured = false;
+    const u64 parks_before = WorkerParks();
     if (mode == "shm") {
       ShmPingPong floor;
       if (floor.Start()) {
@@ -388,6 +398,7 @@ int Run(int round_trips, u64 tasks, const std::string &modes) {
       floor.Stop();
     }
     if (!measured) rc = 1;
+    const u64 parks = WorkerParks() - parks_before;
     const std::string label = mode + ": task round trip (GpuSubmit)";
     const std::string floor_label = mode == "shm" ? std::string("two-process shm ping-pong")
                                                   : "raw ZeroMQ REQ/REP 16 B " + mode;
@@ -400,6 +411,10 @@ int Run(int round_trips, u64 tasks, const std::string &modes) {
                   mode.c_str(), kBlocks, chi_bench::Median(sorted), sorted.front(),
                   sorted.back());
     }
+    // A worker that parks between round trips costs each of them a futex wake-up.
+    std::printf("%s: runtime worker parks during the round trips: %llu (%zu task round "
+                "trips, %d floor blocks)\n",
+                mode.c_str(), static_cast<unsigned long long>(parks), m.ours.size(), kBlocks);
     if (auto *shm = dynamic_cast<chi::ShmReconnectingTransport *>(
             chi::Chimaera::Get().GetTransport())) {
       // Who took the answers off the wire: the caller spinning in Wait, or the receiver.

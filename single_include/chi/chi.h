@@ -5617,7 +5617,13 @@ class WorkOrchestrator;
 /** A runtime worker thread and everything it owns. */
 class Worker {
  public:
-  static constexpr u64 kIdleSpinNs = 100000;      ///< idle time spent polling before parking
+  /**
+   * Idle time spent polling before parking. Longer than a ZeroMQ client's round trip on a
+   * slow host (60-150 us): at 100 us a worker parked between a third to a half of such
+   * round trips, each of which then paid a futex wake-up (bench_cross_process prints the
+   * parks).
+   */
+  static constexpr u64 kIdleSpinNs = 400000;
   static constexpr u32 kHotPolls = 16;             ///< idle polls after work with no PAUSE
   static constexpr u32 kColdAfterEmptyPolls = 256;
   static constexpr u32 kColdPollInterval = 16;
