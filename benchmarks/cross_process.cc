@@ -94,6 +94,32 @@ int RepRole(const std::string &endpoint) {
 }
 
 /**
+ * Round trips per timed sample. A clock read costs ~24 ns and ticks in 10 ns steps on the
+ * VM: timing each round trip alone would add that much to a 100 ns floor (flattering every
+ * ratio), so a sample times 8 in a row and records their mean.
+ */
+constexpr int kPerSample = 8;
+
+/**
+ * Runs one(i) `warm` times untimed, then n times in timed samples of kPerSample, appending
+ * each sample's mean round trip to *out. False as soon as one() fails.
+ */
+template <typename Fn>
+bool TimeRoundTrips(int warm, int n, std::vector<double> *out, Fn one) {
+  for (int i = 0; i < warm; ++i) {
+    if (!one(i)) return false;
+  }
+  for (int i = 0; i + kPerSample <= n; i += kPerSample) {
+    const double t0 = chi_bench::NowNs();
+    for (int k = 0; k < kPerSample; ++k) {
+      if (!one(warm + i + k)) return false;
+    }
+    out->push_back((chi_bench::NowNs() - t0) / kPerSample);
+  }
+  return true;
+}
+
+/**
  * The shm floor's shared words: two flags on separate cache lines, and a futex word that
  * parks the peer between blocks, so it never spins while the task round trips run.
  */
@@ -138,16 +164,15 @@ class ShmPingPong {
     peer_ = Spawn({"--pong", name_}, {});
     return true;
   }
-  /** Appends the round trips of one block of n (after `warm` unrecorded ones) to *out. */
+  /** Appends one block of n round trips (after `warm` unrecorded ones) to *out. */
   void Block(int warm, int n, std::vector<double> *out) {
     pp_->go.Store(1, chi::MemOrder::kRelease);  // release: pairs with the peer's acquire
     chi::FutexWake(pp_->go.Raw(), 1);
-    for (int i = 0; i < warm + n; ++i) {
-      const double t0 = chi_bench::NowNs();
+    TimeRoundTrips(warm, n, out, [&](int) {
       pp_->ping.Store(++v_, chi::MemOrder::kRelease);
       while (pp_->pong.Load(chi::MemOrder::kAcquire) != v_) chi::CpuRelax();
-      if (i >= warm) out->push_back(chi_bench::NowNs() - t0);
-    }
+      return true;
+    });
     pp_->go.Store(0, chi::MemOrder::kRelaxed);  // relaxed: the ping below publishes it
     pp_->ping.Store(kBlockEnd, chi::MemOrder::kRelease);
     while (pp_->pong.Load(chi::MemOrder::kAcquire) != kBlockEnd) chi::CpuRelax();
@@ -229,13 +254,11 @@ class RawReqRep {
   /** As ShmPingPong::Block; false once the echo stopped answering. */
   bool Block(int warm, int n, std::vector<double> *out) {
     char payload[16] = {};
-    for (int i = 0; alive_ && i < warm + n; ++i) {
-      const double t0 = chi_bench::NowNs();
+    alive_ = alive_ && TimeRoundTrips(warm, n, out, [&](int) {
       req_.send(zmq::buffer(payload, sizeof(payload)), zmq::send_flags::none);
       zmq::message_t m;
-      alive_ = req_.recv(m, zmq::recv_flags::none).has_value();
-      if (alive_ && i >= warm) out->push_back(chi_bench::NowNs() - t0);
-    }
+      return req_.recv(m, zmq::recv_flags::none).has_value();
+    });
     if (!alive_) std::fprintf(stderr, "raw ZeroMQ REQ/REP over %s: no echo\n", endpoint_.c_str());
     return alive_;
   }
@@ -261,14 +284,15 @@ class RawReqRep {
   bool alive_ = true;
 };
 
-/** Appends one block of task round trips through the current client connection. */
-void TaskBlock(chimaera::demo::Client &c, int warm, int n, std::vector<double> *out) {
-  for (int i = 0; i < warm + n; ++i) {
-    const double t0 = chi_bench::NowNs();
+/**
+ * Appends one block of task round trips through the current client connection; false on
+ * a wrong answer or a failed wait.
+ */
+bool TaskBlock(chimaera::demo::Client &c, int warm, int n, std::vector<double> *out) {
+  return TimeRoundTrips(warm, n, out, [&](int i) {
     auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, static_cast<chi::u32>(i));
-    f.Wait();
-    if (i >= warm) out->push_back(chi_bench::NowNs() - t0);
-  }
+    return f.Wait() && f->result_value_ == static_cast<chi::u32>(i) * 2;
+  });
 }
 
 /** Times the runtime's workers parked so far (admin Monitor through the current client). */
@@ -284,6 +308,7 @@ u64 WorkerParks() {
 struct Interleaved {
   std::vector<double> floor, ours;
   std::vector<double> block_ratios;  ///< median(ours) / median(floor) of each block pair
+  u64 task_round_trips = 0;          ///< tasks sent, warm-ups included
 };
 
 /**
@@ -307,7 +332,11 @@ bool MeasureInterleaved(Floor &floor, chimaera::demo::Client &c, int round_trips
     } else {
       floor.Block(warm, n, &f);
     }
-    TaskBlock(c, warm, n, &o);
+    if (!TaskBlock(c, warm, n, &o)) {
+      std::fprintf(stderr, "a task round trip failed or answered wrongly\n");
+      return false;
+    }
+    out->task_round_trips += warm + n;
     out->block_ratios.push_back(chi_bench::Median(o) / chi_bench::Median(f));
     out->floor.insert(out->floor.end(), f.begin(), f.end());
     out->ours.insert(out->ours.end(), o.begin(), o.end());
@@ -412,15 +441,16 @@ int Run(int round_trips, u64 tasks, const std::string &modes) {
                   sorted.back());
     }
     // A worker that parks between round trips costs each of them a futex wake-up.
-    std::printf("%s: runtime worker parks during the round trips: %llu (%zu task round "
+    std::printf("%s: runtime worker parks during the round trips: %llu (%llu task round "
                 "trips, %d floor blocks)\n",
-                mode.c_str(), static_cast<unsigned long long>(parks), m.ours.size(), kBlocks);
+                mode.c_str(), static_cast<unsigned long long>(parks),
+                static_cast<unsigned long long>(m.task_round_trips), kBlocks);
     if (auto *shm = dynamic_cast<chi::ShmReconnectingTransport *>(
             chi::Chimaera::Get().GetTransport())) {
       // Who took the answers off the wire: the caller spinning in Wait, or the receiver.
-      std::printf("shm: answers delivered by the waiting caller: %llu of %zu\n",
+      std::printf("shm: answers delivered by the waiting caller: %llu of %llu\n",
                   static_cast<unsigned long long>(shm->Current()->HelpedAnswers()),
-                  m.ours.size() + 200 + 20 * (kBlocks - 1) + 1);
+                  static_cast<unsigned long long>(m.task_round_trips + 1));  // + pool create
     }
     if (tasks == 0) {  // latency only
       chi::CHIMAERA_FINALIZE();
