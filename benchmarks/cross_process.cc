@@ -324,7 +324,7 @@ bool MeasureInterleaved(Floor &floor, chimaera::demo::Client &c, int round_trips
   for (int b = 0; b < blocks; ++b) {
     const int warm = b == 0 ? 200 : 20;
     std::vector<double> f, o;
-    // The runtime's worker (400 us idle) and the client's receiver park: the floor
+    // The runtime's worker (after 100 us idle) and the client's receiver park: the floor
     // then runs alone, as it would on a quiet machine (the task block's warm-ups wake them).
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     if constexpr (std::is_same_v<Floor, RawReqRep>) {

@@ -37,12 +37,14 @@ class WorkOrchestrator;
 class Worker {
  public:
   /**
-   * Idle time spent polling before parking. Longer than a ZeroMQ client's round trip on a
-   * slow host (60-150 us): at 100 us a worker parked between a third to a half of such
-   * round trips, each of which then paid a futex wake-up (bench_cross_process prints the
-   * parks).
+   * Idle time spent polling before parking. Shorter than a ZeroMQ client's round trip on
+   * these hosts (60-150 us), so a worker parks between a third to a half of them and each
+   * such request pays a futex wake-up (bench_cross_process prints the parks); 400 us
+   * removed those parks but, on 2 cores, the spinning worker crowded out the ZeroMQ threads:
+   * ipc/tcp round trips of 1.3-2.8x raw in 3 of 10 runs (none at 100 us), and 10-20% less
+   * throughput.
    */
-  static constexpr u64 kIdleSpinNs = 400000;
+  static constexpr u64 kIdleSpinNs = 100000;
   static constexpr u32 kHotPolls = 16;             ///< idle polls after work with no PAUSE
   static constexpr u32 kColdAfterEmptyPolls = 256;
   static constexpr u32 kColdPollInterval = 16;
