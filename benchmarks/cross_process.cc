@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
-#include <type_traits>  // is_same_v: which floor
 #include <algorithm>  // sort of block ratios
 #include <string>
 #include <thread>
@@ -164,8 +163,8 @@ class ShmPingPong {
     peer_ = Spawn({"--pong", name_}, {});
     return true;
   }
-  /** Appends one block of n round trips (after `warm` unrecorded ones) to *out. */
-  void Block(int warm, int n, std::vector<double> *out) {
+  /** Appends one block of n round trips (after `warm` unrecorded ones) to *out; true. */
+  bool Block(int warm, int n, std::vector<double> *out) {
     pp_->go.Store(1, chi::MemOrder::kRelease);  // release: pairs with the peer's acquire
     chi::FutexWake(pp_->go.Raw(), 1);
     TimeRoundTrips(warm, n, out, [&](int) {
@@ -176,6 +175,7 @@ class ShmPingPong {
     pp_->go.Store(0, chi::MemOrder::kRelaxed);  // relaxed: the ping below publishes it
     pp_->ping.Store(kBlockEnd, chi::MemOrder::kRelease);
     while (pp_->pong.Load(chi::MemOrder::kAcquire) != kBlockEnd) chi::CpuRelax();
+    return true;
   }
   void Stop() {
     pp_->go.Store(2, chi::MemOrder::kRelease);  // release: as in Block
@@ -327,11 +327,7 @@ bool MeasureInterleaved(Floor &floor, chimaera::demo::Client &c, int round_trips
     // The runtime's worker (after 100 us idle) and the client's receiver park: the floor
     // then runs alone, as it would on a quiet machine (the task block's warm-ups wake them).
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    if constexpr (std::is_same_v<Floor, RawReqRep>) {
-      if (!floor.Block(warm, n, &f)) return false;
-    } else {
-      floor.Block(warm, n, &f);
-    }
+    if (!floor.Block(warm, n, &f)) return false;
     if (!TaskBlock(c, warm, n, &o)) {
       std::fprintf(stderr, "a task round trip failed or answered wrongly\n");
       return false;

@@ -154,4 +154,18 @@ TEST_CASE("the routing header is compact for usual values and exact for every ot
   chi::Task back3;
   back3.SerializeBaseIn(in3);
   CHECK_FALSE(back3.pool_query_.IsValid());
+  CHECK_FALSE(in3.ok());  // every decoder sees the refusal in its archive
+  CHECK(in3.status().code() == chi::ErrorCode::kMalformed);
+
+  // A known mode with arguments that make no sense (a range of no containers) too.
+  chi::Task empty_range;
+  empty_range.pool_query_ = chi::PoolQuery::Range(3, 1);
+  std::vector<char> bad_range;
+  chi::OutputArchive out4(bad_range);
+  empty_range.SerializeBaseIn(out4);
+  bad_range[36] = 0;  // the range's count (first argument after the 36-byte header)
+  chi::InputArchive in4(bad_range.data(), bad_range.size());
+  chi::Task back4;
+  back4.SerializeBaseIn(in4);
+  CHECK_FALSE(in4.ok());
 }

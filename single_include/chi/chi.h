@@ -2643,7 +2643,7 @@ struct Task {
     }
     ar(pool_id_, shape, method_, task_flags_, task_id_);
     if constexpr (!Ar::kIsOutput) {
-      // Unknown shape bits leave an invalid mode: the request is refused as malformed.
+      // Unknown shape bits leave an invalid mode, refused below.
       pool_query_.SetWireMode((shape & ~kWireKnown) == 0 ? (shape & kWireModeMask) : ~0u);
       period_ns_ = 0;
       task_node_ = TaskNode(task_id_.unique_, 0);
@@ -2651,6 +2651,12 @@ struct Task {
     if (shape & kWireQueryArgs) pool_query_.SerializeArgs(ar);
     if (shape & kWirePeriod) ar(period_ns_);
     if (shape & kWireNode) ar(task_node_);
+    if constexpr (!Ar::kIsOutput) {
+      // As the archive checks any decoded type with IsValid: every decoder refuses it.
+      if (ar.ok() && !pool_query_.IsValid()) {
+        ar.Fail(ErrorCode::kMalformed, "request has an invalid pool query");
+      }
+    }
   }
   /** The answer every transport sends back before the task's own outputs. */
   template <typename Ar>
@@ -8863,10 +8869,8 @@ class RequestDispatcher {
     // decode that succeeds overwrites every routing field; rc_ and msg_ are never set.
     thread_local Task base;
     base.SerializeBaseIn(ar);
-    if (!ar.ok() || !base.pool_query_.IsValid()) {
-      EncodeError(request_id, ErrorCode::kMalformed,
-                  ar.ok() ? "request has an invalid pool query" : ar.status().message(),
-                  error_answer);
+    if (!ar.ok()) {  // truncated bytes, or an invalid pool query (SerializeBaseIn)
+      EncodeError(request_id, ErrorCode::kMalformed, ar.status().message(), error_answer);
       return false;
     }
     if (base.task_flags_.Any(TASK_PERIODIC)) {  // nobody could cancel it from afar
@@ -9178,34 +9182,29 @@ class CpuUnstacker {
     if (now_ns - since_ns_ < kMoveAfterNs || now_ns - last_move_ns_ < kMoveIntervalNs) return;
     last_move_ns_ = now_ns;
     since_ns_ = 0;
-    if (MoveOff()) ++moves_;
+    MoveOff();
   }
 
   /** The peer was seen elsewhere: the stacking, if any, is over. */
   void Apart() { since_ns_ = 0; }
 
-  /** Times this thread moved. */
-  u64 Moves() const { return moves_; }
-
  private:
-  /** Moves the calling thread off its current CPU; false when it has nowhere to go. */
-  static bool MoveOff() {
+  /** Moves the calling thread off its current CPU, when it has anywhere else to go. */
+  static void MoveOff() {
     cpu_set_t allowed;
-    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
     const int cpu = sched_getcpu();
-    if (cpu < 0 || CPU_COUNT(&allowed) < 2 || !CPU_ISSET(cpu, &allowed)) return false;
+    if (cpu < 0 || CPU_COUNT(&allowed) < 2 || !CPU_ISSET(cpu, &allowed)) return;
     cpu_set_t others = allowed;
     CPU_CLR(cpu, &others);
     // The kernel migrates a thread off a CPU its new mask excludes at once; the full mask
     // again afterwards leaves it where it landed.
-    const bool moved = sched_setaffinity(0, sizeof(others), &others) == 0;
+    sched_setaffinity(0, sizeof(others), &others);
     sched_setaffinity(0, sizeof(allowed), &allowed);
-    return moved;
   }
 
   u64 since_ns_ = 0;      ///< when the current stacking was first seen (0: none)
   u64 last_move_ns_ = 0;  ///< when the thread last moved
-  u64 moves_ = 0;
 };
 
 }  // namespace chi
@@ -16283,7 +16282,7 @@ CHI_GPU_FUN u32 HandleRequest(char (&buf)[kGpuPayloadBytes], u32 len, u32 cap,
   InputArchive in(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
   Task base;
   base.SerializeBaseIn(in);
-  if (!in.ok() || !base.pool_query_.IsValid()) {
+  if (!in.ok()) {  // truncated bytes, or an invalid pool query (SerializeBaseIn)
     return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU request header is malformed", buf,
                              cap);
   }

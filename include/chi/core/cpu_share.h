@@ -55,34 +55,29 @@ class CpuUnstacker {
     if (now_ns - since_ns_ < kMoveAfterNs || now_ns - last_move_ns_ < kMoveIntervalNs) return;
     last_move_ns_ = now_ns;
     since_ns_ = 0;
-    if (MoveOff()) ++moves_;
+    MoveOff();
   }
 
   /** The peer was seen elsewhere: the stacking, if any, is over. */
   void Apart() { since_ns_ = 0; }
 
-  /** Times this thread moved. */
-  u64 Moves() const { return moves_; }
-
  private:
-  /** Moves the calling thread off its current CPU; false when it has nowhere to go. */
-  static bool MoveOff() {
+  /** Moves the calling thread off its current CPU, when it has anywhere else to go. */
+  static void MoveOff() {
     cpu_set_t allowed;
-    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
     const int cpu = sched_getcpu();
-    if (cpu < 0 || CPU_COUNT(&allowed) < 2 || !CPU_ISSET(cpu, &allowed)) return false;
+    if (cpu < 0 || CPU_COUNT(&allowed) < 2 || !CPU_ISSET(cpu, &allowed)) return;
     cpu_set_t others = allowed;
     CPU_CLR(cpu, &others);
     // The kernel migrates a thread off a CPU its new mask excludes at once; the full mask
     // again afterwards leaves it where it landed.
-    const bool moved = sched_setaffinity(0, sizeof(others), &others) == 0;
+    sched_setaffinity(0, sizeof(others), &others);
     sched_setaffinity(0, sizeof(allowed), &allowed);
-    return moved;
   }
 
   u64 since_ns_ = 0;      ///< when the current stacking was first seen (0: none)
   u64 last_move_ns_ = 0;  ///< when the thread last moved
-  u64 moves_ = 0;
 };
 
 }  // namespace chi

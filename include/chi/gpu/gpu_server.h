@@ -65,7 +65,7 @@ CHI_GPU_FUN u32 HandleRequest(char (&buf)[kGpuPayloadBytes], u32 len, u32 cap,
   InputArchive in(buf + kGpuEnvelopeBytes, len - kGpuEnvelopeBytes);
   Task base;
   base.SerializeBaseIn(in);
-  if (!in.ok() || !base.pool_query_.IsValid()) {
+  if (!in.ok()) {  // truncated bytes, or an invalid pool query (SerializeBaseIn)
     return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU request header is malformed", buf,
                              cap);
   }

@@ -125,7 +125,7 @@ struct Task {
     }
     ar(pool_id_, shape, method_, task_flags_, task_id_);
     if constexpr (!Ar::kIsOutput) {
-      // Unknown shape bits leave an invalid mode: the request is refused as malformed.
+      // Unknown shape bits leave an invalid mode, refused below.
       pool_query_.SetWireMode((shape & ~kWireKnown) == 0 ? (shape & kWireModeMask) : ~0u);
       period_ns_ = 0;
       task_node_ = TaskNode(task_id_.unique_, 0);
@@ -133,6 +133,12 @@ struct Task {
     if (shape & kWireQueryArgs) pool_query_.SerializeArgs(ar);
     if (shape & kWirePeriod) ar(period_ns_);
     if (shape & kWireNode) ar(task_node_);
+    if constexpr (!Ar::kIsOutput) {
+      // As the archive checks any decoded type with IsValid: every decoder refuses it.
+      if (ar.ok() && !pool_query_.IsValid()) {
+        ar.Fail(ErrorCode::kMalformed, "request has an invalid pool query");
+      }
+    }
   }
   /** The answer every transport sends back before the task's own outputs. */
   template <typename Ar>

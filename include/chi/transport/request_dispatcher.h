@@ -95,10 +95,8 @@ class RequestDispatcher {
     // decode that succeeds overwrites every routing field; rc_ and msg_ are never set.
     thread_local Task base;
     base.SerializeBaseIn(ar);
-    if (!ar.ok() || !base.pool_query_.IsValid()) {
-      EncodeError(request_id, ErrorCode::kMalformed,
-                  ar.ok() ? "request has an invalid pool query" : ar.status().message(),
-                  error_answer);
+    if (!ar.ok()) {  // truncated bytes, or an invalid pool query (SerializeBaseIn)
+      EncodeError(request_id, ErrorCode::kMalformed, ar.status().message(), error_answer);
       return false;
     }
     if (base.task_flags_.Any(TASK_PERIODIC)) {  // nobody could cancel it from afar
