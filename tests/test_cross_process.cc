@@ -174,6 +174,17 @@ TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them th
   }
   ClientSession session(server.port(), "tcp");
   REQUIRE(session.ok());
+  // Spaced requests find the runtime's network worker asleep in poll() on its sockets
+  // (not parked on a futex no request could wake): each wakes it and is answered.
+  chimaera::demo::Client c = DemoClient();
+  const chi::u64 sleeps_before = ServerStats().sleeps_;
+  for (u32 i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // its idle spin is 20 us
+    auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 1, i);
+    REQUIRE(f.Wait(30));
+    CHECK(f->result_value_ == i * 2 + 1);
+  }
+  CHECK(ServerStats().sleeps_ - sleeps_before >= 10);
   CHECK(StopThroughSession());
   CHECK(server.WaitExit() == 0);
 }

@@ -5158,7 +5158,10 @@ inline RunContext *CurrentRunContext() { return tls_current_rctx; }
 
 namespace chi {
 
-/** What a worker serves (seed 004 roles; GPU-poller and network come later). */
+/**
+ * What a worker serves (seed 004 roles): lanes of low- or high-latency tasks, or, on a
+ * worker of its own (WorkOrchestrator::NewPollerWorker), the GPUs' queues or the network.
+ */
 enum class WorkerRole : u32 { kLowLatency = 0, kHighLatency = 1, kGpuPoller = 2, kNetwork = 3 };
 
 /** A worker's counters for Monitor. */
@@ -5193,6 +5196,23 @@ class WorkerPoller {
 
  protected:
   ~WorkerPoller() = default;
+};
+
+/**
+ * How a worker whose work arrives on file descriptors sleeps (the network worker waits in
+ * poll() on its sockets, not on a futex no socket can wake). Sleep blocks until its fds
+ * have input, Interrupt is called, or the timeout passes (0: none); Interrupt may come
+ * from any thread, before or during Sleep, and must end the next or current Sleep.
+ */
+class WorkerParker {
+ public:
+  /** The worker's thread: sleeps (see the class comment). */
+  virtual void Sleep(u64 timeout_ns) = 0;
+  /** Any thread: ends the worker's current or next Sleep. */
+  virtual void Interrupt() = 0;
+
+ protected:
+  ~WorkerParker() = default;
 };
 
 /**
@@ -5651,6 +5671,15 @@ class Worker {
     lane->SetTag(id_);
     active_.push_back(LaneSlot{lane, 0});
   }
+  /**
+   * Makes this worker sleep through `parker` instead of its futex, after `idle_spin_ns` of
+   * idle polling (before Start; the parker outlives the thread). For a worker of its own
+   * whose external poller's input wakes the parker (the network worker's sockets).
+   */
+  void SetParker(WorkerParker *parker, u64 idle_spin_ns) {
+    parker_ = parker;
+    idle_spin_ns_ = idle_spin_ns;
+  }
   /** Launches the thread. */
   void Start() { thread_ = std::thread([this] { Loop(); }); }
   /** Asks the loop to drain and exit. */
@@ -5782,7 +5811,12 @@ class Worker {
     static_cast<Worker *>(worker)->ShellLoop(shell);
   }
   void ForceWake() {
-    if (parked_.Exchange(0, MemOrder::kAcqRel) != 0) FutexWake(parked_.Raw(), 1);
+    if (parked_.Exchange(0, MemOrder::kAcqRel) == 0) return;
+    if (parker_ != nullptr) {
+      parker_->Interrupt();
+    } else {
+      FutexWake(parked_.Raw(), 1);
+    }
   }
   RunContext *NewRunContext() {
     RunContext *r = free_rctx_;
@@ -5822,6 +5856,8 @@ class Worker {
   RouteTargets targets_;
   u64 blocked_ = 0;
   u64 running_ = 0;  ///< fibers started and not finished (includes blocked and periodic)
+  WorkerParker *parker_ = nullptr;  ///< how it sleeps, when not on parked_ (SetParker)
+  u64 idle_spin_ns_ = kIdleSpinNs;   ///< idle polling before it sleeps
   alignas(kCacheLine) Atomic<u32> parked_;   ///< futex word: 1 while sleeping
   alignas(kCacheLine) Atomic<u64> resume_;   ///< Treiber stack of RunContexts to resume
   alignas(kCacheLine) Atomic<u32> stop_;
@@ -6013,7 +6049,7 @@ void Worker::Loop() {
       if (idle > kHotPolls) CpuRelax();
       continue;
     }
-    if (NowNs() - idle_since < kIdleSpinNs) {
+    if (NowNs() - idle_since < idle_spin_ns_) {
       sched_yield();
       continue;
     }
@@ -6168,7 +6204,11 @@ void Worker::Park() {
     timeout = next > now ? next - now : 1;
   }
   parks_.FetchAdd(1, MemOrder::kRelaxed);
-  FutexWait(parked_.Raw(), 1, timeout);
+  if (parker_ != nullptr) {
+    parker_->Sleep(timeout);  // a waker that saw parked_ == 1 interrupts it
+  } else {
+    FutexWait(parked_.Raw(), 1, timeout);
+  }
   parked_.Store(0, MemOrder::kRelaxed);
 }
 
@@ -7081,11 +7121,12 @@ struct TransportStats {
   chi::u64 requests_ = 0;             ///< task requests received
   chi::u64 requests_refused_ = 0;     ///< requests answered with an error
   chi::u64 answers_dropped_ = 0;      ///< answers whose client was gone
+  chi::u64 sleeps_ = 0;               ///< times its own worker slept (zmq: the network worker)
 
   template <typename Ar>
   void serialize(Ar &ar) {
     ar(name_, clients_, clients_reaped_, tasks_outstanding_, bytes_held_, requests_,
-       requests_refused_, answers_dropped_);
+       requests_refused_, answers_dropped_, sleeps_);
   }
 };
 
@@ -7969,6 +8010,15 @@ class WorkOrchestrator {
       me->PushLocal(t);  // a worker: Stop joins it before freeing anything
       return true;
     }
+    return SubmitShared(t);
+  }
+
+  /**
+   * Hands a task to a worker's lane (rotating), even from a worker that could run it: a
+   * network worker spreads a stream of requests over the low-latency workers this way.
+   * Returns false (task untouched) when the runtime no longer accepts work.
+   */
+  bool SubmitShared(Task *t) {
     const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
     // Other threads (transport servers, applications) are counted, so that Stop frees the
     // lanes only once none of them is still pushing into one.
@@ -7986,9 +8036,10 @@ class WorkOrchestrator {
   }
 
   /**
-   * A worker of its own for a poller whose work cannot wake a parked thread (role
-   * kGpuPoller: the GPU worker polls GPU queues). It has no lane: the low-latency tasks its
-   * poller submits run on it, with no hop to another thread. Its owner starts it (after
+   * A worker of its own for a poller whose work cannot wake a futex-parked thread (role
+   * kGpuPoller: the GPU worker polls GPU queues; kNetwork: the ZeroMQ server's sockets,
+   * slept on through a WorkerParker). It has no lane: the low-latency tasks its poller
+   * submits run on it, with no hop to another thread. Its owner starts it (after
    * ReplacePoller) and stops it, before this orchestrator stops.
    */
   std::unique_ptr<Worker> NewPollerWorker(WorkerRole role) {
@@ -8041,7 +8092,8 @@ class WorkOrchestrator {
   static bool RunsHere(const Worker &w, bool high) {
     const WorkerRole r = w.GetRole();
     return high ? r == WorkerRole::kHighLatency
-                : r == WorkerRole::kLowLatency || r == WorkerRole::kGpuPoller;
+                : r == WorkerRole::kLowLatency || r == WorkerRole::kGpuPoller ||
+                      r == WorkerRole::kNetwork;
   }
 
   void SubmitTo(Worker *w, Task *t) {
@@ -8853,10 +8905,11 @@ class RequestDispatcher {
    * and fills `error_answer` with an answer carrying the error for the client.
    * Called on a worker's own loop (a transport's WorkerPoller) that would keep the task
    * (WorkOrchestrator::LocalWorkerFor), it stays there (Worker::Adopt) with the pool
-   * reference taken here.
+   * reference taken here, unless `here` is false: then it goes to a lane, as from any
+   * other thread.
    */
   bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
-                std::vector<char> *error_answer) {
+                std::vector<char> *error_answer, bool here = true) {
     u64 request_id = 0;
     if (len < kEnvelopeHeaderBytes) {
       EncodeError(0, ErrorCode::kTruncated, "request shorter than its 8-byte header",
@@ -8904,7 +8957,7 @@ class RequestDispatcher {
     t->completer_ = completer;
     t->transport_cookie_ = cookie;
     t->request_id_ = request_id;  // echoed back in the answer
-    Worker *me = orch_->LocalWorkerFor(*t);
+    Worker *me = here ? orch_->LocalWorkerFor(*t) : nullptr;
     if (me != nullptr && CurrentRunContext() == nullptr &&
         !(gpu_ != nullptr && t->pool_query_.IsGpuRoute()) && orch_->IsAccepting()) {
       me->Adopt(t, pool);  // the worker's next step starts it (it releases the pool)
@@ -8917,7 +8970,7 @@ class RequestDispatcher {
         return true;  // the GPU transport completes it (answer or error) through completer_
       }
     }
-    if (!orch_->Submit(t)) {
+    if (!(here ? orch_->Submit(t) : orch_->SubmitShared(t))) {
       t->completer_ = nullptr;
       DeleteTask(t);
       EncodeError(request_id, ErrorCode::kShutdown, "runtime is shutting down", error_answer);
@@ -12410,10 +12463,14 @@ class ZmqDoorbell {
     // seq_cst fence: the flag is visible before we re-check for work (mirrors Ring).
     FenceSeqCst();
   }
-  /** Network thread: back from polling; clears the flag and the counter. */
-  void Awake() {
+  /**
+   * Network thread: back from polling; clears the flag, and the counter unless the poll
+   * said the fd was not readable (`rung` false: saves a read; a ring that came since
+   * only makes the next poll return at once).
+   */
+  void Awake(bool rung = true) {
     sleeping_.Store(0, MemOrder::kRelaxed);
-    Clear();
+    if (rung) Clear();
   }
 
   /** Makes the fd readable now, whether or not anyone sleeps (a bell without the flag). */
@@ -13266,25 +13323,26 @@ class ZmqClientTransport final : public ZmqClientConnection {
 // ---- begin chi/transport/zmq_server.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_H
-// ZmqServer: the runtime's network worker for pure clients over ZeroMQ. One
-// thread serves a ROUTER socket per endpoint (ipc and tcp on loopback): it answers
-// ClientConnect handshakes and decodes task requests through the RequestDispatcher.
-// A worker finishing a task sends the answer itself when the sockets' lock is free
-// (else it queues it for the network thread), so an answer needs no hand-off. The
-// network thread sleeps in poll() on the sockets' ZMQ_FDs without the lock.
+// ZmqServer: the runtime's network worker for pure clients over ZeroMQ. A runtime Worker
+// of its own (role kNetwork) serves a ROUTER socket per endpoint (ipc and tcp on
+// loopback) as its external poller: it answers ClientConnect handshakes, decodes task
+// requests through the RequestDispatcher and, while few are in flight, runs them itself
+// (no hop to another thread) and sends each answer as the task finishes. Many in flight
+// (a stream) go to the low-latency workers' lanes; a worker finishing one sends its
+// answer when the sockets' lock is free, else queues it for the network worker. Idle, the
+// network worker sleeps in poll() on the sockets' ZMQ_FDs and its doorbell, as a raw
+// ZeroMQ server sleeps in recv: a request costs the wake-up raw ZeroMQ pays, no more.
 // Invariants: sockets and the peer table are used only under sock_mu_, and by the
-// ZMQ_FD rule (zmq_common.h): the network thread receives until EAGAIN or passes
-// again, and a worker that finds requests waiting after its send asks for a pass.
+// ZMQ_FD rule (zmq_common.h): the network worker receives until EAGAIN or passes
+// again, and another thread that finds requests waiting after its send asks for a pass.
 
-#include <pthread.h>  // naming the network thread
-#include <unistd.h>   // unlink of the ipc socket file
+#include <unistd.h>  // unlink of the ipc socket file
 
 #include <cerrno>         // EINTR from poll
 #include <cstring>        // strlen
-#include <future>         // start-up result of the network thread
+#include <memory>         // the network worker
 #include <mutex>          // the sockets' lock
 #include <string>         // peer keys
-#include <thread>         // the network thread
 #include <unordered_map>  // peers by routing id
 #include <vector>         // answer buffers, free slots
 
@@ -13417,17 +13475,18 @@ struct ZmqServerStats {
   u64 requests = 0;           ///< task requests received
   u64 requests_refused = 0;   ///< requests answered with an error (malformed, not connected, ...)
   u64 answers_dropped = 0;    ///< answers whose client was gone
-  u64 answers_by_worker = 0;  ///< answers the finishing worker sent itself
+  u64 answers_by_worker = 0;  ///< answers another worker sent itself (not the network worker)
+  u64 sleeps = 0;             ///< times the network worker slept in poll()
   /**
-   * Requests the network thread found waiting after a sleep that ran to its timeout (the
+   * Requests the network worker found waiting after a sleep that ran to its timeout (the
    * reaper's): a wake-up that never came (the ZMQ_FD rule broken), or, rarely, a request
    * that landed just then. Expected 0.
    */
   u64 late_wakeups = 0;
 };
 
-/** Serves pure clients over ZeroMQ ROUTER sockets (ipc and/or tcp). */
-class ZmqServer final : public TaskCompleter {
+/** Serves pure clients over ZeroMQ ROUTER sockets (ipc and/or tcp) on a network worker. */
+class ZmqServer final : public TaskCompleter, public WorkerPoller, public WorkerParker {
  public:
   struct Options {
     u32 port = 0;
@@ -13436,7 +13495,7 @@ class ZmqServer final : public TaskCompleter {
     u64 max_request_bytes = kZmqMaxRequestBytes;  ///< larger messages drop the connection
     u32 max_clients = 4096;                       ///< handshakes beyond this are refused
     u64 reap_interval_ns = 100000000ull;          ///< how often dead client pids are looked for
-    u64 spin_ns = 20000;                          ///< busy polling after activity before sleeping
+    u64 spin_ns = 20000;                          ///< the network worker's idle polling before it sleeps
   };
 
   ZmqServer() = default;
@@ -13445,56 +13504,78 @@ class ZmqServer final : public TaskCompleter {
   ZmqServer &operator=(const ZmqServer &) = delete;
 
   /**
-   * Binds the endpoints on a new network thread. Handshakes and tasks queue in
-   * ZeroMQ until Open() supplies the answer clients get. Fails (kAlreadyExists)
-   * when another process holds the tcp port.
+   * Binds the endpoints. Handshakes and tasks queue in ZeroMQ until Open() supplies the
+   * answer clients get. Fails (kAlreadyExists) when another process holds the tcp port.
    */
   Status Start(RequestDispatcher *dispatcher, const Options &opt) {
-    if (thread_.joinable()) return Status::Error(ErrorCode::kInvalidArgument, "already started");
-    if (!doorbell_.ok()) return Status::Error(ErrorCode::kIo, "eventfd for the network thread");
+    if (started_) return Status::Error(ErrorCode::kInvalidArgument, "already started");
+    if (!doorbell_.ok()) return Status::Error(ErrorCode::kIo, "eventfd for the network worker");
+    if (dispatcher->Orchestrator() == nullptr) {
+      return Status::Error(ErrorCode::kInvalidArgument, "the ZeroMQ server needs a runtime");
+    }
     dispatcher_ = dispatcher;
     opt_ = opt;
-    std::promise<Status> started;
-    std::future<Status> result = started.get_future();
-    thread_ = std::thread([this, &started] { Run(&started); });
-    Status st = result.get();
+    Status st = Bind();
     if (!st.ok()) {
-      thread_.join();
+      CloseSockets();
       ctx_.close();
+      return st;
     }
+    started_ = true;
     return st;
   }
 
-  /** Starts serving; every accepted client gets `answer` (plus its client id). */
+  /**
+   * Starts serving on a new network worker; every accepted client gets `answer` (plus its
+   * client id).
+   */
   void Open(const ConnectAnswer &answer) {
+    if (!started_ || worker_ != nullptr) return;
     template_ = answer;
-    open_.Store(1, MemOrder::kRelease);  // release: template_ is complete before it is read
-    FutexWake(open_.Raw(), 1);
+    next_reap_ = NowNs() + opt_.reap_interval_ns;
+    worker_ = dispatcher_->Orchestrator()->NewPollerWorker(WorkerRole::kNetwork);
+    worker_->ReplacePoller(nullptr, this);
+    worker_->SetParker(this, opt_.spin_ns);
+    worker_->Start();
   }
 
-  /** Refuses new tasks (answered with kShutdown); handshakes too. Answers still flow. */
+  /**
+   * Refuses new tasks (answered with kShutdown) and handshakes, then stops the network
+   * worker once the tasks it runs are done. Call before the runtime's workers stop (the
+   * tasks it runs may wait on theirs); their answers still flow (Stop sends them).
+   */
   void BeginShutdown() {
     shutting_down_.Store(1, MemOrder::kRelease);
-    doorbell_.Ring();
+    if (worker_ == nullptr) return;
+    worker_->RequestStop();
+    worker_->Join();
+    worker_->ReplacePoller(this, nullptr);
   }
 
   /**
-   * Sends every pending answer, tells each client the runtime stops, closes
-   * the sockets and joins the thread. Call after the workers have stopped.
+   * Sends every pending answer, tells each client the runtime stops, closes the sockets.
+   * Call after the workers have stopped.
    */
   void Stop() {
-    if (!thread_.joinable()) return;
-    stop_.Store(1, MemOrder::kRelease);
-    open_.Store(1, MemOrder::kRelease);  // a server never opened must still wake up
-    FutexWake(open_.Raw(), 1);
-    doorbell_.Ring();
-    thread_.join();
+    if (!started_) return;
+    BeginShutdown();
+    worker_.reset();
+    {
+      std::lock_guard<std::mutex> lock(sock_mu_);
+      const SocketsHeld held;
+      DrainAnswers();
+      NotifyShutdown();
+      CloseSockets();
+      sockets_closed_ = true;
+      pool_.Clear();
+    }
     ctx_.close();
+    started_ = false;
   }
 
   /**
-   * Worker side: a remote task finished; sends its answer when the sockets are free,
-   * else queues it for the network thread.
+   * A remote task finished (on any worker): sends its answer when the sockets are free,
+   * else queues it for the network worker.
    */
   void OnComplete(Task *t) override {
     auto *slot = reinterpret_cast<ZmqAnswerSlot *>(t->transport_cookie_);
@@ -13513,13 +13594,63 @@ class ZmqServer final : public TaskCompleter {
     s.requests_refused = refused_.Load(MemOrder::kRelaxed);
     s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
     s.answers_by_worker = sent_by_worker_.Load(MemOrder::kRelaxed);
+    s.sleeps = sleeps_.Load(MemOrder::kRelaxed);
     s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
     return s;
   }
 
+  // ---- The network worker (WorkerPoller, WorkerParker) ----
+
+  /** WorkerPoller: nothing to set up. */
+  void BeginPolling(u32) override {}
+
+  /**
+   * WorkerPoller: a pass when the sockets or the doorbell say there is work (or the last
+   * pass was busy); true when it did some. Once shutting down it still answers, but
+   * reports no work, so a flood of requests cannot keep the worker from stopping.
+   */
+  bool Poll() override {
+    if (!pass_due_) {
+      bool rung = false;
+      if (!Probe(0, &rung)) return false;
+      if (rung) doorbell_.Clear();  // a late Interrupt: else every probe would say yes
+    }
+    const bool busy = Pass(after_timeout_);
+    after_timeout_ = false;
+    pass_due_ = busy;  // more may wait: look again without asking poll()
+    return busy && shutting_down_.Load(MemOrder::kRelaxed) == 0;  // relaxed: a hint
+  }
+
+  /** WorkerPoller: nothing to hand over; the worker sleeps on our fds (Sleep). */
+  bool EndPolling(u32) override { return false; }
+
+  /**
+   * WorkerParker: sleeps in poll() on the sockets and the doorbell, at most until the
+   * next reap or `timeout_ns` (0: none). The next Poll passes whatever woke it.
+   */
+  void Sleep(u64 timeout_ns) override {
+    sleeps_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+    doorbell_.PrepareSleep();
+    bool timed_out = false;
+    bool rung = false;
+    if (!WorkAsked()) {
+      const u64 now = NowNs();
+      u64 wait_ns = next_reap_ > now ? next_reap_ - now : 0;
+      if (timeout_ns != 0 && timeout_ns < wait_ns) wait_ns = timeout_ns;
+      // Rounded up: never before the reap is due.
+      timed_out = !Probe(static_cast<long>((wait_ns + 999999) / 1000000), &rung);
+    }
+    doorbell_.Awake(rung);
+    after_timeout_ = timed_out;
+    pass_due_ = true;
+  }
+
+  /** WorkerParker: ends the network worker's sleep (any thread). */
+  void Interrupt() override { doorbell_.Signal(); }
+
  private:
   static constexpr u32 kRecvBatch = 64;           ///< messages per socket per pass
-  /** Beyond this many tasks in flight, workers leave answers to the network thread. */
+  /** Beyond this many tasks in flight, requests go to the low-latency workers' lanes. */
   static constexpr u64 kDirectMaxOutstanding = 4;
 
   /** A request taken off a socket under the lock, dispatched after it (see Pass). */
@@ -13534,24 +13665,33 @@ class ZmqServer final : public TaskCompleter {
     u64 outstanding = 0;
   };
 
+  /** True on the network worker's thread. */
+  bool OnNetworkWorker() const { return worker_ != nullptr && tls_current_worker == worker_.get(); }
+
   /**
-   * A worker: sends slot's answer itself and true, unless the network thread (or another
-   * worker) holds the sockets, the queue holds older answers (they go first), or many
-   * tasks are in flight (the thread sends those in batches, one events check each).
+   * Sends slot's answer now and true, unless the network worker holds the sockets, the
+   * queue holds older answers (they go first), or, on another worker, many tasks are in
+   * flight (the network worker sends those in batches, one events check each).
    */
   bool SendNow(ZmqAnswerSlot *slot) {
-    // A task that completes at once while the network thread dispatches it inside its pass
-    // (a GPU-route task failed at once) must not try-lock the mutex that thread holds.
+    // A task that completes at once while the network worker dispatches it inside its pass
+    // (a GPU-route task failed at once) must not try-lock the mutex that worker holds.
     if (HoldsSockets()) return false;
-    if (outstanding_.Load(MemOrder::kRelaxed) > kDirectMaxOutstanding) return false;
-    // relaxed: a hint; an answer queued after this check is still sent by the thread.
+    const bool own = OnNetworkWorker();
+    if (!own && outstanding_.Load(MemOrder::kRelaxed) > kDirectMaxOutstanding) return false;
+    // relaxed: a hint; an answer queued after this check is still sent by the network worker.
     if (answers_.WaitingHint()) return false;
     std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
     if (!lock.owns_lock() || sockets_closed_) return false;
     const int i = static_cast<u8>(slot->peer[0]);
     DeliverAnswer(slot);
+    if (own) {
+      // The ZMQ_FD rule: our send may have taken the fd's signal; our next Poll passes.
+      pass_due_ = true;
+      return true;
+    }
     sent_by_worker_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
-    bool readable = true;  // on error, let the network thread look
+    bool readable = true;  // on error, let the network worker look
     try {
       // The ZMQ_FD rule: our send may have taken the fd's signal of requests now waiting.
       readable = ZmqReadable(*sockets_[i]);
@@ -13564,41 +13704,19 @@ class ZmqServer final : public TaskCompleter {
     return true;
   }
 
-  // ---- Network thread ----
-
-  /** True on the network thread while it holds sock_mu_ (see SocketsHeld). */
+  /** True on the network worker while it holds sock_mu_ (see SocketsHeld). */
   static bool &HoldsSockets() {
     static thread_local bool held = false;
     return held;
   }
 
-  /** Marks the network thread's sock_mu_ sections, for SendNow's re-entry check. */
+  /** Marks the network worker's sock_mu_ sections, for SendNow's re-entry check. */
   struct SocketsHeld {
     SocketsHeld() { HoldsSockets() = true; }
     ~SocketsHeld() { HoldsSockets() = false; }
     SocketsHeld(const SocketsHeld &) = delete;
     SocketsHeld &operator=(const SocketsHeld &) = delete;
   };
-
-  /** The network thread: binds, waits for Open, serves until Stop, then says goodbye. */
-  void Run(std::promise<Status> *started) {
-    pthread_setname_np(pthread_self(), "chi-zmq-server");
-    Status st = Bind();
-    started->set_value(st);
-    if (!st.ok()) {
-      CloseSockets();
-      return;
-    }
-    while (open_.Load(MemOrder::kAcquire) == 0) FutexWait(open_.Raw(), 0);
-    Loop();
-    std::lock_guard<std::mutex> lock(sock_mu_);
-    const SocketsHeld held;
-    DrainAnswers();
-    NotifyShutdown();
-    CloseSockets();
-    sockets_closed_ = true;
-    pool_.Clear();
-  }
 
   /** Binds the wanted endpoints (kAlreadyExists when another process holds the port). */
   Status Bind() {
@@ -13630,38 +13748,9 @@ class ZmqServer final : public TaskCompleter {
   }
 
   /**
-   * Passes over the sockets under their lock while there is work; between passes it
-   * spins (spin_ns after work) or sleeps in poll() without the lock, so workers can send.
-   */
-  void Loop() {
-    u64 last_busy = NowNs();
-    next_reap_ = last_busy + opt_.reap_interval_ns;
-    bool work = true;        // a pass is due
-    bool timed_out = false;  // the sleep before this pass ran to its timeout
-    while (stop_.Load(MemOrder::kAcquire) == 0) {
-      if (work && Pass(timed_out)) last_busy = NowNs();
-      timed_out = false;
-      const u64 now = NowNs();
-      if (now - last_busy < opt_.spin_ns) {  // spin on readiness, not on the lock
-        work = Probe(0);
-        if (!work) CpuRelax();
-        continue;
-      }
-      doorbell_.PrepareSleep();
-      if (!WorkAsked()) {
-        // Until the next reap, rounded up: never before it is due.
-        const u64 wait_ns = next_reap_ > now ? next_reap_ - now : 0;
-        timed_out = !Probe(static_cast<long>((wait_ns + 999999) / 1000000));
-      }
-      doorbell_.Awake();
-      work = true;
-    }
-  }
-
-  /**
    * One pass: under the sockets' lock, queued answers, requests and the reaper; then,
-   * without it, the requests it took while few were in flight are dispatched, so that a
-   * worker finishing one at once finds the lock free and answers itself. True when busy.
+   * without it, the requests it took while few were in flight are dispatched to run on
+   * this worker (each answer is sent as its task finishes). True when busy.
    */
   bool Pass(bool after_timeout) {
     // relaxed: the doorbell's fences order it; this pass does what it asked for.
@@ -13683,16 +13772,19 @@ class ZmqServer final : public TaskCompleter {
         next_reap_ = now + opt_.reap_interval_ns;
       }
     }
-    DispatchPending();
+    DispatchPending(true);
     return busy;
   }
 
-  /** Submits the requests taken so far, in order; a refused one's error answer is queued. */
-  void DispatchPending() {
+  /**
+   * Submits the requests taken so far, in order, to run on this worker (`here`) or on the
+   * low-latency workers' lanes; a refused one's error answer is queued.
+   */
+  void DispatchPending(bool here) {
     for (Pending &p : pending_) {
       const char *data = static_cast<const char *>(p.body.data());
       if (dispatcher_->Dispatch(data, p.body.size(), this, reinterpret_cast<u64>(p.slot),
-                                &p.slot->bytes)) {
+                                &p.slot->bytes, here)) {
         continue;  // the task owns the slot now: it may be answered already
       }
       refused_.FetchAdd(1, MemOrder::kRelaxed);
@@ -13701,7 +13793,7 @@ class ZmqServer final : public TaskCompleter {
     pending_.clear();
   }
 
-  /** Queues an encoded answer for the network thread's next pass (any thread). */
+  /** Queues an encoded answer for the network worker's next pass (any thread). */
   void QueueAnswer(ZmqAnswerSlot *slot) {
     answers_.Push(slot);
     doorbell_.Ring();
@@ -13709,17 +13801,16 @@ class ZmqServer final : public TaskCompleter {
 
   /** True when answers are queued or a worker asked for a pass (re-read after PrepareSleep). */
   bool WorkAsked() const {
-    return answers_.Waiting() ||
-           wake_asked_.Load(MemOrder::kRelaxed) != 0 ||  // relaxed: the doorbell's fences order it
-           stop_.Load(MemOrder::kAcquire) != 0;
+    // relaxed: the doorbell's fences order it.
+    return answers_.Waiting() || wake_asked_.Load(MemOrder::kRelaxed) != 0;
   }
 
   /**
    * Waits up to timeout_ms for a socket (by its ZMQ_FD, without the lock: by the ZMQ_FD
    * rule whoever used a socket left it so that the fd signals what comes next) or the
-   * doorbell; false when the time ran out.
+   * doorbell; false when the time ran out. *rung says whether the doorbell's fd was readable.
    */
-  bool Probe(long timeout_ms) {
+  bool Probe(long timeout_ms, bool *rung = nullptr) {
     if (WorkAsked()) return true;
     zmq::pollitem_t items[3];
     int n = 0;
@@ -13729,6 +13820,7 @@ class ZmqServer final : public TaskCompleter {
     items[n++] = {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0};
     const int rc = zmq_poll(items, n, timeout_ms);
     if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
+    if (rung != nullptr) *rung = rc != 0 && (items[n - 1].revents & ZMQ_POLLIN) != 0;
     return rc != 0;  // a signal's interruption counts as a wake-up: look again
   }
 
@@ -13794,11 +13886,9 @@ class ZmqServer final : public TaskCompleter {
     const u64 outstanding = outstanding_.FetchAdd(1, MemOrder::kRelaxed) + 1;  // Monitor counts it
     ++it->second.outstanding;  // DeliverAnswer takes both back, answer or error
     pending_.push_back(Pending{slot, std::move(msg)});
-    // Few in flight: dispatched after the pass, when a worker that finishes at once finds
-    // the lock free and answers itself. Many: now, in order, so that the workers start
-    // while the pass goes on (a stream's answers are this thread's anyway); waiting for
-    // the pass to end cost a 256-task stream its overlap of receiving and running.
-    if (outstanding > kDirectMaxOutstanding) DispatchPending();
+    // Few in flight: dispatched after the pass, to run here. Many (a stream): now, in
+    // order, to the lanes, so that the workers run them while this pass goes on receiving.
+    if (outstanding > kDirectMaxOutstanding) DispatchPending(false);
   }
 
   /** A control message: a handshake (answered), a goodbye, or an unknown one (refused). */
@@ -13928,19 +14018,20 @@ class ZmqServer final : public TaskCompleter {
   std::unique_ptr<zmq::socket_t> sockets_[2];  ///< [0] ipc, [1] tcp; under sock_mu_
   int socket_fds_[2] = {-1, -1};               ///< their ZMQ_FDs; set before serving
   bool sockets_closed_ = false;                ///< under sock_mu_: late answers are dropped
-  std::thread thread_;
+  std::unique_ptr<Worker> worker_;             ///< the network worker (from Open)
+  bool started_ = false;                       ///< between Start and Stop
+  bool pass_due_ = false;                      ///< network worker: pass without asking poll()
+  bool after_timeout_ = false;                 ///< network worker: its last sleep timed out
   ZmqDoorbell doorbell_;
   ConnectAnswer template_;
   std::unordered_map<std::string, Peer> peers_;  ///< under sock_mu_
   ZmqAnswerPool pool_;                           ///< under sock_mu_
-  std::vector<Pending> pending_;                 ///< network thread only: taken, not dispatched
+  std::vector<Pending> pending_;                 ///< network worker only: taken, not dispatched
   std::vector<char> error_;                      ///< scratch error answer; under sock_mu_
   u64 next_client_id_ = 0;
-  u64 next_reap_ = 0;  ///< network thread: when Reap runs next
+  u64 next_reap_ = 0;  ///< network worker: when Reap runs next
   bool ipc_bound_ = false;
-  ZmqAnswerQueue answers_;  ///< finished answers for the network thread
-  Atomic<u32> open_;
-  Atomic<u32> stop_;
+  ZmqAnswerQueue answers_;  ///< finished answers for the network worker
   Atomic<u32> shutting_down_;
   Atomic<u64> clients_;
   Atomic<u64> reaped_;
@@ -13949,7 +14040,8 @@ class ZmqServer final : public TaskCompleter {
   Atomic<u64> refused_;
   Atomic<u64> dropped_;
   Atomic<u64> sent_by_worker_;
-  Atomic<u32> wake_asked_;  ///< a worker took a socket's wake-up: the thread must look
+  Atomic<u64> sleeps_;
+  Atomic<u32> wake_asked_;  ///< a worker took a socket's wake-up: the network worker must look
   Atomic<u64> late_wakeups_;  ///< see ZmqServerStats
 };
 
@@ -18427,6 +18519,7 @@ class Chimaera {
       t.requests_ = s.requests;
       t.requests_refused_ = s.requests_refused;
       t.answers_dropped_ = s.answers_dropped;
+      t.sleeps_ = s.sleeps;
       out.push_back(t);
     }
     if (ShmServer *shm = shm_server_.Load(MemOrder::kAcquire)) {
@@ -18515,8 +18608,10 @@ class Chimaera {
     gpu::GpuManager::Get().Stop();  // first: its GPU->CPU tasks still need the workers
 #endif
     ZmqServer *zmq = zmq_server_.Load(MemOrder::kAcquire);
-    if (zmq != nullptr) zmq->BeginShutdown();  // new remote tasks get kShutdown answers
-    // Accepted tasks finish and their answers queue; requests arriving now are refused.
+    // New remote tasks get kShutdown answers; the network worker finishes its tasks and
+    // stops (before the workers: its tasks may wait on theirs).
+    if (zmq != nullptr) zmq->BeginShutdown();
+    // Accepted tasks finish and their answers queue.
     // The workers are joined before a server goes, so no Monitor task can still read it.
     if (orch_ != nullptr) orch_->Stop();
     if (zmq != nullptr) {

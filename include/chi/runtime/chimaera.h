@@ -192,6 +192,7 @@ class Chimaera {
       t.requests_ = s.requests;
       t.requests_refused_ = s.requests_refused;
       t.answers_dropped_ = s.answers_dropped;
+      t.sleeps_ = s.sleeps;
       out.push_back(t);
     }
     if (ShmServer *shm = shm_server_.Load(MemOrder::kAcquire)) {
@@ -280,8 +281,10 @@ class Chimaera {
     gpu::GpuManager::Get().Stop();  // first: its GPU->CPU tasks still need the workers
 #endif
     ZmqServer *zmq = zmq_server_.Load(MemOrder::kAcquire);
-    if (zmq != nullptr) zmq->BeginShutdown();  // new remote tasks get kShutdown answers
-    // Accepted tasks finish and their answers queue; requests arriving now are refused.
+    // New remote tasks get kShutdown answers; the network worker finishes its tasks and
+    // stops (before the workers: its tasks may wait on theirs).
+    if (zmq != nullptr) zmq->BeginShutdown();
+    // Accepted tasks finish and their answers queue.
     // The workers are joined before a server goes, so no Monitor task can still read it.
     if (orch_ != nullptr) orch_->Stop();
     if (zmq != nullptr) {

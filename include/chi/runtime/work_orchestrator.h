@@ -100,6 +100,15 @@ class WorkOrchestrator {
       me->PushLocal(t);  // a worker: Stop joins it before freeing anything
       return true;
     }
+    return SubmitShared(t);
+  }
+
+  /**
+   * Hands a task to a worker's lane (rotating), even from a worker that could run it: a
+   * network worker spreads a stream of requests over the low-latency workers this way.
+   * Returns false (task untouched) when the runtime no longer accepts work.
+   */
+  bool SubmitShared(Task *t) {
     const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
     // Other threads (transport servers, applications) are counted, so that Stop frees the
     // lanes only once none of them is still pushing into one.
@@ -117,9 +126,10 @@ class WorkOrchestrator {
   }
 
   /**
-   * A worker of its own for a poller whose work cannot wake a parked thread (role
-   * kGpuPoller: the GPU worker polls GPU queues). It has no lane: the low-latency tasks its
-   * poller submits run on it, with no hop to another thread. Its owner starts it (after
+   * A worker of its own for a poller whose work cannot wake a futex-parked thread (role
+   * kGpuPoller: the GPU worker polls GPU queues; kNetwork: the ZeroMQ server's sockets,
+   * slept on through a WorkerParker). It has no lane: the low-latency tasks its poller
+   * submits run on it, with no hop to another thread. Its owner starts it (after
    * ReplacePoller) and stops it, before this orchestrator stops.
    */
   std::unique_ptr<Worker> NewPollerWorker(WorkerRole role) {
@@ -172,7 +182,8 @@ class WorkOrchestrator {
   static bool RunsHere(const Worker &w, bool high) {
     const WorkerRole r = w.GetRole();
     return high ? r == WorkerRole::kHighLatency
-                : r == WorkerRole::kLowLatency || r == WorkerRole::kGpuPoller;
+                : r == WorkerRole::kLowLatency || r == WorkerRole::kGpuPoller ||
+                      r == WorkerRole::kNetwork;
   }
 
   void SubmitTo(Worker *w, Task *t) {

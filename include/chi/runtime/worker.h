@@ -64,6 +64,15 @@ class Worker {
     lane->SetTag(id_);
     active_.push_back(LaneSlot{lane, 0});
   }
+  /**
+   * Makes this worker sleep through `parker` instead of its futex, after `idle_spin_ns` of
+   * idle polling (before Start; the parker outlives the thread). For a worker of its own
+   * whose external poller's input wakes the parker (the network worker's sockets).
+   */
+  void SetParker(WorkerParker *parker, u64 idle_spin_ns) {
+    parker_ = parker;
+    idle_spin_ns_ = idle_spin_ns;
+  }
   /** Launches the thread. */
   void Start() { thread_ = std::thread([this] { Loop(); }); }
   /** Asks the loop to drain and exit. */
@@ -195,7 +204,12 @@ class Worker {
     static_cast<Worker *>(worker)->ShellLoop(shell);
   }
   void ForceWake() {
-    if (parked_.Exchange(0, MemOrder::kAcqRel) != 0) FutexWake(parked_.Raw(), 1);
+    if (parked_.Exchange(0, MemOrder::kAcqRel) == 0) return;
+    if (parker_ != nullptr) {
+      parker_->Interrupt();
+    } else {
+      FutexWake(parked_.Raw(), 1);
+    }
   }
   RunContext *NewRunContext() {
     RunContext *r = free_rctx_;
@@ -235,6 +249,8 @@ class Worker {
   RouteTargets targets_;
   u64 blocked_ = 0;
   u64 running_ = 0;  ///< fibers started and not finished (includes blocked and periodic)
+  WorkerParker *parker_ = nullptr;  ///< how it sleeps, when not on parked_ (SetParker)
+  u64 idle_spin_ns_ = kIdleSpinNs;   ///< idle polling before it sleeps
   alignas(kCacheLine) Atomic<u32> parked_;   ///< futex word: 1 while sleeping
   alignas(kCacheLine) Atomic<u64> resume_;   ///< Treiber stack of RunContexts to resume
   alignas(kCacheLine) Atomic<u32> stop_;
@@ -426,7 +442,7 @@ void Worker::Loop() {
       if (idle > kHotPolls) CpuRelax();
       continue;
     }
-    if (NowNs() - idle_since < kIdleSpinNs) {
+    if (NowNs() - idle_since < idle_spin_ns_) {
       sched_yield();
       continue;
     }
@@ -581,7 +597,11 @@ void Worker::Park() {
     timeout = next > now ? next - now : 1;
   }
   parks_.FetchAdd(1, MemOrder::kRelaxed);
-  FutexWait(parked_.Raw(), 1, timeout);
+  if (parker_ != nullptr) {
+    parker_->Sleep(timeout);  // a waker that saw parked_ == 1 interrupts it
+  } else {
+    FutexWait(parked_.Raw(), 1, timeout);
+  }
   parked_.Store(0, MemOrder::kRelaxed);
 }
 

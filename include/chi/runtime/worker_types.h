@@ -13,7 +13,10 @@
 
 namespace chi {
 
-/** What a worker serves (seed 004 roles; GPU-poller and network come later). */
+/**
+ * What a worker serves (seed 004 roles): lanes of low- or high-latency tasks, or, on a
+ * worker of its own (WorkOrchestrator::NewPollerWorker), the GPUs' queues or the network.
+ */
 enum class WorkerRole : u32 { kLowLatency = 0, kHighLatency = 1, kGpuPoller = 2, kNetwork = 3 };
 
 /** A worker's counters for Monitor. */
@@ -48,6 +51,23 @@ class WorkerPoller {
 
  protected:
   ~WorkerPoller() = default;
+};
+
+/**
+ * How a worker whose work arrives on file descriptors sleeps (the network worker waits in
+ * poll() on its sockets, not on a futex no socket can wake). Sleep blocks until its fds
+ * have input, Interrupt is called, or the timeout passes (0: none); Interrupt may come
+ * from any thread, before or during Sleep, and must end the next or current Sleep.
+ */
+class WorkerParker {
+ public:
+  /** The worker's thread: sleeps (see the class comment). */
+  virtual void Sleep(u64 timeout_ns) = 0;
+  /** Any thread: ends the worker's current or next Sleep. */
+  virtual void Interrupt() = 0;
+
+ protected:
+  ~WorkerParker() = default;
 };
 
 /**

@@ -79,10 +79,11 @@ class RequestDispatcher {
    * and fills `error_answer` with an answer carrying the error for the client.
    * Called on a worker's own loop (a transport's WorkerPoller) that would keep the task
    * (WorkOrchestrator::LocalWorkerFor), it stays there (Worker::Adopt) with the pool
-   * reference taken here.
+   * reference taken here, unless `here` is false: then it goes to a lane, as from any
+   * other thread.
    */
   bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
-                std::vector<char> *error_answer) {
+                std::vector<char> *error_answer, bool here = true) {
     u64 request_id = 0;
     if (len < kEnvelopeHeaderBytes) {
       EncodeError(0, ErrorCode::kTruncated, "request shorter than its 8-byte header",
@@ -130,7 +131,7 @@ class RequestDispatcher {
     t->completer_ = completer;
     t->transport_cookie_ = cookie;
     t->request_id_ = request_id;  // echoed back in the answer
-    Worker *me = orch_->LocalWorkerFor(*t);
+    Worker *me = here ? orch_->LocalWorkerFor(*t) : nullptr;
     if (me != nullptr && CurrentRunContext() == nullptr &&
         !(gpu_ != nullptr && t->pool_query_.IsGpuRoute()) && orch_->IsAccepting()) {
       me->Adopt(t, pool);  // the worker's next step starts it (it releases the pool)
@@ -143,7 +144,7 @@ class RequestDispatcher {
         return true;  // the GPU transport completes it (answer or error) through completer_
       }
     }
-    if (!orch_->Submit(t)) {
+    if (!(here ? orch_->Submit(t) : orch_->SubmitShared(t))) {
       t->completer_ = nullptr;
       DeleteTask(t);
       EncodeError(request_id, ErrorCode::kShutdown, "runtime is shutting down", error_answer);

@@ -120,10 +120,14 @@ class ZmqDoorbell {
     // seq_cst fence: the flag is visible before we re-check for work (mirrors Ring).
     FenceSeqCst();
   }
-  /** Network thread: back from polling; clears the flag and the counter. */
-  void Awake() {
+  /**
+   * Network thread: back from polling; clears the flag, and the counter unless the poll
+   * said the fd was not readable (`rung` false: saves a read; a ring that came since
+   * only makes the next poll return at once).
+   */
+  void Awake(bool rung = true) {
     sleeping_.Store(0, MemOrder::kRelaxed);
-    Clear();
+    if (rung) Clear();
   }
 
   /** Makes the fd readable now, whether or not anyone sleeps (a bell without the flag). */

@@ -1,31 +1,31 @@
-// ZmqServer: the runtime's network worker for pure clients over ZeroMQ. One
-// thread serves a ROUTER socket per endpoint (ipc and tcp on loopback): it answers
-// ClientConnect handshakes and decodes task requests through the RequestDispatcher.
-// A worker finishing a task sends the answer itself when the sockets' lock is free
-// (else it queues it for the network thread), so an answer needs no hand-off. The
-// network thread sleeps in poll() on the sockets' ZMQ_FDs without the lock.
+// ZmqServer: the runtime's network worker for pure clients over ZeroMQ. A runtime Worker
+// of its own (role kNetwork) serves a ROUTER socket per endpoint (ipc and tcp on
+// loopback) as its external poller: it answers ClientConnect handshakes, decodes task
+// requests through the RequestDispatcher and, while few are in flight, runs them itself
+// (no hop to another thread) and sends each answer as the task finishes. Many in flight
+// (a stream) go to the low-latency workers' lanes; a worker finishing one sends its
+// answer when the sockets' lock is free, else queues it for the network worker. Idle, the
+// network worker sleeps in poll() on the sockets' ZMQ_FDs and its doorbell, as a raw
+// ZeroMQ server sleeps in recv: a request costs the wake-up raw ZeroMQ pays, no more.
 // Invariants: sockets and the peer table are used only under sock_mu_, and by the
-// ZMQ_FD rule (zmq_common.h): the network thread receives until EAGAIN or passes
-// again, and a worker that finds requests waiting after its send asks for a pass.
+// ZMQ_FD rule (zmq_common.h): the network worker receives until EAGAIN or passes
+// again, and another thread that finds requests waiting after its send asks for a pass.
 #pragma once
 
-#include <pthread.h>  // naming the network thread
-#include <unistd.h>   // unlink of the ipc socket file
+#include <unistd.h>  // unlink of the ipc socket file
 
 #include <cerrno>         // EINTR from poll
 #include <cstring>        // strlen
-#include <future>         // start-up result of the network thread
+#include <memory>         // the network worker
 #include <mutex>          // the sockets' lock
 #include <string>         // peer keys
-#include <thread>         // the network thread
 #include <unordered_map>  // peers by routing id
 #include <vector>         // answer buffers, free slots
 
 #include <zmq.hpp>  // cppzmq
 
 #include "chi/core/atomic.h"                  // answer list, counters
-#include "chi/core/futex.h"                   // waiting for Open
-#include "chi/runtime/worker.h"               // NowNs
+#include "chi/runtime/work_orchestrator.h"    // NewPollerWorker, Worker, WorkerParker
 #include "chi/transport/client_connect.h"     // ConnectRequest/Answer, ProcessAlive
 #include "chi/transport/request_dispatcher.h" // Dispatch, EncodeAnswer
 #include "chi/transport/zmq_common.h"         // endpoints, control ids, doorbell
@@ -42,17 +42,18 @@ struct ZmqServerStats {
   u64 requests = 0;           ///< task requests received
   u64 requests_refused = 0;   ///< requests answered with an error (malformed, not connected, ...)
   u64 answers_dropped = 0;    ///< answers whose client was gone
-  u64 answers_by_worker = 0;  ///< answers the finishing worker sent itself
+  u64 answers_by_worker = 0;  ///< answers another worker sent itself (not the network worker)
+  u64 sleeps = 0;             ///< times the network worker slept in poll()
   /**
-   * Requests the network thread found waiting after a sleep that ran to its timeout (the
+   * Requests the network worker found waiting after a sleep that ran to its timeout (the
    * reaper's): a wake-up that never came (the ZMQ_FD rule broken), or, rarely, a request
    * that landed just then. Expected 0.
    */
   u64 late_wakeups = 0;
 };
 
-/** Serves pure clients over ZeroMQ ROUTER sockets (ipc and/or tcp). */
-class ZmqServer final : public TaskCompleter {
+/** Serves pure clients over ZeroMQ ROUTER sockets (ipc and/or tcp) on a network worker. */
+class ZmqServer final : public TaskCompleter, public WorkerPoller, public WorkerParker {
  public:
   struct Options {
     u32 port = 0;
@@ -61,7 +62,7 @@ class ZmqServer final : public TaskCompleter {
     u64 max_request_bytes = kZmqMaxRequestBytes;  ///< larger messages drop the connection
     u32 max_clients = 4096;                       ///< handshakes beyond this are refused
     u64 reap_interval_ns = 100000000ull;          ///< how often dead client pids are looked for
-    u64 spin_ns = 20000;                          ///< busy polling after activity before sleeping
+    u64 spin_ns = 20000;                          ///< the network worker's idle polling before it sleeps
   };
 
   ZmqServer() = default;
@@ -70,56 +71,78 @@ class ZmqServer final : public TaskCompleter {
   ZmqServer &operator=(const ZmqServer &) = delete;
 
   /**
-   * Binds the endpoints on a new network thread. Handshakes and tasks queue in
-   * ZeroMQ until Open() supplies the answer clients get. Fails (kAlreadyExists)
-   * when another process holds the tcp port.
+   * Binds the endpoints. Handshakes and tasks queue in ZeroMQ until Open() supplies the
+   * answer clients get. Fails (kAlreadyExists) when another process holds the tcp port.
    */
   Status Start(RequestDispatcher *dispatcher, const Options &opt) {
-    if (thread_.joinable()) return Status::Error(ErrorCode::kInvalidArgument, "already started");
-    if (!doorbell_.ok()) return Status::Error(ErrorCode::kIo, "eventfd for the network thread");
+    if (started_) return Status::Error(ErrorCode::kInvalidArgument, "already started");
+    if (!doorbell_.ok()) return Status::Error(ErrorCode::kIo, "eventfd for the network worker");
+    if (dispatcher->Orchestrator() == nullptr) {
+      return Status::Error(ErrorCode::kInvalidArgument, "the ZeroMQ server needs a runtime");
+    }
     dispatcher_ = dispatcher;
     opt_ = opt;
-    std::promise<Status> started;
-    std::future<Status> result = started.get_future();
-    thread_ = std::thread([this, &started] { Run(&started); });
-    Status st = result.get();
+    Status st = Bind();
     if (!st.ok()) {
-      thread_.join();
+      CloseSockets();
       ctx_.close();
+      return st;
     }
+    started_ = true;
     return st;
   }
 
-  /** Starts serving; every accepted client gets `answer` (plus its client id). */
+  /**
+   * Starts serving on a new network worker; every accepted client gets `answer` (plus its
+   * client id).
+   */
   void Open(const ConnectAnswer &answer) {
+    if (!started_ || worker_ != nullptr) return;
     template_ = answer;
-    open_.Store(1, MemOrder::kRelease);  // release: template_ is complete before it is read
-    FutexWake(open_.Raw(), 1);
+    next_reap_ = NowNs() + opt_.reap_interval_ns;
+    worker_ = dispatcher_->Orchestrator()->NewPollerWorker(WorkerRole::kNetwork);
+    worker_->ReplacePoller(nullptr, this);
+    worker_->SetParker(this, opt_.spin_ns);
+    worker_->Start();
   }
 
-  /** Refuses new tasks (answered with kShutdown); handshakes too. Answers still flow. */
+  /**
+   * Refuses new tasks (answered with kShutdown) and handshakes, then stops the network
+   * worker once the tasks it runs are done. Call before the runtime's workers stop (the
+   * tasks it runs may wait on theirs); their answers still flow (Stop sends them).
+   */
   void BeginShutdown() {
     shutting_down_.Store(1, MemOrder::kRelease);
-    doorbell_.Ring();
+    if (worker_ == nullptr) return;
+    worker_->RequestStop();
+    worker_->Join();
+    worker_->ReplacePoller(this, nullptr);
   }
 
   /**
-   * Sends every pending answer, tells each client the runtime stops, closes
-   * the sockets and joins the thread. Call after the workers have stopped.
+   * Sends every pending answer, tells each client the runtime stops, closes the sockets.
+   * Call after the workers have stopped.
    */
   void Stop() {
-    if (!thread_.joinable()) return;
-    stop_.Store(1, MemOrder::kRelease);
-    open_.Store(1, MemOrder::kRelease);  // a server never opened must still wake up
-    FutexWake(open_.Raw(), 1);
-    doorbell_.Ring();
-    thread_.join();
+    if (!started_) return;
+    BeginShutdown();
+    worker_.reset();
+    {
+      std::lock_guard<std::mutex> lock(sock_mu_);
+      const SocketsHeld held;
+      DrainAnswers();
+      NotifyShutdown();
+      CloseSockets();
+      sockets_closed_ = true;
+      pool_.Clear();
+    }
     ctx_.close();
+    started_ = false;
   }
 
   /**
-   * Worker side: a remote task finished; sends its answer when the sockets are free,
-   * else queues it for the network thread.
+   * A remote task finished (on any worker): sends its answer when the sockets are free,
+   * else queues it for the network worker.
    */
   void OnComplete(Task *t) override {
     auto *slot = reinterpret_cast<ZmqAnswerSlot *>(t->transport_cookie_);
@@ -138,13 +161,63 @@ class ZmqServer final : public TaskCompleter {
     s.requests_refused = refused_.Load(MemOrder::kRelaxed);
     s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
     s.answers_by_worker = sent_by_worker_.Load(MemOrder::kRelaxed);
+    s.sleeps = sleeps_.Load(MemOrder::kRelaxed);
     s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
     return s;
   }
 
+  // ---- The network worker (WorkerPoller, WorkerParker) ----
+
+  /** WorkerPoller: nothing to set up. */
+  void BeginPolling(u32) override {}
+
+  /**
+   * WorkerPoller: a pass when the sockets or the doorbell say there is work (or the last
+   * pass was busy); true when it did some. Once shutting down it still answers, but
+   * reports no work, so a flood of requests cannot keep the worker from stopping.
+   */
+  bool Poll() override {
+    if (!pass_due_) {
+      bool rung = false;
+      if (!Probe(0, &rung)) return false;
+      if (rung) doorbell_.Clear();  // a late Interrupt: else every probe would say yes
+    }
+    const bool busy = Pass(after_timeout_);
+    after_timeout_ = false;
+    pass_due_ = busy;  // more may wait: look again without asking poll()
+    return busy && shutting_down_.Load(MemOrder::kRelaxed) == 0;  // relaxed: a hint
+  }
+
+  /** WorkerPoller: nothing to hand over; the worker sleeps on our fds (Sleep). */
+  bool EndPolling(u32) override { return false; }
+
+  /**
+   * WorkerParker: sleeps in poll() on the sockets and the doorbell, at most until the
+   * next reap or `timeout_ns` (0: none). The next Poll passes whatever woke it.
+   */
+  void Sleep(u64 timeout_ns) override {
+    sleeps_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+    doorbell_.PrepareSleep();
+    bool timed_out = false;
+    bool rung = false;
+    if (!WorkAsked()) {
+      const u64 now = NowNs();
+      u64 wait_ns = next_reap_ > now ? next_reap_ - now : 0;
+      if (timeout_ns != 0 && timeout_ns < wait_ns) wait_ns = timeout_ns;
+      // Rounded up: never before the reap is due.
+      timed_out = !Probe(static_cast<long>((wait_ns + 999999) / 1000000), &rung);
+    }
+    doorbell_.Awake(rung);
+    after_timeout_ = timed_out;
+    pass_due_ = true;
+  }
+
+  /** WorkerParker: ends the network worker's sleep (any thread). */
+  void Interrupt() override { doorbell_.Signal(); }
+
  private:
   static constexpr u32 kRecvBatch = 64;           ///< messages per socket per pass
-  /** Beyond this many tasks in flight, workers leave answers to the network thread. */
+  /** Beyond this many tasks in flight, requests go to the low-latency workers' lanes. */
   static constexpr u64 kDirectMaxOutstanding = 4;
 
   /** A request taken off a socket under the lock, dispatched after it (see Pass). */
@@ -159,24 +232,33 @@ class ZmqServer final : public TaskCompleter {
     u64 outstanding = 0;
   };
 
+  /** True on the network worker's thread. */
+  bool OnNetworkWorker() const { return worker_ != nullptr && tls_current_worker == worker_.get(); }
+
   /**
-   * A worker: sends slot's answer itself and true, unless the network thread (or another
-   * worker) holds the sockets, the queue holds older answers (they go first), or many
-   * tasks are in flight (the thread sends those in batches, one events check each).
+   * Sends slot's answer now and true, unless the network worker holds the sockets, the
+   * queue holds older answers (they go first), or, on another worker, many tasks are in
+   * flight (the network worker sends those in batches, one events check each).
    */
   bool SendNow(ZmqAnswerSlot *slot) {
-    // A task that completes at once while the network thread dispatches it inside its pass
-    // (a GPU-route task failed at once) must not try-lock the mutex that thread holds.
+    // A task that completes at once while the network worker dispatches it inside its pass
+    // (a GPU-route task failed at once) must not try-lock the mutex that worker holds.
     if (HoldsSockets()) return false;
-    if (outstanding_.Load(MemOrder::kRelaxed) > kDirectMaxOutstanding) return false;
-    // relaxed: a hint; an answer queued after this check is still sent by the thread.
+    const bool own = OnNetworkWorker();
+    if (!own && outstanding_.Load(MemOrder::kRelaxed) > kDirectMaxOutstanding) return false;
+    // relaxed: a hint; an answer queued after this check is still sent by the network worker.
     if (answers_.WaitingHint()) return false;
     std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
     if (!lock.owns_lock() || sockets_closed_) return false;
     const int i = static_cast<u8>(slot->peer[0]);
     DeliverAnswer(slot);
+    if (own) {
+      // The ZMQ_FD rule: our send may have taken the fd's signal; our next Poll passes.
+      pass_due_ = true;
+      return true;
+    }
     sent_by_worker_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
-    bool readable = true;  // on error, let the network thread look
+    bool readable = true;  // on error, let the network worker look
     try {
       // The ZMQ_FD rule: our send may have taken the fd's signal of requests now waiting.
       readable = ZmqReadable(*sockets_[i]);
@@ -189,41 +271,19 @@ class ZmqServer final : public TaskCompleter {
     return true;
   }
 
-  // ---- Network thread ----
-
-  /** True on the network thread while it holds sock_mu_ (see SocketsHeld). */
+  /** True on the network worker while it holds sock_mu_ (see SocketsHeld). */
   static bool &HoldsSockets() {
     static thread_local bool held = false;
     return held;
   }
 
-  /** Marks the network thread's sock_mu_ sections, for SendNow's re-entry check. */
+  /** Marks the network worker's sock_mu_ sections, for SendNow's re-entry check. */
   struct SocketsHeld {
     SocketsHeld() { HoldsSockets() = true; }
     ~SocketsHeld() { HoldsSockets() = false; }
     SocketsHeld(const SocketsHeld &) = delete;
     SocketsHeld &operator=(const SocketsHeld &) = delete;
   };
-
-  /** The network thread: binds, waits for Open, serves until Stop, then says goodbye. */
-  void Run(std::promise<Status> *started) {
-    pthread_setname_np(pthread_self(), "chi-zmq-server");
-    Status st = Bind();
-    started->set_value(st);
-    if (!st.ok()) {
-      CloseSockets();
-      return;
-    }
-    while (open_.Load(MemOrder::kAcquire) == 0) FutexWait(open_.Raw(), 0);
-    Loop();
-    std::lock_guard<std::mutex> lock(sock_mu_);
-    const SocketsHeld held;
-    DrainAnswers();
-    NotifyShutdown();
-    CloseSockets();
-    sockets_closed_ = true;
-    pool_.Clear();
-  }
 
   /** Binds the wanted endpoints (kAlreadyExists when another process holds the port). */
   Status Bind() {
@@ -255,38 +315,9 @@ class ZmqServer final : public TaskCompleter {
   }
 
   /**
-   * Passes over the sockets under their lock while there is work; between passes it
-   * spins (spin_ns after work) or sleeps in poll() without the lock, so workers can send.
-   */
-  void Loop() {
-    u64 last_busy = NowNs();
-    next_reap_ = last_busy + opt_.reap_interval_ns;
-    bool work = true;        // a pass is due
-    bool timed_out = false;  // the sleep before this pass ran to its timeout
-    while (stop_.Load(MemOrder::kAcquire) == 0) {
-      if (work && Pass(timed_out)) last_busy = NowNs();
-      timed_out = false;
-      const u64 now = NowNs();
-      if (now - last_busy < opt_.spin_ns) {  // spin on readiness, not on the lock
-        work = Probe(0);
-        if (!work) CpuRelax();
-        continue;
-      }
-      doorbell_.PrepareSleep();
-      if (!WorkAsked()) {
-        // Until the next reap, rounded up: never before it is due.
-        const u64 wait_ns = next_reap_ > now ? next_reap_ - now : 0;
-        timed_out = !Probe(static_cast<long>((wait_ns + 999999) / 1000000));
-      }
-      doorbell_.Awake();
-      work = true;
-    }
-  }
-
-  /**
    * One pass: under the sockets' lock, queued answers, requests and the reaper; then,
-   * without it, the requests it took while few were in flight are dispatched, so that a
-   * worker finishing one at once finds the lock free and answers itself. True when busy.
+   * without it, the requests it took while few were in flight are dispatched to run on
+   * this worker (each answer is sent as its task finishes). True when busy.
    */
   bool Pass(bool after_timeout) {
     // relaxed: the doorbell's fences order it; this pass does what it asked for.
@@ -308,16 +339,19 @@ class ZmqServer final : public TaskCompleter {
         next_reap_ = now + opt_.reap_interval_ns;
       }
     }
-    DispatchPending();
+    DispatchPending(true);
     return busy;
   }
 
-  /** Submits the requests taken so far, in order; a refused one's error answer is queued. */
-  void DispatchPending() {
+  /**
+   * Submits the requests taken so far, in order, to run on this worker (`here`) or on the
+   * low-latency workers' lanes; a refused one's error answer is queued.
+   */
+  void DispatchPending(bool here) {
     for (Pending &p : pending_) {
       const char *data = static_cast<const char *>(p.body.data());
       if (dispatcher_->Dispatch(data, p.body.size(), this, reinterpret_cast<u64>(p.slot),
-                                &p.slot->bytes)) {
+                                &p.slot->bytes, here)) {
         continue;  // the task owns the slot now: it may be answered already
       }
       refused_.FetchAdd(1, MemOrder::kRelaxed);
@@ -326,7 +360,7 @@ class ZmqServer final : public TaskCompleter {
     pending_.clear();
   }
 
-  /** Queues an encoded answer for the network thread's next pass (any thread). */
+  /** Queues an encoded answer for the network worker's next pass (any thread). */
   void QueueAnswer(ZmqAnswerSlot *slot) {
     answers_.Push(slot);
     doorbell_.Ring();
@@ -334,17 +368,16 @@ class ZmqServer final : public TaskCompleter {
 
   /** True when answers are queued or a worker asked for a pass (re-read after PrepareSleep). */
   bool WorkAsked() const {
-    return answers_.Waiting() ||
-           wake_asked_.Load(MemOrder::kRelaxed) != 0 ||  // relaxed: the doorbell's fences order it
-           stop_.Load(MemOrder::kAcquire) != 0;
+    // relaxed: the doorbell's fences order it.
+    return answers_.Waiting() || wake_asked_.Load(MemOrder::kRelaxed) != 0;
   }
 
   /**
    * Waits up to timeout_ms for a socket (by its ZMQ_FD, without the lock: by the ZMQ_FD
    * rule whoever used a socket left it so that the fd signals what comes next) or the
-   * doorbell; false when the time ran out.
+   * doorbell; false when the time ran out. *rung says whether the doorbell's fd was readable.
    */
-  bool Probe(long timeout_ms) {
+  bool Probe(long timeout_ms, bool *rung = nullptr) {
     if (WorkAsked()) return true;
     zmq::pollitem_t items[3];
     int n = 0;
@@ -354,6 +387,7 @@ class ZmqServer final : public TaskCompleter {
     items[n++] = {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0};
     const int rc = zmq_poll(items, n, timeout_ms);
     if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
+    if (rung != nullptr) *rung = rc != 0 && (items[n - 1].revents & ZMQ_POLLIN) != 0;
     return rc != 0;  // a signal's interruption counts as a wake-up: look again
   }
 
@@ -419,11 +453,9 @@ class ZmqServer final : public TaskCompleter {
     const u64 outstanding = outstanding_.FetchAdd(1, MemOrder::kRelaxed) + 1;  // Monitor counts it
     ++it->second.outstanding;  // DeliverAnswer takes both back, answer or error
     pending_.push_back(Pending{slot, std::move(msg)});
-    // Few in flight: dispatched after the pass, when a worker that finishes at once finds
-    // the lock free and answers itself. Many: now, in order, so that the workers start
-    // while the pass goes on (a stream's answers are this thread's anyway); waiting for
-    // the pass to end cost a 256-task stream its overlap of receiving and running.
-    if (outstanding > kDirectMaxOutstanding) DispatchPending();
+    // Few in flight: dispatched after the pass, to run here. Many (a stream): now, in
+    // order, to the lanes, so that the workers run them while this pass goes on receiving.
+    if (outstanding > kDirectMaxOutstanding) DispatchPending(false);
   }
 
   /** A control message: a handshake (answered), a goodbye, or an unknown one (refused). */
@@ -553,19 +585,20 @@ class ZmqServer final : public TaskCompleter {
   std::unique_ptr<zmq::socket_t> sockets_[2];  ///< [0] ipc, [1] tcp; under sock_mu_
   int socket_fds_[2] = {-1, -1};               ///< their ZMQ_FDs; set before serving
   bool sockets_closed_ = false;                ///< under sock_mu_: late answers are dropped
-  std::thread thread_;
+  std::unique_ptr<Worker> worker_;             ///< the network worker (from Open)
+  bool started_ = false;                       ///< between Start and Stop
+  bool pass_due_ = false;                      ///< network worker: pass without asking poll()
+  bool after_timeout_ = false;                 ///< network worker: its last sleep timed out
   ZmqDoorbell doorbell_;
   ConnectAnswer template_;
   std::unordered_map<std::string, Peer> peers_;  ///< under sock_mu_
   ZmqAnswerPool pool_;                           ///< under sock_mu_
-  std::vector<Pending> pending_;                 ///< network thread only: taken, not dispatched
+  std::vector<Pending> pending_;                 ///< network worker only: taken, not dispatched
   std::vector<char> error_;                      ///< scratch error answer; under sock_mu_
   u64 next_client_id_ = 0;
-  u64 next_reap_ = 0;  ///< network thread: when Reap runs next
+  u64 next_reap_ = 0;  ///< network worker: when Reap runs next
   bool ipc_bound_ = false;
-  ZmqAnswerQueue answers_;  ///< finished answers for the network thread
-  Atomic<u32> open_;
-  Atomic<u32> stop_;
+  ZmqAnswerQueue answers_;  ///< finished answers for the network worker
   Atomic<u32> shutting_down_;
   Atomic<u64> clients_;
   Atomic<u64> reaped_;
@@ -574,7 +607,8 @@ class ZmqServer final : public TaskCompleter {
   Atomic<u64> refused_;
   Atomic<u64> dropped_;
   Atomic<u64> sent_by_worker_;
-  Atomic<u32> wake_asked_;  ///< a worker took a socket's wake-up: the thread must look
+  Atomic<u64> sleeps_;
+  Atomic<u32> wake_asked_;  ///< a worker took a socket's wake-up: the network worker must look
   Atomic<u64> late_wakeups_;  ///< see ZmqServerStats
 };
 
