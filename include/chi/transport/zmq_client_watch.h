@@ -38,7 +38,9 @@ class ZmqSocketWatch {
     pollfd p[2] = {{fd, POLLIN, 0}, {bell_.fd(), POLLIN, 0}};
     // A stale fd (the socket was replaced meanwhile) only ends the wait early.
     const bool came = poll(p, 2, timeout_ms) != 0;
-    bell_.Clear();
+    // Cleared only when it rang (a read saved per answer); a ring since then only makes
+    // the next Block return at once.
+    if ((p[1].revents & POLLIN) != 0) bell_.Clear();
     return came;
   }
 

@@ -177,14 +177,15 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
    * reports no work, so a flood of requests cannot keep the worker from stopping.
    */
   bool Poll() override {
-    if (!pass_due_) {
-      bool rung = false;
-      if (!Probe(0, &rung)) return false;
-      if (rung) doorbell_.Clear();  // a late Interrupt: else every probe would say yes
+    u32 due = due_;
+    if (due == 0) {
+      due = Probe(0);
+      if (due & kRung) doorbell_.Clear();  // a late Interrupt: else every probe would say yes
+      if (due == 0) return false;
     }
-    const bool busy = Pass(after_timeout_);
+    due_ = 0;
+    const bool busy = Pass(due & kBothSockets, after_timeout_);
     after_timeout_ = false;
-    pass_due_ = busy;  // more may wait: look again without asking poll()
     return busy && shutting_down_.Load(MemOrder::kRelaxed) == 0;  // relaxed: a hint
   }
 
@@ -198,18 +199,17 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
   void Sleep(u64 timeout_ns) override {
     sleeps_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
     doorbell_.PrepareSleep();
-    bool timed_out = false;
-    bool rung = false;
+    u32 woke = kBothSockets;  // work asked for: it may concern either socket
     if (!WorkAsked()) {
       const u64 now = NowNs();
       u64 wait_ns = next_reap_ > now ? next_reap_ - now : 0;
       if (timeout_ns != 0 && timeout_ns < wait_ns) wait_ns = timeout_ns;
       // Rounded up: never before the reap is due.
-      timed_out = !Probe(static_cast<long>((wait_ns + 999999) / 1000000), &rung);
+      woke = Probe(static_cast<long>((wait_ns + 999999) / 1000000));
     }
-    doorbell_.Awake(rung);
-    after_timeout_ = timed_out;
-    pass_due_ = true;
+    doorbell_.Awake((woke & kRung) != 0);
+    after_timeout_ = woke == 0;
+    due_ |= woke == 0 ? kBothSockets : woke & kBothSockets;  // a timeout: the reap is due
   }
 
   /** WorkerParker: ends the network worker's sleep (any thread). */
@@ -217,6 +217,8 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
 
  private:
   static constexpr u32 kRecvBatch = 64;           ///< messages per socket per pass
+  static constexpr u32 kBothSockets = 3;          ///< due_ and Probe bits: 1 << socket index
+  static constexpr u32 kRung = 4;                 ///< Probe bit: the doorbell's fd was readable
   /** Beyond this many tasks in flight, requests go to the low-latency workers' lanes. */
   static constexpr u64 kDirectMaxOutstanding = 4;
 
@@ -251,12 +253,8 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
     std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
     if (!lock.owns_lock() || sockets_closed_) return false;
     const int i = static_cast<u8>(slot->peer[0]);
-    DeliverAnswer(slot);
-    if (own) {
-      // The ZMQ_FD rule: our send may have taken the fd's signal; our next Poll passes.
-      pass_due_ = true;
-      return true;
-    }
+    DeliverAnswer(slot);  // on the network worker, it marks the socket due
+    if (own) return true;
     sent_by_worker_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
     bool readable = true;  // on error, let the network worker look
     try {
@@ -315,11 +313,14 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
   }
 
   /**
-   * One pass: under the sockets' lock, queued answers, requests and the reaper; then,
-   * without it, the requests it took while few were in flight are dispatched to run on
-   * this worker (each answer is sent as its task finishes). True when busy.
+   * One pass: under the sockets' lock, queued answers, the requests of the sockets in
+   * `sockets` (bits) and the reaper; then, without the lock, the requests it took while few
+   * were in flight are dispatched to run on this worker (each answer is sent as its task
+   * finishes). With few in flight it takes one request and leaves the rest (and the
+   * socket's EAGAIN) for the next pass, so the task starts without those system calls.
+   * True when busy.
    */
-  bool Pass(bool after_timeout) {
+  bool Pass(u32 sockets, bool after_timeout) {
     // relaxed: the doorbell's fences order it; this pass does what it asked for.
     wake_asked_.Store(0, MemOrder::kRelaxed);
     bool busy = false;
@@ -327,7 +328,15 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
       std::lock_guard<std::mutex> lock(sock_mu_);
       const SocketsHeld held;
       busy |= DrainAnswers();
+      sockets |= due_;  // the sockets those answers went out on
+      due_ = 0;
       for (int i = 0; i < 2; ++i) {
+        if ((sockets & (1u << i)) == 0) continue;
+        if (!pending_.empty()) {  // a task to start first: this socket waits for the next pass
+          due_ |= 1u << i;
+          batch_ |= 1u << i;
+          continue;
+        }
         const u32 got = ReceiveBatch(i);
         // relaxed: a statistic. Requests waiting after a full sleep were never signalled.
         if (after_timeout && got != 0) late_wakeups_.FetchAdd(got, MemOrder::kRelaxed);
@@ -375,28 +384,44 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
   /**
    * Waits up to timeout_ms for a socket (by its ZMQ_FD, without the lock: by the ZMQ_FD
    * rule whoever used a socket left it so that the fd signals what comes next) or the
-   * doorbell; false when the time ran out. *rung says whether the doorbell's fd was readable.
+   * doorbell. Returns the sockets to pass (bits), plus kRung when the doorbell's fd was
+   * readable; 0 when the time ran out.
    */
-  bool Probe(long timeout_ms, bool *rung = nullptr) {
-    if (WorkAsked()) return true;
+  u32 Probe(long timeout_ms) {
+    if (WorkAsked()) return kBothSockets;
     zmq::pollitem_t items[3];
+    int index[3];  // the socket behind each item; -1: the doorbell
     int n = 0;
     for (int i = 0; i < 2; ++i) {
-      if (socket_fds_[i] >= 0) items[n++] = {nullptr, socket_fds_[i], ZMQ_POLLIN, 0};
+      if (socket_fds_[i] >= 0) {
+        index[n] = i;
+        items[n++] = {nullptr, socket_fds_[i], ZMQ_POLLIN, 0};
+      }
     }
+    index[n] = -1;
     items[n++] = {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0};
     const int rc = zmq_poll(items, n, timeout_ms);
     if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
-    if (rung != nullptr) *rung = rc != 0 && (items[n - 1].revents & ZMQ_POLLIN) != 0;
-    return rc != 0;  // a signal's interruption counts as a wake-up: look again
+    if (rc < 0) return kBothSockets;  // a signal's interruption counts as a wake-up: look again
+    u32 woke = 0;
+    for (int k = 0; k < n && rc > 0; ++k) {
+      if ((items[k].revents & ZMQ_POLLIN) == 0) continue;
+      woke |= index[k] < 0 ? kRung | kBothSockets : 1u << index[k];
+    }
+    return woke;
   }
 
   /**
-   * Receives up to kRecvBatch messages from socket i; returns how many. A full batch asks
-   * for another pass: more may wait, and the fd will not say so (the ZMQ_FD rule).
+   * Receives up to kRecvBatch messages from socket i; returns how many. After a wake-up,
+   * a task request taken while few are in flight ends the batch (it starts first; the next
+   * pass takes a full batch). A batch ended early asks for another pass: more may wait,
+   * and the fd will not say so (the ZMQ_FD rule).
    */
   u32 ReceiveBatch(int i) {
     if (!sockets_[i]) return 0;
+    const u32 bit = 1u << i;
+    const bool first_only = (batch_ & bit) == 0;
+    batch_ &= ~bit;
     zmq::socket_t &s = *sockets_[i];
     u32 got = 0;
     for (; got < kRecvBatch; ++got) {
@@ -415,9 +440,13 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
         continue;
       }
       Handle(peer, std::move(payload));
+      if (first_only && !pending_.empty()) {  // few in flight: it starts before the rest
+        batch_ |= bit;
+        ++got;
+        break;
+      }
     }
-    // relaxed: read by this thread, in its next Probe.
-    if (got == kRecvBatch) wake_asked_.Store(1, MemOrder::kRelaxed);
+    if (got == kRecvBatch || (batch_ & bit) != 0) due_ |= bit;
     return got;
   }
 
@@ -503,9 +532,14 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
     SendTo(peer, error_.data(), error_.size());
   }
 
-  /** Sends [routing id][payload] on the peer's socket; a vanished peer drops it silently. */
+  /**
+   * Sends [routing id][payload] on the peer's socket; a vanished peer drops it silently.
+   * On the network worker it marks the socket due (our send may have taken its fd's signal).
+   */
   void SendTo(const std::string &peer, const void *data, size_t len) {
-    zmq::socket_t *s = sockets_[static_cast<u8>(peer[0])].get();
+    const int i = static_cast<u8>(peer[0]);
+    if (OnNetworkWorker()) due_ |= 1u << i;
+    zmq::socket_t *s = sockets_[i].get();
     zmq::message_t id(peer.data() + 1, peer.size() - 1);
     zmq::message_t body(data, len);
     try {
@@ -587,7 +621,8 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
   bool sockets_closed_ = false;                ///< under sock_mu_: late answers are dropped
   std::unique_ptr<Worker> worker_;             ///< the network worker (from Open)
   bool started_ = false;                       ///< between Start and Stop
-  bool pass_due_ = false;                      ///< network worker: pass without asking poll()
+  u32 due_ = 0;    ///< network worker: sockets (bits) to pass without asking poll()
+  u32 batch_ = 0;  ///< network worker: sockets whose next pass takes a full batch
   bool after_timeout_ = false;                 ///< network worker: its last sleep timed out
   ZmqDoorbell doorbell_;
   ConnectAnswer template_;
