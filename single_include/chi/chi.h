@@ -5644,12 +5644,9 @@ class WorkOrchestrator;
 class Worker {
  public:
   /**
-   * Idle time spent polling before parking. Shorter than a ZeroMQ client's round trip on
-   * these hosts (60-150 us), so a worker parks between a third to a half of them and each
-   * such request pays a futex wake-up (bench_cross_process prints the parks); 400 us
-   * removed those parks but, on 2 cores, the spinning worker crowded out the ZeroMQ threads:
-   * ipc/tcp round trips of 1.3-2.8x raw in 3 of 10 runs (none at 100 us), and 10-20% less
-   * throughput.
+   * Idle time spent polling before parking (lane workers; SetParker sets a worker's own).
+   * On 2 cores a longer spin crowded out the other processes' threads: at 400 us, ZeroMQ
+   * round trips (then served by these workers) took 1.3-2.8x raw in 3 of 10 runs.
    */
   static constexpr u64 kIdleSpinNs = 100000;
   static constexpr u32 kHotPolls = 16;             ///< idle polls after work with no PAUSE
@@ -7344,7 +7341,7 @@ networking:
   # back (every transport reconnects), 0 .. 86400. CHI_RECONNECT_TIMEOUT
   # overrides it.
   reconnect_timeout_s: 10
-  # Microseconds a ZeroMQ network thread (client or runtime) keeps polling
+  # Microseconds a ZeroMQ network thread (client) or network worker (runtime) keeps polling
   # after activity before it sleeps, 0 .. 1000000. CHI_ZMQ_SPIN_US overrides it.
   zmq_spin_us: 20
 
@@ -12349,7 +12346,8 @@ class ZmqRequestTable {
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
 // What the ZeroMQ client transport and server share: endpoint names (per user
 // and port), the control messages that travel in the task envelope, socket
-// options, and the doorbell that wakes a network thread from other threads.
+// options, and the doorbell that wakes a network thread (the runtime's: its network
+// worker) from other threads.
 // Invariant: a ZeroMQ socket is used by one thread at a time, under its
 // transport's lock; threads that cannot take it hand work over on a lock-free
 // list plus this doorbell.
@@ -13355,7 +13353,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_ANSWERS_H
 // Answers of the ZeroMQ server (zmq_server.h): the slot that carries one remote
 // task's answer (its client's routing id and the encoded bytes), a bounded pool of
-// slots, and the lock-free list on which answers wait for the network thread.
+// slots, and the lock-free list on which answers wait for the network worker.
 // Invariant: a slot has one owner at a time: the pool (under the server's lock), a
 // dispatched task (its transport cookie), or the list.
 
@@ -13426,7 +13424,7 @@ class ZmqAnswerPool {
   Atomic<u64> bytes_held_;
 };
 
-/** Encoded answers waiting for the network thread: any thread pushes, it takes them all. */
+/** Encoded answers waiting for the network worker: any thread pushes, it takes them all. */
 class ZmqAnswerQueue {
  public:
   /** Pushes an encoded answer (any thread). */
@@ -13607,8 +13605,8 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
   void BeginPolling(u32) override {}
 
   /**
-   * WorkerPoller: a pass when the sockets or the doorbell say there is work (or the last
-   * pass was busy); true when it did some. Once shutting down it still answers, but
+   * WorkerPoller: a pass when a socket is due (the ZMQ_FD rule) or the sockets or the
+   * doorbell say there is work; true when it did some. Once shutting down it still answers, but
    * reports no work, so a flood of requests cannot keep the worker from stopping.
    */
   bool Poll() override {
@@ -13632,6 +13630,7 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
    * next reap or `timeout_ns` (0: none). The next Poll passes whatever woke it.
    */
   void Sleep(u64 timeout_ns) override {
+    if (due_ != 0) return;  // a socket still owes a pass (the ZMQ_FD rule): no sleep
     sleeps_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
     doorbell_.PrepareSleep();
     u32 woke = kBothSockets;  // work asked for: it may concern either socket
@@ -18580,7 +18579,7 @@ class Chimaera {
    * connection; networking.reconnect_timeout_s is how long tasks wait for a runtime
    * that went away to return (shm repeats this handshake to rejoin it);
    * networking.zmq_spin_us (here and in the runtime) is how long a ZeroMQ network
-   * thread busy-polls after activity before it sleeps. Each has a CHI_* environment
+   * thread (or the runtime's network worker) busy-polls after activity before it sleeps. Each has a CHI_* environment
    * override (config.h). The default mode stays shm: bench_cross_process measured a
    * ~2 us shm round trip against ~62-70 us over ZeroMQ ipc/tcp on one node (16-core
    * host); tcp is the mode that also works when the runtime is on another host.

@@ -216,7 +216,7 @@ class Chimaera {
    * connection; networking.reconnect_timeout_s is how long tasks wait for a runtime
    * that went away to return (shm repeats this handshake to rejoin it);
    * networking.zmq_spin_us (here and in the runtime) is how long a ZeroMQ network
-   * thread busy-polls after activity before it sleeps. Each has a CHI_* environment
+   * thread (or the runtime's network worker) busy-polls after activity before it sleeps. Each has a CHI_* environment
    * override (config.h). The default mode stays shm: bench_cross_process measured a
    * ~2 us shm round trip against ~62-70 us over ZeroMQ ipc/tcp on one node (16-core
    * host); tcp is the mode that also works when the runtime is on another host.

@@ -50,7 +50,7 @@ networking:
   # back (every transport reconnects), 0 .. 86400. CHI_RECONNECT_TIMEOUT
   # overrides it.
   reconnect_timeout_s: 10
-  # Microseconds a ZeroMQ network thread (client or runtime) keeps polling
+  # Microseconds a ZeroMQ network thread (client) or network worker (runtime) keeps polling
   # after activity before it sleeps, 0 .. 1000000. CHI_ZMQ_SPIN_US overrides it.
   zmq_spin_us: 20
 

@@ -37,12 +37,9 @@ class WorkOrchestrator;
 class Worker {
  public:
   /**
-   * Idle time spent polling before parking. Shorter than a ZeroMQ client's round trip on
-   * these hosts (60-150 us), so a worker parks between a third to a half of them and each
-   * such request pays a futex wake-up (bench_cross_process prints the parks); 400 us
-   * removed those parks but, on 2 cores, the spinning worker crowded out the ZeroMQ threads:
-   * ipc/tcp round trips of 1.3-2.8x raw in 3 of 10 runs (none at 100 us), and 10-20% less
-   * throughput.
+   * Idle time spent polling before parking (lane workers; SetParker sets a worker's own).
+   * On 2 cores a longer spin crowded out the other processes' threads: at 400 us, ZeroMQ
+   * round trips (then served by these workers) took 1.3-2.8x raw in 3 of 10 runs.
    */
   static constexpr u64 kIdleSpinNs = 100000;
   static constexpr u32 kHotPolls = 16;             ///< idle polls after work with no PAUSE

@@ -1,6 +1,7 @@
 // What the ZeroMQ client transport and server share: endpoint names (per user
 // and port), the control messages that travel in the task envelope, socket
-// options, and the doorbell that wakes a network thread from other threads.
+// options, and the doorbell that wakes a network thread (the runtime's: its network
+// worker) from other threads.
 // Invariant: a ZeroMQ socket is used by one thread at a time, under its
 // transport's lock; threads that cannot take it hand work over on a lock-free
 // list plus this doorbell.

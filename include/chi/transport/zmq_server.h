@@ -172,8 +172,8 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
   void BeginPolling(u32) override {}
 
   /**
-   * WorkerPoller: a pass when the sockets or the doorbell say there is work (or the last
-   * pass was busy); true when it did some. Once shutting down it still answers, but
+   * WorkerPoller: a pass when a socket is due (the ZMQ_FD rule) or the sockets or the
+   * doorbell say there is work; true when it did some. Once shutting down it still answers, but
    * reports no work, so a flood of requests cannot keep the worker from stopping.
    */
   bool Poll() override {
@@ -197,6 +197,7 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
    * next reap or `timeout_ns` (0: none). The next Poll passes whatever woke it.
    */
   void Sleep(u64 timeout_ns) override {
+    if (due_ != 0) return;  // a socket still owes a pass (the ZMQ_FD rule): no sleep
     sleeps_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
     doorbell_.PrepareSleep();
     u32 woke = kBothSockets;  // work asked for: it may concern either socket

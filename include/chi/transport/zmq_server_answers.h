@@ -1,6 +1,6 @@
 // Answers of the ZeroMQ server (zmq_server.h): the slot that carries one remote
 // task's answer (its client's routing id and the encoded bytes), a bounded pool of
-// slots, and the lock-free list on which answers wait for the network thread.
+// slots, and the lock-free list on which answers wait for the network worker.
 // Invariant: a slot has one owner at a time: the pool (under the server's lock), a
 // dispatched task (its transport cookie), or the list.
 #pragma once
@@ -75,7 +75,7 @@ class ZmqAnswerPool {
   Atomic<u64> bytes_held_;
 };
 
-/** Encoded answers waiting for the network thread: any thread pushes, it takes them all. */
+/** Encoded answers waiting for the network worker: any thread pushes, it takes them all. */
 class ZmqAnswerQueue {
  public:
   /** Pushes an encoded answer (any thread). */
