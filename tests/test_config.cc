@@ -132,6 +132,7 @@ TEST_CASE("the default config parses to the ServerConfig defaults") {
   CHECK(cfg.connect_timeout_sec == 5);
   CHECK(cfg.reconnect_timeout_sec == 10);
   CHECK(cfg.zmq_spin_us == 20);
+  CHECK(cfg.zmq_worker_spin_us == 0);
   CHECK(cfg.gpu_blocks == 1);
   CHECK(cfg.gpu_threads_per_block == 32);
   CHECK(cfg.gpu_queue_depth == 256);
@@ -167,6 +168,7 @@ networking:
   connect_timeout_s: 2.5
   reconnect_timeout_s: 30
   zmq_spin_us: 0
+  zmq_worker_spin_us: 50
 gpu:
   blocks: 8
   threads_per_block: 256
@@ -200,6 +202,7 @@ compose:
   CHECK(cfg.connect_timeout_sec == 2.5);
   CHECK(cfg.reconnect_timeout_sec == 30);
   CHECK(cfg.zmq_spin_us == 0);
+  CHECK(cfg.zmq_worker_spin_us == 50);
   CHECK(cfg.gpu_blocks == 8);
   CHECK(cfg.gpu_threads_per_block == 256);
   CHECK(cfg.gpu_queue_depth == 512);
@@ -553,6 +556,10 @@ TEST_CASE("a bad client timeout or ZeroMQ spin is an error naming its key") {
                   {"networking.zmq_spin_us", "out of range 0..1000000"});
   ExpectBadConfig("networking:\n  zmq_spin_us: 2.5\n",
                   {"networking.zmq_spin_us", "unsigned integer"});
+  ExpectBadConfig("networking:\n  zmq_worker_spin_us: 1000001\n",
+                  {"networking.zmq_worker_spin_us", "out of range 0..1000000"});
+  ExpectBadConfig("networking:\n  zmq_worker_spin_us: -3\n",
+                  {"networking.zmq_worker_spin_us", "unsigned integer"});
 }
 
 TEST_CASE("CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT and CHI_ZMQ_SPIN_US override their keys") {

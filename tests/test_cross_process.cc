@@ -179,7 +179,7 @@ TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them th
   chimaera::demo::Client c = DemoClient();
   const chi::u64 sleeps_before = ServerStats().sleeps_;
   for (u32 i = 0; i < 20; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // its idle spin is 20 us
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // it sleeps once idle
     auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 1, i);
     REQUIRE(f.Wait(30));
     CHECK(f->result_value_ == i * 2 + 1);

@@ -6042,13 +6042,21 @@ void Worker::Loop() {
     // a round trip comes within a few hundred ns, and a PAUSE (~27 ns on the CI
     // machine's Zen 5) would add up to its length to noticing it.
     if (idle == 0) idle_since = NowNs();
-    if ((++idle & 63) != 0) {
-      if (idle > kHotPolls) CpuRelax();
-      continue;
-    }
-    if (NowNs() - idle_since < idle_spin_ns_) {
-      sched_yield();
-      continue;
+    ++idle;
+    if (parker_ != nullptr) {
+      // Its polls are system calls: beside them the clock is cheap, so the spin ends on
+      // time (counted in 64s, the network worker polled 66 times per request on the 2-core
+      // VM, whatever its spin_ns).
+      if (NowNs() - idle_since < idle_spin_ns_) continue;
+    } else {
+      if ((idle & 63) != 0) {
+        if (idle > kHotPolls) CpuRelax();
+        continue;
+      }
+      if (NowNs() - idle_since < idle_spin_ns_) {
+        sched_yield();
+        continue;
+      }
     }
     idle = 0;
     if (external_.End(id_)) continue;
@@ -7341,9 +7349,14 @@ networking:
   # back (every transport reconnects), 0 .. 86400. CHI_RECONNECT_TIMEOUT
   # overrides it.
   reconnect_timeout_s: 10
-  # Microseconds a ZeroMQ network thread (client) or network worker (runtime) keeps polling
-  # after activity before it sleeps, 0 .. 1000000. CHI_ZMQ_SPIN_US overrides it.
+  # Microseconds a client's ZeroMQ network thread keeps polling after activity
+  # before it sleeps, 0 .. 1000000. CHI_ZMQ_SPIN_US overrides it.
   zmq_spin_us: 20
+  # Microseconds the runtime's ZeroMQ network worker keeps polling its sockets
+  # after its last request before it sleeps in poll(), 0 .. 1000000. Each poll
+  # is a system call, and a client's next request rarely comes that soon: on
+  # 2 cores, 20 us of polling made ipc/tcp round trips about 15% slower.
+  zmq_worker_spin_us: 0
 
 # The persistent GPU orchestrator kernel (used only in GPU builds).
 gpu:
@@ -7412,6 +7425,7 @@ struct ServerConfig {
   double connect_timeout_sec = 5;     ///< networking.connect_timeout_s; CHI_CONNECT_TIMEOUT
   double reconnect_timeout_sec = 10;  ///< networking.reconnect_timeout_s; CHI_RECONNECT_TIMEOUT
   u32 zmq_spin_us = 20;               ///< networking.zmq_spin_us; CHI_ZMQ_SPIN_US overrides
+  u32 zmq_worker_spin_us = 0;         ///< networking.zmq_worker_spin_us (the runtime's)
   // gpu
   u32 gpu_blocks = 1;              ///< yaml: gpu.blocks
   u32 gpu_threads_per_block = 32;  ///< yaml: gpu.threads_per_block
@@ -7439,7 +7453,7 @@ inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
 inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
 inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
 inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
-inline constexpr u64 kMaxZmqSpinUs = 1000000;           ///< networking.zmq_spin_us
+inline constexpr u64 kMaxZmqSpinUs = 1000000;  ///< networking.zmq_spin_us, zmq_worker_spin_us
 
 namespace detail {
 
@@ -7656,16 +7670,19 @@ class ConfigReader {
     });
   }
 
-  /** networking: port, hostfile, ipc_mode, the client's timeouts and the ZeroMQ spin. */
+  /** networking: port, hostfile, ipc_mode, the client's timeouts and the ZeroMQ spins. */
   Status ReadNetworking(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
-    static constexpr std::array<std::string_view, 6> kKeys = {
+    static constexpr std::array<std::string_view, 7> kKeys = {
         "port", "hostfile", "ipc_mode", "connect_timeout_s", "reconnect_timeout_s",
-        "zmq_spin_us"};
+        "zmq_spin_us", "zmq_worker_spin_us"};
     return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
                                           const std::string &p) {
       if (key == "port") return ReadU32(v, p, 1, 65535, &cfg->port);
       if (key == "hostfile") return ReadString(v, p, true, &cfg->hostfile);
       if (key == "zmq_spin_us") return ReadU32(v, p, 0, kMaxZmqSpinUs, &cfg->zmq_spin_us);
+      if (key == "zmq_worker_spin_us") {
+        return ReadU32(v, p, 0, kMaxZmqSpinUs, &cfg->zmq_worker_spin_us);
+      }
       if (key == "connect_timeout_s" || key == "reconnect_timeout_s") {
         double *field = key == "connect_timeout_s" ? &cfg->connect_timeout_sec
                                                    : &cfg->reconnect_timeout_sec;
@@ -13495,7 +13512,7 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
     u64 max_request_bytes = kZmqMaxRequestBytes;  ///< larger messages drop the connection
     u32 max_clients = 4096;                       ///< handshakes beyond this are refused
     u64 reap_interval_ns = 100000000ull;          ///< how often dead client pids are looked for
-    u64 spin_ns = 20000;                          ///< the network worker's idle polling before it sleeps
+    u64 spin_ns = 0;  ///< the network worker's idle polling before it sleeps (zmq_worker_spin_us)
   };
 
   ZmqServer() = default;
@@ -18520,7 +18537,7 @@ class Chimaera {
     auto zmq = std::make_unique<ZmqServer>();
     ZmqServer::Options opt;
     opt.port = config_.port;
-    opt.spin_ns = static_cast<u64>(config_.zmq_spin_us) * 1000;
+    opt.spin_ns = static_cast<u64>(config_.zmq_worker_spin_us) * 1000;
     if (Status st = zmq->Start(dispatcher_.get(), opt); !st.ok()) return st;
     zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
     auto shm = std::make_unique<ShmServer>();
@@ -18578,8 +18595,8 @@ class Chimaera {
    * transport networking.ipc_mode names. networking.connect_timeout_s bounds the first
    * connection; networking.reconnect_timeout_s is how long tasks wait for a runtime
    * that went away to return (shm repeats this handshake to rejoin it);
-   * networking.zmq_spin_us (here and in the runtime) is how long a ZeroMQ network
-   * thread (or the runtime's network worker) busy-polls after activity before it sleeps. Each has a CHI_* environment
+   * networking.zmq_spin_us is how long the client's ZeroMQ network thread busy-polls
+   * after activity before it sleeps. Each has a CHI_* environment
    * override (config.h). The default mode stays shm: bench_cross_process measured a
    * ~2 us shm round trip against ~62-70 us over ZeroMQ ipc/tcp on one node (16-core
    * host); tcp is the mode that also works when the runtime is on another host.

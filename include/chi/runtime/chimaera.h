@@ -157,7 +157,7 @@ class Chimaera {
     auto zmq = std::make_unique<ZmqServer>();
     ZmqServer::Options opt;
     opt.port = config_.port;
-    opt.spin_ns = static_cast<u64>(config_.zmq_spin_us) * 1000;
+    opt.spin_ns = static_cast<u64>(config_.zmq_worker_spin_us) * 1000;
     if (Status st = zmq->Start(dispatcher_.get(), opt); !st.ok()) return st;
     zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
     auto shm = std::make_unique<ShmServer>();
@@ -215,8 +215,8 @@ class Chimaera {
    * transport networking.ipc_mode names. networking.connect_timeout_s bounds the first
    * connection; networking.reconnect_timeout_s is how long tasks wait for a runtime
    * that went away to return (shm repeats this handshake to rejoin it);
-   * networking.zmq_spin_us (here and in the runtime) is how long a ZeroMQ network
-   * thread (or the runtime's network worker) busy-polls after activity before it sleeps. Each has a CHI_* environment
+   * networking.zmq_spin_us is how long the client's ZeroMQ network thread busy-polls
+   * after activity before it sleeps. Each has a CHI_* environment
    * override (config.h). The default mode stays shm: bench_cross_process measured a
    * ~2 us shm round trip against ~62-70 us over ZeroMQ ipc/tcp on one node (16-core
    * host); tcp is the mode that also works when the runtime is on another host.

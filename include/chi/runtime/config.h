@@ -55,6 +55,7 @@ struct ServerConfig {
   double connect_timeout_sec = 5;     ///< networking.connect_timeout_s; CHI_CONNECT_TIMEOUT
   double reconnect_timeout_sec = 10;  ///< networking.reconnect_timeout_s; CHI_RECONNECT_TIMEOUT
   u32 zmq_spin_us = 20;               ///< networking.zmq_spin_us; CHI_ZMQ_SPIN_US overrides
+  u32 zmq_worker_spin_us = 0;         ///< networking.zmq_worker_spin_us (the runtime's)
   // gpu
   u32 gpu_blocks = 1;              ///< yaml: gpu.blocks
   u32 gpu_threads_per_block = 32;  ///< yaml: gpu.threads_per_block
@@ -82,7 +83,7 @@ inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
 inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
 inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
 inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
-inline constexpr u64 kMaxZmqSpinUs = 1000000;           ///< networking.zmq_spin_us
+inline constexpr u64 kMaxZmqSpinUs = 1000000;  ///< networking.zmq_spin_us, zmq_worker_spin_us
 
 namespace detail {
 
@@ -299,16 +300,19 @@ class ConfigReader {
     });
   }
 
-  /** networking: port, hostfile, ipc_mode, the client's timeouts and the ZeroMQ spin. */
+  /** networking: port, hostfile, ipc_mode, the client's timeouts and the ZeroMQ spins. */
   Status ReadNetworking(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
-    static constexpr std::array<std::string_view, 6> kKeys = {
+    static constexpr std::array<std::string_view, 7> kKeys = {
         "port", "hostfile", "ipc_mode", "connect_timeout_s", "reconnect_timeout_s",
-        "zmq_spin_us"};
+        "zmq_spin_us", "zmq_worker_spin_us"};
     return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
                                           const std::string &p) {
       if (key == "port") return ReadU32(v, p, 1, 65535, &cfg->port);
       if (key == "hostfile") return ReadString(v, p, true, &cfg->hostfile);
       if (key == "zmq_spin_us") return ReadU32(v, p, 0, kMaxZmqSpinUs, &cfg->zmq_spin_us);
+      if (key == "zmq_worker_spin_us") {
+        return ReadU32(v, p, 0, kMaxZmqSpinUs, &cfg->zmq_worker_spin_us);
+      }
       if (key == "connect_timeout_s" || key == "reconnect_timeout_s") {
         double *field = key == "connect_timeout_s" ? &cfg->connect_timeout_sec
                                                    : &cfg->reconnect_timeout_sec;

@@ -62,7 +62,7 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
     u64 max_request_bytes = kZmqMaxRequestBytes;  ///< larger messages drop the connection
     u32 max_clients = 4096;                       ///< handshakes beyond this are refused
     u64 reap_interval_ns = 100000000ull;          ///< how often dead client pids are looked for
-    u64 spin_ns = 20000;                          ///< the network worker's idle polling before it sleeps
+    u64 spin_ns = 0;  ///< the network worker's idle polling before it sleeps (zmq_worker_spin_us)
   };
 
   ZmqServer() = default;
