@@ -79,7 +79,7 @@ int RepRole(const std::string &endpoint) {
   // Linger: the echo of the stop message must leave before close (with 0 it was at times
   // dropped, and the measuring process waited for it forever).
   rep.set(zmq::sockopt::linger, 1000);
-  rep.bind(endpoint);
+  rep.connect(endpoint);  // the measuring side bound it (a port of its choosing)
   for (;;) {
     zmq::message_t m;
     if (!rep.recv(m, zmq::recv_flags::none)) break;
@@ -244,11 +244,23 @@ int ClientRole(u64 tasks) {
 class RawReqRep {
  public:
   explicit RawReqRep(const std::string &endpoint) : endpoint_(endpoint) {}
+  /**
+   * Binds the REQ side (a tcp endpoint ending in :* takes a free port: a fixed one was at
+   * times still held by an earlier run) and starts the echo, which connects to it.
+   */
   bool Start() {
-    rep_ = Spawn({"--rep", endpoint_}, {});
     req_.set(zmq::sockopt::linger, 0);
-    req_.set(zmq::sockopt::rcvtimeo, 10000);  // an echo that died (its port taken) ends the run
-    req_.connect(endpoint_);
+    req_.set(zmq::sockopt::rcvtimeo, 10000);  // an echo that died ends the run
+    try {
+      req_.bind(endpoint_);
+      endpoint_ = req_.get(zmq::sockopt::last_endpoint);
+    } catch (const zmq::error_t &e) {
+      std::fprintf(stderr, "raw ZeroMQ REQ/REP: cannot bind %s: %s\n", endpoint_.c_str(),
+                   e.what());
+      alive_ = false;
+      return false;
+    }
+    rep_ = Spawn({"--rep", endpoint_}, {});
     return true;
   }
   /** As ShmPingPong::Block; false once the echo stopped answering. */
@@ -268,12 +280,12 @@ class RawReqRep {
       req_.send(zmq::buffer(&stop, 1), zmq::send_flags::none);  // tells the echo to stop
       zmq::message_t last;
       (void)req_.recv(last, zmq::recv_flags::none);
-    } else {
+    } else if (rep_ > 0) {
       kill(rep_, SIGKILL);
     }
     req_.close();
     ctx_.close();
-    WaitExit(rep_);
+    if (rep_ > 0) WaitExit(rep_);
   }
 
  private:
@@ -413,7 +425,7 @@ int Run(int round_trips, u64 tasks, const std::string &modes) {
     }
     const std::string floor_ep = mode == "ipc"
         ? "ipc:///tmp/chi_bench_floor_" + std::to_string(getpid()) + ".ipc"
-        : "tcp://127.0.0.1:" + std::to_string(port + 1);
+        : std::string("tcp://127.0.0.1:*");
     Interleaved m;
     bool measured = false;
     const Sleeps sleeps_before = RuntimeSleeps();
