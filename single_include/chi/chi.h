@@ -4257,7 +4257,8 @@ class CopySpace {
 // Worker: one runtime thread. It polls its lanes (active set every pass, cold
 // set every kColdPollInterval passes), routes each new task to a container,
 // runs it on an idle fiber shell, resumes fibers whose awaited event completed,
-// and parks on a futex when there is nothing to do.
+// and parks when there is nothing to do (on a futex, or through its parker; the
+// loop is worker_loop.h).
 //
 // Hot path: lane pop -> PoolManager::Acquire -> ResolveQuery -> shell switch ->
 // Container::Run -> CompleteTask (flag + wake). Waits inside a task yield the
@@ -4265,7 +4266,6 @@ class CopySpace {
 // resume stack, and only that worker ever resumes it. A shell goes back to the
 // idle list only when its task's body has returned, never while it is suspended.
 
-#include <sched.h>  // sched_yield while idle
 #include <time.h>   // clock_gettime for timers
 
 #include <deque>      // overflow when a worker's own lane is full (overload only)
@@ -6008,7 +6008,36 @@ void Worker::OnFiberDone(RunContext *r) {
   FinishTask(t, pool);  // releases the pool and publishes the outputs
 }
 
-// ---- The loop -------------------------------------------------------------
+/**
+ * Sleeps for `ns` nanoseconds: inside a runtime task the fiber is suspended and
+ * the worker runs other tasks; elsewhere the thread sleeps.
+ */
+inline void SleepFor(u64 ns) {
+  if (RunContext *r = CurrentRunContext()) {
+    r->GetWorker()->SleepInFiber(r, ns);
+    return;
+  }
+  timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+}  // namespace chi
+
+// The loop's definitions (Loop, PollLanes, HasWork, Park, ...): every user of a Worker
+// needs them, so they come with this header.
+// ---- begin chi/runtime/worker_loop.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_WORKER_LOOP_H
+#define CHI_SINGLE_INCLUDE_CHI_RUNTIME_WORKER_LOOP_H
+// The loop of a runtime Worker (worker.h): each pass drains resumed fibers, polls the
+// lanes (active set every pass, cold set every kColdPollInterval passes) and the external
+// poller, starts adopted tasks and runs due timers; an idle worker spins for its idle
+// time, then parks on its futex or sleeps through its parker. Included by worker.h after
+// the class; not meant to be included on its own.
+
+#include <sched.h>  // sched_yield while idle
+
+namespace chi {
 
 void Worker::Loop() {
   tls_current_worker = this;
@@ -6217,21 +6246,9 @@ void Worker::Park() {
   parked_.Store(0, MemOrder::kRelaxed);
 }
 
-/**
- * Sleeps for `ns` nanoseconds: inside a runtime task the fiber is suspended and
- * the worker runs other tasks; elsewhere the thread sleeps.
- */
-inline void SleepFor(u64 ns) {
-  if (RunContext *r = CurrentRunContext()) {
-    r->GetWorker()->SleepInFiber(r, ns);
-    return;
-  }
-  timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
-}
-
 }  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_WORKER_LOOP_H
+// ---- end chi/runtime/worker_loop.h ----
 #endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_WORKER_H
 // ---- end chi/runtime/worker.h ----
 
@@ -13349,19 +13366,40 @@ class ZmqClientTransport final : public ZmqClientConnection {
 // answer when the sockets' lock is free, else queues it for the network worker. Idle, the
 // network worker sleeps in poll() on the sockets' ZMQ_FDs and its doorbell, as a raw
 // ZeroMQ server sleeps in recv: a request costs the wake-up raw ZeroMQ pays, no more.
+// The sockets, the client table and the sending of answers are zmq_server_sockets.h.
 // Invariants: sockets and the peer table are used only under sock_mu_, and by the
 // ZMQ_FD rule (zmq_common.h): the network worker receives until EAGAIN or passes
 // again, and another thread that finds requests waiting after its send asks for a pass.
 
+#include <cerrno>  // EINTR from poll
+#include <memory>  // the network worker
+#include <mutex>   // the sockets' lock
+#include <string>  // peer keys
+#include <vector>  // requests taken, not yet dispatched
+
+#include <zmq.hpp>  // cppzmq
+
+// ---- begin chi/transport/zmq_server_sockets.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_SOCKETS_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_SOCKETS_H
+// The socket half of the ZeroMQ server (zmq_server.h): its options and counters, the
+// ROUTER sockets (bound per endpoint, closed with the ipc file removed), the table of
+// registered clients (handshakes, goodbyes, the dead-pid reaper, the shutdown notice),
+// and the sending of answers and errors. A base class only: ZmqServer's network worker
+// drives it.
+// Invariants: sockets, the peer table, the slot pool and the scratch buffer are used
+// only under sock_mu_; a send on the network worker marks its socket due (due_), since
+// by the ZMQ_FD rule (zmq_common.h) it may have taken that fd's signal.
+
 #include <unistd.h>  // unlink of the ipc socket file
 
-#include <cerrno>         // EINTR from poll
+#include <cerrno>         // EADDRINUSE from bind
 #include <cstring>        // strlen
-#include <memory>         // the network worker
+#include <memory>         // the sockets
 #include <mutex>          // the sockets' lock
 #include <string>         // peer keys
 #include <unordered_map>  // peers by routing id
-#include <vector>         // answer buffers, free slots
+#include <vector>         // the scratch error answer
 
 #include <zmq.hpp>  // cppzmq
 
@@ -13502,18 +13540,248 @@ struct ZmqServerStats {
   u64 late_wakeups = 0;
 };
 
-/** Serves pure clients over ZeroMQ ROUTER sockets (ipc and/or tcp) on a network worker. */
-class ZmqServer final : public TaskCompleter, public WorkerPoller, public WorkerParker {
+/** How a ZeroMQ server binds and what it accepts. */
+struct ZmqServerOptions {
+  u32 port = 0;
+  bool ipc = true;                              ///< bind the per-user ipc endpoint
+  bool tcp = true;                              ///< bind tcp on 127.0.0.1:port
+  u64 max_request_bytes = kZmqMaxRequestBytes;  ///< larger messages drop the connection
+  u32 max_clients = 4096;                       ///< handshakes beyond this are refused
+  u64 reap_interval_ns = 100000000ull;          ///< how often dead client pids are looked for
+  u64 spin_ns = 0;  ///< the network worker's idle polling before it sleeps (zmq_worker_spin_us)
+};
+
+/** The sockets, clients and answers of a ZeroMQ server (see the file comment). */
+class ZmqServerSockets {
  public:
-  struct Options {
-    u32 port = 0;
-    bool ipc = true;                              ///< bind the per-user ipc endpoint
-    bool tcp = true;                              ///< bind tcp on 127.0.0.1:port
-    u64 max_request_bytes = kZmqMaxRequestBytes;  ///< larger messages drop the connection
-    u32 max_clients = 4096;                       ///< handshakes beyond this are refused
-    u64 reap_interval_ns = 100000000ull;          ///< how often dead client pids are looked for
-    u64 spin_ns = 0;  ///< the network worker's idle polling before it sleeps (zmq_worker_spin_us)
+  /** A snapshot of the counters (any thread). */
+  ZmqServerStats Stats() const {
+    ZmqServerStats s;
+    s.clients = clients_.Load(MemOrder::kRelaxed);
+    s.clients_reaped = reaped_.Load(MemOrder::kRelaxed);
+    s.tasks_outstanding = outstanding_.Load(MemOrder::kRelaxed);
+    s.bytes_held = pool_.BytesHeld();
+    s.requests = requests_.Load(MemOrder::kRelaxed);
+    s.requests_refused = refused_.Load(MemOrder::kRelaxed);
+    s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
+    s.answers_by_worker = sent_by_worker_.Load(MemOrder::kRelaxed);
+    s.sleeps = sleeps_.Load(MemOrder::kRelaxed);
+    s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
+    return s;
+  }
+
+ protected:
+  /** A registered client. */
+  struct Peer {
+    u32 pid = 0;
+    u64 client_id = 0;
+    u64 outstanding = 0;
   };
+
+  ZmqServerSockets() = default;
+  ~ZmqServerSockets() = default;
+  ZmqServerSockets(const ZmqServerSockets &) = delete;
+  ZmqServerSockets &operator=(const ZmqServerSockets &) = delete;
+
+  /** True on the network worker's thread. */
+  bool OnNetworkWorker() const {
+    return network_ != nullptr && tls_current_worker == network_;
+  }
+
+  /** Binds the wanted endpoints (kAlreadyExists when another process holds the port). */
+  Status Bind() {
+    try {
+      const char *modes[2] = {"ipc", "tcp"};
+      const bool want[2] = {opt_.ipc, opt_.tcp};
+      for (int i = 0; i < 2; ++i) {
+        if (!want[i]) continue;
+        auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::router);
+        ConfigureZmqSocket(*s);
+        s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt_.max_request_bytes));
+        const std::string ep = ZmqEndpoint(modes[i], opt_.port);
+        try {
+          s->bind(ep);
+        } catch (const zmq::error_t &e) {
+          return Status::Errorf(e.num() == EADDRINUSE ? ErrorCode::kAlreadyExists : ErrorCode::kIo,
+                                "cannot bind %s: %s%s", ep.c_str(), e.what(),
+                                e.num() == EADDRINUSE ? " (another runtime or program uses the "
+                                                        "port; set CHI_PORT)" : "");
+        }
+        socket_fds_[i] = s->get(zmq::sockopt::fd);
+        sockets_[i] = std::move(s);
+        ipc_bound_ = ipc_bound_ || i == 0;
+      }
+      return Status::Ok();
+    } catch (const zmq::error_t &e) {
+      return Status::Errorf(ErrorCode::kIo, "ZeroMQ server start: %s", e.what());
+    }
+  }
+
+  /** A control message: a handshake (answered), a goodbye, or an unknown one (refused). */
+  void HandleControl(const std::string &peer, u64 id, const zmq::message_t &msg) {
+    if (id == zmq_control::kBye) {
+      if (peers_.erase(peer) != 0) clients_.Store(peers_.size(), MemOrder::kRelaxed);
+      return;
+    }
+    if (id != zmq_control::kConnect) {
+      Refuse(peer, 0, ErrorCode::kMalformed, "unknown control message");
+      return;
+    }
+    ConnectRequest req;
+    ConnectAnswer answer = template_;
+    Status st = ParseControl(msg, &req)
+                    ? CheckConnectRequest(req)
+                    : Status::Error(ErrorCode::kMalformed, "malformed ClientConnect request");
+    if (st.ok() && shutting_down_.Load(MemOrder::kAcquire) != 0) {
+      st = Status::Error(ErrorCode::kShutdown, "the runtime is shutting down");
+    }
+    if (st.ok() && peers_.size() >= opt_.max_clients && peers_.count(peer) == 0) {
+      st = Status::Errorf(ErrorCode::kOutOfMemory, "the runtime already serves %u clients",
+                          opt_.max_clients);
+    }
+    if (st.ok()) {
+      Peer &p = peers_[peer];
+      p.pid = req.pid;
+      p.client_id = ++next_client_id_;
+      answer.client_id = p.client_id;
+      clients_.Store(peers_.size(), MemOrder::kRelaxed);
+    } else {
+      refused_.FetchAdd(1, MemOrder::kRelaxed);
+      answer = ConnectAnswer();
+      answer.rc = static_cast<u32>(st.code());
+      answer.msg = st.message();
+    }
+    zmq::message_t reply = MakeControl(zmq_control::kAccept, answer);
+    SendTo(peer, reply.data(), reply.size());
+  }
+
+  /** Answers request `id` with an error (id 0 when the request had none). */
+  void Refuse(const std::string &peer, u64 id, ErrorCode code, const char *why) {
+    refused_.FetchAdd(1, MemOrder::kRelaxed);
+    RequestDispatcher::EncodeError(id, code, why, &error_);
+    SendTo(peer, error_.data(), error_.size());
+  }
+
+  /**
+   * Sends [routing id][payload] on the peer's socket; a vanished peer drops it silently.
+   * On the network worker it marks the socket due (our send may have taken its fd's signal).
+   */
+  void SendTo(const std::string &peer, const void *data, size_t len) {
+    const int i = static_cast<u8>(peer[0]);
+    if (OnNetworkWorker()) due_ |= 1u << i;
+    zmq::socket_t *s = sockets_[i].get();
+    zmq::message_t id(peer.data() + 1, peer.size() - 1);
+    zmq::message_t body(data, len);
+    try {
+      if (s->send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        s->send(body, zmq::send_flags::dontwait);
+      }
+    } catch (const zmq::error_t &) {
+      dropped_.FetchAdd(1, MemOrder::kRelaxed);  // EHOSTUNREACH and friends: the peer is gone
+    }
+  }
+
+  /** Sends the answers workers queued, oldest first; true when there were any. */
+  bool DrainAnswers() {
+    ZmqAnswerSlot *fifo = answers_.TakeAll();
+    if (fifo == nullptr) return false;
+    while (fifo != nullptr) {
+      ZmqAnswerSlot *slot = fifo;
+      fifo = fifo->next;
+      DeliverAnswer(slot);
+    }
+    return true;
+  }
+
+  /** Sends one answer to its client (dropped when the client is gone); under sock_mu_. */
+  void DeliverAnswer(ZmqAnswerSlot *slot) {
+    auto it = peers_.find(slot->peer);
+    if (it != peers_.end()) {
+      SendTo(slot->peer, slot->bytes.data(), slot->bytes.size());
+      --it->second.outstanding;
+    } else {
+      dropped_.FetchAdd(1, MemOrder::kRelaxed);
+    }
+    outstanding_.FetchSub(1, MemOrder::kRelaxed);
+    pool_.Give(slot);
+  }
+
+  /** Forgets clients whose process has died (their later answers are dropped). */
+  void Reap() {
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      if (it->second.pid != 0 && !ProcessAlive(it->second.pid)) {
+        it = peers_.erase(it);
+        reaped_.FetchAdd(1, MemOrder::kRelaxed);
+      } else {
+        ++it;
+      }
+    }
+    clients_.Store(peers_.size(), MemOrder::kRelaxed);
+  }
+
+  /** Tells every registered client that the runtime stops (they fail what is pending). */
+  void NotifyShutdown() {
+    for (const auto &kv : peers_) {
+      zmq::message_t note = MakeControl(zmq_control::kShutdown);
+      SendTo(kv.first, note.data(), note.size());
+    }
+    peers_.clear();
+    clients_.Store(0, MemOrder::kRelaxed);
+  }
+
+  /** Closes the sockets and removes the ipc socket file (ZeroMQ leaves it behind). */
+  void CloseSockets() {
+    for (auto &s : sockets_) {
+      if (s) s->close();
+      s.reset();
+    }
+    if (ipc_bound_) {
+      const std::string ep = ZmqEndpoint("ipc", opt_.port);
+      unlink(ep.c_str() + std::strlen("ipc://"));
+      ipc_bound_ = false;
+    }
+  }
+
+  ZmqServerOptions opt_;
+  zmq::context_t ctx_{1};
+  std::mutex sock_mu_;  ///< the sockets, peers_, pool_ and the scratch buffer
+  std::unique_ptr<zmq::socket_t> sockets_[2];  ///< [0] ipc, [1] tcp; under sock_mu_
+  int socket_fds_[2] = {-1, -1};               ///< their ZMQ_FDs; set before serving
+  bool sockets_closed_ = false;                ///< under sock_mu_: late answers are dropped
+  bool ipc_bound_ = false;
+  const Worker *network_ = nullptr;  ///< the network worker, while it runs
+  u32 due_ = 0;  ///< network worker: sockets (bits) to pass without asking poll()
+  ConnectAnswer template_;                       ///< what every accepted client is told
+  std::unordered_map<std::string, Peer> peers_;  ///< under sock_mu_
+  ZmqAnswerPool pool_;                           ///< under sock_mu_
+  std::vector<char> error_;                      ///< scratch error answer; under sock_mu_
+  u64 next_client_id_ = 0;
+  ZmqAnswerQueue answers_;  ///< finished answers for the network worker
+  Atomic<u32> shutting_down_;
+  Atomic<u64> clients_;
+  Atomic<u64> reaped_;
+  Atomic<u64> outstanding_;
+  Atomic<u64> requests_;
+  Atomic<u64> refused_;
+  Atomic<u64> dropped_;
+  Atomic<u64> sent_by_worker_;
+  Atomic<u64> sleeps_;
+  Atomic<u64> late_wakeups_;  ///< see ZmqServerStats
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_SOCKETS_H
+// ---- end chi/transport/zmq_server_sockets.h ----
+
+namespace chi {
+
+/** Serves pure clients over ZeroMQ ROUTER sockets (ipc and/or tcp) on a network worker. */
+class ZmqServer final : public ZmqServerSockets,
+                        public TaskCompleter,
+                        public WorkerPoller,
+                        public WorkerParker {
+ public:
+  using Options = ZmqServerOptions;
 
   ZmqServer() = default;
   ~ZmqServer() { Stop(); }
@@ -13551,6 +13819,7 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
     template_ = answer;
     next_reap_ = NowNs() + opt_.reap_interval_ns;
     worker_ = dispatcher_->Orchestrator()->NewPollerWorker(WorkerRole::kNetwork);
+    network_ = worker_.get();
     worker_->ReplacePoller(nullptr, this);
     worker_->SetParker(this, opt_.spin_ns);
     worker_->Start();
@@ -13576,6 +13845,7 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
   void Stop() {
     if (!started_) return;
     BeginShutdown();
+    network_ = nullptr;
     worker_.reset();
     {
       std::lock_guard<std::mutex> lock(sock_mu_);
@@ -13598,22 +13868,6 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
     auto *slot = reinterpret_cast<ZmqAnswerSlot *>(t->transport_cookie_);
     RequestDispatcher::EncodeAnswer(t, &slot->bytes);
     if (!SendNow(slot)) QueueAnswer(slot);
-  }
-
-  /** A snapshot of the counters (any thread). */
-  ZmqServerStats Stats() const {
-    ZmqServerStats s;
-    s.clients = clients_.Load(MemOrder::kRelaxed);
-    s.clients_reaped = reaped_.Load(MemOrder::kRelaxed);
-    s.tasks_outstanding = outstanding_.Load(MemOrder::kRelaxed);
-    s.bytes_held = pool_.BytesHeld();
-    s.requests = requests_.Load(MemOrder::kRelaxed);
-    s.requests_refused = refused_.Load(MemOrder::kRelaxed);
-    s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
-    s.answers_by_worker = sent_by_worker_.Load(MemOrder::kRelaxed);
-    s.sleeps = sleeps_.Load(MemOrder::kRelaxed);
-    s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
-    return s;
   }
 
   // ---- The network worker (WorkerPoller, WorkerParker) ----
@@ -13678,15 +13932,6 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
     ZmqAnswerSlot *slot;  ///< where its answer goes
     zmq::message_t body;  ///< the request envelope
   };
-  /** A registered client. */
-  struct Peer {
-    u32 pid = 0;
-    u64 client_id = 0;
-    u64 outstanding = 0;
-  };
-
-  /** True on the network worker's thread. */
-  bool OnNetworkWorker() const { return worker_ != nullptr && tls_current_worker == worker_.get(); }
 
   /**
    * Sends slot's answer now and true, unless the network worker holds the sockets, the
@@ -13733,35 +13978,6 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
     SocketsHeld(const SocketsHeld &) = delete;
     SocketsHeld &operator=(const SocketsHeld &) = delete;
   };
-
-  /** Binds the wanted endpoints (kAlreadyExists when another process holds the port). */
-  Status Bind() {
-    try {
-      const char *modes[2] = {"ipc", "tcp"};
-      const bool want[2] = {opt_.ipc, opt_.tcp};
-      for (int i = 0; i < 2; ++i) {
-        if (!want[i]) continue;
-        auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::router);
-        ConfigureZmqSocket(*s);
-        s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt_.max_request_bytes));
-        const std::string ep = ZmqEndpoint(modes[i], opt_.port);
-        try {
-          s->bind(ep);
-        } catch (const zmq::error_t &e) {
-          return Status::Errorf(e.num() == EADDRINUSE ? ErrorCode::kAlreadyExists : ErrorCode::kIo,
-                                "cannot bind %s: %s%s", ep.c_str(), e.what(),
-                                e.num() == EADDRINUSE ? " (another runtime or program uses the "
-                                                        "port; set CHI_PORT)" : "");
-        }
-        socket_fds_[i] = s->get(zmq::sockopt::fd);
-        sockets_[i] = std::move(s);
-        ipc_bound_ = ipc_bound_ || i == 0;
-      }
-      return Status::Ok();
-    } catch (const zmq::error_t &e) {
-      return Status::Errorf(ErrorCode::kIo, "ZeroMQ server start: %s", e.what());
-    }
-  }
 
   /**
    * One pass: under the sockets' lock, queued answers, the requests of the sockets in
@@ -13938,164 +14154,15 @@ class ZmqServer final : public TaskCompleter, public WorkerPoller, public Worker
     if (outstanding > kDirectMaxOutstanding) DispatchPending(false);
   }
 
-  /** A control message: a handshake (answered), a goodbye, or an unknown one (refused). */
-  void HandleControl(const std::string &peer, u64 id, const zmq::message_t &msg) {
-    if (id == zmq_control::kBye) {
-      if (peers_.erase(peer) != 0) clients_.Store(peers_.size(), MemOrder::kRelaxed);
-      return;
-    }
-    if (id != zmq_control::kConnect) {
-      Refuse(peer, 0, ErrorCode::kMalformed, "unknown control message");
-      return;
-    }
-    ConnectRequest req;
-    ConnectAnswer answer = template_;
-    Status st = ParseControl(msg, &req)
-                    ? CheckConnectRequest(req)
-                    : Status::Error(ErrorCode::kMalformed, "malformed ClientConnect request");
-    if (st.ok() && shutting_down_.Load(MemOrder::kAcquire) != 0) {
-      st = Status::Error(ErrorCode::kShutdown, "the runtime is shutting down");
-    }
-    if (st.ok() && peers_.size() >= opt_.max_clients && peers_.count(peer) == 0) {
-      st = Status::Errorf(ErrorCode::kOutOfMemory, "the runtime already serves %u clients",
-                          opt_.max_clients);
-    }
-    if (st.ok()) {
-      Peer &p = peers_[peer];
-      p.pid = req.pid;
-      p.client_id = ++next_client_id_;
-      answer.client_id = p.client_id;
-      clients_.Store(peers_.size(), MemOrder::kRelaxed);
-    } else {
-      refused_.FetchAdd(1, MemOrder::kRelaxed);
-      answer = ConnectAnswer();
-      answer.rc = static_cast<u32>(st.code());
-      answer.msg = st.message();
-    }
-    zmq::message_t reply = MakeControl(zmq_control::kAccept, answer);
-    SendTo(peer, reply.data(), reply.size());
-  }
-
-  /** Answers request `id` with an error (id 0 when the request had none). */
-  void Refuse(const std::string &peer, u64 id, ErrorCode code, const char *why) {
-    refused_.FetchAdd(1, MemOrder::kRelaxed);
-    RequestDispatcher::EncodeError(id, code, why, &error_);
-    SendTo(peer, error_.data(), error_.size());
-  }
-
-  /**
-   * Sends [routing id][payload] on the peer's socket; a vanished peer drops it silently.
-   * On the network worker it marks the socket due (our send may have taken its fd's signal).
-   */
-  void SendTo(const std::string &peer, const void *data, size_t len) {
-    const int i = static_cast<u8>(peer[0]);
-    if (OnNetworkWorker()) due_ |= 1u << i;
-    zmq::socket_t *s = sockets_[i].get();
-    zmq::message_t id(peer.data() + 1, peer.size() - 1);
-    zmq::message_t body(data, len);
-    try {
-      if (s->send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-        s->send(body, zmq::send_flags::dontwait);
-      }
-    } catch (const zmq::error_t &) {
-      dropped_.FetchAdd(1, MemOrder::kRelaxed);  // EHOSTUNREACH and friends: the peer is gone
-    }
-  }
-
-  /** Sends the answers workers queued, oldest first; true when there were any. */
-  bool DrainAnswers() {
-    ZmqAnswerSlot *fifo = answers_.TakeAll();
-    if (fifo == nullptr) return false;
-    while (fifo != nullptr) {
-      ZmqAnswerSlot *slot = fifo;
-      fifo = fifo->next;
-      DeliverAnswer(slot);
-    }
-    return true;
-  }
-
-  /** Sends one answer to its client (dropped when the client is gone); under sock_mu_. */
-  void DeliverAnswer(ZmqAnswerSlot *slot) {
-    auto it = peers_.find(slot->peer);
-    if (it != peers_.end()) {
-      SendTo(slot->peer, slot->bytes.data(), slot->bytes.size());
-      --it->second.outstanding;
-    } else {
-      dropped_.FetchAdd(1, MemOrder::kRelaxed);
-    }
-    outstanding_.FetchSub(1, MemOrder::kRelaxed);
-    pool_.Give(slot);
-  }
-
-  /** Forgets clients whose process has died (their later answers are dropped). */
-  void Reap() {
-    for (auto it = peers_.begin(); it != peers_.end();) {
-      if (it->second.pid != 0 && !ProcessAlive(it->second.pid)) {
-        it = peers_.erase(it);
-        reaped_.FetchAdd(1, MemOrder::kRelaxed);
-      } else {
-        ++it;
-      }
-    }
-    clients_.Store(peers_.size(), MemOrder::kRelaxed);
-  }
-
-  /** Tells every registered client that the runtime stops (they fail what is pending). */
-  void NotifyShutdown() {
-    for (const auto &kv : peers_) {
-      zmq::message_t note = MakeControl(zmq_control::kShutdown);
-      SendTo(kv.first, note.data(), note.size());
-    }
-    peers_.clear();
-    clients_.Store(0, MemOrder::kRelaxed);
-  }
-
-  /** Closes the sockets and removes the ipc socket file (ZeroMQ leaves it behind). */
-  void CloseSockets() {
-    for (auto &s : sockets_) {
-      if (s) s->close();
-      s.reset();
-    }
-    if (ipc_bound_) {
-      const std::string ep = ZmqEndpoint("ipc", opt_.port);
-      unlink(ep.c_str() + std::strlen("ipc://"));
-      ipc_bound_ = false;
-    }
-  }
-
   RequestDispatcher *dispatcher_ = nullptr;
-  Options opt_;
-  zmq::context_t ctx_{1};
-  std::mutex sock_mu_;  ///< the sockets, peers_, pool_ and the scratch buffer
-  std::unique_ptr<zmq::socket_t> sockets_[2];  ///< [0] ipc, [1] tcp; under sock_mu_
-  int socket_fds_[2] = {-1, -1};               ///< their ZMQ_FDs; set before serving
-  bool sockets_closed_ = false;                ///< under sock_mu_: late answers are dropped
-  std::unique_ptr<Worker> worker_;             ///< the network worker (from Open)
-  bool started_ = false;                       ///< between Start and Stop
-  u32 due_ = 0;    ///< network worker: sockets (bits) to pass without asking poll()
-  u32 batch_ = 0;  ///< network worker: sockets whose next pass takes a full batch
-  bool after_timeout_ = false;                 ///< network worker: its last sleep timed out
+  std::unique_ptr<Worker> worker_;  ///< the network worker (from Open)
+  bool started_ = false;            ///< between Start and Stop
+  u32 batch_ = 0;                   ///< network worker: sockets whose next pass takes a full batch
+  bool after_timeout_ = false;      ///< network worker: its last sleep timed out
+  u64 next_reap_ = 0;               ///< network worker: when Reap runs next
+  std::vector<Pending> pending_;    ///< network worker only: taken, not dispatched
   ZmqDoorbell doorbell_;
-  ConnectAnswer template_;
-  std::unordered_map<std::string, Peer> peers_;  ///< under sock_mu_
-  ZmqAnswerPool pool_;                           ///< under sock_mu_
-  std::vector<Pending> pending_;                 ///< network worker only: taken, not dispatched
-  std::vector<char> error_;                      ///< scratch error answer; under sock_mu_
-  u64 next_client_id_ = 0;
-  u64 next_reap_ = 0;  ///< network worker: when Reap runs next
-  bool ipc_bound_ = false;
-  ZmqAnswerQueue answers_;  ///< finished answers for the network worker
-  Atomic<u32> shutting_down_;
-  Atomic<u64> clients_;
-  Atomic<u64> reaped_;
-  Atomic<u64> outstanding_;
-  Atomic<u64> requests_;
-  Atomic<u64> refused_;
-  Atomic<u64> dropped_;
-  Atomic<u64> sent_by_worker_;
-  Atomic<u64> sleeps_;
   Atomic<u32> wake_asked_;  ///< a worker took a socket's wake-up: the network worker must look
-  Atomic<u64> late_wakeups_;  ///< see ZmqServerStats
 };
 
 }  // namespace chi

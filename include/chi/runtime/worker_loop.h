@@ -1,0 +1,223 @@
+// The loop of a runtime Worker (worker.h): each pass drains resumed fibers, polls the
+// lanes (active set every pass, cold set every kColdPollInterval passes) and the external
+// poller, starts adopted tasks and runs due timers; an idle worker spins for its idle
+// time, then parks on its futex or sleeps through its parker. Included by worker.h after
+// the class; not meant to be included on its own.
+#pragma once
+
+#include <sched.h>  // sched_yield while idle
+
+#include "chi/core/atomic.h"      // the parked word and its fence
+#include "chi/core/futex.h"       // parking
+#include "chi/runtime/worker.h"   // the class these functions belong to
+
+namespace chi {
+
+void Worker::Loop() {
+  tls_current_worker = this;
+  san_.AdoptCurrentThread();  // before any shell: they switch back to this stack
+  u32 idle = 0;
+  u64 idle_since = 0;
+  u64 pass = 0;
+  u64 stop_since = 0;
+  for (;;) {
+    ++pass;
+    bool did = DrainResumes();
+    did |= PollLanes(pass);
+    did |= external_.Poll(id_);
+    did |= StartAdopted();
+    if ((pass & (kColdPollInterval - 1)) == 0 || !did) did |= RunDueTimers(false);
+    if (did) {
+      idle = 0;
+      continue;
+    }
+    if (stop_.Load(MemOrder::kAcquire) != 0) {
+      RunDueTimers(true);  // periodic tasks end at shutdown
+      if (running_ == 0 && !HasWork()) break;
+      if (stop_since == 0) stop_since = NowNs();
+      if (NowNs() - stop_since > kStopGraceNs) break;  // fibers blocked forever are abandoned
+      CpuRelax();
+      continue;
+    }
+    // Spin for a fixed time, not a fixed count (PAUSE costs 10-140 cycles by CPU),
+    // yielding every 64 polls so a client thread sharing this CPU still runs. The first
+    // kHotPolls polls after work skip the PAUSE: the next request of a client waiting on
+    // a round trip comes within a few hundred ns, and a PAUSE (~27 ns on the CI
+    // machine's Zen 5) would add up to its length to noticing it.
+    if (idle == 0) idle_since = NowNs();
+    ++idle;
+    if (parker_ != nullptr) {
+      // Its polls are system calls: beside them the clock is cheap, so the spin ends on
+      // time (counted in 64s, the network worker polled 66 times per request on the 2-core
+      // VM, whatever its spin_ns).
+      if (NowNs() - idle_since < idle_spin_ns_) continue;
+    } else {
+      if ((idle & 63) != 0) {
+        if (idle > kHotPolls) CpuRelax();
+        continue;
+      }
+      if (NowNs() - idle_since < idle_spin_ns_) {
+        sched_yield();
+        continue;
+      }
+    }
+    idle = 0;
+    if (external_.End(id_)) continue;
+    Park();
+  }
+  external_.End(id_);
+  EndShells();
+  tls_current_worker = nullptr;
+}
+
+bool Worker::PollLanes(u64 pass) {
+  bool did = false;
+  while (!overflow_.empty()) {
+    Task *t = overflow_.front();
+    overflow_.pop_front();
+    StartTask(t);
+    did = true;
+  }
+  for (size_t i = 0; i < active_.size(); ++i) {
+    LaneSlot &slot = active_[i];
+    u64 entry;
+    u32 n = 0;
+    while (n < kPopBatch && slot.lane->TryPop(entry)) {
+      StartTask(reinterpret_cast<Task *>(entry));
+      ++n;
+    }
+    if (n != 0) {
+      slot.empty_polls = 0;
+      did = true;
+    } else if (active_.size() > 1 && ++slot.empty_polls > kColdAfterEmptyPolls) {
+      cold_.push_back(slot);  // quiet lanes move out of the hot loop
+      active_[i] = active_.back();
+      active_.pop_back();
+      --i;
+    }
+  }
+  if ((pass & (kColdPollInterval - 1)) == 0 || !did) {
+    for (size_t i = 0; i < cold_.size(); ++i) {
+      if (cold_[i].lane->Empty()) continue;
+      cold_[i].empty_polls = 0;
+      active_.push_back(cold_[i]);  // activity: back to the active set
+      cold_[i] = cold_.back();
+      cold_.pop_back();
+      --i;
+      did = true;
+    }
+  }
+  return did;
+}
+
+/** Starts the tasks the external poller adopted in this pass; true when there were any. */
+bool Worker::StartAdopted() {
+  if (adopted_.empty()) return false;
+  for (size_t k = 0; k < adopted_.size(); ++k) {  // by index: safe even if a start adopted more
+    StartAcquired(adopted_[k].task, adopted_[k].pool);
+  }
+  adopted_.clear();
+  return true;
+}
+
+bool Worker::DrainResumes() {
+  if (resume_.Load(MemOrder::kRelaxed) == 0) return false;
+  // acquire pairs with Resume's release; taking the whole stack at once avoids ABA.
+  auto *r = reinterpret_cast<RunContext *>(resume_.Exchange(0, MemOrder::kAcquire));
+  RunContext *fifo = nullptr;
+  while (r != nullptr) {  // reverse: resume in the order events completed
+    RunContext *next = r->next_;
+    r->next_ = fifo;
+    fifo = r;
+    r = next;
+  }
+  while (fifo != nullptr) {
+    RunContext *next = fifo->next_;
+    SwitchTo(fifo);
+    fifo = next;
+  }
+  return true;
+}
+
+bool Worker::RunDueTimers(bool stopping) {
+  if (timers_.empty() && sleepers_.empty()) return false;
+  const u64 now = NowNs();
+  bool did = false;
+  for (size_t i = 0; i < sleepers_.size(); ++i) {
+    if (!stopping && now < sleepers_[i].wake_ns) continue;
+    RunContext *r = sleepers_[i].r;
+    sleepers_[i] = sleepers_.back();
+    sleepers_.pop_back();
+    --i;
+    did = true;
+    SwitchTo(r);  // may append new sleepers; the loop bound re-reads the size
+  }
+  for (size_t i = 0; i < timers_.size(); ++i) {
+    RunContext *r = timers_[i];
+    Task *t = r->task_;
+    const bool cancelled =
+        stopping || (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) != 0 ||
+        r->pool_->destroying_.Load(MemOrder::kAcquire) != 0;
+    if (!cancelled && now < r->next_run_ns_) continue;
+    timers_[i] = timers_.back();
+    timers_.pop_back();
+    --i;
+    --running_;
+    did = true;
+    if (cancelled) {
+      PoolInfo *pool = r->pool_;
+      FreeRunContext(r);
+      FinishTask(t, pool);
+    } else {
+      StartFiber(r);
+    }
+  }
+  return did;
+}
+
+bool Worker::HasWork() const {
+  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.empty() || !adopted_.empty()) {
+    return true;
+  }
+  if (!sleepers_.empty()) {
+    const u64 now = NowNs();
+    for (const Sleeper &sl : sleepers_) {
+      if (sl.wake_ns <= now) return true;
+    }
+  }
+  for (const LaneSlot &l : active_) {
+    if (!l.lane->Empty()) return true;
+  }
+  for (const LaneSlot &l : cold_) {
+    if (!l.lane->Empty()) return true;
+  }
+  return false;
+}
+
+void Worker::Park() {
+  parked_.Store(1, MemOrder::kRelaxed);
+  // seq_cst fence: the parked flag is visible before we re-check for work, and a
+  // producer's fence orders its push before its read of the flag (Dekker).
+  FenceSeqCst();
+  if (HasWork() || stop_.Load(MemOrder::kAcquire) != 0) {
+    parked_.Store(0, MemOrder::kRelaxed);
+    return;
+  }
+  u64 timeout = 0;
+  if (!timers_.empty() || !sleepers_.empty()) {
+    u64 next = ~0ull;
+    for (RunContext *r : timers_) next = r->next_run_ns_ < next ? r->next_run_ns_ : next;
+    for (const Sleeper &sl : sleepers_) next = sl.wake_ns < next ? sl.wake_ns : next;
+    const u64 now = NowNs();
+    timeout = next > now ? next - now : 1;
+  }
+  parks_.FetchAdd(1, MemOrder::kRelaxed);
+  if (parker_ != nullptr) {
+    parker_->Sleep(timeout);  // a waker that saw parked_ == 1 interrupts it
+  } else {
+    FutexWait(parked_.Raw(), 1, timeout);
+  }
+  parked_.Store(0, MemOrder::kRelaxed);
+}
+
+}  // namespace chi

@@ -1,0 +1,280 @@
+// The socket half of the ZeroMQ server (zmq_server.h): its options and counters, the
+// ROUTER sockets (bound per endpoint, closed with the ipc file removed), the table of
+// registered clients (handshakes, goodbyes, the dead-pid reaper, the shutdown notice),
+// and the sending of answers and errors. A base class only: ZmqServer's network worker
+// drives it.
+// Invariants: sockets, the peer table, the slot pool and the scratch buffer are used
+// only under sock_mu_; a send on the network worker marks its socket due (due_), since
+// by the ZMQ_FD rule (zmq_common.h) it may have taken that fd's signal.
+#pragma once
+
+#include <unistd.h>  // unlink of the ipc socket file
+
+#include <cerrno>         // EADDRINUSE from bind
+#include <cstring>        // strlen
+#include <memory>         // the sockets
+#include <mutex>          // the sockets' lock
+#include <string>         // peer keys
+#include <unordered_map>  // peers by routing id
+#include <vector>         // the scratch error answer
+
+#include <zmq.hpp>  // cppzmq
+
+#include "chi/core/atomic.h"                   // counters
+#include "chi/runtime/worker.h"                // tls_current_worker: is this the network worker
+#include "chi/transport/client_connect.h"      // ConnectRequest/Answer, ProcessAlive
+#include "chi/transport/request_dispatcher.h"  // EncodeError
+#include "chi/transport/zmq_common.h"          // endpoints, control ids, socket options
+#include "chi/transport/zmq_server_answers.h"  // answer slots, their pool and queue
+
+namespace chi {
+
+/** Counters of a ZeroMQ server (read by the admin Monitor). */
+struct ZmqServerStats {
+  u64 clients = 0;            ///< registered clients now
+  u64 clients_reaped = 0;     ///< clients forgotten because their process died
+  u64 tasks_outstanding = 0;  ///< requests dispatched, answer not yet sent (a Monitor counts itself)
+  u64 bytes_held = 0;         ///< answer buffers pooled for reuse (bounded)
+  u64 requests = 0;           ///< task requests received
+  u64 requests_refused = 0;   ///< requests answered with an error (malformed, not connected, ...)
+  u64 answers_dropped = 0;    ///< answers whose client was gone
+  u64 answers_by_worker = 0;  ///< answers another worker sent itself (not the network worker)
+  u64 sleeps = 0;             ///< times the network worker slept in poll()
+  /**
+   * Requests the network worker found waiting after a sleep that ran to its timeout (the
+   * reaper's): a wake-up that never came (the ZMQ_FD rule broken), or, rarely, a request
+   * that landed just then. Expected 0.
+   */
+  u64 late_wakeups = 0;
+};
+
+/** How a ZeroMQ server binds and what it accepts. */
+struct ZmqServerOptions {
+  u32 port = 0;
+  bool ipc = true;                              ///< bind the per-user ipc endpoint
+  bool tcp = true;                              ///< bind tcp on 127.0.0.1:port
+  u64 max_request_bytes = kZmqMaxRequestBytes;  ///< larger messages drop the connection
+  u32 max_clients = 4096;                       ///< handshakes beyond this are refused
+  u64 reap_interval_ns = 100000000ull;          ///< how often dead client pids are looked for
+  u64 spin_ns = 0;  ///< the network worker's idle polling before it sleeps (zmq_worker_spin_us)
+};
+
+/** The sockets, clients and answers of a ZeroMQ server (see the file comment). */
+class ZmqServerSockets {
+ public:
+  /** A snapshot of the counters (any thread). */
+  ZmqServerStats Stats() const {
+    ZmqServerStats s;
+    s.clients = clients_.Load(MemOrder::kRelaxed);
+    s.clients_reaped = reaped_.Load(MemOrder::kRelaxed);
+    s.tasks_outstanding = outstanding_.Load(MemOrder::kRelaxed);
+    s.bytes_held = pool_.BytesHeld();
+    s.requests = requests_.Load(MemOrder::kRelaxed);
+    s.requests_refused = refused_.Load(MemOrder::kRelaxed);
+    s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
+    s.answers_by_worker = sent_by_worker_.Load(MemOrder::kRelaxed);
+    s.sleeps = sleeps_.Load(MemOrder::kRelaxed);
+    s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
+    return s;
+  }
+
+ protected:
+  /** A registered client. */
+  struct Peer {
+    u32 pid = 0;
+    u64 client_id = 0;
+    u64 outstanding = 0;
+  };
+
+  ZmqServerSockets() = default;
+  ~ZmqServerSockets() = default;
+  ZmqServerSockets(const ZmqServerSockets &) = delete;
+  ZmqServerSockets &operator=(const ZmqServerSockets &) = delete;
+
+  /** True on the network worker's thread. */
+  bool OnNetworkWorker() const {
+    return network_ != nullptr && tls_current_worker == network_;
+  }
+
+  /** Binds the wanted endpoints (kAlreadyExists when another process holds the port). */
+  Status Bind() {
+    try {
+      const char *modes[2] = {"ipc", "tcp"};
+      const bool want[2] = {opt_.ipc, opt_.tcp};
+      for (int i = 0; i < 2; ++i) {
+        if (!want[i]) continue;
+        auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::router);
+        ConfigureZmqSocket(*s);
+        s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt_.max_request_bytes));
+        const std::string ep = ZmqEndpoint(modes[i], opt_.port);
+        try {
+          s->bind(ep);
+        } catch (const zmq::error_t &e) {
+          return Status::Errorf(e.num() == EADDRINUSE ? ErrorCode::kAlreadyExists : ErrorCode::kIo,
+                                "cannot bind %s: %s%s", ep.c_str(), e.what(),
+                                e.num() == EADDRINUSE ? " (another runtime or program uses the "
+                                                        "port; set CHI_PORT)" : "");
+        }
+        socket_fds_[i] = s->get(zmq::sockopt::fd);
+        sockets_[i] = std::move(s);
+        ipc_bound_ = ipc_bound_ || i == 0;
+      }
+      return Status::Ok();
+    } catch (const zmq::error_t &e) {
+      return Status::Errorf(ErrorCode::kIo, "ZeroMQ server start: %s", e.what());
+    }
+  }
+
+  /** A control message: a handshake (answered), a goodbye, or an unknown one (refused). */
+  void HandleControl(const std::string &peer, u64 id, const zmq::message_t &msg) {
+    if (id == zmq_control::kBye) {
+      if (peers_.erase(peer) != 0) clients_.Store(peers_.size(), MemOrder::kRelaxed);
+      return;
+    }
+    if (id != zmq_control::kConnect) {
+      Refuse(peer, 0, ErrorCode::kMalformed, "unknown control message");
+      return;
+    }
+    ConnectRequest req;
+    ConnectAnswer answer = template_;
+    Status st = ParseControl(msg, &req)
+                    ? CheckConnectRequest(req)
+                    : Status::Error(ErrorCode::kMalformed, "malformed ClientConnect request");
+    if (st.ok() && shutting_down_.Load(MemOrder::kAcquire) != 0) {
+      st = Status::Error(ErrorCode::kShutdown, "the runtime is shutting down");
+    }
+    if (st.ok() && peers_.size() >= opt_.max_clients && peers_.count(peer) == 0) {
+      st = Status::Errorf(ErrorCode::kOutOfMemory, "the runtime already serves %u clients",
+                          opt_.max_clients);
+    }
+    if (st.ok()) {
+      Peer &p = peers_[peer];
+      p.pid = req.pid;
+      p.client_id = ++next_client_id_;
+      answer.client_id = p.client_id;
+      clients_.Store(peers_.size(), MemOrder::kRelaxed);
+    } else {
+      refused_.FetchAdd(1, MemOrder::kRelaxed);
+      answer = ConnectAnswer();
+      answer.rc = static_cast<u32>(st.code());
+      answer.msg = st.message();
+    }
+    zmq::message_t reply = MakeControl(zmq_control::kAccept, answer);
+    SendTo(peer, reply.data(), reply.size());
+  }
+
+  /** Answers request `id` with an error (id 0 when the request had none). */
+  void Refuse(const std::string &peer, u64 id, ErrorCode code, const char *why) {
+    refused_.FetchAdd(1, MemOrder::kRelaxed);
+    RequestDispatcher::EncodeError(id, code, why, &error_);
+    SendTo(peer, error_.data(), error_.size());
+  }
+
+  /**
+   * Sends [routing id][payload] on the peer's socket; a vanished peer drops it silently.
+   * On the network worker it marks the socket due (our send may have taken its fd's signal).
+   */
+  void SendTo(const std::string &peer, const void *data, size_t len) {
+    const int i = static_cast<u8>(peer[0]);
+    if (OnNetworkWorker()) due_ |= 1u << i;
+    zmq::socket_t *s = sockets_[i].get();
+    zmq::message_t id(peer.data() + 1, peer.size() - 1);
+    zmq::message_t body(data, len);
+    try {
+      if (s->send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        s->send(body, zmq::send_flags::dontwait);
+      }
+    } catch (const zmq::error_t &) {
+      dropped_.FetchAdd(1, MemOrder::kRelaxed);  // EHOSTUNREACH and friends: the peer is gone
+    }
+  }
+
+  /** Sends the answers workers queued, oldest first; true when there were any. */
+  bool DrainAnswers() {
+    ZmqAnswerSlot *fifo = answers_.TakeAll();
+    if (fifo == nullptr) return false;
+    while (fifo != nullptr) {
+      ZmqAnswerSlot *slot = fifo;
+      fifo = fifo->next;
+      DeliverAnswer(slot);
+    }
+    return true;
+  }
+
+  /** Sends one answer to its client (dropped when the client is gone); under sock_mu_. */
+  void DeliverAnswer(ZmqAnswerSlot *slot) {
+    auto it = peers_.find(slot->peer);
+    if (it != peers_.end()) {
+      SendTo(slot->peer, slot->bytes.data(), slot->bytes.size());
+      --it->second.outstanding;
+    } else {
+      dropped_.FetchAdd(1, MemOrder::kRelaxed);
+    }
+    outstanding_.FetchSub(1, MemOrder::kRelaxed);
+    pool_.Give(slot);
+  }
+
+  /** Forgets clients whose process has died (their later answers are dropped). */
+  void Reap() {
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      if (it->second.pid != 0 && !ProcessAlive(it->second.pid)) {
+        it = peers_.erase(it);
+        reaped_.FetchAdd(1, MemOrder::kRelaxed);
+      } else {
+        ++it;
+      }
+    }
+    clients_.Store(peers_.size(), MemOrder::kRelaxed);
+  }
+
+  /** Tells every registered client that the runtime stops (they fail what is pending). */
+  void NotifyShutdown() {
+    for (const auto &kv : peers_) {
+      zmq::message_t note = MakeControl(zmq_control::kShutdown);
+      SendTo(kv.first, note.data(), note.size());
+    }
+    peers_.clear();
+    clients_.Store(0, MemOrder::kRelaxed);
+  }
+
+  /** Closes the sockets and removes the ipc socket file (ZeroMQ leaves it behind). */
+  void CloseSockets() {
+    for (auto &s : sockets_) {
+      if (s) s->close();
+      s.reset();
+    }
+    if (ipc_bound_) {
+      const std::string ep = ZmqEndpoint("ipc", opt_.port);
+      unlink(ep.c_str() + std::strlen("ipc://"));
+      ipc_bound_ = false;
+    }
+  }
+
+  ZmqServerOptions opt_;
+  zmq::context_t ctx_{1};
+  std::mutex sock_mu_;  ///< the sockets, peers_, pool_ and the scratch buffer
+  std::unique_ptr<zmq::socket_t> sockets_[2];  ///< [0] ipc, [1] tcp; under sock_mu_
+  int socket_fds_[2] = {-1, -1};               ///< their ZMQ_FDs; set before serving
+  bool sockets_closed_ = false;                ///< under sock_mu_: late answers are dropped
+  bool ipc_bound_ = false;
+  const Worker *network_ = nullptr;  ///< the network worker, while it runs
+  u32 due_ = 0;  ///< network worker: sockets (bits) to pass without asking poll()
+  ConnectAnswer template_;                       ///< what every accepted client is told
+  std::unordered_map<std::string, Peer> peers_;  ///< under sock_mu_
+  ZmqAnswerPool pool_;                           ///< under sock_mu_
+  std::vector<char> error_;                      ///< scratch error answer; under sock_mu_
+  u64 next_client_id_ = 0;
+  ZmqAnswerQueue answers_;  ///< finished answers for the network worker
+  Atomic<u32> shutting_down_;
+  Atomic<u64> clients_;
+  Atomic<u64> reaped_;
+  Atomic<u64> outstanding_;
+  Atomic<u64> requests_;
+  Atomic<u64> refused_;
+  Atomic<u64> dropped_;
+  Atomic<u64> sent_by_worker_;
+  Atomic<u64> sleeps_;
+  Atomic<u64> late_wakeups_;  ///< see ZmqServerStats
+};
+
+}  // namespace chi
