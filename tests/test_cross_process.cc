@@ -1,9 +1,10 @@
 // A standalone runtime in a child process and pure clients in others: the
 // ClientConnect handshake, demo calls over every transport, concurrency (many
-// processes, threads of one process, a process whose wait helpers are all taken), and
-// two runtimes side by side. Failures (killed clients and runtimes, restarts, bad bytes)
-// are in test_cross_process_failures.cc. Ports come from the pid so parallel test
-// binaries do not collide.
+// processes, threads of one process, a process whose wait helpers are all taken, a
+// task sleeping on the network worker while others are served), and two runtimes side
+// by side. Failures (killed clients and runtimes, restarts, bad bytes) are in
+// test_cross_process_failures.cc. Ports come from the pid so parallel test binaries do
+// not collide.
 #include "cross_process_fixture.h"
 
 using namespace xp_test;
@@ -185,6 +186,41 @@ TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them th
     CHECK(f->result_value_ == i * 2 + 1);
   }
   CHECK(ServerStats().sleeps_ - sleeps_before >= 10);
+  CHECK(StopThroughSession());
+  CHECK(server.WaitExit() == 0);
+}
+
+TEST_CASE("a task sleeping on the network worker does not hold up other ZeroMQ requests") {
+  // Few tasks in flight run on the runtime's network worker itself; a task that sleeps or
+  // waits there suspends its fiber, and the worker goes on serving the sockets.
+  ServerProcess server(TestPort(15));
+  REQUIRE(server.ok());
+  for (const std::string mode : {"ipc", "tcp"}) {
+    CAPTURE(mode);
+    ClientSession session(server.port(), mode);
+    REQUIRE(session.ok());
+    chimaera::demo::Client c = DemoClient();
+    constexpr chi::u64 kHoldNs = 2000000000ull;  // far longer than the round trips below
+    auto held = c.AsyncLockHold(chi::PoolQuery::Local(), chimaera::demo::LockMode::kWrite,
+                                kHoldNs);
+    // A second writer waits in its fiber for the first one's lock.
+    auto waiting = c.AsyncLockHold(chi::PoolQuery::Local(), chimaera::demo::LockMode::kWrite, 0);
+    for (u32 i = 0; i < 50; ++i) {
+      auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 2, i);
+      REQUIRE(f.Wait(30));
+      CHECK(f->result_value_ == i * 2 + 2);
+    }
+    const chi::u64 served = chi::NowNs();  // CLOCK_MONOTONIC, as the runtime's stamps
+    REQUIRE(held.Wait(30));
+    REQUIRE(waiting.Wait(30));
+    CHECK(held->GetReturnCode() == 0);
+    CHECK(waiting->GetReturnCode() == 0);
+    // The 50 round trips were all answered while the first task still slept.
+    CHECK(served < held->end_ns_);
+    CHECK(waiting->start_ns_ >= held->end_ns_);  // the second writer got the lock after it
+  }
+  ClientSession session(server.port(), "tcp");
+  REQUIRE(session.ok());
   CHECK(StopThroughSession());
   CHECK(server.WaitExit() == 0);
 }
