@@ -107,6 +107,7 @@ TEST_CASE("four clients with ten thousand tasks each all get correct answers") {
   CHECK(s.requests_ >= 2 * 4 * 10000);
   CHECK(ServerStats("shm").requests_ >= 4 * 10000);
   CHECK(s.tasks_outstanding_ == 1);  // the Monitor task that reports it
+  CHECK(s.late_wakeups_ == 0);       // no request waited for a sleep's timeout
   CHECK(StopThroughSession());
   CHECK(server.WaitExit() == 0);
 }
@@ -185,7 +186,9 @@ TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them th
     REQUIRE(f.Wait(30));
     CHECK(f->result_value_ == i * 2 + 1);
   }
-  CHECK(ServerStats().sleeps_ - sleeps_before >= 10);
+  const chimaera::admin::TransportStats zmq = ServerStats();
+  CHECK(zmq.sleeps_ - sleeps_before >= 10);
+  CHECK(zmq.late_wakeups_ == 0);  // every request woke the network worker (the ZMQ_FD rule)
   CHECK(StopThroughSession());
   CHECK(server.WaitExit() == 0);
 }

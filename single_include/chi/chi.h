@@ -7144,11 +7144,13 @@ struct TransportStats {
   chi::u64 requests_refused_ = 0;     ///< requests answered with an error
   chi::u64 answers_dropped_ = 0;      ///< answers whose client was gone
   chi::u64 sleeps_ = 0;               ///< times its own worker slept (zmq: the network worker)
+  /** Requests found only after a sleep ran to its timeout: a lost wake-up. Expected 0. */
+  chi::u64 late_wakeups_ = 0;
 
   template <typename Ar>
   void serialize(Ar &ar) {
     ar(name_, clients_, clients_reaped_, tasks_outstanding_, bytes_held_, requests_,
-       requests_refused_, answers_dropped_, sleeps_);
+       requests_refused_, answers_dropped_, sleeps_, late_wakeups_);
   }
 };
 
@@ -13530,7 +13532,6 @@ struct ZmqServerStats {
   u64 requests = 0;           ///< task requests received
   u64 requests_refused = 0;   ///< requests answered with an error (malformed, not connected, ...)
   u64 answers_dropped = 0;    ///< answers whose client was gone
-  u64 answers_by_worker = 0;  ///< answers another worker sent itself (not the network worker)
   u64 sleeps = 0;             ///< times the network worker slept in poll()
   /**
    * Requests the network worker found waiting after a sleep that ran to its timeout (the
@@ -13564,7 +13565,6 @@ class ZmqServerSockets {
     s.requests = requests_.Load(MemOrder::kRelaxed);
     s.requests_refused = refused_.Load(MemOrder::kRelaxed);
     s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
-    s.answers_by_worker = sent_by_worker_.Load(MemOrder::kRelaxed);
     s.sleeps = sleeps_.Load(MemOrder::kRelaxed);
     s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
     return s;
@@ -13764,7 +13764,6 @@ class ZmqServerSockets {
   Atomic<u64> requests_;
   Atomic<u64> refused_;
   Atomic<u64> dropped_;
-  Atomic<u64> sent_by_worker_;
   Atomic<u64> sleeps_;
   Atomic<u64> late_wakeups_;  ///< see ZmqServerStats
 };
@@ -13903,15 +13902,12 @@ class ZmqServer final : public ZmqServerSockets,
   void Sleep(u64 timeout_ns) override {
     if (due_ != 0) return;  // a socket still owes a pass (the ZMQ_FD rule): no sleep
     sleeps_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
-    doorbell_.PrepareSleep();
-    u32 woke = kBothSockets;  // work asked for: it may concern either socket
-    if (!WorkAsked()) {
-      const u64 now = NowNs();
-      u64 wait_ns = next_reap_ > now ? next_reap_ - now : 0;
-      if (timeout_ns != 0 && timeout_ns < wait_ns) wait_ns = timeout_ns;
-      // Rounded up: never before the reap is due.
-      woke = Probe(static_cast<long>((wait_ns + 999999) / 1000000));
-    }
+    doorbell_.PrepareSleep();  // Probe re-checks the work lists after it
+    const u64 now = NowNs();
+    u64 wait_ns = next_reap_ > now ? next_reap_ - now : 0;
+    if (timeout_ns != 0 && timeout_ns < wait_ns) wait_ns = timeout_ns;
+    // Rounded up: never before the reap is due.
+    const u32 woke = Probe(static_cast<long>((wait_ns + 999999) / 1000000));
     doorbell_.Awake((woke & kRung) != 0);
     after_timeout_ = woke == 0;
     due_ |= woke == 0 ? kBothSockets : woke & kBothSockets;  // a timeout: the reap is due
@@ -13951,7 +13947,6 @@ class ZmqServer final : public ZmqServerSockets,
     const int i = static_cast<u8>(slot->peer[0]);
     DeliverAnswer(slot);  // on the network worker, it marks the socket due
     if (own) return true;
-    sent_by_worker_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
     bool readable = true;  // on error, let the network worker look
     try {
       // The ZMQ_FD rule: our send may have taken the fd's signal of requests now waiting.
@@ -18640,6 +18635,7 @@ class Chimaera {
       t.requests_refused_ = s.requests_refused;
       t.answers_dropped_ = s.answers_dropped;
       t.sleeps_ = s.sleeps;
+      t.late_wakeups_ = s.late_wakeups;
       out.push_back(t);
     }
     if (ShmServer *shm = shm_server_.Load(MemOrder::kAcquire)) {

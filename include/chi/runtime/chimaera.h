@@ -193,6 +193,7 @@ class Chimaera {
       t.requests_refused_ = s.requests_refused;
       t.answers_dropped_ = s.answers_dropped;
       t.sleeps_ = s.sleeps;
+      t.late_wakeups_ = s.late_wakeups;
       out.push_back(t);
     }
     if (ShmServer *shm = shm_server_.Load(MemOrder::kAcquire)) {

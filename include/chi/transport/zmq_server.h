@@ -157,15 +157,12 @@ class ZmqServer final : public ZmqServerSockets,
   void Sleep(u64 timeout_ns) override {
     if (due_ != 0) return;  // a socket still owes a pass (the ZMQ_FD rule): no sleep
     sleeps_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
-    doorbell_.PrepareSleep();
-    u32 woke = kBothSockets;  // work asked for: it may concern either socket
-    if (!WorkAsked()) {
-      const u64 now = NowNs();
-      u64 wait_ns = next_reap_ > now ? next_reap_ - now : 0;
-      if (timeout_ns != 0 && timeout_ns < wait_ns) wait_ns = timeout_ns;
-      // Rounded up: never before the reap is due.
-      woke = Probe(static_cast<long>((wait_ns + 999999) / 1000000));
-    }
+    doorbell_.PrepareSleep();  // Probe re-checks the work lists after it
+    const u64 now = NowNs();
+    u64 wait_ns = next_reap_ > now ? next_reap_ - now : 0;
+    if (timeout_ns != 0 && timeout_ns < wait_ns) wait_ns = timeout_ns;
+    // Rounded up: never before the reap is due.
+    const u32 woke = Probe(static_cast<long>((wait_ns + 999999) / 1000000));
     doorbell_.Awake((woke & kRung) != 0);
     after_timeout_ = woke == 0;
     due_ |= woke == 0 ? kBothSockets : woke & kBothSockets;  // a timeout: the reap is due
@@ -205,7 +202,6 @@ class ZmqServer final : public ZmqServerSockets,
     const int i = static_cast<u8>(slot->peer[0]);
     DeliverAnswer(slot);  // on the network worker, it marks the socket due
     if (own) return true;
-    sent_by_worker_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
     bool readable = true;  // on error, let the network worker look
     try {
       // The ZMQ_FD rule: our send may have taken the fd's signal of requests now waiting.

@@ -38,7 +38,6 @@ struct ZmqServerStats {
   u64 requests = 0;           ///< task requests received
   u64 requests_refused = 0;   ///< requests answered with an error (malformed, not connected, ...)
   u64 answers_dropped = 0;    ///< answers whose client was gone
-  u64 answers_by_worker = 0;  ///< answers another worker sent itself (not the network worker)
   u64 sleeps = 0;             ///< times the network worker slept in poll()
   /**
    * Requests the network worker found waiting after a sleep that ran to its timeout (the
@@ -72,7 +71,6 @@ class ZmqServerSockets {
     s.requests = requests_.Load(MemOrder::kRelaxed);
     s.requests_refused = refused_.Load(MemOrder::kRelaxed);
     s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
-    s.answers_by_worker = sent_by_worker_.Load(MemOrder::kRelaxed);
     s.sleeps = sleeps_.Load(MemOrder::kRelaxed);
     s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
     return s;
@@ -272,7 +270,6 @@ class ZmqServerSockets {
   Atomic<u64> requests_;
   Atomic<u64> refused_;
   Atomic<u64> dropped_;
-  Atomic<u64> sent_by_worker_;
   Atomic<u64> sleeps_;
   Atomic<u64> late_wakeups_;  ///< see ZmqServerStats
 };
