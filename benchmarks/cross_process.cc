@@ -311,6 +311,7 @@ bool TaskBlock(chimaera::demo::Client &c, int warm, int n, std::vector<double> *
 struct Sleeps {
   u64 workers = 0;  ///< the lanes' workers parked
   u64 network = 0;  ///< the ZeroMQ network worker slept in poll()
+  u64 moves = 0;    ///< runtime threads moved off a CPU they shared with a client (shm)
 };
 Sleeps RuntimeSleeps() {
   Sleeps s;
@@ -318,7 +319,10 @@ Sleeps RuntimeSleeps() {
   if (!f.Wait(10) || f->GetReturnCode() != 0) return s;
   const chimaera::admin::MonitorReport r = f->Decode();
   for (const chi::WorkerStats &w : r.workers_) s.workers += w.parks_;
-  for (const chimaera::admin::TransportStats &t : r.transports_) s.network += t.sleeps_;
+  for (const chimaera::admin::TransportStats &t : r.transports_) {
+    s.network += t.sleeps_;
+    s.moves += t.cpu_moves_;
+  }
   return s;
 }
 
@@ -456,11 +460,14 @@ int Run(int round_trips, u64 tasks, const std::string &modes) {
     }
     // A lane worker that parks between round trips costs each of them a futex wake-up; the
     // network worker sleeps in poll() as a raw ZeroMQ server does in recv.
+    // A move: a runtime thread kept finding the client on its CPU (cpu_share.h).
     std::printf("%s: during the round trips, lane workers parked %llu times, the network "
-                "worker slept %llu times (%llu task round trips, %d floor blocks)\n",
+                "worker slept %llu times, runtime threads moved off the client's CPU %llu "
+                "times (%llu task round trips, %d floor blocks)\n",
                 mode.c_str(),
                 static_cast<unsigned long long>(sleeps_after.workers - sleeps_before.workers),
                 static_cast<unsigned long long>(sleeps_after.network - sleeps_before.network),
+                static_cast<unsigned long long>(sleeps_after.moves - sleeps_before.moves),
                 static_cast<unsigned long long>(m.task_round_trips), kBlocks);
     if (auto *shm = dynamic_cast<chi::ShmReconnectingTransport *>(
             chi::Chimaera::Get().GetTransport())) {

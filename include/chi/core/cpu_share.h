@@ -49,31 +49,40 @@ class CpuUnstacker {
   /** The least time (ns) between two moves. */
   static constexpr u64 kMoveIntervalNs = 50000000;
 
-  /** The peer was seen on this thread's CPU at `now_ns`; may move the thread. */
-  void Stacked(u64 now_ns) {
+  /**
+   * The peer was seen on this thread's CPU at `now_ns`; may move the thread. True when it
+   * moved (the caller counts it: Monitor reports the moves).
+   */
+  bool Stacked(u64 now_ns) {
     if (since_ns_ == 0) since_ns_ = now_ns;
-    if (now_ns - since_ns_ < kMoveAfterNs || now_ns - last_move_ns_ < kMoveIntervalNs) return;
+    if (now_ns - since_ns_ < kMoveAfterNs || now_ns - last_move_ns_ < kMoveIntervalNs) {
+      return false;
+    }
     last_move_ns_ = now_ns;
     since_ns_ = 0;
-    MoveOff();
+    return MoveOff();
   }
 
   /** The peer was seen elsewhere: the stacking, if any, is over. */
   void Apart() { since_ns_ = 0; }
 
  private:
-  /** Moves the calling thread off its current CPU, when it has anywhere else to go. */
-  static void MoveOff() {
+  /**
+   * Moves the calling thread off its current CPU, when it has anywhere else to go; true
+   * when it moved.
+   */
+  static bool MoveOff() {
     cpu_set_t allowed;
-    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
     const int cpu = sched_getcpu();
-    if (cpu < 0 || CPU_COUNT(&allowed) < 2 || !CPU_ISSET(cpu, &allowed)) return;
+    if (cpu < 0 || CPU_COUNT(&allowed) < 2 || !CPU_ISSET(cpu, &allowed)) return false;
     cpu_set_t others = allowed;
     CPU_CLR(cpu, &others);
     // The kernel migrates a thread off a CPU its new mask excludes at once; the full mask
     // again afterwards leaves it where it landed.
-    sched_setaffinity(0, sizeof(others), &others);
+    const bool moved = sched_setaffinity(0, sizeof(others), &others) == 0;
     sched_setaffinity(0, sizeof(allowed), &allowed);
+    return moved;
   }
 
   u64 since_ns_ = 0;      ///< when the current stacking was first seen (0: none)

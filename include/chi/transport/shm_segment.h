@@ -23,7 +23,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 5;  // 5: kWhole records (8-byte headers)
+inline constexpr u32 kShmTransportVersion = 6;  // 6: cpu_moves in the statistics block
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -61,6 +61,7 @@ struct ShmStatsBlock {
   Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
   Atomic<u64> broken_streams;    ///< request streams found corrupt
   WaitStats poller_waits;        ///< how often the poller parked
+  Atomic<u64> cpu_moves;         ///< runtime threads moved off a client's CPU (CpuUnstacker)
 };
 
 /** One client's place in the segment; its two streams follow it. */

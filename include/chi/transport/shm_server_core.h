@@ -48,6 +48,7 @@ struct ShmServerStats {
   u64 tasks_served = 0;       ///< requests taken in (refused ones get an error answer)
   u64 broken_streams = 0;     ///< request streams found corrupt (their slot was reset)
   u64 worker_taken = 0;       ///< requests workers took in straight from the rings
+  u64 cpu_moves = 0;  ///< runtime threads moved off a CPU they shared with a client
 };
 
 namespace shm_server {
@@ -68,6 +69,7 @@ inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
   s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kRelaxed);
   s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
   s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
+  s.cpu_moves = h->stats_.cpu_moves.Load(MemOrder::kRelaxed);
   for (u32 i = 0; i < h->num_slots_; ++i) {
     const ShmClientSlot *slot = ShmSegment::SlotOf(h, i);
     s.tasks_served += slot->tasks_served_.Load(MemOrder::kRelaxed);
@@ -319,7 +321,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       if (fits) {
         DeleteTask(t);
         s.ReleaseCredit(header_->server_event_);
-        GiveWayTo(segment_.Slot(i)->client_cpu_);
+        GiveWayTo(segment_.Slot(i)->client_cpu_, header_->stats_.cpu_moves);
         return;
       }
     }
@@ -332,12 +334,14 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
 
   /**
    * After a worker's answer: a client spinning for it on this CPU runs only once we stop,
-   * so yield; and when that lasts, move this worker to another CPU (CpuUnstacker).
+   * so yield; and when that lasts, move this worker to another CPU (CpuUnstacker), counted
+   * in `moves`.
    */
-  static void GiveWayTo(const Atomic<u32> &client_cpu) {
+  static void GiveWayTo(const Atomic<u32> &client_cpu, Atomic<u64> &moves) {
     thread_local CpuUnstacker unstacker;
     if (ShareCpu(client_cpu)) {
-      unstacker.Stacked(MonotonicNs());
+      // relaxed: a statistic.
+      if (unstacker.Stacked(MonotonicNs())) moves.FetchAdd(1, MemOrder::kRelaxed);
       sched_yield();
     } else {
       unstacker.Apart();

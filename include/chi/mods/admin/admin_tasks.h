@@ -131,11 +131,13 @@ struct TransportStats {
   chi::u64 sleeps_ = 0;               ///< times its own worker slept (zmq: the network worker)
   /** Requests found only after a sleep ran to its timeout: a lost wake-up. Expected 0. */
   chi::u64 late_wakeups_ = 0;
+  /** Times a runtime thread moved off a CPU it kept sharing with a spinning client (shm). */
+  chi::u64 cpu_moves_ = 0;
 
   template <typename Ar>
   void serialize(Ar &ar) {
     ar(name_, clients_, clients_reaped_, tasks_outstanding_, bytes_held_, requests_,
-       requests_refused_, answers_dropped_, sleeps_, late_wakeups_);
+       requests_refused_, answers_dropped_, sleeps_, late_wakeups_, cpu_moves_);
   }
 };
 
