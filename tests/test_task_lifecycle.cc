@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <atomic>
 #include <fstream>
@@ -180,17 +181,27 @@ int MultiLaneChild() {
   chimaera::demo::Client demo;
   c.Expect(demo.AsyncCreate(PoolQuery::Local(), "lanes", chi::PoolId(241, 0), 2).Wait(30), "pool");
   std::atomic<int> wrong{0};
-  auto client_thread = [&](chi::u32 base) {
+  std::atomic<int> bad_node{0};  // a root task's node is (its unique id, 0)
+  std::vector<chi::u64> ids[2];   // task ids each thread got (each thread takes id blocks)
+  auto client_thread = [&](chi::u32 base, std::vector<chi::u64> *got) {
     std::vector<chi::Future<chimaera::demo::GpuSubmitTask>> fs;
     for (chi::u32 i = 0; i < 5000; ++i) fs.push_back(demo.AsyncGpuSubmit(PoolQuery::DirectHash(i), 1, base + i));
     for (chi::u32 i = 0; i < 5000; ++i) {
       if (!fs[i].Wait(30) || fs[i]->result_value_ != (base + i) * 2 + 1) ++wrong;
+      got->push_back(fs[i]->task_id_.unique_);
+      if (!(fs[i]->task_node_ == chi::TaskNode(fs[i]->task_id_.unique_, 0))) ++bad_node;
     }
   };
-  std::thread a(client_thread, 0), b(client_thread, 100000);
+  std::thread a(client_thread, 0, &ids[0]), b(client_thread, 100000, &ids[1]);
   a.join();
   b.join();
   c.Expect(wrong.load() == 0, "every result correct");
+  std::vector<chi::u64> all(ids[0]);
+  all.insert(all.end(), ids[1].begin(), ids[1].end());
+  std::sort(all.begin(), all.end());
+  c.Expect(all.size() == 10000 && std::adjacent_find(all.begin(), all.end()) == all.end(),
+           "10000 distinct task ids across the two threads");
+  c.Expect(bad_node.load() == 0, "each root task's node is its own id");
   chi::CHIMAERA_FINALIZE();
   return c.Result();
 }

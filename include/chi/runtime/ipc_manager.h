@@ -58,7 +58,7 @@ class IpcManager {
    * unique id, 0), which the compact routing header then leaves out.
    */
   void Stamp(Task *t) {
-    const u64 unique = next_unique_.FetchAdd(1, MemOrder::kRelaxed);
+    const u64 unique = NextUnique();
     t->task_id_ = TaskId{node_, pid_, unique};
     if (RunContext *parent = CurrentRunContext()) {
       t->task_node_ = parent->NextChildNode();  // same major: CoMutex re-entry
@@ -161,7 +161,40 @@ class IpcManager {
   Atomic<ClientTransport *> gpu_transport_{nullptr};  ///< CPU -> GPU routes (GPU builds)
   NodeId node_ = 0;
   u32 pid_ = 0;
+  /**
+   * Task ids a thread takes from the shared counter at once: a submit then costs no
+   * shared read-modify-write, and threads submitting side by side do not pass the
+   * counter's line between them for every task.
+   */
+  static constexpr u64 kIdBlock = 1024;
+
+  /** This thread's ids still to hand out, and the manager they came from. */
+  struct IdBlock {
+    u64 instance = 0;  ///< the manager's instance_ (0: none yet)
+    u64 next = 0;
+    u64 end = 0;
+  };
+
+  /** A process-unique id for a task of this manager (unique, not ordered across threads). */
+  u64 NextUnique() {
+    thread_local IdBlock block;
+    if (CHI_UNLIKELY(block.instance != instance_ || block.next == block.end)) {
+      block.instance = instance_;
+      // relaxed: only the counter's atomicity matters; the ids carry no other data.
+      block.next = next_unique_.FetchAdd(kIdBlock, MemOrder::kRelaxed);
+      block.end = block.next + kIdBlock;
+    }
+    return block.next++;
+  }
+
+  /** Numbers the managers of this process, so a thread's block never outlives its own. */
+  static u64 NewInstance() {
+    static Atomic<u64> instances{0};
+    return instances.FetchAdd(1, MemOrder::kRelaxed) + 1;  // relaxed: only uniqueness
+  }
+
   Atomic<u64> next_unique_{1};
+  const u64 instance_ = NewInstance();
 };
 
 }  // namespace chi
