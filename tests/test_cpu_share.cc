@@ -48,6 +48,13 @@ int PinHere() {
   return cpu;
 }
 
+/** False, saying so, when the thread may run on one CPU only: it has nowhere to move. */
+bool MayMove(const AffinityGuard &guard) {
+  if (CPU_COUNT(&guard.Saved()) >= 2) return true;
+  MESSAGE("skipped: this thread may run on one CPU only, so it has nowhere to move");
+  return false;
+}
+
 // A start time past kMoveIntervalNs: a fresh unstacker has never moved (last move at 0).
 constexpr u64 kT0 = 1000000000ull;
 
@@ -68,10 +75,7 @@ TEST_CASE("NoteCpu records the CPU and ShareCpu sees the other end there") {
 
 TEST_CASE("a thread stacked with its peer moves off the CPU once, after kMoveAfterNs") {
   AffinityGuard guard;
-  if (CPU_COUNT(&guard.Saved()) < 2) {
-    MESSAGE("skipped: this thread may run on one CPU only, so it has nowhere to move");
-    return;
-  }
+  if (!MayMove(guard)) return;
   CpuUnstacker u;
   CHECK_FALSE(u.Stacked(kT0));
   CHECK_FALSE(u.Stacked(kT0 + CpuUnstacker::kMoveAfterNs - 1));  // not long enough yet
@@ -92,14 +96,11 @@ TEST_CASE("a thread stacked with its peer moves off the CPU once, after kMoveAft
 
 TEST_CASE("a sighting apart restarts the stacking clock") {
   AffinityGuard guard;
-  if (CPU_COUNT(&guard.Saved()) < 2) {
-    MESSAGE("skipped: this thread may run on one CPU only, so it has nowhere to move");
-    return;
-  }
+  if (!MayMove(guard)) return;
   CpuUnstacker u;
   CHECK_FALSE(u.Stacked(kT0));
   u.Apart();
-  // kMoveAfterNs after the first sighting, but only 1 ns after the stacking began again.
+  // kMoveAfterNs after the first sighting: the stacking only begins again here.
   CHECK_FALSE(u.Stacked(kT0 + CpuUnstacker::kMoveAfterNs));
   CHECK_FALSE(u.Stacked(kT0 + 2 * CpuUnstacker::kMoveAfterNs - 1));
   CHECK(u.Stacked(kT0 + 2 * CpuUnstacker::kMoveAfterNs));
