@@ -6,7 +6,8 @@
 // Prints: the fiber a task runs on, a reused shell vs a new Boost fiber per task;
 // synchronous task round trip vs two-thread atomic ping-pong; async throughput
 // of empty tasks with 1 and 2 workers; subtask spawn+wait inside a task; wake
-// latency of a parked worker vs a raw futex wake.
+// latency of a parked worker vs a raw futex wake; stamping task ids on two threads at once
+// vs a shared counter.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,6 +53,20 @@ double AtomicPingPongNs(int iters) {
   other.join();
   chi_bench::Unpin();  // runtime threads made later must not inherit the pin
   return (t1 - t0) / iters;
+}
+
+/** Mean ns per call of op() when `threads` threads each make `iters` calls side by side. */
+template <typename Op>
+double SideBySideNs(int threads, int iters, Op op) {
+  std::vector<std::thread> ts;
+  const double t0 = NowNs();
+  for (int k = 0; k < threads; ++k) {
+    ts.emplace_back([&] {
+      for (int i = 0; i < iters; ++i) op();
+    });
+  }
+  for (std::thread &t : ts) t.join();
+  return (NowNs() - t0) / iters;
 }
 
 /** A thread parked on a futex, woken by a store + FUTEX_WAKE, answering by a flag. */
@@ -187,6 +202,21 @@ int main() {
   const double shell = MedianOf(kReps, [] { return ReusedShellPerJobNs(200000); });
   chi_bench::ReportLatency("task fiber: reused shell, enter+suspend", shell,
                            "new Boost fiber per task (pooled)", new_fiber);
+
+  // Stamping a task's id (every submit does) on two threads at once, against the shared
+  // counter it would otherwise take each id from.
+  alignas(64) std::atomic<chi::u64> shared_counter{0};
+  const double counter = MedianOf(kReps, [&] {
+    return SideBySideNs(2, 2000000, [&] { shared_counter.fetch_add(1, std::memory_order_relaxed); });
+  });
+  const double stamp = MedianOf(kReps, [] {
+    return SideBySideNs(2, 2000000, [] {
+      thread_local chimaera::demo::GpuSubmitTask task;
+      chi::GetIpcManager().Stamp(&task);
+    });
+  });
+  chi_bench::ReportLatency("task id stamp, 2 threads at once", stamp,
+                           "shared-counter fetch_add, 2 threads", counter);
 
   InChild([&] {
     auto client = StartRuntime(1, 0);
