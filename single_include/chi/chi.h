@@ -11182,7 +11182,6 @@ class ShmReconnectingTransport final : public ClientTransport {
 // Invariant: only the holder of a slot's `reader` flag reads its requests, only the
 // holder of its `writer` flag appends answers.
 
-
 #include <pthread.h>  // pthread_setname_np for the poller thread
 #include <sched.h>    // sched_yield while the poller spins
 
@@ -11550,6 +11549,14 @@ class ShmReaper {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_REAPER_H
 // ---- end chi/transport/shm_reaper.h ----
+// ---- begin chi/transport/shm_server_types.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_TYPES_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_TYPES_H
+// ShmServer's options, statistics and limits, and the answer encoding the poller and the
+// workers share: what the rest of the runtime (and a process probing the segment) needs
+// without the server's machinery (shm_server_core.h).
+
+#include <vector>  // answer buffers
 
 namespace chi {
 
@@ -11583,6 +11590,7 @@ inline constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is 
 inline constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
 inline constexpr u64 kStopGraceNs = 5000000000ull;  ///< Stop waits this long for running tasks
 
+/** Reads the counters from a segment header (from the runtime or any process mapping it). */
 inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
   // relaxed: statistics; each counter is read on its own.
   ShmServerStats s;
@@ -11612,6 +11620,12 @@ inline void EncodeShmAnswer(Task *t, u64 max_bytes, std::vector<char> *out) {
   }
 }
 }  // namespace shm_server
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_TYPES_H
+// ---- end chi/transport/shm_server_types.h ----
+
+namespace chi {
 
 /** Everything the server runs on; heap-allocated so it can outlive a stuck Stop. */
 class ShmServerCore final : public TaskCompleter, public WorkerPoller {
@@ -16788,7 +16802,7 @@ inline constexpr u64 kGpuInfoMagic = 0x4f464e4955504743ull;  // "CGPUINFO"
  * of its GPU's queue descriptors, and the device-memory region CHI_GPU_HEAP allocates from
  * (gpu_heap.h). Passed to the kernel by value; CHIMAERA_GPU_INIT keeps a copy per block.
  * The region is formatted once, when it is made: the runtime's by GpuManager, a user's own
- * by FormatGpuHeap (gpu_manager.h) or GpuHeapRegion::Format before any kernel gets it. Any
+ * by FormatGpuHeap (gpu_heap_format.h) or GpuHeapRegion::Format before any kernel gets it. Any
  * number of kernels, at once or one after another, may share it, and a block one kernel
  * allocated stays valid in later ones until freed. A thread allocates from its own partition
  * (~24 KiB of the runtime's 64 MiB), then a spill partition once that runs dry; a block too
@@ -17062,6 +17076,14 @@ struct GpuDevice {
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_DEVICE_H
 // ---- end chi/gpu/gpu_device.h ----
+// ---- begin chi/gpu/gpu_heap_format.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_HEAP_FORMAT_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_HEAP_FORMAT_H
+// FormatGpuHeap: makes a region of device memory a CHI_GPU_HEAP (gpu_heap.h) from the host,
+// for the runtime's client heap on each GPU (GpuManager) or a heap of the application's own.
+
+#include <vector>  // the header image built on the host
+
 // ---- begin chi/gpu/gpu_heap.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_HEAP_H
 #define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_HEAP_H
@@ -17515,6 +17537,43 @@ static_assert(sizeof(GpuHeapRegion) == 128, "partition headers start 128 bytes i
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_HEAP_H
 // ---- end chi/gpu/gpu_heap.h ----
+
+namespace chi::gpu {
+
+/**
+ * Formats `bytes` of device memory at `region` (64-byte aligned, e.g. from cudaMalloc) as a
+ * CHI_GPU_HEAP region of `partitions` partitions (0: one per kGpuHeapPartitionBytes), for
+ * the runtime's heap or a GpuInfo::heap_ of the application's own. Copies a header image
+ * built on the host through `stream` (nullptr: a stream of its own) and waits for that stream
+ * only. Call it once, before any kernel gets the region: it forgets every live block.
+ */
+inline Status FormatGpuHeap(void *region, u64 bytes, u32 partitions = 0,
+                            Stream stream = nullptr) {
+  const u32 n = GpuHeapRegion::PartitionsFor(bytes, partitions);
+  if (region == nullptr || reinterpret_cast<u64>(region) % 64 != 0 || n == 0) {
+    return Status::Error(ErrorCode::kInvalidArgument,
+                         "a GPU heap needs a 64-byte aligned region of at least a few KiB");
+  }
+  struct alignas(64) Line {
+    char bytes[64];
+  };
+  std::vector<Line> image(GpuHeapRegion::HeaderBytes(n) / sizeof(Line));  // zeroed
+  GpuHeapRegion::Format(image.data(), bytes, partitions);  // writes only the header bytes
+  Stream own = nullptr;
+  if (stream == nullptr) {
+    if (Status st = Check(StreamCreate(&own), "create a stream"); !st.ok()) return st;
+    stream = own;
+  }
+  Status st = Check(MemcpyAsync(region, image.data(), GpuHeapRegion::HeaderBytes(n), stream),
+                    "format the GPU heap");
+  if (st.ok()) st = Check(StreamSynchronize(stream), "format the GPU heap");
+  if (own != nullptr) static_cast<void>(StreamDestroy(own));
+  return st;
+}
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_HEAP_FORMAT_H
+// ---- end chi/gpu/gpu_heap_format.h ----
 // ---- begin chi/gpu/gpu_client_queues.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
 #define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CLIENT_QUEUES_H
@@ -17952,37 +18011,6 @@ inline constexpr u64 kGpuStopTimeoutNs = 10000000000ull;
 inline constexpr u64 kGpuStateAlign = 256;
 /** Device memory per GPU for client kernels' CHI_GPU_HEAP (2048 partitions of ~32 KiB). */
 inline constexpr u64 kGpuClientHeapBytes = 64ull << 20;
-
-/**
- * Formats `bytes` of device memory at `region` (64-byte aligned, e.g. from cudaMalloc) as a
- * CHI_GPU_HEAP region of `partitions` partitions (0: one per kGpuHeapPartitionBytes), for
- * the runtime's heap or a GpuInfo::heap_ of the application's own. Copies a header image
- * built on the host through `stream` (nullptr: a stream of its own) and waits for that stream
- * only. Call it once, before any kernel gets the region: it forgets every live block.
- */
-inline Status FormatGpuHeap(void *region, u64 bytes, u32 partitions = 0,
-                            Stream stream = nullptr) {
-  const u32 n = GpuHeapRegion::PartitionsFor(bytes, partitions);
-  if (region == nullptr || reinterpret_cast<u64>(region) % 64 != 0 || n == 0) {
-    return Status::Error(ErrorCode::kInvalidArgument,
-                         "a GPU heap needs a 64-byte aligned region of at least a few KiB");
-  }
-  struct alignas(64) Line {
-    char bytes[64];
-  };
-  std::vector<Line> image(GpuHeapRegion::HeaderBytes(n) / sizeof(Line));  // zeroed
-  GpuHeapRegion::Format(image.data(), bytes, partitions);  // writes only the header bytes
-  Stream own = nullptr;
-  if (stream == nullptr) {
-    if (Status st = Check(StreamCreate(&own), "create a stream"); !st.ok()) return st;
-    stream = own;
-  }
-  Status st = Check(MemcpyAsync(region, image.data(), GpuHeapRegion::HeaderBytes(n), stream),
-                    "format the GPU heap");
-  if (st.ok()) st = Check(StreamSynchronize(stream), "format the GPU heap");
-  if (own != nullptr) static_cast<void>(StreamDestroy(own));
-  return st;
-}
 
 /** The GPUs of this process's runtime (one instance per process). */
 class GpuManager : private GpuPoolDirectory {

@@ -24,7 +24,7 @@
 #include "chi/core/status.h"             // Status
 #include "chi/gpu/gpu_api.h"             // the CUDA/HIP layer
 #include "chi/gpu/gpu_device.h"          // GpuDevice: one GPU's memory, streams, orchestrator
-#include "chi/gpu/gpu_heap.h"            // GpuHeapRegion: formatting CHI_GPU_HEAP regions
+#include "chi/gpu/gpu_heap_format.h"     // FormatGpuHeap: the client kernels' heap
 #include "chi/gpu/gpu_client_queues.h"   // a pure client's attachment to a runtime's queues
 #include "chi/gpu/gpu_connect_info.h"    // describing the queues to clients
 #include "chi/gpu/gpu_ipc_ops.h"         // opening clients' IPC handles
@@ -45,37 +45,6 @@ inline constexpr u64 kGpuStopTimeoutNs = 10000000000ull;
 inline constexpr u64 kGpuStateAlign = 256;
 /** Device memory per GPU for client kernels' CHI_GPU_HEAP (2048 partitions of ~32 KiB). */
 inline constexpr u64 kGpuClientHeapBytes = 64ull << 20;
-
-/**
- * Formats `bytes` of device memory at `region` (64-byte aligned, e.g. from cudaMalloc) as a
- * CHI_GPU_HEAP region of `partitions` partitions (0: one per kGpuHeapPartitionBytes), for
- * the runtime's heap or a GpuInfo::heap_ of the application's own. Copies a header image
- * built on the host through `stream` (nullptr: a stream of its own) and waits for that stream
- * only. Call it once, before any kernel gets the region: it forgets every live block.
- */
-inline Status FormatGpuHeap(void *region, u64 bytes, u32 partitions = 0,
-                            Stream stream = nullptr) {
-  const u32 n = GpuHeapRegion::PartitionsFor(bytes, partitions);
-  if (region == nullptr || reinterpret_cast<u64>(region) % 64 != 0 || n == 0) {
-    return Status::Error(ErrorCode::kInvalidArgument,
-                         "a GPU heap needs a 64-byte aligned region of at least a few KiB");
-  }
-  struct alignas(64) Line {
-    char bytes[64];
-  };
-  std::vector<Line> image(GpuHeapRegion::HeaderBytes(n) / sizeof(Line));  // zeroed
-  GpuHeapRegion::Format(image.data(), bytes, partitions);  // writes only the header bytes
-  Stream own = nullptr;
-  if (stream == nullptr) {
-    if (Status st = Check(StreamCreate(&own), "create a stream"); !st.ok()) return st;
-    stream = own;
-  }
-  Status st = Check(MemcpyAsync(region, image.data(), GpuHeapRegion::HeaderBytes(n), stream),
-                    "format the GPU heap");
-  if (st.ok()) st = Check(StreamSynchronize(stream), "format the GPU heap");
-  if (own != nullptr) static_cast<void>(StreamDestroy(own));
-  return st;
-}
 
 /** The GPUs of this process's runtime (one instance per process). */
 class GpuManager : private GpuPoolDirectory {

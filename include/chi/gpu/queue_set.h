@@ -38,7 +38,7 @@ inline constexpr u64 kGpuInfoMagic = 0x4f464e4955504743ull;  // "CGPUINFO"
  * of its GPU's queue descriptors, and the device-memory region CHI_GPU_HEAP allocates from
  * (gpu_heap.h). Passed to the kernel by value; CHIMAERA_GPU_INIT keeps a copy per block.
  * The region is formatted once, when it is made: the runtime's by GpuManager, a user's own
- * by FormatGpuHeap (gpu_manager.h) or GpuHeapRegion::Format before any kernel gets it. Any
+ * by FormatGpuHeap (gpu_heap_format.h) or GpuHeapRegion::Format before any kernel gets it. Any
  * number of kernels, at once or one after another, may share it, and a block one kernel
  * allocated stays valid in later ones until freed. A thread allocates from its own partition
  * (~24 KiB of the runtime's 64 MiB), then a spill partition once that runs dry; a block too

@@ -5,7 +5,6 @@
 // holder of its `writer` flag appends answers.
 #pragma once
 
-
 #include <pthread.h>  // pthread_setname_np for the poller thread
 #include <sched.h>    // sched_yield while the poller spins
 
@@ -28,69 +27,10 @@
 #include "chi/transport/shm_process.h"         // SelfIdentity for the segment header
 #include "chi/transport/shm_reaper.h"          // slot life cycle, ShmServedSlot
 #include "chi/transport/shm_segment.h"         // segment layout, ShmServerInfo
+#include "chi/transport/shm_server_types.h"    // options, statistics, limits
 #include "chi/transport/shm_stream.h"          // request and answer streams
 
 namespace chi {
-
-/** Segment geometry and limits (ShmServer::OptionsFor derives them from the config). */
-struct ShmServerOptions {
-  u32 num_slots = 32;                    ///< clients served at once
-  u32 ring_bytes = 1u << 20;             ///< each stream's ring (messages may be larger)
-  u64 max_message_bytes = 256ull << 20;  ///< largest request or answer
-  u32 max_outstanding = 1024;            ///< requests in flight per client
-};
-
-/** What the transport is doing (also readable from other processes: ProbeStats). */
-struct ShmServerStats {
-  u32 clients = 0;            ///< slots being served
-  u64 reclaimed_clients = 0;  ///< slots taken back from dead or misbehaving clients
-  u64 bytes_in_use = 0;       ///< unread ring bytes plus partial messages held
-  u64 tasks_served = 0;       ///< requests taken in (refused ones get an error answer)
-  u64 broken_streams = 0;     ///< request streams found corrupt (their slot was reset)
-  u64 worker_taken = 0;       ///< requests workers took in straight from the rings
-  u64 cpu_moves = 0;  ///< runtime threads moved off a CPU they shared with a client
-};
-
-namespace shm_server {
-inline constexpr u32 kMinRing = 16u << 10;
-inline constexpr u32 kMaxRing = 16u << 20;
-/// Polling before the poller parks: short, since on a machine with fewer cores than
-/// spinning threads every microsecond spun delays the thread we are waiting for.
-inline constexpr u64 kPollerSpinNs = 10000;
-inline constexpr u64 kReapIntervalNs = 20000000;  ///< liveness checks while clients exist
-inline constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is connected
-inline constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
-inline constexpr u64 kStopGraceNs = 5000000000ull;  ///< Stop waits this long for running tasks
-
-inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
-  // relaxed: statistics; each counter is read on its own.
-  ShmServerStats s;
-  s.clients = h->stats_.clients.Load(MemOrder::kRelaxed);
-  s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kRelaxed);
-  s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
-  s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
-  s.cpu_moves = h->stats_.cpu_moves.Load(MemOrder::kRelaxed);
-  for (u32 i = 0; i < h->num_slots_; ++i) {
-    const ShmClientSlot *slot = ShmSegment::SlotOf(h, i);
-    s.tasks_served += slot->tasks_served_.Load(MemOrder::kRelaxed);
-    s.worker_taken += slot->worker_taken_.Load(MemOrder::kRelaxed);
-  }
-  return s;
-}
-
-/** Encodes a finished task's answer envelope into *out (the task stays alive). */
-inline void EncodeShmAnswer(Task *t, u64 max_bytes, std::vector<char> *out) {
-  EncodeAnswerKeep(t, out);
-  if (out->size() > max_bytes) {
-    Status st = Status::Errorf(ErrorCode::kTooLarge,
-                               "answer of %llu bytes exceeds the shm transport's %llu-byte "
-                               "limit (shm.client_data_size)",
-                               static_cast<unsigned long long>(out->size()),
-                               static_cast<unsigned long long>(max_bytes));
-    RequestDispatcher::EncodeError(t->request_id_, st.code(), st.message(), out);
-  }
-}
-}  // namespace shm_server
 
 /** Everything the server runs on; heap-allocated so it can outlive a stuck Stop. */
 class ShmServerCore final : public TaskCompleter, public WorkerPoller {
