@@ -159,7 +159,11 @@ class Future {
  public:
   static constexpr u64 kSpinNs = 50000;  ///< time a waiting thread polls before it parks
   static constexpr u64 kTimedPollNs = 50000;  ///< fiber poll interval for timed waits
-  static constexpr u32 kHotPolls = 32;        ///< polls at the start of a wait with no PAUSE
+  /**
+   * Polls at the start of a wait with no PAUSE. 64 cover a shm round trip's wait on the
+   * 2-core VM (32, about 260 ns of polls there, often ran out just before the answer came).
+   */
+  static constexpr u32 kHotPolls = 64;
 
   Future() = default;
   /** Takes ownership of a submitted task. */
