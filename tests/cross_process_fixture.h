@@ -264,6 +264,19 @@ inline chimaera::demo::Client DemoClient() {
   return c;
 }
 
+/**
+ * n GpuSubmit round trips on `gpu`, one at a time (each after a pause of pause_ms when
+ * given), each answered and right (value i gives i * 2 + gpu).
+ */
+inline void SequentialGpuSubmits(chimaera::demo::Client &c, u32 gpu, u32 n, int pause_ms = 0) {
+  for (u32 i = 0; i < n; ++i) {
+    if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), gpu, i);
+    REQUIRE(f.Wait(30));
+    CHECK(f->result_value_ == i * 2 + gpu);
+  }
+}
+
 /** The counters of the runtime's transport server `name` ("zmq" or "shm"), through Monitor. */
 inline chimaera::admin::TransportStats ServerStats(const std::string &name = "zmq") {
   auto f = chimaera::admin::Client().AsyncMonitor(chi::PoolQuery::Local());

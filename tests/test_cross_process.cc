@@ -143,11 +143,7 @@ TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them th
     ClientSession session(server.port(), mode);
     REQUIRE(session.ok());
     chimaera::demo::Client c = DemoClient();
-    for (u32 i = 0; i < 100; ++i) {  // one caller, one task at a time
-      auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 3, i);
-      REQUIRE(f.Wait(30));
-      CHECK(f->result_value_ == i * 2 + 3);
-    }
+    SequentialGpuSubmits(c, 3, 100);  // one caller, one task at a time
     auto *zmq = dynamic_cast<chi::ZmqClientTransport *>(chi::Chimaera::Get().GetTransport());
     REQUIRE(zmq != nullptr);
     chi::ZmqClientStats s = zmq->Stats();
@@ -180,12 +176,7 @@ TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them th
   // (not parked on a futex no request could wake): each wakes it and is answered.
   chimaera::demo::Client c = DemoClient();
   const chi::u64 sleeps_before = ServerStats().sleeps_;
-  for (u32 i = 0; i < 20; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // it sleeps once idle
-    auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 1, i);
-    REQUIRE(f.Wait(30));
-    CHECK(f->result_value_ == i * 2 + 1);
-  }
+  SequentialGpuSubmits(c, 1, 20, 2);  // 2 ms apart: it sleeps once idle
   const chimaera::admin::TransportStats zmq = ServerStats();
   CHECK(zmq.sleeps_ - sleeps_before >= 10);
   CHECK(zmq.late_wakeups_ == 0);  // every request woke the network worker (the ZMQ_FD rule)
@@ -208,11 +199,7 @@ TEST_CASE("a task sleeping on the network worker does not hold up other ZeroMQ r
                                 kHoldNs);
     // A second writer waits in its fiber for the first one's lock.
     auto waiting = c.AsyncLockHold(chi::PoolQuery::Local(), chimaera::demo::LockMode::kWrite, 0);
-    for (u32 i = 0; i < 50; ++i) {
-      auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 2, i);
-      REQUIRE(f.Wait(30));
-      CHECK(f->result_value_ == i * 2 + 2);
-    }
+    SequentialGpuSubmits(c, 2, 50);
     const chi::u64 served = chi::NowNs();  // CLOCK_MONOTONIC, as the runtime's stamps
     REQUIRE(held.Wait(30));
     REQUIRE(waiting.Wait(30));
