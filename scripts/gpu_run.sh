@@ -48,7 +48,7 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHIMAERA_ENABL
   cat "$summary"
   exit 1
 fi
-targets=(chi_gpu_all test_gpu_protocol)
+targets=(chi_gpu_all test_gpu_protocol test_gpu_queue_inline)
 [[ $host_bench == 1 ]] && targets+=(bench_cross_process bench_embedded bench_queues)
 if ! ninja -C "$build" -j"$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1; then
   grep -E "error|FAILED" "$out/build.log" | head -40
@@ -69,10 +69,12 @@ run() {  # run <name> <timeout seconds> <command...>: logs to $out/<name>.log
 }
 
 run test_gpu_protocol 120 "$build/tests/gpu/test_gpu_protocol"
+run test_gpu_queue_inline 60 "$build/tests/gpu/test_gpu_queue_inline"
 run test_gpu_runtime 180 "$build/tests/gpu/test_gpu_runtime"
 run test_gpu_client_process 180 "$build/tests/gpu/test_gpu_client_process"
 run test_gpu_memory 180 "$build/tests/gpu/test_gpu_memory"
-grep -E "test cases|assertions|ERROR|FAILED|skipped" "$out/test_gpu_protocol.log" "$out/test_gpu_runtime.log" \
+grep -E "test cases|assertions|ERROR|FAILED|skipped" "$out/test_gpu_protocol.log" \
+  "$out/test_gpu_queue_inline.log" "$out/test_gpu_runtime.log" \
   "$out/test_gpu_client_process.log" "$out/test_gpu_memory.log" \
   | tee -a "$summary"
 if [[ $bench == 1 ]]; then

@@ -1,20 +1,20 @@
-// Runtime configuration: the embedded default matches config/, every key parses,
-// every bad value is a kBadConfig error naming its key, env overrides, hostfiles.
+// Runtime configuration, parsing YAML text: the embedded default matches config/, every key
+// parses, sizes and queue depths are normalised, and every bad value, unknown or duplicate
+// key, bad compose entry or YAML syntax error is a kBadConfig error naming its key (and
+// source line). Loading from files, the environment and hostfiles is in
+// test_config_loading.cc.
 #include <doctest/doctest.h>
 
-#include <stdlib.h>  // setenv, unsetenv, mkstemp
-#include <unistd.h>  // close, unlink, write
-
 #include <chi/runtime/config.h>
-#include <chi/runtime/hostfile.h>
 
-#include <array>       // the saved variable names
 #include <filesystem>  // locating config/ from this file
 #include <fstream>     // reading the YAML file
 #include <iterator>    // istreambuf_iterator
-#include <optional>    // saved environment values
 #include <string>
+#include <utility>     // the (text, expected) pairs
 #include <vector>
+
+#include "config_test_support.h"  // Contains
 
 using chi::ComposeEntry;
 using chi::ErrorCode;
@@ -22,56 +22,9 @@ using chi::PoolId;
 using chi::PoolQuery;
 using chi::ServerConfig;
 using chi::Status;
+using config_test::Contains;
 
 namespace {
-
-/** Sets or clears the CHI_* variables for one test case and restores them after. */
-class EnvGuard {
- public:
-  EnvGuard() {
-    for (const char *name : kNames) {
-      const char *v = std::getenv(name);
-      saved_.push_back(v ? std::optional<std::string>(v) : std::nullopt);
-      unsetenv(name);
-    }
-  }
-  ~EnvGuard() {
-    for (size_t i = 0; i < kNames.size(); ++i) {
-      if (saved_[i]) {
-        setenv(kNames[i], saved_[i]->c_str(), 1);
-      } else {
-        unsetenv(kNames[i]);
-      }
-    }
-  }
-  void Set(const char *name, const std::string &value) { setenv(name, value.c_str(), 1); }
-
- private:
-  static constexpr std::array<const char *, 6> kNames = {
-      "CHI_SERVER_CONF",     "CHI_PORT",         "CHI_IPC_MODE", "CHI_CONNECT_TIMEOUT",
-      "CHI_RECONNECT_TIMEOUT", "CHI_ZMQ_SPIN_US"};
-  std::vector<std::optional<std::string>> saved_;
-};
-
-/** A temporary file holding the given text, removed when the object dies. */
-class TempFile {
- public:
-  explicit TempFile(const std::string &text) {
-    std::string tmpl = "/tmp/chi_cfg_" + std::string(6, 'X');  // mkstemp pattern
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    int fd = mkstemp(buf.data());
-    REQUIRE(fd >= 0);
-    path_ = buf.data();
-    REQUIRE(write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
-    close(fd);
-  }
-  ~TempFile() { unlink(path_.c_str()); }
-  const std::string &path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 /** The repository's config/chimaera_default.yaml (CHI_SOURCE_DIR if the build defines it). */
 std::filesystem::path DefaultYamlPath() {
@@ -96,10 +49,6 @@ void ExpectBadConfig(const std::string &yaml, std::vector<std::string> needles) 
     CHECK(std::string(st.message()).find(needle) != std::string::npos);
   }
   CHECK(cfg == ServerConfig{});
-}
-
-bool Contains(const Status &st, const std::string &needle) {
-  return std::string(st.message()).find(needle) != std::string::npos;
 }
 
 }  // namespace
@@ -416,123 +365,6 @@ TEST_CASE("a failed parse leaves the previous config untouched") {
   CHECK(cfg.lanes_per_worker == 1);
 }
 
-TEST_CASE("LoadServerConfig uses the embedded default when CHI_SERVER_CONF is unset or empty") {
-  EnvGuard env;
-  ServerConfig cfg;
-  cfg.port = 1;
-  Status st = chi::LoadServerConfig(&cfg);
-  REQUIRE_MESSAGE(st.ok(), st.message());
-  CHECK(cfg == ServerConfig{});
-  env.Set("CHI_SERVER_CONF", "");
-  cfg.port = 1;
-  REQUIRE(chi::LoadServerConfig(&cfg).ok());
-  CHECK(cfg == ServerConfig{});
-}
-
-TEST_CASE("LoadServerConfig reads the file named by CHI_SERVER_CONF") {
-  EnvGuard env;
-  TempFile file("queue_depth: 64\nnetworking:\n  port: 7777\n  ipc_mode: ipc\n"
-                "compose:\n  - {mod_name: m, pool_name: p, pool_id: '9.1'}\n");
-  env.Set("CHI_SERVER_CONF", file.path());
-  ServerConfig cfg;
-  Status st = chi::LoadServerConfig(&cfg);
-  REQUIRE_MESSAGE(st.ok(), st.message());
-  CHECK(cfg.queue_depth == 64);
-  CHECK(cfg.port == 7777);
-  CHECK(cfg.ipc_mode == "ipc");
-  CHECK(cfg.low_latency_workers == 1);  // not in the file: keeps the default
-  REQUIRE(cfg.compose.size() == 1);
-  CHECK(cfg.compose[0].pool_id == PoolId(9, 1));
-}
-
-TEST_CASE("a missing or unreadable CHI_SERVER_CONF file is an error naming the path") {
-  EnvGuard env;
-  const std::string missing = "/tmp/chi_cfg_does_not_exist_" + std::to_string(getpid()) + ".yaml";
-  env.Set("CHI_SERVER_CONF", missing);
-  ServerConfig cfg;
-  Status st = chi::LoadServerConfig(&cfg);
-  CAPTURE(st.message());
-  REQUIRE_FALSE(st.ok());
-  CHECK(st.code() == ErrorCode::kBadConfig);
-  CHECK(Contains(st, "CHI_SERVER_CONF"));
-  CHECK(Contains(st, missing));
-  CHECK(cfg == ServerConfig{});
-  env.Set("CHI_SERVER_CONF", "/tmp");
-  st = chi::LoadServerConfig(&cfg);
-  CAPTURE(st.message());
-  REQUIRE_FALSE(st.ok());
-  CHECK(Contains(st, "'/tmp'"));
-}
-
-TEST_CASE("a bad value in the CHI_SERVER_CONF file names the file, line and key") {
-  EnvGuard env;
-  TempFile file("gpu:\n  blocks: 1\n  threads_per_block: lots\n");
-  env.Set("CHI_SERVER_CONF", file.path());
-  ServerConfig cfg;
-  Status st = chi::LoadServerConfig(&cfg);
-  CAPTURE(st.message());
-  REQUIRE_FALSE(st.ok());
-  CHECK(st.code() == ErrorCode::kBadConfig);
-  CHECK(Contains(st, file.path() + ":3: gpu.threads_per_block"));
-}
-
-TEST_CASE("a long config path is shortened so the key still fits in the message") {
-  EnvGuard env;
-  const std::string dir = "/tmp/chi_cfg_" + std::string(120, 'd') + "_" + std::to_string(getpid());
-  REQUIRE(std::filesystem::create_directory(dir));
-  const std::string path = dir + "/long.yaml";
-  { std::ofstream(path) << "networking:\n  ipc_mode: carrier-pigeon\n"; }
-  env.Set("CHI_SERVER_CONF", path);
-  ServerConfig cfg;
-  Status st = chi::LoadServerConfig(&cfg);
-  std::filesystem::remove_all(dir);
-  CAPTURE(st.message());
-  REQUIRE_FALSE(st.ok());
-  CHECK(Contains(st, "long.yaml:2: networking.ipc_mode: expected one of shm|ipc|tcp"));
-}
-
-TEST_CASE("CHI_PORT and CHI_IPC_MODE override the configured values") {
-  EnvGuard env;
-  TempFile file("networking:\n  port: 7000\n  ipc_mode: shm\n");
-  env.Set("CHI_SERVER_CONF", file.path());
-  env.Set("CHI_PORT", "12345");
-  env.Set("CHI_IPC_MODE", "tcp");
-  ServerConfig cfg;
-  Status st = chi::LoadServerConfig(&cfg);
-  REQUIRE_MESSAGE(st.ok(), st.message());
-  CHECK(cfg.port == 12345);
-  CHECK(cfg.ipc_mode == "tcp");
-  unsetenv("CHI_SERVER_CONF");
-  env.Set("CHI_IPC_MODE", "ipc");
-  REQUIRE(chi::LoadServerConfig(&cfg).ok());
-  CHECK(cfg.port == 12345);
-  CHECK(cfg.ipc_mode == "ipc");
-}
-
-TEST_CASE("a bad CHI_PORT or CHI_IPC_MODE is an error naming the variable") {
-  for (const char *bad : {"0", "65536", "http", "-1", "80x"}) {
-    EnvGuard env;
-    env.Set("CHI_PORT", bad);
-    ServerConfig cfg;
-    Status st = chi::LoadServerConfig(&cfg);
-    CAPTURE(st.message());
-    REQUIRE_FALSE(st.ok());
-    CHECK(st.code() == ErrorCode::kBadConfig);
-    CHECK(Contains(st, "CHI_PORT"));
-    CHECK(Contains(st, std::string("'") + bad + "'"));
-    CHECK(cfg == ServerConfig{});
-  }
-  for (const char *bad : {"udp", "SHM", "shm "}) {
-    EnvGuard env;
-    env.Set("CHI_IPC_MODE", bad);
-    ServerConfig cfg;
-    Status st = chi::LoadServerConfig(&cfg);
-    CAPTURE(st.message());
-    REQUIRE_FALSE(st.ok());
-    CHECK(Contains(st, "CHI_IPC_MODE: expected one of shm|ipc|tcp"));
-  }
-}
-
 TEST_CASE("the client timeouts and the ZeroMQ spin are read in seconds and microseconds") {
   ServerConfig cfg;
   Status st = chi::ParseServerConfig(
@@ -560,112 +392,4 @@ TEST_CASE("a bad client timeout or ZeroMQ spin is an error naming its key") {
                   {"networking.zmq_worker_spin_us", "out of range 0..1000000"});
   ExpectBadConfig("networking:\n  zmq_worker_spin_us: -3\n",
                   {"networking.zmq_worker_spin_us", "unsigned integer"});
-}
-
-TEST_CASE("CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT and CHI_ZMQ_SPIN_US override their keys") {
-  EnvGuard env;
-  TempFile file(
-      "networking:\n  connect_timeout_s: 1\n  reconnect_timeout_s: 2\n  zmq_spin_us: 3\n");
-  env.Set("CHI_SERVER_CONF", file.path());
-  ServerConfig cfg;
-  REQUIRE(chi::LoadServerConfig(&cfg).ok());
-  CHECK(cfg.connect_timeout_sec == 1);
-  CHECK(cfg.reconnect_timeout_sec == 2);
-  CHECK(cfg.zmq_spin_us == 3);
-  env.Set("CHI_CONNECT_TIMEOUT", "0.3");
-  env.Set("CHI_RECONNECT_TIMEOUT", "20");
-  env.Set("CHI_ZMQ_SPIN_US", "50");
-  Status st = chi::LoadServerConfig(&cfg);
-  REQUIRE_MESSAGE(st.ok(), st.message());
-  CHECK(cfg.connect_timeout_sec == 0.3);
-  CHECK(cfg.reconnect_timeout_sec == 20);
-  CHECK(cfg.zmq_spin_us == 50);
-}
-
-TEST_CASE("a bad CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT or CHI_ZMQ_SPIN_US names it") {
-  for (const char *name : {"CHI_CONNECT_TIMEOUT", "CHI_RECONNECT_TIMEOUT", "CHI_ZMQ_SPIN_US"}) {
-    for (const char *bad : {"-1", "soon", "99999999"}) {
-      EnvGuard env;
-      env.Set(name, bad);
-      ServerConfig cfg;
-      Status st = chi::LoadServerConfig(&cfg);
-      CAPTURE(name);
-      CAPTURE(st.message());
-      REQUIRE_FALSE(st.ok());
-      CHECK(st.code() == ErrorCode::kBadConfig);
-      CHECK(Contains(st, name));
-      CHECK(Contains(st, std::string("'") + bad + "'"));
-      CHECK(cfg == ServerConfig{});
-    }
-  }
-}
-
-TEST_CASE("a hostfile skips blank lines and comments and expands ranges") {
-  TempFile file(
-      "# cluster nodes\n"
-      "\n"
-      "head-node\n"
-      "   \t\n"
-      "node[01-03]   # the compute nodes\n"
-      "gpu[8-10]-ib\r\n"
-      "rack[1-2]n[0,5]\n"
-      "last\n");
-  std::vector<std::string> hosts = {"stale"};
-  Status st = chi::ParseHostfile(file.path(), &hosts);
-  REQUIRE_MESSAGE(st.ok(), st.message());
-  const std::vector<std::string> expect = {
-      "head-node", "node01",  "node02",  "node03",  "gpu8-ib", "gpu9-ib", "gpu10-ib",
-      "rack1n0",   "rack1n5", "rack2n0", "rack2n5", "last"};
-  CHECK(hosts == expect);
-}
-
-TEST_CASE("an empty hostfile gives no hosts") {
-  TempFile file("# nothing here\n\n");
-  std::vector<std::string> hosts = {"stale"};
-  REQUIRE(chi::ParseHostfile(file.path(), &hosts).ok());
-  CHECK(hosts.empty());
-}
-
-TEST_CASE("a missing hostfile is an error naming it") {
-  const std::string missing = "/tmp/chi_hosts_missing_" + std::to_string(getpid());
-  std::vector<std::string> hosts = {"kept"};
-  Status st = chi::ParseHostfile(missing, &hosts);
-  CAPTURE(st.message());
-  REQUIRE_FALSE(st.ok());
-  CHECK(st.code() == ErrorCode::kBadConfig);
-  CHECK(Contains(st, "hostfile"));
-  CHECK(Contains(st, missing));
-  CHECK(hosts == std::vector<std::string>{"kept"});
-}
-
-TEST_CASE("a malformed hostfile line is an error naming the file and line") {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"node[1-]\n", "bad range '1-'"},
-      {"node[3-1]\n", "bad range '3-1'"},
-      {"node[a-b]\n", "bad range 'a-b'"},
-      {"node[1-2\n", "'[' without ']'"},
-      {"node1]\n", "']' without '['"},
-      {"node[]\n", "bad range ''"},
-      {"host1 host2\n", "expected one host per line"},
-  };
-  for (const auto &c : cases) {
-    const std::string &line = c.first;
-    const std::string &needle = c.second;
-    TempFile file("ok-host\n# comment\n" + line);
-    std::vector<std::string> hosts;
-    Status st = chi::ParseHostfile(file.path(), &hosts);
-    CAPTURE(line);
-    CAPTURE(st.message());
-    REQUIRE_FALSE(st.ok());
-    CHECK(st.code() == ErrorCode::kBadConfig);
-    CHECK(Contains(st, file.path() + ":3: "));
-    CHECK(Contains(st, needle));
-  }
-}
-
-TEST_CASE("ParseHostfileText reads hosts from memory like ParseHostfile") {
-  std::vector<std::string> hosts;
-  Status st = chi::ParseHostfileText("a\nb[09-11]\n", &hosts);
-  REQUIRE_MESSAGE(st.ok(), st.message());
-  CHECK(hosts == std::vector<std::string>{"a", "b09", "b10", "b11"});
 }

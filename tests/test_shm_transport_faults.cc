@@ -1,0 +1,346 @@
+// The shared-memory transport when things go wrong: a client SIGKILLed mid-stream is
+// reclaimed by the runtime's reaper while others keep being served, a dead runtime fails
+// pending waits with kPeerDead and a new one takes its port, bad bytes in a request ring
+// reset only that client's slot, and Connect, Start and Close fail with clear errors.
+// The shared runtime child and fixtures are in shm_transport_fixture.h.
+#include "shm_transport_fixture.h"
+
+#include <poll.h>      // waiting for a child's ready byte
+#include <signal.h>    // SIGKILL
+#include <sys/stat.h>  // segment permissions
+#include <unistd.h>    // pipe, read, write
+
+#include <chrono>   // deadlines
+#include <cstdio>   // fprintf in child routines
+#include <cstring>  // memcpy
+#include <memory>   // make_unique of a runtime
+#include <string>   // payloads, env values
+#include <thread>   // sleep_for while polling from tests
+#include <vector>   // ring bytes
+
+using namespace shm_test;
+
+namespace {
+
+// ---- Child processes ----
+
+/** Sends one byte on the pipe named by CHI_TEST_READY_FD. */
+void SignalReady() {
+  int fd = static_cast<int>(EnvU32("CHI_TEST_READY_FD", 0));
+  char c = 'r';
+  if (write(fd, &c, 1) != 1) std::fprintf(stderr, "ready pipe write failed\n");
+}
+
+/**
+ * A client that dies mid-stream: a task in flight, then the first 64 KiB of a 4 MiB
+ * request written into its ring, then it waits to be SIGKILLed.
+ */
+int DyingClientMain() {
+  DieWithParent();
+  chi_test::ChildChecks checks;
+  auto tr = ConnectFromChild(&checks);
+  if (tr == nullptr) return checks.Result();
+  chimaera::demo::Client client(kPool);
+  auto held = client.AsyncLockHold(PoolQuery::Local(), chimaera::demo::LockMode::kRead,
+                                   300000000ull);
+  chi::ShmStream *rs = tr->Segment().RequestStream(tr->SlotIndex());
+  std::vector<char> piece(64u << 10, 'x');
+  const u64 id = 0x5151;
+  std::memcpy(piece.data(), &id, sizeof(id));
+  checks.Expect(rs->WritableBytes(piece.size()) >= piece.size(), "room for the first piece");
+  rs->WritePiece(true, 4u << 20, piece.data(), piece.size());
+  tr->Segment().Header()->server_event_.Notify();
+  SignalReady();
+  for (int i = 0; i < 600; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return 1;  // the parent should have killed us long ago
+}
+chi_test::ChildRoutine kDyingClientRoutine("shm_dying_client", DyingClientMain);
+
+/** A client that streams 4 MiB echoes (two in flight) until it is killed. */
+int StreamingClientMain() {
+  DieWithParent();
+  chi_test::ChildChecks checks;
+  auto tr = ConnectFromChild(&checks);
+  if (tr == nullptr) return checks.Result();
+  chimaera::demo::Client client(kPool);
+  const std::string big = Pattern(4u << 20, 9);
+  auto a = client.AsyncCustom(PoolQuery::Local(), big);
+  bool signalled = false;
+  for (int i = 0; i < 100000; ++i) {
+    auto b = client.AsyncCustom(PoolQuery::Local(), big);
+    if (!a.Wait(30) || a->GetReturnCode() != 0) return 2;
+    if (!signalled) {
+      SignalReady();
+      signalled = true;
+    }
+    a = std::move(b);
+  }
+  return 1;
+}
+chi_test::ChildRoutine kStreamingClientRoutine("shm_streaming_client", StreamingClientMain);
+
+/** A fresh client: echoes of several sizes must come back intact. */
+int EchoClientMain() {
+  DieWithParent();
+  chi_test::ChildChecks checks;
+  auto tr = ConnectFromChild(&checks);
+  if (tr == nullptr) return checks.Result();
+  chimaera::demo::Client client(kPool);
+  for (u64 size : {16ull, 4000ull, 300000ull, 1ull << 20}) {
+    const std::string data = Pattern(size, 5);
+    auto f = client.AsyncCustom(PoolQuery::Local(), data);
+    checks.Expect(f.Wait(30) && f->GetReturnCode() == 0 && f->data_.view() == data,
+                  "echo of " + std::to_string(size) + " bytes");
+  }
+  chi::GetIpcManager().AttachTransport(nullptr, 0);
+  tr->Close();
+  return checks.Result();
+}
+chi_test::ChildRoutine kEchoClientRoutine("shm_echo_client", EchoClientMain);
+
+// ---- Parent-side helpers ----
+
+/** An echo task sent through one particular transport (not the attached one). */
+chi::Future<chimaera::demo::CustomTask> EchoVia(chi::ShmClientTransport &tr,
+                                                const std::string &data) {
+  auto *t = chi::NewTask<chimaera::demo::CustomTask>(chi::TaskBuffer(data.data(), data.size()));
+  t->pool_id_ = kPool;
+  t->pool_query_ = PoolQuery::Local();
+  t->method_ = chimaera::demo::Method::kCustom;
+  chi::GetIpcManager().Stamp(t);
+  REQUIRE(tr.Send(t));
+  return chi::Future<chimaera::demo::CustomTask>(t);
+}
+
+/** A pipe a child writes one byte to when it reached the point the test waits for. */
+class ReadyPipe {
+ public:
+  ReadyPipe() { REQUIRE(pipe(fds_) == 0); }
+  ~ReadyPipe() {
+    close(fds_[0]);
+    if (fds_[1] >= 0) close(fds_[1]);
+  }
+  std::string WriteFd() const { return std::to_string(fds_[1]); }
+  /** True when the byte arrived within `sec`. */
+  bool Wait(double sec) {
+    close(fds_[1]);
+    fds_[1] = -1;
+    pollfd p{fds_[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(sec * 1000)) != 1) return false;
+    char c = 0;
+    return read(fds_[0], &c, 1) == 1;
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+};
+
+}  // namespace
+
+TEST_CASE("a client SIGKILLed mid-stream is reclaimed; other clients keep being served") {
+  const u32 port = TestPort(3);
+  RuntimeProcess runtime(port);
+  AttachedClient attached(runtime.Info());
+  auto client = CreateDemoPool();
+  chi::ShmServer::Stats stats;
+  REQUIRE(AwaitStats(port, [](const auto &s) { return s.clients == 1; }, 10, &stats));
+  const u64 reclaimed_before = stats.reclaimed_clients;
+
+  SUBCASE("killed with a task in flight and 64 KiB of a 4 MiB request in its ring") {
+    ReadyPipe ready;
+    pid_t pid = chi_test::SpawnChild(
+        "shm_dying_client",
+        {{"CHI_TEST_SHM_PORT", std::to_string(port)}, {"CHI_TEST_READY_FD", ready.WriteFd()}});
+    REQUIRE(ready.Wait(30));
+    // The runtime holds the partial request while the client lives.
+    auto holds_partial = [](const auto &s) {
+      return s.clients == 2 && s.bytes_in_use >= (64u << 10);
+    };
+    CHECK(AwaitStats(port, holds_partial, 10, &stats));
+    kill(pid, SIGKILL);
+    CHECK(chi_test::WaitChild(pid, 30) == 128 + SIGKILL);
+  }
+  SUBCASE("killed at a random point while streaming 4 MiB echoes") {
+    ReadyPipe ready;
+    pid_t pid = chi_test::SpawnChild(
+        "shm_streaming_client",
+        {{"CHI_TEST_SHM_PORT", std::to_string(port)}, {"CHI_TEST_READY_FD", ready.WriteFd()}});
+    REQUIRE(ready.Wait(30));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    kill(pid, SIGKILL);
+    CHECK(chi_test::WaitChild(pid, 30) == 128 + SIGKILL);
+  }
+
+  // Reclaiming the slot and returning the dead client's buffers are separate steps: wait
+  // (bounded) for both; memory still held after 20 s is a leak and fails here.
+  CHECK(AwaitStats(port,
+                   [&](const auto &s) {
+                     return s.reclaimed_clients == reclaimed_before + 1 && s.clients == 1 &&
+                            s.bytes_in_use == 0;
+                   },
+                   20, &stats));
+  CHECK(stats.bytes_in_use == 0);
+  CheckEcho(client, 4u << 20, 7);  // the surviving client
+  CHECK(chi_test::RunChild("shm_echo_client", {{"CHI_TEST_SHM_PORT", std::to_string(port)}}, 60) ==
+        0);
+  CHECK(AwaitStats(port, [](const auto &s) { return s.clients == 1; }, 10, &stats));
+}
+
+TEST_CASE("a pending Wait returns kPeerDead when the runtime dies; a new runtime takes the port") {
+  const u32 port = TestPort(4);
+  auto runtime = std::make_unique<RuntimeProcess>(port);
+  {
+    AttachedClient attached(runtime->Info());
+    auto client = CreateDemoPool();
+    auto held = client.AsyncLockHold(PoolQuery::Local(), chimaera::demo::LockMode::kMutex,
+                                     30000000000ull);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_FALSE(held.IsComplete());
+    CHECK(runtime->Kill() == 128 + SIGKILL);
+    REQUIRE(held.Wait(5));  // the client notices the dead runtime within the wait's timeout
+    CHECK(held->GetReturnCode() == Code(ErrorCode::kPeerDead));
+    CHECK(std::string(held->GetMessage()).find("died") != std::string::npos);
+
+    auto late = client.AsyncCustom(PoolQuery::Local(), "late");
+    REQUIRE(late.Wait(5));
+    CHECK(late->GetReturnCode() == Code(ErrorCode::kPeerDead));
+    CHECK(attached.Transport().Failure() == ErrorCode::kPeerDead);
+  }
+  // The dead runtime's segment is still there: probes and connects say so.
+  chi::ShmServerInfo stale;
+  CHECK(chi::ShmServer::Probe(port, &stale).code() == ErrorCode::kPeerDead);
+  std::unique_ptr<chi::ShmClientTransport> refused;
+  chi::ShmServerInfo old_info = runtime->Info();
+  CHECK(chi::ShmClientTransport::Connect(old_info, &refused).code() == ErrorCode::kPeerDead);
+
+  // A new runtime replaces the stale segment and serves as before.
+  runtime = std::make_unique<RuntimeProcess>(port);
+  CHECK(runtime->Info().runtime_pid != old_info.runtime_pid);
+  AttachedClient attached(runtime->Info());
+  auto client = CreateDemoPool();
+  CheckEcho(client, 1000, 8);
+}
+
+TEST_CASE("bad bytes in a request ring reset only that client's slot") {
+  const u32 port = TestPort(5);
+  RuntimeProcess runtime(port);
+  AttachedClient good(runtime.Info());
+  auto client = CreateDemoPool();
+  chi::ShmServer::Stats stats;
+  REQUIRE(AwaitStats(port, [](const auto &s) { return s.clients == 1; }, 10, &stats));
+
+  auto connect = [&] {
+    std::unique_ptr<chi::ShmClientTransport> tr;
+    chi::Status st = chi::ShmClientTransport::Connect(runtime.Info(), &tr);
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+    return tr;
+  };
+  auto request_ring = [](chi::ShmClientTransport &tr) {
+    return tr.Segment().RequestStream(tr.SlotIndex());
+  };
+  auto wake_runtime = [](chi::ShmClientTransport &tr) {
+    tr.Segment().Header()->server_event_.Notify();
+  };
+
+  // A message that announces 1 GiB, beyond the runtime's 64 MiB limit.
+  auto huge = connect();
+  char head[16] = {};
+  request_ring(*huge)->WritePiece(true, 1ull << 30, head, sizeof(head));
+  wake_runtime(*huge);
+  auto after_huge = EchoVia(*huge, "after the huge prefix");
+  REQUIRE(after_huge.Wait(10));
+  CHECK(after_huge->GetReturnCode() == Code(ErrorCode::kTooLarge));
+  CHECK(huge->Failure() == ErrorCode::kTooLarge);
+  CheckEcho(client, 5000, 10);
+
+  // Bytes that are no record at all.
+  auto garbage = connect();
+  std::vector<char> junk(96, static_cast<char>(0xAB));
+  request_ring(*garbage)->PublishUnframed(junk.data(), junk.size());
+  wake_runtime(*garbage);
+  auto after_junk = EchoVia(*garbage, "after the junk");
+  REQUIRE(after_junk.Wait(10));
+  CHECK(after_junk->GetReturnCode() == Code(ErrorCode::kMalformed));
+  CheckEcho(client, 5000, 11);
+
+  // A well-framed message whose content is garbage: an error answer, and the slot lives on.
+  auto framed = connect();
+  std::vector<char> nonsense(200, static_cast<char>(0x5A));
+  request_ring(*framed)->WritePiece(true, nonsense.size(), nonsense.data(), nonsense.size());
+  wake_runtime(*framed);
+  const auto t0 = Clock::now();
+  while (framed->StrayAnswers() == 0 && SecondsSince(t0) < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(framed->StrayAnswers() == 1);  // the error answer names no task of ours
+  auto still_ok = EchoVia(*framed, "still served");
+  REQUIRE(still_ok.Wait(10));
+  CHECK(still_ok->GetReturnCode() == 0);
+  CHECK(still_ok->data_.view() == "still served");
+  CHECK(framed->Failure() == ErrorCode::kOk);
+
+  REQUIRE(chi::ShmServer::ProbeStats(port, &stats).ok());
+  CHECK(stats.broken_streams == 2);
+  huge->Close();
+  garbage->Close();
+  framed->Close();
+  CHECK(AwaitStats(port, [](const auto &s) { return s.reclaimed_clients == 2 && s.clients == 1; },
+                   10, &stats));
+  CheckEcho(client, 1u << 20, 12);
+}
+
+TEST_CASE("Connect, Start and Close fail with clear errors and free what they hold") {
+  const u32 port = TestPort(6);
+  chi::ShmServerInfo missing{chi::ShmSegmentName(port), 1u << 20, chi::kShmTransportVersion, port,
+                             1};
+  std::unique_ptr<chi::ShmClientTransport> tr;
+  CHECK(chi::ShmClientTransport::Connect(missing, &tr).code() == ErrorCode::kNotFound);
+
+  RuntimeProcess runtime(port);
+  struct stat st {};
+  const std::string os_name =
+      "/dev/shm" + chi::PosixShmBackend::OsName(chi::ShmSegmentName(port));
+  REQUIRE(stat(os_name.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+
+  chi::ShmServerInfo wrong_version = runtime.Info();
+  wrong_version.version += 1;
+  chi::Status s = chi::ShmClientTransport::Connect(wrong_version, &tr);
+  CHECK(s.code() == ErrorCode::kVersionMismatch);
+  CHECK(std::string(s.message()).find("version") != std::string::npos);
+  chi::ShmServerInfo wrong_size = runtime.Info();
+  wrong_size.size += 4096;
+  s = chi::ShmClientTransport::Connect(wrong_size, &tr);
+  CHECK(s.code() == ErrorCode::kSizeMismatch);
+  CHECK(tr == nullptr);
+
+  // A second runtime on a live runtime's port is refused and names the owner.
+  chi::RequestDispatcher no_runtime(nullptr, nullptr);
+  chi::ShmServer second;
+  s = second.Start(&no_runtime, chi::ShmServer::Options{}, port);
+  CHECK(s.code() == ErrorCode::kAlreadyExists);
+  CHECK(std::string(s.message()).find(std::to_string(runtime.Pid())) != std::string::npos);
+
+  AttachedClient attached(runtime.Info());
+  auto client = CreateDemoPool();
+  REQUIRE(chi::ShmClientTransport::Connect(runtime.Info(), &tr).ok());
+  chi::ShmServer::Stats stats;
+  REQUIRE(AwaitStats(port, [](const auto &x) { return x.clients == 2; }, 10, &stats));
+  auto *hold = chi::NewTask<chimaera::demo::LockHoldTask>(chimaera::demo::LockMode::kRead,
+                                                          30000000000ull, 0u);
+  hold->pool_id_ = kPool;
+  hold->pool_query_ = PoolQuery::Local();
+  hold->method_ = chimaera::demo::Method::kLockHold;
+  chi::GetIpcManager().Stamp(hold);
+  REQUIRE(tr->Send(hold));
+  chi::Future<chimaera::demo::LockHoldTask> held(hold);
+  CHECK_FALSE(held.Wait(0.05f));
+  tr->Close();
+  REQUIRE(held.Wait(1));
+  CHECK(held->GetReturnCode() == Code(ErrorCode::kShutdown));
+  auto *after = chi::NewTask<chimaera::demo::CustomTask>();
+  CHECK_FALSE(tr->Send(after));
+  chi::DeleteTask(after);
+  CHECK(AwaitStats(port, [](const auto &x) { return x.clients == 1; }, 10, &stats));
+  CheckEcho(client, 64, 13);
+}

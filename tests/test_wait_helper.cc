@@ -1,0 +1,123 @@
+// Wait helpers (chi::WaitHelper): a thread spinning in Future::Wait runs every installed
+// helper, up to four at once, and removing one waits for the threads running it. No
+// runtime is involved: the tests complete their tasks themselves. How the shm transport
+// uses a helper to deliver answers is checked in test_shm_transport.cc.
+#include <doctest/doctest.h>
+
+#include <chrono>  // deadlines and hold times
+#include <thread>  // spinning threads
+#include <vector>  // the spinners
+
+#include <chi/chi.h>
+#include <chi/mods/demo/demo_client.h>  // CustomTask, the task the tests complete
+
+using chi::u32;
+using chi::u64;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+/** A wait helper for the tests below: counts its runs and completes one task. */
+struct CountingHelper {
+  chi::Atomic<u32> runs;
+  chi::Atomic<u32> inside;           ///< runs in progress
+  chi::Atomic<u64> to_complete{0};   ///< a Task* to complete on the next run
+  u64 hold_ns = 0;                   ///< how long each run lasts
+
+  static void Run(void *ctx) {
+    auto *h = static_cast<CountingHelper *>(ctx);
+    h->inside.FetchAdd(1, chi::MemOrder::kSeqCst);
+    h->runs.FetchAdd(1, chi::MemOrder::kSeqCst);
+    if (u64 t = h->to_complete.Exchange(0, chi::MemOrder::kAcqRel)) {
+      chi::CompleteTask(reinterpret_cast<chi::Task *>(t));
+    }
+    const auto until = Clock::now() + std::chrono::nanoseconds(h->hold_ns);
+    while (Clock::now() < until) chi::CpuRelax();
+    h->inside.FetchSub(1, chi::MemOrder::kSeqCst);
+  }
+};
+
+/** A task only the test completes (never sent anywhere). */
+chi::Future<chimaera::demo::CustomTask> LocalTask() {
+  return chi::Future<chimaera::demo::CustomTask>(
+      chi::NewTask<chimaera::demo::CustomTask>(chi::TaskBuffer("x", 1)));
+}
+}  // namespace
+
+TEST_CASE("a thread spinning in Future::Wait runs every installed wait helper, up to four") {
+  CountingHelper counting;
+  chi::WaitHelper helper(&CountingHelper::Run, &counting);
+  REQUIRE(chi::WaitHelper::Install(&helper));
+  CountingHelper other_counting;  // a second owner (a GPU client beside a transport)
+  chi::WaitHelper other(&CountingHelper::Run, &other_counting);
+  REQUIRE(chi::WaitHelper::Install(&other));
+
+  // Nobody but the first helper completes this task: Wait returns only because it ran.
+  auto f = LocalTask();
+  counting.to_complete.Store(reinterpret_cast<u64>(f.get()), chi::MemOrder::kRelease);
+  CHECK(f.Wait(10));
+  CHECK(counting.runs.Load() >= 1);
+  // The second helper completes the next one (the first has nothing to complete).
+  auto g = LocalTask();
+  other_counting.to_complete.Store(reinterpret_cast<u64>(g.get()), chi::MemOrder::kRelease);
+  CHECK(g.Wait(10));
+  CHECK(other_counting.runs.Load() >= 1);
+
+  // Four slots: two more fit, a fifth does not.
+  CountingHelper spare_counting;
+  chi::WaitHelper spare1(&CountingHelper::Run, &spare_counting);
+  chi::WaitHelper spare2(&CountingHelper::Run, &spare_counting);
+  chi::WaitHelper spare3(&CountingHelper::Run, &spare_counting);
+  REQUIRE(chi::WaitHelper::Install(&spare1));
+  REQUIRE(chi::WaitHelper::Install(&spare2));
+  CHECK_FALSE(chi::WaitHelper::Install(&spare3));
+  chi::WaitHelper::Remove(&spare3);  // not installed: changes nothing
+  chi::WaitHelper::Remove(&spare1);
+  chi::WaitHelper::Remove(&spare2);
+
+  chi::WaitHelper::Remove(&other);  // the first keeps running
+  auto k = LocalTask();
+  counting.to_complete.Store(reinterpret_cast<u64>(k.get()), chi::MemOrder::kRelease);
+  CHECK(k.Wait(10));
+
+  chi::WaitHelper::Remove(&helper);
+  const u32 runs = counting.runs.Load();
+  auto h = LocalTask();
+  counting.to_complete.Store(reinterpret_cast<u64>(h.get()), chi::MemOrder::kRelease);
+  CHECK_FALSE(h.Wait(0.01f));  // no helper any more, so nothing completes it
+  CHECK(counting.runs.Load() == runs);
+  chi::CompleteTask(h.get());
+  CHECK(h.Wait(1));
+  REQUIRE(chi::WaitHelper::Install(&other));  // the slots are free again
+  chi::WaitHelper::Remove(&other);
+}
+
+TEST_CASE("removing a wait helper waits for the threads running it") {
+  CountingHelper counting;
+  counting.hold_ns = 200000;
+  chi::WaitHelper helper(&CountingHelper::Run, &counting);
+  REQUIRE(chi::WaitHelper::Install(&helper));
+  chi::Atomic<u32> stop;
+  std::vector<std::thread> spinners;
+  for (int i = 0; i < 2; ++i) {
+    spinners.emplace_back([&] {
+      while (stop.Load(chi::MemOrder::kAcquire) == 0) chi::WaitHelper::Run();
+    });
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (counting.runs.Load() < 4 && Clock::now() < deadline) std::this_thread::yield();
+  REQUIRE(counting.runs.Load() >= 4);
+  for (int round = 0; round < 20; ++round) {
+    chi::WaitHelper::Remove(&helper);
+    CHECK(counting.inside.Load() == 0);  // nobody is inside once Remove returns
+    const u32 runs = counting.runs.Load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(counting.runs.Load() == runs);  // and nobody starts again
+    REQUIRE(chi::WaitHelper::Install(&helper));
+    const u32 before = counting.runs.Load();
+    while (counting.runs.Load() == before && Clock::now() < deadline) std::this_thread::yield();
+  }
+  chi::WaitHelper::Remove(&helper);
+  stop.Store(1, chi::MemOrder::kRelease);
+  for (auto &t : spinners) t.join();
+  CHECK(counting.inside.Load() == 0);
+}
