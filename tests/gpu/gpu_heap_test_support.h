@@ -8,9 +8,11 @@
 
 #include <chi/gpu/gpu_heap.h>
 
+#include <atomic>   // the start signal of a churn
 #include <cstdlib>  // aligned_alloc
 #include <cstring>  // memset
 #include <memory>   // unique_ptr over the region
+#include <thread>   // yield while waiting to start
 #include <vector>   // drained blocks
 
 namespace gpu_heap_test {
@@ -50,6 +52,14 @@ inline std::vector<void *> Drain(GpuHeap *h, u64 bytes) {
     REQUIRE(got.size() < (1u << 24));
   }
   return got;
+}
+
+/**
+ * Waits for a churn's start signal, yielding: with more threads waiting than CPUs, the thread
+ * that starts the rest (and, under ThreadSanitizer, its runtime's locks) must still get a CPU.
+ */
+inline void AwaitGo(const std::atomic<u32> &go) {
+  while (go.load(std::memory_order_acquire) == 0) std::this_thread::yield();
 }
 
 }  // namespace gpu_heap_test

@@ -24,6 +24,7 @@ using chi::u32;
 using chi::u64;
 using chi::gpu::GpuArena;
 using chi::gpu::GpuHeap;
+using gpu_heap_test::AwaitGo;
 using gpu_heap_test::Drain;
 using gpu_heap_test::Fill;
 using gpu_heap_test::Intact;
@@ -129,8 +130,7 @@ TEST_CASE("8 threads allocating, filling and freeing from one partition never sh
   std::vector<std::thread> ts;
   for (u32 t = 0; t < kThreads; ++t) {
     ts.emplace_back([&, t] {
-      while (go.load() == 0) {
-      }
+      AwaitGo(go);
       struct Live {
         void *p;
         u64 n;
@@ -178,8 +178,7 @@ TEST_CASE("threads draining one partition to exhaustion get distinct blocks, the
     std::vector<std::thread> ts;
     for (u32 t = 0; t < kThreads; ++t) {
       ts.emplace_back([&, t] {
-        while (go.load() == 0) {
-        }
+        AwaitGo(go);
         for (u32 i = 0;; ++i) {
           const u64 n = 16u << ((t + i) % 6);  // 16 B .. 512 B
           char *p = static_cast<char *>(h->Allocate(n));

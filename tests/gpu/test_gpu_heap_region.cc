@@ -23,6 +23,7 @@ using chi::u32;
 using chi::u64;
 using chi::gpu::GpuHeap;
 using chi::gpu::GpuHeapRegion;
+using gpu_heap_test::AwaitGo;
 using gpu_heap_test::Drain;
 using gpu_heap_test::Fill;
 using gpu_heap_test::Intact;
@@ -250,8 +251,7 @@ TEST_CASE("two launches of different geometries at once on one region never shar
   auto churn = [&](u32 launch, GpuHeap *h, u32 tid) {
     const u32 owner = launch * 100 + tid;
     std::vector<Held> &mine = held[launch * 16 + tid];
-    while (go.load() == 0) {
-    }
+    AwaitGo(go);
     u32 seed = owner * 7919 + 1;
     for (u32 round = 0; round < kRounds; ++round) {
       seed = seed * 1103515245 + 12345;
@@ -407,8 +407,7 @@ TEST_CASE("threads mixing small and large blocks at once never get overlapping b
   std::atomic<u32> go{0}, broken{0}, refused{0}, small_got{0}, large_got{0}, large_failed{0};
   auto churn = [&](GpuHeap *h, u32 tid) {
     std::vector<Held> &mine = held[tid];
-    while (go.load() == 0) {
-    }
+    AwaitGo(go);
     u32 seed = tid * 7919 + 1;
     for (u32 round = 0; round < kRounds; ++round) {
       seed = seed * 1103515245 + 12345;

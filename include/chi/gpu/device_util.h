@@ -99,8 +99,8 @@ CHI_CROSS_FUN inline void LoadPair(const Atomic<u64, S> *p, u64 *a, u64 *b) {
                  : "memory");
   }
 #else
-  *a = p[0].Load(MemOrder::kRelaxed);  // relaxed: each word carries its own flag
-  *b = p[1].Load(MemOrder::kRelaxed);
+  *a = p[0].Load(kFencedPoll);  // relaxed: each word carries its own flag
+  *b = p[1].Load(kFencedPoll);
 #endif
 }
 

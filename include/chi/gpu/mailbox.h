@@ -218,14 +218,15 @@ struct GpuQueue {
   /**
    * Posts a request of `len` (<= InlineRequestCap()) bytes at buf (16-byte aligned, holding a
    * multiple of 16 bytes past len) as flagged words in slot s's payload, then the request
-   * word, all relaxed: each word is stored whole and carries seq, so the reader needs no
-   * fence from us (one at system scope costs a GPU ~0.7 us) and checks every word instead.
+   * word, relaxed on a GPU (kFlaggedPublish): each word is stored whole and carries seq, so
+   * the reader needs no fence from us (one at system scope costs a GPU ~0.7 us) and checks
+   * every word instead.
    */
   CHI_CROSS_FUN void PostInline(u32 s, u32 seq, const char *buf, u32 len) const {
     StoreFlagged(reinterpret_cast<Atomic<u64, S> *>(Payload(s)),
                  reinterpret_cast<const u32 *>(buf), (len + 3) / 4, seq);
     request_[s].Store(static_cast<u64>(seq) | static_cast<u64>(len | kRequestInline) << 32,
-                      MemOrder::kRelaxed);
+                      kFlaggedPublish);
   }
 
   /** True once the answer to request `seq` is in slot s; *len is its length. */
@@ -251,9 +252,9 @@ struct GpuQueue {
     if (PairPoll()) {
       LoadPair(w, &v[0], &v[1]);
     } else {
-      // relaxed: each word carries its own flag; nothing is read through these loads' order.
+      // kFencedPoll: each word carries its own flag; a payload answer fences below.
       CHI_UNROLL
-      for (u32 k = 0; k < kAnswerPollWords; ++k) v[k] = w[k].Load(MemOrder::kRelaxed);
+      for (u32 k = 0; k < kAnswerPollWords; ++k) v[k] = w[k].Load(kFencedPoll);
     }
     if (static_cast<u32>(v[0] >> 32) != seq) return false;
     const u32 head = static_cast<u32>(v[0]);
@@ -325,11 +326,11 @@ struct GpuQueue {
     return LoadFlagged(w, out, (*len + 3) / 4, seq) ? buf : nullptr;  // nullptr: arriving
   }
 
-  /** The doorbell count (relaxed; FenceAcquire before reading request words it covers). */
-  CHI_CROSS_FUN u64 Doorbell() const { return doorbell_->Load(MemOrder::kRelaxed); }
+  /** The doorbell count (kFencedPoll; FenceAcquire before reading request words it covers). */
+  CHI_CROSS_FUN u64 Doorbell() const { return doorbell_->Load(kFencedPoll); }
 
-  /** The request word of slot s (relaxed: pollers batch these; FenceAcquire before use). */
-  CHI_CROSS_FUN u64 PeekRequest(u32 s) const { return request_[s].Load(MemOrder::kRelaxed); }
+  /** The request word of slot s (kFencedPoll: pollers batch these; FenceAcquire before use). */
+  CHI_CROSS_FUN u64 PeekRequest(u32 s) const { return request_[s].Load(kFencedPoll); }
   /**
    * The request word of slot s with acquire order: a new one's payload may be read right
    * after, with no fence (an acquire load holds back only the accesses after it).
@@ -357,8 +358,8 @@ struct GpuQueue {
     }
     if (body <= InlineAnswerCap()) {
       StoreFlagged(w + 1, reinterpret_cast<const u32 *>(data), (body + 3) / 4, seq);
-      w[0].Store(flag | ok | body, MemOrder::kRelaxed);  // relaxed: a flagged word like the rest
-      Answer(s, seq, len, MemOrder::kRelaxed);
+      w[0].Store(flag | ok | body, kFlaggedPublish);  // a flagged word like the rest
+      Answer(s, seq, len, kFlaggedPublish);
       return;
     }
     CopyChunks(Payload(s), buf, len);
@@ -420,8 +421,8 @@ struct GpuQueue {
   /** True when slot s's last request has been answered (the payload is the client's). */
   CHI_CROSS_FUN bool IsIdle(u32 s) const {
     if (records_ == nullptr) return true;  // host clients release only after the answer
-    // relaxed poll; the fence orders the server's answer writes before our new request.
-    if (static_cast<u32>(answer_[s].Load(MemOrder::kRelaxed)) != records_[s].seq_) return false;
+    // kFencedPoll; the fence orders the server's answer writes before our new request.
+    if (static_cast<u32>(answer_[s].Load(kFencedPoll)) != records_[s].seq_) return false;
     FenceAcquire<S>();
     return true;
   }
