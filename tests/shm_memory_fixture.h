@@ -1,8 +1,7 @@
 // Shared parts of the shared-memory layer tests (test_shm_memory.cc,
-// test_shm_size_class_allocator.cc): unique segment names, the fork + exec of a fresh copy
-// of the test binary (CHI_TEST_CHILD=<role> makes the copy run a child routine instead of
-// doctest), passing ShmPtrs through the environment, and the children's exit codes.
-// Included by one file per binary.
+// test_shm_size_class_allocator.cc): unique segment names, passing ShmPtrs through the
+// environment to child processes (child_process.h starts and waits for them), and the
+// children's exit codes. Included by one file per binary.
 #pragma once
 
 #include <chi/memory/arena_allocator.h>
@@ -13,23 +12,18 @@
 #include <chi/memory/shm_ptr.h>
 #include <chi/memory/size_class_allocator.h>
 
-#include <signal.h>    // kill
-#include <sys/wait.h>  // waitpid
-#include <unistd.h>    // fork, execve, _exit
+#include <unistd.h>  // getpid for unique names
 
-#include <chrono>            // deadlines for bounded waits
-#include <cinttypes>         // PRIu64 for passing offsets through the environment
-#include <cstdio>            // snprintf, sscanf
-#include <cstdlib>           // getenv
-#include <cstring>           // strncmp, strcmp
-#include <initializer_list>  // the roles of a ChildDispatch
-#include <string>            // names
-#include <thread>            // sleep_for while waiting for a child
-#include <vector>            // environment entries
+#include <cinttypes>  // PRIu64 for passing offsets through the environment
+#include <cstdio>     // snprintf, sscanf
+#include <string>     // names
 
-extern char **environ;
+#include "child_process.h"  // ChildRoutine, SpawnChild, WaitChild
 
 namespace shm_memory_test {
+
+using chi_test::SpawnChild;
+using chi_test::WaitChild;
 
 using chi::AllocatorId;
 using chi::ArenaAllocator;
@@ -60,52 +54,6 @@ struct SegmentGuard {
   ~SegmentGuard() { PosixShmBackend::DestroyByName(name); }
 };
 
-/** Builds this process's environment plus the given KEY=VALUE entries. */
-inline std::vector<std::string> ChildEnv(const std::vector<std::string> &extra) {
-  std::vector<std::string> env;
-  for (char **e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "CHI_TEST_", 9) != 0) env.emplace_back(*e);
-  }
-  env.insert(env.end(), extra.begin(), extra.end());
-  return env;
-}
-
-/** Starts a fresh copy of this binary running child routine `role`. */
-inline pid_t SpawnChild(const char *role, std::vector<std::string> extra) {
-  extra.push_back(std::string("CHI_TEST_CHILD=") + role);
-  std::vector<std::string> env = ChildEnv(extra);
-  std::vector<char *> envp;
-  for (std::string &s : env) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  char exe[] = "/proc/self/exe";
-  char *argv[] = {exe, nullptr};
-  pid_t pid = fork();
-  if (pid == 0) {
-    execve(exe, argv, envp.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-/** Exit code of child `pid`, waiting at most kChildWaitSeconds (then kills it: -1). */
-inline int WaitChild(pid_t pid) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kChildWaitSeconds);
-  int status = 0;
-  while (true) {
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) break;
-    if (r < 0) return -2;
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + WTERMSIG(status);
-}
-
 /** "major.minor.offset" for passing a ShmPtr through the environment. */
 inline std::string PtrToText(ShmPtr<void> p) {
   char buf[64];
@@ -132,31 +80,8 @@ enum ChildExit : int {
   kChildUnresolved = 12,
   kChildBadBytes = 13,
   kChildAllocFailed = 14,
-  kChildUnknownRole = 15,
   kChildStressErrors = 16,
 };
 
-/** A child routine and the CHI_TEST_CHILD value that selects it. */
-struct ChildRole {
-  const char *name;
-  int (*run)();
-};
-
-/**
- * Runs before doctest's main in a re-executed copy and never returns there: runs the role
- * named by CHI_TEST_CHILD and exits with its code (kChildUnknownRole when none matches).
- * Each test binary defines one global instance listing the roles its tests spawn.
- */
-struct ChildDispatch {
-  explicit ChildDispatch(std::initializer_list<ChildRole> roles) {
-    const char *role = std::getenv("CHI_TEST_CHILD");
-    if (role == nullptr) return;
-    int rc = kChildUnknownRole;
-    for (const ChildRole &r : roles) {
-      if (std::strcmp(role, r.name) == 0) rc = r.run();
-    }
-    _exit(rc);
-  }
-};
 
 }  // namespace shm_memory_test

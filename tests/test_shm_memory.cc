@@ -93,7 +93,7 @@ int ChildVerifyBytes() {
   return kChildOk;
 }
 
-const ChildDispatch g_child_dispatch({{"verify_bytes", ChildVerifyBytes}});
+const chi_test::ChildRoutine kVerifyBytesChild("verify_bytes", ChildVerifyBytes);
 
 }  // namespace
 
@@ -177,9 +177,9 @@ TEST_CASE("two processes share a segment: the child reads the parent's bytes and
   hs->parent_base_ = reinterpret_cast<u64>(backend.Base());
 
   pid_t pid = SpawnChild("verify_bytes",
-                         {"CHI_TEST_SEGMENT=" + name,
-                          "CHI_TEST_PTR=" + PtrToText(hs.shm_.Cast<void>()),
-                          "CHI_TEST_PARENT_BASE=" + std::to_string(hs->parent_base_)});
+                         {{"CHI_TEST_SEGMENT", name},
+                          {"CHI_TEST_PTR", PtrToText(hs.shm_.Cast<void>())},
+                          {"CHI_TEST_PARENT_BASE", std::to_string(hs->parent_base_)}});
   REQUIRE(pid > 0);
   CHECK(WaitChild(pid) == kChildOk);
   REQUIRE(hs->verdict_.Load(chi::MemOrder::kAcquire) == kVerdictOk);  // pairs with the child

@@ -193,7 +193,7 @@ int ChildStress() {
   return ctl->errors_[1].Load() == 0 ? kChildOk : kChildStressErrors;
 }
 
-const ChildDispatch g_child_dispatch({{"stress", ChildStress}});
+const chi_test::ChildRoutine kStressChild("stress", ChildStress);
 
 }  // namespace
 
@@ -414,8 +414,8 @@ TEST_CASE("two processes allocating and freeing each other's blocks leak nothing
   REQUIRE_FALSE(ctl.IsNull());
   const u64 free_with_control = alloc->FreeBytes();
 
-  pid_t pid = SpawnChild("stress", {"CHI_TEST_SEGMENT=" + name,
-                                    "CHI_TEST_PTR=" + PtrToText(ctl.shm_.Cast<void>())});
+  pid_t pid = SpawnChild("stress", {{"CHI_TEST_SEGMENT", name},
+                                    {"CHI_TEST_PTR", PtrToText(ctl.shm_.Cast<void>())}});
   REQUIRE(pid > 0);
   // Once the child has the segment mapped its name is no longer needed: removing it now
   // means even a crash below leaves nothing behind in /dev/shm.

@@ -128,8 +128,9 @@ enum class MemOrder : int {
 
 // The GPU mailboxes (gpu/mailbox.h) poll relaxed and fence once per batch, and publish
 // self-flagged words relaxed: on a GPU a system-scope fence costs ~0.5 us. On the host the
-// same code runs with acquire polls and release publishes, which x86 executes as the same
-// plain loads and stores, so ThreadSanitizer (blind to fences and flags) sees the order too.
+// same code runs with acquire polls (its FenceAcquire is then empty) and release publishes,
+// which x86 executes as plain loads and stores, so ThreadSanitizer (blind to fences and
+// flags) sees the order too.
 #if CHI_IS_GPU
 /** Order of a poll that a later FenceAcquire pairs with (relaxed on a GPU). */
 inline constexpr MemOrder kFencedPoll = MemOrder::kRelaxed;
@@ -14959,8 +14960,9 @@ CHI_CROSS_FUN inline u32 GlobalThreadId() {
 }
 
 /**
- * Acquire fence at scope S: orders a relaxed poll that saw new data before the reads of
- * that data (polls stay relaxed so a batch of them can be in flight at once).
+ * Acquire fence at scope S: orders a relaxed poll (kFencedPoll) that saw new data before
+ * the reads of that data (polls stay relaxed so a batch of them can be in flight at once).
+ * Nothing on the host, where those polls are acquire loads themselves.
  */
 template <MemScope S>
 CHI_CROSS_FUN inline void FenceAcquire() {
@@ -14968,7 +14970,7 @@ CHI_CROSS_FUN inline void FenceAcquire() {
   cuda::atomic_thread_fence(cuda::std::memory_order_acquire, S == MemScope::kSystem
                                                                  ? cuda::thread_scope_system
                                                                  : cuda::thread_scope_device);
-#else
+#elif CHI_IS_GPU
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
 #endif
 }

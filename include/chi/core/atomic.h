@@ -24,8 +24,9 @@ enum class MemOrder : int {
 
 // The GPU mailboxes (gpu/mailbox.h) poll relaxed and fence once per batch, and publish
 // self-flagged words relaxed: on a GPU a system-scope fence costs ~0.5 us. On the host the
-// same code runs with acquire polls and release publishes, which x86 executes as the same
-// plain loads and stores, so ThreadSanitizer (blind to fences and flags) sees the order too.
+// same code runs with acquire polls (its FenceAcquire is then empty) and release publishes,
+// which x86 executes as plain loads and stores, so ThreadSanitizer (blind to fences and
+// flags) sees the order too.
 #if CHI_IS_GPU
 /** Order of a poll that a later FenceAcquire pairs with (relaxed on a GPU). */
 inline constexpr MemOrder kFencedPoll = MemOrder::kRelaxed;

@@ -64,8 +64,9 @@ CHI_CROSS_FUN inline u32 GlobalThreadId() {
 }
 
 /**
- * Acquire fence at scope S: orders a relaxed poll that saw new data before the reads of
- * that data (polls stay relaxed so a batch of them can be in flight at once).
+ * Acquire fence at scope S: orders a relaxed poll (kFencedPoll) that saw new data before
+ * the reads of that data (polls stay relaxed so a batch of them can be in flight at once).
+ * Nothing on the host, where those polls are acquire loads themselves.
  */
 template <MemScope S>
 CHI_CROSS_FUN inline void FenceAcquire() {
@@ -73,7 +74,7 @@ CHI_CROSS_FUN inline void FenceAcquire() {
   cuda::atomic_thread_fence(cuda::std::memory_order_acquire, S == MemScope::kSystem
                                                                  ? cuda::thread_scope_system
                                                                  : cuda::thread_scope_device);
-#else
+#elif CHI_IS_GPU
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
 #endif
 }
