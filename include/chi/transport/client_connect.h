@@ -263,6 +263,9 @@ inline Status CheckConnectRequest(const ConnectRequest &req) {
                           "client uid %u differs from the runtime's uid %u (runtimes are per user)",
                           req.uid, static_cast<u32>(getuid()));
   }
+  if (req.pid == 0) {  // the runtime could never tell when such a client is gone
+    return Status::Error(ErrorCode::kInvalidArgument, "handshake names no client process (pid 0)");
+  }
   if (!detail::IsIpcMode(req.mode)) {
     return Status::Errorf(ErrorCode::kInvalidArgument, "unknown transport '%.16s'",
                           req.mode.c_str());

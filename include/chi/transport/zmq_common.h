@@ -51,6 +51,9 @@ inline constexpr u64 kAccept = kBit | 2;    ///< runtime -> client: ConnectAnswe
 inline constexpr u64 kBye = kBit | 3;       ///< client -> runtime: forget me
 inline constexpr u64 kShutdown = kBit | 4;  ///< runtime -> client: I am stopping
 inline constexpr u64 kRefused = kBit | 5;   ///< runtime -> client: connect first
+/// runtime -> client: nothing to do (clients ignore it). Sent to a client that has gone
+/// quiet: a ROUTER refuses the send when that client's connection is gone.
+inline constexpr u64 kPing = kBit | 6;
 }  // namespace zmq_control
 
 /** Largest request the runtime accepts (ZMQ_MAXMSGSIZE): larger ones drop the connection. */

@@ -261,7 +261,7 @@ class ZmqServer final : public ZmqServerSockets,
       }
       const u64 now = NowNs();
       if (now >= next_reap_) {
-        Reap();
+        Reap(now);
         next_reap_ = now + opt_.reap_interval_ns;
       }
     }
@@ -398,6 +398,7 @@ class ZmqServer final : public ZmqServerSockets,
     // relaxed: the count is this thread's to raise; workers read it as a hint.
     const u64 outstanding = outstanding_.FetchAdd(1, MemOrder::kRelaxed) + 1;  // Monitor counts it
     ++it->second.outstanding;  // DeliverAnswer takes both back, answer or error
+    it->second.active = true;  // not quiet: the probe round leaves it alone
     pending_.push_back(Pending{slot, std::move(msg)});
     // Few in flight: dispatched after the pass, to run here. Many (a stream): now, in
     // order, to the lanes, so that the workers run them while this pass goes on receiving.

@@ -1,6 +1,7 @@
 // The socket half of the ZeroMQ server (zmq_server.h): its options and counters, the
 // ROUTER sockets (bound per endpoint, closed with the ipc file removed), the table of
-// registered clients (handshakes, goodbyes, the dead-pid reaper, the shutdown notice),
+// registered clients (handshakes, goodbyes, the reaper of dead pids and closed connections,
+// the shutdown notice),
 // and the sending of answers and errors. A base class only: ZmqServer's network worker
 // drives it.
 // Invariants: sockets, the peer table, the slot pool and the scratch buffer are used
@@ -12,6 +13,7 @@
 
 #include <cerrno>         // EADDRINUSE from bind
 #include <cstring>        // strlen
+#include <iterator>       // std::next while erasing peers
 #include <memory>         // the sockets
 #include <mutex>          // the sockets' lock
 #include <string>         // peer keys
@@ -32,7 +34,7 @@ namespace chi {
 /** Counters of a ZeroMQ server (read by the admin Monitor). */
 struct ZmqServerStats {
   u64 clients = 0;            ///< registered clients now
-  u64 clients_reaped = 0;     ///< clients forgotten because their process died
+  u64 clients_reaped = 0;     ///< clients forgotten: their process died or their connection closed
   u64 tasks_outstanding = 0;  ///< requests dispatched, answer not yet sent (a Monitor counts itself)
   u64 bytes_held = 0;         ///< answer buffers pooled for reuse (bounded)
   u64 requests = 0;           ///< task requests received
@@ -55,6 +57,9 @@ struct ZmqServerOptions {
   u64 max_request_bytes = kZmqMaxRequestBytes;  ///< larger messages drop the connection
   u32 max_clients = 4096;                       ///< handshakes beyond this are refused
   u64 reap_interval_ns = 100000000ull;          ///< how often dead client pids are looked for
+  /// How often clients that sent nothing since the last look are pinged, so that entries
+  /// of connections closed without a goodbye (by a live process) do not pile up.
+  u64 probe_interval_ns = 5000000000ull;
   u64 spin_ns = 0;  ///< the network worker's idle polling before it sleeps (zmq_worker_spin_us)
 };
 
@@ -82,6 +87,7 @@ class ZmqServerSockets {
     u32 pid = 0;
     u64 client_id = 0;
     u64 outstanding = 0;
+    bool active = true;  ///< sent something since the last probe round (ForgetUnreachable)
   };
 
   ZmqServerSockets() = default;
@@ -104,6 +110,9 @@ class ZmqServerSockets {
         auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::router);
         ConfigureZmqSocket(*s);
         s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt_.max_request_bytes));
+        // A send to a client whose connection is gone fails (EHOSTUNREACH) instead of
+        // vanishing: that is how the table learns of connections closed without a goodbye.
+        s->set(zmq::sockopt::router_mandatory, true);
         const std::string ep = ZmqEndpoint(modes[i], opt_.port);
         try {
           s->bind(ep);
@@ -142,12 +151,22 @@ class ZmqServerSockets {
       st = Status::Error(ErrorCode::kShutdown, "the runtime is shutting down");
     }
     if (st.ok() && peers_.size() >= opt_.max_clients && peers_.count(peer) == 0) {
-      st = Status::Errorf(ErrorCode::kOutOfMemory, "the runtime already serves %u clients",
-                          opt_.max_clients);
+      // Full: first forget the clients whose connection closed without a goodbye (at most
+      // once per reap interval, so a flood of handshakes cannot turn into a flood of pings).
+      const u64 now = NowNs();
+      if (now >= next_sweep_) {
+        next_sweep_ = now + opt_.reap_interval_ns;
+        ForgetUnreachable(false);
+      }
+      if (peers_.size() >= opt_.max_clients) {
+        st = Status::Errorf(ErrorCode::kOutOfMemory, "the runtime already serves %u clients",
+                            opt_.max_clients);
+      }
     }
     if (st.ok()) {
       Peer &p = peers_[peer];
       p.pid = req.pid;
+      p.active = true;
       p.client_id = ++next_client_id_;
       answer.client_id = p.client_id;
       clients_.Store(peers_.size(), MemOrder::kRelaxed);
@@ -165,25 +184,53 @@ class ZmqServerSockets {
   void Refuse(const std::string &peer, u64 id, ErrorCode code, const char *why) {
     refused_.FetchAdd(1, MemOrder::kRelaxed);
     RequestDispatcher::EncodeError(id, code, why, &error_);
-    SendTo(peer, error_.data(), error_.size());
+    if (!SendTo(peer, error_.data(), error_.size())) dropped_.FetchAdd(1, MemOrder::kRelaxed);
   }
 
   /**
-   * Sends [routing id][payload] on the peer's socket; a vanished peer drops it silently.
-   * On the network worker it marks the socket due (our send may have taken its fd's signal).
+   * Sends [routing id][payload] on the peer's socket; false when it could not go out (the
+   * peer's connection is gone, or the socket failed). On the network worker it marks the
+   * socket due (our send may have taken its fd's signal).
    */
-  void SendTo(const std::string &peer, const void *data, size_t len) {
+  bool SendTo(const std::string &peer, const void *data, size_t len) {
     const int i = static_cast<u8>(peer[0]);
     if (OnNetworkWorker()) due_ |= 1u << i;
     zmq::socket_t *s = sockets_[i].get();
     zmq::message_t id(peer.data() + 1, peer.size() - 1);
     zmq::message_t body(data, len);
     try {
-      if (s->send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-        s->send(body, zmq::send_flags::dontwait);
-      }
+      // No high-water mark (ConfigureZmqSocket): a send never waits, so dontwait never fails.
+      return s->send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait) &&
+             s->send(body, zmq::send_flags::dontwait);
     } catch (const zmq::error_t &) {
-      dropped_.FetchAdd(1, MemOrder::kRelaxed);  // EHOSTUNREACH and friends: the peer is gone
+      return false;  // EHOSTUNREACH (router_mandatory): the peer's connection is gone
+    }
+  }
+
+  /** Drops a registered client (gone, or its process died); its later answers are dropped. */
+  void Forget(std::unordered_map<std::string, Peer>::iterator it) {
+    peers_.erase(it);
+    reaped_.FetchAdd(1, MemOrder::kRelaxed);
+    clients_.Store(peers_.size(), MemOrder::kRelaxed);
+  }
+
+  /**
+   * Pings clients and forgets those whose connection is gone (the send fails). With
+   * `quiet_only`, only clients that sent nothing since the last round and await no answer
+   * (an answer's own send finds the others); the rest are marked for the next round.
+   */
+  void ForgetUnreachable(bool quiet_only) {
+    const zmq::message_t ping = MakeControl(zmq_control::kPing);
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      Peer &p = it->second;
+      if (quiet_only && (p.active || p.outstanding != 0)) {
+        p.active = false;
+        ++it;
+        continue;
+      }
+      auto next = std::next(it);
+      if (!SendTo(it->first, ping.data(), ping.size())) Forget(it);
+      it = next;
     }
   }
 
@@ -203,8 +250,11 @@ class ZmqServerSockets {
   void DeliverAnswer(ZmqAnswerSlot *slot) {
     auto it = peers_.find(slot->peer);
     if (it != peers_.end()) {
-      SendTo(slot->peer, slot->bytes.data(), slot->bytes.size());
       --it->second.outstanding;
+      if (!SendTo(slot->peer, slot->bytes.data(), slot->bytes.size())) {
+        dropped_.FetchAdd(1, MemOrder::kRelaxed);
+        Forget(it);  // its connection is gone: a reconnecting client comes with a new id
+      }
     } else {
       dropped_.FetchAdd(1, MemOrder::kRelaxed);
     }
@@ -212,17 +262,20 @@ class ZmqServerSockets {
     pool_.Give(slot);
   }
 
-  /** Forgets clients whose process has died (their later answers are dropped). */
-  void Reap() {
+  /**
+   * Forgets clients whose process has died, and every probe interval those whose
+   * connection closed without a goodbye (their later answers are dropped).
+   */
+  void Reap(u64 now) {
     for (auto it = peers_.begin(); it != peers_.end();) {
-      if (it->second.pid != 0 && !ProcessAlive(it->second.pid)) {
-        it = peers_.erase(it);
-        reaped_.FetchAdd(1, MemOrder::kRelaxed);
-      } else {
-        ++it;
-      }
+      auto next = std::next(it);
+      if (!ProcessAlive(it->second.pid)) Forget(it);
+      it = next;
     }
-    clients_.Store(peers_.size(), MemOrder::kRelaxed);
+    if (now >= next_probe_) {
+      next_probe_ = now + opt_.probe_interval_ns;
+      ForgetUnreachable(true);
+    }
   }
 
   /** Tells every registered client that the runtime stops (they fail what is pending). */
@@ -262,6 +315,8 @@ class ZmqServerSockets {
   ZmqAnswerPool pool_;                           ///< under sock_mu_
   std::vector<char> error_;                      ///< scratch error answer; under sock_mu_
   u64 next_client_id_ = 0;
+  u64 next_sweep_ = 0;  ///< under sock_mu_: when a full table may ping every client again
+  u64 next_probe_ = 0;  ///< under sock_mu_: when quiet clients are pinged next (Reap)
   ZmqAnswerQueue answers_;  ///< finished answers for the network worker
   Atomic<u32> shutting_down_;
   Atomic<u64> clients_;

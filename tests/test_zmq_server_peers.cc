@@ -1,0 +1,198 @@
+// The ZeroMQ server's table of registered clients under abuse: connections that close
+// without a goodbye (from a process that stays alive) must not lock new clients out or
+// pile up, a quiet but connected client must stay registered, and a handshake that names
+// no process is refused. An in-process server (embedded runtime) with a small table.
+#include <unistd.h>  // getpid, getuid
+
+#include <chrono>
+#include <cstring>  // memcpy of an answer's code
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "embedded_fixture.h"
+
+namespace {
+
+using chi::u32;
+using chi::u64;
+using Clock = std::chrono::steady_clock;
+
+constexpr chi::PoolId kFullTablePool(9601, 0);
+constexpr chi::PoolId kProbePool(9602, 0);
+
+/** A port for this binary: 12000 + 10 * (pid % 1000) + n, n < 10. */
+u32 PeersPort(u32 n) { return 12000 + 10 * (static_cast<u32>(getpid()) % 1000) + n; }
+
+/** An embedded runtime's ZeroMQ server on `port` whose table holds `max_clients`. */
+struct PeersServer {
+  PeersServer(u32 port, u32 max_clients, u64 probe_interval_ns) {
+    chi::Chimaera &rt = chi::Chimaera::Get();
+    dispatcher = std::make_unique<chi::RequestDispatcher>(rt.Pools(), rt.Orchestrator());
+    chi::ZmqServer::Options o;
+    o.port = port;
+    o.max_clients = max_clients;
+    o.reap_interval_ns = 20000000ull;  // 20 ms: the full-table sweep may repeat this often
+    o.probe_interval_ns = probe_interval_ns;
+    chi::Status st = server.Start(dispatcher.get(), o);
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+    chi::ConnectAnswer answer;
+    answer.runtime_pid = static_cast<u32>(getpid());
+    answer.port = port;
+    server.Open(answer);
+  }
+  ~PeersServer() { server.Stop(); }
+
+  std::unique_ptr<chi::RequestDispatcher> dispatcher;
+  chi::ZmqServer server;
+};
+
+/** Receives one message within `ms` milliseconds (an empty one on timeout). */
+zmq::message_t RecvWithin(zmq::socket_t &s, int ms) {
+  zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+  zmq::message_t m;
+  if (zmq::poll(&item, 1, std::chrono::milliseconds(ms)) > 0) {
+    (void)s.recv(m, zmq::recv_flags::none);
+  }
+  return m;
+}
+
+/** Receives until a message that is not the runtime's kPing arrives (or `ms` passes). */
+zmq::message_t RecvSkippingPings(zmq::socket_t &s, int ms) {
+  const auto until = Clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    zmq::message_t m = RecvWithin(s, left > 0 ? static_cast<int>(left) : 0);
+    if (m.size() < 8 || chi::EnvelopeId(m.data()) != chi::zmq_control::kPing) return m;
+  }
+}
+
+/** Sends a handshake naming this process and returns the runtime's answer code. */
+u32 Handshake(zmq::socket_t &s) {
+  chi::ConnectRequest hello;
+  hello.pid = static_cast<u32>(getpid());
+  hello.uid = static_cast<u32>(getuid());
+  hello.mode = "tcp";
+  s.send(chi::MakeControl(chi::zmq_control::kConnect, hello), zmq::send_flags::none);
+  zmq::message_t m = RecvSkippingPings(s, 5000);
+  chi::ConnectAnswer answer;
+  REQUIRE_MESSAGE(chi::ParseControl(m, &answer), "no handshake answer within 5 s");
+  return answer.rc;
+}
+
+/** A raw DEALER connected to the server's `mode` endpoint; closing it sends no goodbye. */
+std::unique_ptr<zmq::socket_t> RawPeer(zmq::context_t &ctx, const char *mode, u32 port) {
+  auto s = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+  s->set(zmq::sockopt::linger, 0);
+  s->connect(chi::ZmqEndpoint(mode, port));
+  return s;
+}
+
+/** Polls the server's counters until `pred` holds; false after `sec` seconds. */
+template <typename Pred>
+bool AwaitStats(const chi::ZmqServer &server, Pred pred, double sec) {
+  const auto until = Clock::now() + std::chrono::duration<double>(sec);
+  while (!pred(server.Stats())) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a handshake that names no client process is refused, saying why") {
+  chi::ConnectRequest req;
+  req.uid = static_cast<u32>(getuid());
+  req.mode = "ipc";
+  chi::Status st = chi::CheckConnectRequest(req);
+  CHECK(st.code() == chi::ErrorCode::kInvalidArgument);
+  CHECK(std::string(st.message()).find("pid 0") != std::string::npos);
+  req.pid = static_cast<u32>(getpid());
+  CHECK(chi::CheckConnectRequest(req).ok());
+}
+
+TEST_CASE("connections closed without a goodbye do not lock new clients out of a full table") {
+  chi_test::MakeDemoPool("zmq_peers_full", kFullTablePool);
+  constexpr u32 kMax = 4;
+  PeersServer ps(PeersPort(0), kMax, 3600ull * 1000000000ull);  // no quiet probes here
+  zmq::context_t ctx;
+  // Five times the table's size, each on a connection closed without a goodbye, by a
+  // process that stays alive (so the dead-pid reaper cannot help). A handshake that finds
+  // the table full of closed connections it has not yet seen close may be refused once;
+  // after a pause, it must be accepted.
+  int refused_once = 0;
+  for (u32 i = 0; i < 5 * kMax; ++i) {
+    auto peer = RawPeer(ctx, i % 2 == 0 ? "ipc" : "tcp", PeersPort(0));
+    u32 rc = Handshake(*peer);
+    if (rc == static_cast<u32>(chi::ErrorCode::kOutOfMemory)) {
+      ++refused_once;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      rc = Handshake(*peer);
+    }
+    REQUIRE_MESSAGE(rc == 0, "handshake " << i << " refused with code " << rc);
+    peer->close();
+  }
+  MESSAGE("handshakes refused once while closes were in flight: " << refused_once);
+  const chi::ZmqServerStats s = ps.server.Stats();
+  CHECK(s.clients <= kMax);
+  CHECK(s.clients_reaped >= 4 * kMax);
+
+  // The table is still full of closed connections: a real client gets in at once.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  chi::ZmqClientOptions opt;
+  opt.mode = "ipc";
+  opt.port = PeersPort(0);
+  opt.connect_timeout_sec = 10;
+  std::unique_ptr<chi::ZmqClientTransport> client;
+  chi::ConnectAnswer answer;
+  chi::Status st = chi::ZmqClientTransport::Connect(opt, &client, &answer);
+  REQUIRE_MESSAGE(st.ok(), st.ToString());
+  CHECK(answer.rc == 0);
+  client.reset();  // says goodbye
+  CHECK(AwaitStats(ps.server, [&](const chi::ZmqServerStats &x) { return x.clients <= kMax - 1; },
+                   10));
+}
+
+TEST_CASE("quiet connections are probed: closed ones are forgotten, a live one stays served") {
+  chi_test::MakeDemoPool("zmq_peers_probe", kProbePool);
+  PeersServer ps(PeersPort(1), 64, 100000000ull);  // quiet clients pinged every 100 ms
+  zmq::context_t ctx;
+  auto live = RawPeer(ctx, "tcp", PeersPort(1));
+  REQUIRE(Handshake(*live) == 0);
+  for (int i = 0; i < 6; ++i) {  // closed without a goodbye, the table far from full
+    auto peer = RawPeer(ctx, i % 2 == 0 ? "ipc" : "tcp", PeersPort(1));
+    REQUIRE(Handshake(*peer) == 0);
+    peer->close();
+  }
+  CHECK(AwaitStats(ps.server, [](const chi::ZmqServerStats &x) { return x.clients == 1; }, 10));
+  CHECK(ps.server.Stats().clients_reaped == 6);
+
+  // The live client has been pinged meanwhile (clients ignore pings) and is still served.
+  int pings = 0;
+  for (zmq::message_t m = RecvWithin(*live, 500); m.size() != 0; m = RecvWithin(*live, 0)) {
+    REQUIRE(m.size() >= 8);
+    CHECK(chi::EnvelopeId(m.data()) == chi::zmq_control::kPing);
+    ++pings;
+  }
+  CHECK(pings >= 1);
+  chimaera::demo::CustomTask task(chi::TaskBuffer("still here", 10));
+  task.ops_ = &chi::detail::TaskOpsFor<chimaera::demo::CustomTask>::kOps;
+  task.pool_id_ = kProbePool;
+  task.pool_query_ = chi::PoolQuery::Local();
+  task.method_ = chimaera::demo::Method::kCustom;
+  std::vector<char> request;
+  chi::EncodeRequest(&task, 5, &request);
+  live->send(zmq::message_t(request.data(), request.size()), zmq::send_flags::none);
+  zmq::message_t m = RecvSkippingPings(*live, 5000);
+  REQUIRE(m.size() >= 12);
+  CHECK(chi::EnvelopeId(m.data()) == 5);
+  u32 rc = ~0u;
+  std::memcpy(&rc, static_cast<const char *>(m.data()) + 8, sizeof(rc));
+  CHECK(rc == 0);
+  CHECK(ps.server.Stats().clients == 1);
+}
