@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The standalone runtime's tools end to end: start a runtime in the background,
-# see it in `status` and `monitor`, stop it with chimaera_stop_runtime, and check
-# that status then reports it gone and no segment is left behind.
+# The standalone runtime's tools end to end: stopping when no runtime runs fails at once,
+# a bad command line exits 2, then a runtime started in the background shows in `status`
+# and `monitor` (once and --count/--every in both orders), stops with `chimaera runtime
+# stop`, starts again and stops with chimaera_stop_runtime; after each stop status reports
+# it gone and no segment is left behind. Every check runs under `timeout`, so a hang fails.
 #   tools_smoke.sh <dir with chimaera, chimaera_start_runtime, chimaera_stop_runtime>
 set -euo pipefail
 bin="$1"
@@ -15,15 +17,69 @@ trap cleanup EXIT
 
 fail() { echo "tools_smoke: FAIL: $*" >&2; exit 1; }
 
+# run SECONDS CMD...: runs CMD under timeout; sets $out (stdout and stderr) and $rc (124: hung).
+run() {
+  local secs="$1"
+  shift
+  rc=0
+  out=$(timeout "$secs" "$@" 2>&1) || rc=$?
+}
+
+# expect_gone WHAT: status reports no runtime and no segment of the port is left.
+expect_gone() {
+  "$bin/chimaera" runtime status >/dev/null 2>&1 && fail "status still reports a runtime after $1"
+  local leftover
+  leftover=$(ls /dev/shm | grep -c -E "rt${CHI_PORT}_|shm_transport_${CHI_PORT}\$" || true)
+  [[ "$leftover" == 0 ]] || fail "$leftover segments of port $CHI_PORT left in /dev/shm after $1"
+}
+
+# expect_reports N ARGS...: `chimaera monitor ARGS` prints exactly N reports and exits 0 in 10 s.
+expect_reports() {
+  local want="$1"
+  shift
+  run 10 "$bin/chimaera" monitor "$@"
+  [[ "$rc" == 0 ]] || fail "monitor $* exited $rc (124: hung): ${out:0:400}"
+  local got
+  got=$(grep -c '^workers:' <<<"$out" || true)
+  [[ "$got" == "$want" ]] || fail "monitor $* printed $got reports, expected $want"
+}
+
+# expect_stop_fails CMD...: with no runtime on the port, CMD fails within 5 s and says so.
+expect_stop_fails() {
+  run 5 "$@"
+  [[ "$rc" != 0 && "$rc" != 124 ]] || fail "$* with no runtime exited $rc (124: hung)"
+  grep -q "no runtime" <<<"$out" || fail "$* with no runtime said: $out"
+}
+
 "$bin/chimaera" runtime status >/dev/null 2>&1 && fail "a runtime already serves port $CHI_PORT"
+
+expect_stop_fails "$bin/chimaera_stop_runtime"
+expect_stop_fails "$bin/chimaera" runtime stop
+
+run 5 "$bin/chimaera" monitor --every
+[[ "$rc" == 2 ]] || fail "monitor --every (no value) exited $rc, expected 2"
+grep -q -- "--every needs a value" <<<"$out" || fail "monitor --every said: $out"
+
 "$bin/chimaera" runtime start --log "$log" || fail "runtime start"
-"$bin/chimaera" runtime status || fail "status after start"
-out=$("$bin/chimaera" monitor) || fail "monitor"
+run 10 "$bin/chimaera" runtime status
+[[ "$rc" == 0 ]] || fail "status after start exited $rc: $out"
+echo "$out"
+for seg in "rt${CHI_PORT}_main" "rt${CHI_PORT}_cdata" "rt${CHI_PORT}_rdata" "shm_transport_${CHI_PORT}"; do
+  grep -q "segment $seg " <<<"$out" || fail "status lists no segment $seg"
+done
+run 10 "$bin/chimaera" monitor
+[[ "$rc" == 0 ]] || fail "monitor exited $rc: $out"
 echo "$out"
 grep -q "worker" <<<"$out" || fail "monitor printed no worker line"
 grep -qi "admin" <<<"$out" || fail "monitor printed no admin pool"
+expect_reports 3 --every 0.2 --count 3
+expect_reports 3 --count 3 --every 0.2
+expect_reports 2 --count 2
+run 30 "$bin/chimaera" runtime stop
+[[ "$rc" == 0 ]] || fail "chimaera runtime stop exited $rc: $out"
+expect_gone "chimaera runtime stop"
+
+"$bin/chimaera" runtime start --log "$log" || fail "second runtime start"
 "$bin/chimaera_stop_runtime" || fail "chimaera_stop_runtime"
-"$bin/chimaera" runtime status >/dev/null 2>&1 && fail "status still reports a runtime after stop"
-leftover=$(ls /dev/shm | grep -c "rt${CHI_PORT}_" || true)
-[[ "$leftover" == 0 ]] || fail "$leftover segments of port $CHI_PORT left in /dev/shm"
+expect_gone "chimaera_stop_runtime"
 echo "tools_smoke: 1 passed, 0 failed"

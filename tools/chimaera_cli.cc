@@ -2,15 +2,21 @@
 //   chimaera runtime start [--log FILE]   start a runtime in the background
 //   chimaera runtime stop                 stop it (drains tasks, removes segments)
 //   chimaera runtime status               is one serving CHI_PORT?
-//   chimaera monitor [--every SEC] [--count N]   admin Monitor statistics
+//   chimaera monitor [--every SEC] [--count N]   admin Monitor statistics: once; N reports;
+//                                         every SEC until killed; or N reports SEC apart
+// A bad command line (unknown option, missing or bad value) says why and exits 2.
+#include <climits>  // LONG_MAX bounds --count
 #include <cstdio>   // usage text
-#include <cstdlib>  // strtod, strtol
 #include <string>   // arguments
 
 #include "runtime_control.h"  // the commands
 
 namespace {
 
+/** Longest --every interval accepted (a day), as config.h bounds its timeouts. */
+constexpr double kMaxEverySec = 86400;
+
+/** Prints the usage text; returns the usage exit code 2. */
 int Usage() {
   std::fprintf(stderr,
                "usage: chimaera runtime start [--log FILE] | runtime stop | runtime status\n"
@@ -19,40 +25,82 @@ int Usage() {
   return 2;
 }
 
+/** Says what is wrong with the command line, then the usage; returns 2. */
+int UsageError(const std::string &what) {
+  std::fprintf(stderr, "chimaera: %s\n", what.c_str());
+  return Usage();
+}
+
+/**
+ * The value of the option at argv[*i], advancing *i past it; nullptr when it is missing
+ * (last argument, empty, or another option), so `--every --count 3` is not read as a value.
+ */
+const char *OptionValue(int argc, char **argv, int *i) {
+  if (*i + 1 >= argc) return nullptr;
+  const std::string value = argv[*i + 1];
+  if (value.empty() || value.rfind("--", 0) == 0) return nullptr;
+  return argv[++*i];
+}
+
+/** `runtime start [--log FILE]`: the log defaults to one per user and port under /tmp. */
+int StartCommand(int argc, char **argv) {
+  std::string log = "/tmp/chimaera_runtime_" + std::to_string(getuid()) + "_" +
+                    std::to_string(chi_tools::ConfiguredPort()) + ".log";
+  for (int i = 3; i < argc; ++i) {
+    const std::string opt = argv[i];
+    if (opt != "--log") return UsageError("unknown option '" + opt + "' for runtime start");
+    const char *value = OptionValue(argc, argv, &i);
+    if (value == nullptr) return UsageError("--log needs a FILE");
+    log = value;
+  }
+  return chi_tools::StartRuntimeDetached(log, 30);
+}
+
+/**
+ * `monitor [--every SEC] [--count N]`, in any order: neither prints one report, --count N
+ * prints N, --every SEC repeats until killed, and both print N reports SEC apart.
+ */
+int MonitorCommand(int argc, char **argv) {
+  double every = 0;
+  long count = 0;  // 0: no --count given
+  for (int i = 2; i < argc; ++i) {
+    const std::string opt = argv[i];
+    if (opt != "--every" && opt != "--count") {
+      return UsageError("unknown option '" + opt + "' for monitor");
+    }
+    const char *value = OptionValue(argc, argv, &i);
+    if (value == nullptr) return UsageError(opt + " needs a value");
+    if (opt == "--every") {
+      if (!chi::detail::ParseSeconds(value, kMaxEverySec, &every) || every <= 0) {
+        return UsageError("bad --every value '" + std::string(value) +
+                          "': expected seconds > 0 and <= 86400, such as 1 or 0.5");
+      }
+    } else {
+      chi::u64 n = 0;
+      if (!chi::detail::ParseUnsigned(value, LONG_MAX, &n) || n == 0) {
+        return UsageError("bad --count value '" + std::string(value) +
+                          "': expected a whole number >= 1");
+      }
+      count = static_cast<long>(n);
+    }
+  }
+  if (count == 0 && every == 0) count = 1;  // neither option: one report
+  return chi_tools::Monitor(every, count);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
   if (argc < 2) return Usage();
   const std::string cmd = argv[1];
-  if (cmd == "runtime" && argc >= 3) {
-    const std::string sub = argv[2];
-    if (sub == "start") {
-      std::string log = "/tmp/chimaera_runtime_" + std::to_string(getuid()) + "_" +
-                        std::to_string(chi_tools::ConfiguredPort()) + ".log";
-      for (int i = 3; i + 1 < argc; i += 2) {
-        if (std::string(argv[i]) == "--log") log = argv[i + 1];
-      }
-      return chi_tools::StartRuntimeDetached(log, 30);
-    }
-    if (sub == "stop") return chi_tools::StopRuntime(30);
-    if (sub == "status") return chi_tools::Status();
-    return Usage();
+  if (cmd == "monitor") return MonitorCommand(argc, argv);
+  if (cmd != "runtime") return UsageError("unknown command '" + cmd + "'");
+  if (argc < 3) return UsageError("runtime needs start, stop or status");
+  const std::string sub = argv[2];
+  if (sub == "start") return StartCommand(argc, argv);
+  if (sub != "stop" && sub != "status") return UsageError("unknown command 'runtime " + sub + "'");
+  if (argc > 3) {
+    return UsageError("unexpected argument '" + std::string(argv[3]) + "' for runtime " + sub);
   }
-  if (cmd == "monitor") {
-    double every = 0;
-    long count = 1;
-    for (int i = 2; i + 1 < argc; i += 2) {
-      const std::string opt = argv[i];
-      if (opt == "--every") {
-        every = std::strtod(argv[i + 1], nullptr);
-        count = 0;
-      } else if (opt == "--count") {
-        count = std::strtol(argv[i + 1], nullptr, 10);
-      } else {
-        return Usage();
-      }
-    }
-    return chi_tools::Monitor(every, count);
-  }
-  return Usage();
+  return sub == "stop" ? chi_tools::StopRuntime(30) : chi_tools::Status();
 }

@@ -1,5 +1,8 @@
 // chimaera_stop_runtime: asks the runtime on this node (CHI_PORT) to drain and
-// stop, and waits until its process has exited. Exit 1 when there is none.
-#include "runtime_control.h"  // StopRuntime
+// stop, and waits until its process has exited. Exit 1 at once when there is none.
+#include "runtime_control.h"  // RefuseArguments, StopRuntime
 
-int main() { return chi_tools::StopRuntime(30); }
+int main(int argc, char **argv) {
+  if (int rc = chi_tools::RefuseArguments(argc, argv); rc != 0) return rc;
+  return chi_tools::StopRuntime(30);
+}

@@ -11,7 +11,7 @@
 
 #include <chrono>   // polling intervals
 #include <cstdio>   // printf
-#include <cstdlib>  // getenv, setenv
+#include <cstdlib>  // setenv
 #include <string>   // paths
 #include <thread>   // sleep_for between Monitor reports
 
@@ -19,6 +19,17 @@
 #include <chi/mods/admin/admin_client.h>  // StopRuntime, Monitor
 
 namespace chi_tools {
+
+/**
+ * For the tools that take no arguments (CHI_PORT and CHI_SERVER_CONF configure them):
+ * 0 when there are none, else says so and returns the usage exit code 2.
+ */
+inline int RefuseArguments(int argc, char **argv) {
+  if (argc <= 1) return 0;
+  std::fprintf(stderr, "%s: unexpected argument '%s'; it takes none (CHI_PORT, CHI_SERVER_CONF)\n",
+               argv[0], argv[1]);
+  return 2;
+}
 
 /** SIGTERM / SIGINT: ask the runtime to drain and stop (async-signal-safe: a store and a futex wake). */
 inline void OnStopSignal(int) { chi::Chimaera::Get().RequestStop(); }
@@ -32,7 +43,7 @@ inline int RunRuntimeForeground() {
   sigaction(SIGINT, &sa, nullptr);
   if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kServer, true)) return 1;
   const chi::ServerConfig &cfg = chi::Chimaera::Get().GetConfig();
-  std::printf("chimaera runtime: pid %d serving port %u (ipc and tcp on loopback)\n", getpid(),
+  std::printf("chimaera runtime: pid %d serving port %u (shm, ipc and tcp on loopback)\n", getpid(),
               cfg.port);
   std::fflush(stdout);
   chi::Chimaera::Get().WaitForStop();
@@ -41,11 +52,12 @@ inline int RunRuntimeForeground() {
   return 0;
 }
 
-/** Connects this process as a pure client (ipc unless CHI_IPC_MODE says otherwise). */
+/**
+ * Connects this process as a pure client over the transport every client uses
+ * (networking.ipc_mode or CHI_IPC_MODE, default shm), so the tools exercise the same path.
+ */
 inline bool ConnectAsClient(double timeout_sec) {
   setenv("CHI_WITH_RUNTIME", "0", 1);
-  const char *mode = std::getenv("CHI_IPC_MODE");
-  if (mode == nullptr || mode[0] == '\0') setenv("CHI_IPC_MODE", "ipc", 1);
   const std::string t = std::to_string(timeout_sec);
   setenv("CHI_CONNECT_TIMEOUT", t.c_str(), 0);
   return chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, false);
@@ -58,10 +70,26 @@ inline chi::u32 ConfiguredPort() {
   return cfg.port;
 }
 
-/** Sends StopRuntime and waits until the runtime process has exited. */
+/** What "no runtime" messages add when a dead runtime's segments remain. */
+inline const char *StaleNote(bool stale) {
+  return stale ? " (stale segments of a dead runtime remain; the next start removes them)" : "";
+}
+
+/**
+ * Sends StopRuntime and waits until the runtime process has exited. Fails at once when
+ * no live runtime holds the port's segments, instead of waiting out the connect timeout.
+ */
 inline int StopRuntime(double timeout_sec) {
+  const chi::u32 port = ConfiguredPort();
+  bool stale = false;
+  const chi::u32 owner = chi::RuntimeSegments::FindOwner(port, &stale);
+  if (owner == 0) {
+    std::fprintf(stderr, "chimaera: no runtime to stop on port %u%s\n", port, StaleNote(stale));
+    return 1;
+  }
   if (!ConnectAsClient(timeout_sec)) {
-    std::fprintf(stderr, "chimaera: no runtime to stop on port %u\n", ConfiguredPort());
+    std::fprintf(stderr, "chimaera: runtime pid %u holds port %u's segments but did not answer\n",
+                 owner, port);
     return 1;
   }
   const chi::u32 pid = chi::Chimaera::Get().GetConnectAnswer().runtime_pid;
@@ -176,7 +204,7 @@ inline void PrintReport(const chimaera::admin::MonitorReport &r) {
   std::fflush(stdout);
 }
 
-/** Prints Monitor reports: once (every_sec = 0) or every every_sec, `count` times (0 = forever). */
+/** Prints `count` Monitor reports (0 = until killed), every_sec apart (0 = back to back). */
 inline int Monitor(double every_sec, long count) {
   if (!ConnectAsClient(5)) return 1;
   int rc = 0;
@@ -189,8 +217,7 @@ inline int Monitor(double every_sec, long count) {
       break;
     }
     PrintReport(f->Decode());
-    if (every_sec <= 0) break;
-    if (count == 0 || i + 1 < count) {
+    if (every_sec > 0 && (count == 0 || i + 1 < count)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<long>(every_sec * 1000)));
     }
   }
@@ -204,9 +231,7 @@ inline int Status() {
   bool stale = false;
   const chi::u32 owner = chi::RuntimeSegments::FindOwner(port, &stale);
   if (owner == 0) {
-    std::printf("no runtime on port %u%s\n", port,
-                stale ? " (stale segments of a dead runtime remain; the next start removes them)"
-                      : "");
+    std::printf("no runtime on port %u%s\n", port, StaleNote(stale));
     return 1;
   }
   if (!ConnectAsClient(2)) {
@@ -218,6 +243,11 @@ inline int Status() {
   for (const chi::SegmentInfo &s : a.segments) {
     std::printf("  segment %s  %llu bytes  layout v%u\n", s.name.c_str(),
                 static_cast<unsigned long long>(s.size), s.version);
+  }
+  chi::ShmServerInfo shm;
+  if (chi::ShmInfoFromAnswer(a, &shm).ok()) {  // the shm transport's slots and rings
+    std::printf("  segment %s  %llu bytes  layout v%u  (shm transport)\n", shm.segment.c_str(),
+                static_cast<unsigned long long>(shm.size), shm.version);
   }
   chi::CHIMAERA_FINALIZE();
   return 0;
