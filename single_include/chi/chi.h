@@ -8645,7 +8645,7 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 namespace chi {
 
 /** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
-inline constexpr u32 kConnectProtocolVersion = 3;  // 3: the compact routing header
+inline constexpr u32 kConnectProtocolVersion = 4;  // 4: the answer names max_request_bytes
 /** Bumped whenever RuntimeHeader (the start of the main segment) changes. */
 inline constexpr u32 kRuntimeHeaderVersion = 1;
 inline constexpr u64 kRuntimeHeaderMagic = 0x5254494843ull;  // "CHITR"
@@ -8691,11 +8691,17 @@ struct ConnectAnswer {
    * inside); empty when the runtime has no GPU or cannot share its queues.
    */
   std::vector<char> gpu_info;
+  /**
+   * The largest request the runtime takes over ZeroMQ (shm.client_data_size): a client
+   * refuses a larger task itself (kTooLarge), since the runtime drops a connection that
+   * sends one, and with it the answers of every task in flight on it. 0: not announced.
+   */
+  u64 max_request_bytes = 0;
 
   template <typename Ar>
   void serialize(Ar &ar) {
     ar(rc, msg, protocol_version, runtime_pid, node_id, port, client_id, segments, shm_info,
-       gpu_info);
+       gpu_info, max_request_bytes);
   }
   /** The answer as a Status (ok when accepted). */
   Status ToStatus() const {
@@ -12319,6 +12325,7 @@ class ShmServer {
 
 #include <unistd.h>  // getpid, getuid
 
+#include <cstdio>   // snprintf of the too-large message
 #include <cstring>  // memcpy of monitor events
 #include <deque>    // tasks waiting for a connection, deferred control messages
 #include <future>   // result of the first handshake
@@ -12757,6 +12764,18 @@ class ZmqClientConnection : public ClientTransport {
   void SendTask(Task *t) {
     const u64 request_id = table_.Insert(t);
     EncodeRequest(t, request_id, &encode_);
+    // relaxed: written by the network thread at a handshake, before any task is sent.
+    const u64 limit = max_request_bytes_.Load(MemOrder::kRelaxed);
+    if (limit != 0 && encode_.size() > limit) {  // the runtime would drop the connection
+      char why[Status::kMaxMessage];
+      std::snprintf(why, sizeof(why),
+                    "%s transport: request of %zu bytes exceeds the runtime's %llu-byte limit "
+                    "(shm.client_data_size)",
+                    opt_.mode.c_str(), encode_.size(), static_cast<unsigned long long>(limit));
+      table_.Fail(table_.Take(request_id), ErrorCode::kTooLarge, why);
+      std::vector<char>().swap(encode_);  // do not keep the oversized buffer
+      return;
+    }
     socket_->send(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
   }
 
@@ -12831,6 +12850,7 @@ class ZmqClientConnection : public ClientTransport {
     } else {
       reconnects_.FetchAdd(1, MemOrder::kRelaxed);
     }
+    max_request_bytes_.Store(answer.max_request_bytes, MemOrder::kRelaxed);  // before any send
     runtime_pid_.Store(answer.runtime_pid, MemOrder::kRelease);
     state_ = State::kReady;
     down_expired_ = false;
@@ -12953,6 +12973,7 @@ class ZmqClientConnection : public ClientTransport {
   Atomic<Task *> submitted_{nullptr};  ///< newest first, linked through transport_cookie_
   Atomic<u32> stop_;
   Atomic<u32> runtime_pid_;
+  Atomic<u64> max_request_bytes_;  ///< the runtime's announced limit (0: none announced)
   Atomic<u64> reconnects_;
   Atomic<u64> losses_;
   Atomic<u32> wake_asked_;    ///< a caller asked the network thread for a pass
@@ -13961,6 +13982,7 @@ class ZmqServer final : public ZmqServerSockets,
   void Open(const ConnectAnswer &answer) {
     if (!started_ || worker_ != nullptr) return;
     template_ = answer;
+    template_.max_request_bytes = opt_.max_request_bytes;  // clients refuse larger tasks
     next_reap_ = NowNs() + opt_.reap_interval_ns;
     worker_ = dispatcher_->Orchestrator()->NewPollerWorker(WorkerRole::kNetwork);
     network_ = worker_.get();
@@ -18762,6 +18784,7 @@ class Chimaera {
     ZmqServer::Options opt;
     opt.port = config_.port;
     opt.spin_ns = static_cast<u64>(config_.zmq_worker_spin_us) * 1000;
+    opt.max_request_bytes = config_.client_data_bytes;  // one message's bound, as for shm
     if (Status st = zmq->Start(dispatcher_.get(), opt); !st.ok()) return st;
     zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
     auto shm = std::make_unique<ShmServer>();

@@ -26,7 +26,7 @@
 namespace chi {
 
 /** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
-inline constexpr u32 kConnectProtocolVersion = 3;  // 3: the compact routing header
+inline constexpr u32 kConnectProtocolVersion = 4;  // 4: the answer names max_request_bytes
 /** Bumped whenever RuntimeHeader (the start of the main segment) changes. */
 inline constexpr u32 kRuntimeHeaderVersion = 1;
 inline constexpr u64 kRuntimeHeaderMagic = 0x5254494843ull;  // "CHITR"
@@ -72,11 +72,17 @@ struct ConnectAnswer {
    * inside); empty when the runtime has no GPU or cannot share its queues.
    */
   std::vector<char> gpu_info;
+  /**
+   * The largest request the runtime takes over ZeroMQ (shm.client_data_size): a client
+   * refuses a larger task itself (kTooLarge), since the runtime drops a connection that
+   * sends one, and with it the answers of every task in flight on it. 0: not announced.
+   */
+  u64 max_request_bytes = 0;
 
   template <typename Ar>
   void serialize(Ar &ar) {
     ar(rc, msg, protocol_version, runtime_pid, node_id, port, client_id, segments, shm_info,
-       gpu_info);
+       gpu_info, max_request_bytes);
   }
   /** The answer as a Status (ok when accepted). */
   Status ToStatus() const {

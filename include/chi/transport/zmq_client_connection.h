@@ -10,6 +10,7 @@
 
 #include <unistd.h>  // getpid, getuid
 
+#include <cstdio>   // snprintf of the too-large message
 #include <cstring>  // memcpy of monitor events
 #include <deque>    // tasks waiting for a connection, deferred control messages
 #include <future>   // result of the first handshake
@@ -154,6 +155,18 @@ class ZmqClientConnection : public ClientTransport {
   void SendTask(Task *t) {
     const u64 request_id = table_.Insert(t);
     EncodeRequest(t, request_id, &encode_);
+    // relaxed: written by the network thread at a handshake, before any task is sent.
+    const u64 limit = max_request_bytes_.Load(MemOrder::kRelaxed);
+    if (limit != 0 && encode_.size() > limit) {  // the runtime would drop the connection
+      char why[Status::kMaxMessage];
+      std::snprintf(why, sizeof(why),
+                    "%s transport: request of %zu bytes exceeds the runtime's %llu-byte limit "
+                    "(shm.client_data_size)",
+                    opt_.mode.c_str(), encode_.size(), static_cast<unsigned long long>(limit));
+      table_.Fail(table_.Take(request_id), ErrorCode::kTooLarge, why);
+      std::vector<char>().swap(encode_);  // do not keep the oversized buffer
+      return;
+    }
     socket_->send(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
   }
 
@@ -228,6 +241,7 @@ class ZmqClientConnection : public ClientTransport {
     } else {
       reconnects_.FetchAdd(1, MemOrder::kRelaxed);
     }
+    max_request_bytes_.Store(answer.max_request_bytes, MemOrder::kRelaxed);  // before any send
     runtime_pid_.Store(answer.runtime_pid, MemOrder::kRelease);
     state_ = State::kReady;
     down_expired_ = false;
@@ -350,6 +364,7 @@ class ZmqClientConnection : public ClientTransport {
   Atomic<Task *> submitted_{nullptr};  ///< newest first, linked through transport_cookie_
   Atomic<u32> stop_;
   Atomic<u32> runtime_pid_;
+  Atomic<u64> max_request_bytes_;  ///< the runtime's announced limit (0: none announced)
   Atomic<u64> reconnects_;
   Atomic<u64> losses_;
   Atomic<u32> wake_asked_;    ///< a caller asked the network thread for a pass

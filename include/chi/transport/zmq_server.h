@@ -71,6 +71,7 @@ class ZmqServer final : public ZmqServerSockets,
   void Open(const ConnectAnswer &answer) {
     if (!started_ || worker_ != nullptr) return;
     template_ = answer;
+    template_.max_request_bytes = opt_.max_request_bytes;  // clients refuse larger tasks
     next_reap_ = NowNs() + opt_.reap_interval_ns;
     worker_ = dispatcher_->Orchestrator()->NewPollerWorker(WorkerRole::kNetwork);
     network_ = worker_.get();

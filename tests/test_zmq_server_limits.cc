@@ -1,7 +1,9 @@
-// The ZeroMQ server's table of registered clients under abuse: connections that close
-// without a goodbye (from a process that stays alive) must not lock new clients out or
-// pile up, a quiet but connected client must stay registered, and a handshake that names
-// no process is refused. An in-process server (embedded runtime) with a small table.
+// The ZeroMQ server's limits under abuse, on an in-process server (embedded runtime) with
+// small limits. Its table of registered clients: connections that close without a goodbye
+// (from a process that stays alive) must not lock new clients out or pile up, a quiet but
+// connected client stays registered, and a handshake that names no process is refused.
+// Its request size: a client refuses a task over the runtime's limit itself (kTooLarge),
+// and the tasks in flight beside it, on the same connection, are all answered.
 #include <unistd.h>  // getpid, getuid
 
 #include <chrono>
@@ -23,13 +25,15 @@ using Clock = std::chrono::steady_clock;
 
 constexpr chi::PoolId kFullTablePool(9601, 0);
 constexpr chi::PoolId kProbePool(9602, 0);
+constexpr chi::PoolId kSizePool(9603, 0);
 
 /** A port for this binary: 12000 + 10 * (pid % 1000) + n, n < 10. */
 u32 PeersPort(u32 n) { return 12000 + 10 * (static_cast<u32>(getpid()) % 1000) + n; }
 
 /** An embedded runtime's ZeroMQ server on `port` whose table holds `max_clients`. */
 struct PeersServer {
-  PeersServer(u32 port, u32 max_clients, u64 probe_interval_ns) {
+  PeersServer(u32 port, u32 max_clients, u64 probe_interval_ns,
+              u64 max_request_bytes = chi::kZmqMaxRequestBytes) {
     chi::Chimaera &rt = chi::Chimaera::Get();
     dispatcher = std::make_unique<chi::RequestDispatcher>(rt.Pools(), rt.Orchestrator());
     chi::ZmqServer::Options o;
@@ -37,6 +41,7 @@ struct PeersServer {
     o.max_clients = max_clients;
     o.reap_interval_ns = 20000000ull;  // 20 ms: the full-table sweep may repeat this often
     o.probe_interval_ns = probe_interval_ns;
+    o.max_request_bytes = max_request_bytes;
     chi::Status st = server.Start(dispatcher.get(), o);
     REQUIRE_MESSAGE(st.ok(), st.ToString());
     chi::ConnectAnswer answer;
@@ -195,4 +200,68 @@ TEST_CASE("quiet connections are probed: closed ones are forgotten, a live one s
   std::memcpy(&rc, static_cast<const char *>(m.data()) + 8, sizeof(rc));
   CHECK(rc == 0);
   CHECK(ps.server.Stats().clients == 1);
+}
+
+/** A stamped Custom task for `pool` carrying `bytes` bytes (byte i = i % 251). */
+chimaera::demo::CustomTask *NewEcho(chi::PoolId pool, chi::u64 bytes) {
+  std::vector<char> data(bytes);
+  for (chi::u64 i = 0; i < bytes; ++i) data[i] = static_cast<char>(i % 251);
+  auto *t = chi::NewTask<chimaera::demo::CustomTask>(chi::TaskBuffer(data.data(), bytes));
+  t->pool_id_ = pool;
+  t->pool_query_ = chi::PoolQuery::Local();
+  t->method_ = chimaera::demo::Method::kCustom;
+  chi::GetIpcManager().Stamp(t);
+  return t;
+}
+
+TEST_CASE("a task over the runtime's request limit fails with kTooLarge; its neighbours complete") {
+  chi_test::MakeDemoPool("zmq_request_limit", kSizePool);
+  constexpr u64 kLimit = 1u << 20;
+  PeersServer ps(PeersPort(2), 64, 3600ull * 1000000000ull, kLimit);
+  for (const char *mode : {"tcp", "ipc"}) {
+    CAPTURE(mode);
+    chi::ZmqClientOptions opt;
+    opt.mode = mode;
+    opt.port = PeersPort(2);
+    std::unique_ptr<chi::ZmqClientTransport> client;
+    chi::ConnectAnswer answer;
+    chi::Status st = chi::ZmqClientTransport::Connect(opt, &client, &answer);
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+    CHECK(answer.max_request_bytes == kLimit);
+
+    // In flight together: small tasks, one just under the limit, one over it, more small ones.
+    std::vector<chi::Future<chimaera::demo::CustomTask>> ok;
+    for (int i = 0; i < 32; ++i) {
+      auto *t = NewEcho(kSizePool, 64 + i);
+      REQUIRE(client->Send(t));
+      ok.emplace_back(t);
+    }
+    auto *near = NewEcho(kSizePool, kLimit - 4096);
+    REQUIRE(client->Send(near));
+    ok.emplace_back(near);
+    auto *over = NewEcho(kSizePool, kLimit + 1);
+    REQUIRE(client->Send(over));
+    chi::Future<chimaera::demo::CustomTask> refused(over);
+    for (int i = 0; i < 32; ++i) {
+      auto *t = NewEcho(kSizePool, 4096 + i);
+      REQUIRE(client->Send(t));
+      ok.emplace_back(t);
+    }
+    REQUIRE(refused.Wait(10));
+    CHECK(refused->GetReturnCode() == static_cast<u32>(chi::ErrorCode::kTooLarge));
+    CHECK(std::string(refused->GetMessage()).find("limit") != std::string::npos);
+    for (auto &f : ok) {
+      REQUIRE(f.Wait(10));
+      REQUIRE_MESSAGE(f->GetReturnCode() == 0, f->GetMessage());
+      const chi::TaskBuffer &echo = f->data_;
+      bool exact = echo.size() >= 64;
+      for (chi::u64 i = 0; exact && i < echo.size(); ++i) {
+        exact = echo.data()[i] == static_cast<char>(i % 251);
+      }
+      CHECK(exact);
+    }
+    const chi::ZmqClientStats cs = client->Stats();
+    CHECK(cs.peer_losses == 0);  // the connection was never dropped
+    CHECK(cs.reconnects == 0);
+  }
 }
