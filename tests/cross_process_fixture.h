@@ -1,6 +1,7 @@
 // Shared parts of the cross-process tests (test_cross_process*.cc): the child routines a
-// test binary re-executes itself as (runtime, load client, streaming client), the parent's
-// view of a runtime child, and helpers that check answers. Included by one file per binary.
+// test binary re-executes itself as (runtime, load, streaming and survivor clients), the
+// parent's view of a runtime child, files through which children and parent signal, and
+// helpers that check answers. Included by one file per binary.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -11,6 +12,7 @@
 #include <signal.h>      // SIGKILL
 #include <sys/prctl.h>   // children die with the test binary
 #include <sys/socket.h>  // raw TCP peer
+#include <unistd.h>      // access
 
 #include <chi/chi.h>
 #include <chi/mods/demo/demo_client.h>
@@ -28,6 +30,7 @@
 #include <zmq.hpp>
 
 #include "child_process.h"
+#include "test_ports.h"
 
 
 namespace xp_test {
@@ -36,6 +39,7 @@ using chi::u32;
 using chi::u64;
 
 constexpr chi::PoolId kDemoPool(300, 0);
+constexpr chi::PoolId kMissingPool(301, 0);  ///< no test creates it
 
 /** The transports a pure client can use. */
 inline std::vector<std::string> Transports() { return {"shm", "ipc", "tcp"}; }
@@ -43,13 +47,19 @@ inline std::vector<std::string> Transports() { return {"shm", "ipc", "tcp"}; }
 /** The Monitor name of the server behind a client transport. */
 inline std::string ServerName(const std::string &mode) { return mode == "shm" ? "shm" : "zmq"; }
 
-/** A port of this test binary: 20000 + 20 * (pid % 1000) + n, n < 20. */
-inline u32 TestPort(u32 n) { return 20000 + 20 * (static_cast<u32>(getpid()) % 1000) + n; }
+/** Port n (< 20) of this test process (the rule and the ranges: test_ports.h). */
+inline u32 TestPort(u32 n) { return chi_test::kCrossProcessPorts.Port(n); }
 
 /** Reads an integer environment variable of a child routine. */
 inline u64 EnvU64(const char *name, u64 fallback = 0) {
   const char *v = std::getenv(name);
   return v == nullptr ? fallback : std::strtoull(v, nullptr, 10);
+}
+
+/** Reads a string environment variable of a child routine ("" when unset). */
+inline std::string EnvStr(const char *name) {
+  const char *v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
 }
 
 // ---- Child routines ----
@@ -101,6 +111,39 @@ inline void CheckZmqCounters(chi_test::ChildChecks *checks) {
 }
 
 /**
+ * One window of n tasks from task index `base` as client `id`: GpuSubmit and Custom calls
+ * all in flight at once; returns how many answers were wrong or missing.
+ */
+inline u64 RunLoadWindow(chimaera::demo::Client &client, u32 id, u64 base, u64 n) {
+  std::vector<chi::Future<chimaera::demo::GpuSubmitTask>> gpu;
+  std::vector<chi::Future<chimaera::demo::CustomTask>> echo;
+  std::vector<u32> values;
+  std::vector<std::string> payloads;
+  for (u64 i = base; i < base + n; ++i) {
+    const u32 value = static_cast<u32>(id * 1000003u + i);
+    if (i % 4 == 3) {
+      payloads.push_back("client " + std::to_string(id) + " task " + std::to_string(i));
+      echo.push_back(client.AsyncCustom(chi::PoolQuery::Local(), payloads.back()));
+    } else {
+      values.push_back(value);
+      gpu.push_back(client.AsyncGpuSubmit(chi::PoolQuery::Local(), id, value));
+    }
+  }
+  u64 wrong = 0;
+  for (size_t k = 0; k < gpu.size(); ++k) {
+    const bool ok = gpu[k].Wait(30) && gpu[k]->GetReturnCode() == 0 &&
+                    gpu[k]->result_value_ == values[k] * 2 + id;
+    wrong += ok ? 0 : 1;
+  }
+  for (size_t k = 0; k < echo.size(); ++k) {
+    const bool ok = echo[k].Wait(30) && echo[k]->GetReturnCode() == 0 &&
+                    echo[k]->data_.view() == payloads[k];
+    wrong += ok ? 0 : 1;
+  }
+  return wrong;
+}
+
+/**
  * A load client: XP_TASKS GpuSubmit and Custom calls with up to 256 in flight,
  * every answer checked; exits non-zero on the first wrong one. With XP_TAKE_HELPER=1
  * the process's wait helper is taken before it connects (as in a GPU client), so a
@@ -129,36 +172,9 @@ inline int LoadClientMain() {
                   "connected to the runtime of its own port");
   }
   constexpr u64 kWindow = 256;
-  std::vector<chi::Future<chimaera::demo::GpuSubmitTask>> gpu;
-  std::vector<chi::Future<chimaera::demo::CustomTask>> echo;
-  std::vector<u32> values;
-  std::vector<std::string> payloads;
   u64 wrong = 0;
   for (u64 base = 0; base < tasks; base += kWindow) {
-    gpu.clear();
-    echo.clear();
-    values.clear();
-    payloads.clear();
-    for (u64 i = base; i < tasks && i < base + kWindow; ++i) {
-      const u32 value = static_cast<u32>(id * 1000003u + i);
-      if (i % 4 == 3) {
-        payloads.push_back("client " + std::to_string(id) + " task " + std::to_string(i));
-        echo.push_back(client.AsyncCustom(chi::PoolQuery::Local(), payloads.back()));
-      } else {
-        values.push_back(value);
-        gpu.push_back(client.AsyncGpuSubmit(chi::PoolQuery::Local(), id, value));
-      }
-    }
-    for (size_t k = 0; k < gpu.size(); ++k) {
-      const bool ok = gpu[k].Wait(30) && gpu[k]->GetReturnCode() == 0 &&
-                      gpu[k]->result_value_ == values[k] * 2 + id;
-      wrong += ok ? 0 : 1;
-    }
-    for (size_t k = 0; k < echo.size(); ++k) {
-      const bool ok = echo[k].Wait(30) && echo[k]->GetReturnCode() == 0 &&
-                      echo[k]->data_.view() == payloads[k];
-      wrong += ok ? 0 : 1;
-    }
+    wrong += RunLoadWindow(client, id, base, tasks - base < kWindow ? tasks - base : kWindow);
   }
   checks.Expect(wrong == 0, std::to_string(wrong) + " wrong or missing answers");
   CheckZmqCounters(&checks);
@@ -170,21 +186,75 @@ inline int LoadClientMain() {
 }
 inline chi_test::ChildRoutine kLoadClientRoutine("xp_load_client", LoadClientMain);
 
-/** A client that streams tasks until it is killed (SIGKILL test). */
+/** A file path of this test process for `tag` (children and parent signal through files). */
+inline std::string SignalPath(const std::string &tag) {
+  return "/tmp/chi_xp_" + std::to_string(getpid()) + "_" + tag;
+}
+
+/** Creates (or truncates) the file at `path` holding `text`. */
+inline void WriteFile(const std::string &path, const std::string &text = "") {
+  std::ofstream(path) << text;
+}
+
+/** True when a file exists at `path`. */
+inline bool FileExists(const std::string &path) { return access(path.c_str(), F_OK) == 0; }
+
+/**
+ * A client that streams Custom tasks until it is killed (SIGKILL tests): windows of
+ * XP_STREAM_WINDOW (128) tasks of XP_STREAM_BYTES (4 KiB) each; it creates XP_READY_FILE
+ * (when given) after its first window. With
+ * XP_STREAM_MISSING_POOL=1 they go to a pool that does not exist: the runtime takes in
+ * each whole request before it refuses it with a small answer, so what it holds for
+ * this client is requests.
+ */
 inline int StreamClientMain() {
   DieWithParent();
   chi_test::ChildChecks checks;
   chimaera::demo::Client client;
   if (!ConnectAndCreatePool(&checks, &client)) return checks.Result();
+  if (EnvU64("XP_STREAM_MISSING_POOL") != 0) client = chimaera::demo::Client(kMissingPool);
+  const u64 window_size = EnvU64("XP_STREAM_WINDOW", 128);
+  const std::string payload(EnvU64("XP_STREAM_BYTES", 4096), 's');
+  const std::string ready_file = EnvStr("XP_READY_FILE");
   std::vector<chi::Future<chimaera::demo::CustomTask>> window;
-  const std::string payload(4096, 's');
-  for (;;) {
+  for (u64 round = 0;; ++round) {
     window.clear();
-    for (int i = 0; i < 128; ++i) window.push_back(client.AsyncCustom(chi::PoolQuery::Local(), payload));
+    for (u64 i = 0; i < window_size; ++i) {
+      window.push_back(client.AsyncCustom(chi::PoolQuery::Local(), payload));
+    }
     for (auto &f : window) f.Wait(30);
+    if (round == 0 && !ready_file.empty()) WriteFile(ready_file);
   }
 }
 inline chi_test::ChildRoutine kStreamClientRoutine("xp_stream_client", StreamClientMain);
+
+/**
+ * A client that keeps running load windows (RunLoadWindow, 256 tasks each) until the file
+ * XP_STOP_FILE exists, every answer checked; it creates XP_READY_FILE after its first
+ * window. Runs beside a client that is killed: the others must not notice.
+ */
+inline int SurvivorClientMain() {
+  DieWithParent();
+  chi_test::ChildChecks checks;
+  chimaera::demo::Client client;
+  if (!ConnectAndCreatePool(&checks, &client)) return checks.Result();
+  const u32 id = static_cast<u32>(EnvU64("XP_CLIENT_ID"));
+  const std::string stop_file = EnvStr("XP_STOP_FILE");
+  checks.Expect(!stop_file.empty(), "XP_STOP_FILE given");
+  constexpr u64 kWindow = 256;
+  u64 tasks = 0, wrong = 0;
+  do {
+    wrong += RunLoadWindow(client, id, tasks, kWindow);
+    tasks += kWindow;
+    if (tasks == kWindow) WriteFile(EnvStr("XP_READY_FILE"));
+  } while (!FileExists(stop_file) && !stop_file.empty());
+  checks.Expect(wrong == 0, std::to_string(wrong) + " wrong or missing answers of " +
+                                std::to_string(tasks));
+  CheckZmqCounters(&checks);
+  chi::CHIMAERA_FINALIZE();
+  return checks.Result();
+}
+inline chi_test::ChildRoutine kSurvivorClientRoutine("xp_survivor_client", SurvivorClientMain);
 
 // ---- Parent-side helpers ----
 
@@ -289,6 +359,34 @@ inline chimaera::admin::TransportStats ServerStats(const std::string &name = "zm
   }
   FAIL("no transport server named " << name);
   return {};
+}
+
+/**
+ * Polls the counters of server `name` through Monitor until `pred` holds (false after
+ * `sec`); the last counters read are left in *out.
+ */
+template <typename Pred>
+bool AwaitServerStats(const std::string &name, Pred pred, chimaera::admin::TransportStats *out,
+                      double sec = 20) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<long>(sec * 1000));
+  for (;;) {
+    *out = ServerStats(name);
+    if (pred(*out)) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+/** Waits up to `sec` for a child to create the file at `path`. */
+inline bool AwaitFile(const std::string &path, double sec = 20) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<long>(sec * 1000));
+  while (!FileExists(path)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
 }
 
 /** Asks the runtime of the current session to stop; true when it answered. */

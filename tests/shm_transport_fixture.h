@@ -22,6 +22,7 @@
 #include <chi/transport/shm_transport.h>
 
 #include "child_process.h"
+#include "test_ports.h"
 
 namespace shm_test {
 
@@ -43,8 +44,8 @@ inline u32 EnvU32(const char *name, u32 fallback) {
   return v == nullptr ? fallback : static_cast<u32>(std::strtoul(v, nullptr, 10));
 }
 
-/** A port per test and per test process, so parallel runs never share a segment. */
-inline u32 TestPort(u32 k) { return 20000 + static_cast<u32>(getpid() % 4000) * 8 + k; }
+/** Port k (< 8) of this test process, so parallel runs never share a segment (test_ports.h). */
+inline u32 TestPort(u32 k) { return chi_test::kShmTransportPorts.Port(k); }
 
 /** Seconds elapsed since t0 (bounds the polling loops). */
 inline double SecondsSince(Clock::time_point t0) {

@@ -3,7 +3,7 @@
 // processes, threads of one process, a process whose wait helpers are all taken, a
 // task sleeping on the network worker while others are served), and two runtimes side
 // by side. Failures (killed clients and runtimes, restarts, bad bytes) are in
-// test_cross_process_failures.cc. Ports come from the pid so parallel test binaries do
+// test_cross_process_failures.cc. Ports come from test_ports.h, so parallel test binaries do
 // not collide.
 #include "cross_process_fixture.h"
 

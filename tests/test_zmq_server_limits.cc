@@ -16,6 +16,7 @@
 #include <zmq.hpp>
 
 #include "embedded_fixture.h"
+#include "test_ports.h"
 
 namespace {
 
@@ -27,8 +28,8 @@ constexpr chi::PoolId kFullTablePool(9601, 0);
 constexpr chi::PoolId kProbePool(9602, 0);
 constexpr chi::PoolId kSizePool(9603, 0);
 
-/** A port for this binary: 12000 + 10 * (pid % 1000) + n, n < 10. */
-u32 PeersPort(u32 n) { return 12000 + 10 * (static_cast<u32>(getpid()) % 1000) + n; }
+/** Port n (< 20) of this process's block of the cross-process range (test_ports.h). */
+u32 PeersPort(u32 n) { return chi_test::kCrossProcessPorts.Port(n); }
 
 /** An embedded runtime's ZeroMQ server on `port` whose table holds `max_clients`. */
 struct PeersServer {

@@ -7,7 +7,7 @@
 #   tools_smoke.sh <dir with chimaera, chimaera_start_runtime, chimaera_stop_runtime>
 set -euo pipefail
 bin="$1"
-export CHI_PORT=$((30000 + $$ % 20000))
+export CHI_PORT=$((30000 + $$ % 2768))  # below the ephemeral ports; tests/test_ports.h
 log="/tmp/chi_tools_smoke_$$.log"
 cleanup() {
   if "$bin/chimaera" runtime status >/dev/null 2>&1; then "$bin/chimaera_stop_runtime" >/dev/null 2>&1 || true; fi

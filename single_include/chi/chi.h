@@ -11746,6 +11746,21 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   const ShmSegmentHeader *Header() const { return header_; }
 
   /**
+   * Requests taken in and not yet answered or discarded, over every slot (any thread;
+   * Monitor). `answered` is read first: each request it counts was counted in `accepted`
+   * before, so the difference never wraps.
+   */
+  u64 TasksOutstanding() const {
+    u64 n = 0;
+    for (u32 i = 0; i < options_.num_slots; ++i) {
+      const u64 answered = slots_[i].answered.Load(MemOrder::kAcquire);  // acquire: see above
+      const u64 accepted = slots_[i].accepted.Load(MemOrder::kRelaxed);  // relaxed: a statistic
+      n += accepted > answered ? accepted - answered : 0;
+    }
+    return n;
+  }
+
+  /**
    * A worker finished a client's task: write its answer now when the stream is free
    * and has room, else hand it to the poller. Never blocks.
    */
@@ -12249,6 +12264,12 @@ class ShmServer {
 
   /** Current counters. */
   Stats GetStats() const { return core_ == nullptr ? Stats{} : shm_server::ReadShmServerStats(core_->Header()); }
+
+  /**
+   * Requests taken in and not yet answered, over every client. Not in Stats: the counts
+   * live in this process only (ProbeStats from another process cannot see them).
+   */
+  u64 TasksOutstanding() const { return core_ == nullptr ? 0 : core_->TasksOutstanding(); }
 
   /**
    * Finds the runtime serving `port`: kNotFound (none), kPeerDead (a dead runtime's
@@ -18829,6 +18850,7 @@ class Chimaera {
       t.name_ = "shm";
       t.clients_ = s.clients;
       t.clients_reaped_ = s.reclaimed_clients;
+      t.tasks_outstanding_ = shm->TasksOutstanding();
       t.bytes_held_ = s.bytes_in_use;
       t.requests_ = s.tasks_served;
       t.requests_refused_ = s.broken_streams;

@@ -203,6 +203,7 @@ class Chimaera {
       t.name_ = "shm";
       t.clients_ = s.clients;
       t.clients_reaped_ = s.reclaimed_clients;
+      t.tasks_outstanding_ = shm->TasksOutstanding();
       t.bytes_held_ = s.bytes_in_use;
       t.requests_ = s.tasks_served;
       t.requests_refused_ = s.broken_streams;

@@ -87,6 +87,12 @@ class ShmServer {
   Stats GetStats() const { return core_ == nullptr ? Stats{} : shm_server::ReadShmServerStats(core_->Header()); }
 
   /**
+   * Requests taken in and not yet answered, over every client. Not in Stats: the counts
+   * live in this process only (ProbeStats from another process cannot see them).
+   */
+  u64 TasksOutstanding() const { return core_ == nullptr ? 0 : core_->TasksOutstanding(); }
+
+  /**
    * Finds the runtime serving `port`: kNotFound (none), kPeerDead (a dead runtime's
    * stale segment), kShutdown (stopping).
    */

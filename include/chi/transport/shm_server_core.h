@@ -121,6 +121,21 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   const ShmSegmentHeader *Header() const { return header_; }
 
   /**
+   * Requests taken in and not yet answered or discarded, over every slot (any thread;
+   * Monitor). `answered` is read first: each request it counts was counted in `accepted`
+   * before, so the difference never wraps.
+   */
+  u64 TasksOutstanding() const {
+    u64 n = 0;
+    for (u32 i = 0; i < options_.num_slots; ++i) {
+      const u64 answered = slots_[i].answered.Load(MemOrder::kAcquire);  // acquire: see above
+      const u64 accepted = slots_[i].accepted.Load(MemOrder::kRelaxed);  // relaxed: a statistic
+      n += accepted > answered ? accepted - answered : 0;
+    }
+    return n;
+  }
+
+  /**
    * A worker finished a client's task: write its answer now when the stream is free
    * and has room, else hand it to the poller. Never blocks.
    */
