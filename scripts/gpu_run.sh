@@ -65,8 +65,10 @@ run() {  # run <name> <timeout seconds> <command...>: logs to $out/<name>.log
   timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?
   note "$name: exit $rc in $(( $(date +%s) - t0 )) s"
+  [[ $rc == 0 ]] || failures=$((failures + 1))
   return $rc
 }
+failures=0  # runs that exited non-zero: the script's exit status says whether any did
 
 run test_gpu_protocol 120 "$build/tests/gpu/test_gpu_protocol"
 run test_gpu_queue_inline 60 "$build/tests/gpu/test_gpu_queue_inline"
@@ -110,3 +112,5 @@ if [[ $bench == 1 ]]; then
     [[ -f "$out/$log.log" ]] && { echo; cat "$out/$log.log"; }
   done
 fi
+note "runs that failed: $failures"
+exit $(( failures == 0 ? 0 : 1 ))
