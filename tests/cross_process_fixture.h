@@ -261,9 +261,13 @@ inline chi_test::ChildRoutine kSurvivorClientRoutine("xp_survivor_client", Survi
 /** A runtime child process on `port`, started and ready to serve. */
 class ServerProcess {
  public:
-  explicit ServerProcess(u32 port) : port_(port) {
-    pid_ = chi_test::SpawnChild("xp_server", {{"CHI_PORT", std::to_string(port)},
-                                              {"CHI_WITH_RUNTIME", "1"}});
+  /** `extra_env`: more variables for the runtime child (e.g. sanitizer options). */
+  explicit ServerProcess(u32 port,
+                         std::vector<std::pair<std::string, std::string>> extra_env = {})
+      : port_(port) {
+    extra_env.insert(extra_env.begin(),
+                     {{"CHI_PORT", std::to_string(port)}, {"CHI_WITH_RUNTIME", "1"}});
+    pid_ = chi_test::SpawnChild("xp_server", extra_env);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     for (;;) {
       bool stale = false;
