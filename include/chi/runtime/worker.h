@@ -132,12 +132,17 @@ class Worker {
     r->Yield();
   }
 
-  /** Task side: suspends the running fiber for at least `ns` nanoseconds. */
-  void SleepInFiber(RunContext *r, u64 ns) {
-    sleepers_.push_back(Sleeper{NowNs() + ns, r});
+  /**
+   * Task side: suspends the running fiber for `ns` nanoseconds. False when the worker
+   * woke it early because it stops (the task should say it was cut short).
+   */
+  bool SleepInFiber(RunContext *r, u64 ns) {
+    const u64 wake_ns = NowNs() + ns;
+    sleepers_.push_back(Sleeper{wake_ns, r});
     ++blocked_;
     r->Yield();
     --blocked_;
+    return NowNs() >= wake_ns;
   }
 
   /** Queues a task on this worker from its own thread without ever blocking on itself. */
@@ -403,16 +408,16 @@ void Worker::OnFiberDone(RunContext *r) {
 
 /**
  * Sleeps for `ns` nanoseconds: inside a runtime task the fiber is suspended and
- * the worker runs other tasks; elsewhere the thread sleeps.
+ * the worker runs other tasks; elsewhere the thread sleeps. False when a stopping
+ * runtime cut the sleep short (so that it does not hold up the stop): a task that
+ * needed the whole time should then fail (kShutdown) rather than report success.
  */
-inline void SleepFor(u64 ns) {
-  if (RunContext *r = CurrentRunContext()) {
-    r->GetWorker()->SleepInFiber(r, ns);
-    return;
-  }
+inline bool SleepFor(u64 ns) {
+  if (RunContext *r = CurrentRunContext()) return r->GetWorker()->SleepInFiber(r, ns);
   timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
   while (nanosleep(&ts, &ts) != 0) {
   }
+  return true;
 }
 
 }  // namespace chi

@@ -60,7 +60,10 @@ class Client : public chi::ContainerClient {
   chi::Future<LargeOutputTask> AsyncLargeOutput(const chi::PoolQuery &query, chi::u64 size) {
     return Submit(MakeTask<LargeOutputTask>(pool_id_, query, Method::kLargeOutput, size));
   }
-  /** Holds a container lock for hold_ns (tests of CoMutex/CoRwLock). */
+  /**
+   * Holds a container lock for hold_ns (tests of CoMutex/CoRwLock); kShutdown when the
+   * runtime stopped during the hold.
+   */
   chi::Future<LockHoldTask> AsyncLockHold(const chi::PoolQuery &query, LockMode mode,
                                           chi::u64 hold_ns, chi::u32 nested = 0) {
     return Submit(

@@ -72,7 +72,9 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
       sub.Wait();
       if (sub->max_inside_ > task.max_inside_) task.max_inside_ = sub->max_inside_;
     }
-    chi::SleepFor(task.hold_ns_);
+    if (!chi::SleepFor(task.hold_ns_)) {
+      task.SetError(chi::ErrorCode::kShutdown, "the runtime stopped before the hold ended");
+    }
     inside_.FetchSub(1);
     task.end_ns_ = chi::NowNs();
     Give(task.mode_);
