@@ -39,21 +39,36 @@ constexpr int kGarbageWindow = 32;
 /** A raw ZeroMQ DEALER on the runtime's `mode` endpoint ("ipc" or "tcp"). */
 class RawPeer {
  public:
+  /** Connects to the runtime on `port` (no handshake yet). */
   RawPeer(zmq::context_t &ctx, const std::string &mode, u32 port)
       : mode_(mode), socket_(ctx, zmq::socket_type::dealer) {
     socket_.set(zmq::sockopt::linger, 0);
     socket_.connect(chi::ZmqEndpoint(mode, port));
   }
+  /** The endpoint's transport: "ipc" or "tcp". */
   const std::string &mode() const { return mode_; }
+  /** The DEALER itself (for multi-frame sends). */
   zmq::socket_t &socket() { return socket_; }
 
   /** Sends one single-frame message. */
   void Send(const void *data, size_t len) {
     socket_.send(zmq::message_t(data, len), zmq::send_flags::none);
   }
+  /** Sends `m` as one frame. */
   void Send(const std::vector<char> &m) { Send(m.data(), m.size()); }
-  /** The next message within 5 s (empty when none came). */
-  zmq::message_t Recv() { return RecvWithin(socket_, 5000); }
+  /**
+   * The next message within 5 s (empty when none came), skipping the runtime's pings
+   * (it pings a registered client that has been quiet, as this one may be for a while).
+   */
+  zmq::message_t Recv() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            until - std::chrono::steady_clock::now()).count();
+      zmq::message_t m = RecvWithin(socket_, left > 0 ? static_cast<int>(left) : 0);
+      if (m.size() < 8 || chi::EnvelopeId(m.data()) != chi::zmq_control::kPing) return m;
+    }
+  }
 
   /** Sends a handshake speaking `version` of the protocol; the runtime's answer code. */
   u32 Handshake(u32 version) {

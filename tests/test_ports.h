@@ -10,7 +10,7 @@
 //
 //   10000-19999  cross_process_fixture.h  (500 blocks of 20)
 //   20000-29999  shm_transport_fixture.h  (1250 blocks of 8)
-//   30000-32767  tests/tools_smoke.sh     (30000 + $$ % 2768)
+//   30000-32767  tests/tools_smoke.sh     (one port, claimed the same way with flock(1))
 #pragma once
 
 #include <fcntl.h>     // open of the block's lock file

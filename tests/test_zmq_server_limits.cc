@@ -27,12 +27,15 @@ using Clock = std::chrono::steady_clock;
 constexpr chi::PoolId kFullTablePool(9601, 0);
 constexpr chi::PoolId kProbePool(9602, 0);
 constexpr chi::PoolId kSizePool(9603, 0);
+constexpr chi::PoolId kAnswerPool(9604, 0);
+constexpr chi::PoolId kRetryPool(9605, 0);
 
 /** Port n (< 20) of this process's block of the cross-process range (test_ports.h). */
 u32 PeersPort(u32 n) { return chi_test::kCrossProcessPorts.Port(n); }
 
 /** An embedded runtime's ZeroMQ server on `port` whose table holds `max_clients`. */
 struct PeersServer {
+  /** Starts serving; the reaper looks every 20 ms (so a full table may re-sweep as often). */
   PeersServer(u32 port, u32 max_clients, u64 probe_interval_ns,
               u64 max_request_bytes = chi::kZmqMaxRequestBytes) {
     chi::Chimaera &rt = chi::Chimaera::Get();
@@ -50,6 +53,7 @@ struct PeersServer {
     answer.port = port;
     server.Open(answer);
   }
+  /** Stops serving (answers pending tasks, tells clients). */
   ~PeersServer() { server.Stop(); }
 
   std::unique_ptr<chi::RequestDispatcher> dispatcher;
@@ -129,27 +133,28 @@ TEST_CASE("connections closed without a goodbye do not lock new clients out of a
   zmq::context_t ctx;
   // Five times the table's size, each on a connection closed without a goodbye, by a
   // process that stays alive (so the dead-pid reaper cannot help). A handshake that finds
-  // the table full of closed connections it has not yet seen close may be refused once;
-  // after a pause, it must be accepted.
-  int refused_once = 0;
+  // the table full of closed connections the runtime has not yet seen close may be
+  // refused (kOutOfMemory); asked again, it must be accepted before a deadline.
+  int refusals = 0;
   for (u32 i = 0; i < 5 * kMax; ++i) {
     auto peer = RawPeer(ctx, i % 2 == 0 ? "ipc" : "tcp", PeersPort(0));
+    const auto until = Clock::now() + std::chrono::seconds(10);
     u32 rc = Handshake(*peer);
-    if (rc == static_cast<u32>(chi::ErrorCode::kOutOfMemory)) {
-      ++refused_once;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    while (rc == static_cast<u32>(chi::ErrorCode::kOutOfMemory) && Clock::now() < until) {
+      ++refusals;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
       rc = Handshake(*peer);
     }
     REQUIRE_MESSAGE(rc == 0, "handshake " << i << " refused with code " << rc);
     peer->close();
   }
-  MESSAGE("handshakes refused once while closes were in flight: " << refused_once);
+  MESSAGE("handshakes refused while closes were in flight: " << refusals);
   const chi::ZmqServerStats s = ps.server.Stats();
   CHECK(s.clients <= kMax);
   CHECK(s.clients_reaped >= 4 * kMax);
 
-  // The table is still full of closed connections: a real client gets in at once.
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // The table is full of closed connections right now: a real client asks again while it
+  // is refused, and gets in within its connect timeout.
   chi::ZmqClientOptions opt;
   opt.mode = "ipc";
   opt.port = PeersPort(0);
@@ -162,6 +167,58 @@ TEST_CASE("connections closed without a goodbye do not lock new clients out of a
   client.reset();  // says goodbye
   CHECK(AwaitStats(ps.server, [&](const chi::ZmqServerStats &x) { return x.clients <= kMax - 1; },
                    10));
+}
+
+TEST_CASE("a client refused by a full table asks again until there is room") {
+  chi_test::MakeDemoPool("zmq_peers_retry", kRetryPool);  // starts the embedded runtime
+  PeersServer ps(PeersPort(4), 1, 3600ull * 1000000000ull);
+  zmq::context_t ctx;
+  auto holder = RawPeer(ctx, "tcp", PeersPort(4));
+  REQUIRE(Handshake(*holder) == 0);  // the table's one entry, on a live connection
+  std::thread closer([&] {  // room appears only once the holder's connection closes
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    holder->close();
+  });
+  chi::ZmqClientOptions opt;
+  opt.mode = "ipc";
+  opt.port = PeersPort(4);
+  opt.connect_timeout_sec = 20;
+  std::unique_ptr<chi::ZmqClientTransport> client;
+  chi::ConnectAnswer answer;
+  chi::Status st = chi::ZmqClientTransport::Connect(opt, &client, &answer);
+  closer.join();
+  REQUIRE_MESSAGE(st.ok(), st.ToString());
+  CHECK(answer.rc == 0);
+  CHECK(ps.server.Stats().clients_reaped == 1);  // the holder, found gone by a sweep
+}
+
+TEST_CASE("a client whose connection closed before its answer is forgotten by that answer") {
+  chi_test::MakeDemoPool("zmq_peers_answer", kAnswerPool);
+  PeersServer ps(PeersPort(3), 64, 3600ull * 1000000000ull);  // no quiet probes here
+  zmq::context_t ctx;
+  auto peer = RawPeer(ctx, "tcp", PeersPort(3));
+  REQUIRE(Handshake(*peer) == 0);
+  REQUIRE(ps.server.Stats().clients == 1);
+  // A task that answers after the connection is gone (this process stays alive, so only
+  // the failed delivery of the answer can tell the runtime).
+  chimaera::demo::LockHoldTask hold(chimaera::demo::LockMode::kMutex, 300000000ull, 0);
+  hold.ops_ = &chi::detail::TaskOpsFor<chimaera::demo::LockHoldTask>::kOps;
+  hold.pool_id_ = kAnswerPool;
+  hold.pool_query_ = chi::PoolQuery::Local();
+  hold.method_ = chimaera::demo::Method::kLockHold;
+  std::vector<char> request;
+  chi::EncodeRequest(&hold, 9, &request);
+  const u64 dropped_before = ps.server.Stats().answers_dropped;
+  peer->send(zmq::message_t(request.data(), request.size()), zmq::send_flags::none);
+  REQUIRE(AwaitStats(ps.server, [](const chi::ZmqServerStats &x) {
+    return x.tasks_outstanding == 1;
+  }, 10));
+  peer->close();
+  CHECK(AwaitStats(ps.server, [](const chi::ZmqServerStats &x) { return x.clients == 0; }, 10));
+  const chi::ZmqServerStats s = ps.server.Stats();
+  CHECK(s.answers_dropped == dropped_before + 1);
+  CHECK(s.clients_reaped == 1);
+  CHECK(s.tasks_outstanding == 0);
 }
 
 TEST_CASE("quiet connections are probed: closed ones are forgotten, a live one stays served") {

@@ -15,6 +15,8 @@ namespace {
 
 /** Longest --every interval accepted (a day), as config.h bounds its timeouts. */
 constexpr double kMaxEverySec = 86400;
+/** Shortest --every interval: a millisecond (Monitor sleeps in whole milliseconds). */
+constexpr double kMinEverySec = 0.001;
 
 /** Prints the usage text; returns the usage exit code 2. */
 int Usage() {
@@ -71,9 +73,9 @@ int MonitorCommand(int argc, char **argv) {
     const char *value = OptionValue(argc, argv, &i);
     if (value == nullptr) return UsageError(opt + " needs a value");
     if (opt == "--every") {
-      if (!chi::detail::ParseSeconds(value, kMaxEverySec, &every) || every <= 0) {
+      if (!chi::detail::ParseSeconds(value, kMaxEverySec, &every) || every < kMinEverySec) {
         return UsageError("bad --every value '" + std::string(value) +
-                          "': expected seconds > 0 and <= 86400, such as 1 or 0.5");
+                          "': expected seconds from 0.001 to 86400, such as 1 or 0.5");
       }
     } else {
       chi::u64 n = 0;

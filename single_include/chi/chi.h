@@ -12694,6 +12694,8 @@ struct ZmqClientStats {
 /** The socket half of a client connection (see the file comment); a base class only. */
 class ZmqClientConnection : public ClientTransport {
  protected:
+  /** How long a client waits before asking a runtime whose client table was full again. */
+  static constexpr u64 kHandshakeRetryNs = 50000000ull;
   enum class State { kConnecting, kReady, kDown };
   static constexpr u32 kRecvBatch = 64;
 
@@ -12726,6 +12728,11 @@ class ZmqClientConnection : public ClientTransport {
     monitor_->connect(mon);
     socket_->connect(endpoint_);
     socket_fd_ = socket_->get(zmq::sockopt::fd);
+    SendHandshake();
+  }
+
+  /** Queues the ClientConnect handshake on the socket. */
+  void SendHandshake() {
     ConnectRequest req;
     req.pid = static_cast<u32>(getpid());
     req.uid = static_cast<u32>(getuid());
@@ -12824,6 +12831,7 @@ class ZmqClientConnection : public ClientTransport {
       }
       if (msg.size() < kEnvelopeHeaderBytes) continue;
       const u64 id = EnvelopeId(msg.data());
+      if (id == zmq_control::kPing) continue;  // the runtime checked the connection: nothing to do
       if (id & zmq_control::kBit) {
         if (network_thread) {
           HandleControl(id, msg);
@@ -12844,7 +12852,10 @@ class ZmqClientConnection : public ClientTransport {
     return got;
   }
 
-  /** Network thread: the runtime's goodbye, or its answer to our handshake (kAccept). */
+  /**
+   * Network thread: the runtime's goodbye, or its answer to our handshake (kAccept). Pings
+   * never get here (ReceiveBatch drops them); other unknown ids are ignored.
+   */
   void HandleControl(u64 id, const zmq::message_t &msg) {
     if (id == zmq_control::kShutdown) {
       PeerLost(ErrorCode::kShutdown, "the runtime shut down before answering");
@@ -12860,6 +12871,13 @@ class ZmqClientConnection : public ClientTransport {
     if (answer.rc == 0) {  // before Connect can return: Answer() is the accepted one
       std::lock_guard<std::mutex> lock(answer_mu_);
       answer_ = answer;
+    }
+    if (!first_done_ && answer.rc == static_cast<u32>(ErrorCode::kOutOfMemory) &&
+        NowNs() + kHandshakeRetryNs < connect_deadline_) {
+      // The runtime's client table is full; it makes room as closed connections are found,
+      // so ask again shortly, until the connect timeout.
+      handshake_retry_ns_ = NowNs() + kHandshakeRetryNs;
+      return;
     }
     if (!first_done_) {
       first_done_ = true;
@@ -12925,6 +12943,7 @@ class ZmqClientConnection : public ClientTransport {
   u64 NextTimerNs(u64 now) const {
     u64 due = ~0ull;
     if (!first_done_) due = connect_deadline_;
+    if (handshake_retry_ns_ != 0 && handshake_retry_ns_ < due) due = handshake_retry_ns_;
     if (state_ == State::kDown && !down_expired_) {
       const u64 expiry = down_since_ + static_cast<u64>(opt_.reconnect_sec * 1e9);
       due = expiry < due ? expiry : due;
@@ -12935,6 +12954,13 @@ class ZmqClientConnection : public ClientTransport {
 
   /** Ends the connect wait, and the reconnect wait of queued tasks, at their deadlines. */
   void Timers(u64 now) {
+    if (handshake_retry_ns_ != 0 && now >= handshake_retry_ns_) {
+      handshake_retry_ns_ = 0;
+      if (!first_done_ && socket_) {
+        SendHandshake();
+        AskForPass();  // the ZMQ_FD rule: our send may have taken the fd's signal
+      }
+    }
     if (!first_done_ && now >= connect_deadline_) {
       first_done_ = true;
       first_result_.set_value(Status::Errorf(
@@ -12992,6 +13018,7 @@ class ZmqClientConnection : public ClientTransport {
   bool down_expired_ = false;
   u64 down_since_ = 0;
   u64 connect_deadline_ = 0;
+  u64 handshake_retry_ns_ = 0;  ///< network thread: when to ask a full runtime again (0: never)
   u64 monitor_serial_ = 0;
   ZmqRequestTable table_;         ///< tasks on the wire; its slots under sock_mu_
   std::deque<Task *> waiting_;    ///< submitted while not connected
@@ -13808,7 +13835,9 @@ class ZmqServerSockets {
       answer.msg = st.message();
     }
     zmq::message_t reply = MakeControl(zmq_control::kAccept, answer);
-    SendTo(peer, reply.data(), reply.size());
+    if (!SendTo(peer, reply.data(), reply.size()) && st.ok()) {
+      Forget(peers_.find(peer));  // its connection closed before the answer could go out
+    }
   }
 
   /** Answers request `id` with an error (id 0 when the request had none). */

@@ -177,7 +177,9 @@ class ZmqServerSockets {
       answer.msg = st.message();
     }
     zmq::message_t reply = MakeControl(zmq_control::kAccept, answer);
-    SendTo(peer, reply.data(), reply.size());
+    if (!SendTo(peer, reply.data(), reply.size()) && st.ok()) {
+      Forget(peers_.find(peer));  // its connection closed before the answer could go out
+    }
   }
 
   /** Answers request `id` with an error (id 0 when the request had none). */
