@@ -102,6 +102,29 @@ std::unique_ptr<zmq::socket_t> RawPeer(zmq::context_t &ctx, const char *mode, u3
   return s;
 }
 
+/** A real ZeroMQ client of the server on `port`, waiting up to `timeout_sec` to connect. */
+chi::Status ConnectClient(const char *mode, u32 port, double timeout_sec,
+                          std::unique_ptr<chi::ZmqClientTransport> *client,
+                          chi::ConnectAnswer *answer) {
+  chi::ZmqClientOptions opt;
+  opt.mode = mode;
+  opt.port = port;
+  opt.connect_timeout_sec = timeout_sec;
+  return chi::ZmqClientTransport::Connect(opt, client, answer);
+}
+
+/** The request bytes a raw peer sends for `task` (on its stack): `pool`'s `method`, id `id`. */
+template <typename T>
+std::vector<char> RawRequest(T &task, chi::PoolId pool, chi::MethodId method, u64 id) {
+  task.ops_ = &chi::detail::TaskOpsFor<T>::kOps;
+  task.pool_id_ = pool;
+  task.pool_query_ = chi::PoolQuery::Local();
+  task.method_ = method;
+  std::vector<char> request;
+  chi::EncodeRequest(&task, id, &request);
+  return request;
+}
+
 /** Polls the server's counters until `pred` holds; false after `sec` seconds. */
 template <typename Pred>
 bool AwaitStats(const chi::ZmqServer &server, Pred pred, double sec) {
@@ -155,13 +178,9 @@ TEST_CASE("connections closed without a goodbye do not lock new clients out of a
 
   // The table is full of closed connections right now: a real client asks again while it
   // is refused, and gets in within its connect timeout.
-  chi::ZmqClientOptions opt;
-  opt.mode = "ipc";
-  opt.port = PeersPort(0);
-  opt.connect_timeout_sec = 10;
   std::unique_ptr<chi::ZmqClientTransport> client;
   chi::ConnectAnswer answer;
-  chi::Status st = chi::ZmqClientTransport::Connect(opt, &client, &answer);
+  chi::Status st = ConnectClient("ipc", PeersPort(0), 10, &client, &answer);
   REQUIRE_MESSAGE(st.ok(), st.ToString());
   CHECK(answer.rc == 0);
   client.reset();  // says goodbye
@@ -179,13 +198,9 @@ TEST_CASE("a client refused by a full table asks again until there is room") {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     holder->close();
   });
-  chi::ZmqClientOptions opt;
-  opt.mode = "ipc";
-  opt.port = PeersPort(4);
-  opt.connect_timeout_sec = 20;
   std::unique_ptr<chi::ZmqClientTransport> client;
   chi::ConnectAnswer answer;
-  chi::Status st = chi::ZmqClientTransport::Connect(opt, &client, &answer);
+  chi::Status st = ConnectClient("ipc", PeersPort(4), 20, &client, &answer);
   closer.join();
   REQUIRE_MESSAGE(st.ok(), st.ToString());
   CHECK(answer.rc == 0);
@@ -202,12 +217,8 @@ TEST_CASE("a client whose connection closed before its answer is forgotten by th
   // A task that answers after the connection is gone (this process stays alive, so only
   // the failed delivery of the answer can tell the runtime).
   chimaera::demo::LockHoldTask hold(chimaera::demo::LockMode::kMutex, 300000000ull, 0);
-  hold.ops_ = &chi::detail::TaskOpsFor<chimaera::demo::LockHoldTask>::kOps;
-  hold.pool_id_ = kAnswerPool;
-  hold.pool_query_ = chi::PoolQuery::Local();
-  hold.method_ = chimaera::demo::Method::kLockHold;
-  std::vector<char> request;
-  chi::EncodeRequest(&hold, 9, &request);
+  const std::vector<char> request =
+      RawRequest(hold, kAnswerPool, chimaera::demo::Method::kLockHold, 9);
   const u64 dropped_before = ps.server.Stats().answers_dropped;
   peer->send(zmq::message_t(request.data(), request.size()), zmq::send_flags::none);
   REQUIRE(AwaitStats(ps.server, [](const chi::ZmqServerStats &x) {
@@ -244,12 +255,8 @@ TEST_CASE("quiet connections are probed: closed ones are forgotten, a live one s
   }
   CHECK(pings >= 1);
   chimaera::demo::CustomTask task(chi::TaskBuffer("still here", 10));
-  task.ops_ = &chi::detail::TaskOpsFor<chimaera::demo::CustomTask>::kOps;
-  task.pool_id_ = kProbePool;
-  task.pool_query_ = chi::PoolQuery::Local();
-  task.method_ = chimaera::demo::Method::kCustom;
-  std::vector<char> request;
-  chi::EncodeRequest(&task, 5, &request);
+  const std::vector<char> request =
+      RawRequest(task, kProbePool, chimaera::demo::Method::kCustom, 5);
   live->send(zmq::message_t(request.data(), request.size()), zmq::send_flags::none);
   zmq::message_t m = RecvSkippingPings(*live, 5000);
   REQUIRE(m.size() >= 12);
@@ -278,12 +285,9 @@ TEST_CASE("a task over the runtime's request limit fails with kTooLarge; its nei
   PeersServer ps(PeersPort(2), 64, 3600ull * 1000000000ull, kLimit);
   for (const char *mode : {"tcp", "ipc"}) {
     CAPTURE(mode);
-    chi::ZmqClientOptions opt;
-    opt.mode = mode;
-    opt.port = PeersPort(2);
     std::unique_ptr<chi::ZmqClientTransport> client;
     chi::ConnectAnswer answer;
-    chi::Status st = chi::ZmqClientTransport::Connect(opt, &client, &answer);
+    chi::Status st = ConnectClient(mode, PeersPort(2), 5, &client, &answer);
     REQUIRE_MESSAGE(st.ok(), st.ToString());
     CHECK(answer.max_request_bytes == kLimit);
 
