@@ -30,7 +30,9 @@
 #include <zmq.hpp>
 
 #include "child_process.h"
+#include "poll_until.h"
 #include "test_ports.h"
+#include "zmq_raw_peer.h"
 
 
 namespace xp_test {
@@ -372,25 +374,12 @@ inline chimaera::admin::TransportStats ServerStats(const std::string &name = "zm
 template <typename Pred>
 bool AwaitServerStats(const std::string &name, Pred pred, chimaera::admin::TransportStats *out,
                       double sec = 20) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<long>(sec * 1000));
-  for (;;) {
-    *out = ServerStats(name);
-    if (pred(*out)) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  return chi_test::PollUntil([&] { return pred(*out = ServerStats(name)); }, sec);
 }
 
 /** Waits up to `sec` for a child to create the file at `path`. */
 inline bool AwaitFile(const std::string &path, double sec = 20) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<long>(sec * 1000));
-  while (!FileExists(path)) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
+  return chi_test::PollUntil([&] { return FileExists(path); }, sec, 2);
 }
 
 /** Asks the runtime of the current session to stop; true when it answered. */
@@ -450,24 +439,7 @@ inline void CheckDemoCalls(chimaera::demo::Client &c) {
   CHECK(mismatches == 0);
 }
 
-/** The return code in an answer's header (what a client would see). */
-inline u32 AnswerCode(const zmq::message_t &m) {
-  if (m.size() < chi::kEnvelopeHeaderBytes) return ~0u;
-  chi::InputArchive ar(static_cast<const char *>(m.data()) + chi::kEnvelopeHeaderBytes,
-                       m.size() - chi::kEnvelopeHeaderBytes);
-  chi::Task header;
-  header.SerializeBaseOut(ar);
-  return ar.ok() ? header.GetReturnCode() : ~0u;
-}
-
-/** Receives one message within `ms`, or an empty one. */
-inline zmq::message_t RecvWithin(zmq::socket_t &s, int ms) {
-  zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
-  zmq::message_t m;
-  if (zmq::poll(&item, 1, std::chrono::milliseconds(ms)) > 0) {
-    (void)s.recv(m, zmq::recv_flags::none);
-  }
-  return m;
-}
+using chi_test::AnswerCode;
+using chi_test::RecvWithin;
 
 }  // namespace xp_test

@@ -60,28 +60,10 @@ class RawPeer {
    * The next message within 5 s (empty when none came), skipping the runtime's pings
    * (it pings a registered client that has been quiet, as this one may be for a while).
    */
-  zmq::message_t Recv() {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            until - std::chrono::steady_clock::now()).count();
-      zmq::message_t m = RecvWithin(socket_, left > 0 ? static_cast<int>(left) : 0);
-      if (m.size() < 8 || chi::EnvelopeId(m.data()) != chi::zmq_control::kPing) return m;
-    }
-  }
+  zmq::message_t Recv() { return chi_test::RecvSkippingPings(socket_, 5000); }
 
   /** Sends a handshake speaking `version` of the protocol; the runtime's answer code. */
-  u32 Handshake(u32 version) {
-    chi::ConnectRequest hello;
-    hello.pid = static_cast<u32>(getpid());
-    hello.uid = static_cast<u32>(getuid());
-    hello.mode = mode_;
-    hello.protocol_version = version;
-    socket_.send(chi::MakeControl(chi::zmq_control::kConnect, hello), zmq::send_flags::none);
-    chi::ConnectAnswer answer;
-    zmq::message_t m = Recv();
-    return chi::ParseControl(m, &answer) ? answer.rc : ~0u;
-  }
+  u32 Handshake(u32 version) { return chi_test::HandshakeCode(socket_, mode_.c_str(), version); }
 
  private:
   std::string mode_;
@@ -91,13 +73,7 @@ class RawPeer {
 /** An encoded Custom request (id 77) to the demo pool carrying `data`. */
 std::vector<char> EncodedCustom(const std::string &data) {
   chimaera::demo::CustomTask task(chi::TaskBuffer(data.data(), data.size()));
-  task.ops_ = &chi::detail::TaskOpsFor<chimaera::demo::CustomTask>::kOps;
-  task.pool_id_ = kDemoPool;
-  task.pool_query_ = chi::PoolQuery::Local();
-  task.method_ = chimaera::demo::Method::kCustom;
-  std::vector<char> request;
-  chi::EncodeRequest(&task, 77, &request);
-  return request;
+  return chi_test::RawRequest(task, kDemoPool, chimaera::demo::Method::kCustom, 77);
 }
 
 /**

@@ -4,10 +4,9 @@
 // connected client stays registered, and a handshake that names no process is refused.
 // Its request size: a client refuses a task over the runtime's limit itself (kTooLarge),
 // and the tasks in flight beside it, on the same connection, are all answered.
-#include <unistd.h>  // getpid, getuid
+#include <unistd.h>  // getpid
 
 #include <chrono>
-#include <cstring>  // memcpy of an answer's code
 #include <memory>
 #include <string>
 #include <thread>
@@ -16,12 +15,17 @@
 #include <zmq.hpp>
 
 #include "embedded_fixture.h"
+#include "poll_until.h"
 #include "test_ports.h"
+#include "zmq_raw_peer.h"
 
 namespace {
 
 using chi::u32;
 using chi::u64;
+using chi_test::RawRequest;
+using chi_test::RecvSkippingPings;
+using chi_test::RecvWithin;
 using Clock = std::chrono::steady_clock;
 
 constexpr chi::PoolId kFullTablePool(9601, 0);
@@ -60,38 +64,11 @@ struct PeersServer {
   chi::ZmqServer server;
 };
 
-/** Receives one message within `ms` milliseconds (an empty one on timeout). */
-zmq::message_t RecvWithin(zmq::socket_t &s, int ms) {
-  zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
-  zmq::message_t m;
-  if (zmq::poll(&item, 1, std::chrono::milliseconds(ms)) > 0) {
-    (void)s.recv(m, zmq::recv_flags::none);
-  }
-  return m;
-}
-
-/** Receives until a message that is not the runtime's kPing arrives (or `ms` passes). */
-zmq::message_t RecvSkippingPings(zmq::socket_t &s, int ms) {
-  const auto until = Clock::now() + std::chrono::milliseconds(ms);
-  for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
-    zmq::message_t m = RecvWithin(s, left > 0 ? static_cast<int>(left) : 0);
-    if (m.size() < 8 || chi::EnvelopeId(m.data()) != chi::zmq_control::kPing) return m;
-  }
-}
-
 /** Sends a handshake naming this process and returns the runtime's answer code. */
 u32 Handshake(zmq::socket_t &s) {
-  chi::ConnectRequest hello;
-  hello.pid = static_cast<u32>(getpid());
-  hello.uid = static_cast<u32>(getuid());
-  hello.mode = "tcp";
-  s.send(chi::MakeControl(chi::zmq_control::kConnect, hello), zmq::send_flags::none);
-  zmq::message_t m = RecvSkippingPings(s, 5000);
-  chi::ConnectAnswer answer;
-  REQUIRE_MESSAGE(chi::ParseControl(m, &answer), "no handshake answer within 5 s");
-  return answer.rc;
+  const u32 rc = chi_test::HandshakeCode(s, "tcp");
+  REQUIRE_MESSAGE(rc != ~0u, "no handshake answer within 5 s");
+  return rc;
 }
 
 /** A raw DEALER connected to the server's `mode` endpoint; closing it sends no goodbye. */
@@ -113,27 +90,10 @@ chi::Status ConnectClient(const char *mode, u32 port, double timeout_sec,
   return chi::ZmqClientTransport::Connect(opt, client, answer);
 }
 
-/** The request bytes a raw peer sends for `task` (on its stack): `pool`'s `method`, id `id`. */
-template <typename T>
-std::vector<char> RawRequest(T &task, chi::PoolId pool, chi::MethodId method, u64 id) {
-  task.ops_ = &chi::detail::TaskOpsFor<T>::kOps;
-  task.pool_id_ = pool;
-  task.pool_query_ = chi::PoolQuery::Local();
-  task.method_ = method;
-  std::vector<char> request;
-  chi::EncodeRequest(&task, id, &request);
-  return request;
-}
-
 /** Polls the server's counters until `pred` holds; false after `sec` seconds. */
 template <typename Pred>
 bool AwaitStats(const chi::ZmqServer &server, Pred pred, double sec) {
-  const auto until = Clock::now() + std::chrono::duration<double>(sec);
-  while (!pred(server.Stats())) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
+  return chi_test::PollUntil([&] { return pred(server.Stats()); }, sec);
 }
 
 }  // namespace
@@ -261,9 +221,7 @@ TEST_CASE("quiet connections are probed: closed ones are forgotten, a live one s
   zmq::message_t m = RecvSkippingPings(*live, 5000);
   REQUIRE(m.size() >= 12);
   CHECK(chi::EnvelopeId(m.data()) == 5);
-  u32 rc = ~0u;
-  std::memcpy(&rc, static_cast<const char *>(m.data()) + 8, sizeof(rc));
-  CHECK(rc == 0);
+  CHECK(chi_test::AnswerCode(m) == 0);
   CHECK(ps.server.Stats().clients == 1);
 }
 

@@ -1,5 +1,6 @@
 // chimaera_stop_runtime: asks the runtime on this node (CHI_PORT) to drain and
-// stop, and waits until its process has exited. Exit 1 at once when there is none.
+// stop, and waits until its process has exited. Exit 1 (after about a second) when there
+// is none.
 #include "runtime_control.h"  // RefuseArguments, StopRuntime
 
 int main(int argc, char **argv) {

@@ -12797,8 +12797,7 @@ class ZmqClientConnection : public ClientTransport {
   void SendTask(Task *t) {
     const u64 request_id = table_.Insert(t);
     EncodeRequest(t, request_id, &encode_);
-    // relaxed: written by the network thread at a handshake, before any task is sent.
-    const u64 limit = max_request_bytes_.Load(MemOrder::kRelaxed);
+    const u64 limit = max_request_bytes_;
     if (limit != 0 && encode_.size() > limit) {  // the runtime would drop the connection
       char why[Status::kMaxMessage];
       std::snprintf(why, sizeof(why),
@@ -12872,12 +12871,14 @@ class ZmqClientConnection : public ClientTransport {
       std::lock_guard<std::mutex> lock(answer_mu_);
       answer_ = answer;
     }
-    if (!first_done_ && answer.rc == static_cast<u32>(ErrorCode::kOutOfMemory) &&
-        NowNs() + kHandshakeRetryNs < connect_deadline_) {
+    if (!first_done_ && answer.rc == static_cast<u32>(ErrorCode::kOutOfMemory)) {
       // The runtime's client table is full; it makes room as closed connections are found,
       // so ask again shortly, until the connect timeout.
-      handshake_retry_ns_ = NowNs() + kHandshakeRetryNs;
-      return;
+      const u64 retry_ns = NowNs() + kHandshakeRetryNs;
+      if (retry_ns < connect_deadline_) {
+        handshake_retry_ns_ = retry_ns;
+        return;
+      }
     }
     if (!first_done_) {
       first_done_ = true;
@@ -12894,7 +12895,7 @@ class ZmqClientConnection : public ClientTransport {
     } else {
       reconnects_.FetchAdd(1, MemOrder::kRelaxed);
     }
-    max_request_bytes_.Store(answer.max_request_bytes, MemOrder::kRelaxed);  // before any send
+    max_request_bytes_ = answer.max_request_bytes;
     runtime_pid_.Store(answer.runtime_pid, MemOrder::kRelease);
     state_ = State::kReady;
     down_expired_ = false;
@@ -13019,6 +13020,7 @@ class ZmqClientConnection : public ClientTransport {
   u64 down_since_ = 0;
   u64 connect_deadline_ = 0;
   u64 handshake_retry_ns_ = 0;  ///< network thread: when to ask a full runtime again (0: never)
+  u64 max_request_bytes_ = 0;   ///< the runtime's announced limit (0: none); under sock_mu_
   u64 monitor_serial_ = 0;
   ZmqRequestTable table_;         ///< tasks on the wire; its slots under sock_mu_
   std::deque<Task *> waiting_;    ///< submitted while not connected
@@ -13026,7 +13028,6 @@ class ZmqClientConnection : public ClientTransport {
   Atomic<Task *> submitted_{nullptr};  ///< newest first, linked through transport_cookie_
   Atomic<u32> stop_;
   Atomic<u32> runtime_pid_;
-  Atomic<u64> max_request_bytes_;  ///< the runtime's announced limit (0: none announced)
   Atomic<u64> reconnects_;
   Atomic<u64> losses_;
   Atomic<u32> wake_asked_;    ///< a caller asked the network thread for a pass
