@@ -5,8 +5,12 @@
 // The runtime, the floors' peers and the extra clients are this binary re-executed
 // with a role argument.
 // The round trip and its floor are taken in alternating blocks (see MeasureInterleaved).
+// With payload_bytes the round trip is a Custom echo of that many bytes instead, and the
+// floors move the same bytes: the shm peer copies them out of a shared buffer and back into
+// another (four copies per round trip, as an echo needs), raw ZeroMQ echoes a message of
+// that size.
 //   bench_cross_process [round_trips=6000] [tasks_per_client=20000 (0: no throughput)]
-//                       [transports=shm,ipc,tcp]
+//                       [transports=shm,ipc,tcp] [payload_bytes=0 (GpuSubmit)]
 #include <fcntl.h>     // pipes for child reports
 #include <signal.h>    // killing the runtime on failure
 #include <sys/wait.h>  // waitpid
@@ -18,6 +22,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>  // the shm copy floor's memcpy
 #include <new>
 #include <algorithm>  // sort of block ratios
 #include <string>
@@ -33,6 +38,7 @@ using chi::u64;
 
 constexpr chi::PoolId kPool(400, 0);
 constexpr int kBlocks = 20;  ///< alternating floor/task blocks per transport
+u64 g_payload = 0;           ///< bytes each round trip echoes (0: a 16 B GpuSubmit)
 
 /**
  * Runs this binary again with `args` and extra environment; stdout to `out_fd` and stdin
@@ -129,11 +135,20 @@ struct PingPong {
 };
 constexpr u64 kBlockEnd = ~0ull;  ///< ping value that ends a block (echoed as its ack)
 
-/** The shm floor's peer: answers every ping with the same value, block after block. */
-int PongRole(const std::string &segment) {
+/** Where copy buffer k (0: request, 1: answer) of `bytes` lies after the flags. */
+char *CopyBuffer(chi::PosixShmBackend &seg, int k, u64 bytes) {
+  return seg.Data() + chi::RoundUpTo(sizeof(PingPong), 64) + k * bytes;
+}
+
+/**
+ * The shm floor's peer: answers every ping with the same value, block after block; with
+ * `bytes`, it first copies the request buffer out and its copy into the answer buffer.
+ */
+int PongRole(const std::string &segment, u64 bytes) {
   chi::PosixShmBackend seg;
   if (!seg.Attach(segment).ok()) return 1;
   auto *pp = reinterpret_cast<PingPong *>(seg.Data());
+  std::vector<char> mine(bytes);
   u64 last = 0;
   for (;;) {
     chi::u32 go = 0;
@@ -143,6 +158,10 @@ int PongRole(const std::string &segment) {
     for (;;) {
       const u64 v = pp->ping.Load(chi::MemOrder::kAcquire);  // acquire: pairs with the ping
       if (v != last) {
+        if (bytes != 0 && v != kBlockEnd) {
+          std::memcpy(mine.data(), CopyBuffer(seg, 0, bytes), bytes);
+          std::memcpy(CopyBuffer(seg, 1, bytes), mine.data(), bytes);
+        }
         pp->pong.Store(v, chi::MemOrder::kRelease);  // release: the answer after the read
         last = v;
         if (v == kBlockEnd) break;  // go was cleared before this ping: park again
@@ -158,9 +177,11 @@ class ShmPingPong {
  public:
   bool Start() {
     name_ = "bench_xp_pingpong_" + std::to_string(getpid());
-    if (!seg_.Create(name_, sizeof(PingPong), chi::CreateMode::kReplace).ok()) return false;
+    const u64 bytes = chi::RoundUpTo(sizeof(PingPong), 64) + 2 * g_payload;
+    if (!seg_.Create(name_, bytes, chi::CreateMode::kReplace).ok()) return false;
     pp_ = new (seg_.Data()) PingPong();
-    peer_ = Spawn({"--pong", name_}, {});
+    peer_ = Spawn({"--pong", name_, std::to_string(g_payload)}, {});
+    mine_.assign(g_payload, 'p');
     return true;
   }
   /** Appends one block of n round trips (after `warm` unrecorded ones) to *out; true. */
@@ -168,8 +189,10 @@ class ShmPingPong {
     pp_->go.Store(1, chi::MemOrder::kRelease);  // release: pairs with the peer's acquire
     chi::FutexWake(pp_->go.Raw(), 1);
     TimeRoundTrips(warm, n, out, [&](int) {
+      if (g_payload != 0) std::memcpy(CopyBuffer(seg_, 0, g_payload), mine_.data(), g_payload);
       pp_->ping.Store(++v_, chi::MemOrder::kRelease);
       while (pp_->pong.Load(chi::MemOrder::kAcquire) != v_) chi::CpuRelax();
+      if (g_payload != 0) std::memcpy(mine_.data(), CopyBuffer(seg_, 1, g_payload), g_payload);
       return true;
     });
     pp_->go.Store(0, chi::MemOrder::kRelaxed);  // relaxed: the ping below publishes it
@@ -190,6 +213,7 @@ class ShmPingPong {
   PingPong *pp_ = nullptr;
   pid_t peer_ = -1;
   u64 v_ = 0;
+  std::vector<char> mine_;  ///< the payload on this side (copied in and out)
 };
 
 /** Connects this process as a pure client over `mode` and creates the pool. */
@@ -265,9 +289,9 @@ class RawReqRep {
   }
   /** As ShmPingPong::Block; false once the echo stopped answering. */
   bool Block(int warm, int n, std::vector<double> *out) {
-    char payload[16] = {};
+    const std::vector<char> payload(g_payload != 0 ? g_payload : 16, 'p');
     alive_ = alive_ && TimeRoundTrips(warm, n, out, [&](int) {
-      req_.send(zmq::buffer(payload, sizeof(payload)), zmq::send_flags::none);
+      req_.send(zmq::buffer(payload.data(), payload.size()), zmq::send_flags::none);
       zmq::message_t m;
       return req_.recv(m, zmq::recv_flags::none).has_value();
     });
@@ -301,6 +325,13 @@ class RawReqRep {
  * a wrong answer or a failed wait.
  */
 bool TaskBlock(chimaera::demo::Client &c, int warm, int n, std::vector<double> *out) {
+  if (g_payload != 0) {
+    const std::string payload(g_payload, 'p');
+    return TimeRoundTrips(warm, n, out, [&](int) {
+      auto f = c.AsyncCustom(chi::PoolQuery::Local(), payload);
+      return f.Wait() && f->data_.size() == g_payload && f->data_.view().back() == 'p';
+    });
+  }
   return TimeRoundTrips(warm, n, out, [&](int i) {
     auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, static_cast<chi::u32>(i));
     return f.Wait() && f->result_value_ == static_cast<chi::u32>(i) * 2;
@@ -446,9 +477,13 @@ int Run(int round_trips, u64 tasks, const std::string &modes) {
     }
     if (!measured) rc = 1;
     const Sleeps sleeps_after = RuntimeSleeps();
-    const std::string label = mode + ": task round trip (GpuSubmit)";
-    const std::string floor_label = mode == "shm" ? std::string("two-process shm ping-pong")
-                                                  : "raw ZeroMQ REQ/REP 16 B " + mode;
+    const std::string bytes = std::to_string(g_payload != 0 ? g_payload : 16) + " B";
+    const std::string label = mode + ": task round trip (" +
+                              (g_payload != 0 ? "Custom echo " + bytes : "GpuSubmit") + ")";
+    const std::string floor_label =
+        mode == "shm" ? (g_payload != 0 ? "two-process shm copy ping-pong " + bytes
+                                        : std::string("two-process shm ping-pong"))
+                      : "raw ZeroMQ REQ/REP " + bytes + " " + mode;
     chi_bench::ReportLatency(label.c_str(), chi_bench::Median(m.ours), floor_label.c_str(),
                              chi_bench::Median(m.floor));
     std::vector<double> sorted = m.block_ratios;
@@ -510,10 +545,11 @@ int main(int argc, char **argv) {
   const std::string role = argc > 1 ? argv[1] : "";
   if (role == "--server") return ServerRole();
   if (role == "--rep" && argc > 2) return RepRole(argv[2]);
-  if (role == "--pong" && argc > 2) return PongRole(argv[2]);
+  if (role == "--pong" && argc > 3) return PongRole(argv[2], std::strtoull(argv[3], nullptr, 10));
   if (role == "--client" && argc > 2) return ClientRole(std::strtoull(argv[2], nullptr, 10));
   const int round_trips = argc > 1 ? std::atoi(argv[1]) : 6000;
   const u64 tasks = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 20000;
   const std::string modes = argc > 3 ? argv[3] : "shm,ipc,tcp";
+  g_payload = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : 0;
   return Run(round_trips > 0 ? round_trips : 6000, tasks, modes);
 }

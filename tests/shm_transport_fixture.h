@@ -5,9 +5,10 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <poll.h>       // waiting for a child's ready byte
 #include <signal.h>     // SIGKILL
 #include <sys/prctl.h>  // PR_SET_PDEATHSIG: children never outlive the test
-#include <unistd.h>     // getpid
+#include <unistd.h>     // getpid, pipe, read, write
 
 #include <chrono>   // deadlines and timing
 #include <cstdio>   // fprintf in child routines
@@ -88,7 +89,15 @@ inline bool AwaitRuntime(u32 port, double sec, chi::ShmServerInfo *info, pid_t e
 /** Makes a child die with the test process, whatever happens to the test. */
 inline void DieWithParent() { prctl(PR_SET_PDEATHSIG, SIGKILL); }
 
-/** A runtime serving shm clients on CHI_TEST_SHM_PORT until StopRuntime (or a kill). */
+/** Name of the test runtime's client (role "cdata") or runtime ("rdata") data segment. */
+inline std::string DataSegmentName(u32 port, const char *role) {
+  return chi::RuntimeSegmentName(port, role);
+}
+
+/**
+ * A runtime serving shm clients on CHI_TEST_SHM_PORT until StopRuntime (or a kill). With
+ * CHI_TEST_SHM_DATA = n it also shares two data segments of n bytes (8 slots share each).
+ */
 inline int RuntimeMain() {
   DieWithParent();
   const u32 port = EnvU32("CHI_TEST_SHM_PORT", 0);
@@ -100,6 +109,20 @@ inline int RuntimeMain() {
   o.num_slots = 8;
   o.ring_bytes = EnvU32("CHI_TEST_SHM_RING", 256u << 10);
   o.max_message_bytes = 64ull << 20;
+  chi::PosixShmBackend data[2];
+  if (const u32 data_bytes = EnvU32("CHI_TEST_SHM_DATA", 0); data_bytes != 0) {
+    const char *roles[2] = {"cdata", "rdata"};
+    for (int k = 0; k < 2; ++k) {
+      chi::Status made = data[k].Create(DataSegmentName(port, roles[k]), data_bytes,
+                                        chi::CreateMode::kReplace);
+      if (!made.ok()) {
+        std::fprintf(stderr, "shm runtime: %s\n", made.ToString().c_str());
+        return 3;
+      }
+    }
+    o.request_data_segment = DataSegmentName(port, roles[0]);
+    o.answer_data_segment = DataSegmentName(port, roles[1]);
+  }
   chi::Status st = server.Start(&dispatcher, o, port);
   if (!st.ok()) {
     std::fprintf(stderr, "shm runtime: %s\n", st.ToString().c_str());
@@ -107,6 +130,9 @@ inline int RuntimeMain() {
   }
   rt.WaitForStop();
   server.Stop();
+  for (chi::PosixShmBackend &d : data) {
+    if (d.IsAttached()) (void)d.Destroy();
+  }
   chi::CHIMAERA_FINALIZE();
   return 0;
 }
@@ -131,9 +157,12 @@ inline std::unique_ptr<chi::ShmClientTransport> ConnectFromChild(chi_test::Child
 /** A runtime child process on `port`; killed (and its segment removed) at scope exit. */
 class RuntimeProcess {
  public:
-  explicit RuntimeProcess(u32 port, u32 ring_bytes = 256u << 10) : port_(port) {
+  /** data_bytes: the size of each data segment (0: none; large messages then stream). */
+  explicit RuntimeProcess(u32 port, u32 ring_bytes = 256u << 10, u32 data_bytes = 0)
+      : port_(port), data_bytes_(data_bytes) {
     pid_ = chi_test::SpawnChild("shm_runtime", {{"CHI_TEST_SHM_PORT", std::to_string(port)},
-                                                {"CHI_TEST_SHM_RING", std::to_string(ring_bytes)}});
+                                                {"CHI_TEST_SHM_RING", std::to_string(ring_bytes)},
+                                                {"CHI_TEST_SHM_DATA", std::to_string(data_bytes)}});
     REQUIRE(pid_ > 0);
     REQUIRE_MESSAGE(AwaitRuntime(port, 30, &info_, pid_), "runtime child did not come up");
   }
@@ -147,6 +176,11 @@ class RuntimeProcess {
         seg.Destroy();
       } else {
         seg.Detach();
+      }
+    }
+    if (data_bytes_ != 0) {  // this test's runtime made them (a killed one leaves them)
+      for (const char *role : {"cdata", "rdata"}) {
+        (void)chi::PosixShmBackend::DestroyByName(DataSegmentName(port_, role));
       }
     }
   }
@@ -171,6 +205,7 @@ class RuntimeProcess {
 
  private:
   u32 port_;
+  u32 data_bytes_;
   pid_t pid_ = -1;
   chi::ShmServerInfo info_;
 };
@@ -201,6 +236,48 @@ inline chimaera::demo::Client CreateDemoPool() {
   REQUIRE_MESSAGE(f->GetReturnCode() == 0, f->GetMessage());
   return c;
 }
+
+/** An echo task sent through one particular transport (not the attached one). */
+inline chi::Future<chimaera::demo::CustomTask> EchoVia(chi::ShmClientTransport &tr,
+                                                       const std::string &data) {
+  auto *t = chi::NewTask<chimaera::demo::CustomTask>(chi::TaskBuffer(data.data(), data.size()));
+  t->pool_id_ = kPool;
+  t->pool_query_ = PoolQuery::Local();
+  t->method_ = chimaera::demo::Method::kCustom;
+  chi::GetIpcManager().Stamp(t);
+  REQUIRE(tr.Send(t));
+  return chi::Future<chimaera::demo::CustomTask>(t);
+}
+
+/** Sends one byte on the pipe named by CHI_TEST_READY_FD (a child reached its point). */
+inline void SignalReady() {
+  int fd = static_cast<int>(EnvU32("CHI_TEST_READY_FD", 0));
+  char c = 'r';
+  if (write(fd, &c, 1) != 1) std::fprintf(stderr, "ready pipe write failed\n");
+}
+
+/** A pipe a child writes one byte to when it reached the point the test waits for. */
+class ReadyPipe {
+ public:
+  ReadyPipe() { REQUIRE(pipe(fds_) == 0); }
+  ~ReadyPipe() {
+    close(fds_[0]);
+    if (fds_[1] >= 0) close(fds_[1]);
+  }
+  std::string WriteFd() const { return std::to_string(fds_[1]); }
+  /** True when the byte arrived within `sec`. */
+  bool Wait(double sec) {
+    close(fds_[1]);
+    fds_[1] = -1;
+    pollfd p{fds_[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(sec * 1000)) != 1) return false;
+    char c = 0;
+    return read(fds_[0], &c, 1) == 1;
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+};
 
 /** Checks one echo through the attached transport. */
 inline void CheckEcho(chimaera::demo::Client &client, u64 size, u32 seed) {

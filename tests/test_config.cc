@@ -87,7 +87,7 @@ TEST_CASE("the default config parses to the ServerConfig defaults") {
   CHECK(cfg.gpu_queue_depth == 256);
   CHECK(cfg.main_segment_bytes == (64ull << 20));
   CHECK(cfg.client_data_bytes == (256ull << 20));
-  CHECK(cfg.runtime_data_bytes == (64ull << 20));
+  CHECK(cfg.runtime_data_bytes == (256ull << 20));
   CHECK(cfg.compose.empty());
 }
 

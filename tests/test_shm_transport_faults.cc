@@ -5,10 +5,9 @@
 // The shared runtime child and fixtures are in shm_transport_fixture.h.
 #include "shm_transport_fixture.h"
 
-#include <poll.h>      // waiting for a child's ready byte
 #include <signal.h>    // SIGKILL
 #include <sys/stat.h>  // segment permissions
-#include <unistd.h>    // pipe, read, write
+#include <unistd.h>    // getpid
 
 #include <chrono>   // deadlines
 #include <cstdio>   // fprintf in child routines
@@ -23,13 +22,6 @@ using namespace shm_test;
 namespace {
 
 // ---- Child processes ----
-
-/** Sends one byte on the pipe named by CHI_TEST_READY_FD. */
-void SignalReady() {
-  int fd = static_cast<int>(EnvU32("CHI_TEST_READY_FD", 0));
-  char c = 'r';
-  if (write(fd, &c, 1) != 1) std::fprintf(stderr, "ready pipe write failed\n");
-}
 
 /**
  * A client that dies mid-stream: a task in flight, then the first 64 KiB of a 4 MiB
@@ -99,41 +91,6 @@ int EchoClientMain() {
 chi_test::ChildRoutine kEchoClientRoutine("shm_echo_client", EchoClientMain);
 
 // ---- Parent-side helpers ----
-
-/** An echo task sent through one particular transport (not the attached one). */
-chi::Future<chimaera::demo::CustomTask> EchoVia(chi::ShmClientTransport &tr,
-                                                const std::string &data) {
-  auto *t = chi::NewTask<chimaera::demo::CustomTask>(chi::TaskBuffer(data.data(), data.size()));
-  t->pool_id_ = kPool;
-  t->pool_query_ = PoolQuery::Local();
-  t->method_ = chimaera::demo::Method::kCustom;
-  chi::GetIpcManager().Stamp(t);
-  REQUIRE(tr.Send(t));
-  return chi::Future<chimaera::demo::CustomTask>(t);
-}
-
-/** A pipe a child writes one byte to when it reached the point the test waits for. */
-class ReadyPipe {
- public:
-  ReadyPipe() { REQUIRE(pipe(fds_) == 0); }
-  ~ReadyPipe() {
-    close(fds_[0]);
-    if (fds_[1] >= 0) close(fds_[1]);
-  }
-  std::string WriteFd() const { return std::to_string(fds_[1]); }
-  /** True when the byte arrived within `sec`. */
-  bool Wait(double sec) {
-    close(fds_[1]);
-    fds_[1] = -1;
-    pollfd p{fds_[0], POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(sec * 1000)) != 1) return false;
-    char c = 0;
-    return read(fds_[0], &c, 1) == 1;
-  }
-
- private:
-  int fds_[2] = {-1, -1};
-};
 
 }  // namespace
 

@@ -7416,12 +7416,15 @@ gpu:
 
 # Shared-memory segments of a standalone runtime, each 64k .. 1024g.
 shm:
-  # Tasks shared by clients and the runtime.
+  # Tasks shared by clients and the runtime: the runtime's owner record, and
+  # (split over the 32 client slots) the rings that carry requests and answers.
   main_size: 64m
-  # Data buffers that clients share with the runtime.
+  # Large requests of shm clients travel whole in this segment (1/32 per client
+  # slot). It also bounds one message on every transport.
   client_data_size: 256m
-  # Data the runtime shares with clients for its own use.
-  runtime_data_size: 64m
+  # Large answers to shm clients travel whole in this segment (1/32 per slot).
+  # A message larger than a slot's share streams through the rings in pieces.
+  runtime_data_size: 256m
 
 # Pools created at start, in this order, after the admin pool. Each entry:
 #   mod_name:       module that implements the pool (required)
@@ -7480,7 +7483,7 @@ struct ServerConfig {
   // shared-memory segments of a standalone runtime
   u64 main_segment_bytes = 64ull << 20;   ///< yaml: shm.main_size
   u64 client_data_bytes = 256ull << 20;   ///< yaml: shm.client_data_size
-  u64 runtime_data_bytes = 64ull << 20;   ///< yaml: shm.runtime_data_size
+  u64 runtime_data_bytes = 256ull << 20;  ///< yaml: shm.runtime_data_size
   std::vector<ComposeEntry> compose;      ///< yaml: compose
 
   bool operator==(const ServerConfig &) const = default;
@@ -8647,6 +8650,703 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 #include <string>   // names
 #include <vector>   // segment lists, opaque transport info
 
+// ---- begin chi/transport/shm_data_region.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_DATA_REGION_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_DATA_REGION_H
+// ShmDataRegion: one client slot's share of a runtime data segment, where large messages
+// travel whole instead of in pieces through the slot's stream. Requests go in the client
+// data segment (cdata: the client writes, a runtime worker reads), answers in the runtime
+// data segment (rdata: the runtime writes, the client reads). The writer reserves one
+// contiguous block, fills it and publishes a kRef record {position, bytes} in the stream;
+// the reader decodes the block in place and frees it. A message larger than the region
+// goes in chunks of half of it, which the reader assembles. Blocks are freed in the order they
+// were written (each stream has one reader at a time, reading in order), so the free space
+// is one range and the only shared word is the reader's `released` position.
+// Invariant: positions only grow (a block that would cross the region's end starts at the
+// next lap instead), and a reader touches only bytes inside its region, whatever a ref says.
+
+#include <cstring>  // memcpy of refs, name copies
+#include <string>   // segment names
+
+// ---- begin chi/transport/shm_stream.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
+// ShmStream: one direction of a shared-memory connection, a byte ring with one writer and
+// one reader (usually two processes) carrying framed messages of any size in pieces. Both
+// ends never block here, so one runtime poller can serve many streams; callers choose how
+// to wait. Invariant: the ring holds only whole records (an 8- or 16-byte header + payload,
+// each starting on a cache line); the writer clears the header word after a record before it
+// publishes the record's own header word (release), so a reader polls the header at its
+// read position and sees either zero or a whole record, never half of one, and never a
+// stale one.
+//
+// Why the header and not a shared write position: a reader that polls the record itself
+// gets the "ready" signal and the first payload bytes in one cache-line transfer; the
+// write position (still published after each record) is read only by park re-checks,
+// statistics and the corruption check (Unframed), so in steady state it never moves.
+//
+// Framing: a message that fits one record is a kWhole record (8-byte header: kind and
+// length), so a request of up to 56 bytes is one cache line. A larger one is a kBegin
+// record (16-byte header: its total length too, and the first bytes that fit) followed by
+// kMore records (8-byte headers) with the rest. A kRef record (8-byte header and kRefBytes
+// of payload) carries no message but names one kept in a data region (shm_data_region.h).
+// The reader checks every header and reports a corrupt stream instead of trusting it.
+
+#include <sys/mman.h>  // madvise: prefaulting a ring
+
+#include <algorithm>  // std::min for wrapped copies
+#include <cstring>    // memcpy in and out of the ring
+#include <new>        // placement new into the caller's region
+#include <vector>     // RecycleBuffer
+
+namespace chi {
+
+/** A single-writer, single-reader message stream through a fixed byte ring (host only). */
+class ShmStream {
+ public:
+  /** The most bytes a record header takes (kBegin's; kWhole and kMore take 8). */
+  static constexpr u64 kRecordHeaderBytes = 16;
+  /** The smallest ring accepted; smaller requests are raised to it. */
+  static constexpr u32 kMinRingBytes = 256;
+  /** The most of a ring Prefault maps ahead of use (a default ring entirely). */
+  static constexpr u64 kPrefaultBytes = 1u << 20;
+  /** Record kinds ("SM" + n), chosen so zeroed or random memory is rarely mistaken for one. */
+  static constexpr u32 kBegin = 0x534d0001;
+  static constexpr u32 kMore = 0x534d0002;
+  /** A whole message in one record; Peek reports it as a kBegin of its own length. */
+  static constexpr u32 kWhole = 0x534d0003;
+  /** A record naming a message that lies in a data region; its payload is kRefBytes. */
+  static constexpr u32 kRef = 0x534d0004;
+  /** The payload of every kRef record (a ShmDataRef: position, length, message length). */
+  static constexpr u64 kRefBytes = 24;
+
+  /** Region bytes for a ring of `ring_bytes` (raised to >= kMinRingBytes, a power of two). */
+  static size_t BytesFor(u32 ring_bytes) { return sizeof(ShmStream) + RingSize(ring_bytes); }
+
+  /** Builds an empty stream at `mem` (BytesFor bytes, 64-byte aligned); nullptr if misaligned. */
+  static ShmStream *Create(void *mem, u32 ring_bytes) {
+    if (!IsRingAligned(mem)) return nullptr;
+    ShmStream *s = new (mem) ShmStream(RingSize(ring_bytes));
+    s->ClearHeader(0);  // the region may hold old bytes: nothing is published at 0
+    return s;
+  }
+
+  /** Views a stream that another process (or an earlier Create) built at `mem`. */
+  static ShmStream *Attach(void *mem) { return static_cast<ShmStream *>(mem); }
+
+  /** Empties the stream. Only while neither end uses it (the runtime reclaiming a slot). */
+  void Reset() {
+    // relaxed: nobody else touches the stream now; the caller publishes the reset slot.
+    write_pos_.Store(0, MemOrder::kRelaxed);
+    read_pos_.Store(0, MemOrder::kRelaxed);
+    cached_read_ = 0;
+    ClearHeader(0);  // old records at offset 0 must not look published
+  }
+
+  /** Bytes in the ring (record headers included). */
+  u32 RingBytes() const { return ring_bytes_; }
+
+  /**
+   * Maps the ring's first kPrefaultBytes into the calling process now (best effort), so
+   * that the first records written or read do not each few dozen take a page fault.
+   */
+  void Prefault() {
+    constexpr u64 kPage = 4096;
+    const u64 bytes = ring_bytes_ < kPrefaultBytes ? ring_bytes_ : kPrefaultBytes;
+    const u64 begin = reinterpret_cast<u64>(Ring()) & ~(kPage - 1);
+    const u64 end = (reinterpret_cast<u64>(Ring()) + bytes + kPage - 1) & ~(kPage - 1);
+#ifdef MADV_POPULATE_WRITE
+    madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE);  // may fail: fine
+#else
+    (void)begin;
+    (void)end;
+#endif
+  }
+  /** The largest payload one record can carry. */
+  u64 MaxPieceBytes() const { return ring_bytes_ - kAlign - kRecordHeaderBytes; }
+
+  // ---- Writer side ----
+
+  /**
+   * Payload bytes the next record may carry right now (0 when the ring is full). Reads
+   * the reader's position only when the cached one leaves fewer than `want` bytes, so
+   * a writer with room never touches the reader's cache line.
+   */
+  u64 WritableBytes(u64 want) {
+    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+    u64 room = Room(w, cached_read_);
+    if (room >= want) return room;
+    // acquire: the reader is done with the bytes before read_pos_, so we may overwrite them.
+    cached_read_ = read_pos_.Load(MemOrder::kAcquire);
+    return Room(w, cached_read_);
+  }
+
+  /** True when a record of `want` payload bytes fits (seq_cst: a waiter's re-check). */
+  bool HasRoomSeqCst(u64 want) const {
+    // seq_cst: the Dekker re-check against the reader's seq_cst read_pos_ store.
+    return Room(write_pos_.Load(MemOrder::kRelaxed), read_pos_.Load(MemOrder::kSeqCst)) >= want;
+  }
+
+  /**
+   * Appends one record: kBegin (begin = true, message_bytes = the whole message; kWhole
+   * when `bytes` is all of it) or kMore.
+   * The caller made sure `bytes` <= WritableBytes(bytes). Publishes with seq_cst so a
+   * parked reader is never missed (the caller notifies it afterwards).
+   */
+  void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) {
+    // seq_cst: the write position's store is ordered before the notifier's read of the
+    // reader's waiter count (WaitEvent's Dekker pair).
+    Append(KindOf(begin, message_bytes, bytes), message_bytes, data, bytes, MemOrder::kSeqCst);
+  }
+
+  /**
+   * WritePiece with a release publish only: the caller issues FenceSeqCst before it
+   * reads any waiter flag, so one fence covers this publish and the stores before it.
+   */
+  void WritePieceRelease(bool begin, u64 message_bytes, const void *data, u64 bytes) {
+    // release: the caller's fence orders the publish before its Dekker reads.
+    Append(KindOf(begin, message_bytes, bytes), message_bytes, data, bytes, MemOrder::kRelease);
+  }
+
+  /**
+   * Appends a kRef record whose payload is the kRefBytes at `ref`, with `publish` order
+   * for the write position (as WritePiece or WritePieceRelease). The caller made sure
+   * WritableBytes(kRefBytes) >= kRefBytes.
+   */
+  void WriteRef(const void *ref, MemOrder publish) {
+    Append(kRef, kRefBytes, ref, kRefBytes, publish);
+  }
+
+  /**
+   * Publishes raw bytes with no framing (length rounded up to 16): the write position
+   * moves, no header is written. Fault injection for tests of a reader's defences only;
+   * the caller made sure they fit.
+   */
+  void PublishUnframed(const void *data, u64 bytes) {
+    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+    CopyIn(w, data, bytes);
+    // seq_cst: as in WritePiece.
+    write_pos_.Store(w + RoundUpTo(bytes, kAlign), MemOrder::kSeqCst);
+  }
+
+  // ---- Reader side ----
+
+  /** The oldest published record, as the reader sees it in place (maybe wrapped in two). */
+  struct Piece {
+    u32 kind = 0;
+    u32 bytes = 0;            ///< payload bytes of this record
+    u64 message_bytes = 0;    ///< kBegin: the whole message's length
+    const char *first = nullptr;   ///< payload up to the ring's end
+    u64 first_bytes = 0;
+    const char *second = nullptr;  ///< the rest, from the ring's start (wrapped payloads)
+    u64 second_bytes = 0;
+    u64 footprint = 0;        ///< ring bytes the record occupies (Consume frees them)
+
+    /** True when the payload is one contiguous run of bytes in the ring. */
+    bool Contiguous() const { return second_bytes == 0; }
+    /** Copies the payload out. */
+    void CopyTo(char *dst) const {
+      if (first_bytes != 0) std::memcpy(dst, first, first_bytes);
+      if (second_bytes != 0) std::memcpy(dst + first_bytes, second, second_bytes);
+    }
+  };
+
+  /** What Peek found. */
+  enum class PeekResult : u32 { kEmpty, kReady, kCorrupt };
+
+  /**
+   * Describes the oldest record without consuming it, reading only its header (no shared
+   * position). kCorrupt: the header is no valid record (unknown kind, or a length the
+   * ring cannot hold); the stream cannot be trusted any more. Bytes published with no
+   * header at all read as kEmpty here; Unframed tells them apart.
+   */
+  PeekResult Peek(Piece *p) {
+    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    // acquire: pairs with the writer's release of the header word; the record's other
+    // header bytes and its payload are visible once we see it.
+    const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
+    if (word == 0) return PeekResult::kEmpty;
+    const u32 kind = static_cast<u32>(word);
+    const u32 bytes = static_cast<u32>(word >> 32);
+    const u64 header = HeaderBytes(kind);
+    u64 message_bytes = bytes;
+    if (kind == kBegin) CopyOut(r + sizeof(u64), &message_bytes, sizeof(message_bytes));
+    const u64 footprint = RoundUpTo(header + bytes, kAlign);
+    if ((kind != kBegin && kind != kMore && kind != kWhole && kind != kRef) ||
+        footprint > ring_bytes_ - kAlign || bytes > message_bytes ||
+        (kind == kRef && bytes != kRefBytes)) {
+      return PeekResult::kCorrupt;
+    }
+    p->kind = kind == kMore || kind == kRef ? kind : kBegin;
+    p->bytes = bytes;
+    p->message_bytes = kind == kMore || kind == kRef ? 0 : message_bytes;
+    p->footprint = footprint;
+    const u64 off = (r + header) & mask_;
+    p->first = Ring() + off;
+    p->first_bytes = std::min<u64>(bytes, ring_bytes_ - off);
+    p->second = Ring();
+    p->second_bytes = bytes - p->first_bytes;
+    return PeekResult::kReady;
+  }
+
+  /** Frees the record that Peek described (the reader is done with its bytes). */
+  void Consume(const Piece &p) {
+    u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    // seq_cst: release hands the space back after our reads; seq_cst orders it before
+    // the notifier's read of a parked writer's waiter count.
+    read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
+  }
+
+  /**
+   * True when a record is published (a spinning reader's cheap check: the header only).
+   * A record found here has its other lines, and the line of the header after it, on
+   * their way already: the reader's decode does not wait for them one after another,
+   * and its look at the next header (which the writer cleared, so it lies in the
+   * writer's cache) overlaps with its work on this record.
+   */
+  bool HasData() const {
+    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    // acquire: a record seen here is readable by the Peek that follows.
+    const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
+    if (word == 0) return false;
+    PrefetchRecord(r, word >> 32);
+    return true;
+  }
+
+  /**
+   * True when the writer has published bytes past the read position (seq_cst: a waiter's
+   * Dekker re-check against the writer's publish). A reader may consume a record before
+   * its write position is stored, hence "past", not "different".
+   */
+  bool HasDataSeqCst() const {
+    // seq_cst: pairs with the writer's seq_cst (or release + fence) write_pos_ store.
+    const u64 w = write_pos_.Load(MemOrder::kSeqCst);
+    return static_cast<i64>(w - read_pos_.Load(MemOrder::kRelaxed)) > 0;
+  }
+
+  /**
+   * True when bytes were published at the read position with no record header: a writer
+   * that broke the framing (the slow check that Peek's kEmpty leaves to pollers that
+   * are not on the hot path). Reads the shared write position.
+   */
+  bool Unframed() const {
+    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    // acquire: the writer stores the header before the position, so once the position
+    // is past r, the header at r is visible to the load below.
+    if (static_cast<i64>(write_pos_.Load(MemOrder::kAcquire) - r) <= 0) return false;
+    return HeaderWord(r)->Load(MemOrder::kAcquire) == 0;
+  }
+
+  /** Published bytes not yet consumed (a statistic: read from any process). */
+  u64 UsedBytes() const {
+    // acquire: a snapshot; clamped because the two loads are not atomic together.
+    u64 r = read_pos_.Load(MemOrder::kAcquire);
+    u64 w = write_pos_.Load(MemOrder::kAcquire);
+    return w > r ? (w - r > ring_bytes_ ? ring_bytes_ : w - r) : 0;
+  }
+
+ private:
+  /** The kind of a piece: kMore, or kWhole / kBegin for a message's first piece. */
+  static constexpr u32 KindOf(bool begin, u64 message_bytes, u64 bytes) {
+    return !begin ? kMore : (bytes == message_bytes ? kWhole : kBegin);
+  }
+
+  /** Header bytes of a record of `kind`: the word (kind, bytes), and kBegin's total length. */
+  static constexpr u64 HeaderBytes(u32 kind) { return kind == kBegin ? 16 : 8; }
+  /**
+   * Records start on a cache line: a record of up to 48 payload bytes is one line, the
+   * one the reader polls, and the writer clears the next header on a line of its own.
+   */
+  static constexpr u64 kAlign = kCacheLine;
+  static_assert(kAlign % kRecordHeaderBytes == 0, "a header must never straddle the ring's end");
+
+  /**
+   * Fetches the lines of the record at r that follow its header's, and the next header's
+   * line (only for records of up to 4 KiB: a large one's decode waits anyway).
+   */
+  void PrefetchRecord(u64 r, u64 bytes) const {
+    if (bytes > 4096) return;
+    const u64 footprint = RoundUpTo(kRecordHeaderBytes + bytes, kAlign);
+    for (u64 off = kAlign; off <= footprint; off += kAlign) {
+      __builtin_prefetch(Ring() + ((r + off) & mask_));
+    }
+  }
+
+  /** Ring size for a requested byte count. */
+  static u32 RingSize(u32 ring_bytes) {
+    return RoundUpPow2(ring_bytes < kMinRingBytes ? kMinRingBytes : ring_bytes);
+  }
+
+  /** Records the geometry; positions start at zero. */
+  explicit ShmStream(u32 ring_bytes) : ring_bytes_(ring_bytes), mask_(ring_bytes - 1) {}
+
+  /** The byte ring trailing the header in the same region. */
+  char *Ring() { return reinterpret_cast<char *>(this) + sizeof(ShmStream); }
+  const char *Ring() const { return reinterpret_cast<const char *>(this) + sizeof(ShmStream); }
+
+  /** The first 8 bytes of the record header at position pos: kind (low) and bytes (high). */
+  Atomic<u64> *HeaderWord(u64 pos) const {
+    return reinterpret_cast<Atomic<u64> *>(const_cast<char *>(Ring()) + (pos & mask_));
+  }
+
+  /** Marks position pos as "nothing published here" (the writer, or an idle stream). */
+  void ClearHeader(u64 pos) {
+    // relaxed: the reader reaches pos only through the acquire of an earlier header whose
+    // release follows this store.
+    HeaderWord(pos)->Store(0, MemOrder::kRelaxed);
+  }
+
+  /**
+   * Payload room for one record given the writer's and a reader's position. The line
+   * after the record stays free so the writer can clear the next header (see Append).
+   */
+  u64 Room(u64 w, u64 r) const {
+    const u64 free_bytes = ring_bytes_ - (w - r);
+    const u64 reserved = kAlign + kRecordHeaderBytes;
+    return free_bytes > reserved ? free_bytes - reserved : 0;
+  }
+
+  /**
+   * Copies one record into the ring: the payload past the header's line first, then the
+   * next record's header cleared, then the header's line (length, first payload bytes)
+   * and last its word (release: the reader may take it from here), so the line the
+   * reader polls changes hands once; then the write position with `publish` order
+   * (park re-checks and statistics).
+   */
+  void Append(u32 kind, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
+    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+    const u64 header = HeaderBytes(kind);
+    const u64 next = w + RoundUpTo(header + bytes, kAlign);
+    const u64 head = bytes < kAlign - header ? bytes : kAlign - header;
+    const char *src = static_cast<const char *>(data);
+    if (bytes > head) CopyIn(w + kAlign, src + head, bytes - head);
+    ClearHeader(next);  // Room keeps it free: the reader has consumed it already
+    if (kind == kBegin) CopyIn(w + sizeof(u64), &message_bytes, sizeof(message_bytes));
+    CopyIn(w + header, src, head);
+    const u64 word = static_cast<u64>(kind) | (bytes << 32);
+    // release: the payload, the length and the cleared next header precede the record.
+    HeaderWord(w)->Store(word, MemOrder::kRelease);
+    write_pos_.Store(next, publish);
+  }
+
+  /** Copies n bytes into the ring at position pos, wrapping at its end. */
+  void CopyIn(u64 pos, const void *src, u64 n) {
+    if (n == 0) return;
+    const char *s = static_cast<const char *>(src);
+    u64 off = pos & mask_;
+    u64 first = std::min<u64>(n, ring_bytes_ - off);
+    std::memcpy(Ring() + off, s, first);
+    if (first < n) std::memcpy(Ring(), s + first, n - first);
+  }
+
+  /** Copies n bytes out of the ring from position pos, wrapping at its end. */
+  void CopyOut(u64 pos, void *dst, u64 n) const {
+    char *d = static_cast<char *>(dst);
+    u64 off = pos & mask_;
+    u64 first = std::min<u64>(n, ring_bytes_ - off);
+    std::memcpy(d, Ring() + off, first);
+    if (first < n) std::memcpy(d + first, Ring(), n - first);
+  }
+
+  // Line 0: written once by the constructor, then only read.
+  alignas(kCacheLine) u32 ring_bytes_;
+  u32 mask_;
+  // Line 1: the writer's.
+  alignas(kCacheLine) Atomic<u64> write_pos_;
+  u64 cached_read_ = 0;  ///< the writer's last view of read_pos_
+  // Line 2: the reader's.
+  alignas(kCacheLine) Atomic<u64> read_pos_;
+};
+
+/**
+ * Empties a buffer that assembles stream messages, freeing its memory once it grew past
+ * 1 MiB: small buffers stay warm for the next message, one huge message is not kept.
+ */
+inline void RecycleBuffer(std::vector<char> *v) {
+  if (v->capacity() > (1u << 20)) {
+    std::vector<char>().swap(*v);
+  } else {
+    v->clear();
+  }
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
+// ---- end chi/transport/shm_stream.h ----
+
+namespace chi {
+
+/** Name of a standalone runtime's segment `role` (main, cdata, rdata) on `port`. */
+inline std::string RuntimeSegmentName(u32 port, const char *role) {
+  return "rt" + std::to_string(port) + "_" + role;
+}
+
+/**
+ * The payload of a kRef stream record: where a message, or one chunk of a message larger
+ * than the region, lies in the data region. A message's chunks follow each other in the
+ * stream, in order.
+ */
+struct ShmDataRef {
+  u64 pos = 0;    ///< the block's start as a position (grows without bound; mod region size)
+  u64 bytes = 0;  ///< the block's length
+  u64 total = 0;  ///< the whole message's length (== bytes: the block is all of it)
+
+  /** True when the block is a whole message (decoded in place). */
+  bool Whole() const { return total == bytes; }
+};
+
+static_assert(sizeof(ShmDataRef) == ShmStream::kRefBytes, "a kRef record carries one ShmDataRef");
+
+/** The ref a kRef piece carries. */
+inline ShmDataRef RefOf(const ShmStream::Piece &p) {
+  ShmDataRef ref;
+  p.CopyTo(reinterpret_cast<char *>(&ref));
+  return ref;
+}
+
+/** A view of one slot's region in a mapped data segment (host only; not itself shared). */
+class ShmDataRegion {
+ public:
+  ShmDataRegion() = default;
+  /** Region [base, base + bytes) whose reader publishes its progress in `released`. */
+  ShmDataRegion(char *base, u64 bytes, Atomic<u64> *released)
+      : base_(base), bytes_(bytes), released_(released) {}
+
+  /** False when the runtime shares no data segment (messages then stream in pieces). */
+  bool Enabled() const { return bytes_ != 0; }
+  /** The region's size: the largest message it can carry. */
+  u64 Bytes() const { return bytes_; }
+
+  // ---- Writer side (one writer at a time; `*w` is its private write position) ----
+
+  /** Where position `pos` lies in the region. */
+  char *At(u64 pos) const { return base_ + pos % bytes_; }
+
+  /**
+   * The largest block that could start at the writer's position `w` right now without
+   * waiting, and where it would start (the next lap when the region's end is nearer than
+   * its free space). For encoding straight into the region.
+   */
+  u64 ContiguousRoom(u64 w, u64 *start) const {
+    // acquire: the reader is done with the bytes before `released`, so we may overwrite them.
+    const u64 released = Released(MemOrder::kAcquire);
+    if (released > w) w = released;  // see Place
+    const u64 off = w % bytes_;
+    const u64 to_end = bytes_ - off;
+    if (released == w) {  // all free: the whole region, from the next lap's start if need be
+      *start = off == 0 ? w : w + to_end;
+      return bytes_;
+    }
+    const u64 used = w - released;
+    if (used > bytes_) return 0;  // a block that skipped a tail is still out
+    const u64 free_bytes = bytes_ - used;
+    if (free_bytes <= to_end) {
+      *start = w;
+      return free_bytes;
+    }
+    // Free space wraps: the tail [off, end) or the head of the next lap, whichever is larger.
+    if (to_end >= free_bytes - to_end) {
+      *start = w;
+      return to_end;
+    }
+    *start = w + to_end;
+    return free_bytes - to_end;
+  }
+
+  /**
+   * Reserves `len` contiguous bytes at the writer's position `w`: fills *ref and returns
+   * where to write, or nullptr when they do not fit now (the reader has not freed enough).
+   * Nothing changes until Commit.
+   */
+  char *Reserve(u64 w, u64 len, ShmDataRef *ref) const {
+    u64 start = 0;
+    // acquire: the reader is done with the bytes before `released`, so we may overwrite them.
+    if (!Place(w, len, Released(MemOrder::kAcquire), &start)) return nullptr;
+    ref->pos = start;
+    ref->bytes = len;
+    ref->total = len;  // a whole message unless the caller says otherwise
+    return base_ + start % bytes_;
+  }
+
+  /** The writer's position after publishing the block `ref` names. */
+  static u64 Commit(const ShmDataRef &ref) { return ref.pos + ref.bytes; }
+
+  /** True when `len` bytes fit at `w` (seq_cst: a parked writer's re-check against Release). */
+  bool HasRoomSeqCst(u64 w, u64 len) const {
+    u64 start = 0;
+    return Place(w, len, Released(MemOrder::kSeqCst), &start);
+  }
+
+  // ---- Reader side (the stream's reader) ----
+
+  /** The bytes a ref names, or nullptr when it points outside the region (a bad writer). */
+  const char *Resolve(const ShmDataRef &ref) const {
+    if (!Enabled() || ref.bytes == 0 || ref.bytes > bytes_) return nullptr;
+    const u64 off = ref.pos % bytes_;
+    if (off + ref.bytes > bytes_) return nullptr;
+    return base_ + off;
+  }
+
+  /**
+   * Frees every block up to and including `ref` (the reader has decoded it). seq_cst:
+   * a writer parked for room re-checks `released` (Dekker with the caller's Notify).
+   */
+  void Release(const ShmDataRef &ref) const { released_->Store(ref.pos + ref.bytes, MemOrder::kSeqCst); }
+
+  /** Bytes written and not yet freed, given the writer's position (a statistic). */
+  u64 HeldBytes(u64 w) const {
+    const u64 released = Released(MemOrder::kRelaxed);
+    return released <= w && w - released <= 2 * bytes_ ? w - released : 0;
+  }
+
+  /** Forgets every block (the runtime resetting a slot nobody uses). */
+  void Reset() const {
+    if (released_ != nullptr) released_->Store(0, MemOrder::kRelaxed);  // relaxed: slot reset
+  }
+
+ private:
+  /**
+   * Where a block of `len` bytes written at `w` starts: here, or at the next lap when it
+   * would cross the region's end. False when the reader has not freed the bytes it covers
+   * (every byte is free once `released` reaches `w`, the skipped tail included). A reader
+   * that freed more than was written (bytes written behind the writer's back, or a reader
+   * gone wrong) moves the writer on to there: nothing of its own lies beyond `w`.
+   */
+  bool Place(u64 w, u64 len, u64 released, u64 *start) const {
+    if (len == 0 || len > bytes_) return false;
+    if (released > w) w = released;
+    const u64 off = w % bytes_;
+    *start = off + len <= bytes_ ? w : w + (bytes_ - off);
+    return released == w || *start + len - released <= bytes_;
+  }
+
+  u64 Released(MemOrder order) const { return released_->Load(order); }
+
+  char *base_ = nullptr;
+  u64 bytes_ = 0;
+  Atomic<u64> *released_ = nullptr;
+};
+
+/** Where the transport segment's header records the data segments (both ends read it). */
+struct ShmDataGeometry {
+  static constexpr u32 kMaxName = 48;  ///< bytes of a name, NUL included
+  char request_segment[kMaxName] = {};  ///< cdata's name ("" = none)
+  char answer_segment[kMaxName] = {};   ///< rdata's name ("" = none)
+  u64 request_region_bytes = 0;         ///< each slot's share of cdata (0 = none)
+  u64 answer_region_bytes = 0;          ///< each slot's share of rdata (0 = none)
+};
+
+/**
+ * Both data segments as one process maps them, cut into one region per client slot. Each
+ * process maps them itself, so a runtime whose owner of the segments unlinks them (or a
+ * client) keeps a valid mapping until it detaches.
+ */
+class ShmDataSegments {
+ public:
+  /** Regions smaller than this are not worth a segment: messages stream instead. */
+  static constexpr u64 kMinRegionBytes = 64u << 10;
+
+  /**
+   * The runtime: maps the segments named (empty names are skipped) and records in *g how
+   * each divides over `num_slots` slots. kNotFound and friends from the mapping.
+   */
+  Status Open(const std::string &request_name, const std::string &answer_name, u32 num_slots,
+              ShmDataGeometry *g) {
+    *g = ShmDataGeometry{};
+    if (Status st = MapOne(request_name, num_slots, &request_, g->request_segment,
+                           &g->request_region_bytes);
+        !st.ok()) {
+      return st;
+    }
+    return MapOne(answer_name, num_slots, &answer_, g->answer_segment, &g->answer_region_bytes);
+  }
+
+  /**
+   * A client: maps the segments the runtime's geometry names and checks they divide into
+   * regions of the recorded sizes (kSizeMismatch otherwise, kMalformed for a bad name).
+   */
+  Status Attach(const ShmDataGeometry &g, u32 num_slots) {
+    Status st = AttachOne(g.request_segment, g.request_region_bytes, num_slots, &request_);
+    if (st.ok()) st = AttachOne(g.answer_segment, g.answer_region_bytes, num_slots, &answer_);
+    if (!st.ok()) Detach();
+    return st;
+  }
+
+  /** Unmaps both here. Idempotent. */
+  void Detach() {
+    request_.Detach();
+    answer_.Detach();
+    request_region_ = answer_region_ = 0;
+  }
+
+  /** Slot i's region for requests (cdata); `released` is the slot's shared word. */
+  ShmDataRegion RequestRegion(u32 i, Atomic<u64> *released) const {
+    return Region(request_, request_region_, i, released);
+  }
+  /** Slot i's region for answers (rdata). */
+  ShmDataRegion AnswerRegion(u32 i, Atomic<u64> *released) const {
+    return Region(answer_, answer_region_, i, released);
+  }
+
+ private:
+  /** Region bytes of a segment of `data_bytes` over `num_slots` slots (page multiples). */
+  static u64 RegionBytes(u64 data_bytes, u32 num_slots) {
+    const u64 per = data_bytes / num_slots / 4096 * 4096;
+    return per >= kMinRegionBytes ? per : 0;
+  }
+
+  Status MapOne(const std::string &name, u32 num_slots, PosixShmBackend *seg, char *name_out,
+                u64 *region_out) {
+    if (name.empty()) return Status::Ok();
+    if (name.size() >= ShmDataGeometry::kMaxName) {
+      return Status::Errorf(ErrorCode::kInvalidArgument,
+                            "shm transport: data segment name '%s' is too long", name.c_str());
+    }
+    if (Status st = seg->Attach(name); !st.ok()) return st;
+    *region_out = RegionBytes(seg->DataSize(), num_slots);
+    if (*region_out == 0) {
+      seg->Detach();
+      return Status::Ok();  // too small to share: this direction streams
+    }
+    std::memcpy(name_out, name.c_str(), name.size() + 1);
+    (seg == &request_ ? request_region_ : answer_region_) = *region_out;
+    return Status::Ok();
+  }
+
+  Status AttachOne(const char *name, u64 region_bytes, u32 num_slots, PosixShmBackend *seg) {
+    if (region_bytes == 0) return Status::Ok();
+    if (std::memchr(name, 0, ShmDataGeometry::kMaxName) == nullptr || name[0] == 0) {
+      return Status::Error(ErrorCode::kMalformed,
+                           "shm transport: the runtime's segment names a data segment badly");
+    }
+    if (Status st = seg->Attach(name); !st.ok()) return st;
+    if (RegionBytes(seg->DataSize(), num_slots) != region_bytes) {
+      return Status::Errorf(ErrorCode::kSizeMismatch,
+                            "shm transport: data segment '%s' (%llu bytes) does not hold %u "
+                            "regions of %llu bytes",
+                            name, static_cast<unsigned long long>(seg->DataSize()), num_slots,
+                            static_cast<unsigned long long>(region_bytes));
+    }
+    (seg == &request_ ? request_region_ : answer_region_) = region_bytes;
+    return Status::Ok();
+  }
+
+  static ShmDataRegion Region(const PosixShmBackend &seg, u64 region_bytes, u32 i,
+                              Atomic<u64> *released) {
+    if (region_bytes == 0) return ShmDataRegion();
+    return ShmDataRegion(seg.Data() + static_cast<u64>(i) * region_bytes, region_bytes, released);
+  }
+
+  PosixShmBackend request_;
+  PosixShmBackend answer_;
+  u64 request_region_ = 0;
+  u64 answer_region_ = 0;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_DATA_REGION_H
+// ---- end chi/transport/shm_data_region.h ----
+
 namespace chi {
 
 /** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
@@ -8752,7 +9452,7 @@ class RuntimeSegments {
 
   /** "rt<port>_<role>": per port; PosixShmBackend makes it per user. */
   static std::string SegmentName(u32 port, const char *role) {
-    return "rt" + std::to_string(port) + "_" + role;
+    return RuntimeSegmentName(port, role);
   }
 
   /**
@@ -8927,6 +9627,7 @@ inline Status CheckConnectRequest(const ConnectRequest &req) {
 
 #include <sched.h>  // sched_yield while Close waits for a writer to leave
 
+#include <cstring>  // memcpy of requests into the client data region
 #include <memory>  // unique_ptr
 #include <vector>  // the request buffer
 
@@ -9375,398 +10076,12 @@ class CpuUnstacker {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_CORE_CPU_SHARE_H
 // ---- end chi/core/cpu_share.h ----
-// ---- begin chi/transport/shm_stream.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
-// ShmStream: one direction of a shared-memory connection, a byte ring with one writer and
-// one reader (usually two processes) carrying framed messages of any size in pieces. Both
-// ends never block here, so one runtime poller can serve many streams; callers choose how
-// to wait. Invariant: the ring holds only whole records (an 8- or 16-byte header + payload,
-// each starting on a cache line); the writer clears the header word after a record before it
-// publishes the record's own header word (release), so a reader polls the header at its
-// read position and sees either zero or a whole record, never half of one, and never a
-// stale one.
-//
-// Why the header and not a shared write position: a reader that polls the record itself
-// gets the "ready" signal and the first payload bytes in one cache-line transfer; the
-// write position (still published after each record) is read only by park re-checks,
-// statistics and the corruption check (Unframed), so in steady state it never moves.
-//
-// Framing: a message that fits one record is a kWhole record (8-byte header: kind and
-// length), so a request of up to 56 bytes is one cache line. A larger one is a kBegin
-// record (16-byte header: its total length too, and the first bytes that fit) followed by
-// kMore records (8-byte headers) with the rest. The reader checks every header and
-// reports a corrupt stream instead of trusting it.
-
-#include <sys/mman.h>  // madvise: prefaulting a ring
-
-#include <algorithm>  // std::min for wrapped copies
-#include <cstring>    // memcpy in and out of the ring
-#include <new>        // placement new into the caller's region
-#include <vector>     // RecycleBuffer
-
-namespace chi {
-
-/** A single-writer, single-reader message stream through a fixed byte ring (host only). */
-class ShmStream {
- public:
-  /** The most bytes a record header takes (kBegin's; kWhole and kMore take 8). */
-  static constexpr u64 kRecordHeaderBytes = 16;
-  /** The smallest ring accepted; smaller requests are raised to it. */
-  static constexpr u32 kMinRingBytes = 256;
-  /** The most of a ring Prefault maps ahead of use (a default ring entirely). */
-  static constexpr u64 kPrefaultBytes = 1u << 20;
-  /** Record kinds ("SM" + n), chosen so zeroed or random memory is rarely mistaken for one. */
-  static constexpr u32 kBegin = 0x534d0001;
-  static constexpr u32 kMore = 0x534d0002;
-  /** A whole message in one record; Peek reports it as a kBegin of its own length. */
-  static constexpr u32 kWhole = 0x534d0003;
-
-  /** Region bytes for a ring of `ring_bytes` (raised to >= kMinRingBytes, a power of two). */
-  static size_t BytesFor(u32 ring_bytes) { return sizeof(ShmStream) + RingSize(ring_bytes); }
-
-  /** Builds an empty stream at `mem` (BytesFor bytes, 64-byte aligned); nullptr if misaligned. */
-  static ShmStream *Create(void *mem, u32 ring_bytes) {
-    if (!IsRingAligned(mem)) return nullptr;
-    ShmStream *s = new (mem) ShmStream(RingSize(ring_bytes));
-    s->ClearHeader(0);  // the region may hold old bytes: nothing is published at 0
-    return s;
-  }
-
-  /** Views a stream that another process (or an earlier Create) built at `mem`. */
-  static ShmStream *Attach(void *mem) { return static_cast<ShmStream *>(mem); }
-
-  /** Empties the stream. Only while neither end uses it (the runtime reclaiming a slot). */
-  void Reset() {
-    // relaxed: nobody else touches the stream now; the caller publishes the reset slot.
-    write_pos_.Store(0, MemOrder::kRelaxed);
-    read_pos_.Store(0, MemOrder::kRelaxed);
-    cached_read_ = 0;
-    ClearHeader(0);  // old records at offset 0 must not look published
-  }
-
-  /** Bytes in the ring (record headers included). */
-  u32 RingBytes() const { return ring_bytes_; }
-
-  /**
-   * Maps the ring's first kPrefaultBytes into the calling process now (best effort), so
-   * that the first records written or read do not each few dozen take a page fault.
-   */
-  void Prefault() {
-    constexpr u64 kPage = 4096;
-    const u64 bytes = ring_bytes_ < kPrefaultBytes ? ring_bytes_ : kPrefaultBytes;
-    const u64 begin = reinterpret_cast<u64>(Ring()) & ~(kPage - 1);
-    const u64 end = (reinterpret_cast<u64>(Ring()) + bytes + kPage - 1) & ~(kPage - 1);
-#ifdef MADV_POPULATE_WRITE
-    madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE);  // may fail: fine
-#else
-    (void)begin;
-    (void)end;
-#endif
-  }
-  /** The largest payload one record can carry. */
-  u64 MaxPieceBytes() const { return ring_bytes_ - kAlign - kRecordHeaderBytes; }
-
-  // ---- Writer side ----
-
-  /**
-   * Payload bytes the next record may carry right now (0 when the ring is full). Reads
-   * the reader's position only when the cached one leaves fewer than `want` bytes, so
-   * a writer with room never touches the reader's cache line.
-   */
-  u64 WritableBytes(u64 want) {
-    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    u64 room = Room(w, cached_read_);
-    if (room >= want) return room;
-    // acquire: the reader is done with the bytes before read_pos_, so we may overwrite them.
-    cached_read_ = read_pos_.Load(MemOrder::kAcquire);
-    return Room(w, cached_read_);
-  }
-
-  /** True when a record of `want` payload bytes fits (seq_cst: a waiter's re-check). */
-  bool HasRoomSeqCst(u64 want) const {
-    // seq_cst: the Dekker re-check against the reader's seq_cst read_pos_ store.
-    return Room(write_pos_.Load(MemOrder::kRelaxed), read_pos_.Load(MemOrder::kSeqCst)) >= want;
-  }
-
-  /**
-   * Appends one record: kBegin (begin = true, message_bytes = the whole message; kWhole
-   * when `bytes` is all of it) or kMore.
-   * The caller made sure `bytes` <= WritableBytes(bytes). Publishes with seq_cst so a
-   * parked reader is never missed (the caller notifies it afterwards).
-   */
-  void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) {
-    // seq_cst: the write position's store is ordered before the notifier's read of the
-    // reader's waiter count (WaitEvent's Dekker pair).
-    Append(begin, message_bytes, data, bytes, MemOrder::kSeqCst);
-  }
-
-  /**
-   * WritePiece with a release publish only: the caller issues FenceSeqCst before it
-   * reads any waiter flag, so one fence covers this publish and the stores before it.
-   */
-  void WritePieceRelease(bool begin, u64 message_bytes, const void *data, u64 bytes) {
-    // release: the caller's fence orders the publish before its Dekker reads.
-    Append(begin, message_bytes, data, bytes, MemOrder::kRelease);
-  }
-
-  /**
-   * Publishes raw bytes with no framing (length rounded up to 16): the write position
-   * moves, no header is written. Fault injection for tests of a reader's defences only;
-   * the caller made sure they fit.
-   */
-  void PublishUnframed(const void *data, u64 bytes) {
-    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    CopyIn(w, data, bytes);
-    // seq_cst: as in WritePiece.
-    write_pos_.Store(w + RoundUpTo(bytes, kAlign), MemOrder::kSeqCst);
-  }
-
-  // ---- Reader side ----
-
-  /** The oldest published record, as the reader sees it in place (maybe wrapped in two). */
-  struct Piece {
-    u32 kind = 0;
-    u32 bytes = 0;            ///< payload bytes of this record
-    u64 message_bytes = 0;    ///< kBegin: the whole message's length
-    const char *first = nullptr;   ///< payload up to the ring's end
-    u64 first_bytes = 0;
-    const char *second = nullptr;  ///< the rest, from the ring's start (wrapped payloads)
-    u64 second_bytes = 0;
-    u64 footprint = 0;        ///< ring bytes the record occupies (Consume frees them)
-
-    /** True when the payload is one contiguous run of bytes in the ring. */
-    bool Contiguous() const { return second_bytes == 0; }
-    /** Copies the payload out. */
-    void CopyTo(char *dst) const {
-      if (first_bytes != 0) std::memcpy(dst, first, first_bytes);
-      if (second_bytes != 0) std::memcpy(dst + first_bytes, second, second_bytes);
-    }
-  };
-
-  /** What Peek found. */
-  enum class PeekResult : u32 { kEmpty, kReady, kCorrupt };
-
-  /**
-   * Describes the oldest record without consuming it, reading only its header (no shared
-   * position). kCorrupt: the header is no valid record (unknown kind, or a length the
-   * ring cannot hold); the stream cannot be trusted any more. Bytes published with no
-   * header at all read as kEmpty here; Unframed tells them apart.
-   */
-  PeekResult Peek(Piece *p) {
-    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
-    // acquire: pairs with the writer's release of the header word; the record's other
-    // header bytes and its payload are visible once we see it.
-    const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
-    if (word == 0) return PeekResult::kEmpty;
-    const u32 kind = static_cast<u32>(word);
-    const u32 bytes = static_cast<u32>(word >> 32);
-    const u64 header = HeaderBytes(kind);
-    u64 message_bytes = bytes;
-    if (kind == kBegin) CopyOut(r + sizeof(u64), &message_bytes, sizeof(message_bytes));
-    const u64 footprint = RoundUpTo(header + bytes, kAlign);
-    if ((kind != kBegin && kind != kMore && kind != kWhole) || footprint > ring_bytes_ - kAlign ||
-        bytes > message_bytes) {
-      return PeekResult::kCorrupt;
-    }
-    p->kind = kind == kMore ? kMore : kBegin;
-    p->bytes = bytes;
-    p->message_bytes = kind == kMore ? 0 : message_bytes;
-    p->footprint = footprint;
-    const u64 off = (r + header) & mask_;
-    p->first = Ring() + off;
-    p->first_bytes = std::min<u64>(bytes, ring_bytes_ - off);
-    p->second = Ring();
-    p->second_bytes = bytes - p->first_bytes;
-    return PeekResult::kReady;
-  }
-
-  /** Frees the record that Peek described (the reader is done with its bytes). */
-  void Consume(const Piece &p) {
-    u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
-    // seq_cst: release hands the space back after our reads; seq_cst orders it before
-    // the notifier's read of a parked writer's waiter count.
-    read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
-  }
-
-  /**
-   * True when a record is published (a spinning reader's cheap check: the header only).
-   * A record found here has its other lines, and the line of the header after it, on
-   * their way already: the reader's decode does not wait for them one after another,
-   * and its look at the next header (which the writer cleared, so it lies in the
-   * writer's cache) overlaps with its work on this record.
-   */
-  bool HasData() const {
-    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
-    // acquire: a record seen here is readable by the Peek that follows.
-    const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
-    if (word == 0) return false;
-    PrefetchRecord(r, word >> 32);
-    return true;
-  }
-
-  /**
-   * True when the writer has published bytes past the read position (seq_cst: a waiter's
-   * Dekker re-check against the writer's publish). A reader may consume a record before
-   * its write position is stored, hence "past", not "different".
-   */
-  bool HasDataSeqCst() const {
-    // seq_cst: pairs with the writer's seq_cst (or release + fence) write_pos_ store.
-    const u64 w = write_pos_.Load(MemOrder::kSeqCst);
-    return static_cast<i64>(w - read_pos_.Load(MemOrder::kRelaxed)) > 0;
-  }
-
-  /**
-   * True when bytes were published at the read position with no record header: a writer
-   * that broke the framing (the slow check that Peek's kEmpty leaves to pollers that
-   * are not on the hot path). Reads the shared write position.
-   */
-  bool Unframed() const {
-    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
-    // acquire: the writer stores the header before the position, so once the position
-    // is past r, the header at r is visible to the load below.
-    if (static_cast<i64>(write_pos_.Load(MemOrder::kAcquire) - r) <= 0) return false;
-    return HeaderWord(r)->Load(MemOrder::kAcquire) == 0;
-  }
-
-  /** Published bytes not yet consumed (a statistic: read from any process). */
-  u64 UsedBytes() const {
-    // acquire: a snapshot; clamped because the two loads are not atomic together.
-    u64 r = read_pos_.Load(MemOrder::kAcquire);
-    u64 w = write_pos_.Load(MemOrder::kAcquire);
-    return w > r ? (w - r > ring_bytes_ ? ring_bytes_ : w - r) : 0;
-  }
-
- private:
-  /** Header bytes of a record of `kind`: the word (kind, bytes), and kBegin's total length. */
-  static constexpr u64 HeaderBytes(u32 kind) { return kind == kBegin ? 16 : 8; }
-  /**
-   * Records start on a cache line: a record of up to 48 payload bytes is one line, the
-   * one the reader polls, and the writer clears the next header on a line of its own.
-   */
-  static constexpr u64 kAlign = kCacheLine;
-  static_assert(kAlign % kRecordHeaderBytes == 0, "a header must never straddle the ring's end");
-
-  /**
-   * Fetches the lines of the record at r that follow its header's, and the next header's
-   * line (only for records of up to 4 KiB: a large one's decode waits anyway).
-   */
-  void PrefetchRecord(u64 r, u64 bytes) const {
-    if (bytes > 4096) return;
-    const u64 footprint = RoundUpTo(kRecordHeaderBytes + bytes, kAlign);
-    for (u64 off = kAlign; off <= footprint; off += kAlign) {
-      __builtin_prefetch(Ring() + ((r + off) & mask_));
-    }
-  }
-
-  /** Ring size for a requested byte count. */
-  static u32 RingSize(u32 ring_bytes) {
-    return RoundUpPow2(ring_bytes < kMinRingBytes ? kMinRingBytes : ring_bytes);
-  }
-
-  /** Records the geometry; positions start at zero. */
-  explicit ShmStream(u32 ring_bytes) : ring_bytes_(ring_bytes), mask_(ring_bytes - 1) {}
-
-  /** The byte ring trailing the header in the same region. */
-  char *Ring() { return reinterpret_cast<char *>(this) + sizeof(ShmStream); }
-  const char *Ring() const { return reinterpret_cast<const char *>(this) + sizeof(ShmStream); }
-
-  /** The first 8 bytes of the record header at position pos: kind (low) and bytes (high). */
-  Atomic<u64> *HeaderWord(u64 pos) const {
-    return reinterpret_cast<Atomic<u64> *>(const_cast<char *>(Ring()) + (pos & mask_));
-  }
-
-  /** Marks position pos as "nothing published here" (the writer, or an idle stream). */
-  void ClearHeader(u64 pos) {
-    // relaxed: the reader reaches pos only through the acquire of an earlier header whose
-    // release follows this store.
-    HeaderWord(pos)->Store(0, MemOrder::kRelaxed);
-  }
-
-  /**
-   * Payload room for one record given the writer's and a reader's position. The line
-   * after the record stays free so the writer can clear the next header (see Append).
-   */
-  u64 Room(u64 w, u64 r) const {
-    const u64 free_bytes = ring_bytes_ - (w - r);
-    const u64 reserved = kAlign + kRecordHeaderBytes;
-    return free_bytes > reserved ? free_bytes - reserved : 0;
-  }
-
-  /**
-   * Copies one record into the ring: the payload past the header's line first, then the
-   * next record's header cleared, then the header's line (length, first payload bytes)
-   * and last its word (release: the reader may take it from here), so the line the
-   * reader polls changes hands once; then the write position with `publish` order
-   * (park re-checks and statistics).
-   */
-  void Append(bool begin, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
-    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    const u32 kind = !begin ? kMore : (bytes == message_bytes ? kWhole : kBegin);
-    const u64 header = HeaderBytes(kind);
-    const u64 next = w + RoundUpTo(header + bytes, kAlign);
-    const u64 head = bytes < kAlign - header ? bytes : kAlign - header;
-    const char *src = static_cast<const char *>(data);
-    if (bytes > head) CopyIn(w + kAlign, src + head, bytes - head);
-    ClearHeader(next);  // Room keeps it free: the reader has consumed it already
-    if (kind == kBegin) CopyIn(w + sizeof(u64), &message_bytes, sizeof(message_bytes));
-    CopyIn(w + header, src, head);
-    const u64 word = static_cast<u64>(kind) | (bytes << 32);
-    // release: the payload, the length and the cleared next header precede the record.
-    HeaderWord(w)->Store(word, MemOrder::kRelease);
-    write_pos_.Store(next, publish);
-  }
-
-  /** Copies n bytes into the ring at position pos, wrapping at its end. */
-  void CopyIn(u64 pos, const void *src, u64 n) {
-    if (n == 0) return;
-    const char *s = static_cast<const char *>(src);
-    u64 off = pos & mask_;
-    u64 first = std::min<u64>(n, ring_bytes_ - off);
-    std::memcpy(Ring() + off, s, first);
-    if (first < n) std::memcpy(Ring(), s + first, n - first);
-  }
-
-  /** Copies n bytes out of the ring from position pos, wrapping at its end. */
-  void CopyOut(u64 pos, void *dst, u64 n) const {
-    char *d = static_cast<char *>(dst);
-    u64 off = pos & mask_;
-    u64 first = std::min<u64>(n, ring_bytes_ - off);
-    std::memcpy(d, Ring() + off, first);
-    if (first < n) std::memcpy(d + first, Ring(), n - first);
-  }
-
-  // Line 0: written once by the constructor, then only read.
-  alignas(kCacheLine) u32 ring_bytes_;
-  u32 mask_;
-  // Line 1: the writer's.
-  alignas(kCacheLine) Atomic<u64> write_pos_;
-  u64 cached_read_ = 0;  ///< the writer's last view of read_pos_
-  // Line 2: the reader's.
-  alignas(kCacheLine) Atomic<u64> read_pos_;
-};
-
-/**
- * Empties a buffer that assembles stream messages, freeing its memory once it grew past
- * 1 MiB: small buffers stay warm for the next message, one huge message is not kept.
- */
-inline void RecycleBuffer(std::vector<char> *v) {
-  if (v->capacity() > (1u << 20)) {
-    std::vector<char>().swap(*v);
-  } else {
-    v->clear();
-  }
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
-// ---- end chi/transport/shm_stream.h ----
 
 namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 6;  // 6: cpu_moves in the statistics block
+inline constexpr u32 kShmTransportVersion = 7;  // 7: data segments (kRef records)
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -9830,6 +10145,12 @@ struct ShmClientSlot {
   // anyone reading the statistics.
   alignas(kCacheLine) Atomic<u64> tasks_served_;  ///< requests taken in (refused ones too)
   Atomic<u64> worker_taken_;  ///< requests runtime workers took in themselves (no poller)
+  Atomic<u64> data_requests_;  ///< requests that lay in the client data segment
+  // Lines 7-8: how far each data region's reader has freed it (ShmDataRegion::Release):
+  // the runtime frees the slot's cdata region, the client its rdata region.
+  alignas(kCacheLine) Atomic<u64> request_data_released_;
+  Atomic<u64> data_answers_;  ///< answers written to the runtime data segment (the writer's)
+  alignas(kCacheLine) Atomic<u64> answer_data_released_;
 };
 
 /** The first bytes of the segment's data area. */
@@ -9857,6 +10178,8 @@ struct ShmSegmentHeader {
   alignas(kCacheLine) WaitEvent server_event_;
   // Line 3: statistics, written by the poller.
   alignas(kCacheLine) ShmStatsBlock stats_;
+  // The data segments large messages travel in: written before the magic, then only read.
+  alignas(kCacheLine) ShmDataGeometry data_;
 };
 
 /** Sizes of a segment, chosen by the runtime and recorded in its header. */
@@ -9865,6 +10188,7 @@ struct ShmGeometry {
   u32 ring_bytes = 1u << 20;
   u64 max_message_bytes = 256ull << 20;
   u32 max_outstanding = 1024;
+  ShmDataGeometry data;  ///< the data segments (ShmDataSegments::Open fills it)
 };
 
 /** The segment name of the runtime serving `port` ("shm_transport_<port>"). */
@@ -9903,6 +10227,7 @@ class ShmSegment {
     header_->max_message_bytes_ = g.max_message_bytes;
     header_->slots_offset_ = SlotsOffset();
     header_->slot_bytes_ = SlotBytes(g.ring_bytes);
+    header_->data_ = g.data;
     for (u32 i = 0; i < g.num_slots; ++i) {
       new (Slot(i)) ShmClientSlot();
       ShmStream::Create(RequestStream(i), header_->ring_bytes_);
@@ -10262,6 +10587,9 @@ class ShmClientReceiver : public ClientTransport {
   u64 max_message_bytes_ = 0;
   u32 table_size_ = 0;
   std::unique_ptr<Entry[]> entries_;
+  ShmDataSegments data_;          ///< the runtime's data segments, mapped here
+  ShmDataRegion request_region_;  ///< the slot's cdata region (large requests)
+  ShmDataRegion answer_region_;   ///< the slot's rdata region (large answers)
 
   // The writer's (ShmClientTransport), read here by Outstanding.
   alignas(kCacheLine) Atomic<u64> claimed_;  ///< entries the writer has taken, ever
@@ -10309,17 +10637,31 @@ class ShmClientReceiver : public ClientTransport {
     // acquire: the previous holder's stream reads (and consume) are complete before ours.
     if (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) return;
     u64 delivered = 0;
+    bool left = rx_assembling_;  // an answer in pieces (or a bad one) is the receiver's
     ShmStream::Piece p;
-    while (delivered < kAnswersPerTurn && !rx_assembling_ &&
-           ans_->Peek(&p) == ShmStream::PeekResult::kReady && p.kind == ShmStream::kBegin &&
-           p.bytes == p.message_bytes && p.Contiguous()) {
-      Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
+    while (!left && delivered < kAnswersPerTurn &&
+           ans_->Peek(&p) == ShmStream::PeekResult::kReady) {
+      if (p.kind == ShmStream::kRef) {
+        // Chunks of a larger answer, and bad refs (the receiver fails the connection),
+        // are the receiver's.
+        if (!RefOf(p).Whole() || !TakeRef(p)) {
+          left = true;
+          break;
+        }
+      } else if (p.kind == ShmStream::kBegin && p.bytes == p.message_bytes && p.Contiguous()) {
+        Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
+      } else {
+        left = true;
+        break;
+      }
       ans_->Consume(p);
       NotifyRuntimeRoom();
       ++delivered;
     }
     if (delivered != 0) helped_answers_.AddOwned(delivered);  // the role's
     rx_role_.Store(0, MemOrder::kRelease);  // release: our reads precede the next holder's
+    // A napping receiver would leave what we cannot take for its whole nap: wake it.
+    if (left) CallerGaveUp();
   }
 
   void ReceiveLoop() {
@@ -10365,6 +10707,17 @@ class ShmClientReceiver : public ClientTransport {
 
   /** Takes one answer record; false when the stream is out of step (the connection fails). */
   bool OnPiece(const ShmStream::Piece &p) {
+    if (p.kind == ShmStream::kRef) {
+      if (!TakeRef(p)) {
+        Fail(ErrorCode::kMalformed,
+             "shm transport: an answer names bytes outside this client's runtime data region, "
+             "or a chunk out of step");
+        return false;
+      }
+      ans_->Consume(p);
+      NotifyRuntimeRoom();
+      return true;
+    }
     if (!rx_assembling_) {
       if (p.kind != ShmStream::kBegin) {
         Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
@@ -10379,7 +10732,8 @@ class ShmClientReceiver : public ClientTransport {
       rx_.clear();
       rx_total_ = p.message_bytes;
       rx_assembling_ = true;
-    } else if (p.kind != ShmStream::kMore || p.bytes > rx_total_ - rx_.size()) {
+      rx_by_ref_ = false;
+    } else if (p.kind != ShmStream::kMore || rx_by_ref_ || p.bytes > rx_total_ - rx_.size()) {
       Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
       return false;
     }
@@ -10392,6 +10746,40 @@ class ShmClientReceiver : public ClientTransport {
       Deliver(rx_.data(), rx_.size());
       RecycleBuffer(&rx_);
     }
+    return true;
+  }
+
+  /**
+   * Takes an answer (or a chunk of one) that lies in the runtime data region: a whole one
+   * is delivered in place, chunks are assembled and delivered once complete; then frees
+   * its block. False (nothing taken) when the ref points outside the region or a chunk is
+   * out of step.
+   */
+  bool TakeRef(const ShmStream::Piece &p) {
+    const ShmDataRef ref = RefOf(p);
+    const char *data = answer_region_.Resolve(ref);
+    const bool in_step = rx_assembling_ ? rx_by_ref_ && ref.total == rx_total_ &&
+                                              ref.bytes <= rx_total_ - rx_.size()
+                                        : ref.bytes <= ref.total && ref.total <= max_message_bytes_;
+    if (data == nullptr || !in_step) return false;
+    if (!rx_assembling_ && ref.Whole()) {
+      Deliver(data, ref.bytes);  // decoded in place: the runtime cannot reuse it yet
+    } else {
+      if (!rx_assembling_) {
+        rx_.clear();
+        rx_.reserve(ref.total);
+        rx_total_ = ref.total;
+        rx_assembling_ = true;
+        rx_by_ref_ = true;
+      }
+      rx_.insert(rx_.end(), data, data + ref.bytes);
+      if (rx_.size() == rx_total_) {
+        rx_assembling_ = false;
+        Deliver(rx_.data(), rx_.size());
+        RecycleBuffer(&rx_);
+      }
+    }
+    answer_region_.Release(ref);
     return true;
   }
 
@@ -10582,6 +10970,7 @@ class ShmClientReceiver : public ClientTransport {
   std::vector<char> rx_;
   u64 rx_total_ = 0;
   bool rx_assembling_ = false;
+  bool rx_by_ref_ = false;  ///< the answer being assembled arrives in data region chunks
   WaitHelper helper_{&HelpThunk, this, &GaveUpThunk};
   bool helper_installed_ = false;  ///< set before the receiver starts, then read-only
   std::thread receiver_;
@@ -10700,6 +11089,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   void Close() override {
     Retire();
     segment_.Detach();
+    data_.Detach();
   }
 
   /**
@@ -10777,6 +11167,14 @@ class ShmClientTransport final : public ShmClientReceiver {
       segment_.Detach();
       return st;
     }
+    if (Status st = data_.Attach(header_->data_, slots); !st.ok()) {
+      // release: hand the slot back untouched (it never became active).
+      slot_->owner_pid_.Store(0, MemOrder::kRelease);
+      segment_.Detach();
+      return st;
+    }
+    request_region_ = data_.RequestRegion(slot_index_, &slot_->request_data_released_);
+    answer_region_ = data_.AnswerRegion(slot_index_, &slot_->answer_data_released_);
     req_ = segment_.RequestStream(slot_index_);
     ans_ = segment_.AnswerStream(slot_index_);
     req_->Prefault();  // the first requests and answers then take no page faults here
@@ -10847,11 +11245,14 @@ class ShmClientTransport final : public ShmClientReceiver {
     Entry &e = entries_[idx];
     if (++e.seq == 0) e.seq = 1;
     const u64 id = (static_cast<u64>(e.seq) << 32) | idx;
-    // Small requests are encoded on the stack and streamed from there; tx_ takes the rest.
+    // Small requests are encoded on the stack and streamed from there; larger ones go
+    // straight into the client data region when it has room, and tx_ takes the rest.
     char small[kSmallEnvelopeBytes];
     const char *msg = small;
     u64 len = EncodeEnvelopeInto(id, t, t->ops_->save_in, small, sizeof(small));
-    if (len == 0) {
+    ShmDataRef ref;
+    if (len == 0) EncodeInRegion(id, t, &ref);
+    if (len == 0 && ref.bytes == 0) {
       OutputArchive ar = BeginEnvelope(id, &tx_);
       t->ops_->save_in(*t, ar);
       msg = tx_.data();
@@ -10864,17 +11265,21 @@ class ShmClientTransport final : public ShmClientReceiver {
     // The entry this writer will most likely take next: fetch its line while we wait.
     __builtin_prefetch(&entries_[cursor_], 1);
     Status st;
-    if (len > max_message_bytes_) {
+    if (ref.bytes != 0) {
+      st = SendRef(ref);
+    } else if (len > max_message_bytes_) {
       st = Status::Errorf(ErrorCode::kTooLarge,
                           "shm transport: request of %llu bytes exceeds the runtime's %llu-byte "
                           "limit (shm.client_data_size)",
                           static_cast<unsigned long long>(len),
                           static_cast<unsigned long long>(max_message_bytes_));
+    } else if (len > kSmallEnvelopeBytes && request_region_.Enabled()) {
+      st = CopyToRegion(msg, len);
     } else {
       st = StreamOut(msg, len);
     }
     if (msg != small) RecycleBuffer(&tx_);
-    // A sent request was followed by StreamOut's seq_cst fence, which orders our entry
+    // A sent request was followed by Published's seq_cst fence, which orders our entry
     // store before this read of failure_ (Dekker with Fail, which stores failure_ and then
     // sweeps the table): a task registered after the sweep is failed here. A request that
     // was not sent is failed below anyway.
@@ -10920,26 +11325,85 @@ class ShmClientTransport final : public ShmClientReceiver {
     while (sent < len) {
       const u64 left = len - sent;
       const u64 want = left < goal ? left : goal;
-      u64 room = req_->WritableBytes(want);
-      if (room < want) {
-        bool ok = AwaitWhileHealthy(
-            slot_->request_room_, tx_waits_, [&] { return req_->WritableBytes(want) >= want; },
-            [&] { return req_->HasRoomSeqCst(want); });
-        if (!ok) return FailureStatus();
-        room = req_->WritableBytes(want);
-      }
+      u64 room = 0;
+      if (Status st = AwaitRingRoom(want, &room); !st.ok()) return st;
       const u64 n = left < room ? left : room;
       req_->WritePieceRelease(sent == 0, len, data + sent, n);
       sent += n;
-      // seq_cst fence: the one full barrier per piece. It orders the publish (and the
-      // entry store before it) ahead of the reads below and WriteTask's failure_ check.
-      FenceSeqCst();
-      // seq_cst: read after the fence; a worker clears its bit, then re-checks the
-      // streams (Dekker), so while one polls the poller need not be woken. Notify's
-      // waiter-count read is covered by the same fence.
-      if (header_->worker_readers_.Load(MemOrder::kSeqCst) == 0) header_->server_event_.Notify();
+      Published();
     }
     return Status::Ok();
+  }
+
+  /**
+   * Encodes a request straight into the free room of the client data region; *ref names
+   * it (ref->bytes stays 0 when the region is off or the request does not fit now).
+   */
+  void EncodeInRegion(u64 id, Task *t, ShmDataRef *ref) {
+    if (!request_region_.Enabled()) return;
+    u64 start = 0;
+    u64 room = request_region_.ContiguousRoom(request_data_w_, &start);
+    if (room > max_message_bytes_) room = max_message_bytes_;
+    if (room <= kSmallEnvelopeBytes) return;
+    const u64 n = EncodeEnvelopeInto(id, t, t->ops_->save_in, request_region_.At(start), room);
+    *ref = ShmDataRef{start, n, n};
+  }
+
+  /**
+   * Copies an encoded request into the client data region, waiting for room, and sends
+   * its ref: whole when it fits the region, else in chunks of half the region (the
+   * runtime assembles them while we write the next).
+   */
+  Status CopyToRegion(const char *data, u64 len) {
+    const u64 chunk = len <= request_region_.Bytes() ? len : request_region_.Bytes() / 2;
+    for (u64 sent = 0; sent < len;) {
+      const u64 n = len - sent < chunk ? len - sent : chunk;
+      ShmDataRef ref;
+      char *dst = nullptr;
+      bool ok = AwaitWhileHealthy(
+          slot_->request_room_, tx_waits_,
+          [&] { return (dst = request_region_.Reserve(request_data_w_, n, &ref)) != nullptr; },
+          [&] { return request_region_.HasRoomSeqCst(request_data_w_, n); });
+      if (!ok) return FailureStatus();
+      std::memcpy(dst, data + sent, n);
+      ref.total = len;
+      if (Status st = SendRef(ref); !st.ok()) return st;
+      sent += n;
+    }
+    return Status::Ok();
+  }
+
+  /** Publishes a kRef record naming a request written to the client data region. */
+  Status SendRef(const ShmDataRef &ref) {
+    u64 room = 0;
+    if (Status st = AwaitRingRoom(ShmStream::kRefBytes, &room); !st.ok()) return st;
+    req_->WriteRef(&ref, MemOrder::kRelease);  // release: the caller's fence follows (Published)
+    request_data_w_ = ShmDataRegion::Commit(ref);
+    Published();
+    return Status::Ok();
+  }
+
+  /** Waits until a record of `want` payload bytes fits the request ring; *room: what fits now. */
+  Status AwaitRingRoom(u64 want, u64 *room) {
+    *room = req_->WritableBytes(want);
+    if (*room >= want) return Status::Ok();
+    bool ok = AwaitWhileHealthy(
+        slot_->request_room_, tx_waits_, [&] { return req_->WritableBytes(want) >= want; },
+        [&] { return req_->HasRoomSeqCst(want); });
+    if (!ok) return FailureStatus();
+    *room = req_->WritableBytes(want);
+    return Status::Ok();
+  }
+
+  /** After a record's release publish: the full barrier, then wake the poller if no worker reads. */
+  void Published() {
+    // seq_cst fence: the one full barrier per record. It orders the publish (and the
+    // entry store before it) ahead of the reads below and WriteTask's failure_ check.
+    FenceSeqCst();
+    // seq_cst: read after the fence; a worker clears its bit, then re-checks the
+    // streams (Dekker), so while one polls the poller need not be woken. Notify's
+    // waiter-count read is covered by the same fence.
+    if (header_->worker_readers_.Load(MemOrder::kSeqCst) == 0) header_->server_event_.Notify();
   }
 
   /**
@@ -10964,6 +11428,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   Atomic<u32> writer_;    ///< 1 while a thread streams requests (Close keeps it)
   u32 cursor_ = 0;        ///< the writer's next entry to try
   u64 released_seen_ = 0; ///< the writer's last view of Released()
+  u64 request_data_w_ = 0;  ///< the writer's position in the client data region
   std::vector<char> tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
 };
@@ -11281,6 +11746,8 @@ struct alignas(kCacheLine) ShmServedSlot {
   Atomic<u32> completing;     ///< workers inside OnComplete for this slot right now
   Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
   Atomic<u64> answered;       ///< requests answered or discarded, ever
+  /// The writer flag holder's position in the answer data region (read for statistics).
+  Atomic<u64> answer_data_w;
 
   // Line 1: read by the workers, written by the poller only on rare events.
   alignas(kCacheLine) Atomic<u32> draining;  ///< 1: answers of this slot are discarded
@@ -11295,6 +11762,7 @@ struct alignas(kCacheLine) ShmServedSlot {
   alignas(kCacheLine) Atomic<u64> accepted;  ///< requests taken in (and error answers), ever
   u64 answered_seen = 0;                     ///< the reader's last view of `answered`
   bool assembling = false;                   ///< a request arriving in pieces (the poller's)
+  bool assembly_by_ref = false;              ///< its pieces are chunks in the data region
   Phase phase = Phase::kIdle;
   ProcessIdentity owner;
   bool owner_dead = false;
@@ -11472,6 +11940,10 @@ class ShmReaper {
       const ShmServedSlot &s = slots_[i];
       bytes += segment_->RequestStream(i)->UsedBytes() + segment_->AnswerStream(i)->UsedBytes() +
                s.assembly.size() + (s.outgoing_open ? s.outgoing.size() - s.outgoing_sent : 0);
+      // Answers in the runtime data region the client has not freed yet. relaxed: statistics.
+      const u64 w = s.answer_data_w.Load(MemOrder::kRelaxed);
+      const u64 freed = segment_->Slot(i)->answer_data_released_.Load(MemOrder::kRelaxed);
+      if (freed <= w) bytes += w - freed;
     };
     for (u32 i : serving_) count(i);
     for (u32 i : draining_) count(i);
@@ -11547,6 +12019,10 @@ class ShmReaper {
     s.LockReader();  // a worker that glanced at the stream is gone from it
     segment_->RequestStream(i)->Reset();
     segment_->AnswerStream(i)->Reset();
+    // relaxed: as below. The data regions start over with the streams that name them.
+    slot->request_data_released_.Store(0, MemOrder::kRelaxed);
+    slot->answer_data_released_.Store(0, MemOrder::kRelaxed);
+    s.answer_data_w.Store(0, MemOrder::kRelaxed);
     new (&slot->answer_ready_) WaitEvent();  // a dead client may have died parked
     new (&slot->request_room_) WaitEvent();
     // relaxed: nobody else uses the slot now; the owner_pid_ release below publishes all.
@@ -11584,6 +12060,20 @@ class ShmReaper {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_REAPER_H
 // ---- end chi/transport/shm_reaper.h ----
+// ---- begin chi/transport/shm_server_answers.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_ANSWERS_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_ANSWERS_H
+// ShmAnswerWriter: how the runtime's answers reach shm clients (ShmServerCore's answer
+// half). A worker that finishes a client's task writes the answer itself when the slot's
+// answer stream is free: a small one inline in the stream, a large one into the slot's
+// region of the runtime data segment, named by a kRef record. Otherwise the task waits in
+// the slot's pending ring for the poller, which writes it the same way or streams it in
+// pieces. Invariant: only the holder of a slot's `writer` flag appends to its answer
+// stream or writes its answer data region, so answers and their blocks stay in one order.
+
+#include <cstring>  // memcpy of encoded answers into the data region
+#include <vector>   // answer buffers
+
 // ---- begin chi/transport/shm_server_types.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_TYPES_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_TYPES_H
@@ -11591,6 +12081,7 @@ class ShmReaper {
 // workers share: what the rest of the runtime (and a process probing the segment) needs
 // without the server's machinery (shm_server_core.h).
 
+#include <string>  // data segment names
 #include <vector>  // answer buffers
 
 namespace chi {
@@ -11601,6 +12092,11 @@ struct ShmServerOptions {
   u32 ring_bytes = 1u << 20;             ///< each stream's ring (messages may be larger)
   u64 max_message_bytes = 256ull << 20;  ///< largest request or answer
   u32 max_outstanding = 1024;            ///< requests in flight per client
+  /// Segments (PosixShmBackend names) whose per-slot regions carry large requests (the
+  /// client data segment) and large answers (the runtime data segment); "" = none, and
+  /// such messages stream through the rings in pieces.
+  std::string request_data_segment;
+  std::string answer_data_segment;
 };
 
 /** What the transport is doing (also readable from other processes: ProbeStats). */
@@ -11611,6 +12107,8 @@ struct ShmServerStats {
   u64 tasks_served = 0;       ///< requests taken in (refused ones get an error answer)
   u64 broken_streams = 0;     ///< request streams found corrupt (their slot was reset)
   u64 worker_taken = 0;       ///< requests workers took in straight from the rings
+  u64 data_requests = 0;      ///< requests that lay in the client data segment
+  u64 data_answers = 0;       ///< answers written to the runtime data segment
   u64 cpu_moves = 0;  ///< runtime threads moved off a CPU they shared with a client
 };
 
@@ -11638,6 +12136,8 @@ inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
     const ShmClientSlot *slot = ShmSegment::SlotOf(h, i);
     s.tasks_served += slot->tasks_served_.Load(MemOrder::kRelaxed);
     s.worker_taken += slot->worker_taken_.Load(MemOrder::kRelaxed);
+    s.data_requests += slot->data_requests_.Load(MemOrder::kRelaxed);
+    s.data_answers += slot->data_answers_.Load(MemOrder::kRelaxed);
   }
   return s;
 }
@@ -11659,6 +12159,203 @@ inline void EncodeShmAnswer(Task *t, u64 max_bytes, std::vector<char> *out) {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_TYPES_H
 // ---- end chi/transport/shm_server_types.h ----
+
+namespace chi {
+
+/** Writes answers into the client slots' answer streams and answer data regions. */
+class ShmAnswerWriter {
+ public:
+  /** Answers for the slots of `segment`; `data` holds the runtime data segment (or none). */
+  ShmAnswerWriter(ShmSegment *segment, const ShmDataSegments *data, u64 max_message_bytes)
+      : segment_(segment), data_(data), max_message_bytes_(max_message_bytes) {}
+
+  /**
+   * A worker's answer to task t of slot i, written now if the slot's stream is free and
+   * the answer fits it or the data region. False: nothing was written (the caller queues
+   * the task for the poller). Never blocks; the task stays the caller's.
+   */
+  bool TryWrite(u32 i, ShmServedSlot &s, Task *t) {
+    u32 idle = 0;
+    // relaxed test first: a busy stream costs no write of its line. acquire CAS: the
+    // previous writer's appends are complete before ours.
+    if (s.writer.Load(MemOrder::kRelaxed) != 0 ||
+        !s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+      return false;
+    }
+    // Small answers are encoded on the stack, large ones straight into the runtime data
+    // region when it has room. One that does not fit the region now is the poller's (it
+    // would not fit the ring either: encoding it here would only be done twice); without
+    // a region, large ones (and refusals) are encoded in `buf` for the ring.
+    char small[kSmallEnvelopeBytes];
+    const char *msg = small;
+    u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
+    thread_local std::vector<char> buf;
+    const bool by_ref = len == 0 && AnswerRegion(i).Enabled();
+    bool fits = by_ref && WriteRef(i, s, 0, 0, [&](char *dst, u64 cap) {
+      return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap);
+    });
+    if (by_ref && !fits) {
+      s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
+      return false;
+    }
+    if (!fits && (len == 0 || len > max_message_bytes_)) {
+      shm_server::EncodeShmAnswer(t, max_message_bytes_, &buf);
+      msg = buf.data();
+      len = buf.size();
+    }
+    ShmStream *as = segment_->AnswerStream(i);
+    if (!fits && len <= as->WritableBytes(len)) {
+      fits = true;
+      as->WritePiece(true, len, msg, len);
+      // Still the writer: the reaper's Reset rebuilds this event once it holds the writer.
+      segment_->Slot(i)->answer_ready_.Notify();
+    }
+    s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
+    if (msg != small) RecycleBuffer(&buf);
+    return fits;
+  }
+
+  /**
+   * The poller: writes slot i's queued answers (error answers first) as far as the
+   * client's ring allows; an answer too large for it streams on at the next call.
+   */
+  bool Pump(u32 i, ShmServedSlot &s) {
+    ShmClientSlot *slot = segment_->Slot(i);
+    ShmStream *as = segment_->AnswerStream(i);
+    bool worked = false;
+    for (;;) {
+      if (!s.outgoing_open) {
+        // relaxed: the ring itself orders the values; the count only says "look".
+        const bool have_task = s.pending_count.Load(MemOrder::kRelaxed) != 0;
+        const bool have_error = s.error_count.Load(MemOrder::kRelaxed) != 0;  // relaxed: hint
+        if (!have_error && !have_task) break;
+        u32 idle = 0;
+        // acquire: a worker's direct append is complete before ours.
+        if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
+        if (!have_error || !s.PopError(&s.outgoing)) {  // error answers go first
+          u64 v = 0;
+          if (!s.pending->TryPop(v)) {  // pushed but not yet published
+            s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
+            break;
+          }
+          s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
+          Task *t = reinterpret_cast<Task *>(v);
+          shm_server::EncodeShmAnswer(t, max_message_bytes_, &s.outgoing);
+          DeleteTask(t);
+        }
+        s.outgoing_open = true;
+        s.outgoing_sent = 0;
+      }
+      if (!StreamOutgoing(i, s, slot, as)) break;
+      worked = true;
+    }
+    return worked;
+  }
+
+
+ private:
+  /** Slot i's share of the runtime data segment. */
+  ShmDataRegion AnswerRegion(u32 i) const {
+    return data_->AnswerRegion(i, &segment_->Slot(i)->answer_data_released_);
+  }
+
+  /**
+   * Puts an answer, or a chunk of one `total` bytes long, in slot i's runtime data region
+   * and names it in the answer stream (writer flag held). `fill(dst, cap)` writes it and
+   * returns its length (0: it did not fit); `want` is that length when known, else 0
+   * (fill gets all the room there is, and the block is a whole answer). False, with
+   * nothing published, when the region or the stream has no room now.
+   */
+  template <typename Fill>
+  bool WriteRef(u32 i, ShmServedSlot &s, u64 want, u64 total, Fill fill) {
+    const ShmDataRegion region = AnswerRegion(i);
+    ShmStream *as = segment_->AnswerStream(i);
+    if (!region.Enabled() || as->WritableBytes(ShmStream::kRefBytes) < ShmStream::kRefBytes) {
+      return false;
+    }
+    ShmDataRef ref;
+    if (want != 0) {
+      char *dst = region.Reserve(s.answer_data_w.Load(MemOrder::kRelaxed), want, &ref);
+      if (dst == nullptr) return false;
+      fill(dst, want);
+      ref.total = total;
+    } else {
+      u64 start = 0;
+      const u64 room = region.ContiguousRoom(s.answer_data_w.Load(MemOrder::kRelaxed), &start);
+      const u64 cap = room < max_message_bytes_ ? room : max_message_bytes_;
+      const u64 n = fill(region.At(start), cap);
+      ref = ShmDataRef{start, n, n};
+      if (ref.bytes == 0) return false;
+    }
+    as->WriteRef(&ref, MemOrder::kSeqCst);  // seq_cst: as WritePiece (the Notify below)
+    // relaxed: the writer flag orders it for the next writer; others read a statistic.
+    s.answer_data_w.Store(ShmDataRegion::Commit(ref), MemOrder::kRelaxed);
+    if (ref.Whole()) segment_->Slot(i)->data_answers_.AddOwned(1);  // the writer flag's holder
+    segment_->Slot(i)->answer_ready_.Notify();
+    return true;
+  }
+
+  /**
+   * Writes the open answer's next pieces: through the runtime data region when there is
+   * one (whole, or in chunks of half the region when larger), else through the ring.
+   * True once it is all out (writer released).
+   */
+  bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
+    const u64 total = s.outgoing.size();
+    const ShmDataRegion region = AnswerRegion(i);
+    const bool by_ref = region.Enabled() && total > kSmallEnvelopeBytes;
+    const u64 goal = !by_ref ? as->RingBytes() / 4
+                             : (total <= region.Bytes() ? total : region.Bytes() / 2);
+    while (by_ref && s.outgoing_sent < total) {
+      const u64 n = total - s.outgoing_sent < goal ? total - s.outgoing_sent : goal;
+      auto copy = [&](char *dst, u64 bytes) {
+        std::memcpy(dst, s.outgoing.data() + s.outgoing_sent, bytes);
+        return bytes;
+      };
+      if (!WriteRef(i, s, n, total, copy)) {
+        // seq_cst: announce the wait; the fence orders it before the re-check (the client
+        // frees a block, then reads the flag).
+        slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);
+        FenceSeqCst();
+        if (!WriteRef(i, s, n, total, copy)) return false;
+      }
+      s.outgoing_sent += n;
+      if (s.outgoing_sent == total && n != total) {
+        segment_->Slot(i)->data_answers_.AddOwned(1);  // the last chunk: the writer flag's
+      }
+    }
+    while (s.outgoing_sent < total) {
+      const u64 left = total - s.outgoing_sent;
+      const u64 want = left < goal ? left : goal;
+      u64 room = as->WritableBytes(want);
+      if (room < want) {
+        // seq_cst: announce the wait, then re-check (the client reads it after consuming).
+        slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);
+        room = as->WritableBytes(want);
+        if (room < want) return false;
+      }
+      const u64 n = left < room ? left : room;
+      as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.data() + s.outgoing_sent, n);
+      s.outgoing_sent += n;
+      slot->answer_ready_.Notify();
+    }
+    slot->runtime_needs_room_.Store(0, MemOrder::kRelaxed);  // relaxed: only a hint
+    s.outgoing_open = false;
+    RecycleBuffer(&s.outgoing);
+    s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
+    s.ReleaseCredit(segment_->Header()->server_event_);
+    return true;
+  }
+
+
+  ShmSegment *segment_;
+  const ShmDataSegments *data_;
+  u64 max_message_bytes_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_ANSWERS_H
+// ---- end chi/transport/shm_server_answers.h ----
 
 namespace chi {
 
@@ -11691,6 +12388,11 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
         return Status::Error(ErrorCode::kOutOfMemory, "shm transport: no memory for slots");
       }
       slots_[i].pending = MpscRing<u64>::Create(slots_[i].pending_mem, pending_capacity);
+    }
+    if (Status st = data_.Open(options_.request_data_segment, options_.answer_data_segment,
+                               options_.num_slots, &g.data);
+        !st.ok()) {
+      return st;
     }
     if (Status st = segment_.Create(port, g, self_); !st.ok()) return st;
     header_ = segment_.Header();
@@ -11849,13 +12551,20 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       ShmStream::Piece p;
       ShmStream::PeekResult r = rs->Peek(&p);
       if (r == ShmStream::PeekResult::kEmpty) break;
-      if (r != ShmStream::PeekResult::kReady || p.kind != ShmStream::kBegin ||
-          p.bytes != p.message_bytes || !p.Contiguous() ||
-          p.message_bytes > options_.max_message_bytes) {
+      if (r == ShmStream::PeekResult::kReady && p.kind == ShmStream::kRef) {
+        // Chunks, and bad refs (the poller breaks the slot), are the poller's.
+        if (!RefOf(p).Whole() || TakeRef(i, s, p) != ErrorCode::kOk) {
+          leave = true;
+          break;
+        }
+      } else if (r != ShmStream::PeekResult::kReady || p.kind != ShmStream::kBegin ||
+                 p.bytes != p.message_bytes || !p.Contiguous() ||
+                 p.message_bytes > options_.max_message_bytes) {
         leave = true;
         break;
+      } else {
+        Dispatch(i, p.first, p.bytes);  // decoded in place, as in PumpRequests
       }
-      Dispatch(i, p.first, p.bytes);  // decoded in place, as in PumpRequests
       rs->Consume(p);
       ++taken;
     }
@@ -11870,7 +12579,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     return taken != 0;
   }
 
-  /** OnComplete's body: discard, append directly, or queue for the poller. */
+  /** OnComplete's body: discard, write now (ShmAnswerWriter), or queue for the poller. */
   void Answer(u32 i, ShmServedSlot &s, Task *t) {
     // seq_cst: pairs with Stop's store (see OnComplete); draining: set before the
     // poller waits for this slot's credits.
@@ -11879,36 +12588,11 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       s.ReleaseCredit(header_->server_event_);
       return;
     }
-    u32 idle = 0;
-    // relaxed test first: a busy stream costs no write of its line. acquire CAS: the
-    // previous writer's appends are complete before ours.
-    if (s.writer.Load(MemOrder::kRelaxed) == 0 &&
-        s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
-      // Small answers are encoded on the stack; large or refused ones in `buf`.
-      char small[kSmallEnvelopeBytes];
-      const char *msg = small;
-      u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
-      thread_local std::vector<char> buf;
-      if (len == 0 || len > options_.max_message_bytes) {
-        shm_server::EncodeShmAnswer(t, options_.max_message_bytes, &buf);
-        msg = buf.data();
-        len = buf.size();
-      }
-      ShmStream *as = segment_.AnswerStream(i);
-      const bool fits = len <= as->WritableBytes(len);
-      if (fits) {
-        as->WritePiece(true, len, msg, len);
-        // Still the writer: the reaper's Reset rebuilds this event once it holds the writer.
-        segment_.Slot(i)->answer_ready_.Notify();
-      }
-      s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
-      if (msg != small) RecycleBuffer(&buf);
-      if (fits) {
-        DeleteTask(t);
-        s.ReleaseCredit(header_->server_event_);
-        GiveWayTo(segment_.Slot(i)->client_cpu_, header_->stats_.cpu_moves);
-        return;
-      }
+    if (answers_.TryWrite(i, s, t)) {
+      DeleteTask(t);
+      s.ReleaseCredit(header_->server_event_);
+      GiveWayTo(segment_.Slot(i)->client_cpu_, header_->stats_.cpu_moves);
+      return;
     }
     // seq_cst: the count is what the parked poller re-checks (Dekker with its park);
     // counted first, the poller keeps looking until the push below lands.
@@ -11972,7 +12656,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       for (size_t k = 0; k < serving.size(); ++k) {
         const u32 i = serving[k];
         if (reading) worked |= PumpRequests(i);
-        if (slots_[i].phase == Phase::kServing) worked |= PumpAnswers(i);
+        if (slots_[i].phase == Phase::kServing) worked |= answers_.Pump(i, slots_[i]);
       }
       worked |= reaper_->DrainAll();
       if (!reading && (Quiet() || MonotonicNs() >= stop_deadline_)) break;
@@ -12067,6 +12751,14 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
         reaper_->Break(i, ErrorCode::kMalformed);
         return true;
       }
+      if (p.kind == ShmStream::kRef) {
+        if (ErrorCode bad = TakeRef(i, s, p); bad != ErrorCode::kOk) {
+          reaper_->Break(i, bad);
+          return true;
+        }
+        rs->Consume(p);
+        continue;
+      }
       if (!s.assembling) {
         if (p.kind != ShmStream::kBegin) {
           reaper_->Break(i, ErrorCode::kMalformed);
@@ -12085,7 +12777,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
         s.assembly.clear();
         s.assembly_total = p.message_bytes;
         s.assembling = true;
-      } else if (p.kind != ShmStream::kMore ||
+        s.assembly_by_ref = false;
+      } else if (p.kind != ShmStream::kMore || s.assembly_by_ref ||
                  p.bytes > s.assembly_total - s.assembly.size()) {
         reaper_->Break(i, ErrorCode::kMalformed);
         return true;
@@ -12115,68 +12808,51 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     }
   }
 
-  /** Streams queued answers of slot i as far as the client's ring allows. */
-  bool PumpAnswers(u32 i) {
-    ShmServedSlot &s = slots_[i];
-    ShmClientSlot *slot = segment_.Slot(i);
-    ShmStream *as = segment_.AnswerStream(i);
-    bool worked = false;
-    for (;;) {
-      if (!s.outgoing_open) {
-        // relaxed: the ring itself orders the values; the count only says "look".
-        const bool have_task = s.pending_count.Load(MemOrder::kRelaxed) != 0;
-        const bool have_error = s.error_count.Load(MemOrder::kRelaxed) != 0;  // relaxed: hint
-        if (!have_error && !have_task) break;
-        u32 idle = 0;
-        // acquire: a worker's direct append is complete before ours.
-        if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
-        if (!have_error || !s.PopError(&s.outgoing)) {  // error answers go first
-          u64 v = 0;
-          if (!s.pending->TryPop(v)) {  // pushed but not yet published
-            s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
-            break;
-          }
-          s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
-          Task *t = reinterpret_cast<Task *>(v);
-          shm_server::EncodeShmAnswer(t, options_.max_message_bytes, &s.outgoing);
-          DeleteTask(t);
-        }
-        s.outgoing_open = true;
-        s.outgoing_sent = 0;
+  /**
+   * Takes in a kRef record of slot i (reader flag held): a whole request is decoded in
+   * place, a chunk of a larger one joins the slot's assembly (dispatched once complete);
+   * either way its block is then freed. A ref outside the region, a message over the
+   * limit or a chunk out of step is refused with its error, and nothing is taken (the
+   * caller breaks the slot).
+   */
+  ErrorCode TakeRef(u32 i, ShmServedSlot &s, const ShmStream::Piece &p) {
+    const ShmDataRef ref = RefOf(p);
+    if (ref.total > options_.max_message_bytes) return ErrorCode::kTooLarge;
+    const ShmDataRegion region = RequestRegion(i);
+    const char *data = region.Resolve(ref);
+    const bool in_step = s.assembling ? s.assembly_by_ref && ref.total == s.assembly_total &&
+                                            ref.bytes <= s.assembly_total - s.assembly.size()
+                                      : ref.bytes <= ref.total;
+    if (data == nullptr || !in_step) return ErrorCode::kMalformed;
+    bool whole = false;
+    if (!s.assembling && ref.Whole()) {
+      Dispatch(i, data, ref.bytes);  // decoded in place: the client cannot reuse it yet
+      whole = true;
+    } else {
+      if (!s.assembling) {
+        s.assembly.clear();
+        s.assembly.reserve(ref.total);  // bounded by the message limit checked above
+        s.assembly_total = ref.total;
+        s.assembling = true;
+        s.assembly_by_ref = true;
       }
-      if (!StreamOutgoing(s, slot, as)) break;
-      worked = true;
+      s.assembly.insert(s.assembly.end(), data, data + ref.bytes);
+      if (s.assembly.size() == s.assembly_total) {
+        s.assembling = false;
+        Dispatch(i, s.assembly.data(), s.assembly.size());
+        RecycleBuffer(&s.assembly);
+        whole = true;
+      }
     }
-    return worked;
+    region.Release(ref);
+    if (whole) segment_.Slot(i)->data_requests_.AddOwned(1);  // the reader flag's holder
+    return ErrorCode::kOk;
   }
 
-  /** Writes the open answer's next pieces; true once it is all out (writer released). */
-  bool StreamOutgoing(ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
-    const u64 total = s.outgoing.size();
-    const u64 goal = as->RingBytes() / 4;
-    while (s.outgoing_sent < total) {
-      const u64 left = total - s.outgoing_sent;
-      const u64 want = left < goal ? left : goal;
-      u64 room = as->WritableBytes(want);
-      if (room < want) {
-        // seq_cst: announce the wait, then re-check (the client reads it after consuming).
-        slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);
-        room = as->WritableBytes(want);
-        if (room < want) return false;
-      }
-      const u64 n = left < room ? left : room;
-      as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.data() + s.outgoing_sent, n);
-      s.outgoing_sent += n;
-      slot->answer_ready_.Notify();
-    }
-    slot->runtime_needs_room_.Store(0, MemOrder::kRelaxed);  // relaxed: only a hint
-    s.outgoing_open = false;
-    RecycleBuffer(&s.outgoing);
-    s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
-    s.ReleaseCredit(header_->server_event_);
-    return true;
+  /** Slot i's share of the client data segment (disabled when the runtime has none). */
+  ShmDataRegion RequestRegion(u32 i) const {
+    return data_.RequestRegion(i, &segment_.Slot(i)->request_data_released_);
   }
-
   RequestDispatcher *dispatcher_;
   ShmServerOptions options_;
   u32 port_ = 0;
@@ -12192,6 +12868,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   u64 stop_deadline_ = 0;
   u32 seen_membership_ = 0;
   std::unique_ptr<ShmReaper> reaper_;  ///< the poller's (and Stop's, after the join)
+  ShmDataSegments data_;  ///< this process's mapping of the data segments (none in tests)
+  ShmAnswerWriter answers_{&segment_, &data_, options_.max_message_bytes};
 };
 
 }  // namespace chi
@@ -12223,9 +12901,12 @@ class ShmServer {
   ShmServer(const ShmServer &) = delete;
   ShmServer &operator=(const ShmServer &) = delete;
 
-  /** Start with the geometry OptionsFor(cfg) gives. */
+  /** Start with the geometry OptionsFor(cfg) gives, and the runtime's data segments. */
   Status Start(RequestDispatcher *dispatcher, const ServerConfig &cfg, u32 port) {
-    return Start(dispatcher, OptionsFor(cfg), port);
+    Options o = OptionsFor(cfg);
+    o.request_data_segment = RuntimeSegmentName(port, "cdata");  // RuntimeSegments made them
+    o.answer_data_segment = RuntimeSegmentName(port, "rdata");
+    return Start(dispatcher, o, port);
   }
 
   /**

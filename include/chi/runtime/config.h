@@ -63,7 +63,7 @@ struct ServerConfig {
   // shared-memory segments of a standalone runtime
   u64 main_segment_bytes = 64ull << 20;   ///< yaml: shm.main_size
   u64 client_data_bytes = 256ull << 20;   ///< yaml: shm.client_data_size
-  u64 runtime_data_bytes = 64ull << 20;   ///< yaml: shm.runtime_data_size
+  u64 runtime_data_bytes = 256ull << 20;  ///< yaml: shm.runtime_data_size
   std::vector<ComposeEntry> compose;      ///< yaml: compose
 
   bool operator==(const ServerConfig &) const = default;

@@ -70,12 +70,15 @@ gpu:
 
 # Shared-memory segments of a standalone runtime, each 64k .. 1024g.
 shm:
-  # Tasks shared by clients and the runtime.
+  # Tasks shared by clients and the runtime: the runtime's owner record, and
+  # (split over the 32 client slots) the rings that carry requests and answers.
   main_size: 64m
-  # Data buffers that clients share with the runtime.
+  # Large requests of shm clients travel whole in this segment (1/32 per client
+  # slot). It also bounds one message on every transport.
   client_data_size: 256m
-  # Data the runtime shares with clients for its own use.
-  runtime_data_size: 64m
+  # Large answers to shm clients travel whole in this segment (1/32 per slot).
+  # A message larger than a slot's share streams through the rings in pieces.
+  runtime_data_size: 256m
 
 # Pools created at start, in this order, after the admin pool. Each entry:
 #   mod_name:       module that implements the pool (required)

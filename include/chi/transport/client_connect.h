@@ -22,6 +22,7 @@
 #include "chi/core/types.h"                 // u32, u64
 #include "chi/memory/posix_shm_backend.h"   // the segments
 #include "chi/runtime/config.h"             // ServerConfig sizes
+#include "chi/transport/shm_data_region.h"  // RuntimeSegmentName
 
 namespace chi {
 
@@ -128,7 +129,7 @@ class RuntimeSegments {
 
   /** "rt<port>_<role>": per port; PosixShmBackend makes it per user. */
   static std::string SegmentName(u32 port, const char *role) {
-    return "rt" + std::to_string(port) + "_" + role;
+    return RuntimeSegmentName(port, role);
   }
 
   /**

@@ -8,6 +8,7 @@
 
 #include <sched.h>  // sched_yield while Close waits for a writer to leave
 
+#include <cstring>  // memcpy of requests into the client data region
 #include <memory>  // unique_ptr
 #include <vector>  // the request buffer
 
@@ -68,6 +69,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   void Close() override {
     Retire();
     segment_.Detach();
+    data_.Detach();
   }
 
   /**
@@ -145,6 +147,14 @@ class ShmClientTransport final : public ShmClientReceiver {
       segment_.Detach();
       return st;
     }
+    if (Status st = data_.Attach(header_->data_, slots); !st.ok()) {
+      // release: hand the slot back untouched (it never became active).
+      slot_->owner_pid_.Store(0, MemOrder::kRelease);
+      segment_.Detach();
+      return st;
+    }
+    request_region_ = data_.RequestRegion(slot_index_, &slot_->request_data_released_);
+    answer_region_ = data_.AnswerRegion(slot_index_, &slot_->answer_data_released_);
     req_ = segment_.RequestStream(slot_index_);
     ans_ = segment_.AnswerStream(slot_index_);
     req_->Prefault();  // the first requests and answers then take no page faults here
@@ -215,11 +225,14 @@ class ShmClientTransport final : public ShmClientReceiver {
     Entry &e = entries_[idx];
     if (++e.seq == 0) e.seq = 1;
     const u64 id = (static_cast<u64>(e.seq) << 32) | idx;
-    // Small requests are encoded on the stack and streamed from there; tx_ takes the rest.
+    // Small requests are encoded on the stack and streamed from there; larger ones go
+    // straight into the client data region when it has room, and tx_ takes the rest.
     char small[kSmallEnvelopeBytes];
     const char *msg = small;
     u64 len = EncodeEnvelopeInto(id, t, t->ops_->save_in, small, sizeof(small));
-    if (len == 0) {
+    ShmDataRef ref;
+    if (len == 0) EncodeInRegion(id, t, &ref);
+    if (len == 0 && ref.bytes == 0) {
       OutputArchive ar = BeginEnvelope(id, &tx_);
       t->ops_->save_in(*t, ar);
       msg = tx_.data();
@@ -232,17 +245,21 @@ class ShmClientTransport final : public ShmClientReceiver {
     // The entry this writer will most likely take next: fetch its line while we wait.
     __builtin_prefetch(&entries_[cursor_], 1);
     Status st;
-    if (len > max_message_bytes_) {
+    if (ref.bytes != 0) {
+      st = SendRef(ref);
+    } else if (len > max_message_bytes_) {
       st = Status::Errorf(ErrorCode::kTooLarge,
                           "shm transport: request of %llu bytes exceeds the runtime's %llu-byte "
                           "limit (shm.client_data_size)",
                           static_cast<unsigned long long>(len),
                           static_cast<unsigned long long>(max_message_bytes_));
+    } else if (len > kSmallEnvelopeBytes && request_region_.Enabled()) {
+      st = CopyToRegion(msg, len);
     } else {
       st = StreamOut(msg, len);
     }
     if (msg != small) RecycleBuffer(&tx_);
-    // A sent request was followed by StreamOut's seq_cst fence, which orders our entry
+    // A sent request was followed by Published's seq_cst fence, which orders our entry
     // store before this read of failure_ (Dekker with Fail, which stores failure_ and then
     // sweeps the table): a task registered after the sweep is failed here. A request that
     // was not sent is failed below anyway.
@@ -288,26 +305,85 @@ class ShmClientTransport final : public ShmClientReceiver {
     while (sent < len) {
       const u64 left = len - sent;
       const u64 want = left < goal ? left : goal;
-      u64 room = req_->WritableBytes(want);
-      if (room < want) {
-        bool ok = AwaitWhileHealthy(
-            slot_->request_room_, tx_waits_, [&] { return req_->WritableBytes(want) >= want; },
-            [&] { return req_->HasRoomSeqCst(want); });
-        if (!ok) return FailureStatus();
-        room = req_->WritableBytes(want);
-      }
+      u64 room = 0;
+      if (Status st = AwaitRingRoom(want, &room); !st.ok()) return st;
       const u64 n = left < room ? left : room;
       req_->WritePieceRelease(sent == 0, len, data + sent, n);
       sent += n;
-      // seq_cst fence: the one full barrier per piece. It orders the publish (and the
-      // entry store before it) ahead of the reads below and WriteTask's failure_ check.
-      FenceSeqCst();
-      // seq_cst: read after the fence; a worker clears its bit, then re-checks the
-      // streams (Dekker), so while one polls the poller need not be woken. Notify's
-      // waiter-count read is covered by the same fence.
-      if (header_->worker_readers_.Load(MemOrder::kSeqCst) == 0) header_->server_event_.Notify();
+      Published();
     }
     return Status::Ok();
+  }
+
+  /**
+   * Encodes a request straight into the free room of the client data region; *ref names
+   * it (ref->bytes stays 0 when the region is off or the request does not fit now).
+   */
+  void EncodeInRegion(u64 id, Task *t, ShmDataRef *ref) {
+    if (!request_region_.Enabled()) return;
+    u64 start = 0;
+    u64 room = request_region_.ContiguousRoom(request_data_w_, &start);
+    if (room > max_message_bytes_) room = max_message_bytes_;
+    if (room <= kSmallEnvelopeBytes) return;
+    const u64 n = EncodeEnvelopeInto(id, t, t->ops_->save_in, request_region_.At(start), room);
+    *ref = ShmDataRef{start, n, n};
+  }
+
+  /**
+   * Copies an encoded request into the client data region, waiting for room, and sends
+   * its ref: whole when it fits the region, else in chunks of half the region (the
+   * runtime assembles them while we write the next).
+   */
+  Status CopyToRegion(const char *data, u64 len) {
+    const u64 chunk = len <= request_region_.Bytes() ? len : request_region_.Bytes() / 2;
+    for (u64 sent = 0; sent < len;) {
+      const u64 n = len - sent < chunk ? len - sent : chunk;
+      ShmDataRef ref;
+      char *dst = nullptr;
+      bool ok = AwaitWhileHealthy(
+          slot_->request_room_, tx_waits_,
+          [&] { return (dst = request_region_.Reserve(request_data_w_, n, &ref)) != nullptr; },
+          [&] { return request_region_.HasRoomSeqCst(request_data_w_, n); });
+      if (!ok) return FailureStatus();
+      std::memcpy(dst, data + sent, n);
+      ref.total = len;
+      if (Status st = SendRef(ref); !st.ok()) return st;
+      sent += n;
+    }
+    return Status::Ok();
+  }
+
+  /** Publishes a kRef record naming a request written to the client data region. */
+  Status SendRef(const ShmDataRef &ref) {
+    u64 room = 0;
+    if (Status st = AwaitRingRoom(ShmStream::kRefBytes, &room); !st.ok()) return st;
+    req_->WriteRef(&ref, MemOrder::kRelease);  // release: the caller's fence follows (Published)
+    request_data_w_ = ShmDataRegion::Commit(ref);
+    Published();
+    return Status::Ok();
+  }
+
+  /** Waits until a record of `want` payload bytes fits the request ring; *room: what fits now. */
+  Status AwaitRingRoom(u64 want, u64 *room) {
+    *room = req_->WritableBytes(want);
+    if (*room >= want) return Status::Ok();
+    bool ok = AwaitWhileHealthy(
+        slot_->request_room_, tx_waits_, [&] { return req_->WritableBytes(want) >= want; },
+        [&] { return req_->HasRoomSeqCst(want); });
+    if (!ok) return FailureStatus();
+    *room = req_->WritableBytes(want);
+    return Status::Ok();
+  }
+
+  /** After a record's release publish: the full barrier, then wake the poller if no worker reads. */
+  void Published() {
+    // seq_cst fence: the one full barrier per record. It orders the publish (and the
+    // entry store before it) ahead of the reads below and WriteTask's failure_ check.
+    FenceSeqCst();
+    // seq_cst: read after the fence; a worker clears its bit, then re-checks the
+    // streams (Dekker), so while one polls the poller need not be woken. Notify's
+    // waiter-count read is covered by the same fence.
+    if (header_->worker_readers_.Load(MemOrder::kSeqCst) == 0) header_->server_event_.Notify();
   }
 
   /**
@@ -332,6 +408,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   Atomic<u32> writer_;    ///< 1 while a thread streams requests (Close keeps it)
   u32 cursor_ = 0;        ///< the writer's next entry to try
   u64 released_seen_ = 0; ///< the writer's last view of Released()
+  u64 request_data_w_ = 0;  ///< the writer's position in the client data region
   std::vector<char> tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
 };

@@ -208,6 +208,9 @@ class ShmClientReceiver : public ClientTransport {
   u64 max_message_bytes_ = 0;
   u32 table_size_ = 0;
   std::unique_ptr<Entry[]> entries_;
+  ShmDataSegments data_;          ///< the runtime's data segments, mapped here
+  ShmDataRegion request_region_;  ///< the slot's cdata region (large requests)
+  ShmDataRegion answer_region_;   ///< the slot's rdata region (large answers)
 
   // The writer's (ShmClientTransport), read here by Outstanding.
   alignas(kCacheLine) Atomic<u64> claimed_;  ///< entries the writer has taken, ever
@@ -255,17 +258,31 @@ class ShmClientReceiver : public ClientTransport {
     // acquire: the previous holder's stream reads (and consume) are complete before ours.
     if (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) return;
     u64 delivered = 0;
+    bool left = rx_assembling_;  // an answer in pieces (or a bad one) is the receiver's
     ShmStream::Piece p;
-    while (delivered < kAnswersPerTurn && !rx_assembling_ &&
-           ans_->Peek(&p) == ShmStream::PeekResult::kReady && p.kind == ShmStream::kBegin &&
-           p.bytes == p.message_bytes && p.Contiguous()) {
-      Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
+    while (!left && delivered < kAnswersPerTurn &&
+           ans_->Peek(&p) == ShmStream::PeekResult::kReady) {
+      if (p.kind == ShmStream::kRef) {
+        // Chunks of a larger answer, and bad refs (the receiver fails the connection),
+        // are the receiver's.
+        if (!RefOf(p).Whole() || !TakeRef(p)) {
+          left = true;
+          break;
+        }
+      } else if (p.kind == ShmStream::kBegin && p.bytes == p.message_bytes && p.Contiguous()) {
+        Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
+      } else {
+        left = true;
+        break;
+      }
       ans_->Consume(p);
       NotifyRuntimeRoom();
       ++delivered;
     }
     if (delivered != 0) helped_answers_.AddOwned(delivered);  // the role's
     rx_role_.Store(0, MemOrder::kRelease);  // release: our reads precede the next holder's
+    // A napping receiver would leave what we cannot take for its whole nap: wake it.
+    if (left) CallerGaveUp();
   }
 
   void ReceiveLoop() {
@@ -311,6 +328,17 @@ class ShmClientReceiver : public ClientTransport {
 
   /** Takes one answer record; false when the stream is out of step (the connection fails). */
   bool OnPiece(const ShmStream::Piece &p) {
+    if (p.kind == ShmStream::kRef) {
+      if (!TakeRef(p)) {
+        Fail(ErrorCode::kMalformed,
+             "shm transport: an answer names bytes outside this client's runtime data region, "
+             "or a chunk out of step");
+        return false;
+      }
+      ans_->Consume(p);
+      NotifyRuntimeRoom();
+      return true;
+    }
     if (!rx_assembling_) {
       if (p.kind != ShmStream::kBegin) {
         Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
@@ -325,7 +353,8 @@ class ShmClientReceiver : public ClientTransport {
       rx_.clear();
       rx_total_ = p.message_bytes;
       rx_assembling_ = true;
-    } else if (p.kind != ShmStream::kMore || p.bytes > rx_total_ - rx_.size()) {
+      rx_by_ref_ = false;
+    } else if (p.kind != ShmStream::kMore || rx_by_ref_ || p.bytes > rx_total_ - rx_.size()) {
       Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
       return false;
     }
@@ -338,6 +367,40 @@ class ShmClientReceiver : public ClientTransport {
       Deliver(rx_.data(), rx_.size());
       RecycleBuffer(&rx_);
     }
+    return true;
+  }
+
+  /**
+   * Takes an answer (or a chunk of one) that lies in the runtime data region: a whole one
+   * is delivered in place, chunks are assembled and delivered once complete; then frees
+   * its block. False (nothing taken) when the ref points outside the region or a chunk is
+   * out of step.
+   */
+  bool TakeRef(const ShmStream::Piece &p) {
+    const ShmDataRef ref = RefOf(p);
+    const char *data = answer_region_.Resolve(ref);
+    const bool in_step = rx_assembling_ ? rx_by_ref_ && ref.total == rx_total_ &&
+                                              ref.bytes <= rx_total_ - rx_.size()
+                                        : ref.bytes <= ref.total && ref.total <= max_message_bytes_;
+    if (data == nullptr || !in_step) return false;
+    if (!rx_assembling_ && ref.Whole()) {
+      Deliver(data, ref.bytes);  // decoded in place: the runtime cannot reuse it yet
+    } else {
+      if (!rx_assembling_) {
+        rx_.clear();
+        rx_.reserve(ref.total);
+        rx_total_ = ref.total;
+        rx_assembling_ = true;
+        rx_by_ref_ = true;
+      }
+      rx_.insert(rx_.end(), data, data + ref.bytes);
+      if (rx_.size() == rx_total_) {
+        rx_assembling_ = false;
+        Deliver(rx_.data(), rx_.size());
+        RecycleBuffer(&rx_);
+      }
+    }
+    answer_region_.Release(ref);
     return true;
   }
 
@@ -528,6 +591,7 @@ class ShmClientReceiver : public ClientTransport {
   std::vector<char> rx_;
   u64 rx_total_ = 0;
   bool rx_assembling_ = false;
+  bool rx_by_ref_ = false;  ///< the answer being assembled arrives in data region chunks
   WaitHelper helper_{&HelpThunk, this, &GaveUpThunk};
   bool helper_installed_ = false;  ///< set before the receiver starts, then read-only
   std::thread receiver_;

@@ -31,6 +31,8 @@ struct alignas(kCacheLine) ShmServedSlot {
   Atomic<u32> completing;     ///< workers inside OnComplete for this slot right now
   Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
   Atomic<u64> answered;       ///< requests answered or discarded, ever
+  /// The writer flag holder's position in the answer data region (read for statistics).
+  Atomic<u64> answer_data_w;
 
   // Line 1: read by the workers, written by the poller only on rare events.
   alignas(kCacheLine) Atomic<u32> draining;  ///< 1: answers of this slot are discarded
@@ -45,6 +47,7 @@ struct alignas(kCacheLine) ShmServedSlot {
   alignas(kCacheLine) Atomic<u64> accepted;  ///< requests taken in (and error answers), ever
   u64 answered_seen = 0;                     ///< the reader's last view of `answered`
   bool assembling = false;                   ///< a request arriving in pieces (the poller's)
+  bool assembly_by_ref = false;              ///< its pieces are chunks in the data region
   Phase phase = Phase::kIdle;
   ProcessIdentity owner;
   bool owner_dead = false;
@@ -222,6 +225,10 @@ class ShmReaper {
       const ShmServedSlot &s = slots_[i];
       bytes += segment_->RequestStream(i)->UsedBytes() + segment_->AnswerStream(i)->UsedBytes() +
                s.assembly.size() + (s.outgoing_open ? s.outgoing.size() - s.outgoing_sent : 0);
+      // Answers in the runtime data region the client has not freed yet. relaxed: statistics.
+      const u64 w = s.answer_data_w.Load(MemOrder::kRelaxed);
+      const u64 freed = segment_->Slot(i)->answer_data_released_.Load(MemOrder::kRelaxed);
+      if (freed <= w) bytes += w - freed;
     };
     for (u32 i : serving_) count(i);
     for (u32 i : draining_) count(i);
@@ -297,6 +304,10 @@ class ShmReaper {
     s.LockReader();  // a worker that glanced at the stream is gone from it
     segment_->RequestStream(i)->Reset();
     segment_->AnswerStream(i)->Reset();
+    // relaxed: as below. The data regions start over with the streams that name them.
+    slot->request_data_released_.Store(0, MemOrder::kRelaxed);
+    slot->answer_data_released_.Store(0, MemOrder::kRelaxed);
+    s.answer_data_w.Store(0, MemOrder::kRelaxed);
     new (&slot->answer_ready_) WaitEvent();  // a dead client may have died parked
     new (&slot->request_room_) WaitEvent();
     // relaxed: nobody else uses the slot now; the owner_pid_ release below publishes all.

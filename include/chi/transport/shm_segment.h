@@ -16,6 +16,7 @@
 #include "chi/core/types.h"                 // u32, u64
 #include "chi/memory/posix_shm_backend.h"   // named segment create/attach (per user, 0600)
 #include "chi/queue/wait_event.h"           // WaitEvent: futex parking across processes
+#include "chi/transport/shm_data_region.h"  // ShmDataGeometry: where large messages go
 #include "chi/transport/shm_process.h"      // ProcessIdentity, IsProcessAlive
 #include "chi/transport/shm_stream.h"       // the two streams of each slot
 
@@ -23,7 +24,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 6;  // 6: cpu_moves in the statistics block
+inline constexpr u32 kShmTransportVersion = 7;  // 7: data segments (kRef records)
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -87,6 +88,12 @@ struct ShmClientSlot {
   // anyone reading the statistics.
   alignas(kCacheLine) Atomic<u64> tasks_served_;  ///< requests taken in (refused ones too)
   Atomic<u64> worker_taken_;  ///< requests runtime workers took in themselves (no poller)
+  Atomic<u64> data_requests_;  ///< requests that lay in the client data segment
+  // Lines 7-8: how far each data region's reader has freed it (ShmDataRegion::Release):
+  // the runtime frees the slot's cdata region, the client its rdata region.
+  alignas(kCacheLine) Atomic<u64> request_data_released_;
+  Atomic<u64> data_answers_;  ///< answers written to the runtime data segment (the writer's)
+  alignas(kCacheLine) Atomic<u64> answer_data_released_;
 };
 
 /** The first bytes of the segment's data area. */
@@ -114,6 +121,8 @@ struct ShmSegmentHeader {
   alignas(kCacheLine) WaitEvent server_event_;
   // Line 3: statistics, written by the poller.
   alignas(kCacheLine) ShmStatsBlock stats_;
+  // The data segments large messages travel in: written before the magic, then only read.
+  alignas(kCacheLine) ShmDataGeometry data_;
 };
 
 /** Sizes of a segment, chosen by the runtime and recorded in its header. */
@@ -122,6 +131,7 @@ struct ShmGeometry {
   u32 ring_bytes = 1u << 20;
   u64 max_message_bytes = 256ull << 20;
   u32 max_outstanding = 1024;
+  ShmDataGeometry data;  ///< the data segments (ShmDataSegments::Open fills it)
 };
 
 /** The segment name of the runtime serving `port` ("shm_transport_<port>"). */
@@ -160,6 +170,7 @@ class ShmSegment {
     header_->max_message_bytes_ = g.max_message_bytes;
     header_->slots_offset_ = SlotsOffset();
     header_->slot_bytes_ = SlotBytes(g.ring_bytes);
+    header_->data_ = g.data;
     for (u32 i = 0; i < g.num_slots; ++i) {
       new (Slot(i)) ShmClientSlot();
       ShmStream::Create(RequestStream(i), header_->ring_bytes_);

@@ -39,9 +39,12 @@ class ShmServer {
   ShmServer(const ShmServer &) = delete;
   ShmServer &operator=(const ShmServer &) = delete;
 
-  /** Start with the geometry OptionsFor(cfg) gives. */
+  /** Start with the geometry OptionsFor(cfg) gives, and the runtime's data segments. */
   Status Start(RequestDispatcher *dispatcher, const ServerConfig &cfg, u32 port) {
-    return Start(dispatcher, OptionsFor(cfg), port);
+    Options o = OptionsFor(cfg);
+    o.request_data_segment = RuntimeSegmentName(port, "cdata");  // RuntimeSegments made them
+    o.answer_data_segment = RuntimeSegmentName(port, "rdata");
+    return Start(dispatcher, o, port);
   }
 
   /**

@@ -27,6 +27,7 @@
 #include "chi/transport/shm_process.h"         // SelfIdentity for the segment header
 #include "chi/transport/shm_reaper.h"          // slot life cycle, ShmServedSlot
 #include "chi/transport/shm_segment.h"         // segment layout, ShmServerInfo
+#include "chi/transport/shm_server_answers.h"  // ShmAnswerWriter: answers back to clients
 #include "chi/transport/shm_server_types.h"    // options, statistics, limits
 #include "chi/transport/shm_stream.h"          // request and answer streams
 
@@ -61,6 +62,11 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
         return Status::Error(ErrorCode::kOutOfMemory, "shm transport: no memory for slots");
       }
       slots_[i].pending = MpscRing<u64>::Create(slots_[i].pending_mem, pending_capacity);
+    }
+    if (Status st = data_.Open(options_.request_data_segment, options_.answer_data_segment,
+                               options_.num_slots, &g.data);
+        !st.ok()) {
+      return st;
     }
     if (Status st = segment_.Create(port, g, self_); !st.ok()) return st;
     header_ = segment_.Header();
@@ -219,13 +225,20 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       ShmStream::Piece p;
       ShmStream::PeekResult r = rs->Peek(&p);
       if (r == ShmStream::PeekResult::kEmpty) break;
-      if (r != ShmStream::PeekResult::kReady || p.kind != ShmStream::kBegin ||
-          p.bytes != p.message_bytes || !p.Contiguous() ||
-          p.message_bytes > options_.max_message_bytes) {
+      if (r == ShmStream::PeekResult::kReady && p.kind == ShmStream::kRef) {
+        // Chunks, and bad refs (the poller breaks the slot), are the poller's.
+        if (!RefOf(p).Whole() || TakeRef(i, s, p) != ErrorCode::kOk) {
+          leave = true;
+          break;
+        }
+      } else if (r != ShmStream::PeekResult::kReady || p.kind != ShmStream::kBegin ||
+                 p.bytes != p.message_bytes || !p.Contiguous() ||
+                 p.message_bytes > options_.max_message_bytes) {
         leave = true;
         break;
+      } else {
+        Dispatch(i, p.first, p.bytes);  // decoded in place, as in PumpRequests
       }
-      Dispatch(i, p.first, p.bytes);  // decoded in place, as in PumpRequests
       rs->Consume(p);
       ++taken;
     }
@@ -240,7 +253,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     return taken != 0;
   }
 
-  /** OnComplete's body: discard, append directly, or queue for the poller. */
+  /** OnComplete's body: discard, write now (ShmAnswerWriter), or queue for the poller. */
   void Answer(u32 i, ShmServedSlot &s, Task *t) {
     // seq_cst: pairs with Stop's store (see OnComplete); draining: set before the
     // poller waits for this slot's credits.
@@ -249,36 +262,11 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       s.ReleaseCredit(header_->server_event_);
       return;
     }
-    u32 idle = 0;
-    // relaxed test first: a busy stream costs no write of its line. acquire CAS: the
-    // previous writer's appends are complete before ours.
-    if (s.writer.Load(MemOrder::kRelaxed) == 0 &&
-        s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
-      // Small answers are encoded on the stack; large or refused ones in `buf`.
-      char small[kSmallEnvelopeBytes];
-      const char *msg = small;
-      u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
-      thread_local std::vector<char> buf;
-      if (len == 0 || len > options_.max_message_bytes) {
-        shm_server::EncodeShmAnswer(t, options_.max_message_bytes, &buf);
-        msg = buf.data();
-        len = buf.size();
-      }
-      ShmStream *as = segment_.AnswerStream(i);
-      const bool fits = len <= as->WritableBytes(len);
-      if (fits) {
-        as->WritePiece(true, len, msg, len);
-        // Still the writer: the reaper's Reset rebuilds this event once it holds the writer.
-        segment_.Slot(i)->answer_ready_.Notify();
-      }
-      s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
-      if (msg != small) RecycleBuffer(&buf);
-      if (fits) {
-        DeleteTask(t);
-        s.ReleaseCredit(header_->server_event_);
-        GiveWayTo(segment_.Slot(i)->client_cpu_, header_->stats_.cpu_moves);
-        return;
-      }
+    if (answers_.TryWrite(i, s, t)) {
+      DeleteTask(t);
+      s.ReleaseCredit(header_->server_event_);
+      GiveWayTo(segment_.Slot(i)->client_cpu_, header_->stats_.cpu_moves);
+      return;
     }
     // seq_cst: the count is what the parked poller re-checks (Dekker with its park);
     // counted first, the poller keeps looking until the push below lands.
@@ -342,7 +330,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       for (size_t k = 0; k < serving.size(); ++k) {
         const u32 i = serving[k];
         if (reading) worked |= PumpRequests(i);
-        if (slots_[i].phase == Phase::kServing) worked |= PumpAnswers(i);
+        if (slots_[i].phase == Phase::kServing) worked |= answers_.Pump(i, slots_[i]);
       }
       worked |= reaper_->DrainAll();
       if (!reading && (Quiet() || MonotonicNs() >= stop_deadline_)) break;
@@ -437,6 +425,14 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
         reaper_->Break(i, ErrorCode::kMalformed);
         return true;
       }
+      if (p.kind == ShmStream::kRef) {
+        if (ErrorCode bad = TakeRef(i, s, p); bad != ErrorCode::kOk) {
+          reaper_->Break(i, bad);
+          return true;
+        }
+        rs->Consume(p);
+        continue;
+      }
       if (!s.assembling) {
         if (p.kind != ShmStream::kBegin) {
           reaper_->Break(i, ErrorCode::kMalformed);
@@ -455,7 +451,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
         s.assembly.clear();
         s.assembly_total = p.message_bytes;
         s.assembling = true;
-      } else if (p.kind != ShmStream::kMore ||
+        s.assembly_by_ref = false;
+      } else if (p.kind != ShmStream::kMore || s.assembly_by_ref ||
                  p.bytes > s.assembly_total - s.assembly.size()) {
         reaper_->Break(i, ErrorCode::kMalformed);
         return true;
@@ -485,68 +482,51 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     }
   }
 
-  /** Streams queued answers of slot i as far as the client's ring allows. */
-  bool PumpAnswers(u32 i) {
-    ShmServedSlot &s = slots_[i];
-    ShmClientSlot *slot = segment_.Slot(i);
-    ShmStream *as = segment_.AnswerStream(i);
-    bool worked = false;
-    for (;;) {
-      if (!s.outgoing_open) {
-        // relaxed: the ring itself orders the values; the count only says "look".
-        const bool have_task = s.pending_count.Load(MemOrder::kRelaxed) != 0;
-        const bool have_error = s.error_count.Load(MemOrder::kRelaxed) != 0;  // relaxed: hint
-        if (!have_error && !have_task) break;
-        u32 idle = 0;
-        // acquire: a worker's direct append is complete before ours.
-        if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
-        if (!have_error || !s.PopError(&s.outgoing)) {  // error answers go first
-          u64 v = 0;
-          if (!s.pending->TryPop(v)) {  // pushed but not yet published
-            s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
-            break;
-          }
-          s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
-          Task *t = reinterpret_cast<Task *>(v);
-          shm_server::EncodeShmAnswer(t, options_.max_message_bytes, &s.outgoing);
-          DeleteTask(t);
-        }
-        s.outgoing_open = true;
-        s.outgoing_sent = 0;
+  /**
+   * Takes in a kRef record of slot i (reader flag held): a whole request is decoded in
+   * place, a chunk of a larger one joins the slot's assembly (dispatched once complete);
+   * either way its block is then freed. A ref outside the region, a message over the
+   * limit or a chunk out of step is refused with its error, and nothing is taken (the
+   * caller breaks the slot).
+   */
+  ErrorCode TakeRef(u32 i, ShmServedSlot &s, const ShmStream::Piece &p) {
+    const ShmDataRef ref = RefOf(p);
+    if (ref.total > options_.max_message_bytes) return ErrorCode::kTooLarge;
+    const ShmDataRegion region = RequestRegion(i);
+    const char *data = region.Resolve(ref);
+    const bool in_step = s.assembling ? s.assembly_by_ref && ref.total == s.assembly_total &&
+                                            ref.bytes <= s.assembly_total - s.assembly.size()
+                                      : ref.bytes <= ref.total;
+    if (data == nullptr || !in_step) return ErrorCode::kMalformed;
+    bool whole = false;
+    if (!s.assembling && ref.Whole()) {
+      Dispatch(i, data, ref.bytes);  // decoded in place: the client cannot reuse it yet
+      whole = true;
+    } else {
+      if (!s.assembling) {
+        s.assembly.clear();
+        s.assembly.reserve(ref.total);  // bounded by the message limit checked above
+        s.assembly_total = ref.total;
+        s.assembling = true;
+        s.assembly_by_ref = true;
       }
-      if (!StreamOutgoing(s, slot, as)) break;
-      worked = true;
+      s.assembly.insert(s.assembly.end(), data, data + ref.bytes);
+      if (s.assembly.size() == s.assembly_total) {
+        s.assembling = false;
+        Dispatch(i, s.assembly.data(), s.assembly.size());
+        RecycleBuffer(&s.assembly);
+        whole = true;
+      }
     }
-    return worked;
+    region.Release(ref);
+    if (whole) segment_.Slot(i)->data_requests_.AddOwned(1);  // the reader flag's holder
+    return ErrorCode::kOk;
   }
 
-  /** Writes the open answer's next pieces; true once it is all out (writer released). */
-  bool StreamOutgoing(ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
-    const u64 total = s.outgoing.size();
-    const u64 goal = as->RingBytes() / 4;
-    while (s.outgoing_sent < total) {
-      const u64 left = total - s.outgoing_sent;
-      const u64 want = left < goal ? left : goal;
-      u64 room = as->WritableBytes(want);
-      if (room < want) {
-        // seq_cst: announce the wait, then re-check (the client reads it after consuming).
-        slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);
-        room = as->WritableBytes(want);
-        if (room < want) return false;
-      }
-      const u64 n = left < room ? left : room;
-      as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.data() + s.outgoing_sent, n);
-      s.outgoing_sent += n;
-      slot->answer_ready_.Notify();
-    }
-    slot->runtime_needs_room_.Store(0, MemOrder::kRelaxed);  // relaxed: only a hint
-    s.outgoing_open = false;
-    RecycleBuffer(&s.outgoing);
-    s.writer.Store(0, MemOrder::kRelease);  // release: our appends precede the next writer's
-    s.ReleaseCredit(header_->server_event_);
-    return true;
+  /** Slot i's share of the client data segment (disabled when the runtime has none). */
+  ShmDataRegion RequestRegion(u32 i) const {
+    return data_.RequestRegion(i, &segment_.Slot(i)->request_data_released_);
   }
-
   RequestDispatcher *dispatcher_;
   ShmServerOptions options_;
   u32 port_ = 0;
@@ -562,6 +542,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   u64 stop_deadline_ = 0;
   u32 seen_membership_ = 0;
   std::unique_ptr<ShmReaper> reaper_;  ///< the poller's (and Stop's, after the join)
+  ShmDataSegments data_;  ///< this process's mapping of the data segments (none in tests)
+  ShmAnswerWriter answers_{&segment_, &data_, options_.max_message_bytes};
 };
 
 }  // namespace chi

@@ -3,6 +3,7 @@
 // without the server's machinery (shm_server_core.h).
 #pragma once
 
+#include <string>  // data segment names
 #include <vector>  // answer buffers
 
 #include "chi/core/atomic.h"                   // MemOrder for the statistics loads
@@ -19,6 +20,11 @@ struct ShmServerOptions {
   u32 ring_bytes = 1u << 20;             ///< each stream's ring (messages may be larger)
   u64 max_message_bytes = 256ull << 20;  ///< largest request or answer
   u32 max_outstanding = 1024;            ///< requests in flight per client
+  /// Segments (PosixShmBackend names) whose per-slot regions carry large requests (the
+  /// client data segment) and large answers (the runtime data segment); "" = none, and
+  /// such messages stream through the rings in pieces.
+  std::string request_data_segment;
+  std::string answer_data_segment;
 };
 
 /** What the transport is doing (also readable from other processes: ProbeStats). */
@@ -29,6 +35,8 @@ struct ShmServerStats {
   u64 tasks_served = 0;       ///< requests taken in (refused ones get an error answer)
   u64 broken_streams = 0;     ///< request streams found corrupt (their slot was reset)
   u64 worker_taken = 0;       ///< requests workers took in straight from the rings
+  u64 data_requests = 0;      ///< requests that lay in the client data segment
+  u64 data_answers = 0;       ///< answers written to the runtime data segment
   u64 cpu_moves = 0;  ///< runtime threads moved off a CPU they shared with a client
 };
 
@@ -56,6 +64,8 @@ inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
     const ShmClientSlot *slot = ShmSegment::SlotOf(h, i);
     s.tasks_served += slot->tasks_served_.Load(MemOrder::kRelaxed);
     s.worker_taken += slot->worker_taken_.Load(MemOrder::kRelaxed);
+    s.data_requests += slot->data_requests_.Load(MemOrder::kRelaxed);
+    s.data_answers += slot->data_answers_.Load(MemOrder::kRelaxed);
   }
   return s;
 }

@@ -15,8 +15,9 @@
 // Framing: a message that fits one record is a kWhole record (8-byte header: kind and
 // length), so a request of up to 56 bytes is one cache line. A larger one is a kBegin
 // record (16-byte header: its total length too, and the first bytes that fit) followed by
-// kMore records (8-byte headers) with the rest. The reader checks every header and
-// reports a corrupt stream instead of trusting it.
+// kMore records (8-byte headers) with the rest. A kRef record (8-byte header and kRefBytes
+// of payload) carries no message but names one kept in a data region (shm_data_region.h).
+// The reader checks every header and reports a corrupt stream instead of trusting it.
 #pragma once
 
 #include <sys/mman.h>  // madvise: prefaulting a ring
@@ -47,6 +48,10 @@ class ShmStream {
   static constexpr u32 kMore = 0x534d0002;
   /** A whole message in one record; Peek reports it as a kBegin of its own length. */
   static constexpr u32 kWhole = 0x534d0003;
+  /** A record naming a message that lies in a data region; its payload is kRefBytes. */
+  static constexpr u32 kRef = 0x534d0004;
+  /** The payload of every kRef record (a ShmDataRef: position, length, message length). */
+  static constexpr u64 kRefBytes = 24;
 
   /** Region bytes for a ring of `ring_bytes` (raised to >= kMinRingBytes, a power of two). */
   static size_t BytesFor(u32 ring_bytes) { return sizeof(ShmStream) + RingSize(ring_bytes); }
@@ -124,7 +129,7 @@ class ShmStream {
   void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) {
     // seq_cst: the write position's store is ordered before the notifier's read of the
     // reader's waiter count (WaitEvent's Dekker pair).
-    Append(begin, message_bytes, data, bytes, MemOrder::kSeqCst);
+    Append(KindOf(begin, message_bytes, bytes), message_bytes, data, bytes, MemOrder::kSeqCst);
   }
 
   /**
@@ -133,7 +138,16 @@ class ShmStream {
    */
   void WritePieceRelease(bool begin, u64 message_bytes, const void *data, u64 bytes) {
     // release: the caller's fence orders the publish before its Dekker reads.
-    Append(begin, message_bytes, data, bytes, MemOrder::kRelease);
+    Append(KindOf(begin, message_bytes, bytes), message_bytes, data, bytes, MemOrder::kRelease);
+  }
+
+  /**
+   * Appends a kRef record whose payload is the kRefBytes at `ref`, with `publish` order
+   * for the write position (as WritePiece or WritePieceRelease). The caller made sure
+   * WritableBytes(kRefBytes) >= kRefBytes.
+   */
+  void WriteRef(const void *ref, MemOrder publish) {
+    Append(kRef, kRefBytes, ref, kRefBytes, publish);
   }
 
   /**
@@ -191,13 +205,14 @@ class ShmStream {
     u64 message_bytes = bytes;
     if (kind == kBegin) CopyOut(r + sizeof(u64), &message_bytes, sizeof(message_bytes));
     const u64 footprint = RoundUpTo(header + bytes, kAlign);
-    if ((kind != kBegin && kind != kMore && kind != kWhole) || footprint > ring_bytes_ - kAlign ||
-        bytes > message_bytes) {
+    if ((kind != kBegin && kind != kMore && kind != kWhole && kind != kRef) ||
+        footprint > ring_bytes_ - kAlign || bytes > message_bytes ||
+        (kind == kRef && bytes != kRefBytes)) {
       return PeekResult::kCorrupt;
     }
-    p->kind = kind == kMore ? kMore : kBegin;
+    p->kind = kind == kMore || kind == kRef ? kind : kBegin;
     p->bytes = bytes;
-    p->message_bytes = kind == kMore ? 0 : message_bytes;
+    p->message_bytes = kind == kMore || kind == kRef ? 0 : message_bytes;
     p->footprint = footprint;
     const u64 off = (r + header) & mask_;
     p->first = Ring() + off;
@@ -264,6 +279,11 @@ class ShmStream {
   }
 
  private:
+  /** The kind of a piece: kMore, or kWhole / kBegin for a message's first piece. */
+  static constexpr u32 KindOf(bool begin, u64 message_bytes, u64 bytes) {
+    return !begin ? kMore : (bytes == message_bytes ? kWhole : kBegin);
+  }
+
   /** Header bytes of a record of `kind`: the word (kind, bytes), and kBegin's total length. */
   static constexpr u64 HeaderBytes(u32 kind) { return kind == kBegin ? 16 : 8; }
   /**
@@ -326,9 +346,8 @@ class ShmStream {
    * reader polls changes hands once; then the write position with `publish` order
    * (park re-checks and statistics).
    */
-  void Append(bool begin, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
+  void Append(u32 kind, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
     u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    const u32 kind = !begin ? kMore : (bytes == message_bytes ? kWhole : kBegin);
     const u64 header = HeaderBytes(kind);
     const u64 next = w + RoundUpTo(header + bytes, kAlign);
     const u64 head = bytes < kAlign - header ? bytes : kAlign - header;
