@@ -29,19 +29,23 @@ chi::ShmServer::Stats StatsOf(u32 port) {
   return s;
 }
 
-/** A client that echoes 512 KiB through its regions, two in flight, until it is killed. */
+/**
+ * A client that echoes 512 KiB (whole blocks) and 3 MiB (chunks of half its 1 MiB
+ * regions) in turn, two in flight, until it is killed: the kill lands mid-message or
+ * between messages, with blocks held in both regions.
+ */
 int RegionClientMain() {
   DieWithParent();
   chi_test::ChildChecks checks;
   auto tr = ConnectFromChild(&checks);
   if (tr == nullptr) return checks.Result();
   chimaera::demo::Client client(kPool);
-  const std::string big = Pattern(512u << 10, 3);
-  auto a = client.AsyncCustom(PoolQuery::Local(), big);
+  const std::string sizes[2] = {Pattern(512u << 10, 3), Pattern(3 * kRegion, 4)};
+  auto a = client.AsyncCustom(PoolQuery::Local(), sizes[0]);
   bool signalled = false;
   for (int i = 0; i < 1000000; ++i) {
-    auto b = client.AsyncCustom(PoolQuery::Local(), big);
-    if (!a.Wait(30) || a->GetReturnCode() != 0 || a->data_.view() != big) return 2;
+    auto b = client.AsyncCustom(PoolQuery::Local(), sizes[(i + 1) % 2]);
+    if (!a.Wait(30) || a->GetReturnCode() != 0 || a->data_.view() != sizes[i % 2]) return 2;
     if (!signalled && i >= 8) {
       SignalReady();
       signalled = true;
@@ -189,7 +193,7 @@ TEST_CASE("a bad ref resets only the slot that sent it; a bad ref in an answer f
   CheckEcho(client, kRegion / 2, 21);
 }
 
-TEST_CASE("a client killed with blocks in its regions is reclaimed; its slot's next client starts clean") {
+TEST_CASE("a client killed mid-message in its regions is reclaimed; its slot's next client starts clean") {
   const u32 port = TestPort(3);
   RuntimeProcess runtime(port, kRing, kDataBytes);
   AttachedClient attached(runtime.Info());  // slot 0
@@ -202,6 +206,7 @@ TEST_CASE("a client killed with blocks in its regions is reclaimed; its slot's n
   REQUIRE_MESSAGE(ready.Wait(30), "the victim never got its answers");
   const u64 served = StatsOf(port).data_requests;
   CHECK(served >= 9);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));  // a little further into a message
   kill(victim, SIGKILL);
   CHECK(chi_test::WaitChild(victim, 30) == 128 + SIGKILL);
   chi::ShmServer::Stats s;
