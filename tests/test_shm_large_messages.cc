@@ -56,13 +56,26 @@ int RegionClientMain() {
 }
 chi_test::ChildRoutine kRegionClientRoutine("shm_region_client", RegionClientMain);
 
+/**
+ * A runtime child sharing two 8 MiB data segments on test port k, with this process
+ * attached as its first client (slot 0) and the demo pool created.
+ */
+struct RegionRuntime {
+  explicit RegionRuntime(u32 k)
+      : port(TestPort(k)), runtime(port, kRing, kDataBytes), attached(runtime.Info()),
+        client(CreateDemoPool()) {}
+  u32 port;
+  RuntimeProcess runtime;
+  AttachedClient attached;
+  chimaera::demo::Client client;
+};
+
 }  // namespace
 
 TEST_CASE("requests and answers past the stack buffer travel in the data segments") {
-  const u32 port = TestPort(0);
-  RuntimeProcess runtime(port, kRing, kDataBytes);
-  AttachedClient attached(runtime.Info());
-  auto client = CreateDemoPool();
+  RegionRuntime rt(0);
+  const u32 port = rt.port;
+  chimaera::demo::Client &client = rt.client;
   const chi::ShmServer::Stats before = StatsOf(port);
   // Just past the 512-byte stack envelope, larger than the ring's pieces, about a region.
   const u64 whole[] = {600, 100000, 300000, kRegion - 4096};
@@ -93,10 +106,9 @@ TEST_CASE("requests and answers past the stack buffer travel in the data segment
 }
 
 TEST_CASE("more large requests in flight than a region holds wait for room; every answer is right") {
-  const u32 port = TestPort(1);
-  RuntimeProcess runtime(port, kRing, kDataBytes);
-  AttachedClient attached(runtime.Info());
-  auto client = CreateDemoPool();
+  RegionRuntime rt(1);
+  const u32 port = rt.port;
+  chimaera::demo::Client &client = rt.client;
   const chi::ShmServer::Stats before = StatsOf(port);
   constexpr u32 kTasks = 24;  // 24 x 200 KiB: almost 5 regions' worth at once
   std::vector<std::string> data;
@@ -116,10 +128,10 @@ TEST_CASE("more large requests in flight than a region holds wait for room; ever
 }
 
 TEST_CASE("a bad ref resets only the slot that sent it; a bad ref in an answer fails its client") {
-  const u32 port = TestPort(2);
-  RuntimeProcess runtime(port, kRing, kDataBytes);
-  AttachedClient good(runtime.Info());
-  auto client = CreateDemoPool();
+  RegionRuntime rt(2);
+  const u32 port = rt.port;
+  RuntimeProcess &runtime = rt.runtime;
+  chimaera::demo::Client &client = rt.client;
   auto connect = [&] {
     std::unique_ptr<chi::ShmClientTransport> tr;
     chi::Status st = chi::ShmClientTransport::Connect(runtime.Info(), &tr);
@@ -194,10 +206,10 @@ TEST_CASE("a bad ref resets only the slot that sent it; a bad ref in an answer f
 }
 
 TEST_CASE("a client killed mid-message in its regions is reclaimed; its slot's next client starts clean") {
-  const u32 port = TestPort(3);
-  RuntimeProcess runtime(port, kRing, kDataBytes);
-  AttachedClient attached(runtime.Info());  // slot 0
-  auto client = CreateDemoPool();
+  RegionRuntime rt(3);  // this process holds slot 0
+  const u32 port = rt.port;
+  RuntimeProcess &runtime = rt.runtime;
+  chimaera::demo::Client &client = rt.client;
   ReadyPipe ready;
   const pid_t victim = chi_test::SpawnChild(
       "shm_region_client",
