@@ -50,7 +50,7 @@ class ShmAnswerWriter {
     u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
     thread_local std::vector<char> buf;
     const bool by_ref = len == 0 && AnswerRegion(i).Enabled();
-    bool fits = by_ref && WriteRef(i, s, 0, 0, [&](char *dst, u64 cap) {
+    bool fits = by_ref && WriteRef(i, s, 0, 0, true, [&](char *dst, u64 cap) {
       return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap);
     });
     if (by_ref && !fits) {
@@ -122,11 +122,12 @@ class ShmAnswerWriter {
    * Puts an answer, or a chunk of one `total` bytes long, in slot i's runtime data region
    * and names it in the answer stream (writer flag held). `fill(dst, cap)` writes it and
    * returns its length (0: it did not fit); `want` is that length when known, else 0
-   * (fill gets all the room there is, and the block is a whole answer). False, with
-   * nothing published, when the region or the stream has no room now.
+   * (fill gets all the room there is, and the block is a whole answer). `last`: the block
+   * ends its answer (counted in data_answers_). False, with nothing published, when the
+   * region or the stream has no room now.
    */
   template <typename Fill>
-  bool WriteRef(u32 i, ShmServedSlot &s, u64 want, u64 total, Fill fill) {
+  bool WriteRef(u32 i, ShmServedSlot &s, u64 want, u64 total, bool last, Fill fill) {
     const ShmDataRegion region = AnswerRegion(i);
     ShmStream *as = segment_->AnswerStream(i);
     if (!region.Enabled() || as->WritableBytes(ShmStream::kRefBytes) < ShmStream::kRefBytes) {
@@ -146,10 +147,11 @@ class ShmAnswerWriter {
       ref = ShmDataRef{start, n, n};
       if (ref.bytes == 0) return false;
     }
+    // Counted before the publish: the client may read the statistics once it has the answer.
+    if (last) segment_->Slot(i)->data_answers_.AddOwned(1);  // the writer flag's holder
     as->WriteRef(&ref, MemOrder::kSeqCst);  // seq_cst: as WritePiece (the Notify below)
     // relaxed: the writer flag orders it for the next writer; others read a statistic.
     s.answer_data_w.Store(ShmDataRegion::Commit(ref), MemOrder::kRelaxed);
-    if (ref.Whole()) segment_->Slot(i)->data_answers_.AddOwned(1);  // the writer flag's holder
     segment_->Slot(i)->answer_ready_.Notify();
     return true;
   }
@@ -171,17 +173,15 @@ class ShmAnswerWriter {
         std::memcpy(dst, s.outgoing.data() + s.outgoing_sent, bytes);
         return bytes;
       };
-      if (!WriteRef(i, s, n, total, copy)) {
+      const bool last = s.outgoing_sent + n == total;
+      if (!WriteRef(i, s, n, total, last, copy)) {
         // seq_cst: announce the wait; the fence orders it before the re-check (the client
         // frees a block, then reads the flag).
         slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);
         FenceSeqCst();
-        if (!WriteRef(i, s, n, total, copy)) return false;
+        if (!WriteRef(i, s, n, total, last, copy)) return false;
       }
       s.outgoing_sent += n;
-      if (s.outgoing_sent == total && n != total) {
-        segment_->Slot(i)->data_answers_.AddOwned(1);  // the last chunk: the writer flag's
-      }
     }
     while (s.outgoing_sent < total) {
       const u64 left = total - s.outgoing_sent;

@@ -498,10 +498,11 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
                                             ref.bytes <= s.assembly_total - s.assembly.size()
                                       : ref.bytes <= ref.total;
     if (data == nullptr || !in_step) return ErrorCode::kMalformed;
-    bool whole = false;
+    // Counted before the dispatch: its answer may reach the client before we return.
+    ShmClientSlot *slot = segment_.Slot(i);
     if (!s.assembling && ref.Whole()) {
-      Dispatch(i, data, ref.bytes);  // decoded in place: the client cannot reuse it yet
-      whole = true;
+      slot->data_requests_.AddOwned(1);  // the reader flag's holder
+      Dispatch(i, data, ref.bytes);      // decoded in place: the client cannot reuse it yet
     } else {
       if (!s.assembling) {
         s.assembly.clear();
@@ -513,13 +514,12 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       s.assembly.insert(s.assembly.end(), data, data + ref.bytes);
       if (s.assembly.size() == s.assembly_total) {
         s.assembling = false;
+        slot->data_requests_.AddOwned(1);
         Dispatch(i, s.assembly.data(), s.assembly.size());
         RecycleBuffer(&s.assembly);
-        whole = true;
       }
     }
     region.Release(ref);
-    if (whole) segment_.Slot(i)->data_requests_.AddOwned(1);  // the reader flag's holder
     return ErrorCode::kOk;
   }
 
