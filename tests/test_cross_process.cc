@@ -179,7 +179,10 @@ TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them th
   SequentialGpuSubmits(c, 1, 20, 2);  // 2 ms apart: it sleeps once idle
   const chimaera::admin::TransportStats zmq = ServerStats();
   CHECK(zmq.sleeps_ - sleeps_before >= 10);
-  CHECK(zmq.late_wakeups_ == 0);  // every request woke the network worker (the ZMQ_FD rule)
+  // Every request woke the network worker (the ZMQ_FD rule): without it, each of the 20
+  // would wait out a sleep. One may land in the instant between a sleep that timed out
+  // (the reaper's turn) and the pass after it: the full suite on 2 cores once saw that.
+  CHECK(zmq.late_wakeups_ <= 1);
   CHECK(StopThroughSession());
   CHECK(server.WaitExit() == 0);
 }

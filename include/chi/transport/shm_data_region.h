@@ -153,17 +153,20 @@ class ShmDataRegion {
  private:
   /**
    * Where a block of `len` bytes written at `w` starts: here, or at the next lap when it
-   * would cross the region's end. False when the reader has not freed the bytes it covers
-   * (every byte is free once `released` reaches `w`, the skipped tail included). A reader
-   * that freed more than was written (bytes written behind the writer's back, or a reader
-   * gone wrong) moves the writer on to there: nothing of its own lies beyond `w`.
+   * would cross the region's end, or when the region is empty (a client that waits for
+   * each answer then reuses the region's first pages instead of touching all of them).
+   * False when the reader has not freed the bytes it covers (every byte is free once
+   * `released` reaches `w`, the skipped tail included). A reader that freed more than was
+   * written (bytes written behind the writer's back, or a reader gone wrong) moves the
+   * writer on to there: nothing of its own lies beyond `w`.
    */
   bool Place(u64 w, u64 len, u64 released, u64 *start) const {
     if (len == 0 || len > bytes_) return false;
     if (released > w) w = released;
     const u64 off = w % bytes_;
-    *start = off + len <= bytes_ ? w : w + (bytes_ - off);
-    return released == w || *start + len - released <= bytes_;
+    const bool empty = released == w;
+    *start = off == 0 || (off + len <= bytes_ && !empty) ? w : w + (bytes_ - off);
+    return empty || *start + len - released <= bytes_;
   }
 
   u64 Released(MemOrder order) const { return released_->Load(order); }
