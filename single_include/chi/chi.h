@@ -9199,11 +9199,6 @@ class ShmDataRegion {
     return released <= w && w - released <= 2 * bytes_ ? w - released : 0;
   }
 
-  /** Forgets every block (the runtime resetting a slot nobody uses). */
-  void Reset() const {
-    if (released_ != nullptr) released_->Store(0, MemOrder::kRelaxed);  // relaxed: slot reset
-  }
-
  private:
   /**
    * Where a block of `len` bytes written at `w` starts: here, or at the next lap when it
@@ -9223,6 +9218,7 @@ class ShmDataRegion {
     return empty || *start + len - released <= bytes_;
   }
 
+  /** How far the reader has freed the region. */
   u64 Released(MemOrder order) const { return released_->Load(order); }
 
   char *base_ = nullptr;
@@ -9298,6 +9294,7 @@ class ShmDataSegments {
     return per >= kMinRegionBytes ? per : 0;
   }
 
+  /** The runtime's half of Open for one segment: maps it, records its name and region size. */
   Status MapOne(const std::string &name, u32 num_slots, PosixShmBackend *seg, char *name_out,
                 u64 *region_out) {
     if (name.empty()) return Status::Ok();
@@ -9316,6 +9313,7 @@ class ShmDataSegments {
     return Status::Ok();
   }
 
+  /** A client's half of Attach for one segment: maps it and checks its region size. */
   Status AttachOne(const char *name, u64 region_bytes, u32 num_slots, PosixShmBackend *seg) {
     if (region_bytes == 0) return Status::Ok();
     if (std::memchr(name, 0, ShmDataGeometry::kMaxName) == nullptr || name[0] == 0) {
@@ -9334,6 +9332,7 @@ class ShmDataSegments {
     return Status::Ok();
   }
 
+  /** Slot i's region of a mapped segment (a disabled view when it is not shared). */
   static ShmDataRegion Region(const PosixShmBackend &seg, u64 region_bytes, u32 i,
                               Atomic<u64> *released) {
     if (region_bytes == 0) return ShmDataRegion();
