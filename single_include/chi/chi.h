@@ -9093,6 +9093,16 @@ struct ShmDataRef {
 
   /** True when the block is a whole message (decoded in place). */
   bool Whole() const { return total == bytes; }
+
+  /**
+   * True when this block may come next in its stream: a whole message or a first chunk
+   * while nothing is assembled, else the next chunk of the message being assembled
+   * (`assembly_total` bytes, `have` of them held, its pieces refs: `by_ref`).
+   */
+  bool InStep(bool assembling, bool by_ref, u64 assembly_total, u64 have) const {
+    return assembling ? by_ref && total == assembly_total && bytes <= assembly_total - have
+                      : bytes <= total;
+  }
 };
 
 static_assert(sizeof(ShmDataRef) == ShmStream::kRefBytes, "a kRef record carries one ShmDataRef");
@@ -10760,10 +10770,10 @@ class ShmClientReceiver : public ClientTransport {
   bool TakeRef(const ShmStream::Piece &p) {
     const ShmDataRef ref = RefOf(p);
     const char *data = answer_region_.Resolve(ref);
-    const bool in_step = rx_assembling_ ? rx_by_ref_ && ref.total == rx_total_ &&
-                                              ref.bytes <= rx_total_ - rx_.size()
-                                        : ref.bytes <= ref.total && ref.total <= max_message_bytes_;
-    if (data == nullptr || !in_step) return false;
+    if (data == nullptr || ref.total > max_message_bytes_ ||
+        !ref.InStep(rx_assembling_, rx_by_ref_, rx_total_, rx_.size())) {
+      return false;
+    }
     if (!rx_assembling_ && ref.Whole()) {
       Deliver(data, ref.bytes);  // decoded in place: the runtime cannot reuse it yet
     } else {
@@ -12822,10 +12832,10 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     if (ref.total > options_.max_message_bytes) return ErrorCode::kTooLarge;
     const ShmDataRegion region = RequestRegion(i);
     const char *data = region.Resolve(ref);
-    const bool in_step = s.assembling ? s.assembly_by_ref && ref.total == s.assembly_total &&
-                                            ref.bytes <= s.assembly_total - s.assembly.size()
-                                      : ref.bytes <= ref.total;
-    if (data == nullptr || !in_step) return ErrorCode::kMalformed;
+    if (data == nullptr ||
+        !ref.InStep(s.assembling, s.assembly_by_ref, s.assembly_total, s.assembly.size())) {
+      return ErrorCode::kMalformed;
+    }
     // Counted before the dispatch: its answer may reach the client before we return.
     ShmClientSlot *slot = segment_.Slot(i);
     if (!s.assembling && ref.Whole()) {

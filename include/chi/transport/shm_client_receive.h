@@ -379,10 +379,10 @@ class ShmClientReceiver : public ClientTransport {
   bool TakeRef(const ShmStream::Piece &p) {
     const ShmDataRef ref = RefOf(p);
     const char *data = answer_region_.Resolve(ref);
-    const bool in_step = rx_assembling_ ? rx_by_ref_ && ref.total == rx_total_ &&
-                                              ref.bytes <= rx_total_ - rx_.size()
-                                        : ref.bytes <= ref.total && ref.total <= max_message_bytes_;
-    if (data == nullptr || !in_step) return false;
+    if (data == nullptr || ref.total > max_message_bytes_ ||
+        !ref.InStep(rx_assembling_, rx_by_ref_, rx_total_, rx_.size())) {
+      return false;
+    }
     if (!rx_assembling_ && ref.Whole()) {
       Deliver(data, ref.bytes);  // decoded in place: the runtime cannot reuse it yet
     } else {

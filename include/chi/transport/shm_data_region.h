@@ -39,6 +39,16 @@ struct ShmDataRef {
 
   /** True when the block is a whole message (decoded in place). */
   bool Whole() const { return total == bytes; }
+
+  /**
+   * True when this block may come next in its stream: a whole message or a first chunk
+   * while nothing is assembled, else the next chunk of the message being assembled
+   * (`assembly_total` bytes, `have` of them held, its pieces refs: `by_ref`).
+   */
+  bool InStep(bool assembling, bool by_ref, u64 assembly_total, u64 have) const {
+    return assembling ? by_ref && total == assembly_total && bytes <= assembly_total - have
+                      : bytes <= total;
+  }
 };
 
 static_assert(sizeof(ShmDataRef) == ShmStream::kRefBytes, "a kRef record carries one ShmDataRef");

@@ -494,10 +494,10 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     if (ref.total > options_.max_message_bytes) return ErrorCode::kTooLarge;
     const ShmDataRegion region = RequestRegion(i);
     const char *data = region.Resolve(ref);
-    const bool in_step = s.assembling ? s.assembly_by_ref && ref.total == s.assembly_total &&
-                                            ref.bytes <= s.assembly_total - s.assembly.size()
-                                      : ref.bytes <= ref.total;
-    if (data == nullptr || !in_step) return ErrorCode::kMalformed;
+    if (data == nullptr ||
+        !ref.InStep(s.assembling, s.assembly_by_ref, s.assembly_total, s.assembly.size())) {
+      return ErrorCode::kMalformed;
+    }
     // Counted before the dispatch: its answer may reach the client before we return.
     ShmClientSlot *slot = segment_.Slot(i);
     if (!s.assembling && ref.Whole()) {
