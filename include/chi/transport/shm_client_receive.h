@@ -242,9 +242,11 @@ class ShmClientReceiver : public ClientTransport {
   }
 
   /**
-   * A caller spinning in Future::Wait: delivers every whole answer that is ready (any
-   * caller's, not only its own) unless someone else holds the role. Never waits, and
-   * leaves split answers, corrupt streams and failures to the receiver thread.
+   * A caller spinning in Future::Wait: delivers the next answer if it is whole and ready
+   * (any caller's, not only its own) unless someone else holds the role. Never waits, and
+   * leaves split answers, corrupt streams and failures to the receiver thread. One answer
+   * per call: the header after it lies in the runtime's cache (its writer cleared it), and
+   * reading it now would delay the caller's return by a transfer; the spin calls again.
    */
   void HelpDeliver() {
     if (!ans_->HasData()) {
@@ -257,29 +259,25 @@ class ShmClientReceiver : public ClientTransport {
     u32 idle = 0;
     // acquire: the previous holder's stream reads (and consume) are complete before ours.
     if (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) return;
-    u64 delivered = 0;
-    bool left = rx_assembling_;  // an answer in pieces (or a bad one) is the receiver's
+    // An answer in pieces (or a bad one) is the receiver's.
+    bool left = rx_assembling_;
     ShmStream::Piece p;
-    while (!left && delivered < kAnswersPerTurn &&
-           ans_->Peek(&p) == ShmStream::PeekResult::kReady) {
+    if (!left && ans_->Peek(&p) == ShmStream::PeekResult::kReady) {
       if (p.kind == ShmStream::kRef) {
         // Chunks of a larger answer, and bad refs (the receiver fails the connection),
         // are the receiver's.
-        if (!RefOf(p).Whole() || !TakeRef(p)) {
-          left = true;
-          break;
-        }
+        left = !RefOf(p).Whole() || !TakeRef(p);
       } else if (p.kind == ShmStream::kBegin && p.bytes == p.message_bytes && p.Contiguous()) {
         Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
       } else {
         left = true;
-        break;
       }
-      ans_->Consume(p);
-      NotifyRuntimeRoom();
-      ++delivered;
+      if (!left) {
+        ans_->Consume(p);
+        NotifyRuntimeRoom();
+        helped_answers_.AddOwned(1);  // the role's
+      }
     }
-    if (delivered != 0) helped_answers_.AddOwned(delivered);  // the role's
     rx_role_.Store(0, MemOrder::kRelease);  // release: our reads precede the next holder's
     // A napping receiver would leave what we cannot take for its whole nap: wake it.
     if (left) CallerGaveUp();

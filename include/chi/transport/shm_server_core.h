@@ -206,21 +206,44 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   /**
    * Takes in slot i's whole, contiguous requests on a worker. Anything else (pieces, a
    * corrupt stream, no credit) stays for the poller, which is woken to handle it.
+   * A task this worker keeps starts as soon as its record is consumed, before the next
+   * record's header is read: that line lies in the client's cache (it cleared it), and a
+   * short task's answer should not wait for its transfer.
    */
   bool WorkerPump(u32 i) {
+    Worker *self = tls_current_worker;
+    bool did = false;
+    for (u32 budget = shm_server::kRecordsPerPass; budget != 0;) {
+      const u32 taken = TakeRequests(i, budget);
+      if (taken == 0) break;
+      did = true;
+      budget -= taken;
+      // The records went to other workers' lanes: TakeRequests stopped on its own.
+      if (self == nullptr || !self->StartAdopted()) break;
+    }
+    return did;
+  }
+
+  /**
+   * WorkerPump's reading half: holding slot i's reader flag, takes in up to `budget`
+   * records, stopping right after one whose task this worker adopted. Returns how many.
+   */
+  u32 TakeRequests(u32 i, u32 budget) {
     ShmServedSlot &s = slots_[i];
     ShmStream *rs = segment_.RequestStream(i);
     // Cheap tests first: an idle or busy slot costs no write of the flag's line.
-    if (!rs->HasData() || s.reader.Load(MemOrder::kRelaxed) != 0) return false;
+    if (!rs->HasData() || s.reader.Load(MemOrder::kRelaxed) != 0) return 0;
     u32 idle = 0;
     // acquire: the previous reader's reads and counts are complete before ours.
-    if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
-    u64 taken = 0;
+    if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return 0;
+    ShmClientSlot *slot = segment_.Slot(i);
+    const Worker *self = tls_current_worker;
+    u32 taken = 0;
     bool leave = false;
     // relaxed: BeginDrain clears the bit before the reaper takes the flag we hold.
     const bool serving = (serving_bits_[i / 64].Load(MemOrder::kRelaxed) >> (i % 64)) & 1;
     if (serving && s.assembling) leave = rs->HasData();
-    for (u32 n = 0; serving && !leave && n < shm_server::kRecordsPerPass; ++n) {
+    while (serving && !leave && taken < budget) {
       if (!HasCredit(s)) break;  // the credit's release wakes the poller
       ShmStream::Piece p;
       ShmStream::PeekResult r = rs->Peek(&p);
@@ -241,16 +264,18 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       }
       rs->Consume(p);
       ++taken;
+      // Counted before the task starts: the client may read it once it has the answer.
+      slot->worker_taken_.AddOwned(1);  // the reader flag's holder
+      if (self != nullptr && self->HasAdopted()) break;  // WorkerPump starts it now
     }
     if (taken != 0) {
-      NoteCpu(segment_.Slot(i)->runtime_cpu_);
-      segment_.Slot(i)->worker_taken_.AddOwned(taken);  // the reader flag's holder
+      NoteCpu(slot->runtime_cpu_);
       // Still a reader: the reaper's Reset rebuilds this event once the readers are gone.
-      segment_.Slot(i)->request_room_.Notify();
+      slot->request_room_.Notify();
     }
     s.UnlockReader();
     if (leave) header_->server_event_.Notify();
-    return taken != 0;
+    return taken;
   }
 
   /** OnComplete's body: discard, write now (ShmAnswerWriter), or queue for the poller. */
