@@ -5726,6 +5726,14 @@ class Worker {
    * reference taken for it when it was decoded; the task's completion releases it.
    */
   void Adopt(Task *t, PoolInfo *pool) { adopted_.push_back(Adopted{t, pool}); }
+  /** True while adopted tasks wait for their start (its own thread only). */
+  bool HasAdopted() const { return !adopted_.empty(); }
+  /**
+   * Starts the adopted tasks now (its own thread only); true when there were any. The
+   * loop does this after every poll; a poller may do it sooner, before it reads further
+   * requests, so that a short task's answer goes out first.
+   */
+  inline bool StartAdopted();
 
   /** Queues a suspended fiber to be resumed by this worker (any thread). */
   void Resume(RunContext *r) {
@@ -5810,7 +5818,6 @@ class Worker {
   inline void Loop();
   inline bool PollLanes(u64 pass);
   inline bool DrainResumes();
-  inline bool StartAdopted();
   inline bool RunDueTimers(bool stopping);
   inline bool HasWork() const;
   inline void Park();
@@ -10633,9 +10640,11 @@ class ShmClientReceiver : public ClientTransport {
   }
 
   /**
-   * A caller spinning in Future::Wait: delivers every whole answer that is ready (any
-   * caller's, not only its own) unless someone else holds the role. Never waits, and
-   * leaves split answers, corrupt streams and failures to the receiver thread.
+   * A caller spinning in Future::Wait: delivers the next answer if it is whole and ready
+   * (any caller's, not only its own) unless someone else holds the role. Never waits, and
+   * leaves split answers, corrupt streams and failures to the receiver thread. One answer
+   * per call: the header after it lies in the runtime's cache (its writer cleared it), and
+   * reading it now would delay the caller's return by a transfer; the spin calls again.
    */
   void HelpDeliver() {
     if (!ans_->HasData()) {
@@ -10648,29 +10657,25 @@ class ShmClientReceiver : public ClientTransport {
     u32 idle = 0;
     // acquire: the previous holder's stream reads (and consume) are complete before ours.
     if (!rx_role_.CompareExchange(idle, 1, MemOrder::kAcquire)) return;
-    u64 delivered = 0;
-    bool left = rx_assembling_;  // an answer in pieces (or a bad one) is the receiver's
+    // An answer in pieces (or a bad one) is the receiver's.
+    bool left = rx_assembling_;
     ShmStream::Piece p;
-    while (!left && delivered < kAnswersPerTurn &&
-           ans_->Peek(&p) == ShmStream::PeekResult::kReady) {
+    if (!left && ans_->Peek(&p) == ShmStream::PeekResult::kReady) {
       if (p.kind == ShmStream::kRef) {
         // Chunks of a larger answer, and bad refs (the receiver fails the connection),
         // are the receiver's.
-        if (!RefOf(p).Whole() || !TakeRef(p)) {
-          left = true;
-          break;
-        }
+        left = !RefOf(p).Whole() || !TakeRef(p);
       } else if (p.kind == ShmStream::kBegin && p.bytes == p.message_bytes && p.Contiguous()) {
         Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
       } else {
         left = true;
-        break;
       }
-      ans_->Consume(p);
-      NotifyRuntimeRoom();
-      ++delivered;
+      if (!left) {
+        ans_->Consume(p);
+        NotifyRuntimeRoom();
+        helped_answers_.AddOwned(1);  // the role's
+      }
     }
-    if (delivered != 0) helped_answers_.AddOwned(delivered);  // the role's
     rx_role_.Store(0, MemOrder::kRelease);  // release: our reads precede the next holder's
     // A napping receiver would leave what we cannot take for its whole nap: wake it.
     if (left) CallerGaveUp();
@@ -12544,21 +12549,44 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   /**
    * Takes in slot i's whole, contiguous requests on a worker. Anything else (pieces, a
    * corrupt stream, no credit) stays for the poller, which is woken to handle it.
+   * A task this worker keeps starts as soon as its record is consumed, before the next
+   * record's header is read: that line lies in the client's cache (it cleared it), and a
+   * short task's answer should not wait for its transfer.
    */
   bool WorkerPump(u32 i) {
+    Worker *self = tls_current_worker;
+    bool did = false;
+    for (u32 budget = shm_server::kRecordsPerPass; budget != 0;) {
+      const u32 taken = TakeRequests(i, budget);
+      if (taken == 0) break;
+      did = true;
+      budget -= taken;
+      // The records went to other workers' lanes: TakeRequests stopped on its own.
+      if (self == nullptr || !self->StartAdopted()) break;
+    }
+    return did;
+  }
+
+  /**
+   * WorkerPump's reading half: holding slot i's reader flag, takes in up to `budget`
+   * records, stopping right after one whose task this worker adopted. Returns how many.
+   */
+  u32 TakeRequests(u32 i, u32 budget) {
     ShmServedSlot &s = slots_[i];
     ShmStream *rs = segment_.RequestStream(i);
     // Cheap tests first: an idle or busy slot costs no write of the flag's line.
-    if (!rs->HasData() || s.reader.Load(MemOrder::kRelaxed) != 0) return false;
+    if (!rs->HasData() || s.reader.Load(MemOrder::kRelaxed) != 0) return 0;
     u32 idle = 0;
     // acquire: the previous reader's reads and counts are complete before ours.
-    if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
-    u64 taken = 0;
+    if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return 0;
+    ShmClientSlot *slot = segment_.Slot(i);
+    const Worker *self = tls_current_worker;
+    u32 taken = 0;
     bool leave = false;
     // relaxed: BeginDrain clears the bit before the reaper takes the flag we hold.
     const bool serving = (serving_bits_[i / 64].Load(MemOrder::kRelaxed) >> (i % 64)) & 1;
     if (serving && s.assembling) leave = rs->HasData();
-    for (u32 n = 0; serving && !leave && n < shm_server::kRecordsPerPass; ++n) {
+    while (serving && !leave && taken < budget) {
       if (!HasCredit(s)) break;  // the credit's release wakes the poller
       ShmStream::Piece p;
       ShmStream::PeekResult r = rs->Peek(&p);
@@ -12579,16 +12607,18 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       }
       rs->Consume(p);
       ++taken;
+      // Counted before the task starts: the client may read it once it has the answer.
+      slot->worker_taken_.AddOwned(1);  // the reader flag's holder
+      if (self != nullptr && self->HasAdopted()) break;  // WorkerPump starts it now
     }
     if (taken != 0) {
-      NoteCpu(segment_.Slot(i)->runtime_cpu_);
-      segment_.Slot(i)->worker_taken_.AddOwned(taken);  // the reader flag's holder
+      NoteCpu(slot->runtime_cpu_);
       // Still a reader: the reaper's Reset rebuilds this event once the readers are gone.
-      segment_.Slot(i)->request_room_.Notify();
+      slot->request_room_.Notify();
     }
     s.UnlockReader();
     if (leave) header_->server_event_.Notify();
-    return taken != 0;
+    return taken;
   }
 
   /** OnComplete's body: discard, write now (ShmAnswerWriter), or queue for the poller. */
