@@ -2518,6 +2518,7 @@ class BatchReader {
 
 #include <cstdarg>  // va_list for SetErrorf
 #include <cstdio>   // vsnprintf
+#include <cstring>  // memcpy of the routing header block
 
 // ---- begin chi/task/task_flags.h ----
 // Task flags (seed 004) and the per-task completion word shared by submitter,
@@ -2592,6 +2593,12 @@ struct Task {
   static constexpr u32 kWirePeriod = 1u << 9;     ///< period_ns_ follows (else 0)
   static constexpr u32 kWireNode = 1u << 10;      ///< task_node_ follows (else (unique, 0))
   static constexpr u32 kWireKnown = kWireModeMask | kWireQueryArgs | kWirePeriod | kWireNode;
+  /**
+   * The routing header's fixed block: seven u32 words (pool id, shape, method, flags,
+   * node, pid), then the task id's u64 unique number.
+   */
+  static constexpr u32 kWireHeadWords = 7;
+  static constexpr u64 kWireHeadBytes = kWireHeadWords * sizeof(u32) + sizeof(u64);
 
   IN PoolId pool_id_;          ///< the pool that runs the task
   IN TaskNode task_node_;      ///< place in the task graph (subtasks share major)
@@ -2651,15 +2658,32 @@ struct Task {
    */
   template <typename Ar>
   CHI_CROSS_FUN void SerializeBaseIn(Ar &ar) {
+    // The fixed fields travel as one block (one bounds check, not nine), in the order
+    // and sizes they would have field by field: pool id, shape, method, flags, task id.
+    char head[kWireHeadBytes];
     u32 shape = 0;
     if constexpr (Ar::kIsOutput) {
       shape = static_cast<u32>(pool_query_.GetMode()) |
               (pool_query_.HasArgs() ? kWireQueryArgs : 0u) |
               (period_ns_ != 0 ? kWirePeriod : 0u) |
               (task_node_ == TaskNode(task_id_.unique_, 0) ? 0u : kWireNode);
-    }
-    ar(pool_id_, shape, method_, task_flags_, task_id_);
-    if constexpr (!Ar::kIsOutput) {
+      const u32 words[kWireHeadWords] = {pool_id_.major_, pool_id_.minor_, shape, method_,
+                                         task_flags_.Bits(), task_id_.node_id_, task_id_.pid_};
+      std::memcpy(head, words, sizeof(words));
+      std::memcpy(head + sizeof(words), &task_id_.unique_, sizeof(task_id_.unique_));
+      ar.Bytes(head, sizeof(head));
+    } else {
+      ar.Bytes(head, sizeof(head));
+      if (!ar.ok()) return;  // truncated: the task's fields stay as they were
+      u32 words[kWireHeadWords];
+      std::memcpy(words, head, sizeof(words));
+      std::memcpy(&task_id_.unique_, head + sizeof(words), sizeof(task_id_.unique_));
+      pool_id_ = PoolId(words[0], words[1]);
+      shape = words[2];
+      method_ = words[3];
+      task_flags_ = IntFlag(words[4]);
+      task_id_.node_id_ = words[5];
+      task_id_.pid_ = words[6];
       // Unknown shape bits leave an invalid mode, refused below.
       pool_query_.SetWireMode((shape & ~kWireKnown) == 0 ? (shape & kWireModeMask) : ~0u);
       period_ns_ = 0;
