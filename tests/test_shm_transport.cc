@@ -54,6 +54,55 @@ int LoadClientMain() {
 }
 chi_test::ChildRoutine kLoadClientRoutine("shm_load_client", LoadClientMain);
 
+// A module whose task reports how many requests the runtime had taken in from the rings
+// when it started, then keeps its worker busy (no yield) for a while.
+struct ObserveTask : public chi::Task {
+  IN u64 hold_ns_ = 0;
+  OUT u64 served_at_start_ = 0;
+
+  ObserveTask() = default;
+  explicit ObserveTask(u64 hold_ns) : hold_ns_(hold_ns) {}
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(hold_ns_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(served_at_start_);
+  }
+};
+
+/** The runtime side of the order probe (runs in the runtime child). */
+class OrderProbe : public chi::ModuleRuntime<OrderProbe> {
+ public:
+  static constexpr chi::MethodId kObserve = 10;
+  void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
+  void Observe(ObserveTask &t, chi::RunContext &) {
+    chi::ShmServer::Stats s;
+    if (!chi::ShmServer::ProbeStats(EnvU32("CHI_TEST_SHM_PORT", 0), &s).ok()) {
+      t.SetError(ErrorCode::kNotFound, "order probe: no shm segment");
+      return;
+    }
+    t.served_at_start_ = s.tasks_served;
+    const u64 end = chi::MonotonicNs() + t.hold_ns_;
+    while (chi::MonotonicNs() < end) chi::CpuRelax();
+  }
+  using Methods = chi::MethodList<
+      chi::Method<0, chimaera::admin::CreatePoolTask, &OrderProbe::Create, "Create">,
+      chi::Method<kObserve, ObserveTask, &OrderProbe::Observe, "Observe">>;
+};
+const bool kOrderProbeRegistered = chi::ModuleManager::Register<OrderProbe>("order_probe");
+constexpr chi::PoolId kProbePool(301, 0);
+
+/** Sends an Observe task to the order probe pool through the attached transport. */
+chi::Future<ObserveTask> Observe(u64 hold_ns) {
+  auto *t = chi::NewTask<ObserveTask>(hold_ns);
+  t->pool_id_ = kProbePool;
+  t->pool_query_ = PoolQuery::Local();
+  t->method_ = OrderProbe::kObserve;
+  return chi::GetIpcManager().Send(t);
+}
+
 }  // namespace
 
 TEST_CASE("a pure client echoes 16 B, 64 KiB and 4 MiB through a 256 KiB ring") {
@@ -199,6 +248,42 @@ TEST_CASE("awake workers take requests in themselves; once they park the poller 
   chi::ShmServer::Stats after;
   REQUIRE(chi::ShmServer::ProbeStats(port, &after).ok());
   CHECK(after.tasks_served == stats.tasks_served + 20);
+}
+
+TEST_CASE("a worker starts a task it keeps before it reads the requests queued behind it") {
+  // Reading the next record first would fetch a line that lies in the client's cache
+  // before the task could start (a transfer on every round trip). Three requests sent
+  // back to back, the first holding the worker for 2 ms so that the others queue behind
+  // it: each task must find only the requests up to its own taken in. Requests the
+  // poller takes (it wakes every 20 ms) go through the lanes: such rounds are retried.
+  const u32 port = TestPort(0);
+  RuntimeProcess runtime(port);
+  AttachedClient attached(runtime.Info());
+  auto made = chimaera::admin::Client().AsyncCreatePool(PoolQuery::Local(), "order_probe",
+                                                        "order_probe", kProbePool);
+  REQUIRE(made.Wait(30));
+  REQUIRE_MESSAGE(made->GetReturnCode() == 0, made->GetMessage());
+  u32 rounds_by_workers = 0;
+  for (u32 round = 0; round < 20 && rounds_by_workers < 3; ++round) {
+    chi::ShmServer::Stats before;
+    REQUIRE(chi::ShmServer::ProbeStats(port, &before).ok());
+    chi::Future<ObserveTask> f[3] = {Observe(2000000), Observe(0), Observe(0)};
+    for (auto &x : f) {
+      REQUIRE(x.Wait(30));
+      REQUIRE_MESSAGE(x->GetReturnCode() == 0, x->GetMessage());
+    }
+    chi::ShmServer::Stats after;
+    REQUIRE(chi::ShmServer::ProbeStats(port, &after).ok());
+    REQUIRE(after.tasks_served == before.tasks_served + 3);
+    if (after.worker_taken != before.worker_taken + 3) continue;  // the poller took some
+    ++rounds_by_workers;
+    for (u64 k = 0; k < 3; ++k) {
+      CHECK_MESSAGE(f[k]->served_at_start_ == before.tasks_served + k + 1,
+                    "task " << k << " started with " << f[k]->served_at_start_ - before.tasks_served
+                            << " requests taken in");
+    }
+  }
+  CHECK(rounds_by_workers > 0);
 }
 
 TEST_CASE("round trip of a 16 B task over shm, printed next to a two-process shm ping-pong") {

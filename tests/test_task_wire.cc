@@ -6,6 +6,7 @@
 #include <chi/chi.h>
 #include <chi/mods/demo/demo_runtime.h>
 
+#include <cstring>  // memcpy of header words
 #include <random>
 #include <vector>
 
@@ -168,4 +169,47 @@ TEST_CASE("the routing header is compact for usual values and exact for every ot
   chi::Task back4;
   back4.SerializeBaseIn(in4);
   CHECK_FALSE(in4.ok());
+}
+
+TEST_CASE("the routing header's fixed block has one layout, and a short one decodes to nothing") {
+  chi::Task t;
+  t.pool_id_ = chi::PoolId(0x01020304, 0x05060708);
+  t.pool_query_ = chi::PoolQuery::Local();
+  t.method_ = 0x0a0b0c0d;
+  t.task_flags_ = chi::IntFlag(0x11121314);
+  t.task_id_ = chi::TaskId{0x21222324, 0x31323334, 0x4142434445464748ull};
+  t.task_node_ = chi::TaskNode(t.task_id_.unique_, 0);
+  std::vector<char> bytes;
+  chi::OutputArchive out(bytes);
+  t.SerializeBaseIn(out);
+  REQUIRE(bytes.size() == chi::Task::kWireHeadBytes);
+  // Field by field, little-endian, no padding: what the block replaced wrote the same.
+  auto word = [&](chi::u64 at) {
+    chi::u32 v = 0;
+    std::memcpy(&v, bytes.data() + at, sizeof(v));
+    return v;
+  };
+  CHECK(word(0) == 0x01020304);
+  CHECK(word(4) == 0x05060708);
+  CHECK(word(8) == static_cast<chi::u32>(chi::RoutingMode::kLocal));  // the shape word
+  CHECK(word(12) == 0x0a0b0c0d);
+  CHECK(word(16) == 0x11121314);
+  CHECK(word(20) == 0x21222324);
+  CHECK(word(24) == 0x31323334);
+  chi::u64 unique = 0;
+  std::memcpy(&unique, bytes.data() + 28, sizeof(unique));
+  CHECK(unique == 0x4142434445464748ull);
+
+  // One byte short: truncated, and the target keeps every field it had.
+  chi::InputArchive in(bytes.data(), bytes.size() - 1);
+  chi::Task back;
+  back.pool_id_ = chi::PoolId(9, 9);
+  back.method_ = 77;
+  back.task_id_ = chi::TaskId{1, 2, 3};
+  back.SerializeBaseIn(in);
+  CHECK_FALSE(in.ok());
+  CHECK(in.status().code() == chi::ErrorCode::kTruncated);
+  CHECK(back.pool_id_ == chi::PoolId(9, 9));
+  CHECK(back.method_ == 77);
+  CHECK(back.task_id_ == chi::TaskId{1, 2, 3});
 }
