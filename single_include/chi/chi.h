@@ -5327,7 +5327,9 @@ class PollerSlot {
       if (epoch_.Load(MemOrder::kRelaxed) == pinned_epoch_) return;
       pin_.Store(++seq, MemOrder::kRelease);  // release: unpinned, as in Unpin
     }
-    pin_.Store(seq + 1, MemOrder::kRelaxed);  // relaxed: the fence orders it
+    // release: a Replace that reads this value (not the unpin before it: C++20's release
+    // sequences hold no plain stores) must see our uses of the old poller as done.
+    pin_.Store(seq + 1, MemOrder::kRelease);
     // seq_cst fence: the pin before the reads below (Dekker with Replace's swap).
     FenceSeqCst();
     pinned_epoch_ = epoch_.Load(MemOrder::kSeqCst);
@@ -5750,14 +5752,11 @@ class Worker {
    * reference taken for it when it was decoded; the task's completion releases it.
    */
   void Adopt(Task *t, PoolInfo *pool) { adopted_.push_back(Adopted{t, pool}); }
-  /** True while adopted tasks wait for their start (its own thread only). */
-  bool HasAdopted() const { return !adopted_.empty(); }
   /**
-   * Starts the adopted tasks now (its own thread only); true when there were any. The
-   * loop does this after every poll; a poller may do it sooner, before it reads further
-   * requests, so that a short task's answer goes out first.
+   * True while adopted tasks wait for their start (its own thread only): a poller then
+   * ends its pass, and the loop starts them before anything else.
    */
-  inline bool StartAdopted();
+  bool HasAdopted() const { return !adopted_.empty(); }
 
   /** Queues a suspended fiber to be resumed by this worker (any thread). */
   void Resume(RunContext *r) {
@@ -5842,6 +5841,7 @@ class Worker {
   inline void Loop();
   inline bool PollLanes(u64 pass);
   inline bool DrainResumes();
+  inline bool StartAdopted();
   inline bool RunDueTimers(bool stopping);
   inline bool HasWork() const;
   inline void Park();
@@ -12529,18 +12529,45 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     header_->worker_readers_.FetchOr(1ull << (worker_id % 64), MemOrder::kSeqCst);
   }
 
-  /** A worker's pass: takes in the small requests of every served slot it can read now. */
+  /**
+   * A worker's pass: takes in the small requests of every served slot it can read now.
+   * A slot that held at most one request at this worker's last look is read up to its
+   * first task this worker keeps, and the pass ends there: the worker's loop starts that
+   * task before anything reads the next record, whose header lies in the client's cache
+   * (a round trip's answer should not wait for that transfer). After such a look, or one
+   * that found a queue, the slot is read in a batch (up to kRecordsPerPass), as a stream
+   * of requests wants. The next pass goes on after the slot it ended at, so a busy client
+   * cannot starve the others.
+   */
   bool Poll() override {
     // acquire: Stop's flag; a stopping server reads no more requests.
     if (stopping_.Load(MemOrder::kAcquire) != 0) return false;
+    const Worker *self = tls_current_worker;
+    thread_local u32 next_slot = 0;  // this worker's round-robin start
+    thread_local u64 busy = 0;       // slots (mod 64) read in a batch at its next look
+    const u32 start = next_slot < serving_words_ * 64 ? next_slot : 0;
     bool did = false;
-    for (u32 w = 0; w < serving_words_; ++w) {
+    // The words from start's on, the bits below start in its word masked off; then the
+    // words up to and including start's again, keeping only those bits.
+    for (u32 k = 0; k <= serving_words_; ++k) {
+      const u32 w = (start / 64 + k) % serving_words_;
+      const u64 below = (1ull << (start % 64)) - 1;
       // acquire: a slot's set-up (Activate) precedes its bit.
       u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);
+      if (w == start / 64) bits &= k == 0 ? ~below : below;
       while (bits != 0) {
         const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
         bits &= bits - 1;
-        did |= WorkerPump(i);
+        const u64 bit = 1ull << (i % 64);
+        const bool first = (busy & bit) == 0;
+        const u32 taken = TakeRequests(i, first);
+        // Busy: a batch found a queue, or a first look stopped before seeing the rest.
+        busy = taken >= 2 || (first && taken != 0) ? busy | bit : busy & ~bit;
+        did |= taken != 0;
+        if (first && self != nullptr && self->HasAdopted()) {
+          next_slot = i + 1;
+          return true;
+        }
       }
     }
     return did;
@@ -12571,31 +12598,12 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   using Phase = ShmServedSlot::Phase;
 
   /**
-   * Takes in slot i's whole, contiguous requests on a worker. Anything else (pieces, a
-   * corrupt stream, no credit) stays for the poller, which is woken to handle it.
-   * A task this worker keeps starts as soon as its record is consumed, before the next
-   * record's header is read: that line lies in the client's cache (it cleared it), and a
-   * short task's answer should not wait for its transfer.
+   * Takes in slot i's whole, contiguous requests on a worker (holding the slot's reader
+   * flag): up to kRecordsPerPass records, or with `first` only up to one whose task this
+   * worker adopted. Anything else (pieces, a corrupt stream, no credit) stays for the
+   * poller, which is woken to handle it. Returns how many records it took.
    */
-  bool WorkerPump(u32 i) {
-    Worker *self = tls_current_worker;
-    bool did = false;
-    for (u32 budget = shm_server::kRecordsPerPass; budget != 0;) {
-      const u32 taken = TakeRequests(i, budget);
-      if (taken == 0) break;
-      did = true;
-      budget -= taken;
-      // The records went to other workers' lanes: TakeRequests stopped on its own.
-      if (self == nullptr || !self->StartAdopted()) break;
-    }
-    return did;
-  }
-
-  /**
-   * WorkerPump's reading half: holding slot i's reader flag, takes in up to `budget`
-   * records, stopping right after one whose task this worker adopted. Returns how many.
-   */
-  u32 TakeRequests(u32 i, u32 budget) {
+  u32 TakeRequests(u32 i, bool first) {
     ShmServedSlot &s = slots_[i];
     ShmStream *rs = segment_.RequestStream(i);
     // Cheap tests first: an idle or busy slot costs no write of the flag's line.
@@ -12610,7 +12618,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     // relaxed: BeginDrain clears the bit before the reaper takes the flag we hold.
     const bool serving = (serving_bits_[i / 64].Load(MemOrder::kRelaxed) >> (i % 64)) & 1;
     if (serving && s.assembling) leave = rs->HasData();
-    while (serving && !leave && taken < budget) {
+    while (serving && !leave && taken < shm_server::kRecordsPerPass) {
       if (!HasCredit(s)) break;  // the credit's release wakes the poller
       ShmStream::Piece p;
       ShmStream::PeekResult r = rs->Peek(&p);
@@ -12633,7 +12641,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       ++taken;
       // Counted before the task starts: the client may read it once it has the answer.
       slot->worker_taken_.AddOwned(1);  // the reader flag's holder
-      if (self != nullptr && self->HasAdopted()) break;  // WorkerPump starts it now
+      if (first && self != nullptr && self->HasAdopted()) break;  // Poll ends its pass
     }
     if (taken != 0) {
       NoteCpu(slot->runtime_cpu_);

@@ -102,14 +102,11 @@ class Worker {
    * reference taken for it when it was decoded; the task's completion releases it.
    */
   void Adopt(Task *t, PoolInfo *pool) { adopted_.push_back(Adopted{t, pool}); }
-  /** True while adopted tasks wait for their start (its own thread only). */
-  bool HasAdopted() const { return !adopted_.empty(); }
   /**
-   * Starts the adopted tasks now (its own thread only); true when there were any. The
-   * loop does this after every poll; a poller may do it sooner, before it reads further
-   * requests, so that a short task's answer goes out first.
+   * True while adopted tasks wait for their start (its own thread only): a poller then
+   * ends its pass, and the loop starts them before anything else.
    */
-  inline bool StartAdopted();
+  bool HasAdopted() const { return !adopted_.empty(); }
 
   /** Queues a suspended fiber to be resumed by this worker (any thread). */
   void Resume(RunContext *r) {
@@ -194,6 +191,7 @@ class Worker {
   inline void Loop();
   inline bool PollLanes(u64 pass);
   inline bool DrainResumes();
+  inline bool StartAdopted();
   inline bool RunDueTimers(bool stopping);
   inline bool HasWork() const;
   inline void Park();

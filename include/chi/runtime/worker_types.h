@@ -141,7 +141,9 @@ class PollerSlot {
       if (epoch_.Load(MemOrder::kRelaxed) == pinned_epoch_) return;
       pin_.Store(++seq, MemOrder::kRelease);  // release: unpinned, as in Unpin
     }
-    pin_.Store(seq + 1, MemOrder::kRelaxed);  // relaxed: the fence orders it
+    // release: a Replace that reads this value (not the unpin before it: C++20's release
+    // sequences hold no plain stores) must see our uses of the old poller as done.
+    pin_.Store(seq + 1, MemOrder::kRelease);
     // seq_cst fence: the pin before the reads below (Dekker with Replace's swap).
     FenceSeqCst();
     pinned_epoch_ = epoch_.Load(MemOrder::kSeqCst);
