@@ -54,19 +54,16 @@ int LoadClientMain() {
 }
 chi_test::ChildRoutine kLoadClientRoutine("shm_load_client", LoadClientMain);
 
-// A module whose task reports how many requests the runtime had taken in from the rings
-// (all, and by workers) when it started, then keeps its worker busy (no yield) a while.
+/**
+ * Reports how many requests the runtime had taken in from the rings (all, and by its
+ * workers) when the task started.
+ */
 struct ObserveTask : public chi::Task {
-  IN u64 hold_ns_ = 0;
   OUT u64 served_at_start_ = 0;
   OUT u64 worker_taken_at_start_ = 0;
 
-  ObserveTask() = default;
-  explicit ObserveTask(u64 hold_ns) : hold_ns_(hold_ns) {}
   template <typename Ar>
-  void SerializeIn(Ar &ar) {
-    ar(hold_ns_);
-  }
+  void SerializeIn(Ar &) {}
   template <typename Ar>
   void SerializeOut(Ar &ar) {
     ar(served_at_start_, worker_taken_at_start_);
@@ -77,7 +74,9 @@ struct ObserveTask : public chi::Task {
 class OrderProbe : public chi::ModuleRuntime<OrderProbe> {
  public:
   static constexpr chi::MethodId kObserve = 10;
+  /** A pool of the probe needs nothing set up. */
   void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
+  /** Reads the runtime's published counters (ShmServer::ProbeStats) into the task. */
   void Observe(ObserveTask &t, chi::RunContext &) {
     chi::ShmServer::Stats s;
     if (!chi::ShmServer::ProbeStats(EnvU32("CHI_TEST_SHM_PORT", 0), &s).ok()) {
@@ -86,8 +85,6 @@ class OrderProbe : public chi::ModuleRuntime<OrderProbe> {
     }
     t.served_at_start_ = s.tasks_served;
     t.worker_taken_at_start_ = s.worker_taken;
-    const u64 end = chi::MonotonicNs() + t.hold_ns_;
-    while (chi::MonotonicNs() < end) chi::CpuRelax();
   }
   using Methods = chi::MethodList<
       chi::Method<0, chimaera::admin::CreatePoolTask, &OrderProbe::Create, "Create">,
@@ -97,8 +94,8 @@ const bool kOrderProbeRegistered = chi::ModuleManager::Register<OrderProbe>("ord
 constexpr chi::PoolId kProbePool(301, 0);
 
 /** Sends an Observe task to the order probe pool through the attached transport. */
-chi::Future<ObserveTask> Observe(u64 hold_ns) {
-  auto *t = chi::NewTask<ObserveTask>(hold_ns);
+chi::Future<ObserveTask> Observe() {
+  auto *t = chi::NewTask<ObserveTask>();
   t->pool_id_ = kProbePool;
   t->pool_query_ = PoolQuery::Local();
   t->method_ = OrderProbe::kObserve;
@@ -271,14 +268,14 @@ TEST_CASE("a request reaching an idle slot starts before the worker reads the on
   for (u32 round = 0; round < 40 && rounds_by_workers < 5; ++round) {
     chi::ShmServer::Stats before;
     REQUIRE(chi::ShmServer::ProbeStats(port, &before).ok());
-    auto warm = Observe(0);
+    auto warm = Observe();
     REQUIRE(warm.Wait(30));
     REQUIRE_MESSAGE(warm->GetReturnCode() == 0, warm->GetMessage());
     // Time for the worker to look at the empty slot again (it then reads the next request
     // alone), well short of the 100 us after which it parks.
     const u64 look = chi::MonotonicNs() + 30000;
     while (chi::MonotonicNs() < look) chi::CpuRelax();
-    chi::Future<ObserveTask> f[3] = {Observe(0), Observe(0), Observe(0)};
+    chi::Future<ObserveTask> f[3] = {Observe(), Observe(), Observe()};
     for (auto &x : f) {
       REQUIRE(x.Wait(30));
       REQUIRE_MESSAGE(x->GetReturnCode() == 0, x->GetMessage());
