@@ -10468,7 +10468,7 @@ class ShmClientReceiver : public ClientTransport {
   static constexpr u64 kPeerCheckNs = 10000000;
   /** The same with nothing outstanding. */
   static constexpr u64 kIdleCheckNs = 200000000;
-  /** Most answers one turn of the role takes (the receiver or a helping caller). */
+  /** Most answers the receiver thread takes in one turn of the role (a helper takes one). */
   static constexpr u32 kAnswersPerTurn = 64;
   /**
    * How long the receiver naps while callers waiting in Future::Wait deliver answers
