@@ -59,8 +59,8 @@ struct Task {
   static constexpr u32 kWireNode = 1u << 10;      ///< task_node_ follows (else (unique, 0))
   static constexpr u32 kWireKnown = kWireModeMask | kWireQueryArgs | kWirePeriod | kWireNode;
   /**
-   * The routing header's fixed block: seven u32 words (pool id, shape, method, flags,
-   * node, pid), then the task id's u64 unique number.
+   * The routing header's fixed block: seven u32 words (pool id major and minor, shape,
+   * method, flags, task id node and pid), then the task id's u64 unique number.
    */
   static constexpr u32 kWireHeadWords = 7;
   static constexpr u64 kWireHeadBytes = kWireHeadWords * sizeof(u32) + sizeof(u64);

@@ -179,21 +179,22 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     thread_local u32 next_slot = 0;  // this worker's round-robin start
     thread_local u64 busy = 0;       // slots (mod 64) read in a batch at its next look
     const u32 start = next_slot < serving_words_ * 64 ? next_slot : 0;
+    const u32 start_word = start / 64;
+    const u64 below_start = (1ull << (start % 64)) - 1;  // start's word, bits before it
     bool did = false;
-    // The words from start's on, the bits below start in its word masked off; then the
-    // words up to and including start's again, keeping only those bits.
+    // From start's word to the last, then round to start's word again: there the first
+    // visit keeps the bits from start on, the last one the bits before it.
     for (u32 k = 0; k <= serving_words_; ++k) {
-      const u32 w = (start / 64 + k) % serving_words_;
-      const u64 below = (1ull << (start % 64)) - 1;
+      const u32 w = (start_word + k) % serving_words_;
       // acquire: a slot's set-up (Activate) precedes its bit.
       u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);
-      if (w == start / 64) bits &= k == 0 ? ~below : below;
+      if (w == start_word) bits &= k == 0 ? ~below_start : below_start;
       while (bits != 0) {
         const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
         bits &= bits - 1;
         const u64 bit = 1ull << (i % 64);
         const bool first = (busy & bit) == 0;
-        const u32 taken = TakeRequests(i, first);
+        const u32 taken = TakeRequests(i, first ? self : nullptr);
         // Busy: a batch found a queue, or a first look stopped before seeing the rest.
         busy = taken >= 2 || (first && taken != 0) ? busy | bit : busy & ~bit;
         did |= taken != 0;
@@ -232,11 +233,12 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
 
   /**
    * Takes in slot i's whole, contiguous requests on a worker (holding the slot's reader
-   * flag): up to kRecordsPerPass records, or with `first` only up to one whose task this
-   * worker adopted. Anything else (pieces, a corrupt stream, no credit) stays for the
-   * poller, which is woken to handle it. Returns how many records it took.
+   * flag): up to kRecordsPerPass records, stopping early right after one whose task
+   * `stop_for` (the calling worker, or nullptr for a batch) adopted. Anything else
+   * (pieces, a corrupt stream, no credit) stays for the poller, which is woken to handle
+   * it. Returns how many records it took.
    */
-  u32 TakeRequests(u32 i, bool first) {
+  u32 TakeRequests(u32 i, const Worker *stop_for) {
     ShmServedSlot &s = slots_[i];
     ShmStream *rs = segment_.RequestStream(i);
     // Cheap tests first: an idle or busy slot costs no write of the flag's line.
@@ -245,7 +247,6 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     // acquire: the previous reader's reads and counts are complete before ours.
     if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return 0;
     ShmClientSlot *slot = segment_.Slot(i);
-    const Worker *self = tls_current_worker;
     u32 taken = 0;
     bool leave = false;
     // relaxed: BeginDrain clears the bit before the reaper takes the flag we hold.
@@ -274,7 +275,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       ++taken;
       // Counted before the task starts: the client may read it once it has the answer.
       slot->worker_taken_.AddOwned(1);  // the reader flag's holder
-      if (first && self != nullptr && self->HasAdopted()) break;  // Poll ends its pass
+      if (stop_for != nullptr && stop_for->HasAdopted()) break;  // Poll ends its pass
     }
     if (taken != 0) {
       NoteCpu(slot->runtime_cpu_);
