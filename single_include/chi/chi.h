@@ -13662,7 +13662,11 @@ class ZmqClientConnection : public ClientTransport {
     }
   }
 
-  /** Reads connection events; a disconnect is a lost runtime. */
+  /**
+   * Reads connection events; a disconnect is a lost runtime. The answers the runtime sent
+   * before it went away are taken off the socket first (ZeroMQ queues them there before it
+   * reports the disconnect): only tasks it never answered fail.
+   */
   bool ReadMonitor() {
     bool any = false;
     for (;;) {
@@ -13674,11 +13678,16 @@ class ZmqClientConnection : public ClientTransport {
       u16 kind = 0;
       if (event.size() >= sizeof(kind)) std::memcpy(&kind, event.data(), sizeof(kind));
       if (kind == ZMQ_EVENT_DISCONNECTED) {
-        if (state_ == State::kReady) {
-          PeerLost(ErrorCode::kPeerDead, "the runtime went away before answering");
-        } else {  // lost mid-handshake: start over so the handshake is sent again
+        if (state_ != State::kReady) {  // lost mid-handshake: start over, sending it again
           CloseSocket();
           OpenSocket();
+          return true;
+        }
+        while (state_ == State::kReady && ReceiveBatch(true) == kRecvBatch) {
+        }
+        // Unless a goodbye among the answers (kShutdown) already failed the rest.
+        if (state_ == State::kReady) {
+          PeerLost(ErrorCode::kPeerDead, "the runtime went away before answering");
         }
         return true;  // the monitor was replaced
       }
