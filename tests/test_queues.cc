@@ -168,6 +168,24 @@ TEST_CASE_TEMPLATE("ring capacity rounds up to a power of two and misaligned mem
   CHECK(Ring::Create(region.get(), 0)->Capacity() == 1);
 }
 
+TEST_CASE("RoundUpPow2 gives the smallest power of two at or above n, capped at 2^31") {
+  static_assert(chi::RoundUpPow2(0) == 1 && chi::RoundUpPow2(3) == 4 &&
+                chi::RoundUpPow2(1u << 20) == (1u << 20));
+  // Against the plain doubling loop, every n up to 2^20 and around each higher power.
+  auto reference = [](u64 n) {
+    u64 p = 1;
+    while (p < n) p <<= 1;
+    return p > chi::kMaxRingCapacity ? u64{chi::kMaxRingCapacity} : p;
+  };
+  u64 wrong = 0;
+  for (u32 n = 0; n <= (1u << 20); ++n) wrong += chi::RoundUpPow2(n) != reference(n);
+  for (u32 k = 20; k < 32; ++k) {
+    for (u32 n : {(1u << k) - 1, 1u << k, (1u << k) + 1}) wrong += chi::RoundUpPow2(n) != reference(n);
+  }
+  CHECK(wrong == 0);
+  CHECK(chi::RoundUpPow2(0xFFFFFFFFu) == chi::kMaxRingCapacity);
+}
+
 TEST_CASE("a ring works through two mappings of one region at different addresses") {
   size_t bytes = chi::MpscRing<u64>::BytesFor(64);
   size_t map_bytes = (bytes + 4095) & ~size_t{4095};

@@ -11,13 +11,21 @@ namespace chi {
 /** The largest ring capacity (slots or bytes) the rings accept. */
 inline constexpr u32 kMaxRingCapacity = 1u << 31;
 
-/** Rounds a requested capacity up to a power of two in [1, kMaxRingCapacity]. */
+/**
+ * Rounds a requested capacity up to a power of two in [1, kMaxRingCapacity]. Loop-free
+ * (every bit below the highest of n - 1 set, plus one): ring geometry is recomputed on
+ * hot paths (a slot's answer stream is found from the ring size at every answer).
+ */
 CHI_CROSS_FUN constexpr u32 RoundUpPow2(u32 n) {
   if (n <= 1) return 1;
   if (n > kMaxRingCapacity) return kMaxRingCapacity;
-  u32 p = 1;
-  while (p < n) p <<= 1;
-  return p;
+  u32 p = n - 1;
+  p |= p >> 1;
+  p |= p >> 2;
+  p |= p >> 4;
+  p |= p >> 8;
+  p |= p >> 16;
+  return p + 1;
 }
 
 /** Rounds n up to a multiple of `align` (a power of two). */
