@@ -45,22 +45,14 @@ class TaskBuffer {
 
   /** Reallocates to `size` zeroed bytes; false when memory is exhausted. */
   CHI_CROSS_FUN bool Resize(u64 size) {
-    Reset();
-    if (size == 0) return true;
-    data_ = static_cast<char *>(malloc(size));
-    if (data_ == nullptr) return false;
-    memset(data_, 0, size);
-    size_ = size;
+    if (!Allocate(size)) return false;
+    if (size != 0) memset(data_, 0, size);
     return true;
   }
   /** Replaces the contents with a copy of [data, data + size). */
   CHI_CROSS_FUN bool Assign(const void *data, u64 size) {
-    Reset();
-    if (size == 0) return true;
-    data_ = static_cast<char *>(malloc(size));
-    if (data_ == nullptr) return false;
-    memcpy(data_, data, size);
-    size_ = size;
+    if (!Allocate(size)) return false;
+    if (size != 0) memcpy(data_, data, size);
     return true;
   }
   /** Frees the bytes. */
@@ -90,7 +82,7 @@ class TaskBuffer {
         ar.Fail(ErrorCode::kTruncated, "task buffer length exceeds the bytes left");
         return;
       }
-      if (!Resize(n)) {
+      if (!Allocate(n)) {  // not zeroed: the bytes are read over it at once
         ar.Fail(ErrorCode::kOutOfMemory, "task buffer allocation failed");
         return;
       }
@@ -99,6 +91,16 @@ class TaskBuffer {
   }
 
  private:
+  /** Replaces the bytes with `size` uninitialized ones; false (and empty) when out of memory. */
+  CHI_CROSS_FUN bool Allocate(u64 size) {
+    Reset();
+    if (size == 0) return true;
+    data_ = static_cast<char *>(malloc(size));
+    if (data_ == nullptr) return false;
+    size_ = size;
+    return true;
+  }
+
   char *data_ = nullptr;
   u64 size_ = 0;
 };

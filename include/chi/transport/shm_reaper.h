@@ -17,7 +17,7 @@
 #include "chi/task/task_ops.h"          // DeleteTask of discarded answers
 #include "chi/transport/shm_process.h"  // IsProcessAlive
 #include "chi/transport/shm_segment.h"  // the slot table in the segment
-#include "chi/transport/shm_stream.h"   // stream resets, RecycleBuffer
+#include "chi/transport/shm_stream.h"   // stream resets, ReleaseBuffer
 
 namespace chi {
 
@@ -206,7 +206,7 @@ class ShmReaper {
     while (s.PopError(&dropped)) s.ReleaseCredit(poller);
     if (s.outgoing_open) {
       s.outgoing_open = false;
-      RecycleBuffer(&s.outgoing);
+      ReleaseBuffer(&s.outgoing);
       s.writer.Store(0, MemOrder::kRelease);  // release: nothing of ours follows
       s.ReleaseCredit(poller);
     }
@@ -325,7 +325,7 @@ class ShmReaper {
     s.owner_dead = false;
     s.counts_as_reclaimed = false;
     s.assembling = false;
-    RecycleBuffer(&s.assembly);
+    ReleaseBuffer(&s.assembly);
     s.draining.Store(0, MemOrder::kRelaxed);  // relaxed: no completer of this slot is left
     s.UnlockReader();
     s.writer.Store(0, MemOrder::kRelease);  // release: the stream resets come first

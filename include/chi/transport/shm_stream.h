@@ -25,12 +25,12 @@
 #include <algorithm>  // std::min for wrapped copies
 #include <cstring>    // memcpy in and out of the ring
 #include <new>        // placement new into the caller's region
-#include <vector>     // RecycleBuffer
 
 #include "chi/core/atomic.h"        // Atomic, MemOrder
 #include "chi/core/macros.h"        // kCacheLine, CHI_LIKELY
 #include "chi/core/types.h"         // u32, u64
 #include "chi/queue/ring_layout.h"  // RoundUpPow2, RoundUpTo, IsRingAligned
+#include "chi/transport/message_buffer.h"  // IWYU pragma: export (RecycleBuffer)
 
 namespace chi {
 
@@ -390,17 +390,5 @@ class ShmStream {
   // Line 2: the reader's.
   alignas(kCacheLine) Atomic<u64> read_pos_;
 };
-
-/**
- * Empties a buffer that assembles stream messages, freeing its memory once it grew past
- * 1 MiB: small buffers stay warm for the next message, one huge message is not kept.
- */
-inline void RecycleBuffer(std::vector<char> *v) {
-  if (v->capacity() > (1u << 20)) {
-    std::vector<char>().swap(*v);
-  } else {
-    v->clear();
-  }
-}
 
 }  // namespace chi
