@@ -325,7 +325,9 @@ class ShmReaper {
     s.owner_dead = false;
     s.counts_as_reclaimed = false;
     s.assembling = false;
+    // Kept between messages (message_buffer.h); the slot's next client starts without them.
     ReleaseBuffer(&s.assembly);
+    if (!s.outgoing_open) ReleaseBuffer(&s.outgoing);  // DiscardQueued closed a half-sent one
     s.draining.Store(0, MemOrder::kRelaxed);  // relaxed: no completer of this slot is left
     s.UnlockReader();
     s.writer.Store(0, MemOrder::kRelease);  // release: the stream resets come first
