@@ -4,7 +4,8 @@
 // close while the client process is stopped, and the client finds both at once.
 #include <doctest/doctest.h>
 
-#include <signal.h>  // SIGSTOP / SIGCONT of the client
+#include <signal.h>     // SIGSTOP / SIGCONT of the client
+#include <sys/prctl.h>  // the client dies with the test binary
 
 #include <atomic>
 #include <chrono>
@@ -42,6 +43,7 @@ std::string Payload(u32 i) { return "backlog " + std::to_string(i); }
  * kPeerDead (the runtime went away without answering them). Exit code: the checks.
  */
 int BacklogClientMain() {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives a failed test, stopped or not
   chi_test::ChildChecks checks;
   if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, false)) {
     checks.Expect(false, "CHIMAERA_INIT: " + chi::Chimaera::Get().LastError().ToString());
