@@ -15,6 +15,7 @@
 #include "chi/core/atomic.h"                   // Atomic, CpuRelax
 #include "chi/core/status.h"                   // Status, ErrorCode
 #include "chi/queue/wait_event.h"              // WaitEvent, AwaitOp, deadlines
+#include "chi/transport/message_buffer.h"      // RecycleBuffer of the request buffer
 #include "chi/transport/request_dispatcher.h"  // EncodeRequest
 #include "chi/transport/shm_client_receive.h"  // ShmClientReceiver: answers, table, liveness
 #include "chi/transport/shm_segment.h"         // segment layout, ShmServerInfo

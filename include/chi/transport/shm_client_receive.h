@@ -21,6 +21,7 @@
 #include "chi/queue/wait_event.h"              // WaitEvent, deadlines
 #include "chi/task/future.h"                   // WaitHelper: callers deliver answers
 #include "chi/task/task_ops.h"                 // CompleteTask
+#include "chi/transport/message_buffer.h"      // RecycleBuffer of the answer assembly
 #include "chi/transport/request_dispatcher.h"  // DecodeAnswer
 #include "chi/transport/shm_process.h"         // the runtime's liveness
 #include "chi/transport/shm_segment.h"         // segment layout

@@ -15,9 +15,10 @@
 #include "chi/queue/mpsc_ring.h"        // finished tasks handed from workers to the poller
 #include "chi/runtime/spin_lock.h"      // error answers queued by workers and the poller
 #include "chi/task/task_ops.h"          // DeleteTask of discarded answers
+#include "chi/transport/message_buffer.h"  // ReleaseBuffer of a reset slot
 #include "chi/transport/shm_process.h"  // IsProcessAlive
 #include "chi/transport/shm_segment.h"  // the slot table in the segment
-#include "chi/transport/shm_stream.h"   // stream resets, ReleaseBuffer
+#include "chi/transport/shm_stream.h"   // stream resets
 
 namespace chi {
 

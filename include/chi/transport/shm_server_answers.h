@@ -12,6 +12,7 @@
 
 #include "chi/core/atomic.h"                   // Atomic, MemOrder
 #include "chi/task/task_ops.h"                 // DeleteTask of answered tasks
+#include "chi/transport/message_buffer.h"      // RecycleBuffer of encoded answers
 #include "chi/transport/request_dispatcher.h"  // EncodeEnvelopeInto, kSmallEnvelopeBytes
 #include "chi/transport/shm_data_region.h"     // ShmDataSegments, ShmDataRegion, ShmDataRef
 #include "chi/transport/shm_reaper.h"          // ShmServedSlot: the writer flag and queues

@@ -23,6 +23,7 @@
 #include "chi/runtime/work_orchestrator.h"     // WorkerPoller installed on the workers
 #include "chi/serialize/archive.h"             // OutputArchive for answers
 #include "chi/task/task_ops.h"                 // DeleteTask
+#include "chi/transport/message_buffer.h"      // RecycleBuffer of request assemblies
 #include "chi/transport/request_dispatcher.h"  // decode + submit, error answers
 #include "chi/transport/shm_process.h"         // SelfIdentity for the segment header
 #include "chi/transport/shm_reaper.h"          // slot life cycle, ShmServedSlot

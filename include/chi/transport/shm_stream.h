@@ -30,7 +30,6 @@
 #include "chi/core/macros.h"        // kCacheLine, CHI_LIKELY
 #include "chi/core/types.h"         // u32, u64
 #include "chi/queue/ring_layout.h"  // RoundUpPow2, RoundUpTo, IsRingAligned
-#include "chi/transport/message_buffer.h"  // IWYU pragma: export (RecycleBuffer)
 
 namespace chi {
 
