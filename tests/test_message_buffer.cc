@@ -6,25 +6,15 @@
 #include <chi/transport/message_buffer.h>
 
 #include <algorithm>  // std::all_of
-#include <fstream>    // /proc/self/smaps_rollup
 #include <string>
 #include <vector>
+
+#include "lazy_free_bytes.h"
 
 namespace {
 
 using chi::u64;
-
-/** This process's anonymous pages the kernel may reclaim lazily (LazyFree), in bytes. */
-u64 LazyFreeBytes() {
-  std::ifstream in("/proc/self/smaps_rollup");
-  std::string key;
-  u64 kb = 0;
-  while (in >> key) {
-    if (key == "LazyFree:" && in >> kb) return kb << 10;
-    in.ignore(1 << 12, '\n');
-  }
-  return 0;
-}
+using chi_test::LazyFreeBytes;
 
 }  // namespace
 

@@ -11,6 +11,9 @@
 #include "chi/core/macros.h"  // CHI_CROSS_FUN
 #include "chi/core/status.h"  // ErrorCode for decode failures
 #include "chi/core/types.h"   // u64
+#if !CHI_IS_GPU
+#include "chi/memory/large_block_cache.h"  // large payloads keep their pages between tasks
+#endif
 
 namespace chi {
 
@@ -57,7 +60,7 @@ class TaskBuffer {
   }
   /** Frees the bytes. */
   CHI_CROSS_FUN void Reset() {
-    if (data_ != nullptr) free(data_);
+    if (data_ != nullptr) FreeBytes(data_, size_);
     data_ = nullptr;
     size_ = 0;
   }
@@ -95,10 +98,33 @@ class TaskBuffer {
   CHI_CROSS_FUN bool Allocate(u64 size) {
     Reset();
     if (size == 0) return true;
-    data_ = static_cast<char *>(malloc(size));
+    data_ = static_cast<char *>(AllocateBytes(size));
     if (data_ == nullptr) return false;
     size_ = size;
     return true;
+  }
+
+  /** `size` bytes: large ones from the host's LargeBlockCache, the rest from malloc. */
+  CHI_CROSS_FUN static void *AllocateBytes(u64 size) {
+#if CHI_IS_GPU
+    return malloc(size);
+#else
+    return size >= LargeBlockCache::kMinBytes ? LargeBlockCache::Instance().Allocate(size)
+                                              : malloc(size);
+#endif
+  }
+  /** Frees what AllocateBytes(size) returned. */
+  CHI_CROSS_FUN static void FreeBytes(char *data, u64 size) {
+#if CHI_IS_GPU
+    (void)size;
+    free(data);
+#else
+    if (size >= LargeBlockCache::kMinBytes) {
+      LargeBlockCache::Instance().Free(data);
+    } else {
+      free(data);
+    }
+#endif
   }
 
   char *data_ = nullptr;

@@ -11,31 +11,15 @@
 // when it is not: a burst of huge messages does not pin their memory.
 #pragma once
 
-#include <sys/mman.h>  // madvise(MADV_FREE)
-#include <unistd.h>    // sysconf(_SC_PAGESIZE)
-
-#include <cstdint>  // uintptr_t
 #include <vector>
 
-#include "chi/core/types.h"  // u64
+#include "chi/core/lend_pages.h"  // LendPagesToKernel
+#include "chi/core/types.h"       // u64
 
 namespace chi {
 
 /** Capacity up to which an emptied buffer simply stays as it is (no system call). */
 inline constexpr u64 kWarmBufferBytes = 1ull << 20;
-
-/**
- * Tells the kernel it may take back the whole pages inside [data, data + bytes) whenever it
- * needs memory; until then they stay mapped, and writing them again costs nothing. False
- * when the kernel refused (no MADV_FREE: before Linux 4.5).
- */
-inline bool LendPagesToKernel(char *data, u64 bytes) {
-  static const u64 page = static_cast<u64>(sysconf(_SC_PAGESIZE));
-  const auto lo = (reinterpret_cast<std::uintptr_t>(data) + page - 1) & ~(page - 1);
-  const auto hi = (reinterpret_cast<std::uintptr_t>(data) + bytes) & ~(page - 1);
-  if (hi <= lo) return true;
-  return madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_FREE) == 0;
-}
 
 /**
  * Empties a message buffer for the next message. Up to kWarmBufferBytes it stays as it

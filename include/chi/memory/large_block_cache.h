@@ -1,0 +1,169 @@
+// Large payload blocks kept between tasks (host only). Invariant: a kept block is mapped,
+// unused, and its pages are lent to the kernel; every block handed out is in use by
+// exactly one owner.
+//
+// Why: glibc maps every allocation above its largest mmap threshold (32 MiB) afresh and
+// unmaps it on free. A stream of large payloads (each a TaskBuffer decoded on the runtime
+// and again on the client) then faulted in, zeroed and unmapped every page of every buffer:
+// a 32 MiB echo over shm took 4.5x as long as a 16 MiB one on the 2-core machine. A freed
+// block here keeps its mapping, lends its pages to the kernel (LendPagesToKernel: reclaimed
+// without writeback when memory runs short) and serves the next allocation it fits.
+#pragma once
+
+#include <sys/mman.h>  // mmap, munmap
+
+#include <mutex>  // guards the kept blocks (large allocations only: never contended long)
+
+#include "chi/core/lend_pages.h"  // LendPagesToKernel
+#include "chi/core/types.h"       // u32, u64
+
+namespace chi {
+
+/** A process-wide cache of large, page-mapped blocks for task payloads. */
+class LargeBlockCache {
+ public:
+  /** Smallest block served here; smaller ones are malloc's (it reuses them well). */
+  static constexpr u64 kMinBytes = 4ull << 20;
+  /** Mappings are whole multiples of this (a huge page), so near sizes share blocks. */
+  static constexpr u64 kGranuleBytes = 2ull << 20;
+  /** Blocks kept at once. */
+  static constexpr u32 kMaxKeptBlocks = 4;
+  /** Mapped bytes kept at once (lent pages cost address space only). */
+  static constexpr u64 kMaxKeptBytes = 1ull << 30;
+  /**
+   * Kept bytes whose pages stay ours (not lent), as glibc keeps a freed heap top up to
+   * 64 MiB: lending costs a page-table walk and TLB flush per free, which made a 16 MiB echo
+   * slower than glibc's reuse of its heap. Blocks freed beyond this are lent.
+   */
+  static constexpr u64 kMaxWarmBytes = 64ull << 20;
+
+  /** The process's cache. Never destroyed: payloads may be freed during static destruction. */
+  static LargeBlockCache &Instance() {
+    static LargeBlockCache *cache = new LargeBlockCache();
+    return *cache;
+  }
+
+  /**
+   * A block of at least `bytes` bytes, 64-byte aligned: a kept block that fits (at most
+   * twice the mapping it needs, so a huge block does not serve a small payload), else a new
+   * mapping. nullptr when the system has no memory for it.
+   */
+  void *Allocate(u64 bytes) {
+    if (bytes > kMaxBlockBytes) return nullptr;
+    const u64 need = (bytes + kHeaderBytes + kGranuleBytes - 1) & ~(kGranuleBytes - 1);
+    Kept block = TakeKept(need);
+    if (block.base == nullptr) block = Map(need);
+    if (block.base == nullptr) {
+      Trim();  // kept blocks may be what the system is short of
+      block = Map(need);
+      if (block.base == nullptr) return nullptr;
+    }
+    // Written on every reuse: the kernel may have taken the header's page meanwhile.
+    Header *h = reinterpret_cast<Header *>(block.base);
+    h->mapped = block.mapped;
+    return block.base + kHeaderBytes;
+  }
+
+  /** Takes back a block from Allocate: kept for the next one when there is room, else unmapped. */
+  void Free(void *p) {
+    if (p == nullptr) return;
+    char *base = static_cast<char *>(p) - kHeaderBytes;
+    const Header *h = reinterpret_cast<const Header *>(base);
+    const u64 mapped = h->mapped;
+    if (Keep(Kept{base, mapped, false})) return;
+    // Lent before it is kept: once kept, another thread may take it and write it at once.
+    if (LendPagesToKernel(base, mapped) && Keep(Kept{base, mapped, true})) return;
+    munmap(base, mapped);
+  }
+
+  /** Unmaps every kept block (memory pressure, tests). */
+  void Trim() {
+    Kept all[kMaxKeptBlocks];
+    u32 n = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      n = kept_count_;
+      for (u32 i = 0; i < n; ++i) all[i] = kept_[i];
+      kept_count_ = 0;
+      kept_bytes_ = 0;
+      warm_bytes_ = 0;
+    }
+    for (u32 i = 0; i < n; ++i) munmap(all[i].base, all[i].mapped);
+  }
+
+  /** Blocks kept for reuse right now. */
+  u32 KeptBlocks() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return kept_count_;
+  }
+  /** Mapped bytes of the kept blocks right now. */
+  u64 KeptBytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return kept_bytes_;
+  }
+  /** Bytes of the kept blocks whose pages were not lent to the kernel (resident). */
+  u64 WarmBytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return warm_bytes_;
+  }
+
+ private:
+  /** At a block's start; the payload follows at kHeaderBytes (a cache line: aligned). */
+  struct Header {
+    u64 mapped;  ///< bytes of the whole mapping
+  };
+  /** A mapping: kept, taken from the kept ones, or new. */
+  struct Kept {
+    char *base = nullptr;
+    u64 mapped = 0;
+    bool lent = false;  ///< its pages were lent to the kernel (not counted warm)
+  };
+  static constexpr u64 kHeaderBytes = 64;
+  /** Larger requests fail outright (no mapping size arithmetic can overflow). */
+  static constexpr u64 kMaxBlockBytes = 1ull << 46;
+
+  LargeBlockCache() = default;
+
+  /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (none: base nullptr). */
+  Kept TakeKept(u64 need) {
+    std::lock_guard<std::mutex> lock(mu_);
+    u32 best = kMaxKeptBlocks;
+    for (u32 i = 0; i < kept_count_; ++i) {
+      const u64 m = kept_[i].mapped;
+      if (m >= need && m <= 2 * need && (best == kMaxKeptBlocks || m < kept_[best].mapped)) {
+        best = i;
+      }
+    }
+    if (best == kMaxKeptBlocks) return Kept{};
+    const Kept block = kept_[best];
+    kept_bytes_ -= block.mapped;
+    if (!block.lent) warm_bytes_ -= block.mapped;
+    kept_[best] = kept_[--kept_count_];
+    return block;
+  }
+
+  /** Adds a freed block to the kept ones when the limits allow (a warm one: within kMaxWarmBytes). */
+  bool Keep(const Kept &block) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (kept_count_ == kMaxKeptBlocks || kept_bytes_ + block.mapped > kMaxKeptBytes) return false;
+    if (!block.lent && warm_bytes_ + block.mapped > kMaxWarmBytes) return false;
+    kept_[kept_count_++] = block;
+    kept_bytes_ += block.mapped;
+    if (!block.lent) warm_bytes_ += block.mapped;
+    return true;
+  }
+
+  /** A new private anonymous mapping of `bytes` (base nullptr when there is no memory). */
+  static Kept Map(u64 bytes) {
+    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? Kept{} : Kept{static_cast<char *>(p), bytes, false};
+  }
+
+  mutable std::mutex mu_;
+  Kept kept_[kMaxKeptBlocks] = {};
+  u32 kept_count_ = 0;
+  u64 kept_bytes_ = 0;
+  u64 warm_bytes_ = 0;
+};
+
+}  // namespace chi
