@@ -12373,10 +12373,7 @@ class ShmReaper {
     slot->owner_start_ticks_.Store(0, MemOrder::kRelaxed);
     slot->generation_.Store(slot->generation_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
     slot->state_.Store(static_cast<u32>(ShmSlotState::kFree), MemOrder::kRelaxed);
-    if (s.phase != Phase::kIdle && s.counts_as_reclaimed) {
-      auto &reclaimed = segment_->Header()->stats_.reclaimed_clients;
-      reclaimed.Store(reclaimed.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-    }
+    const bool reclaimed_one = s.phase != Phase::kIdle && s.counts_as_reclaimed;
     s.phase = Phase::kIdle;
     s.owner = ProcessIdentity{};
     s.owner_dead = false;
@@ -12390,6 +12387,12 @@ class ShmReaper {
     s.writer.Store(0, MemOrder::kRelease);  // release: the stream resets come first
     // release: the reset slot is complete before a client can claim it.
     slot->owner_pid_.Store(0, MemOrder::kRelease);
+    if (reclaimed_one) {
+      // Counted once the slot is free: whoever reads the count (release: with acquire)
+      // can claim the slot at once. Only the poller writes it.
+      auto &reclaimed = segment_->Header()->stats_.reclaimed_clients;
+      reclaimed.Store(reclaimed.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelease);
+    }
     PublishStats();
   }
 
@@ -12472,7 +12475,8 @@ inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
   // relaxed: statistics; each counter is read on its own.
   ShmServerStats s;
   s.clients = h->stats_.clients.Load(MemOrder::kRelaxed);
-  s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kRelaxed);
+  // acquire: a reclaimed client's slot is free once it is counted (ShmReaper::Reset).
+  s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kAcquire);
   s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
   s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
   s.cpu_moves = h->stats_.cpu_moves.Load(MemOrder::kRelaxed);

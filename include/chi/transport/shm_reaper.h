@@ -317,10 +317,7 @@ class ShmReaper {
     slot->owner_start_ticks_.Store(0, MemOrder::kRelaxed);
     slot->generation_.Store(slot->generation_.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
     slot->state_.Store(static_cast<u32>(ShmSlotState::kFree), MemOrder::kRelaxed);
-    if (s.phase != Phase::kIdle && s.counts_as_reclaimed) {
-      auto &reclaimed = segment_->Header()->stats_.reclaimed_clients;
-      reclaimed.Store(reclaimed.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelaxed);
-    }
+    const bool reclaimed_one = s.phase != Phase::kIdle && s.counts_as_reclaimed;
     s.phase = Phase::kIdle;
     s.owner = ProcessIdentity{};
     s.owner_dead = false;
@@ -334,6 +331,12 @@ class ShmReaper {
     s.writer.Store(0, MemOrder::kRelease);  // release: the stream resets come first
     // release: the reset slot is complete before a client can claim it.
     slot->owner_pid_.Store(0, MemOrder::kRelease);
+    if (reclaimed_one) {
+      // Counted once the slot is free: whoever reads the count (release: with acquire)
+      // can claim the slot at once. Only the poller writes it.
+      auto &reclaimed = segment_->Header()->stats_.reclaimed_clients;
+      reclaimed.Store(reclaimed.Load(MemOrder::kRelaxed) + 1, MemOrder::kRelease);
+    }
     PublishStats();
   }
 

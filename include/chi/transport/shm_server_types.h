@@ -56,7 +56,8 @@ inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
   // relaxed: statistics; each counter is read on its own.
   ShmServerStats s;
   s.clients = h->stats_.clients.Load(MemOrder::kRelaxed);
-  s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kRelaxed);
+  // acquire: a reclaimed client's slot is free once it is counted (ShmReaper::Reset).
+  s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kAcquire);
   s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
   s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
   s.cpu_moves = h->stats_.cpu_moves.Load(MemOrder::kRelaxed);
