@@ -366,14 +366,15 @@ struct Interleaved {
 
 /**
  * Measures the floor and our task round trip in `blocks` alternating blocks of
- * round_trips / blocks each (200 unrecorded warm-ups before the first of each), so both
- * see the same CPU placement: on a VM the vCPUs move between cores, and a floor taken a
- * second apart from ours can differ from it by 4x.
+ * round_trips / blocks each, at least kPerSample (200 unrecorded warm-ups before the first
+ * of each), so both see the same CPU placement: on a VM the vCPUs move between cores, and a
+ * floor taken a second apart from ours can differ from it by 4x.
  */
 template <typename Floor>
 bool MeasureInterleaved(Floor &floor, chimaera::demo::Client &c, int round_trips, int blocks,
                         Interleaved *out) {
-  const int n = round_trips / blocks > 0 ? round_trips / blocks : 1;
+  // At least one timed sample per block: fewer round trips than that timed nothing (0 ns).
+  const int n = std::max(round_trips / blocks, kPerSample);
   for (int b = 0; b < blocks; ++b) {
     const int warm = b == 0 ? 200 : 20;
     std::vector<double> f, o;
