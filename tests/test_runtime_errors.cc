@@ -109,6 +109,33 @@ TEST_CASE("Monitor reports workers and pools") {
   CHECK(found);
 }
 
+TEST_CASE("Monitor reports the large payload blocks kept between tasks") {
+  auto client = chi_test::MakeDemoPool("errors", chi::PoolId(250, 0));
+  chimaera::admin::Client admin;
+  auto report = [&] {
+    auto m = admin.AsyncMonitor(PoolQuery::Local());
+    REQUIRE(m.Wait(10));
+    REQUIRE(m->GetReturnCode() == 0);
+    return m->Decode().payload_cache_;
+  };
+  chi::LargeBlockCache::Instance().Trim();
+  CHECK(report().blocks_ == 0);
+  const std::string data(8u << 20, 'k');  // past LargeBlockCache::kMinBytes
+  {
+    auto f = client.AsyncCustom(PoolQuery::Local(), data);
+    REQUIRE(f.Wait(30));
+    REQUIRE(f->GetReturnCode() == 0);
+    CHECK(f->data_.view() == data);
+  }  // the payload's block is kept for the next one
+  const chimaera::admin::PayloadCacheStats kept = report();
+  CHECK(kept.blocks_ >= 1);
+  CHECK(kept.bytes_ >= data.size());
+  CHECK(kept.resident_bytes_ <= kept.bytes_);
+  CHECK(kept.resident_bytes_ <= chi::LargeBlockCache::kMaxWarmBytes);
+  chi::LargeBlockCache::Instance().Trim();
+  CHECK(report().blocks_ == 0);
+}
+
 TEST_CASE("a malformed config makes CHIMAERA_INIT fail naming the key") {
   const std::string path = "/tmp/chi_bad_conf_" + std::to_string(getpid()) + ".yaml";
   FILE *f = std::fopen(path.c_str(), "w");

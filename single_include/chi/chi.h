@@ -6978,29 +6978,6 @@ inline GpuIpcCache<HookedIpcOpener> &ClientMemory() {
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_CACHE_H
 // ---- end chi/gpu/gpu_ipc_cache.h ----
-// ---- begin chi/mods/admin/admin_tasks.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_TASKS_H
-#define CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_TASKS_H
-// Tasks of the admin module (chimaera::admin): pool creation and destruction,
-// runtime stop, the Monitor report, client memory registration and GPU pool set-up.
-// Method ids match chimaera_mod.yaml.
-
-#include <string_view>  // names
-#include <vector>       // report contents
-
-// ---- begin chi/task/task_buffer.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TASK_TASK_BUFFER_H
-#define CHI_SINGLE_INCLUDE_CHI_TASK_TASK_BUFFER_H
-// An owning byte buffer for task payloads (echo data, large outputs).
-// Tasks cross address spaces only as archive bytes, so the buffer owns plain
-// heap memory (device malloc inside kernels); serialization is length + bytes.
-
-#include <cstdlib>  // malloc/free (also valid in device code)
-#include <cstring>  // memcpy
-#include <string_view>  // view()
-#include <utility>  // std::exchange
-
-#if !CHI_IS_GPU
 // ---- begin chi/memory/large_block_cache.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
 #define CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
@@ -7087,7 +7064,7 @@ class LargeBlockCache {
   void *Allocate(u64 bytes) {
     if (bytes > kMaxBlockBytes) return nullptr;
     const u64 need = (bytes + kHeaderBytes + kGranuleBytes - 1) & ~(kGranuleBytes - 1);
-    Kept block = TakeKept(need);
+    Block block = TakeKept(need);
     if (block.base == nullptr) block = Map(need);
     if (block.base == nullptr) {
       Trim();  // kept blocks may be what the system is short of
@@ -7106,15 +7083,15 @@ class LargeBlockCache {
     char *base = static_cast<char *>(p) - kHeaderBytes;
     const Header *h = reinterpret_cast<const Header *>(base);
     const u64 mapped = h->mapped;
-    if (Keep(Kept{base, mapped, false})) return;
+    if (Keep(Block{base, mapped, false})) return;
     // Lent before it is kept: once kept, another thread may take it and write it at once.
-    if (LendPagesToKernel(base, mapped) && Keep(Kept{base, mapped, true})) return;
+    if (LendPagesToKernel(base, mapped) && Keep(Block{base, mapped, true})) return;
     munmap(base, mapped);
   }
 
   /** Unmaps every kept block (memory pressure, tests). */
   void Trim() {
-    Kept all[kMaxKeptBlocks];
+    Block all[kMaxKeptBlocks];
     u32 n = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -7127,21 +7104,23 @@ class LargeBlockCache {
     for (u32 i = 0; i < n; ++i) munmap(all[i].base, all[i].mapped);
   }
 
+  /** What the cache keeps at one moment. */
+  struct Usage {
+    u32 blocks = 0;      ///< blocks kept for reuse
+    u64 bytes = 0;       ///< their mapped bytes
+    u64 warm_bytes = 0;  ///< of those, bytes whose pages were not lent to the kernel
+  };
+  /** The kept blocks right now, counted together (Monitor, tests). */
+  Usage Kept() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Usage{kept_count_, kept_bytes_, warm_bytes_};
+  }
   /** Blocks kept for reuse right now. */
-  u32 KeptBlocks() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return kept_count_;
-  }
+  u32 KeptBlocks() const { return Kept().blocks; }
   /** Mapped bytes of the kept blocks right now. */
-  u64 KeptBytes() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return kept_bytes_;
-  }
+  u64 KeptBytes() const { return Kept().bytes; }
   /** Bytes of the kept blocks whose pages were not lent to the kernel (resident). */
-  u64 WarmBytes() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return warm_bytes_;
-  }
+  u64 WarmBytes() const { return Kept().warm_bytes; }
 
  private:
   /** At a block's start; the payload follows at kHeaderBytes (a cache line: aligned). */
@@ -7149,7 +7128,7 @@ class LargeBlockCache {
     u64 mapped;  ///< bytes of the whole mapping
   };
   /** A mapping: kept, taken from the kept ones, or new. */
-  struct Kept {
+  struct Block {
     char *base = nullptr;
     u64 mapped = 0;
     bool lent = false;  ///< its pages were lent to the kernel (not counted warm)
@@ -7161,7 +7140,7 @@ class LargeBlockCache {
   LargeBlockCache() = default;
 
   /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (none: base nullptr). */
-  Kept TakeKept(u64 need) {
+  Block TakeKept(u64 need) {
     std::lock_guard<std::mutex> lock(mu_);
     u32 best = kMaxKeptBlocks;
     for (u32 i = 0; i < kept_count_; ++i) {
@@ -7170,8 +7149,8 @@ class LargeBlockCache {
         best = i;
       }
     }
-    if (best == kMaxKeptBlocks) return Kept{};
-    const Kept block = kept_[best];
+    if (best == kMaxKeptBlocks) return Block{};
+    const Block block = kept_[best];
     kept_bytes_ -= block.mapped;
     if (!block.lent) warm_bytes_ -= block.mapped;
     kept_[best] = kept_[--kept_count_];
@@ -7179,7 +7158,7 @@ class LargeBlockCache {
   }
 
   /** Adds a freed block to the kept ones when the limits allow (a warm one: within kMaxWarmBytes). */
-  bool Keep(const Kept &block) {
+  bool Keep(const Block &block) {
     std::lock_guard<std::mutex> lock(mu_);
     if (kept_count_ == kMaxKeptBlocks || kept_bytes_ + block.mapped > kMaxKeptBytes) return false;
     if (!block.lent && warm_bytes_ + block.mapped > kMaxWarmBytes) return false;
@@ -7190,13 +7169,13 @@ class LargeBlockCache {
   }
 
   /** A new private anonymous mapping of `bytes` (base nullptr when there is no memory). */
-  static Kept Map(u64 bytes) {
+  static Block Map(u64 bytes) {
     void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? Kept{} : Kept{static_cast<char *>(p), bytes, false};
+    return p == MAP_FAILED ? Block{} : Block{static_cast<char *>(p), bytes, false};
   }
 
   mutable std::mutex mu_;
-  Kept kept_[kMaxKeptBlocks] = {};
+  Block kept_[kMaxKeptBlocks] = {};
   u32 kept_count_ = 0;
   u64 kept_bytes_ = 0;
   u64 warm_bytes_ = 0;
@@ -7205,6 +7184,29 @@ class LargeBlockCache {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
 // ---- end chi/memory/large_block_cache.h ----
+// ---- begin chi/mods/admin/admin_tasks.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_TASKS_H
+#define CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_TASKS_H
+// Tasks of the admin module (chimaera::admin): pool creation and destruction,
+// runtime stop, the Monitor report, client memory registration and GPU pool set-up.
+// Method ids match chimaera_mod.yaml.
+
+#include <string_view>  // names
+#include <vector>       // report contents
+
+// ---- begin chi/task/task_buffer.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TASK_TASK_BUFFER_H
+#define CHI_SINGLE_INCLUDE_CHI_TASK_TASK_BUFFER_H
+// An owning byte buffer for task payloads (echo data, large outputs).
+// Tasks cross address spaces only as archive bytes, so the buffer owns plain
+// heap memory (device malloc inside kernels); serialization is length + bytes.
+
+#include <cstdlib>  // malloc/free (also valid in device code)
+#include <cstring>  // memcpy
+#include <string_view>  // view()
+#include <utility>  // std::exchange
+
+#if !CHI_IS_GPU
 #endif
 
 namespace chi {
@@ -7453,15 +7455,28 @@ struct TransportStats {
   }
 };
 
+/** The runtime's large task payload blocks kept between tasks (chi::LargeBlockCache). */
+struct PayloadCacheStats {
+  chi::u64 blocks_ = 0;          ///< blocks kept for the next large payload
+  chi::u64 bytes_ = 0;           ///< their mapped bytes
+  chi::u64 resident_bytes_ = 0;  ///< of those, bytes whose pages were not lent to the kernel
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(blocks_, bytes_, resident_bytes_);
+  }
+};
+
 /** Statistics of every worker, pool and transport server, as decoded from a MonitorTask. */
 struct MonitorReport {
   std::vector<chi::WorkerStats> workers_;
   std::vector<chi::PoolStats> pools_;
   std::vector<TransportStats> transports_;  ///< empty in an embedded runtime
+  PayloadCacheStats payload_cache_;         ///< memory kept for large payloads
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(workers_, pools_, transports_);
+    ar(workers_, pools_, transports_, payload_cache_);
   }
 };
 
@@ -8836,12 +8851,16 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     if (!st.ok()) task.SetError(st.code(), st.message());
   }
 
-  /** Fills the report with every worker's and pool's counters. */
+  /** Fills the report with every worker's, pool's and transport's counters and the payload cache. */
   void MonitorStats(MonitorTask &task, chi::RunContext &) {
     MonitorReport report;
     report.workers_ = orch_->Stats();
     report.pools_ = pools_->Stats();
     if (transport_stats_ != nullptr) report.transports_ = transport_stats_();
+    const chi::LargeBlockCache::Usage kept = chi::LargeBlockCache::Instance().Kept();
+    report.payload_cache_.blocks_ = kept.blocks;
+    report.payload_cache_.bytes_ = kept.bytes;
+    report.payload_cache_.resident_bytes_ = kept.warm_bytes;
     std::vector<char> buf;
     chi::OutputArchive out(buf);
     out(report);
@@ -9917,40 +9936,6 @@ inline Status CheckConnectRequest(const ConnectRequest &req) {
 // when it is not: a burst of huge messages does not pin their memory.
 
 #include <vector>
-
-// ---- begin chi/core/lend_pages.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_CORE_LEND_PAGES_H
-#define CHI_SINGLE_INCLUDE_CHI_CORE_LEND_PAGES_H
-// Lending a buffer's pages to the kernel: memory kept for the next large message or
-// payload stays mapped, and writing it again costs nothing, until the kernel needs the
-// memory; then it takes the pages back without writing them anywhere (MADV_FREE). A burst
-// of huge messages therefore does not pin its memory, and a steady stream of them does not
-// fault in and zero every page again.
-
-#include <sys/mman.h>  // madvise(MADV_FREE)
-#include <unistd.h>    // sysconf(_SC_PAGESIZE)
-
-#include <cstdint>  // uintptr_t
-
-namespace chi {
-
-/**
- * Tells the kernel it may take back the whole pages inside [data, data + bytes) whenever it
- * needs memory; until then they stay mapped, and writing them again costs nothing. A page
- * the kernel took reads as zeros. False when the kernel refused (no MADV_FREE: before
- * Linux 4.5).
- */
-inline bool LendPagesToKernel(char *data, u64 bytes) {
-  static const u64 page = static_cast<u64>(sysconf(_SC_PAGESIZE));
-  const auto lo = (reinterpret_cast<std::uintptr_t>(data) + page - 1) & ~(page - 1);
-  const auto hi = (reinterpret_cast<std::uintptr_t>(data) + bytes) & ~(page - 1);
-  if (hi <= lo) return true;
-  return madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_FREE) == 0;
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_CORE_LEND_PAGES_H
-// ---- end chi/core/lend_pages.h ----
 
 namespace chi {
 

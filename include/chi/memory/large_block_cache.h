@@ -51,7 +51,7 @@ class LargeBlockCache {
   void *Allocate(u64 bytes) {
     if (bytes > kMaxBlockBytes) return nullptr;
     const u64 need = (bytes + kHeaderBytes + kGranuleBytes - 1) & ~(kGranuleBytes - 1);
-    Kept block = TakeKept(need);
+    Block block = TakeKept(need);
     if (block.base == nullptr) block = Map(need);
     if (block.base == nullptr) {
       Trim();  // kept blocks may be what the system is short of
@@ -70,15 +70,15 @@ class LargeBlockCache {
     char *base = static_cast<char *>(p) - kHeaderBytes;
     const Header *h = reinterpret_cast<const Header *>(base);
     const u64 mapped = h->mapped;
-    if (Keep(Kept{base, mapped, false})) return;
+    if (Keep(Block{base, mapped, false})) return;
     // Lent before it is kept: once kept, another thread may take it and write it at once.
-    if (LendPagesToKernel(base, mapped) && Keep(Kept{base, mapped, true})) return;
+    if (LendPagesToKernel(base, mapped) && Keep(Block{base, mapped, true})) return;
     munmap(base, mapped);
   }
 
   /** Unmaps every kept block (memory pressure, tests). */
   void Trim() {
-    Kept all[kMaxKeptBlocks];
+    Block all[kMaxKeptBlocks];
     u32 n = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -91,21 +91,23 @@ class LargeBlockCache {
     for (u32 i = 0; i < n; ++i) munmap(all[i].base, all[i].mapped);
   }
 
+  /** What the cache keeps at one moment. */
+  struct Usage {
+    u32 blocks = 0;      ///< blocks kept for reuse
+    u64 bytes = 0;       ///< their mapped bytes
+    u64 warm_bytes = 0;  ///< of those, bytes whose pages were not lent to the kernel
+  };
+  /** The kept blocks right now, counted together (Monitor, tests). */
+  Usage Kept() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Usage{kept_count_, kept_bytes_, warm_bytes_};
+  }
   /** Blocks kept for reuse right now. */
-  u32 KeptBlocks() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return kept_count_;
-  }
+  u32 KeptBlocks() const { return Kept().blocks; }
   /** Mapped bytes of the kept blocks right now. */
-  u64 KeptBytes() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return kept_bytes_;
-  }
+  u64 KeptBytes() const { return Kept().bytes; }
   /** Bytes of the kept blocks whose pages were not lent to the kernel (resident). */
-  u64 WarmBytes() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return warm_bytes_;
-  }
+  u64 WarmBytes() const { return Kept().warm_bytes; }
 
  private:
   /** At a block's start; the payload follows at kHeaderBytes (a cache line: aligned). */
@@ -113,7 +115,7 @@ class LargeBlockCache {
     u64 mapped;  ///< bytes of the whole mapping
   };
   /** A mapping: kept, taken from the kept ones, or new. */
-  struct Kept {
+  struct Block {
     char *base = nullptr;
     u64 mapped = 0;
     bool lent = false;  ///< its pages were lent to the kernel (not counted warm)
@@ -125,7 +127,7 @@ class LargeBlockCache {
   LargeBlockCache() = default;
 
   /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (none: base nullptr). */
-  Kept TakeKept(u64 need) {
+  Block TakeKept(u64 need) {
     std::lock_guard<std::mutex> lock(mu_);
     u32 best = kMaxKeptBlocks;
     for (u32 i = 0; i < kept_count_; ++i) {
@@ -134,8 +136,8 @@ class LargeBlockCache {
         best = i;
       }
     }
-    if (best == kMaxKeptBlocks) return Kept{};
-    const Kept block = kept_[best];
+    if (best == kMaxKeptBlocks) return Block{};
+    const Block block = kept_[best];
     kept_bytes_ -= block.mapped;
     if (!block.lent) warm_bytes_ -= block.mapped;
     kept_[best] = kept_[--kept_count_];
@@ -143,7 +145,7 @@ class LargeBlockCache {
   }
 
   /** Adds a freed block to the kept ones when the limits allow (a warm one: within kMaxWarmBytes). */
-  bool Keep(const Kept &block) {
+  bool Keep(const Block &block) {
     std::lock_guard<std::mutex> lock(mu_);
     if (kept_count_ == kMaxKeptBlocks || kept_bytes_ + block.mapped > kMaxKeptBytes) return false;
     if (!block.lent && warm_bytes_ + block.mapped > kMaxWarmBytes) return false;
@@ -154,13 +156,13 @@ class LargeBlockCache {
   }
 
   /** A new private anonymous mapping of `bytes` (base nullptr when there is no memory). */
-  static Kept Map(u64 bytes) {
+  static Block Map(u64 bytes) {
     void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? Kept{} : Kept{static_cast<char *>(p), bytes, false};
+    return p == MAP_FAILED ? Block{} : Block{static_cast<char *>(p), bytes, false};
   }
 
   mutable std::mutex mu_;
-  Kept kept_[kMaxKeptBlocks] = {};
+  Block kept_[kMaxKeptBlocks] = {};
   u32 kept_count_ = 0;
   u64 kept_bytes_ = 0;
   u64 warm_bytes_ = 0;

@@ -9,6 +9,7 @@
 #include <memory>  // unique_ptr<PoolInfo>
 
 #include "chi/gpu/gpu_ipc_cache.h"         // ClientMemory, GpuHooks (CUDA-free)
+#include "chi/memory/large_block_cache.h"  // what Monitor reports of the payload cache
 #include "chi/mods/admin/admin_tasks.h"     // task types
 #include "chi/module/module_manager.h"      // registration
 #include "chi/module/module_runtime.h"      // ModuleRuntime, chi::Method
@@ -132,12 +133,16 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     if (!st.ok()) task.SetError(st.code(), st.message());
   }
 
-  /** Fills the report with every worker's and pool's counters. */
+  /** Fills the report with every worker's, pool's and transport's counters and the payload cache. */
   void MonitorStats(MonitorTask &task, chi::RunContext &) {
     MonitorReport report;
     report.workers_ = orch_->Stats();
     report.pools_ = pools_->Stats();
     if (transport_stats_ != nullptr) report.transports_ = transport_stats_();
+    const chi::LargeBlockCache::Usage kept = chi::LargeBlockCache::Instance().Kept();
+    report.payload_cache_.blocks_ = kept.blocks;
+    report.payload_cache_.bytes_ = kept.bytes;
+    report.payload_cache_.resident_bytes_ = kept.warm_bytes;
     std::vector<char> buf;
     chi::OutputArchive out(buf);
     out(report);

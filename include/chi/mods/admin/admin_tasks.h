@@ -141,15 +141,28 @@ struct TransportStats {
   }
 };
 
+/** The runtime's large task payload blocks kept between tasks (chi::LargeBlockCache). */
+struct PayloadCacheStats {
+  chi::u64 blocks_ = 0;          ///< blocks kept for the next large payload
+  chi::u64 bytes_ = 0;           ///< their mapped bytes
+  chi::u64 resident_bytes_ = 0;  ///< of those, bytes whose pages were not lent to the kernel
+
+  template <typename Ar>
+  void serialize(Ar &ar) {
+    ar(blocks_, bytes_, resident_bytes_);
+  }
+};
+
 /** Statistics of every worker, pool and transport server, as decoded from a MonitorTask. */
 struct MonitorReport {
   std::vector<chi::WorkerStats> workers_;
   std::vector<chi::PoolStats> pools_;
   std::vector<TransportStats> transports_;  ///< empty in an embedded runtime
+  PayloadCacheStats payload_cache_;         ///< memory kept for large payloads
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(workers_, pools_, transports_);
+    ar(workers_, pools_, transports_, payload_cache_);
   }
 };
 
