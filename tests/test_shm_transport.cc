@@ -256,7 +256,10 @@ TEST_CASE("a request reaching an idle slot starts before the worker reads the on
   // itself taken in (those behind it are read afterwards). A warm-up round trip right
   // before wakes the worker (it parks after 100 us idle). Rounds in which the
   // poller took any of them (it also wakes every 20 ms) go through the lanes, and are
-  // retried.
+  // retried. A worker that did not get the CPU for another look before the three arrived
+  // (a loaded machine, a sanitizer) reads them as a queue: at least one of the worker's
+  // rounds must show the first one starting alone, which a worker that always reads the
+  // next record first never does.
   const u32 port = TestPort(0);
   RuntimeProcess runtime(port);
   AttachedClient attached(runtime.Info());
@@ -265,6 +268,7 @@ TEST_CASE("a request reaching an idle slot starts before the worker reads the on
   REQUIRE(made.Wait(30));
   REQUIRE_MESSAGE(made->GetReturnCode() == 0, made->GetMessage());
   u32 rounds_by_workers = 0;
+  u32 started_alone = 0;
   for (u32 round = 0; round < 40 && rounds_by_workers < 5; ++round) {
     chi::ShmServer::Stats before;
     REQUIRE(chi::ShmServer::ProbeStats(port, &before).ok());
@@ -287,12 +291,17 @@ TEST_CASE("a request reaching an idle slot starts before the worker reads the on
     const u64 warm_by_worker = warm->worker_taken_at_start_ - before.worker_taken;
     if (after.worker_taken != before.worker_taken + warm_by_worker + 3) continue;
     ++rounds_by_workers;
-    CHECK_MESSAGE(f[0]->served_at_start_ == before.tasks_served + 2,
-                  "the first task started with "
-                      << f[0]->served_at_start_ - before.tasks_served - 1
-                      << " requests of the three taken in");
+    if (f[0]->served_at_start_ == before.tasks_served + 2) {
+      ++started_alone;
+    } else {
+      MESSAGE("round " << round << ": the first task started with "
+                       << f[0]->served_at_start_ - before.tasks_served - 1
+                       << " requests of the three taken in");
+    }
   }
   CHECK(rounds_by_workers > 0);
+  CHECK_MESSAGE(started_alone > 0, "in none of " << rounds_by_workers
+                                                 << " rounds did the first task start alone");
 }
 
 TEST_CASE("round trip of a 16 B task over shm, printed next to a two-process shm ping-pong") {
