@@ -6981,16 +6981,17 @@ inline GpuIpcCache<HookedIpcOpener> &ClientMemory() {
 // ---- begin chi/memory/large_block_cache.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
 #define CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
-// Large payload blocks kept between tasks (host only). Invariant: a kept block is mapped,
-// unused, and its pages are lent to the kernel; every block handed out is in use by
-// exactly one owner.
+// Large payload blocks kept between tasks (host only). Invariant: a kept block is mapped
+// and unused, and its pages are lent to the kernel unless it counts in the warm budget;
+// every block handed out has exactly one owner.
 //
 // Why: glibc maps every allocation above its largest mmap threshold (32 MiB) afresh and
 // unmaps it on free. A stream of large payloads (each a TaskBuffer decoded on the runtime
 // and again on the client) then faulted in, zeroed and unmapped every page of every buffer:
 // a 32 MiB echo over shm took 4.5x as long as a 16 MiB one on the 2-core machine. A freed
-// block here keeps its mapping, lends its pages to the kernel (LendPagesToKernel: reclaimed
-// without writeback when memory runs short) and serves the next allocation it fits.
+// block here keeps its mapping and serves the next allocation it fits; up to
+// kMaxWarmBytes of kept blocks stay resident, and the pages of the rest are lent to the
+// kernel (LendPagesToKernel: reclaimed without writeback when memory runs short).
 
 #include <sys/mman.h>  // mmap, munmap
 
