@@ -51,19 +51,19 @@ TEST_CASE("a freed large block serves the next allocation it fits") {
   Fill(a, 32 * kMiB, 1);
   CHECK(Holds(a, 32 * kMiB, 1));
   Cache().Free(a);
-  CHECK(Cache().KeptBlocks() == 1);
-  CHECK(Cache().WarmBytes() >= 32 * kMiB);  // within the warm budget: its pages stay ours
+  CHECK(Cache().Kept().blocks == 1);
+  CHECK(Cache().Kept().warm_bytes >= 32 * kMiB);  // within the warm budget: its pages stay ours
 
   char *b = static_cast<char *>(Cache().Allocate(30 * kMiB));  // same granule count or fewer
   CHECK(b == a);
-  CHECK(Cache().KeptBlocks() == 0);
+  CHECK(Cache().Kept().blocks == 0);
   Fill(b, 30 * kMiB, 2);
   CHECK(Holds(b, 30 * kMiB, 2));
   Cache().Free(b);
   Cache().Trim();
-  CHECK(Cache().KeptBlocks() == 0);
-  CHECK(Cache().KeptBytes() == 0);
-  CHECK(Cache().WarmBytes() == 0);
+  CHECK(Cache().Kept().blocks == 0);
+  CHECK(Cache().Kept().bytes == 0);
+  CHECK(Cache().Kept().warm_bytes == 0);
 }
 
 TEST_CASE("blocks freed past the warm budget lend their pages and still serve intact") {
@@ -78,9 +78,9 @@ TEST_CASE("blocks freed past the warm budget lend their pages and still serve in
   const u64 lazy_before = chi_test::LazyFreeBytes();
   Cache().Free(a);  // warm: 40 MiB of the 64 MiB budget
   Cache().Free(b);  // past the budget: lent
-  CHECK(Cache().KeptBlocks() == 2);
-  CHECK(Cache().WarmBytes() <= LargeBlockCache::kMaxWarmBytes);
-  CHECK(Cache().KeptBytes() > Cache().WarmBytes());
+  CHECK(Cache().Kept().blocks == 2);
+  CHECK(Cache().Kept().warm_bytes <= LargeBlockCache::kMaxWarmBytes);
+  CHECK(Cache().Kept().bytes > Cache().Kept().warm_bytes);
   // Allow for pages the kernel took back already.
   CHECK(chi_test::LazyFreeBytes() >= lazy_before + kBytes / 2);
 
@@ -102,11 +102,11 @@ TEST_CASE("a kept block far larger than the allocation does not serve it") {
   char *big = static_cast<char *>(Cache().Allocate(64 * kMiB));
   REQUIRE(big != nullptr);
   Cache().Free(big);
-  REQUIRE(Cache().KeptBlocks() == 1);
+  REQUIRE(Cache().Kept().blocks == 1);
   char *small = static_cast<char *>(Cache().Allocate(8 * kMiB));
   REQUIRE(small != nullptr);
   CHECK(small != big);
-  CHECK(Cache().KeptBlocks() == 1);  // the big one waits for a payload its size
+  CHECK(Cache().Kept().blocks == 1);  // the big one waits for a payload its size
   Fill(small, 8 * kMiB, 7);
   CHECK(Holds(small, 8 * kMiB, 7));
   Cache().Free(small);
@@ -121,11 +121,11 @@ TEST_CASE("the kept blocks stay within their count and byte limits") {
     REQUIRE(blocks.back() != nullptr);
   }
   for (void *p : blocks) Cache().Free(p);  // the ones past the limits are unmapped
-  CHECK(Cache().KeptBlocks() == LargeBlockCache::kMaxKeptBlocks);
-  CHECK(Cache().KeptBytes() <= LargeBlockCache::kMaxKeptBytes);
-  CHECK(Cache().WarmBytes() <= LargeBlockCache::kMaxWarmBytes);
+  CHECK(Cache().Kept().blocks == LargeBlockCache::kMaxKeptBlocks);
+  CHECK(Cache().Kept().bytes <= LargeBlockCache::kMaxKeptBytes);
+  CHECK(Cache().Kept().warm_bytes <= LargeBlockCache::kMaxWarmBytes);
   Cache().Trim();
-  CHECK(Cache().KeptBlocks() == 0);
+  CHECK(Cache().Kept().blocks == 0);
 }
 
 TEST_CASE("an allocation beyond any machine fails cleanly") {
@@ -207,6 +207,6 @@ TEST_CASE("threads taking and freeing large blocks at once each keep their own b
   }
   for (std::thread &th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) CHECK(bad[t] == 0);
-  CHECK(Cache().KeptBlocks() <= LargeBlockCache::kMaxKeptBlocks);
+  CHECK(Cache().Kept().blocks <= LargeBlockCache::kMaxKeptBlocks);
   Cache().Trim();
 }

@@ -7099,8 +7099,6 @@ class LargeBlockCache {
       n = kept_count_;
       for (u32 i = 0; i < n; ++i) all[i] = kept_[i];
       kept_count_ = 0;
-      kept_bytes_ = 0;
-      warm_bytes_ = 0;
     }
     for (u32 i = 0; i < n; ++i) munmap(all[i].base, all[i].mapped);
   }
@@ -7114,14 +7112,8 @@ class LargeBlockCache {
   /** The kept blocks right now, counted together (Monitor, tests). */
   Usage Kept() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return Usage{kept_count_, kept_bytes_, warm_bytes_};
+    return UsageLocked();
   }
-  /** Blocks kept for reuse right now. */
-  u32 KeptBlocks() const { return Kept().blocks; }
-  /** Mapped bytes of the kept blocks right now. */
-  u64 KeptBytes() const { return Kept().bytes; }
-  /** Bytes of the kept blocks whose pages were not lent to the kernel (resident). */
-  u64 WarmBytes() const { return Kept().warm_bytes; }
 
  private:
   /** At a block's start; the payload follows at kHeaderBytes (a cache line: aligned). */
@@ -7152,20 +7144,28 @@ class LargeBlockCache {
     }
     if (best == kMaxKeptBlocks) return Block{};
     const Block block = kept_[best];
-    kept_bytes_ -= block.mapped;
-    if (!block.lent) warm_bytes_ -= block.mapped;
     kept_[best] = kept_[--kept_count_];
     return block;
+  }
+
+  /** Sums the kept blocks (mu_ held; at most kMaxKeptBlocks of them). */
+  Usage UsageLocked() const {
+    Usage u;
+    u.blocks = kept_count_;
+    for (u32 i = 0; i < kept_count_; ++i) {
+      u.bytes += kept_[i].mapped;
+      if (!kept_[i].lent) u.warm_bytes += kept_[i].mapped;
+    }
+    return u;
   }
 
   /** Adds a freed block to the kept ones when the limits allow (a warm one: within kMaxWarmBytes). */
   bool Keep(const Block &block) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (kept_count_ == kMaxKeptBlocks || kept_bytes_ + block.mapped > kMaxKeptBytes) return false;
-    if (!block.lent && warm_bytes_ + block.mapped > kMaxWarmBytes) return false;
+    const Usage u = UsageLocked();
+    if (u.blocks == kMaxKeptBlocks || u.bytes + block.mapped > kMaxKeptBytes) return false;
+    if (!block.lent && u.warm_bytes + block.mapped > kMaxWarmBytes) return false;
     kept_[kept_count_++] = block;
-    kept_bytes_ += block.mapped;
-    if (!block.lent) warm_bytes_ += block.mapped;
     return true;
   }
 
@@ -7178,8 +7178,6 @@ class LargeBlockCache {
   mutable std::mutex mu_;
   Block kept_[kMaxKeptBlocks] = {};
   u32 kept_count_ = 0;
-  u64 kept_bytes_ = 0;
-  u64 warm_bytes_ = 0;
 };
 
 }  // namespace chi
