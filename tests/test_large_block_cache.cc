@@ -1,13 +1,20 @@
 // Large task payloads keep their memory between tasks: a freed block serves the next
 // allocation it fits, blocks past the warm budget lend their pages to the kernel and still
 // read back intact, the kept blocks stay within their limits, and TaskBuffer payloads on
-// either side of the size boundary encode, decode, copy and move intact.
+// either side of the size boundary encode, decode, copy and move intact, and a process
+// forked while another thread uses the cache can still allocate.
 #include <doctest/doctest.h>
 
 #include <chi/memory/large_block_cache.h>
 #include <chi/serialize/archive.h>
 #include <chi/task/task_buffer.h>
 
+#include <signal.h>    // kill of a hung child
+#include <sys/wait.h>  // waitpid
+#include <unistd.h>    // fork, _exit
+
+#include <atomic>
+#include <chrono>
 #include <cstdint>  // uintptr_t
 #include <set>
 #include <thread>
@@ -208,5 +215,64 @@ TEST_CASE("threads taking and freeing large blocks at once each keep their own b
   for (std::thread &th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) CHECK(bad[t] == 0);
   CHECK(Cache().Kept().blocks <= LargeBlockCache::kMaxKeptBlocks);
+  Cache().Trim();
+}
+
+namespace {
+
+/**
+ * Waits up to `timeout` for child `pid`: its exit status, or -1 when it hung (then it is
+ * killed and reaped).
+ */
+int WaitChild(pid_t pid, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("a process forked while another thread uses the cache can allocate large blocks") {
+  Cache().Trim();
+  std::atomic<bool> stop{false};
+  std::thread churn([&stop] {  // holds the cache's lock much of the time
+    while (!stop.load(std::memory_order_relaxed)) {
+      void *p = Cache().Allocate(8 * kMiB);
+      Cache().Free(p);
+    }
+  });
+  constexpr int kForks = 100;
+  int hung = 0;
+  int failed = 0;
+  for (int i = 0; i < kForks; ++i) {
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {  // the child: only this thread; the cache must still be usable
+      char *p = static_cast<char *>(Cache().Allocate(6 * kMiB));
+      if (p == nullptr) _exit(2);
+      Fill(p, 6 * kMiB, 7);
+      const bool ok = Holds(p, 6 * kMiB, 7);
+      Cache().Free(p);
+      _exit(ok && Cache().Kept().blocks >= 1 ? 0 : 3);
+    }
+    const int rc = WaitChild(pid, std::chrono::seconds(10));
+    if (rc == -1) {
+      ++hung;
+      break;  // one hang is enough (each costs the timeout)
+    }
+    if (rc != 0) ++failed;
+  }
+  stop.store(true);
+  churn.join();
+  CHECK(hung == 0);
+  CHECK(failed == 0);
   Cache().Trim();
 }

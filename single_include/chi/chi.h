@@ -6992,7 +6992,12 @@ inline GpuIpcCache<HookedIpcOpener> &ClientMemory() {
 // block here keeps its mapping and serves the next allocation it fits; up to
 // kMaxWarmBytes of kept blocks stay resident, and the pages of the rest are lent to the
 // kernel (LendPagesToKernel: reclaimed without writeback when memory runs short).
+//
+// Fork: the lock is taken around fork (pthread_atfork), so a child forked while another
+// thread held it starts with it free and can still allocate (a fork/exec pattern's child
+// may build large payloads before it execs, or never exec at all).
 
+#include <pthread.h>   // pthread_atfork
 #include <sys/mman.h>  // mmap, munmap
 
 #include <mutex>  // guards the kept blocks (large allocations only: never contended long)
@@ -7130,7 +7135,16 @@ class LargeBlockCache {
   /** Larger requests fail outright (no mapping size arithmetic can overflow). */
   static constexpr u64 kMaxBlockBytes = 1ull << 46;
 
-  LargeBlockCache() = default;
+  /** Registers the fork handlers; the one instance lives as long as the process. */
+  LargeBlockCache() {
+    forked_ = this;
+    pthread_atfork(&LockForFork, &UnlockAfterFork, &UnlockAfterFork);
+  }
+
+  /** Before fork: no other thread is inside the cache while the child is made. */
+  static void LockForFork() { forked_->mu_.lock(); }
+  /** After fork, in parent and child alike: the forking thread holds the lock; release it. */
+  static void UnlockAfterFork() { forked_->mu_.unlock(); }
 
   /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (none: base nullptr). */
   Block TakeKept(u64 need) {
@@ -7175,6 +7189,7 @@ class LargeBlockCache {
     return p == MAP_FAILED ? Block{} : Block{static_cast<char *>(p), bytes, false};
   }
 
+  static inline LargeBlockCache *forked_ = nullptr;  ///< the instance the fork handlers lock
   mutable std::mutex mu_;
   Block kept_[kMaxKeptBlocks] = {};
   u32 kept_count_ = 0;
