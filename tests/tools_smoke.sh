@@ -3,7 +3,8 @@
 # a bad command line exits 2, then a runtime started in the background shows in `status`
 # and `monitor` (once and --count/--every in both orders), stops with `chimaera runtime
 # stop`, starts again and stops with chimaera_stop_runtime; after each stop status reports
-# it gone and no segment is left behind. Every check runs under `timeout`, so a hang fails.
+# it gone and no segment is left behind. Last, a runtime killed with SIGKILL leaves its
+# segments and ipc socket file, and `chimaera runtime clean` removes them. Every check runs under `timeout`, so a hang fails.
 #   tools_smoke.sh <dir with chimaera, chimaera_start_runtime, chimaera_stop_runtime>
 set -euo pipefail
 bin="$1"
@@ -91,4 +92,26 @@ expect_gone "chimaera runtime stop"
 "$bin/chimaera" runtime start --log "$log" || fail "second runtime start"
 "$bin/chimaera_stop_runtime" || fail "chimaera_stop_runtime"
 expect_gone "chimaera_stop_runtime"
+
+"$bin/chimaera" runtime start --log "$log" || fail "third runtime start"
+run 10 "$bin/chimaera" runtime status
+pid=$(sed -n 's/^runtime pid \([0-9]*\) serving.*/\1/p' <<<"$out")
+[[ -n "$pid" ]] || fail "status named no runtime pid: $out"
+kill -9 "$pid"
+for ((i = 0; i < 500; ++i)); do
+  [[ "$(ps -o stat= -p "$pid" 2>/dev/null)" =~ ^Z?$ ]] && break
+  sleep 0.01
+done
+run 10 "$bin/chimaera" runtime status
+[[ "$rc" == 1 ]] || fail "status after SIGKILL exited $rc: $out"
+grep -q "stale segments" <<<"$out" || fail "status after SIGKILL named no stale segments: $out"
+ipc_file="/tmp/chi_$(id -u)_${CHI_PORT}.ipc"
+[[ -e "$ipc_file" ]] || fail "the killed runtime left no ipc socket file $ipc_file"
+sleep 1.1  # --min-age 1: leftovers younger than a second may be a runtime starting
+run 10 "$bin/chimaera" runtime clean --min-age 1
+[[ "$rc" == 0 ]] || fail "runtime clean exited $rc: $out"
+echo "$out"
+grep -q "removed .*${CHI_PORT}" <<<"$out" || fail "runtime clean did not name port $CHI_PORT: $out"
+expect_gone "chimaera runtime clean"
+[[ ! -e "$ipc_file" ]] || fail "runtime clean left the ipc socket file $ipc_file"
 echo "tools_smoke: 1 passed, 0 failed"

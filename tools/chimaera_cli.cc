@@ -2,6 +2,8 @@
 //   chimaera runtime start [--log FILE]   start a runtime in the background
 //   chimaera runtime stop                 stop it (drains tasks, removes segments)
 //   chimaera runtime status               is one serving CHI_PORT?
+//   chimaera runtime clean [--min-age SEC]  remove dead runtimes' segments and ipc socket
+//                                         files on every port (at least SEC old; 60)
 //   chimaera monitor [--every SEC] [--count N]   admin Monitor statistics: once; N reports;
 //                                         every SEC until killed; or N reports SEC apart
 // A bad command line (unknown option, missing or bad value) says why and exits 2.
@@ -17,11 +19,19 @@ namespace {
 constexpr double kMaxEverySec = 86400;
 /** Shortest --every interval: a millisecond (Monitor sleeps in whole milliseconds). */
 constexpr double kMinEverySec = 0.001;
+/**
+ * Youngest leftovers `runtime clean` may remove: a runtime starting this moment has young
+ * segments whose headers may not be written yet, and a second is far longer than that.
+ */
+constexpr chi::u64 kMinCleanAgeSec = 1;
+/** Oldest --min-age accepted (a day). */
+constexpr chi::u64 kMaxCleanAgeSec = 86400;
 
 /** Prints the usage text; returns the usage exit code 2. */
 int Usage() {
   std::fprintf(stderr,
                "usage: chimaera runtime start [--log FILE] | runtime stop | runtime status\n"
+               "       chimaera runtime clean [--min-age SECONDS]\n"
                "       chimaera monitor [--every SECONDS] [--count N]\n"
                "The port is CHI_PORT (or networking.port of CHI_SERVER_CONF).\n");
   return 2;
@@ -56,6 +66,23 @@ int StartCommand(int argc, char **argv) {
     log = value;
   }
   return chi_tools::StartRuntimeDetached(log, 30);
+}
+
+/** `runtime clean [--min-age SEC]`: SEC whole seconds from 1 to a day (default 60). */
+int CleanCommand(int argc, char **argv) {
+  chi::u64 min_age = chi::kStaleSweepMinAgeS;
+  for (int i = 3; i < argc; ++i) {
+    const std::string opt = argv[i];
+    if (opt != "--min-age") return UsageError("unknown option '" + opt + "' for runtime clean");
+    const char *value = OptionValue(argc, argv, &i);
+    if (value == nullptr) return UsageError("--min-age needs a value");
+    if (!chi::detail::ParseUnsigned(value, kMaxCleanAgeSec, &min_age) ||
+        min_age < kMinCleanAgeSec) {
+      return UsageError("bad --min-age value '" + std::string(value) +
+                        "': expected whole seconds from 1 to 86400");
+    }
+  }
+  return chi_tools::Clean(min_age);
 }
 
 /**
@@ -97,9 +124,10 @@ int main(int argc, char **argv) {
   const std::string cmd = argv[1];
   if (cmd == "monitor") return MonitorCommand(argc, argv);
   if (cmd != "runtime") return UsageError("unknown command '" + cmd + "'");
-  if (argc < 3) return UsageError("runtime needs start, stop or status");
+  if (argc < 3) return UsageError("runtime needs start, stop, status or clean");
   const std::string sub = argv[2];
   if (sub == "start") return StartCommand(argc, argv);
+  if (sub == "clean") return CleanCommand(argc, argv);
   if (sub != "stop" && sub != "status") return UsageError("unknown command 'runtime " + sub + "'");
   if (argc > 3) {
     return UsageError("unexpected argument '" + std::string(argv[3]) + "' for runtime " + sub);

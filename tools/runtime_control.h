@@ -72,7 +72,33 @@ inline chi::u32 ConfiguredPort() {
 
 /** What "no runtime" messages add when a dead runtime's segments remain. */
 inline const char *StaleNote(bool stale) {
-  return stale ? " (stale segments of a dead runtime remain; the next start removes them)" : "";
+  return stale ? " (stale segments of a dead runtime remain; the next start or "
+                 "`chimaera runtime clean` removes them)"
+               : "";
+}
+
+/**
+ * Removes the leftovers of dead runtimes of this user on every port (SweepStaleSegments)
+ * that are at least `min_age_s` old, and says what it removed and what it spared.
+ */
+inline int Clean(chi::u64 min_age_s) {
+  chi::StaleSweepOptions o;
+  o.min_age_s = min_age_s;
+  const chi::StaleSweep s = chi::SweepStaleSegments(o);
+  if (s.ports.empty()) {
+    std::printf("chimaera: no leftovers of dead runtimes to remove\n");
+  } else {
+    std::string ports;
+    for (chi::u32 p : s.ports) ports += (ports.empty() ? "" : ", ") + std::to_string(p);
+    std::printf("chimaera: removed %u segments and %u ipc socket files of dead runtimes "
+                "(ports %s)\n",
+                s.segments, s.sockets, ports.c_str());
+  }
+  if (s.young != 0) {
+    std::printf("chimaera: kept %u dead runtimes' leftovers younger than %llu s (--min-age)\n",
+                s.young, static_cast<unsigned long long>(min_age_s));
+  }
+  return 0;
 }
 
 /**

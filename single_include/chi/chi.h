@@ -9909,6 +9909,922 @@ inline Status CheckConnectRequest(const ConnectRequest &req) {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_CLIENT_CONNECT_H
 // ---- end chi/transport/client_connect.h ----
+// ---- begin chi/transport/stale_segments.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_STALE_SEGMENTS_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_STALE_SEGMENTS_H
+// Sweeping what dead runtimes left behind on any port of this user: their shared segments
+// ("rt<port>_{main,cdata,rdata}", "shm_transport_<port>" in /dev/shm) and their ZeroMQ ipc
+// socket files (/tmp/chi_<uid>_<port>.ipc). A runtime removes its own port's leftovers when
+// it starts (RuntimeSegments::Create); a crash on a port no runtime takes again left them
+// until the node rebooted. Every runtime start now sweeps the other ports too, and
+// `chimaera runtime clean` sweeps on demand.
+//
+// Invariant: a port's segments are removed only when no live process owns them (neither
+// the main header's runtime nor the transport header's) and each was created at least the
+// minimum age ago: a runtime starting right now has young segments whose headers may not
+// be written yet. An ipc socket file is removed only when nothing listens on it (connect
+// is refused) and it is as old.
+
+#include <dirent.h>      // opendir, readdir
+#include <sys/socket.h>  // connect: does anything listen on an ipc socket file
+#include <sys/stat.h>    // stat: the creation (modification) time
+#include <sys/un.h>      // sockaddr_un
+#include <time.h>        // clock_gettime(CLOCK_REALTIME), to compare with file times
+#include <unistd.h>      // getuid, unlink, close
+
+#include <algorithm>    // sort, unique of the swept ports
+#include <cerrno>       // ECONNREFUSED
+#include <cstring>      // memcpy of the socket path
+#include <map>          // segments by port
+#include <string>       // names
+#include <string_view>  // parsing
+#include <vector>       // results
+
+// ---- begin chi/transport/shm_segment.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
+// The shared-memory transport's segment: a header (magic, version, the runtime's identity,
+// geometry, wake-up event, statistics) and a table of client slots, each owning a request
+// stream (client -> runtime) and an answer stream (runtime -> client). ShmServer creates
+// it, ShmClientTransport attaches it. Invariant: the header's magic is written last, and a
+// slot's streams are reset only by the runtime while no client owns the slot.
+
+#include <new>          // placement new of the header and slots
+#include <string>       // segment names, ShmServerInfo
+#include <string_view>  // names
+
+// ---- begin chi/core/cpu_share.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_CORE_CPU_SHARE_H
+#define CHI_SINGLE_INCLUDE_CHI_CORE_CPU_SHARE_H
+// Two threads that spin for each other across processes (a client waiting for its answer,
+// the runtime thread serving it) must not share one CPU: each then progresses only while
+// the other is off it. Each end records where it runs (NoteCpu); an end that finds the
+// other on its own CPU yields to it (ShareCpu), and a runtime thread that keeps finding
+// it so moves itself to another CPU (CpuUnstacker): the kernel's balancer leaves two
+// threads that keep handing one CPU to each other stacked there for tens of milliseconds.
+
+#include <sched.h>  // sched_getcpu, sched_{get,set}affinity
+
+namespace chi {
+
+/** The CPU the calling thread runs on, plus one (0: unknown). Costs a few ns (rseq). */
+inline u32 CpuTag() {
+  const int cpu = sched_getcpu();
+  return cpu < 0 ? 0 : static_cast<u32>(cpu) + 1;
+}
+
+/** Records the caller's CPU in `where` when it changed (the line is rarely written). */
+inline void NoteCpu(Atomic<u32> &where) {
+  const u32 cpu = CpuTag();
+  // relaxed: a scheduling hint, never a synchronisation.
+  if (where.Load(MemOrder::kRelaxed) != cpu) where.Store(cpu, MemOrder::kRelaxed);
+}
+
+/**
+ * True when the other end last ran on the caller's CPU (`other` as NoteCpu wrote it):
+ * then it can only progress while we do not run, and the caller should yield to it.
+ */
+inline bool ShareCpu(const Atomic<u32> &other) {
+  const u32 cpu = other.Load(MemOrder::kRelaxed);  // relaxed: a hint
+  return cpu != 0 && cpu == CpuTag();
+}
+
+/**
+ * A runtime thread's memory of finding its peer on its CPU. Once that has lasted
+ * kMoveAfterNs with no sighting apart, the thread moves to another CPU it may run on (its
+ * affinity minus this CPU, then its whole affinity again: it stays free to go anywhere),
+ * at most once per kMoveIntervalNs so an oversubscribed machine does not see it hop.
+ * Only for threads the runtime owns: a client's threads are the application's.
+ */
+class CpuUnstacker {
+ public:
+  /** Stacking this long (ns) moves the thread. */
+  static constexpr u64 kMoveAfterNs = 2000000;
+  /** The least time (ns) between two moves. */
+  static constexpr u64 kMoveIntervalNs = 50000000;
+
+  /**
+   * The peer was seen on this thread's CPU at `now_ns`; may move the thread. True when it
+   * moved (the caller counts it: Monitor reports the moves).
+   */
+  bool Stacked(u64 now_ns) {
+    if (since_ns_ == 0) since_ns_ = now_ns;
+    if (now_ns - since_ns_ < kMoveAfterNs || now_ns - last_move_ns_ < kMoveIntervalNs) {
+      return false;
+    }
+    last_move_ns_ = now_ns;
+    since_ns_ = 0;
+    return MoveOff();
+  }
+
+  /** The peer was seen elsewhere: the stacking, if any, is over. */
+  void Apart() { since_ns_ = 0; }
+
+ private:
+  /**
+   * Moves the calling thread off its current CPU, when it has anywhere else to go; true
+   * when it moved.
+   */
+  static bool MoveOff() {
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
+    const int cpu = sched_getcpu();
+    if (cpu < 0 || CPU_COUNT(&allowed) < 2 || !CPU_ISSET(cpu, &allowed)) return false;
+    cpu_set_t others = allowed;
+    CPU_CLR(cpu, &others);
+    // The kernel migrates a thread off a CPU its new mask excludes at once; the full mask
+    // again afterwards leaves it where it landed.
+    const bool moved = sched_setaffinity(0, sizeof(others), &others) == 0;
+    sched_setaffinity(0, sizeof(allowed), &allowed);
+    return moved;
+  }
+
+  u64 since_ns_ = 0;      ///< when the current stacking was first seen (0: none)
+  u64 last_move_ns_ = 0;  ///< when the thread last moved
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_CORE_CPU_SHARE_H
+// ---- end chi/core/cpu_share.h ----
+// ---- begin chi/transport/shm_process.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+// Who is on the other end of a shared-memory connection, and is it still there: the
+// primitive of the process reaper (ShmServer checks its clients, clients check the
+// runtime). Invariant: a pid alone is never trusted, since pids are reused; an identity
+// pairs it with the process's start time, and a zombie counts as dead.
+
+#include <fcntl.h>   // open
+#include <signal.h>  // kill(pid, 0)
+#include <unistd.h>  // read, close, getpid
+
+#include <cerrno>  // ESRCH
+#include <cstdio>  // snprintf for the /proc path
+
+namespace chi {
+
+/** A process as the reaper knows it: pid plus start time (clock ticks since boot). */
+struct ProcessIdentity {
+  u32 pid = 0;
+  u64 start_ticks = 0;  ///< 0 when /proc could not tell
+};
+
+namespace detail {
+
+/** What /proc/<pid>/stat says about a process. */
+struct ProcStat {
+  bool found = false;   ///< the file exists and parsed
+  char state = '?';     ///< R, S, D, Z, X, ...
+  u64 start_ticks = 0;  ///< field 22, starttime
+};
+
+/** Reads state and start time of `pid` from /proc (host only; a slow path). */
+inline ProcStat ReadProcStat(u32 pid) {
+  ProcStat out;
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[1024];
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return out;
+  buf[n] = '\0';
+  // The command name (field 2) may hold spaces and parentheses: parse after the last ')'.
+  char *p = nullptr;
+  for (ssize_t i = n - 1; i >= 0; --i) {
+    if (buf[i] == ')') {
+      p = buf + i + 1;
+      break;
+    }
+  }
+  if (p == nullptr) return out;
+  int field = 2;  // the ')' ends field 2
+  while (*p != '\0' && field < 22) {
+    while (*p == ' ') ++p;
+    ++field;
+    if (field == 3) out.state = *p;
+    if (field == 22) {
+      u64 v = 0;
+      while (*p >= '0' && *p <= '9') v = v * 10 + static_cast<u64>(*p++ - '0');
+      out.start_ticks = v;
+      out.found = true;
+      break;
+    }
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/** The identity of process `pid` now (start_ticks 0 when /proc is unavailable). */
+inline ProcessIdentity IdentityOf(u32 pid) {
+  detail::ProcStat st = detail::ReadProcStat(pid);
+  return ProcessIdentity{pid, st.found ? st.start_ticks : 0};
+}
+
+/** This process's identity. */
+inline ProcessIdentity SelfIdentity() { return IdentityOf(static_cast<u32>(getpid())); }
+
+/**
+ * True while the process `who` names still runs: the pid exists, is not a zombie, and
+ * (when both start times are known) started when `who` says. Without /proc it falls
+ * back to kill(pid, 0).
+ */
+inline bool IsProcessAlive(const ProcessIdentity &who) {
+  if (who.pid == 0) return false;
+  detail::ProcStat st = detail::ReadProcStat(who.pid);
+  if (st.found) {
+    if (st.state == 'Z' || st.state == 'X') return false;
+    return who.start_ticks == 0 || st.start_ticks == who.start_ticks;
+  }
+  return !(kill(static_cast<pid_t>(who.pid), 0) != 0 && errno == ESRCH);
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+// ---- end chi/transport/shm_process.h ----
+
+namespace chi {
+
+inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
+/** Bumped whenever the segment layout or the slot protocol changes. */
+inline constexpr u32 kShmTransportVersion = 7;  // 7: data segments (kRef records)
+
+/** What a client needs to find and check a runtime's segment. */
+struct ShmServerInfo {
+  std::string segment;  ///< segment name (PosixShmBackend adds the per-user prefix)
+  u64 size = 0;         ///< whole segment bytes; Connect refuses a segment of another size
+  u32 version = 0;      ///< kShmTransportVersion of the runtime
+  u32 port = 0;         ///< the runtime's port (names the segment)
+  u32 runtime_pid = 0;  ///< for messages and liveness checks
+
+  template <class Ar>
+  void serialize(Ar &ar) {
+    ar(segment, size, version, port, runtime_pid);
+  }
+};
+
+/** Life of a client slot as both sides see it (ShmClientSlot::state_). */
+enum class ShmSlotState : u32 {
+  kFree = 0,    ///< no owner, or an owner that won owner_pid_ and is still setting up
+  kActive = 1,  ///< the client is set up; the runtime serves it
+  kClosed = 2,  ///< the client left; the runtime reclaims it
+  kBroken = 3,  ///< the runtime found a corrupt request stream; the client must close
+};
+
+/** Life of the runtime (ShmSegmentHeader::runtime_state_). */
+enum class ShmRuntimeState : u32 { kStarting = 0, kServing = 1, kStopping = 2, kStopped = 3 };
+
+/**
+ * Counters the runtime publishes in its segment (any process may read them). Those
+ * counted per request live in each slot instead (ShmClientSlot line 6), so that no two
+ * readers ever bump one shared line.
+ */
+struct ShmStatsBlock {
+  Atomic<u32> clients;           ///< slots being served now
+  Atomic<u64> reclaimed_clients; ///< slots taken back from dead or misbehaving clients
+  Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
+  Atomic<u64> broken_streams;    ///< request streams found corrupt
+  WaitStats poller_waits;        ///< how often the poller parked
+  Atomic<u64> cpu_moves;         ///< runtime threads moved off a client's CPU (CpuUnstacker)
+};
+
+/** One client's place in the segment; its two streams follow it. */
+struct ShmClientSlot {
+  // Line 0: ownership, written on connect, close and reclaim only.
+  alignas(kCacheLine) Atomic<u32> owner_pid_;  ///< the claim word: 0 = free
+  Atomic<u32> state_;                          ///< ShmSlotState
+  Atomic<u32> generation_;                     ///< bumped by every reclaim
+  Atomic<u32> broken_code_;                    ///< ErrorCode once kBroken
+  Atomic<u64> owner_start_ticks_;              ///< with owner_pid_: the owner's identity
+  // Line 1: set by the runtime while it waits for room in the answer stream.
+  alignas(kCacheLine) Atomic<u32> runtime_needs_room_;
+  // Lines 2-3: the client parks here (answers to read; room to write requests).
+  alignas(kCacheLine) WaitEvent answer_ready_;
+  alignas(kCacheLine) WaitEvent request_room_;
+  // Lines 4-5: where each end last ran (CpuTag), stored only when it changes. Two
+  // spinning ends placed on one CPU hand it to each other (ShareCpu) instead of each
+  // spinning out its time slice.
+  alignas(kCacheLine) Atomic<u32> runtime_cpu_;  ///< the runtime thread that took requests
+  alignas(kCacheLine) Atomic<u32> client_cpu_;   ///< the client thread that sent requests
+  // Line 6: the runtime's counts for this slot over all its clients, written only by the
+  // holder of the slot's reader flag (a load and a store, no locked add); summed by
+  // anyone reading the statistics.
+  alignas(kCacheLine) Atomic<u64> tasks_served_;  ///< requests taken in (refused ones too)
+  Atomic<u64> worker_taken_;  ///< requests runtime workers took in themselves (no poller)
+  Atomic<u64> data_requests_;  ///< requests that lay in the client data segment
+  // Lines 7-8: how far each data region's reader has freed it (ShmDataRegion::Release):
+  // the runtime frees the slot's cdata region, the client its rdata region.
+  alignas(kCacheLine) Atomic<u64> request_data_released_;
+  Atomic<u64> data_answers_;  ///< answers written to the runtime data segment (the writer's)
+  alignas(kCacheLine) Atomic<u64> answer_data_released_;
+};
+
+/** The first bytes of the segment's data area. */
+struct ShmSegmentHeader {
+  // Line 0: geometry and identity, written before the magic and then only read.
+  alignas(kCacheLine) Atomic<u64> magic_;
+  u32 version_ = 0;
+  u32 port_ = 0;
+  u32 num_slots_ = 0;
+  u32 ring_bytes_ = 0;       ///< each stream's ring
+  u32 max_outstanding_ = 0;  ///< requests in flight per client
+  u32 runtime_pid_ = 0;
+  u64 runtime_start_ticks_ = 0;
+  u64 max_message_bytes_ = 0;
+  u64 slots_offset_ = 0;     ///< from the header's address
+  u64 slot_bytes_ = 0;       ///< stride of the slot table
+  Atomic<u32> runtime_state_;  ///< ShmRuntimeState
+  // Line 1: bumped by clients that connect or close, so the runtime rescans the table.
+  alignas(kCacheLine) Atomic<u32> membership_seq_;
+  /// Runtime workers polling the request streams right now, one bit per worker id mod 64
+  /// (changes only when one parks or wakes): while non-zero a client does not wake the
+  /// poller after a request.
+  Atomic<u64> worker_readers_;
+  // Line 2: the runtime's poller parks here; clients and workers notify it.
+  alignas(kCacheLine) WaitEvent server_event_;
+  // Line 3: statistics, written by the poller.
+  alignas(kCacheLine) ShmStatsBlock stats_;
+  // The data segments large messages travel in: written before the magic, then only read.
+  alignas(kCacheLine) ShmDataGeometry data_;
+};
+
+/** Sizes of a segment, chosen by the runtime and recorded in its header. */
+struct ShmGeometry {
+  u32 num_slots = 32;
+  u32 ring_bytes = 1u << 20;
+  u64 max_message_bytes = 256ull << 20;
+  u32 max_outstanding = 1024;
+  ShmDataGeometry data;  ///< the data segments (ShmDataSegments::Open fills it)
+};
+
+/** The segment name of the runtime serving `port` ("shm_transport_<port>"). */
+inline std::string ShmSegmentName(u32 port) { return "shm_transport_" + std::to_string(port); }
+
+/** A mapped transport segment: the runtime creates it, clients attach it. */
+class ShmSegment {
+ public:
+  /** Bytes of the data area a geometry needs. */
+  static u64 BytesFor(const ShmGeometry &g) {
+    return SlotsOffset() + static_cast<u64>(g.num_slots) * SlotBytes(g.ring_bytes);
+  }
+
+  /**
+   * Creates the segment for `port` and fills in header and slots (state kStarting). A
+   * segment left by a dead or stopped runtime is replaced; one whose runtime still runs
+   * is kAlreadyExists.
+   */
+  Status Create(u32 port, const ShmGeometry &g, const ProcessIdentity &self) {
+    const std::string name = ShmSegmentName(port);
+    const u64 bytes = BytesFor(g);
+    Status st = backend_.Create(name, bytes, CreateMode::kExclusive);
+    if (st.code() == ErrorCode::kAlreadyExists) {
+      if (Status live = CheckNotServed(name, port); !live.ok()) return live;
+      st = backend_.Create(name, bytes, CreateMode::kReplace);
+    }
+    if (!st.ok()) return st;
+    header_ = new (backend_.Data()) ShmSegmentHeader();
+    header_->version_ = kShmTransportVersion;
+    header_->port_ = port;
+    header_->num_slots_ = g.num_slots;
+    header_->ring_bytes_ = RoundUpPow2(g.ring_bytes);
+    header_->max_outstanding_ = g.max_outstanding;
+    header_->runtime_pid_ = self.pid;
+    header_->runtime_start_ticks_ = self.start_ticks;
+    header_->max_message_bytes_ = g.max_message_bytes;
+    header_->slots_offset_ = SlotsOffset();
+    header_->slot_bytes_ = SlotBytes(g.ring_bytes);
+    header_->data_ = g.data;
+    for (u32 i = 0; i < g.num_slots; ++i) {
+      new (Slot(i)) ShmClientSlot();
+      ShmStream::Create(RequestStream(i), header_->ring_bytes_);
+      ShmStream::Create(AnswerStream(i), header_->ring_bytes_);
+    }
+    // release: attachers that read the magic see the geometry and the slots above.
+    header_->magic_.Store(kShmTransportMagic, MemOrder::kRelease);
+    return Status::Ok();
+  }
+
+  /**
+   * Attaches the segment `info` names and checks it: kNotFound (no such segment),
+   * kSizeMismatch (not the size announced), kVersionMismatch (not a transport segment,
+   * or another layout version), kMalformed (a header whose geometry does not fit).
+   */
+  Status Attach(const ShmServerInfo &info) {
+    if (info.version != kShmTransportVersion) {
+      return Status::Errorf(ErrorCode::kVersionMismatch,
+                            "shm transport: the runtime announced layout version %u; this "
+                            "client speaks %u",
+                            info.version, kShmTransportVersion);
+    }
+    if (Status st = AttachByName(info.segment); !st.ok()) return st;
+    if (info.size != backend_.Size()) {
+      Status st = Status::Errorf(ErrorCode::kSizeMismatch,
+                                 "shm transport: segment '%s' is %llu bytes, the runtime "
+                                 "announced %llu",
+                                 info.segment.c_str(),
+                                 static_cast<unsigned long long>(backend_.Size()),
+                                 static_cast<unsigned long long>(info.size));
+      Detach();
+      return st;
+    }
+    return Status::Ok();
+  }
+
+  /** Attaches by name and validates the header (used by Attach and by probes). */
+  Status AttachByName(std::string_view name) {
+    if (Status st = backend_.Attach(name); !st.ok()) return st;
+    Status st = Validate();
+    if (!st.ok()) {
+      backend_.Detach();
+      return st;
+    }
+    header_ = reinterpret_cast<ShmSegmentHeader *>(backend_.Data());
+    return Status::Ok();
+  }
+
+  /** Unmaps the segment here (others keep it). Idempotent. */
+  void Detach() {
+    header_ = nullptr;
+    backend_.Detach();
+  }
+
+  /** Unmaps and removes the segment's name (the runtime, on Stop). */
+  void Destroy() {
+    header_ = nullptr;
+    if (backend_.IsAttached()) backend_.Destroy();
+  }
+
+  bool IsAttached() const { return header_ != nullptr; }
+  ShmSegmentHeader *Header() const { return header_; }
+  u64 Size() const { return backend_.Size(); }
+  const char *Name() const { return backend_.Name(); }
+
+  /** Slot i (i < num_slots_). */
+  ShmClientSlot *Slot(u32 i) const { return SlotOf(header_, i); }
+
+  /** Slot i of the segment whose (validated) header is h. */
+  static ShmClientSlot *SlotOf(const ShmSegmentHeader *h, u32 i) {
+    char *base = reinterpret_cast<char *>(const_cast<ShmSegmentHeader *>(h));
+    return reinterpret_cast<ShmClientSlot *>(base + h->slots_offset_ + i * h->slot_bytes_);
+  }
+  /** Slot i's client -> runtime stream. */
+  ShmStream *RequestStream(u32 i) const {
+    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot));
+  }
+  /** Slot i's runtime -> client stream. */
+  ShmStream *AnswerStream(u32 i) const {
+    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot) +
+                             ShmStream::BytesFor(header_->ring_bytes_));
+  }
+
+  /**
+   * Ok while the runtime that made the segment serves it; kPeerDead once its process is
+   * gone (a stale segment), kShutdown while it is stopping or stopped.
+   */
+  Status RuntimeStatus() const {
+    // acquire: what the runtime wrote before changing its state is visible after.
+    const u32 state = header_->runtime_state_.Load(MemOrder::kAcquire);
+    const u32 pid = header_->runtime_pid_;
+    if (!IsProcessAlive(ProcessIdentity{pid, header_->runtime_start_ticks_})) {
+      return Status::Errorf(ErrorCode::kPeerDead,
+                            "shm transport: runtime pid %u of segment '%s' is gone", pid,
+                            backend_.Name());
+    }
+    if (state != static_cast<u32>(ShmRuntimeState::kServing)) {
+      return Status::Errorf(ErrorCode::kShutdown,
+                            "shm transport: runtime pid %u of segment '%s' is not serving "
+                            "(stopping or stopped)",
+                            pid, backend_.Name());
+    }
+    return Status::Ok();
+  }
+
+  /** kAlreadyExists when a live runtime serves segment `name`; Ok when it is stale. */
+  static Status CheckNotServed(const std::string &name, u32 port) {
+    ShmSegment old;
+    if (!old.AttachByName(name).ok()) return Status::Ok();  // unreadable: a crash mid-create
+    const ShmSegmentHeader *h = old.Header();
+    const bool stopped =
+        h->runtime_state_.Load(MemOrder::kAcquire) == static_cast<u32>(ShmRuntimeState::kStopped);
+    const u32 pid = h->runtime_pid_;
+    const bool live = !stopped && IsProcessAlive(ProcessIdentity{pid, h->runtime_start_ticks_});
+    old.Detach();
+    if (!live) return Status::Ok();
+    return Status::Errorf(ErrorCode::kAlreadyExists,
+                          "shm transport: port %u is served by runtime pid %u (segment '%s')",
+                          port, pid, name.c_str());
+  }
+
+ private:
+  /** Where the slot table starts (after the header, on a cache line). */
+  static constexpr u64 SlotsOffset() { return RoundUpTo(sizeof(ShmSegmentHeader), kCacheLine); }
+  /** One slot plus its two streams. */
+  static u64 SlotBytes(u32 ring_bytes) {
+    return RoundUpTo(sizeof(ShmClientSlot) + 2 * ShmStream::BytesFor(ring_bytes), kCacheLine);
+  }
+
+  /** Checks a freshly attached segment's transport header against its size. */
+  Status Validate() const {
+    const auto *h = reinterpret_cast<const ShmSegmentHeader *>(backend_.Data());
+    if (backend_.DataSize() < sizeof(ShmSegmentHeader)) {
+      return Status::Errorf(ErrorCode::kSizeMismatch,
+                            "shm transport: segment '%s' is too small for a transport header",
+                            backend_.Name());
+    }
+    // acquire: pairs with Create's release, so the geometry below is complete.
+    u64 magic = h->magic_.Load(MemOrder::kAcquire);
+    if (magic == 0) {
+      return Status::Errorf(ErrorCode::kNotFound,
+                            "shm transport: segment '%s' is still being set up",
+                            backend_.Name());
+    }
+    if (magic != kShmTransportMagic) {
+      return Status::Errorf(ErrorCode::kVersionMismatch,
+                            "shm transport: segment '%s' is not a transport segment (bad magic)",
+                            backend_.Name());
+    }
+    if (h->version_ != kShmTransportVersion) {
+      return Status::Errorf(ErrorCode::kVersionMismatch,
+                            "shm transport: segment '%s' has layout version %u; this build "
+                            "expects %u",
+                            backend_.Name(), h->version_, kShmTransportVersion);
+    }
+    const bool geometry_ok =
+        h->num_slots_ > 0 && h->ring_bytes_ >= ShmStream::kMinRingBytes &&
+        RoundUpPow2(h->ring_bytes_) == h->ring_bytes_ && h->slots_offset_ == SlotsOffset() &&
+        h->slot_bytes_ == SlotBytes(h->ring_bytes_) && h->max_outstanding_ > 0 &&
+        h->slots_offset_ + static_cast<u64>(h->num_slots_) * h->slot_bytes_ <=
+            backend_.DataSize();
+    if (!geometry_ok) {
+      return Status::Errorf(ErrorCode::kMalformed,
+                            "shm transport: segment '%s' records a geometry that does not fit "
+                            "its %llu bytes",
+                            backend_.Name(), static_cast<unsigned long long>(backend_.Size()));
+    }
+    return Status::Ok();
+  }
+
+  PosixShmBackend backend_;
+  ShmSegmentHeader *header_ = nullptr;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
+// ---- end chi/transport/shm_segment.h ----
+// ---- begin chi/transport/zmq_common.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
+// What the ZeroMQ client transport and server share: endpoint names (per user
+// and port), the control messages that travel in the task envelope, socket
+// options, and the doorbell that wakes a network thread (the runtime's: its network
+// worker) from other threads.
+// Invariant: a ZeroMQ socket is used by one thread at a time, under its
+// transport's lock; threads that cannot take it hand work over on a lock-free
+// list plus this doorbell.
+//
+// The ZMQ_FD rule. Threads sleep in poll() on a socket's ZMQ_FD without its lock.
+// That fd is edge-like: it signals commands that reach the socket after a thread
+// last used it (send, recv or reading ZMQ_EVENTS all consume them), not "a message
+// is waiting". So a thread that used a socket must, before unlocking, either have
+// received until EAGAIN (or read ZMQ_EVENTS without ZMQ_POLLIN), or ask the network
+// thread for another pass. A thread that stops early (a full batch) and sleeps on
+// the fd sleeps with messages waiting: that is how 256 tasks in flight once fell
+// to 0.002 M/s, each batch of answers waiting for the next poll timeout.
+
+#include <sys/eventfd.h>  // the doorbell's file descriptor
+#include <unistd.h>       // getuid, read, write, close
+
+#include <cstring>  // memcpy of ids
+#include <string>   // endpoint text
+#include <vector>   // message bytes
+
+#include <zmq.hpp>  // cppzmq
+
+namespace chi {
+
+/** The ZeroMQ endpoint of the runtime on this node for `mode` ("ipc" or "tcp") and `port`. */
+inline std::string ZmqEndpoint(std::string_view mode, u32 port) {
+  if (mode == "ipc") {
+    return "ipc:///tmp/chi_" + std::to_string(getuid()) + "_" + std::to_string(port) + ".ipc";
+  }
+  return "tcp://127.0.0.1:" + std::to_string(port);
+}
+
+/**
+ * Control messages share the envelope with tasks: a request id with the top bit
+ * set names a control message instead of a task, followed by its archive bytes.
+ */
+namespace zmq_control {
+inline constexpr u64 kBit = 1ull << 63;
+inline constexpr u64 kConnect = kBit | 1;   ///< client -> runtime: ConnectRequest
+inline constexpr u64 kAccept = kBit | 2;    ///< runtime -> client: ConnectAnswer
+inline constexpr u64 kBye = kBit | 3;       ///< client -> runtime: forget me
+inline constexpr u64 kShutdown = kBit | 4;  ///< runtime -> client: I am stopping
+inline constexpr u64 kRefused = kBit | 5;   ///< runtime -> client: connect first
+/// runtime -> client: nothing to do (clients ignore it). Sent to a client that has gone
+/// quiet: a ROUTER refuses the send when that client's connection is gone.
+inline constexpr u64 kPing = kBit | 6;
+}  // namespace zmq_control
+
+/** Largest request the runtime accepts (ZMQ_MAXMSGSIZE): larger ones drop the connection. */
+inline constexpr u64 kZmqMaxRequestBytes = 256ull << 20;
+/** How long a closing socket may still push queued messages out. */
+inline constexpr int kZmqLingerMs = 1000;
+
+/** Reads the u64 request id at the front of an envelope (the caller checked the length). */
+inline u64 EnvelopeId(const void *data) {
+  u64 id = 0;
+  std::memcpy(&id, data, sizeof(id));
+  return id;
+}
+
+/** Builds a control message: the id, then the archive of `body`. */
+template <typename T>
+zmq::message_t MakeControl(u64 id, T &body) {
+  std::vector<char> buf(kEnvelopeHeaderBytes);
+  std::memcpy(buf.data(), &id, sizeof(id));
+  OutputArchive ar(buf);
+  ar(body);
+  return zmq::message_t(buf.data(), buf.size());
+}
+
+/** A control message with no body. */
+inline zmq::message_t MakeControl(u64 id) { return zmq::message_t(&id, sizeof(id)); }
+
+/** Decodes a control message's body; false when malformed. */
+template <typename T>
+bool ParseControl(const zmq::message_t &msg, T *body) {
+  if (msg.size() < kEnvelopeHeaderBytes) return false;
+  InputArchive ar(static_cast<const char *>(msg.data()) + kEnvelopeHeaderBytes,
+                  msg.size() - kEnvelopeHeaderBytes);
+  ar(*body);
+  return ar.ok();
+}
+
+/**
+ * Wakes a network thread blocked in zmq_poll. Producers ring it after
+ * publishing work; the eventfd is written only while the thread says it sleeps,
+ * so a busy network thread costs producers no system call.
+ */
+class ZmqDoorbell {
+ public:
+  ZmqDoorbell() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  ~ZmqDoorbell() {
+    if (fd_ >= 0) close(fd_);
+  }
+  ZmqDoorbell(const ZmqDoorbell &) = delete;
+  ZmqDoorbell &operator=(const ZmqDoorbell &) = delete;
+
+  bool ok() const { return fd_ >= 0; }
+  /** The fd to poll for POLLIN. */
+  int fd() const { return fd_; }
+
+  /** Producer: call after publishing work. */
+  void Ring() {
+    // seq_cst fence: our publish is visible before we read sleeping_ (mirrors Sleep).
+    FenceSeqCst();
+    if (sleeping_.Load(MemOrder::kRelaxed) != 0) Signal();
+  }
+  /** True while the network thread sleeps or is about to (a hint: read relaxed). */
+  bool Sleeping() const { return sleeping_.Load(MemOrder::kRelaxed) != 0; }
+
+  /** Network thread: announce a sleep; re-check the work lists afterwards, then poll. */
+  void PrepareSleep() {
+    sleeping_.Store(1, MemOrder::kRelaxed);
+    // seq_cst fence: the flag is visible before we re-check for work (mirrors Ring).
+    FenceSeqCst();
+  }
+  /**
+   * Network thread: back from polling; clears the flag, and the counter unless the poll
+   * said the fd was not readable (`rung` false: saves a read; a ring that came since
+   * only makes the next poll return at once).
+   */
+  void Awake(bool rung = true) {
+    sleeping_.Store(0, MemOrder::kRelaxed);
+    if (rung) Clear();
+  }
+
+  /** Makes the fd readable now, whether or not anyone sleeps (a bell without the flag). */
+  void Signal() {
+    u64 one = 1;
+    ssize_t n = write(fd_, &one, sizeof(one));
+    (void)n;  // EAGAIN means the counter is already non-zero: the poller wakes anyway
+  }
+  /** Clears the counter: the fd is no longer readable until the next ring. */
+  void Clear() {
+    u64 v = 0;
+    ssize_t n = read(fd_, &v, sizeof(v));
+    (void)n;  // EAGAIN: nobody rang
+  }
+
+ private:
+  int fd_;
+  Atomic<u32> sleeping_;
+};
+
+/** True when `s` has a message to receive; re-reads its events (see the ZMQ_FD rule). */
+inline bool ZmqReadable(zmq::socket_t &s) {
+  return (s.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+}
+
+/** Socket options every chi ZeroMQ socket gets: bounded linger, no message limit on HWM. */
+inline void ConfigureZmqSocket(zmq::socket_t &s) {
+  s.set(zmq::sockopt::linger, kZmqLingerMs);
+  s.set(zmq::sockopt::sndhwm, 0);  // back-pressure is ours (bounded in-flight), not ZeroMQ's
+  s.set(zmq::sockopt::rcvhwm, 0);
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
+// ---- end chi/transport/zmq_common.h ----
+
+namespace chi {
+
+/** Seconds a dead runtime's leftovers must have existed before a runtime start sweeps them. */
+inline constexpr u64 kStaleSweepMinAgeS = 60;
+
+/** Where to look and what to spare (defaults: this user's files, every port, one minute). */
+struct StaleSweepOptions {
+  u64 min_age_s = kStaleSweepMinAgeS;  ///< younger leftovers stay (see the invariant)
+  u32 skip_port = 0;                   ///< a port never swept (the caller's own; 0: none)
+  u32 first_port = 0;                  ///< only ports in [first_port, last_port]
+  u32 last_port = 65535;
+};
+
+/** Where shm_open's names appear as files (glibc on Linux). */
+inline constexpr const char *kShmDir = "/dev/shm";
+
+/** What a sweep removed, and what it left because it was too young. */
+struct StaleSweep {
+  std::vector<u32> ports;  ///< ports with anything removed, ascending
+  u32 segments = 0;        ///< shared segments removed
+  u32 sockets = 0;         ///< ipc socket files removed
+  u32 young = 0;           ///< dead leftovers spared for their age (a later sweep takes them)
+};
+
+namespace detail {
+
+/** Reads a port: 1 to 5 decimal digits, at most 65535; false for anything else. */
+inline bool ParsePort(std::string_view digits, u32 *port) {
+  if (digits.empty() || digits.size() > 5) return false;
+  u32 v = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<u32>(c - '0');
+  }
+  if (v > 65535) return false;
+  *port = v;
+  return true;
+}
+
+/** Seconds since `path` was last modified (created, for our files); false when it is gone. */
+inline bool FileAgeS(const std::string &path, u64 *age_s) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return false;
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  *age_s = now.tv_sec > st.st_mtim.tv_sec ? static_cast<u64>(now.tv_sec - st.st_mtim.tv_sec) : 0;
+  return true;
+}
+
+/** True when something listens on unix socket `path` (a live ZeroMQ ipc endpoint). */
+inline bool SocketListening(const std::string &path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return true;  // cannot tell: keep it
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;
+  const bool refused =
+      connect(fd, reinterpret_cast<const sockaddr *>(&addr), sizeof(addr)) != 0 &&
+      (errno == ECONNREFUSED || errno == ENOENT);
+  close(fd);
+  return !refused;
+}
+
+/**
+ * Removes the files `paths` (absolute) of one dead port that are at least `min_age_s` old,
+ * counting them in *removed; true when one was spared for its age.
+ */
+template <typename Remove>
+bool RemoveIfOld(const std::vector<std::string> &paths, u64 min_age_s, Remove remove,
+                 u32 *removed) {
+  bool spared = false;
+  for (const std::string &path : paths) {
+    u64 age = 0;  // read just before the removal: a runtime may be starting on the port
+    if (!FileAgeS(path, &age)) continue;
+    if (age < min_age_s) {
+      spared = true;
+    } else if (remove(path)) {
+      ++*removed;
+    }
+  }
+  return spared;
+}
+
+}  // namespace detail
+
+/**
+ * The port of a runtime segment of this user, from its file name in /dev/shm
+ * ("chi_<uid>_rt<port>_<role>" or "chi_<uid>_shm_transport_<port>"); false for any other
+ * name. *name gets the segment's name as PosixShmBackend knows it (no user prefix).
+ */
+inline bool ParseRuntimeSegmentFile(std::string_view file, u32 uid, u32 *port,
+                                    std::string *name) {
+  const std::string prefix = "chi_" + std::to_string(uid) + "_";
+  if (file.substr(0, prefix.size()) != prefix) return false;
+  const std::string_view rest = file.substr(prefix.size());
+  constexpr std::string_view kTransport = "shm_transport_";
+  bool ok = false;
+  if (rest.substr(0, kTransport.size()) == kTransport) {
+    ok = detail::ParsePort(rest.substr(kTransport.size()), port);
+  } else if (rest.substr(0, 2) == "rt") {
+    const size_t cut = rest.find('_');
+    if (cut != std::string_view::npos && detail::ParsePort(rest.substr(2, cut - 2), port)) {
+      const std::string_view role = rest.substr(cut + 1);
+      for (const char *r : RuntimeSegments::kRoles) ok = ok || role == r;
+    }
+  }
+  if (ok) *name = std::string(rest);
+  return ok;
+}
+
+/**
+ * The port of a runtime's ipc socket file of this user in /tmp ("chi_<uid>_<port>.ipc");
+ * false for any other name.
+ */
+inline bool ParseIpcSocketFile(std::string_view file, u32 uid, u32 *port) {
+  const std::string prefix = "chi_" + std::to_string(uid) + "_";
+  constexpr std::string_view kSuffix = ".ipc";
+  if (file.size() <= prefix.size() + kSuffix.size()) return false;
+  if (file.substr(0, prefix.size()) != prefix) return false;
+  if (file.substr(file.size() - kSuffix.size()) != kSuffix) return false;
+  return detail::ParsePort(file.substr(prefix.size(), file.size() - prefix.size() - kSuffix.size()),
+                           port);
+}
+
+/**
+ * Removes the leftovers of dead runtimes of this user (the invariant above says which).
+ * Never fails: what it cannot read or remove stays, as it was.
+ */
+inline StaleSweep SweepStaleSegments(const StaleSweepOptions &o = {}) {
+  const u32 uid = static_cast<u32>(getuid());
+  const auto wanted = [&](u32 port) {
+    return port != o.skip_port && port >= o.first_port && port <= o.last_port;
+  };
+  StaleSweep out;
+  std::map<u32, std::vector<std::string>> segments;  // by port: names without the prefix
+  if (DIR *dir = opendir(kShmDir)) {
+    while (const dirent *e = readdir(dir)) {
+      u32 port = 0;
+      std::string name;
+      if (ParseRuntimeSegmentFile(e->d_name, uid, &port, &name) && wanted(port)) {
+        segments[port].push_back(std::move(name));
+      }
+    }
+    closedir(dir);
+  }
+  const std::string file_prefix = std::string(kShmDir) + "/chi_" + std::to_string(uid) + "_";
+  for (const auto &[port, names] : segments) {
+    bool stale = false;
+    if (RuntimeSegments::FindOwner(port, &stale) != 0) continue;  // its runtime runs
+    if (!ShmSegment::CheckNotServed(ShmSegmentName(port), port).ok()) continue;
+    std::vector<std::string> paths;
+    for (const std::string &name : names) paths.push_back(file_prefix + name);
+    const u32 before = out.segments;
+    const auto destroy = [&](const std::string &path) {
+      return PosixShmBackend::DestroyByName(path.substr(file_prefix.size())).ok();
+    };
+    out.young += detail::RemoveIfOld(paths, o.min_age_s, destroy, &out.segments) ? 1 : 0;
+    if (out.segments != before) out.ports.push_back(port);
+  }
+  std::vector<u32> socket_ports;  // the ipc endpoints' files (ZmqEndpoint's path)
+  if (DIR *dir = opendir("/tmp")) {
+    while (const dirent *e = readdir(dir)) {
+      u32 port = 0;
+      if (ParseIpcSocketFile(e->d_name, uid, &port) && wanted(port)) socket_ports.push_back(port);
+    }
+    closedir(dir);
+  }
+  for (u32 port : socket_ports) {
+    const std::string path = ZmqEndpoint("ipc", port).substr(std::strlen("ipc://"));
+    if (detail::SocketListening(path)) continue;
+    const u32 before = out.sockets;
+    const auto unlink_file = [](const std::string &p) { return unlink(p.c_str()) == 0; };
+    out.young += detail::RemoveIfOld({path}, o.min_age_s, unlink_file, &out.sockets) ? 1 : 0;
+    if (out.sockets != before) out.ports.push_back(port);
+  }
+  std::sort(out.ports.begin(), out.ports.end());
+  out.ports.erase(std::unique(out.ports.begin(), out.ports.end()), out.ports.end());
+  return out;
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_STALE_SEGMENTS_H
+// ---- end chi/transport/stale_segments.h ----
 // ---- begin chi/transport/shm_transport.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
@@ -10213,541 +11129,6 @@ inline void DecodeAnswer(Task *t, const char *data, u64 len) {
 #include <memory>   // unique_ptr of the table
 #include <thread>   // the receiver thread
 #include <vector>   // the answer assembly buffer
-
-// ---- begin chi/transport/shm_process.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
-// Who is on the other end of a shared-memory connection, and is it still there: the
-// primitive of the process reaper (ShmServer checks its clients, clients check the
-// runtime). Invariant: a pid alone is never trusted, since pids are reused; an identity
-// pairs it with the process's start time, and a zombie counts as dead.
-
-#include <fcntl.h>   // open
-#include <signal.h>  // kill(pid, 0)
-#include <unistd.h>  // read, close, getpid
-
-#include <cerrno>  // ESRCH
-#include <cstdio>  // snprintf for the /proc path
-
-namespace chi {
-
-/** A process as the reaper knows it: pid plus start time (clock ticks since boot). */
-struct ProcessIdentity {
-  u32 pid = 0;
-  u64 start_ticks = 0;  ///< 0 when /proc could not tell
-};
-
-namespace detail {
-
-/** What /proc/<pid>/stat says about a process. */
-struct ProcStat {
-  bool found = false;   ///< the file exists and parsed
-  char state = '?';     ///< R, S, D, Z, X, ...
-  u64 start_ticks = 0;  ///< field 22, starttime
-};
-
-/** Reads state and start time of `pid` from /proc (host only; a slow path). */
-inline ProcStat ReadProcStat(u32 pid) {
-  ProcStat out;
-  char path[48];
-  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
-  char buf[1024];
-  ssize_t n = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (n <= 0) return out;
-  buf[n] = '\0';
-  // The command name (field 2) may hold spaces and parentheses: parse after the last ')'.
-  char *p = nullptr;
-  for (ssize_t i = n - 1; i >= 0; --i) {
-    if (buf[i] == ')') {
-      p = buf + i + 1;
-      break;
-    }
-  }
-  if (p == nullptr) return out;
-  int field = 2;  // the ')' ends field 2
-  while (*p != '\0' && field < 22) {
-    while (*p == ' ') ++p;
-    ++field;
-    if (field == 3) out.state = *p;
-    if (field == 22) {
-      u64 v = 0;
-      while (*p >= '0' && *p <= '9') v = v * 10 + static_cast<u64>(*p++ - '0');
-      out.start_ticks = v;
-      out.found = true;
-      break;
-    }
-    while (*p != ' ' && *p != '\0') ++p;
-  }
-  return out;
-}
-
-}  // namespace detail
-
-/** The identity of process `pid` now (start_ticks 0 when /proc is unavailable). */
-inline ProcessIdentity IdentityOf(u32 pid) {
-  detail::ProcStat st = detail::ReadProcStat(pid);
-  return ProcessIdentity{pid, st.found ? st.start_ticks : 0};
-}
-
-/** This process's identity. */
-inline ProcessIdentity SelfIdentity() { return IdentityOf(static_cast<u32>(getpid())); }
-
-/**
- * True while the process `who` names still runs: the pid exists, is not a zombie, and
- * (when both start times are known) started when `who` says. Without /proc it falls
- * back to kill(pid, 0).
- */
-inline bool IsProcessAlive(const ProcessIdentity &who) {
-  if (who.pid == 0) return false;
-  detail::ProcStat st = detail::ReadProcStat(who.pid);
-  if (st.found) {
-    if (st.state == 'Z' || st.state == 'X') return false;
-    return who.start_ticks == 0 || st.start_ticks == who.start_ticks;
-  }
-  return !(kill(static_cast<pid_t>(who.pid), 0) != 0 && errno == ESRCH);
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
-// ---- end chi/transport/shm_process.h ----
-// ---- begin chi/transport/shm_segment.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
-// The shared-memory transport's segment: a header (magic, version, the runtime's identity,
-// geometry, wake-up event, statistics) and a table of client slots, each owning a request
-// stream (client -> runtime) and an answer stream (runtime -> client). ShmServer creates
-// it, ShmClientTransport attaches it. Invariant: the header's magic is written last, and a
-// slot's streams are reset only by the runtime while no client owns the slot.
-
-#include <new>          // placement new of the header and slots
-#include <string>       // segment names, ShmServerInfo
-#include <string_view>  // names
-
-// ---- begin chi/core/cpu_share.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_CORE_CPU_SHARE_H
-#define CHI_SINGLE_INCLUDE_CHI_CORE_CPU_SHARE_H
-// Two threads that spin for each other across processes (a client waiting for its answer,
-// the runtime thread serving it) must not share one CPU: each then progresses only while
-// the other is off it. Each end records where it runs (NoteCpu); an end that finds the
-// other on its own CPU yields to it (ShareCpu), and a runtime thread that keeps finding
-// it so moves itself to another CPU (CpuUnstacker): the kernel's balancer leaves two
-// threads that keep handing one CPU to each other stacked there for tens of milliseconds.
-
-#include <sched.h>  // sched_getcpu, sched_{get,set}affinity
-
-namespace chi {
-
-/** The CPU the calling thread runs on, plus one (0: unknown). Costs a few ns (rseq). */
-inline u32 CpuTag() {
-  const int cpu = sched_getcpu();
-  return cpu < 0 ? 0 : static_cast<u32>(cpu) + 1;
-}
-
-/** Records the caller's CPU in `where` when it changed (the line is rarely written). */
-inline void NoteCpu(Atomic<u32> &where) {
-  const u32 cpu = CpuTag();
-  // relaxed: a scheduling hint, never a synchronisation.
-  if (where.Load(MemOrder::kRelaxed) != cpu) where.Store(cpu, MemOrder::kRelaxed);
-}
-
-/**
- * True when the other end last ran on the caller's CPU (`other` as NoteCpu wrote it):
- * then it can only progress while we do not run, and the caller should yield to it.
- */
-inline bool ShareCpu(const Atomic<u32> &other) {
-  const u32 cpu = other.Load(MemOrder::kRelaxed);  // relaxed: a hint
-  return cpu != 0 && cpu == CpuTag();
-}
-
-/**
- * A runtime thread's memory of finding its peer on its CPU. Once that has lasted
- * kMoveAfterNs with no sighting apart, the thread moves to another CPU it may run on (its
- * affinity minus this CPU, then its whole affinity again: it stays free to go anywhere),
- * at most once per kMoveIntervalNs so an oversubscribed machine does not see it hop.
- * Only for threads the runtime owns: a client's threads are the application's.
- */
-class CpuUnstacker {
- public:
-  /** Stacking this long (ns) moves the thread. */
-  static constexpr u64 kMoveAfterNs = 2000000;
-  /** The least time (ns) between two moves. */
-  static constexpr u64 kMoveIntervalNs = 50000000;
-
-  /**
-   * The peer was seen on this thread's CPU at `now_ns`; may move the thread. True when it
-   * moved (the caller counts it: Monitor reports the moves).
-   */
-  bool Stacked(u64 now_ns) {
-    if (since_ns_ == 0) since_ns_ = now_ns;
-    if (now_ns - since_ns_ < kMoveAfterNs || now_ns - last_move_ns_ < kMoveIntervalNs) {
-      return false;
-    }
-    last_move_ns_ = now_ns;
-    since_ns_ = 0;
-    return MoveOff();
-  }
-
-  /** The peer was seen elsewhere: the stacking, if any, is over. */
-  void Apart() { since_ns_ = 0; }
-
- private:
-  /**
-   * Moves the calling thread off its current CPU, when it has anywhere else to go; true
-   * when it moved.
-   */
-  static bool MoveOff() {
-    cpu_set_t allowed;
-    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
-    const int cpu = sched_getcpu();
-    if (cpu < 0 || CPU_COUNT(&allowed) < 2 || !CPU_ISSET(cpu, &allowed)) return false;
-    cpu_set_t others = allowed;
-    CPU_CLR(cpu, &others);
-    // The kernel migrates a thread off a CPU its new mask excludes at once; the full mask
-    // again afterwards leaves it where it landed.
-    const bool moved = sched_setaffinity(0, sizeof(others), &others) == 0;
-    sched_setaffinity(0, sizeof(allowed), &allowed);
-    return moved;
-  }
-
-  u64 since_ns_ = 0;      ///< when the current stacking was first seen (0: none)
-  u64 last_move_ns_ = 0;  ///< when the thread last moved
-};
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_CORE_CPU_SHARE_H
-// ---- end chi/core/cpu_share.h ----
-
-namespace chi {
-
-inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
-/** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 7;  // 7: data segments (kRef records)
-
-/** What a client needs to find and check a runtime's segment. */
-struct ShmServerInfo {
-  std::string segment;  ///< segment name (PosixShmBackend adds the per-user prefix)
-  u64 size = 0;         ///< whole segment bytes; Connect refuses a segment of another size
-  u32 version = 0;      ///< kShmTransportVersion of the runtime
-  u32 port = 0;         ///< the runtime's port (names the segment)
-  u32 runtime_pid = 0;  ///< for messages and liveness checks
-
-  template <class Ar>
-  void serialize(Ar &ar) {
-    ar(segment, size, version, port, runtime_pid);
-  }
-};
-
-/** Life of a client slot as both sides see it (ShmClientSlot::state_). */
-enum class ShmSlotState : u32 {
-  kFree = 0,    ///< no owner, or an owner that won owner_pid_ and is still setting up
-  kActive = 1,  ///< the client is set up; the runtime serves it
-  kClosed = 2,  ///< the client left; the runtime reclaims it
-  kBroken = 3,  ///< the runtime found a corrupt request stream; the client must close
-};
-
-/** Life of the runtime (ShmSegmentHeader::runtime_state_). */
-enum class ShmRuntimeState : u32 { kStarting = 0, kServing = 1, kStopping = 2, kStopped = 3 };
-
-/**
- * Counters the runtime publishes in its segment (any process may read them). Those
- * counted per request live in each slot instead (ShmClientSlot line 6), so that no two
- * readers ever bump one shared line.
- */
-struct ShmStatsBlock {
-  Atomic<u32> clients;           ///< slots being served now
-  Atomic<u64> reclaimed_clients; ///< slots taken back from dead or misbehaving clients
-  Atomic<u64> bytes_in_use;      ///< ring bytes unread plus partial messages held
-  Atomic<u64> broken_streams;    ///< request streams found corrupt
-  WaitStats poller_waits;        ///< how often the poller parked
-  Atomic<u64> cpu_moves;         ///< runtime threads moved off a client's CPU (CpuUnstacker)
-};
-
-/** One client's place in the segment; its two streams follow it. */
-struct ShmClientSlot {
-  // Line 0: ownership, written on connect, close and reclaim only.
-  alignas(kCacheLine) Atomic<u32> owner_pid_;  ///< the claim word: 0 = free
-  Atomic<u32> state_;                          ///< ShmSlotState
-  Atomic<u32> generation_;                     ///< bumped by every reclaim
-  Atomic<u32> broken_code_;                    ///< ErrorCode once kBroken
-  Atomic<u64> owner_start_ticks_;              ///< with owner_pid_: the owner's identity
-  // Line 1: set by the runtime while it waits for room in the answer stream.
-  alignas(kCacheLine) Atomic<u32> runtime_needs_room_;
-  // Lines 2-3: the client parks here (answers to read; room to write requests).
-  alignas(kCacheLine) WaitEvent answer_ready_;
-  alignas(kCacheLine) WaitEvent request_room_;
-  // Lines 4-5: where each end last ran (CpuTag), stored only when it changes. Two
-  // spinning ends placed on one CPU hand it to each other (ShareCpu) instead of each
-  // spinning out its time slice.
-  alignas(kCacheLine) Atomic<u32> runtime_cpu_;  ///< the runtime thread that took requests
-  alignas(kCacheLine) Atomic<u32> client_cpu_;   ///< the client thread that sent requests
-  // Line 6: the runtime's counts for this slot over all its clients, written only by the
-  // holder of the slot's reader flag (a load and a store, no locked add); summed by
-  // anyone reading the statistics.
-  alignas(kCacheLine) Atomic<u64> tasks_served_;  ///< requests taken in (refused ones too)
-  Atomic<u64> worker_taken_;  ///< requests runtime workers took in themselves (no poller)
-  Atomic<u64> data_requests_;  ///< requests that lay in the client data segment
-  // Lines 7-8: how far each data region's reader has freed it (ShmDataRegion::Release):
-  // the runtime frees the slot's cdata region, the client its rdata region.
-  alignas(kCacheLine) Atomic<u64> request_data_released_;
-  Atomic<u64> data_answers_;  ///< answers written to the runtime data segment (the writer's)
-  alignas(kCacheLine) Atomic<u64> answer_data_released_;
-};
-
-/** The first bytes of the segment's data area. */
-struct ShmSegmentHeader {
-  // Line 0: geometry and identity, written before the magic and then only read.
-  alignas(kCacheLine) Atomic<u64> magic_;
-  u32 version_ = 0;
-  u32 port_ = 0;
-  u32 num_slots_ = 0;
-  u32 ring_bytes_ = 0;       ///< each stream's ring
-  u32 max_outstanding_ = 0;  ///< requests in flight per client
-  u32 runtime_pid_ = 0;
-  u64 runtime_start_ticks_ = 0;
-  u64 max_message_bytes_ = 0;
-  u64 slots_offset_ = 0;     ///< from the header's address
-  u64 slot_bytes_ = 0;       ///< stride of the slot table
-  Atomic<u32> runtime_state_;  ///< ShmRuntimeState
-  // Line 1: bumped by clients that connect or close, so the runtime rescans the table.
-  alignas(kCacheLine) Atomic<u32> membership_seq_;
-  /// Runtime workers polling the request streams right now, one bit per worker id mod 64
-  /// (changes only when one parks or wakes): while non-zero a client does not wake the
-  /// poller after a request.
-  Atomic<u64> worker_readers_;
-  // Line 2: the runtime's poller parks here; clients and workers notify it.
-  alignas(kCacheLine) WaitEvent server_event_;
-  // Line 3: statistics, written by the poller.
-  alignas(kCacheLine) ShmStatsBlock stats_;
-  // The data segments large messages travel in: written before the magic, then only read.
-  alignas(kCacheLine) ShmDataGeometry data_;
-};
-
-/** Sizes of a segment, chosen by the runtime and recorded in its header. */
-struct ShmGeometry {
-  u32 num_slots = 32;
-  u32 ring_bytes = 1u << 20;
-  u64 max_message_bytes = 256ull << 20;
-  u32 max_outstanding = 1024;
-  ShmDataGeometry data;  ///< the data segments (ShmDataSegments::Open fills it)
-};
-
-/** The segment name of the runtime serving `port` ("shm_transport_<port>"). */
-inline std::string ShmSegmentName(u32 port) { return "shm_transport_" + std::to_string(port); }
-
-/** A mapped transport segment: the runtime creates it, clients attach it. */
-class ShmSegment {
- public:
-  /** Bytes of the data area a geometry needs. */
-  static u64 BytesFor(const ShmGeometry &g) {
-    return SlotsOffset() + static_cast<u64>(g.num_slots) * SlotBytes(g.ring_bytes);
-  }
-
-  /**
-   * Creates the segment for `port` and fills in header and slots (state kStarting). A
-   * segment left by a dead or stopped runtime is replaced; one whose runtime still runs
-   * is kAlreadyExists.
-   */
-  Status Create(u32 port, const ShmGeometry &g, const ProcessIdentity &self) {
-    const std::string name = ShmSegmentName(port);
-    const u64 bytes = BytesFor(g);
-    Status st = backend_.Create(name, bytes, CreateMode::kExclusive);
-    if (st.code() == ErrorCode::kAlreadyExists) {
-      if (Status live = CheckNotServed(name, port); !live.ok()) return live;
-      st = backend_.Create(name, bytes, CreateMode::kReplace);
-    }
-    if (!st.ok()) return st;
-    header_ = new (backend_.Data()) ShmSegmentHeader();
-    header_->version_ = kShmTransportVersion;
-    header_->port_ = port;
-    header_->num_slots_ = g.num_slots;
-    header_->ring_bytes_ = RoundUpPow2(g.ring_bytes);
-    header_->max_outstanding_ = g.max_outstanding;
-    header_->runtime_pid_ = self.pid;
-    header_->runtime_start_ticks_ = self.start_ticks;
-    header_->max_message_bytes_ = g.max_message_bytes;
-    header_->slots_offset_ = SlotsOffset();
-    header_->slot_bytes_ = SlotBytes(g.ring_bytes);
-    header_->data_ = g.data;
-    for (u32 i = 0; i < g.num_slots; ++i) {
-      new (Slot(i)) ShmClientSlot();
-      ShmStream::Create(RequestStream(i), header_->ring_bytes_);
-      ShmStream::Create(AnswerStream(i), header_->ring_bytes_);
-    }
-    // release: attachers that read the magic see the geometry and the slots above.
-    header_->magic_.Store(kShmTransportMagic, MemOrder::kRelease);
-    return Status::Ok();
-  }
-
-  /**
-   * Attaches the segment `info` names and checks it: kNotFound (no such segment),
-   * kSizeMismatch (not the size announced), kVersionMismatch (not a transport segment,
-   * or another layout version), kMalformed (a header whose geometry does not fit).
-   */
-  Status Attach(const ShmServerInfo &info) {
-    if (info.version != kShmTransportVersion) {
-      return Status::Errorf(ErrorCode::kVersionMismatch,
-                            "shm transport: the runtime announced layout version %u; this "
-                            "client speaks %u",
-                            info.version, kShmTransportVersion);
-    }
-    if (Status st = AttachByName(info.segment); !st.ok()) return st;
-    if (info.size != backend_.Size()) {
-      Status st = Status::Errorf(ErrorCode::kSizeMismatch,
-                                 "shm transport: segment '%s' is %llu bytes, the runtime "
-                                 "announced %llu",
-                                 info.segment.c_str(),
-                                 static_cast<unsigned long long>(backend_.Size()),
-                                 static_cast<unsigned long long>(info.size));
-      Detach();
-      return st;
-    }
-    return Status::Ok();
-  }
-
-  /** Attaches by name and validates the header (used by Attach and by probes). */
-  Status AttachByName(std::string_view name) {
-    if (Status st = backend_.Attach(name); !st.ok()) return st;
-    Status st = Validate();
-    if (!st.ok()) {
-      backend_.Detach();
-      return st;
-    }
-    header_ = reinterpret_cast<ShmSegmentHeader *>(backend_.Data());
-    return Status::Ok();
-  }
-
-  /** Unmaps the segment here (others keep it). Idempotent. */
-  void Detach() {
-    header_ = nullptr;
-    backend_.Detach();
-  }
-
-  /** Unmaps and removes the segment's name (the runtime, on Stop). */
-  void Destroy() {
-    header_ = nullptr;
-    if (backend_.IsAttached()) backend_.Destroy();
-  }
-
-  bool IsAttached() const { return header_ != nullptr; }
-  ShmSegmentHeader *Header() const { return header_; }
-  u64 Size() const { return backend_.Size(); }
-  const char *Name() const { return backend_.Name(); }
-
-  /** Slot i (i < num_slots_). */
-  ShmClientSlot *Slot(u32 i) const { return SlotOf(header_, i); }
-
-  /** Slot i of the segment whose (validated) header is h. */
-  static ShmClientSlot *SlotOf(const ShmSegmentHeader *h, u32 i) {
-    char *base = reinterpret_cast<char *>(const_cast<ShmSegmentHeader *>(h));
-    return reinterpret_cast<ShmClientSlot *>(base + h->slots_offset_ + i * h->slot_bytes_);
-  }
-  /** Slot i's client -> runtime stream. */
-  ShmStream *RequestStream(u32 i) const {
-    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot));
-  }
-  /** Slot i's runtime -> client stream. */
-  ShmStream *AnswerStream(u32 i) const {
-    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot) +
-                             ShmStream::BytesFor(header_->ring_bytes_));
-  }
-
-  /**
-   * Ok while the runtime that made the segment serves it; kPeerDead once its process is
-   * gone (a stale segment), kShutdown while it is stopping or stopped.
-   */
-  Status RuntimeStatus() const {
-    // acquire: what the runtime wrote before changing its state is visible after.
-    const u32 state = header_->runtime_state_.Load(MemOrder::kAcquire);
-    const u32 pid = header_->runtime_pid_;
-    if (!IsProcessAlive(ProcessIdentity{pid, header_->runtime_start_ticks_})) {
-      return Status::Errorf(ErrorCode::kPeerDead,
-                            "shm transport: runtime pid %u of segment '%s' is gone", pid,
-                            backend_.Name());
-    }
-    if (state != static_cast<u32>(ShmRuntimeState::kServing)) {
-      return Status::Errorf(ErrorCode::kShutdown,
-                            "shm transport: runtime pid %u of segment '%s' is not serving "
-                            "(stopping or stopped)",
-                            pid, backend_.Name());
-    }
-    return Status::Ok();
-  }
-
- private:
-  /** Where the slot table starts (after the header, on a cache line). */
-  static constexpr u64 SlotsOffset() { return RoundUpTo(sizeof(ShmSegmentHeader), kCacheLine); }
-  /** One slot plus its two streams. */
-  static u64 SlotBytes(u32 ring_bytes) {
-    return RoundUpTo(sizeof(ShmClientSlot) + 2 * ShmStream::BytesFor(ring_bytes), kCacheLine);
-  }
-
-  /** Checks a freshly attached segment's transport header against its size. */
-  Status Validate() const {
-    const auto *h = reinterpret_cast<const ShmSegmentHeader *>(backend_.Data());
-    if (backend_.DataSize() < sizeof(ShmSegmentHeader)) {
-      return Status::Errorf(ErrorCode::kSizeMismatch,
-                            "shm transport: segment '%s' is too small for a transport header",
-                            backend_.Name());
-    }
-    // acquire: pairs with Create's release, so the geometry below is complete.
-    u64 magic = h->magic_.Load(MemOrder::kAcquire);
-    if (magic == 0) {
-      return Status::Errorf(ErrorCode::kNotFound,
-                            "shm transport: segment '%s' is still being set up",
-                            backend_.Name());
-    }
-    if (magic != kShmTransportMagic) {
-      return Status::Errorf(ErrorCode::kVersionMismatch,
-                            "shm transport: segment '%s' is not a transport segment (bad magic)",
-                            backend_.Name());
-    }
-    if (h->version_ != kShmTransportVersion) {
-      return Status::Errorf(ErrorCode::kVersionMismatch,
-                            "shm transport: segment '%s' has layout version %u; this build "
-                            "expects %u",
-                            backend_.Name(), h->version_, kShmTransportVersion);
-    }
-    const bool geometry_ok =
-        h->num_slots_ > 0 && h->ring_bytes_ >= ShmStream::kMinRingBytes &&
-        RoundUpPow2(h->ring_bytes_) == h->ring_bytes_ && h->slots_offset_ == SlotsOffset() &&
-        h->slot_bytes_ == SlotBytes(h->ring_bytes_) && h->max_outstanding_ > 0 &&
-        h->slots_offset_ + static_cast<u64>(h->num_slots_) * h->slot_bytes_ <=
-            backend_.DataSize();
-    if (!geometry_ok) {
-      return Status::Errorf(ErrorCode::kMalformed,
-                            "shm transport: segment '%s' records a geometry that does not fit "
-                            "its %llu bytes",
-                            backend_.Name(), static_cast<unsigned long long>(backend_.Size()));
-    }
-    return Status::Ok();
-  }
-
-  /** kAlreadyExists when a live runtime serves segment `name`; Ok when it is stale. */
-  static Status CheckNotServed(const std::string &name, u32 port) {
-    ShmSegment old;
-    if (!old.AttachByName(name).ok()) return Status::Ok();  // unreadable: a crash mid-create
-    const ShmSegmentHeader *h = old.Header();
-    const bool stopped =
-        h->runtime_state_.Load(MemOrder::kAcquire) == static_cast<u32>(ShmRuntimeState::kStopped);
-    const u32 pid = h->runtime_pid_;
-    const bool live = !stopped && IsProcessAlive(ProcessIdentity{pid, h->runtime_start_ticks_});
-    old.Detach();
-    if (!live) return Status::Ok();
-    return Status::Errorf(ErrorCode::kAlreadyExists,
-                          "shm transport: port %u is served by runtime pid %u (segment '%s')",
-                          port, pid, name.c_str());
-  }
-
-  PosixShmBackend backend_;
-  ShmSegmentHeader *header_ = nullptr;
-};
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
-// ---- end chi/transport/shm_segment.h ----
 
 namespace chi {
 
@@ -13559,172 +13940,6 @@ class ZmqRequestTable {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_TABLE_H
 // ---- end chi/transport/zmq_client_table.h ----
-// ---- begin chi/transport/zmq_common.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
-// What the ZeroMQ client transport and server share: endpoint names (per user
-// and port), the control messages that travel in the task envelope, socket
-// options, and the doorbell that wakes a network thread (the runtime's: its network
-// worker) from other threads.
-// Invariant: a ZeroMQ socket is used by one thread at a time, under its
-// transport's lock; threads that cannot take it hand work over on a lock-free
-// list plus this doorbell.
-//
-// The ZMQ_FD rule. Threads sleep in poll() on a socket's ZMQ_FD without its lock.
-// That fd is edge-like: it signals commands that reach the socket after a thread
-// last used it (send, recv or reading ZMQ_EVENTS all consume them), not "a message
-// is waiting". So a thread that used a socket must, before unlocking, either have
-// received until EAGAIN (or read ZMQ_EVENTS without ZMQ_POLLIN), or ask the network
-// thread for another pass. A thread that stops early (a full batch) and sleeps on
-// the fd sleeps with messages waiting: that is how 256 tasks in flight once fell
-// to 0.002 M/s, each batch of answers waiting for the next poll timeout.
-
-#include <sys/eventfd.h>  // the doorbell's file descriptor
-#include <unistd.h>       // getuid, read, write, close
-
-#include <cstring>  // memcpy of ids
-#include <string>   // endpoint text
-#include <vector>   // message bytes
-
-#include <zmq.hpp>  // cppzmq
-
-namespace chi {
-
-/** The ZeroMQ endpoint of the runtime on this node for `mode` ("ipc" or "tcp") and `port`. */
-inline std::string ZmqEndpoint(std::string_view mode, u32 port) {
-  if (mode == "ipc") {
-    return "ipc:///tmp/chi_" + std::to_string(getuid()) + "_" + std::to_string(port) + ".ipc";
-  }
-  return "tcp://127.0.0.1:" + std::to_string(port);
-}
-
-/**
- * Control messages share the envelope with tasks: a request id with the top bit
- * set names a control message instead of a task, followed by its archive bytes.
- */
-namespace zmq_control {
-inline constexpr u64 kBit = 1ull << 63;
-inline constexpr u64 kConnect = kBit | 1;   ///< client -> runtime: ConnectRequest
-inline constexpr u64 kAccept = kBit | 2;    ///< runtime -> client: ConnectAnswer
-inline constexpr u64 kBye = kBit | 3;       ///< client -> runtime: forget me
-inline constexpr u64 kShutdown = kBit | 4;  ///< runtime -> client: I am stopping
-inline constexpr u64 kRefused = kBit | 5;   ///< runtime -> client: connect first
-/// runtime -> client: nothing to do (clients ignore it). Sent to a client that has gone
-/// quiet: a ROUTER refuses the send when that client's connection is gone.
-inline constexpr u64 kPing = kBit | 6;
-}  // namespace zmq_control
-
-/** Largest request the runtime accepts (ZMQ_MAXMSGSIZE): larger ones drop the connection. */
-inline constexpr u64 kZmqMaxRequestBytes = 256ull << 20;
-/** How long a closing socket may still push queued messages out. */
-inline constexpr int kZmqLingerMs = 1000;
-
-/** Reads the u64 request id at the front of an envelope (the caller checked the length). */
-inline u64 EnvelopeId(const void *data) {
-  u64 id = 0;
-  std::memcpy(&id, data, sizeof(id));
-  return id;
-}
-
-/** Builds a control message: the id, then the archive of `body`. */
-template <typename T>
-zmq::message_t MakeControl(u64 id, T &body) {
-  std::vector<char> buf(kEnvelopeHeaderBytes);
-  std::memcpy(buf.data(), &id, sizeof(id));
-  OutputArchive ar(buf);
-  ar(body);
-  return zmq::message_t(buf.data(), buf.size());
-}
-
-/** A control message with no body. */
-inline zmq::message_t MakeControl(u64 id) { return zmq::message_t(&id, sizeof(id)); }
-
-/** Decodes a control message's body; false when malformed. */
-template <typename T>
-bool ParseControl(const zmq::message_t &msg, T *body) {
-  if (msg.size() < kEnvelopeHeaderBytes) return false;
-  InputArchive ar(static_cast<const char *>(msg.data()) + kEnvelopeHeaderBytes,
-                  msg.size() - kEnvelopeHeaderBytes);
-  ar(*body);
-  return ar.ok();
-}
-
-/**
- * Wakes a network thread blocked in zmq_poll. Producers ring it after
- * publishing work; the eventfd is written only while the thread says it sleeps,
- * so a busy network thread costs producers no system call.
- */
-class ZmqDoorbell {
- public:
-  ZmqDoorbell() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-  ~ZmqDoorbell() {
-    if (fd_ >= 0) close(fd_);
-  }
-  ZmqDoorbell(const ZmqDoorbell &) = delete;
-  ZmqDoorbell &operator=(const ZmqDoorbell &) = delete;
-
-  bool ok() const { return fd_ >= 0; }
-  /** The fd to poll for POLLIN. */
-  int fd() const { return fd_; }
-
-  /** Producer: call after publishing work. */
-  void Ring() {
-    // seq_cst fence: our publish is visible before we read sleeping_ (mirrors Sleep).
-    FenceSeqCst();
-    if (sleeping_.Load(MemOrder::kRelaxed) != 0) Signal();
-  }
-  /** True while the network thread sleeps or is about to (a hint: read relaxed). */
-  bool Sleeping() const { return sleeping_.Load(MemOrder::kRelaxed) != 0; }
-
-  /** Network thread: announce a sleep; re-check the work lists afterwards, then poll. */
-  void PrepareSleep() {
-    sleeping_.Store(1, MemOrder::kRelaxed);
-    // seq_cst fence: the flag is visible before we re-check for work (mirrors Ring).
-    FenceSeqCst();
-  }
-  /**
-   * Network thread: back from polling; clears the flag, and the counter unless the poll
-   * said the fd was not readable (`rung` false: saves a read; a ring that came since
-   * only makes the next poll return at once).
-   */
-  void Awake(bool rung = true) {
-    sleeping_.Store(0, MemOrder::kRelaxed);
-    if (rung) Clear();
-  }
-
-  /** Makes the fd readable now, whether or not anyone sleeps (a bell without the flag). */
-  void Signal() {
-    u64 one = 1;
-    ssize_t n = write(fd_, &one, sizeof(one));
-    (void)n;  // EAGAIN means the counter is already non-zero: the poller wakes anyway
-  }
-  /** Clears the counter: the fd is no longer readable until the next ring. */
-  void Clear() {
-    u64 v = 0;
-    ssize_t n = read(fd_, &v, sizeof(v));
-    (void)n;  // EAGAIN: nobody rang
-  }
-
- private:
-  int fd_;
-  Atomic<u32> sleeping_;
-};
-
-/** True when `s` has a message to receive; re-reads its events (see the ZMQ_FD rule). */
-inline bool ZmqReadable(zmq::socket_t &s) {
-  return (s.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
-}
-
-/** Socket options every chi ZeroMQ socket gets: bounded linger, no message limit on HWM. */
-inline void ConfigureZmqSocket(zmq::socket_t &s) {
-  s.set(zmq::sockopt::linger, kZmqLingerMs);
-  s.set(zmq::sockopt::sndhwm, 0);  // back-pressure is ours (bounded in-flight), not ZeroMQ's
-  s.set(zmq::sockopt::rcvhwm, 0);
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
-// ---- end chi/transport/zmq_common.h ----
 
 namespace chi {
 
@@ -19899,12 +20114,28 @@ class Chimaera {
   }
 
   /**
+   * Removes what dead runtimes of this user left on other ports (StaleSweepOptions: at
+   * least a minute old, nothing a live process owns) and says so on stderr.
+   */
+  void SweepOtherPorts() {
+    StaleSweepOptions o;
+    o.skip_port = config_.port;  // our own port's leftovers went in segments_.Create
+    const StaleSweep s = SweepStaleSegments(o);
+    if (s.ports.empty()) return;
+    std::fprintf(stderr,
+                 "chi: removed %u segments and %u ipc socket files left by dead runtimes on "
+                 "%zu other ports\n",
+                 s.segments, s.sockets, s.ports.size());
+  }
+
+  /**
    * kServer: the segments (a live runtime on the port is an error, a dead one's
    * leftovers are removed), the ZeroMQ endpoints (the handshake), the shm server,
    * then clients are let in with an answer that names all of them.
    */
   Status StartServers() {
     if (Status st = segments_.Create(config_, config_.port); !st.ok()) return st;
+    SweepOtherPorts();
     dispatcher_ = std::make_unique<RequestDispatcher>(pools_.get(), orch_.get());
     dispatcher_->RouteGpuTo(ipc_.GpuRoute());  // other processes' GPU-route tasks
     auto zmq = std::make_unique<ZmqServer>();

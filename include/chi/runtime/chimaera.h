@@ -20,6 +20,7 @@
 #include "chi/runtime/pool_manager.h"       // PoolManager
 #include "chi/runtime/work_orchestrator.h"  // WorkOrchestrator
 #include "chi/transport/client_connect.h"   // RuntimeSegments, ConnectAnswer
+#include "chi/transport/stale_segments.h"   // other ports' leftovers, swept at start
 #include "chi/transport/shm_transport.h"    // ShmServer, ShmClientTransport
 #include "chi/transport/zmq_client.h"       // pure clients over ipc/tcp
 #include "chi/transport/zmq_server.h"       // the runtime's network worker
@@ -146,12 +147,28 @@ class Chimaera {
   }
 
   /**
+   * Removes what dead runtimes of this user left on other ports (StaleSweepOptions: at
+   * least a minute old, nothing a live process owns) and says so on stderr.
+   */
+  void SweepOtherPorts() {
+    StaleSweepOptions o;
+    o.skip_port = config_.port;  // our own port's leftovers went in segments_.Create
+    const StaleSweep s = SweepStaleSegments(o);
+    if (s.ports.empty()) return;
+    std::fprintf(stderr,
+                 "chi: removed %u segments and %u ipc socket files left by dead runtimes on "
+                 "%zu other ports\n",
+                 s.segments, s.sockets, s.ports.size());
+  }
+
+  /**
    * kServer: the segments (a live runtime on the port is an error, a dead one's
    * leftovers are removed), the ZeroMQ endpoints (the handshake), the shm server,
    * then clients are let in with an answer that names all of them.
    */
   Status StartServers() {
     if (Status st = segments_.Create(config_, config_.port); !st.ok()) return st;
+    SweepOtherPorts();
     dispatcher_ = std::make_unique<RequestDispatcher>(pools_.get(), orch_.get());
     dispatcher_->RouteGpuTo(ipc_.GpuRoute());  // other processes' GPU-route tasks
     auto zmq = std::make_unique<ZmqServer>();

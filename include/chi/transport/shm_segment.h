@@ -276,6 +276,22 @@ class ShmSegment {
     return Status::Ok();
   }
 
+  /** kAlreadyExists when a live runtime serves segment `name`; Ok when it is stale. */
+  static Status CheckNotServed(const std::string &name, u32 port) {
+    ShmSegment old;
+    if (!old.AttachByName(name).ok()) return Status::Ok();  // unreadable: a crash mid-create
+    const ShmSegmentHeader *h = old.Header();
+    const bool stopped =
+        h->runtime_state_.Load(MemOrder::kAcquire) == static_cast<u32>(ShmRuntimeState::kStopped);
+    const u32 pid = h->runtime_pid_;
+    const bool live = !stopped && IsProcessAlive(ProcessIdentity{pid, h->runtime_start_ticks_});
+    old.Detach();
+    if (!live) return Status::Ok();
+    return Status::Errorf(ErrorCode::kAlreadyExists,
+                          "shm transport: port %u is served by runtime pid %u (segment '%s')",
+                          port, pid, name.c_str());
+  }
+
  private:
   /** Where the slot table starts (after the header, on a cache line). */
   static constexpr u64 SlotsOffset() { return RoundUpTo(sizeof(ShmSegmentHeader), kCacheLine); }
@@ -323,22 +339,6 @@ class ShmSegment {
                             backend_.Name(), static_cast<unsigned long long>(backend_.Size()));
     }
     return Status::Ok();
-  }
-
-  /** kAlreadyExists when a live runtime serves segment `name`; Ok when it is stale. */
-  static Status CheckNotServed(const std::string &name, u32 port) {
-    ShmSegment old;
-    if (!old.AttachByName(name).ok()) return Status::Ok();  // unreadable: a crash mid-create
-    const ShmSegmentHeader *h = old.Header();
-    const bool stopped =
-        h->runtime_state_.Load(MemOrder::kAcquire) == static_cast<u32>(ShmRuntimeState::kStopped);
-    const u32 pid = h->runtime_pid_;
-    const bool live = !stopped && IsProcessAlive(ProcessIdentity{pid, h->runtime_start_ticks_});
-    old.Detach();
-    if (!live) return Status::Ok();
-    return Status::Errorf(ErrorCode::kAlreadyExists,
-                          "shm transport: port %u is served by runtime pid %u (segment '%s')",
-                          port, pid, name.c_str());
   }
 
   PosixShmBackend backend_;
