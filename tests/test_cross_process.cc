@@ -218,6 +218,32 @@ TEST_CASE("a task sleeping on the network worker does not hold up other ZeroMQ r
   CHECK(server.WaitExit() == 0);
 }
 
+TEST_CASE("a message larger than a data region leaves both ends' buffers resident, within budget") {
+  ServerProcess server(TestPort(2));
+  REQUIRE(server.ok());
+  ClientSession session(server.port(), "shm");
+  REQUIRE(session.ok());
+  chimaera::demo::Client c = DemoClient();
+  // Past a slot's 8 MiB data regions: it streams in chunks, and the runtime assembles the
+  // request and encodes the answer in message buffers, the client its request and the answer.
+  const std::string data(20u << 20, 'w');
+  for (int i = 0; i < 2; ++i) {  // the second reuses the kept buffers
+    auto f = c.AsyncCustom(chi::PoolQuery::Local(), data);
+    REQUIRE(f.Wait(60));
+    REQUIRE(f->GetReturnCode() == 0);
+    CHECK(f->data_.view() == data);
+  }
+  CHECK(chi::WarmMessageBytes() >= data.size());
+  CHECK(chi::WarmMessageBytes() <= chi::kWarmMessageBytes);
+  auto m = chimaera::admin::Client().AsyncMonitor(chi::PoolQuery::Local());
+  REQUIRE(m.Wait(10));
+  const chimaera::admin::PayloadCacheStats kept = m->Decode().payload_cache_;
+  CHECK(kept.message_buffer_bytes_ >= data.size());
+  CHECK(kept.message_buffer_bytes_ <= chi::kWarmMessageBytes);
+  CHECK(StopThroughSession());
+  CHECK(server.WaitExit() == 0);
+}
+
 TEST_CASE("two runtimes on different ports serve their own clients side by side") {
   ServerProcess a(TestPort(7));
   ServerProcess b(TestPort(8));

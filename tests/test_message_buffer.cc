@@ -1,11 +1,13 @@
 // The buffers that assemble and encode large messages: emptied between messages, a large
-// one keeps its memory (its pages lent to the kernel) and takes the next message intact;
-// a released one gives its memory back.
+// one keeps its memory, resident while the process's warm budget has room for it and with
+// its pages lent to the kernel beyond that, and takes the next message intact; a released
+// one gives its memory and its share of the budget back.
 #include <doctest/doctest.h>
 
 #include <chi/transport/message_buffer.h>
 
 #include <algorithm>  // std::all_of
+#include <memory>     // unique_ptr of the buffers
 #include <string>
 #include <vector>
 
@@ -13,37 +15,84 @@
 
 namespace {
 
+using chi::MessageBuffer;
 using chi::u64;
 using chi_test::LazyFreeBytes;
 
+constexpr u64 kMiB = 1ull << 20;
+
+/** Writes `n` bytes of `c` as the buffer's next message and checks they read back intact. */
+bool NextMessageIntact(MessageBuffer *b, u64 n, char c) {
+  const std::string next(n, c);
+  b->bytes.insert(b->bytes.end(), next.begin(), next.end());
+  return std::all_of(b->bytes.begin(), b->bytes.end(), [c](char x) { return x == c; });
+}
+
 }  // namespace
 
-TEST_CASE("an emptied large message buffer keeps its memory and lends its pages to the kernel") {
-  constexpr u64 kBytes = 8ull << 20;
-  std::vector<char> v(kBytes, 'a');
-  const char *where = v.data();
-  const u64 capacity = v.capacity();
+TEST_CASE("an emptied large message buffer within the warm budget keeps its pages resident") {
+  REQUIRE(chi::WarmMessageBytes() == 0);
+  constexpr u64 kBytes = 8 * kMiB;
+  MessageBuffer b;
+  b.bytes.assign(kBytes, 'a');
+  const char *where = b.bytes.data();
+  const u64 capacity = b.bytes.capacity();
   const u64 lazy_before = LazyFreeBytes();
-  chi::RecycleBuffer(&v);
-  CHECK(v.empty());
-  CHECK(v.capacity() == capacity);  // the next message reuses it: no new pages to fault in
-  CHECK(v.data() == where);
+  chi::RecycleBuffer(&b);
+  CHECK(b.bytes.empty());
+  CHECK(b.bytes.capacity() == capacity);  // the next message reuses it: no new pages to fault in
+  CHECK(b.bytes.data() == where);
+  CHECK(b.warm == capacity);
+  CHECK(chi::WarmMessageBytes() == capacity);
+  CHECK(LazyFreeBytes() < lazy_before + kBytes / 2);  // not lent: no madvise per message
+  CHECK(NextMessageIntact(&b, kBytes, 'b'));
+  CHECK(b.bytes.data() == where);
+  chi::RecycleBuffer(&b);
+  CHECK(chi::WarmMessageBytes() == capacity);  // the same share, not taken twice
+  chi::ReleaseBuffer(&b);
+  CHECK(b.bytes.capacity() == 0);
+  CHECK(b.warm == 0);
+  CHECK(chi::WarmMessageBytes() == 0);
+}
+
+TEST_CASE("emptied buffers past the warm budget lend their pages and still take messages") {
+  REQUIRE(chi::WarmMessageBytes() == 0);
+  constexpr u64 kBytes = 48 * kMiB;  // two fit the 128 MiB budget, the third does not
+  static_assert(2 * kBytes <= chi::kWarmMessageBytes && 3 * kBytes > chi::kWarmMessageBytes);
+  std::vector<std::unique_ptr<MessageBuffer>> buffers;
+  for (int i = 0; i < 3; ++i) {
+    buffers.push_back(std::make_unique<MessageBuffer>());
+    buffers.back()->bytes.assign(kBytes, 'a');
+  }
+  chi::RecycleBuffer(buffers[0].get());
+  chi::RecycleBuffer(buffers[1].get());
+  const u64 lazy_before = LazyFreeBytes();
+  MessageBuffer &third = *buffers[2];
+  const char *where = third.bytes.data();
+  chi::RecycleBuffer(&third);
+  CHECK(buffers[0]->warm != 0);
+  CHECK(buffers[1]->warm != 0);
+  CHECK(third.warm == 0);
+  CHECK(third.bytes.data() == where);  // kept, with its pages lent
   // The pages were lent (allow for ones the kernel already took, and the unaligned ends).
   CHECK(LazyFreeBytes() >= lazy_before + kBytes / 2);
-  // The next message is written over the lent pages and reads back intact.
-  const std::string next(kBytes, 'b');
-  v.insert(v.end(), next.begin(), next.end());
-  CHECK(v.data() == where);
-  CHECK(std::all_of(v.begin(), v.end(), [](char c) { return c == 'b'; }));
-  chi::ReleaseBuffer(&v);
-  CHECK(v.capacity() == 0);
+  CHECK(chi::WarmMessageBytes() <= chi::kWarmMessageBytes);
+  CHECK(NextMessageIntact(&third, kBytes, 'c'));
+
+  buffers[0].reset();  // a destroyed buffer gives its share back
+  chi::RecycleBuffer(&third);
+  CHECK(third.warm == third.bytes.capacity());  // now it fits the budget
+  buffers.clear();
+  CHECK(chi::WarmMessageBytes() == 0);
 }
 
 TEST_CASE("an emptied small message buffer stays as it is") {
-  std::vector<char> v(4096, 'a');
-  const u64 capacity = v.capacity();
-  chi::RecycleBuffer(&v);
-  CHECK(v.empty());
-  CHECK(v.capacity() == capacity);
-  CHECK(chi::LendPagesToKernel(v.data(), 100));  // no whole page inside: nothing to lend
+  MessageBuffer b;
+  b.bytes.assign(4096, 'a');
+  const u64 capacity = b.bytes.capacity();
+  chi::RecycleBuffer(&b);
+  CHECK(b.bytes.empty());
+  CHECK(b.bytes.capacity() == capacity);
+  CHECK(b.warm == 0);  // below kWarmBufferBytes: no share of the budget
+  CHECK(chi::LendPagesToKernel(b.bytes.data(), 100));  // no whole page inside: nothing to lend
 }

@@ -229,10 +229,12 @@ inline void PrintReport(const chimaera::admin::MonitorReport &r) {
                 static_cast<unsigned long long>(t.late_wakeups_),
                 static_cast<unsigned long long>(t.cpu_moves_));
   }
-  std::printf("large payload blocks kept: %llu  mapped %llu B  resident %llu B\n",
+  std::printf("large payload blocks kept: %llu  mapped %llu B  resident %llu B; "
+              "message buffers resident %llu B\n",
               static_cast<unsigned long long>(r.payload_cache_.blocks_),
               static_cast<unsigned long long>(r.payload_cache_.bytes_),
-              static_cast<unsigned long long>(r.payload_cache_.resident_bytes_));
+              static_cast<unsigned long long>(r.payload_cache_.resident_bytes_),
+              static_cast<unsigned long long>(r.payload_cache_.message_buffer_bytes_));
   std::fflush(stdout);
 }
 

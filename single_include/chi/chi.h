@@ -7469,15 +7469,19 @@ struct TransportStats {
   }
 };
 
-/** The runtime's large task payload blocks kept between tasks (chi::LargeBlockCache). */
+/**
+ * The runtime's memory kept for large messages between them: task payload blocks
+ * (chi::LargeBlockCache) and the transports' emptied message buffers (message_buffer.h).
+ */
 struct PayloadCacheStats {
   chi::u64 blocks_ = 0;          ///< blocks kept for the next large payload
   chi::u64 bytes_ = 0;           ///< their mapped bytes
   chi::u64 resident_bytes_ = 0;  ///< of those, bytes whose pages were not lent to the kernel
+  chi::u64 message_buffer_bytes_ = 0;  ///< emptied message buffers kept resident (warm budget)
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(blocks_, bytes_, resident_bytes_);
+    ar(blocks_, bytes_, resident_bytes_, message_buffer_bytes_);
   }
 };
 
@@ -8749,6 +8753,107 @@ class IpcManager {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_IPC_MANAGER_H
 // ---- end chi/runtime/ipc_manager.h ----
+// ---- begin chi/transport/message_buffer.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_MESSAGE_BUFFER_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_MESSAGE_BUFFER_H
+// Buffers that assemble or encode one message at a time (a stream's reassembly, a large
+// request or answer on its way out). Invariant: between messages a buffer is empty; a
+// large one keeps its address range, and the emptied buffers of a process keep at most
+// kWarmMessageBytes of pages resident between them; the rest stay mapped only until the
+// kernel wants them back.
+//
+// Why: a large message (past a data region, so sent in chunks) needs buffers of its size
+// on both ends. Freeing them after each message made the next one fault in and zero every
+// page again (four 16 MiB buffers per 16 MiB echo: about two thirds of its round trip on
+// the 2-core machine). MADV_FREE keeps the pages while memory is plentiful and lets the
+// kernel reclaim them, without writing them anywhere, when it is not: a burst of huge
+// messages does not pin their memory. But lending costs a page-table walk and a TLB flush
+// per message (a 16 MiB echo took 16.6-17.1 ms lending its four buffers, 13.3-13.7 ms
+// without), so buffers within the process's warm budget are kept as they are.
+
+#include <vector>
+
+namespace chi {
+
+/** Capacity up to which an emptied buffer simply stays as it is (no budget, no system call). */
+inline constexpr u64 kWarmBufferBytes = 1ull << 20;
+
+/**
+ * Bytes of larger emptied buffers a process keeps resident: the two buffers of a 64 MiB
+ * message (assembly and answer on the runtime, request and answer on a client).
+ */
+inline constexpr u64 kWarmMessageBytes = 128ull << 20;
+
+/** A message's bytes, and the share of the process's warm budget it holds while empty. */
+struct MessageBuffer {
+  std::vector<char> bytes;  ///< the message being assembled or encoded
+  u64 warm = 0;             ///< budget bytes it holds (its capacity when last kept whole)
+
+  MessageBuffer() = default;
+  MessageBuffer(const MessageBuffer &) = delete;
+  MessageBuffer &operator=(const MessageBuffer &) = delete;
+  inline ~MessageBuffer();
+};
+
+namespace detail {
+
+/** Bytes of the warm budget held by emptied buffers in this process. */
+inline Atomic<u64> &WarmMessageBytesHeld() {
+  static Atomic<u64> held;
+  return held;
+}
+
+/** Takes `n` bytes of the warm budget; false when they would exceed it. */
+inline bool TakeWarm(u64 n) {
+  Atomic<u64> &held = WarmMessageBytesHeld();
+  u64 cur = held.Load(MemOrder::kRelaxed);  // relaxed: a count, guarding no other memory
+  while (cur + n <= kWarmMessageBytes) {
+    if (held.CompareExchange(cur, cur + n, MemOrder::kRelaxed)) return true;
+  }
+  return false;
+}
+
+/** Gives back the budget buffer `b` holds. */
+inline void GiveWarm(MessageBuffer *b) {
+  if (b->warm == 0) return;
+  WarmMessageBytesHeld().FetchSub(b->warm, MemOrder::kRelaxed);  // relaxed: as in TakeWarm
+  b->warm = 0;
+}
+
+}  // namespace detail
+
+MessageBuffer::~MessageBuffer() { detail::GiveWarm(this); }
+
+/**
+ * Empties a message buffer for the next message, keeping its capacity. Up to
+ * kWarmBufferBytes it stays as it is; a larger one stays resident while the process's warm
+ * budget has room for it, else its pages are lent to the kernel (LendPagesToKernel), or it
+ * is freed where the kernel cannot take them lazily.
+ */
+inline void RecycleBuffer(MessageBuffer *b) {
+  b->bytes.clear();
+  const u64 capacity = b->bytes.capacity();
+  if (capacity <= kWarmBufferBytes) return;
+  if (b->warm != capacity) {  // it grew, or was lent last time: settle its share again
+    detail::GiveWarm(b);
+    if (detail::TakeWarm(capacity)) b->warm = capacity;
+  }
+  if (b->warm != 0) return;
+  if (!LendPagesToKernel(b->bytes.data(), capacity)) std::vector<char>().swap(b->bytes);
+}
+
+/** Empties a buffer and frees its memory: its user is gone (a reaped client, a closed connection). */
+inline void ReleaseBuffer(MessageBuffer *b) {
+  detail::GiveWarm(b);
+  std::vector<char>().swap(b->bytes);
+}
+
+/** The budget bytes emptied buffers of this process hold now (Monitor, tests). */
+inline u64 WarmMessageBytes() { return detail::WarmMessageBytesHeld().Load(MemOrder::kRelaxed); }
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_MESSAGE_BUFFER_H
+// ---- end chi/transport/message_buffer.h ----
 
 namespace chimaera::admin {
 
@@ -8875,6 +8980,7 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     report.payload_cache_.blocks_ = kept.blocks;
     report.payload_cache_.bytes_ = kept.bytes;
     report.payload_cache_.resident_bytes_ = kept.warm_bytes;
+    report.payload_cache_.message_buffer_bytes_ = chi::WarmMessageBytes();
     std::vector<char> buf;
     chi::OutputArchive out(buf);
     out(report);
@@ -10850,46 +10956,6 @@ inline StaleSweep SweepStaleSegments(const StaleSweepOptions &o = {}) {
 #include <memory>  // unique_ptr
 #include <vector>  // the request buffer
 
-// ---- begin chi/transport/message_buffer.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_MESSAGE_BUFFER_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_MESSAGE_BUFFER_H
-// Buffers that assemble or encode one message at a time (a stream's reassembly, a large
-// request or answer on its way out). Invariant: between messages a buffer is empty; a
-// large one keeps its address range, and its pages stay mapped only until the kernel wants
-// them back.
-//
-// Why: a large message (past a data region, so sent in chunks) needs buffers of its size
-// on both ends. Freeing them after each message made the next one fault in and zero every
-// page again (four 16 MiB buffers per 16 MiB echo: about two thirds of its round trip on
-// the 2-core machine). MADV_FREE keeps the pages for the next message at no cost while
-// memory is plentiful, and lets the kernel reclaim them, without writing them anywhere,
-// when it is not: a burst of huge messages does not pin their memory.
-
-#include <vector>
-
-namespace chi {
-
-/** Capacity up to which an emptied buffer simply stays as it is (no system call). */
-inline constexpr u64 kWarmBufferBytes = 1ull << 20;
-
-/**
- * Empties a message buffer for the next message. Up to kWarmBufferBytes it stays as it
- * is; a larger one keeps its capacity with its pages lent to the kernel
- * (LendPagesToKernel), or is freed where the kernel cannot take them lazily.
- */
-inline void RecycleBuffer(std::vector<char> *v) {
-  v->clear();
-  if (v->capacity() > kWarmBufferBytes && !LendPagesToKernel(v->data(), v->capacity())) {
-    std::vector<char>().swap(*v);
-  }
-}
-
-/** Empties a buffer and frees its memory: its user is gone (a reaped client, a closed connection). */
-inline void ReleaseBuffer(std::vector<char> *v) { std::vector<char>().swap(*v); }
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_MESSAGE_BUFFER_H
-// ---- end chi/transport/message_buffer.h ----
 // ---- begin chi/transport/request_dispatcher.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
@@ -11451,21 +11517,21 @@ class ShmClientReceiver : public ClientTransport {
         NotifyRuntimeRoom();
         return true;
       }
-      rx_.clear();
+      rx_.bytes.clear();
       rx_total_ = p.message_bytes;
       rx_assembling_ = true;
       rx_by_ref_ = false;
-    } else if (p.kind != ShmStream::kMore || rx_by_ref_ || p.bytes > rx_total_ - rx_.size()) {
+    } else if (p.kind != ShmStream::kMore || rx_by_ref_ || p.bytes > rx_total_ - rx_.bytes.size()) {
       Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
       return false;
     }
-    rx_.insert(rx_.end(), p.first, p.first + p.first_bytes);
-    rx_.insert(rx_.end(), p.second, p.second + p.second_bytes);
+    rx_.bytes.insert(rx_.bytes.end(), p.first, p.first + p.first_bytes);
+    rx_.bytes.insert(rx_.bytes.end(), p.second, p.second + p.second_bytes);
     ans_->Consume(p);
     NotifyRuntimeRoom();
-    if (rx_.size() == rx_total_) {
+    if (rx_.bytes.size() == rx_total_) {
       rx_assembling_ = false;
-      Deliver(rx_.data(), rx_.size());
+      Deliver(rx_.bytes.data(), rx_.bytes.size());
       RecycleBuffer(&rx_);
     }
     return true;
@@ -11481,23 +11547,23 @@ class ShmClientReceiver : public ClientTransport {
     const ShmDataRef ref = RefOf(p);
     const char *data = answer_region_.Resolve(ref);
     if (data == nullptr || ref.total > max_message_bytes_ ||
-        !ref.InStep(rx_assembling_, rx_by_ref_, rx_total_, rx_.size())) {
+        !ref.InStep(rx_assembling_, rx_by_ref_, rx_total_, rx_.bytes.size())) {
       return false;
     }
     if (!rx_assembling_ && ref.Whole()) {
       Deliver(data, ref.bytes);  // decoded in place: the runtime cannot reuse it yet
     } else {
       if (!rx_assembling_) {
-        rx_.clear();
-        rx_.reserve(ref.total);
+        rx_.bytes.clear();
+        rx_.bytes.reserve(ref.total);
         rx_total_ = ref.total;
         rx_assembling_ = true;
         rx_by_ref_ = true;
       }
-      rx_.insert(rx_.end(), data, data + ref.bytes);
-      if (rx_.size() == rx_total_) {
+      rx_.bytes.insert(rx_.bytes.end(), data, data + ref.bytes);
+      if (rx_.bytes.size() == rx_total_) {
         rx_assembling_ = false;
-        Deliver(rx_.data(), rx_.size());
+        Deliver(rx_.bytes.data(), rx_.bytes.size());
         RecycleBuffer(&rx_);
       }
     }
@@ -11689,7 +11755,7 @@ class ShmClientReceiver : public ClientTransport {
   alignas(kCacheLine) Atomic<u32> rx_role_;  ///< 1 while a thread reads the answer stream
   Atomic<u64> answered_;        ///< entries freed by answers, ever
   Atomic<u64> helped_answers_;  ///< of those, delivered by callers waiting in Future::Wait
-  std::vector<char> rx_;
+  MessageBuffer rx_;
   u64 rx_total_ = 0;
   bool rx_assembling_ = false;
   bool rx_by_ref_ = false;  ///< the answer being assembled arrives in data region chunks
@@ -11975,10 +12041,10 @@ class ShmClientTransport final : public ShmClientReceiver {
     ShmDataRef ref;
     if (len == 0) EncodeInRegion(id, t, &ref);
     if (len == 0 && ref.bytes == 0) {
-      OutputArchive ar = BeginEnvelope(id, &tx_);
+      OutputArchive ar = BeginEnvelope(id, &tx_.bytes);
       t->ops_->save_in(*t, ar);
-      msg = tx_.data();
-      len = tx_.size();
+      msg = tx_.bytes.data();
+      len = tx_.bytes.size();
     }
     e.task.Store(reinterpret_cast<u64>(t), MemOrder::kRelaxed);  // relaxed: published below
     // release: the task and our reads of it (encoding) happen before the receiver, which
@@ -12151,7 +12217,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   u32 cursor_ = 0;        ///< the writer's next entry to try
   u64 released_seen_ = 0; ///< the writer's last view of Released()
   u64 request_data_w_ = 0;  ///< the writer's position in the client data region
-  std::vector<char> tx_;  ///< the writer's request buffer
+  MessageBuffer tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
 };
 
@@ -12489,9 +12555,9 @@ struct alignas(kCacheLine) ShmServedSlot {
   ProcessIdentity owner;
   bool owner_dead = false;
   bool counts_as_reclaimed = false;
-  std::vector<char> assembly;  ///< a request arriving in pieces
+  MessageBuffer assembly;  ///< a request arriving in pieces
   u64 assembly_total = 0;
-  std::vector<char> outgoing;  ///< an answer being streamed (writer held meanwhile)
+  MessageBuffer outgoing;  ///< an answer being streamed (writer held meanwhile)
   u64 outgoing_sent = 0;
   bool outgoing_open = false;
 
@@ -12661,7 +12727,7 @@ class ShmReaper {
     auto count = [&](u32 i) {
       const ShmServedSlot &s = slots_[i];
       bytes += segment_->RequestStream(i)->UsedBytes() + segment_->AnswerStream(i)->UsedBytes() +
-               s.assembly.size() + (s.outgoing_open ? s.outgoing.size() - s.outgoing_sent : 0);
+               s.assembly.bytes.size() + (s.outgoing_open ? s.outgoing.bytes.size() - s.outgoing_sent : 0);
       // Answers in the runtime data region the client has not freed yet. relaxed: statistics.
       const u64 w = s.answer_data_w.Load(MemOrder::kRelaxed);
       const u64 freed = segment_->Slot(i)->answer_data_released_.Load(MemOrder::kRelaxed);
@@ -12917,7 +12983,7 @@ class ShmAnswerWriter {
     char small[kSmallEnvelopeBytes];
     const char *msg = small;
     u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
-    thread_local std::vector<char> buf;
+    thread_local MessageBuffer buf;
     const bool by_ref = len == 0 && AnswerRegion(i).Enabled();
     bool fits = by_ref && WriteRef(i, s, 0, 0, true, [&](char *dst, u64 cap) {
       return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap);
@@ -12927,9 +12993,9 @@ class ShmAnswerWriter {
       return false;
     }
     if (!fits && (len == 0 || len > max_message_bytes_)) {
-      shm_server::EncodeShmAnswer(t, max_message_bytes_, &buf);
-      msg = buf.data();
-      len = buf.size();
+      shm_server::EncodeShmAnswer(t, max_message_bytes_, &buf.bytes);
+      msg = buf.bytes.data();
+      len = buf.bytes.size();
     }
     ShmStream *as = segment_->AnswerStream(i);
     if (!fits && len <= as->WritableBytes(len)) {
@@ -12960,7 +13026,7 @@ class ShmAnswerWriter {
         u32 idle = 0;
         // acquire: a worker's direct append is complete before ours.
         if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
-        if (!have_error || !s.PopError(&s.outgoing)) {  // error answers go first
+        if (!have_error || !s.PopError(&s.outgoing.bytes)) {  // error answers go first
           u64 v = 0;
           if (!s.pending->TryPop(v)) {  // pushed but not yet published
             s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
@@ -12968,7 +13034,7 @@ class ShmAnswerWriter {
           }
           s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
           Task *t = reinterpret_cast<Task *>(v);
-          shm_server::EncodeShmAnswer(t, max_message_bytes_, &s.outgoing);
+          shm_server::EncodeShmAnswer(t, max_message_bytes_, &s.outgoing.bytes);
           DeleteTask(t);
         }
         s.outgoing_open = true;
@@ -13031,7 +13097,7 @@ class ShmAnswerWriter {
    * True once it is all out (writer released).
    */
   bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
-    const u64 total = s.outgoing.size();
+    const u64 total = s.outgoing.bytes.size();
     const ShmDataRegion region = AnswerRegion(i);
     const bool by_ref = region.Enabled() && total > kSmallEnvelopeBytes;
     const u64 goal = !by_ref ? as->RingBytes() / 4
@@ -13039,7 +13105,7 @@ class ShmAnswerWriter {
     while (by_ref && s.outgoing_sent < total) {
       const u64 n = total - s.outgoing_sent < goal ? total - s.outgoing_sent : goal;
       auto copy = [&](char *dst, u64 bytes) {
-        std::memcpy(dst, s.outgoing.data() + s.outgoing_sent, bytes);
+        std::memcpy(dst, s.outgoing.bytes.data() + s.outgoing_sent, bytes);
         return bytes;
       };
       const bool last = s.outgoing_sent + n == total;
@@ -13063,7 +13129,7 @@ class ShmAnswerWriter {
         if (room < want) return false;
       }
       const u64 n = left < room ? left : room;
-      as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.data() + s.outgoing_sent, n);
+      as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.bytes.data() + s.outgoing_sent, n);
       s.outgoing_sent += n;
       slot->answer_ready_.Notify();
     }
@@ -13536,21 +13602,21 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
           rs->Consume(p);
           continue;
         }
-        s.assembly.clear();
+        s.assembly.bytes.clear();
         s.assembly_total = p.message_bytes;
         s.assembling = true;
         s.assembly_by_ref = false;
       } else if (p.kind != ShmStream::kMore || s.assembly_by_ref ||
-                 p.bytes > s.assembly_total - s.assembly.size()) {
+                 p.bytes > s.assembly_total - s.assembly.bytes.size()) {
         reaper_->Break(i, ErrorCode::kMalformed);
         return true;
       }
-      s.assembly.insert(s.assembly.end(), p.first, p.first + p.first_bytes);
-      s.assembly.insert(s.assembly.end(), p.second, p.second + p.second_bytes);
+      s.assembly.bytes.insert(s.assembly.bytes.end(), p.first, p.first + p.first_bytes);
+      s.assembly.bytes.insert(s.assembly.bytes.end(), p.second, p.second + p.second_bytes);
       rs->Consume(p);
-      if (s.assembly.size() == s.assembly_total) {
+      if (s.assembly.bytes.size() == s.assembly_total) {
         s.assembling = false;
-        Dispatch(i, s.assembly.data(), s.assembly.size());
+        Dispatch(i, s.assembly.bytes.data(), s.assembly.bytes.size());
         RecycleBuffer(&s.assembly);
       }
     }
@@ -13583,7 +13649,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     const ShmDataRegion region = RequestRegion(i);
     const char *data = region.Resolve(ref);
     if (data == nullptr ||
-        !ref.InStep(s.assembling, s.assembly_by_ref, s.assembly_total, s.assembly.size())) {
+        !ref.InStep(s.assembling, s.assembly_by_ref, s.assembly_total, s.assembly.bytes.size())) {
       return ErrorCode::kMalformed;
     }
     // Counted before the dispatch: its answer may reach the client before we return.
@@ -13593,17 +13659,17 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       Dispatch(i, data, ref.bytes);      // decoded in place: the client cannot reuse it yet
     } else {
       if (!s.assembling) {
-        s.assembly.clear();
-        s.assembly.reserve(ref.total);  // bounded by the message limit checked above
+        s.assembly.bytes.clear();
+        s.assembly.bytes.reserve(ref.total);  // bounded by the message limit checked above
         s.assembly_total = ref.total;
         s.assembling = true;
         s.assembly_by_ref = true;
       }
-      s.assembly.insert(s.assembly.end(), data, data + ref.bytes);
-      if (s.assembly.size() == s.assembly_total) {
+      s.assembly.bytes.insert(s.assembly.bytes.end(), data, data + ref.bytes);
+      if (s.assembly.bytes.size() == s.assembly_total) {
         s.assembling = false;
         slot->data_requests_.AddOwned(1);
-        Dispatch(i, s.assembly.data(), s.assembly.size());
+        Dispatch(i, s.assembly.bytes.data(), s.assembly.bytes.size());
         RecycleBuffer(&s.assembly);
       }
     }

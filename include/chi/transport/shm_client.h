@@ -234,10 +234,10 @@ class ShmClientTransport final : public ShmClientReceiver {
     ShmDataRef ref;
     if (len == 0) EncodeInRegion(id, t, &ref);
     if (len == 0 && ref.bytes == 0) {
-      OutputArchive ar = BeginEnvelope(id, &tx_);
+      OutputArchive ar = BeginEnvelope(id, &tx_.bytes);
       t->ops_->save_in(*t, ar);
-      msg = tx_.data();
-      len = tx_.size();
+      msg = tx_.bytes.data();
+      len = tx_.bytes.size();
     }
     e.task.Store(reinterpret_cast<u64>(t), MemOrder::kRelaxed);  // relaxed: published below
     // release: the task and our reads of it (encoding) happen before the receiver, which
@@ -410,7 +410,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   u32 cursor_ = 0;        ///< the writer's next entry to try
   u64 released_seen_ = 0; ///< the writer's last view of Released()
   u64 request_data_w_ = 0;  ///< the writer's position in the client data region
-  std::vector<char> tx_;  ///< the writer's request buffer
+  MessageBuffer tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
 };
 

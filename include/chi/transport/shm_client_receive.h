@@ -349,21 +349,21 @@ class ShmClientReceiver : public ClientTransport {
         NotifyRuntimeRoom();
         return true;
       }
-      rx_.clear();
+      rx_.bytes.clear();
       rx_total_ = p.message_bytes;
       rx_assembling_ = true;
       rx_by_ref_ = false;
-    } else if (p.kind != ShmStream::kMore || rx_by_ref_ || p.bytes > rx_total_ - rx_.size()) {
+    } else if (p.kind != ShmStream::kMore || rx_by_ref_ || p.bytes > rx_total_ - rx_.bytes.size()) {
       Fail(ErrorCode::kMalformed, "shm transport: answer stream out of step");
       return false;
     }
-    rx_.insert(rx_.end(), p.first, p.first + p.first_bytes);
-    rx_.insert(rx_.end(), p.second, p.second + p.second_bytes);
+    rx_.bytes.insert(rx_.bytes.end(), p.first, p.first + p.first_bytes);
+    rx_.bytes.insert(rx_.bytes.end(), p.second, p.second + p.second_bytes);
     ans_->Consume(p);
     NotifyRuntimeRoom();
-    if (rx_.size() == rx_total_) {
+    if (rx_.bytes.size() == rx_total_) {
       rx_assembling_ = false;
-      Deliver(rx_.data(), rx_.size());
+      Deliver(rx_.bytes.data(), rx_.bytes.size());
       RecycleBuffer(&rx_);
     }
     return true;
@@ -379,23 +379,23 @@ class ShmClientReceiver : public ClientTransport {
     const ShmDataRef ref = RefOf(p);
     const char *data = answer_region_.Resolve(ref);
     if (data == nullptr || ref.total > max_message_bytes_ ||
-        !ref.InStep(rx_assembling_, rx_by_ref_, rx_total_, rx_.size())) {
+        !ref.InStep(rx_assembling_, rx_by_ref_, rx_total_, rx_.bytes.size())) {
       return false;
     }
     if (!rx_assembling_ && ref.Whole()) {
       Deliver(data, ref.bytes);  // decoded in place: the runtime cannot reuse it yet
     } else {
       if (!rx_assembling_) {
-        rx_.clear();
-        rx_.reserve(ref.total);
+        rx_.bytes.clear();
+        rx_.bytes.reserve(ref.total);
         rx_total_ = ref.total;
         rx_assembling_ = true;
         rx_by_ref_ = true;
       }
-      rx_.insert(rx_.end(), data, data + ref.bytes);
-      if (rx_.size() == rx_total_) {
+      rx_.bytes.insert(rx_.bytes.end(), data, data + ref.bytes);
+      if (rx_.bytes.size() == rx_total_) {
         rx_assembling_ = false;
-        Deliver(rx_.data(), rx_.size());
+        Deliver(rx_.bytes.data(), rx_.bytes.size());
         RecycleBuffer(&rx_);
       }
     }
@@ -587,7 +587,7 @@ class ShmClientReceiver : public ClientTransport {
   alignas(kCacheLine) Atomic<u32> rx_role_;  ///< 1 while a thread reads the answer stream
   Atomic<u64> answered_;        ///< entries freed by answers, ever
   Atomic<u64> helped_answers_;  ///< of those, delivered by callers waiting in Future::Wait
-  std::vector<char> rx_;
+  MessageBuffer rx_;
   u64 rx_total_ = 0;
   bool rx_assembling_ = false;
   bool rx_by_ref_ = false;  ///< the answer being assembled arrives in data region chunks

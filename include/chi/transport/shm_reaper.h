@@ -53,9 +53,9 @@ struct alignas(kCacheLine) ShmServedSlot {
   ProcessIdentity owner;
   bool owner_dead = false;
   bool counts_as_reclaimed = false;
-  std::vector<char> assembly;  ///< a request arriving in pieces
+  MessageBuffer assembly;  ///< a request arriving in pieces
   u64 assembly_total = 0;
-  std::vector<char> outgoing;  ///< an answer being streamed (writer held meanwhile)
+  MessageBuffer outgoing;  ///< an answer being streamed (writer held meanwhile)
   u64 outgoing_sent = 0;
   bool outgoing_open = false;
 
@@ -225,7 +225,7 @@ class ShmReaper {
     auto count = [&](u32 i) {
       const ShmServedSlot &s = slots_[i];
       bytes += segment_->RequestStream(i)->UsedBytes() + segment_->AnswerStream(i)->UsedBytes() +
-               s.assembly.size() + (s.outgoing_open ? s.outgoing.size() - s.outgoing_sent : 0);
+               s.assembly.bytes.size() + (s.outgoing_open ? s.outgoing.bytes.size() - s.outgoing_sent : 0);
       // Answers in the runtime data region the client has not freed yet. relaxed: statistics.
       const u64 w = s.answer_data_w.Load(MemOrder::kRelaxed);
       const u64 freed = segment_->Slot(i)->answer_data_released_.Load(MemOrder::kRelaxed);

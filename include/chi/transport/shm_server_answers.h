@@ -49,7 +49,7 @@ class ShmAnswerWriter {
     char small[kSmallEnvelopeBytes];
     const char *msg = small;
     u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
-    thread_local std::vector<char> buf;
+    thread_local MessageBuffer buf;
     const bool by_ref = len == 0 && AnswerRegion(i).Enabled();
     bool fits = by_ref && WriteRef(i, s, 0, 0, true, [&](char *dst, u64 cap) {
       return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap);
@@ -59,9 +59,9 @@ class ShmAnswerWriter {
       return false;
     }
     if (!fits && (len == 0 || len > max_message_bytes_)) {
-      shm_server::EncodeShmAnswer(t, max_message_bytes_, &buf);
-      msg = buf.data();
-      len = buf.size();
+      shm_server::EncodeShmAnswer(t, max_message_bytes_, &buf.bytes);
+      msg = buf.bytes.data();
+      len = buf.bytes.size();
     }
     ShmStream *as = segment_->AnswerStream(i);
     if (!fits && len <= as->WritableBytes(len)) {
@@ -92,7 +92,7 @@ class ShmAnswerWriter {
         u32 idle = 0;
         // acquire: a worker's direct append is complete before ours.
         if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
-        if (!have_error || !s.PopError(&s.outgoing)) {  // error answers go first
+        if (!have_error || !s.PopError(&s.outgoing.bytes)) {  // error answers go first
           u64 v = 0;
           if (!s.pending->TryPop(v)) {  // pushed but not yet published
             s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
@@ -100,7 +100,7 @@ class ShmAnswerWriter {
           }
           s.pending_count.FetchSub(1, MemOrder::kRelaxed);  // relaxed: the poller's own count
           Task *t = reinterpret_cast<Task *>(v);
-          shm_server::EncodeShmAnswer(t, max_message_bytes_, &s.outgoing);
+          shm_server::EncodeShmAnswer(t, max_message_bytes_, &s.outgoing.bytes);
           DeleteTask(t);
         }
         s.outgoing_open = true;
@@ -163,7 +163,7 @@ class ShmAnswerWriter {
    * True once it is all out (writer released).
    */
   bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
-    const u64 total = s.outgoing.size();
+    const u64 total = s.outgoing.bytes.size();
     const ShmDataRegion region = AnswerRegion(i);
     const bool by_ref = region.Enabled() && total > kSmallEnvelopeBytes;
     const u64 goal = !by_ref ? as->RingBytes() / 4
@@ -171,7 +171,7 @@ class ShmAnswerWriter {
     while (by_ref && s.outgoing_sent < total) {
       const u64 n = total - s.outgoing_sent < goal ? total - s.outgoing_sent : goal;
       auto copy = [&](char *dst, u64 bytes) {
-        std::memcpy(dst, s.outgoing.data() + s.outgoing_sent, bytes);
+        std::memcpy(dst, s.outgoing.bytes.data() + s.outgoing_sent, bytes);
         return bytes;
       };
       const bool last = s.outgoing_sent + n == total;
@@ -195,7 +195,7 @@ class ShmAnswerWriter {
         if (room < want) return false;
       }
       const u64 n = left < room ? left : room;
-      as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.data() + s.outgoing_sent, n);
+      as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.bytes.data() + s.outgoing_sent, n);
       s.outgoing_sent += n;
       slot->answer_ready_.Notify();
     }

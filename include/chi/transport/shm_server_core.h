@@ -483,21 +483,21 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
           rs->Consume(p);
           continue;
         }
-        s.assembly.clear();
+        s.assembly.bytes.clear();
         s.assembly_total = p.message_bytes;
         s.assembling = true;
         s.assembly_by_ref = false;
       } else if (p.kind != ShmStream::kMore || s.assembly_by_ref ||
-                 p.bytes > s.assembly_total - s.assembly.size()) {
+                 p.bytes > s.assembly_total - s.assembly.bytes.size()) {
         reaper_->Break(i, ErrorCode::kMalformed);
         return true;
       }
-      s.assembly.insert(s.assembly.end(), p.first, p.first + p.first_bytes);
-      s.assembly.insert(s.assembly.end(), p.second, p.second + p.second_bytes);
+      s.assembly.bytes.insert(s.assembly.bytes.end(), p.first, p.first + p.first_bytes);
+      s.assembly.bytes.insert(s.assembly.bytes.end(), p.second, p.second + p.second_bytes);
       rs->Consume(p);
-      if (s.assembly.size() == s.assembly_total) {
+      if (s.assembly.bytes.size() == s.assembly_total) {
         s.assembling = false;
-        Dispatch(i, s.assembly.data(), s.assembly.size());
+        Dispatch(i, s.assembly.bytes.data(), s.assembly.bytes.size());
         RecycleBuffer(&s.assembly);
       }
     }
@@ -530,7 +530,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     const ShmDataRegion region = RequestRegion(i);
     const char *data = region.Resolve(ref);
     if (data == nullptr ||
-        !ref.InStep(s.assembling, s.assembly_by_ref, s.assembly_total, s.assembly.size())) {
+        !ref.InStep(s.assembling, s.assembly_by_ref, s.assembly_total, s.assembly.bytes.size())) {
       return ErrorCode::kMalformed;
     }
     // Counted before the dispatch: its answer may reach the client before we return.
@@ -540,17 +540,17 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       Dispatch(i, data, ref.bytes);      // decoded in place: the client cannot reuse it yet
     } else {
       if (!s.assembling) {
-        s.assembly.clear();
-        s.assembly.reserve(ref.total);  // bounded by the message limit checked above
+        s.assembly.bytes.clear();
+        s.assembly.bytes.reserve(ref.total);  // bounded by the message limit checked above
         s.assembly_total = ref.total;
         s.assembling = true;
         s.assembly_by_ref = true;
       }
-      s.assembly.insert(s.assembly.end(), data, data + ref.bytes);
-      if (s.assembly.size() == s.assembly_total) {
+      s.assembly.bytes.insert(s.assembly.bytes.end(), data, data + ref.bytes);
+      if (s.assembly.bytes.size() == s.assembly_total) {
         s.assembling = false;
         slot->data_requests_.AddOwned(1);
-        Dispatch(i, s.assembly.data(), s.assembly.size());
+        Dispatch(i, s.assembly.bytes.data(), s.assembly.bytes.size());
         RecycleBuffer(&s.assembly);
       }
     }

@@ -17,6 +17,7 @@
 #include "chi/runtime/ipc_manager.h"        // ComposePool submits through it
 #include "chi/runtime/pool_manager.h"       // PoolManager
 #include "chi/runtime/work_orchestrator.h"  // WakeAll, Stats
+#include "chi/transport/message_buffer.h"    // WarmMessageBytes for Monitor
 
 namespace chimaera::admin {
 
@@ -143,6 +144,7 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     report.payload_cache_.blocks_ = kept.blocks;
     report.payload_cache_.bytes_ = kept.bytes;
     report.payload_cache_.resident_bytes_ = kept.warm_bytes;
+    report.payload_cache_.message_buffer_bytes_ = chi::WarmMessageBytes();
     std::vector<char> buf;
     chi::OutputArchive out(buf);
     out(report);

@@ -141,15 +141,19 @@ struct TransportStats {
   }
 };
 
-/** The runtime's large task payload blocks kept between tasks (chi::LargeBlockCache). */
+/**
+ * The runtime's memory kept for large messages between them: task payload blocks
+ * (chi::LargeBlockCache) and the transports' emptied message buffers (message_buffer.h).
+ */
 struct PayloadCacheStats {
   chi::u64 blocks_ = 0;          ///< blocks kept for the next large payload
   chi::u64 bytes_ = 0;           ///< their mapped bytes
   chi::u64 resident_bytes_ = 0;  ///< of those, bytes whose pages were not lent to the kernel
+  chi::u64 message_buffer_bytes_ = 0;  ///< emptied message buffers kept resident (warm budget)
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(blocks_, bytes_, resident_bytes_);
+    ar(blocks_, bytes_, resident_bytes_, message_buffer_bytes_);
   }
 };
 
