@@ -6073,9 +6073,10 @@ void Worker::OnFiberDone(RunContext *r) {
  * Sleeps for `ns` nanoseconds: inside a runtime task the fiber is suspended and
  * the worker runs other tasks; elsewhere the thread sleeps. False when a stopping
  * runtime cut the sleep short (so that it does not hold up the stop): a task that
- * needed the whole time should then fail (kShutdown) rather than report success.
+ * needed the whole time should then fail (kShutdown) rather than report success, so the
+ * result may not be ignored.
  */
-inline bool SleepFor(u64 ns) {
+[[nodiscard]] inline bool SleepFor(u64 ns) {
   if (RunContext *r = CurrentRunContext()) return r->GetWorker()->SleepInFiber(r, ns);
   timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
   while (nanosleep(&ts, &ts) != 0) {
@@ -17545,7 +17546,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
       for (GpuLink *l : links_) busy += l->gpu2cpu_inflight.Load(MemOrder::kAcquire);
       if (busy == 0) return true;
       if (NowNs() > deadline) return false;
-      SleepFor(100000);
+      static_cast<void>(SleepFor(100000));  // cut short by a stop: the deadline still holds
     }
   }
 
