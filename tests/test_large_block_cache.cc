@@ -9,17 +9,12 @@
 #include <chi/serialize/archive.h>
 #include <chi/task/task_buffer.h>
 
-#include <signal.h>    // kill of a hung child
-#include <sys/wait.h>  // waitpid
-#include <unistd.h>    // fork, _exit
-
-#include <atomic>
-#include <chrono>
 #include <cstdint>  // uintptr_t
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "fork_while_busy.h"
 #include "lazy_free_bytes.h"
 
 namespace {
@@ -218,61 +213,20 @@ TEST_CASE("threads taking and freeing large blocks at once each keep their own b
   Cache().Trim();
 }
 
-namespace {
-
-/**
- * Waits up to `timeout` for child `pid`: its exit status, or -1 when it hung (then it is
- * killed and reaped).
- */
-int WaitChild(pid_t pid, std::chrono::seconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  int status = 0;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &status, 0);
-  return -1;
-}
-
-}  // namespace
-
 TEST_CASE("a process forked while another thread uses the cache can allocate large blocks") {
   Cache().Trim();
-  std::atomic<bool> stop{false};
-  std::thread churn([&stop] {  // holds the cache's lock much of the time
-    while (!stop.load(std::memory_order_relaxed)) {
-      void *p = Cache().Allocate(8 * kMiB);
-      Cache().Free(p);
-    }
-  });
-  constexpr int kForks = 100;
-  int hung = 0;
-  int failed = 0;
-  for (int i = 0; i < kForks; ++i) {
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {  // the child: only this thread; the cache must still be usable
-      char *p = static_cast<char *>(Cache().Allocate(6 * kMiB));
-      if (p == nullptr) _exit(2);
-      Fill(p, 6 * kMiB, 7);
-      const bool ok = Holds(p, 6 * kMiB, 7);
-      Cache().Free(p);
-      _exit(ok && Cache().Kept().blocks >= 1 ? 0 : 3);
-    }
-    const int rc = WaitChild(pid, std::chrono::seconds(10));
-    if (rc == -1) {
-      ++hung;
-      break;  // one hang is enough (each costs the timeout)
-    }
-    if (rc != 0) ++failed;
-  }
-  stop.store(true);
-  churn.join();
-  CHECK(hung == 0);
-  CHECK(failed == 0);
+  const chi_test::ForkOutcome out = chi_test::ForkWhileBusy(
+      100,
+      [] { Cache().Free(Cache().Allocate(8 * kMiB)); },  // holds the cache's lock often
+      [] {  // the child: only this thread; the cache must still be usable
+        char *p = static_cast<char *>(Cache().Allocate(6 * kMiB));
+        if (p == nullptr) return 2;
+        Fill(p, 6 * kMiB, 7);
+        const bool ok = Holds(p, 6 * kMiB, 7);
+        Cache().Free(p);
+        return ok && Cache().Kept().blocks >= 1 ? 0 : 3;
+      });
+  CHECK(out.hung == 0);
+  CHECK(out.failed == 0);
   Cache().Trim();
 }

@@ -1,9 +1,10 @@
 // Task and runtime lifecycle: periodic tasks, fire-and-forget memory, pool
 // destruction with tasks in flight, repeated init/finalize, idle CPU use, and
 // the fiber shells tasks run on (reused task after task, ended at exit, and
-// surviving a handler that throws).
+// surviving a handler that throws), and task memory in a process forked meanwhile.
 #include "child_process.h"
 #include "embedded_fixture.h"
+#include "fork_while_busy.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -439,4 +440,19 @@ TEST_CASE("a handler that throws is answered with kInternal; its fiber shell run
   }
   // One task at a time: the shell each throw ran on went back to serve the next one.
   CHECK(CountFibers().fibers - before.fibers <= 2);
+}
+
+TEST_CASE("a process forked while another thread holds the task memory's pool lock can take it") {
+  // A new thread takes its cache under that lock; the child takes it directly instead, as
+  // a child that starts threads is refused under TSan (die_after_fork).
+  const chi_test::ForkOutcome out = chi_test::ForkWhileBusy(
+      100, [] { static_cast<void>(chi::TaskMemory::LiveBlocks()); },  // holds the pool's lock
+      [] {
+        void *p = chi::TaskMemory::Alloc(200);
+        const bool ok = p != nullptr && chi::TaskMemory::LiveBlocks() >= 1;
+        chi::TaskMemory::Free(p);
+        return ok ? 0 : 3;
+      });
+  CHECK(out.hung == 0);
+  CHECK(out.failed == 0);
 }

@@ -5384,6 +5384,10 @@ inline u64 NowNs() {
 // submit and complete never reach malloc in steady state. A block freed by
 // another thread (a worker freeing a fire-and-forget task) goes back to its
 // owner's lock-free remote list, which the owner drains when its own list is empty.
+// The pool's lock is taken around fork (pthread_atfork), so a child forked while another
+// thread started or ended can still start threads that allocate tasks.
+
+#include <pthread.h>  // pthread_atfork
 
 #include <cstddef>  // max_align_t
 #include <cstdlib>  // malloc/free for blocks and oversized tasks
@@ -5536,8 +5540,15 @@ class TaskMemory {
     Cache *all = nullptr;  ///< every cache ever made (for LiveBlocks)
   };
   static CachePool &Pool() {
-    static CachePool *pool = new CachePool();  // immortal: thread exits may run late
+    static CachePool *pool = NewPool();  // immortal: thread exits may run late
     return *pool;
+  }
+  /** The pool, with its lock held across fork: the child starts with it free. */
+  static CachePool *NewPool() {
+    auto *pool = new CachePool();
+    pthread_atfork([] { Pool().mu.lock(); }, [] { Pool().mu.unlock(); },
+                   [] { Pool().mu.unlock(); });
+    return pool;
   }
 
   /** Returns the thread's cache to the pool at thread exit. */
