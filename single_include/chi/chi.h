@@ -7147,16 +7147,14 @@ class LargeBlockCache {
   /** Larger requests fail outright (no mapping size arithmetic can overflow). */
   static constexpr u64 kMaxBlockBytes = 1ull << 46;
 
-  /** Registers the fork handlers; the one instance lives as long as the process. */
+  /**
+   * Holds the lock across fork: no other thread is inside the cache while the child is
+   * made, and parent and child (where only the forking thread lives on) release it after.
+   */
   LargeBlockCache() {
-    forked_ = this;
-    pthread_atfork(&LockForFork, &UnlockAfterFork, &UnlockAfterFork);
+    pthread_atfork([] { Instance().mu_.lock(); }, [] { Instance().mu_.unlock(); },
+                   [] { Instance().mu_.unlock(); });
   }
-
-  /** Before fork: no other thread is inside the cache while the child is made. */
-  static void LockForFork() { forked_->mu_.lock(); }
-  /** After fork, in parent and child alike: the forking thread holds the lock; release it. */
-  static void UnlockAfterFork() { forked_->mu_.unlock(); }
 
   /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (none: base nullptr). */
   Block TakeKept(u64 need) {
@@ -7201,7 +7199,6 @@ class LargeBlockCache {
     return p == MAP_FAILED ? Block{} : Block{static_cast<char *>(p), bytes, false};
   }
 
-  static inline LargeBlockCache *forked_ = nullptr;  ///< the instance the fork handlers lock
   mutable std::mutex mu_;
   Block kept_[kMaxKeptBlocks] = {};
   u32 kept_count_ = 0;
@@ -10027,37 +10024,370 @@ inline Status CheckConnectRequest(const ConnectRequest &req) {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_CLIENT_CONNECT_H
 // ---- end chi/transport/client_connect.h ----
-// ---- begin chi/transport/stale_segments.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_STALE_SEGMENTS_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_STALE_SEGMENTS_H
-// Sweeping what dead runtimes left behind on any port of this user: their shared segments
-// ("rt<port>_{main,cdata,rdata}", "shm_transport_<port>" in /dev/shm) and their ZeroMQ ipc
-// socket files (/tmp/chi_<uid>_<port>.ipc). A runtime removes its own port's leftovers when
-// it starts (RuntimeSegments::Create); a crash on a port no runtime takes again left them
-// until the node rebooted. Every runtime start now sweeps the other ports too, and
-// `chimaera runtime clean` sweeps on demand.
-//
-// Invariant: a port's segments are removed only when no live process owns them (neither
-// the main header's runtime nor the transport header's) and each was created at least the
-// minimum age ago: a runtime starting right now has young segments whose headers may not
-// be written yet. An ipc socket file is removed only when nothing listens on it (connect
-// is refused) and it is as old.
+// ---- begin chi/transport/shm_transport.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
+// The shared-memory transport, both ends: ShmServer (the runtime's poller and process
+// reaper) and ShmClientTransport (a pure client's connection), which
+// ShmReconnectingTransport replaces when the runtime restarts. The fastest way between
+// a client and a runtime on the same node; each client owns its slot of the runtime's
+// segment, so a client that dies or misbehaves can only wedge (and lose) its own slot.
 
-#include <dirent.h>      // opendir, readdir
-#include <sys/socket.h>  // connect: does anything listen on an ipc socket file
-#include <sys/stat.h>    // stat: the creation (modification) time
-#include <sys/un.h>      // sockaddr_un
-#include <time.h>        // clock_gettime(CLOCK_REALTIME), to compare with file times
-#include <unistd.h>      // getuid, unlink, close
+// ---- begin chi/transport/shm_client.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_H
+// ShmClientTransport: a pure client's connection to a runtime on this node through the
+// runtime's segment (ShmServer). Send streams the task into its slot's request ring on the
+// caller's thread; the receiving half (ShmClientReceiver, shm_client_receive.h) completes
+// tasks from the answers and fails every outstanding task if the runtime dies. One
+// connection, one runtime: ShmReconnectingTransport (shm_reconnect.h) replaces a lost one.
+// Invariant: one writer at a time streams requests (the writer_ role).
 
-#include <algorithm>    // sort, unique of the swept ports
-#include <cerrno>       // ECONNREFUSED
-#include <cstring>      // memcpy of the socket path
-#include <map>          // segments by port
-#include <string>       // names
-#include <string_view>  // parsing
-#include <vector>       // results
+#include <sched.h>  // sched_yield while Close waits for a writer to leave
 
+#include <cstring>  // memcpy of requests into the client data region
+#include <memory>  // unique_ptr
+#include <vector>  // the request buffer
+
+// ---- begin chi/transport/request_dispatcher.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
+// Runtime side of every transport: turns request bytes into a task submitted
+// to the workers, and a finished task back into answer bytes. Bad bytes,
+// unknown pools and unknown methods are answered with an error, never dropped.
+
+#include <cstring>  // memcpy of the request id
+#include <vector>   // answer buffers
+
+namespace chi {
+
+/** Starts an envelope in *out (the request id, nothing else) and returns an archive appending to it. */
+inline OutputArchive BeginEnvelope(u64 request_id, std::vector<char> *out) {
+  out->resize(kEnvelopeHeaderBytes);
+  std::memcpy(out->data(), &request_id, sizeof(request_id));
+  return OutputArchive(*out);
+}
+
+/**
+ * Bytes of the stack buffer an envelope is first encoded into. Small tasks (nearly all)
+ * then cost one bounds check and one memcpy per field instead of a vector append each.
+ */
+inline constexpr u64 kSmallEnvelopeBytes = 512;
+
+/** What writes an envelope's body: a TaskOps save_in or save_out. */
+using EnvelopeSaver = void (*)(Task &, OutputArchive &);
+
+/**
+ * Encodes an envelope (request id, then what `save` writes) into buf[0, cap) with a
+ * fixed archive. Returns the bytes written, or 0 when it does not fit (or fails).
+ */
+inline u64 EncodeEnvelopeInto(u64 request_id, Task *t, EnvelopeSaver save, char *buf, u64 cap) {
+  if (cap < kEnvelopeHeaderBytes) return 0;
+  std::memcpy(buf, &request_id, sizeof(request_id));
+  OutputArchive ar(buf + kEnvelopeHeaderBytes, cap - kEnvelopeHeaderBytes);
+  save(*t, ar);
+  return CHI_LIKELY(ar.ok()) ? kEnvelopeHeaderBytes + ar.Size() : 0;
+}
+
+/**
+ * Encodes an envelope into *out: first on the stack (EncodeEnvelopeInto), and only
+ * when that overflows again with a growing archive. Replaces what *out held; keeps its
+ * capacity.
+ */
+inline void EncodeEnvelope(u64 request_id, Task *t, EnvelopeSaver save, std::vector<char> *out) {
+  char small[kSmallEnvelopeBytes];
+  if (const u64 n = EncodeEnvelopeInto(request_id, t, save, small, sizeof(small)); n != 0) {
+    out->assign(small, small + n);
+    return;
+  }
+  OutputArchive ar = BeginEnvelope(request_id, out);
+  save(*t, ar);
+}
+
+/** Encodes a finished task's answer envelope into *out; the task stays alive. */
+inline void EncodeAnswerKeep(Task *t, std::vector<char> *out) {
+  EncodeEnvelope(t->request_id_, t, t->ops_->save_out, out);
+}
+
+/** Decodes requests for one runtime and encodes the answers. */
+class RequestDispatcher {
+ public:
+  RequestDispatcher(PoolManager *pools, WorkOrchestrator *orch) : pools_(pools), orch_(orch) {}
+
+  /**
+   * Where requests for a GPU route (LocalGpuBcast, ToLocalGpu) go instead of the workers:
+   * the runtime's GPU transport, read at each request (it comes and goes with the GPUs).
+   * Without it, or while it is null, those requests reach the router, which refuses them.
+   */
+  void RouteGpuTo(const Atomic<ClientTransport *> *gpu) { gpu_ = gpu; }
+
+  /**
+   * Decodes one request and submits its task with `completer` and `cookie`
+   * attached (the completer later calls EncodeAnswer). On failure returns false
+   * and fills `error_answer` with an answer carrying the error for the client.
+   * Called on a worker's own loop (a transport's WorkerPoller) that would keep the task
+   * (WorkOrchestrator::LocalWorkerFor), it stays there (Worker::Adopt) with the pool
+   * reference taken here, unless `here` is false: then it goes to a lane, as from any
+   * other thread.
+   */
+  bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
+                std::vector<char> *error_answer, bool here = true) {
+    u64 request_id = 0;
+    if (len < kEnvelopeHeaderBytes) {
+      EncodeError(0, ErrorCode::kTruncated, "request shorter than its 8-byte header",
+                  error_answer);
+      return false;
+    }
+    std::memcpy(&request_id, data, sizeof(request_id));
+    InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+    // Reused per thread: a fresh Task costs a 96-byte message clear per request. A
+    // decode that succeeds overwrites every routing field; rc_ and msg_ are never set.
+    thread_local Task base;
+    base.SerializeBaseIn(ar);
+    if (!ar.ok()) {  // truncated bytes, or an invalid pool query (SerializeBaseIn)
+      EncodeError(request_id, ErrorCode::kMalformed, ar.status().message(), error_answer);
+      return false;
+    }
+    if (base.task_flags_.Any(TASK_PERIODIC)) {  // nobody could cancel it from afar
+      EncodeError(request_id, ErrorCode::kUnsupported,
+                  "periodic tasks cannot be submitted from another process", error_answer);
+      return false;
+    }
+    PoolInfo *pool = pools_->Acquire(base.pool_id_);
+    if (pool == nullptr) {
+      Status st = Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
+                                 base.pool_id_.ToString().c_str());
+      EncodeError(request_id, st.code(), st.message(), error_answer);
+      return false;
+    }
+    Container *c = pool->FirstLocal();
+    Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
+    if (t == nullptr) {
+      // Asked only on failure: the virtual call is not free on the hot path.
+      const bool has_method = c != nullptr && c->HasMethod(base.method_);
+      pools_->Release(pool);
+      Status st = has_method ? Status::Errorf(ErrorCode::kMalformed,
+                                              "inputs of method %u are malformed: %s",
+                                              base.method_, ar.status().message())
+                             : Status::Errorf(ErrorCode::kUnknownMethod,
+                                              "pool %s has no method %u",
+                                              base.pool_id_.ToString().c_str(), base.method_);
+      EncodeError(request_id, st.code(), st.message(), error_answer);
+      return false;
+    }
+    t->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);  // the completer owns and frees it
+    t->completer_ = completer;
+    t->transport_cookie_ = cookie;
+    t->request_id_ = request_id;  // echoed back in the answer
+    Worker *me = here ? orch_->LocalWorkerFor(*t) : nullptr;
+    if (me != nullptr && CurrentRunContext() == nullptr &&
+        !(gpu_ != nullptr && t->pool_query_.IsGpuRoute()) && orch_->IsAccepting()) {
+      me->Adopt(t, pool);  // the worker's next step starts it (it releases the pool)
+      return true;
+    }
+    pools_->Release(pool);
+    if (gpu_ != nullptr && t->pool_query_.IsGpuRoute()) {
+      // acquire: the GPU transport is fully started before we hand it tasks.
+      if (ClientTransport *g = gpu_->Load(MemOrder::kAcquire); g != nullptr && g->Send(t)) {
+        return true;  // the GPU transport completes it (answer or error) through completer_
+      }
+    }
+    if (!(here ? orch_->Submit(t) : orch_->SubmitShared(t))) {
+      t->completer_ = nullptr;
+      DeleteTask(t);
+      EncodeError(request_id, ErrorCode::kShutdown, "runtime is shutting down", error_answer);
+      return false;
+    }
+    return true;
+  }
+
+  /** The orchestrator requests are submitted to (transports install worker pollers there). */
+  WorkOrchestrator *Orchestrator() const { return orch_; }
+
+  /** Encodes a finished server-side task's answer and frees the task. */
+  static void EncodeAnswer(Task *t, std::vector<char> *out) {
+    EncodeAnswerKeep(t, out);
+    t->completer_ = nullptr;
+    DeleteTask(t);
+  }
+
+  /** An answer that carries only an error (no outputs). */
+  static void EncodeError(u64 request_id, ErrorCode code, const char *msg,
+                          std::vector<char> *out) {
+    Task err;
+    err.SetError(code, msg);
+    OutputArchive ar = BeginEnvelope(request_id, out);
+    err.SerializeBaseOut(ar);
+  }
+
+ private:
+  PoolManager *pools_;
+  const Atomic<ClientTransport *> *gpu_ = nullptr;  ///< see RouteGpuTo
+  WorkOrchestrator *orch_;
+};
+
+/** Client side: writes the request envelope for a stamped task. */
+inline void EncodeRequest(Task *t, u64 request_id, std::vector<char> *out) {
+  EncodeEnvelope(request_id, t, t->ops_->save_in, out);
+}
+
+/**
+ * Client side: reads an answer into the task (outputs, or just the error when
+ * the runtime refused the request). Malformed answers set kMalformed on the task.
+ */
+inline void DecodeAnswer(Task *t, const char *data, u64 len) {
+  if (len < kEnvelopeHeaderBytes) {
+    t->SetError(ErrorCode::kMalformed, "answer shorter than its header");
+    return;
+  }
+  u32 rc = 0;  // the answer header's first field: a success reads straight into the task
+  if (len >= kEnvelopeHeaderBytes + sizeof(rc)) {
+    std::memcpy(&rc, data + kEnvelopeHeaderBytes, sizeof(rc));
+  }
+  if (rc == 0) {
+    InputArchive direct(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+    t->ops_->load_out(*t, direct);
+    if (CHI_LIKELY(direct.ok())) return;
+  }
+  // An error answer, or bytes that did not decode: look at the header alone first.
+  InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+  Task header;
+  header.SerializeBaseOut(ar);
+  if (!ar.ok()) {
+    t->SetError(ErrorCode::kMalformed, "answer header is malformed");
+    return;
+  }
+  if (header.rc_ != 0 && ar.Remaining() == 0) {  // an error-only answer
+    t->rc_ = header.rc_;
+    t->msg_ = header.msg_;
+    return;
+  }
+  InputArchive full(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+  t->ops_->load_out(*t, full);
+  if (!full.ok()) t->SetError(ErrorCode::kMalformed, "answer outputs are malformed");
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
+// ---- end chi/transport/request_dispatcher.h ----
+// ---- begin chi/transport/shm_client_receive.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_RECEIVE_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_RECEIVE_H
+// ShmClientReceiver: the receiving half of a pure client's shm connection (ShmClientTransport
+// in shm_client.h adds the sending half). It owns the table of outstanding tasks and turns
+// answers into completed tasks, either on its receiver thread or on a caller spinning in
+// Future::Wait (through the process's WaitHelper), and watches the runtime's liveness.
+// Invariant: only the holder of the receiver role (rx_role_) reads the answer stream, and
+// only whoever clears a task's table entry (answer, failure, close) completes the task.
+
+#include <pthread.h>  // pthread_setname_np for the receiver thread
+#include <sched.h>    // sched_yield while the receiver spins
+
+#include <cstdio>   // snprintf of failure messages
+#include <cstring>  // memcpy of request ids
+#include <memory>   // unique_ptr of the table
+#include <thread>   // the receiver thread
+#include <vector>   // the answer assembly buffer
+
+// ---- begin chi/transport/shm_process.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+// Who is on the other end of a shared-memory connection, and is it still there: the
+// primitive of the process reaper (ShmServer checks its clients, clients check the
+// runtime). Invariant: a pid alone is never trusted, since pids are reused; an identity
+// pairs it with the process's start time, and a zombie counts as dead.
+
+#include <fcntl.h>   // open
+#include <signal.h>  // kill(pid, 0)
+#include <unistd.h>  // read, close, getpid
+
+#include <cerrno>  // ESRCH
+#include <cstdio>  // snprintf for the /proc path
+
+namespace chi {
+
+/** A process as the reaper knows it: pid plus start time (clock ticks since boot). */
+struct ProcessIdentity {
+  u32 pid = 0;
+  u64 start_ticks = 0;  ///< 0 when /proc could not tell
+};
+
+namespace detail {
+
+/** What /proc/<pid>/stat says about a process. */
+struct ProcStat {
+  bool found = false;   ///< the file exists and parsed
+  char state = '?';     ///< R, S, D, Z, X, ...
+  u64 start_ticks = 0;  ///< field 22, starttime
+};
+
+/** Reads state and start time of `pid` from /proc (host only; a slow path). */
+inline ProcStat ReadProcStat(u32 pid) {
+  ProcStat out;
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[1024];
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return out;
+  buf[n] = '\0';
+  // The command name (field 2) may hold spaces and parentheses: parse after the last ')'.
+  char *p = nullptr;
+  for (ssize_t i = n - 1; i >= 0; --i) {
+    if (buf[i] == ')') {
+      p = buf + i + 1;
+      break;
+    }
+  }
+  if (p == nullptr) return out;
+  int field = 2;  // the ')' ends field 2
+  while (*p != '\0' && field < 22) {
+    while (*p == ' ') ++p;
+    ++field;
+    if (field == 3) out.state = *p;
+    if (field == 22) {
+      u64 v = 0;
+      while (*p >= '0' && *p <= '9') v = v * 10 + static_cast<u64>(*p++ - '0');
+      out.start_ticks = v;
+      out.found = true;
+      break;
+    }
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/** The identity of process `pid` now (start_ticks 0 when /proc is unavailable). */
+inline ProcessIdentity IdentityOf(u32 pid) {
+  detail::ProcStat st = detail::ReadProcStat(pid);
+  return ProcessIdentity{pid, st.found ? st.start_ticks : 0};
+}
+
+/** This process's identity. */
+inline ProcessIdentity SelfIdentity() { return IdentityOf(static_cast<u32>(getpid())); }
+
+/**
+ * True while the process `who` names still runs: the pid exists, is not a zombie, and
+ * (when both start times are known) started when `who` says. Without /proc it falls
+ * back to kill(pid, 0).
+ */
+inline bool IsProcessAlive(const ProcessIdentity &who) {
+  if (who.pid == 0) return false;
+  detail::ProcStat st = detail::ReadProcStat(who.pid);
+  if (st.found) {
+    if (st.state == 'Z' || st.state == 'X') return false;
+    return who.start_ticks == 0 || st.start_ticks == who.start_ticks;
+  }
+  return !(kill(static_cast<pid_t>(who.pid), 0) != 0 && errno == ESRCH);
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+// ---- end chi/transport/shm_process.h ----
 // ---- begin chi/transport/shm_segment.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
@@ -10164,105 +10494,6 @@ class CpuUnstacker {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_CORE_CPU_SHARE_H
 // ---- end chi/core/cpu_share.h ----
-// ---- begin chi/transport/shm_process.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
-// Who is on the other end of a shared-memory connection, and is it still there: the
-// primitive of the process reaper (ShmServer checks its clients, clients check the
-// runtime). Invariant: a pid alone is never trusted, since pids are reused; an identity
-// pairs it with the process's start time, and a zombie counts as dead.
-
-#include <fcntl.h>   // open
-#include <signal.h>  // kill(pid, 0)
-#include <unistd.h>  // read, close, getpid
-
-#include <cerrno>  // ESRCH
-#include <cstdio>  // snprintf for the /proc path
-
-namespace chi {
-
-/** A process as the reaper knows it: pid plus start time (clock ticks since boot). */
-struct ProcessIdentity {
-  u32 pid = 0;
-  u64 start_ticks = 0;  ///< 0 when /proc could not tell
-};
-
-namespace detail {
-
-/** What /proc/<pid>/stat says about a process. */
-struct ProcStat {
-  bool found = false;   ///< the file exists and parsed
-  char state = '?';     ///< R, S, D, Z, X, ...
-  u64 start_ticks = 0;  ///< field 22, starttime
-};
-
-/** Reads state and start time of `pid` from /proc (host only; a slow path). */
-inline ProcStat ReadProcStat(u32 pid) {
-  ProcStat out;
-  char path[48];
-  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
-  char buf[1024];
-  ssize_t n = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (n <= 0) return out;
-  buf[n] = '\0';
-  // The command name (field 2) may hold spaces and parentheses: parse after the last ')'.
-  char *p = nullptr;
-  for (ssize_t i = n - 1; i >= 0; --i) {
-    if (buf[i] == ')') {
-      p = buf + i + 1;
-      break;
-    }
-  }
-  if (p == nullptr) return out;
-  int field = 2;  // the ')' ends field 2
-  while (*p != '\0' && field < 22) {
-    while (*p == ' ') ++p;
-    ++field;
-    if (field == 3) out.state = *p;
-    if (field == 22) {
-      u64 v = 0;
-      while (*p >= '0' && *p <= '9') v = v * 10 + static_cast<u64>(*p++ - '0');
-      out.start_ticks = v;
-      out.found = true;
-      break;
-    }
-    while (*p != ' ' && *p != '\0') ++p;
-  }
-  return out;
-}
-
-}  // namespace detail
-
-/** The identity of process `pid` now (start_ticks 0 when /proc is unavailable). */
-inline ProcessIdentity IdentityOf(u32 pid) {
-  detail::ProcStat st = detail::ReadProcStat(pid);
-  return ProcessIdentity{pid, st.found ? st.start_ticks : 0};
-}
-
-/** This process's identity. */
-inline ProcessIdentity SelfIdentity() { return IdentityOf(static_cast<u32>(getpid())); }
-
-/**
- * True while the process `who` names still runs: the pid exists, is not a zombie, and
- * (when both start times are known) started when `who` says. Without /proc it falls
- * back to kill(pid, 0).
- */
-inline bool IsProcessAlive(const ProcessIdentity &who) {
-  if (who.pid == 0) return false;
-  detail::ProcStat st = detail::ReadProcStat(who.pid);
-  if (st.found) {
-    if (st.state == 'Z' || st.state == 'X') return false;
-    return who.start_ticks == 0 || st.start_ticks == who.start_ticks;
-  }
-  return !(kill(static_cast<pid_t>(who.pid), 0) != 0 && errno == ESRCH);
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
-// ---- end chi/transport/shm_process.h ----
 
 namespace chi {
 
@@ -10592,621 +10823,6 @@ class ShmSegment {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
 // ---- end chi/transport/shm_segment.h ----
-// ---- begin chi/transport/zmq_common.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
-// What the ZeroMQ client transport and server share: endpoint names (per user
-// and port), the control messages that travel in the task envelope, socket
-// options, and the doorbell that wakes a network thread (the runtime's: its network
-// worker) from other threads.
-// Invariant: a ZeroMQ socket is used by one thread at a time, under its
-// transport's lock; threads that cannot take it hand work over on a lock-free
-// list plus this doorbell.
-//
-// The ZMQ_FD rule. Threads sleep in poll() on a socket's ZMQ_FD without its lock.
-// That fd is edge-like: it signals commands that reach the socket after a thread
-// last used it (send, recv or reading ZMQ_EVENTS all consume them), not "a message
-// is waiting". So a thread that used a socket must, before unlocking, either have
-// received until EAGAIN (or read ZMQ_EVENTS without ZMQ_POLLIN), or ask the network
-// thread for another pass. A thread that stops early (a full batch) and sleeps on
-// the fd sleeps with messages waiting: that is how 256 tasks in flight once fell
-// to 0.002 M/s, each batch of answers waiting for the next poll timeout.
-
-#include <sys/eventfd.h>  // the doorbell's file descriptor
-#include <unistd.h>       // getuid, read, write, close
-
-#include <cstring>  // memcpy of ids
-#include <string>   // endpoint text
-#include <vector>   // message bytes
-
-#include <zmq.hpp>  // cppzmq
-
-namespace chi {
-
-/** The ZeroMQ endpoint of the runtime on this node for `mode` ("ipc" or "tcp") and `port`. */
-inline std::string ZmqEndpoint(std::string_view mode, u32 port) {
-  if (mode == "ipc") {
-    return "ipc:///tmp/chi_" + std::to_string(getuid()) + "_" + std::to_string(port) + ".ipc";
-  }
-  return "tcp://127.0.0.1:" + std::to_string(port);
-}
-
-/**
- * Control messages share the envelope with tasks: a request id with the top bit
- * set names a control message instead of a task, followed by its archive bytes.
- */
-namespace zmq_control {
-inline constexpr u64 kBit = 1ull << 63;
-inline constexpr u64 kConnect = kBit | 1;   ///< client -> runtime: ConnectRequest
-inline constexpr u64 kAccept = kBit | 2;    ///< runtime -> client: ConnectAnswer
-inline constexpr u64 kBye = kBit | 3;       ///< client -> runtime: forget me
-inline constexpr u64 kShutdown = kBit | 4;  ///< runtime -> client: I am stopping
-inline constexpr u64 kRefused = kBit | 5;   ///< runtime -> client: connect first
-/// runtime -> client: nothing to do (clients ignore it). Sent to a client that has gone
-/// quiet: a ROUTER refuses the send when that client's connection is gone.
-inline constexpr u64 kPing = kBit | 6;
-}  // namespace zmq_control
-
-/** Largest request the runtime accepts (ZMQ_MAXMSGSIZE): larger ones drop the connection. */
-inline constexpr u64 kZmqMaxRequestBytes = 256ull << 20;
-/** How long a closing socket may still push queued messages out. */
-inline constexpr int kZmqLingerMs = 1000;
-
-/** Reads the u64 request id at the front of an envelope (the caller checked the length). */
-inline u64 EnvelopeId(const void *data) {
-  u64 id = 0;
-  std::memcpy(&id, data, sizeof(id));
-  return id;
-}
-
-/** Builds a control message: the id, then the archive of `body`. */
-template <typename T>
-zmq::message_t MakeControl(u64 id, T &body) {
-  std::vector<char> buf(kEnvelopeHeaderBytes);
-  std::memcpy(buf.data(), &id, sizeof(id));
-  OutputArchive ar(buf);
-  ar(body);
-  return zmq::message_t(buf.data(), buf.size());
-}
-
-/** A control message with no body. */
-inline zmq::message_t MakeControl(u64 id) { return zmq::message_t(&id, sizeof(id)); }
-
-/** Decodes a control message's body; false when malformed. */
-template <typename T>
-bool ParseControl(const zmq::message_t &msg, T *body) {
-  if (msg.size() < kEnvelopeHeaderBytes) return false;
-  InputArchive ar(static_cast<const char *>(msg.data()) + kEnvelopeHeaderBytes,
-                  msg.size() - kEnvelopeHeaderBytes);
-  ar(*body);
-  return ar.ok();
-}
-
-/**
- * Wakes a network thread blocked in zmq_poll. Producers ring it after
- * publishing work; the eventfd is written only while the thread says it sleeps,
- * so a busy network thread costs producers no system call.
- */
-class ZmqDoorbell {
- public:
-  ZmqDoorbell() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-  ~ZmqDoorbell() {
-    if (fd_ >= 0) close(fd_);
-  }
-  ZmqDoorbell(const ZmqDoorbell &) = delete;
-  ZmqDoorbell &operator=(const ZmqDoorbell &) = delete;
-
-  bool ok() const { return fd_ >= 0; }
-  /** The fd to poll for POLLIN. */
-  int fd() const { return fd_; }
-
-  /** Producer: call after publishing work. */
-  void Ring() {
-    // seq_cst fence: our publish is visible before we read sleeping_ (mirrors Sleep).
-    FenceSeqCst();
-    if (sleeping_.Load(MemOrder::kRelaxed) != 0) Signal();
-  }
-  /** True while the network thread sleeps or is about to (a hint: read relaxed). */
-  bool Sleeping() const { return sleeping_.Load(MemOrder::kRelaxed) != 0; }
-
-  /** Network thread: announce a sleep; re-check the work lists afterwards, then poll. */
-  void PrepareSleep() {
-    sleeping_.Store(1, MemOrder::kRelaxed);
-    // seq_cst fence: the flag is visible before we re-check for work (mirrors Ring).
-    FenceSeqCst();
-  }
-  /**
-   * Network thread: back from polling; clears the flag, and the counter unless the poll
-   * said the fd was not readable (`rung` false: saves a read; a ring that came since
-   * only makes the next poll return at once).
-   */
-  void Awake(bool rung = true) {
-    sleeping_.Store(0, MemOrder::kRelaxed);
-    if (rung) Clear();
-  }
-
-  /** Makes the fd readable now, whether or not anyone sleeps (a bell without the flag). */
-  void Signal() {
-    u64 one = 1;
-    ssize_t n = write(fd_, &one, sizeof(one));
-    (void)n;  // EAGAIN means the counter is already non-zero: the poller wakes anyway
-  }
-  /** Clears the counter: the fd is no longer readable until the next ring. */
-  void Clear() {
-    u64 v = 0;
-    ssize_t n = read(fd_, &v, sizeof(v));
-    (void)n;  // EAGAIN: nobody rang
-  }
-
- private:
-  int fd_;
-  Atomic<u32> sleeping_;
-};
-
-/** True when `s` has a message to receive; re-reads its events (see the ZMQ_FD rule). */
-inline bool ZmqReadable(zmq::socket_t &s) {
-  return (s.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
-}
-
-/** Socket options every chi ZeroMQ socket gets: bounded linger, no message limit on HWM. */
-inline void ConfigureZmqSocket(zmq::socket_t &s) {
-  s.set(zmq::sockopt::linger, kZmqLingerMs);
-  s.set(zmq::sockopt::sndhwm, 0);  // back-pressure is ours (bounded in-flight), not ZeroMQ's
-  s.set(zmq::sockopt::rcvhwm, 0);
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
-// ---- end chi/transport/zmq_common.h ----
-
-namespace chi {
-
-/** Seconds a dead runtime's leftovers must have existed before a runtime start sweeps them. */
-inline constexpr u64 kStaleSweepMinAgeS = 60;
-
-/** Where to look and what to spare (defaults: this user's files, every port, one minute). */
-struct StaleSweepOptions {
-  u64 min_age_s = kStaleSweepMinAgeS;  ///< younger leftovers stay (see the invariant)
-  u32 skip_port = 0;                   ///< a port never swept (the caller's own; 0: none)
-  u32 first_port = 0;                  ///< only ports in [first_port, last_port]
-  u32 last_port = 65535;
-};
-
-/** Where shm_open's names appear as files (glibc on Linux). */
-inline constexpr const char *kShmDir = "/dev/shm";
-
-/** What a sweep removed, and what it left because it was too young. */
-struct StaleSweep {
-  std::vector<u32> ports;  ///< ports with anything removed, ascending
-  u32 segments = 0;        ///< shared segments removed
-  u32 sockets = 0;         ///< ipc socket files removed
-  u32 young = 0;           ///< dead leftovers spared for their age (a later sweep takes them)
-};
-
-namespace detail {
-
-/** Reads a port: 1 to 5 decimal digits, at most 65535; false for anything else. */
-inline bool ParsePort(std::string_view digits, u32 *port) {
-  if (digits.empty() || digits.size() > 5) return false;
-  u32 v = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return false;
-    v = v * 10 + static_cast<u32>(c - '0');
-  }
-  if (v > 65535) return false;
-  *port = v;
-  return true;
-}
-
-/** Seconds since `path` was last modified (created, for our files); false when it is gone. */
-inline bool FileAgeS(const std::string &path, u64 *age_s) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) return false;
-  timespec now{};
-  clock_gettime(CLOCK_REALTIME, &now);
-  *age_s = now.tv_sec > st.st_mtim.tv_sec ? static_cast<u64>(now.tv_sec - st.st_mtim.tv_sec) : 0;
-  return true;
-}
-
-/** True when something listens on unix socket `path` (a live ZeroMQ ipc endpoint). */
-inline bool SocketListening(const std::string &path) {
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) return true;  // cannot tell: keep it
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return true;
-  const bool refused =
-      connect(fd, reinterpret_cast<const sockaddr *>(&addr), sizeof(addr)) != 0 &&
-      (errno == ECONNREFUSED || errno == ENOENT);
-  close(fd);
-  return !refused;
-}
-
-/**
- * Removes the files `paths` (absolute) of one dead port that are at least `min_age_s` old,
- * counting them in *removed; true when one was spared for its age.
- */
-template <typename Remove>
-bool RemoveIfOld(const std::vector<std::string> &paths, u64 min_age_s, Remove remove,
-                 u32 *removed) {
-  bool spared = false;
-  for (const std::string &path : paths) {
-    u64 age = 0;  // read just before the removal: a runtime may be starting on the port
-    if (!FileAgeS(path, &age)) continue;
-    if (age < min_age_s) {
-      spared = true;
-    } else if (remove(path)) {
-      ++*removed;
-    }
-  }
-  return spared;
-}
-
-}  // namespace detail
-
-/**
- * The port of a runtime segment of this user, from its file name in /dev/shm
- * ("chi_<uid>_rt<port>_<role>" or "chi_<uid>_shm_transport_<port>"); false for any other
- * name. *name gets the segment's name as PosixShmBackend knows it (no user prefix).
- */
-inline bool ParseRuntimeSegmentFile(std::string_view file, u32 uid, u32 *port,
-                                    std::string *name) {
-  const std::string prefix = "chi_" + std::to_string(uid) + "_";
-  if (file.substr(0, prefix.size()) != prefix) return false;
-  const std::string_view rest = file.substr(prefix.size());
-  constexpr std::string_view kTransport = "shm_transport_";
-  bool ok = false;
-  if (rest.substr(0, kTransport.size()) == kTransport) {
-    ok = detail::ParsePort(rest.substr(kTransport.size()), port);
-  } else if (rest.substr(0, 2) == "rt") {
-    const size_t cut = rest.find('_');
-    if (cut != std::string_view::npos && detail::ParsePort(rest.substr(2, cut - 2), port)) {
-      const std::string_view role = rest.substr(cut + 1);
-      for (const char *r : RuntimeSegments::kRoles) ok = ok || role == r;
-    }
-  }
-  if (ok) *name = std::string(rest);
-  return ok;
-}
-
-/**
- * The port of a runtime's ipc socket file of this user in /tmp ("chi_<uid>_<port>.ipc");
- * false for any other name.
- */
-inline bool ParseIpcSocketFile(std::string_view file, u32 uid, u32 *port) {
-  const std::string prefix = "chi_" + std::to_string(uid) + "_";
-  constexpr std::string_view kSuffix = ".ipc";
-  if (file.size() <= prefix.size() + kSuffix.size()) return false;
-  if (file.substr(0, prefix.size()) != prefix) return false;
-  if (file.substr(file.size() - kSuffix.size()) != kSuffix) return false;
-  return detail::ParsePort(file.substr(prefix.size(), file.size() - prefix.size() - kSuffix.size()),
-                           port);
-}
-
-/**
- * Removes the leftovers of dead runtimes of this user (the invariant above says which).
- * Never fails: what it cannot read or remove stays, as it was.
- */
-inline StaleSweep SweepStaleSegments(const StaleSweepOptions &o = {}) {
-  const u32 uid = static_cast<u32>(getuid());
-  const auto wanted = [&](u32 port) {
-    return port != o.skip_port && port >= o.first_port && port <= o.last_port;
-  };
-  StaleSweep out;
-  std::map<u32, std::vector<std::string>> segments;  // by port: names without the prefix
-  if (DIR *dir = opendir(kShmDir)) {
-    while (const dirent *e = readdir(dir)) {
-      u32 port = 0;
-      std::string name;
-      if (ParseRuntimeSegmentFile(e->d_name, uid, &port, &name) && wanted(port)) {
-        segments[port].push_back(std::move(name));
-      }
-    }
-    closedir(dir);
-  }
-  const std::string file_prefix = std::string(kShmDir) + "/chi_" + std::to_string(uid) + "_";
-  for (const auto &[port, names] : segments) {
-    bool stale = false;
-    if (RuntimeSegments::FindOwner(port, &stale) != 0) continue;  // its runtime runs
-    if (!ShmSegment::CheckNotServed(ShmSegmentName(port), port).ok()) continue;
-    std::vector<std::string> paths;
-    for (const std::string &name : names) paths.push_back(file_prefix + name);
-    const u32 before = out.segments;
-    const auto destroy = [&](const std::string &path) {
-      return PosixShmBackend::DestroyByName(path.substr(file_prefix.size())).ok();
-    };
-    out.young += detail::RemoveIfOld(paths, o.min_age_s, destroy, &out.segments) ? 1 : 0;
-    if (out.segments != before) out.ports.push_back(port);
-  }
-  std::vector<u32> socket_ports;  // the ipc endpoints' files (ZmqEndpoint's path)
-  if (DIR *dir = opendir("/tmp")) {
-    while (const dirent *e = readdir(dir)) {
-      u32 port = 0;
-      if (ParseIpcSocketFile(e->d_name, uid, &port) && wanted(port)) socket_ports.push_back(port);
-    }
-    closedir(dir);
-  }
-  for (u32 port : socket_ports) {
-    const std::string path = ZmqEndpoint("ipc", port).substr(std::strlen("ipc://"));
-    if (detail::SocketListening(path)) continue;
-    const u32 before = out.sockets;
-    const auto unlink_file = [](const std::string &p) { return unlink(p.c_str()) == 0; };
-    out.young += detail::RemoveIfOld({path}, o.min_age_s, unlink_file, &out.sockets) ? 1 : 0;
-    if (out.sockets != before) out.ports.push_back(port);
-  }
-  std::sort(out.ports.begin(), out.ports.end());
-  out.ports.erase(std::unique(out.ports.begin(), out.ports.end()), out.ports.end());
-  return out;
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_STALE_SEGMENTS_H
-// ---- end chi/transport/stale_segments.h ----
-// ---- begin chi/transport/shm_transport.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
-// The shared-memory transport, both ends: ShmServer (the runtime's poller and process
-// reaper) and ShmClientTransport (a pure client's connection), which
-// ShmReconnectingTransport replaces when the runtime restarts. The fastest way between
-// a client and a runtime on the same node; each client owns its slot of the runtime's
-// segment, so a client that dies or misbehaves can only wedge (and lose) its own slot.
-
-// ---- begin chi/transport/shm_client.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_H
-// ShmClientTransport: a pure client's connection to a runtime on this node through the
-// runtime's segment (ShmServer). Send streams the task into its slot's request ring on the
-// caller's thread; the receiving half (ShmClientReceiver, shm_client_receive.h) completes
-// tasks from the answers and fails every outstanding task if the runtime dies. One
-// connection, one runtime: ShmReconnectingTransport (shm_reconnect.h) replaces a lost one.
-// Invariant: one writer at a time streams requests (the writer_ role).
-
-#include <sched.h>  // sched_yield while Close waits for a writer to leave
-
-#include <cstring>  // memcpy of requests into the client data region
-#include <memory>  // unique_ptr
-#include <vector>  // the request buffer
-
-// ---- begin chi/transport/request_dispatcher.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
-// Runtime side of every transport: turns request bytes into a task submitted
-// to the workers, and a finished task back into answer bytes. Bad bytes,
-// unknown pools and unknown methods are answered with an error, never dropped.
-
-#include <cstring>  // memcpy of the request id
-#include <vector>   // answer buffers
-
-namespace chi {
-
-/** Starts an envelope in *out (the request id, nothing else) and returns an archive appending to it. */
-inline OutputArchive BeginEnvelope(u64 request_id, std::vector<char> *out) {
-  out->resize(kEnvelopeHeaderBytes);
-  std::memcpy(out->data(), &request_id, sizeof(request_id));
-  return OutputArchive(*out);
-}
-
-/**
- * Bytes of the stack buffer an envelope is first encoded into. Small tasks (nearly all)
- * then cost one bounds check and one memcpy per field instead of a vector append each.
- */
-inline constexpr u64 kSmallEnvelopeBytes = 512;
-
-/** What writes an envelope's body: a TaskOps save_in or save_out. */
-using EnvelopeSaver = void (*)(Task &, OutputArchive &);
-
-/**
- * Encodes an envelope (request id, then what `save` writes) into buf[0, cap) with a
- * fixed archive. Returns the bytes written, or 0 when it does not fit (or fails).
- */
-inline u64 EncodeEnvelopeInto(u64 request_id, Task *t, EnvelopeSaver save, char *buf, u64 cap) {
-  if (cap < kEnvelopeHeaderBytes) return 0;
-  std::memcpy(buf, &request_id, sizeof(request_id));
-  OutputArchive ar(buf + kEnvelopeHeaderBytes, cap - kEnvelopeHeaderBytes);
-  save(*t, ar);
-  return CHI_LIKELY(ar.ok()) ? kEnvelopeHeaderBytes + ar.Size() : 0;
-}
-
-/**
- * Encodes an envelope into *out: first on the stack (EncodeEnvelopeInto), and only
- * when that overflows again with a growing archive. Replaces what *out held; keeps its
- * capacity.
- */
-inline void EncodeEnvelope(u64 request_id, Task *t, EnvelopeSaver save, std::vector<char> *out) {
-  char small[kSmallEnvelopeBytes];
-  if (const u64 n = EncodeEnvelopeInto(request_id, t, save, small, sizeof(small)); n != 0) {
-    out->assign(small, small + n);
-    return;
-  }
-  OutputArchive ar = BeginEnvelope(request_id, out);
-  save(*t, ar);
-}
-
-/** Encodes a finished task's answer envelope into *out; the task stays alive. */
-inline void EncodeAnswerKeep(Task *t, std::vector<char> *out) {
-  EncodeEnvelope(t->request_id_, t, t->ops_->save_out, out);
-}
-
-/** Decodes requests for one runtime and encodes the answers. */
-class RequestDispatcher {
- public:
-  RequestDispatcher(PoolManager *pools, WorkOrchestrator *orch) : pools_(pools), orch_(orch) {}
-
-  /**
-   * Where requests for a GPU route (LocalGpuBcast, ToLocalGpu) go instead of the workers:
-   * the runtime's GPU transport, read at each request (it comes and goes with the GPUs).
-   * Without it, or while it is null, those requests reach the router, which refuses them.
-   */
-  void RouteGpuTo(const Atomic<ClientTransport *> *gpu) { gpu_ = gpu; }
-
-  /**
-   * Decodes one request and submits its task with `completer` and `cookie`
-   * attached (the completer later calls EncodeAnswer). On failure returns false
-   * and fills `error_answer` with an answer carrying the error for the client.
-   * Called on a worker's own loop (a transport's WorkerPoller) that would keep the task
-   * (WorkOrchestrator::LocalWorkerFor), it stays there (Worker::Adopt) with the pool
-   * reference taken here, unless `here` is false: then it goes to a lane, as from any
-   * other thread.
-   */
-  bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
-                std::vector<char> *error_answer, bool here = true) {
-    u64 request_id = 0;
-    if (len < kEnvelopeHeaderBytes) {
-      EncodeError(0, ErrorCode::kTruncated, "request shorter than its 8-byte header",
-                  error_answer);
-      return false;
-    }
-    std::memcpy(&request_id, data, sizeof(request_id));
-    InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
-    // Reused per thread: a fresh Task costs a 96-byte message clear per request. A
-    // decode that succeeds overwrites every routing field; rc_ and msg_ are never set.
-    thread_local Task base;
-    base.SerializeBaseIn(ar);
-    if (!ar.ok()) {  // truncated bytes, or an invalid pool query (SerializeBaseIn)
-      EncodeError(request_id, ErrorCode::kMalformed, ar.status().message(), error_answer);
-      return false;
-    }
-    if (base.task_flags_.Any(TASK_PERIODIC)) {  // nobody could cancel it from afar
-      EncodeError(request_id, ErrorCode::kUnsupported,
-                  "periodic tasks cannot be submitted from another process", error_answer);
-      return false;
-    }
-    PoolInfo *pool = pools_->Acquire(base.pool_id_);
-    if (pool == nullptr) {
-      Status st = Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
-                                 base.pool_id_.ToString().c_str());
-      EncodeError(request_id, st.code(), st.message(), error_answer);
-      return false;
-    }
-    Container *c = pool->FirstLocal();
-    Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
-    if (t == nullptr) {
-      // Asked only on failure: the virtual call is not free on the hot path.
-      const bool has_method = c != nullptr && c->HasMethod(base.method_);
-      pools_->Release(pool);
-      Status st = has_method ? Status::Errorf(ErrorCode::kMalformed,
-                                              "inputs of method %u are malformed: %s",
-                                              base.method_, ar.status().message())
-                             : Status::Errorf(ErrorCode::kUnknownMethod,
-                                              "pool %s has no method %u",
-                                              base.pool_id_.ToString().c_str(), base.method_);
-      EncodeError(request_id, st.code(), st.message(), error_answer);
-      return false;
-    }
-    t->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);  // the completer owns and frees it
-    t->completer_ = completer;
-    t->transport_cookie_ = cookie;
-    t->request_id_ = request_id;  // echoed back in the answer
-    Worker *me = here ? orch_->LocalWorkerFor(*t) : nullptr;
-    if (me != nullptr && CurrentRunContext() == nullptr &&
-        !(gpu_ != nullptr && t->pool_query_.IsGpuRoute()) && orch_->IsAccepting()) {
-      me->Adopt(t, pool);  // the worker's next step starts it (it releases the pool)
-      return true;
-    }
-    pools_->Release(pool);
-    if (gpu_ != nullptr && t->pool_query_.IsGpuRoute()) {
-      // acquire: the GPU transport is fully started before we hand it tasks.
-      if (ClientTransport *g = gpu_->Load(MemOrder::kAcquire); g != nullptr && g->Send(t)) {
-        return true;  // the GPU transport completes it (answer or error) through completer_
-      }
-    }
-    if (!(here ? orch_->Submit(t) : orch_->SubmitShared(t))) {
-      t->completer_ = nullptr;
-      DeleteTask(t);
-      EncodeError(request_id, ErrorCode::kShutdown, "runtime is shutting down", error_answer);
-      return false;
-    }
-    return true;
-  }
-
-  /** The orchestrator requests are submitted to (transports install worker pollers there). */
-  WorkOrchestrator *Orchestrator() const { return orch_; }
-
-  /** Encodes a finished server-side task's answer and frees the task. */
-  static void EncodeAnswer(Task *t, std::vector<char> *out) {
-    EncodeAnswerKeep(t, out);
-    t->completer_ = nullptr;
-    DeleteTask(t);
-  }
-
-  /** An answer that carries only an error (no outputs). */
-  static void EncodeError(u64 request_id, ErrorCode code, const char *msg,
-                          std::vector<char> *out) {
-    Task err;
-    err.SetError(code, msg);
-    OutputArchive ar = BeginEnvelope(request_id, out);
-    err.SerializeBaseOut(ar);
-  }
-
- private:
-  PoolManager *pools_;
-  const Atomic<ClientTransport *> *gpu_ = nullptr;  ///< see RouteGpuTo
-  WorkOrchestrator *orch_;
-};
-
-/** Client side: writes the request envelope for a stamped task. */
-inline void EncodeRequest(Task *t, u64 request_id, std::vector<char> *out) {
-  EncodeEnvelope(request_id, t, t->ops_->save_in, out);
-}
-
-/**
- * Client side: reads an answer into the task (outputs, or just the error when
- * the runtime refused the request). Malformed answers set kMalformed on the task.
- */
-inline void DecodeAnswer(Task *t, const char *data, u64 len) {
-  if (len < kEnvelopeHeaderBytes) {
-    t->SetError(ErrorCode::kMalformed, "answer shorter than its header");
-    return;
-  }
-  u32 rc = 0;  // the answer header's first field: a success reads straight into the task
-  if (len >= kEnvelopeHeaderBytes + sizeof(rc)) {
-    std::memcpy(&rc, data + kEnvelopeHeaderBytes, sizeof(rc));
-  }
-  if (rc == 0) {
-    InputArchive direct(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
-    t->ops_->load_out(*t, direct);
-    if (CHI_LIKELY(direct.ok())) return;
-  }
-  // An error answer, or bytes that did not decode: look at the header alone first.
-  InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
-  Task header;
-  header.SerializeBaseOut(ar);
-  if (!ar.ok()) {
-    t->SetError(ErrorCode::kMalformed, "answer header is malformed");
-    return;
-  }
-  if (header.rc_ != 0 && ar.Remaining() == 0) {  // an error-only answer
-    t->rc_ = header.rc_;
-    t->msg_ = header.msg_;
-    return;
-  }
-  InputArchive full(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
-  t->ops_->load_out(*t, full);
-  if (!full.ok()) t->SetError(ErrorCode::kMalformed, "answer outputs are malformed");
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_REQUEST_DISPATCHER_H
-// ---- end chi/transport/request_dispatcher.h ----
-// ---- begin chi/transport/shm_client_receive.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_RECEIVE_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_RECEIVE_H
-// ShmClientReceiver: the receiving half of a pure client's shm connection (ShmClientTransport
-// in shm_client.h adds the sending half). It owns the table of outstanding tasks and turns
-// answers into completed tasks, either on its receiver thread or on a caller spinning in
-// Future::Wait (through the process's WaitHelper), and watches the runtime's liveness.
-// Invariant: only the holder of the receiver role (rx_role_) reads the answer stream, and
-// only whoever clears a task's table entry (answer, failure, close) completes the task.
-
-#include <pthread.h>  // pthread_setname_np for the receiver thread
-#include <sched.h>    // sched_yield while the receiver spins
-
-#include <cstdio>   // snprintf of failure messages
-#include <cstring>  // memcpy of request ids
-#include <memory>   // unique_ptr of the table
-#include <thread>   // the receiver thread
-#include <vector>   // the answer assembly buffer
 
 namespace chi {
 
@@ -13832,6 +13448,388 @@ class ShmServer {
 // ---- end chi/transport/shm_server.h ----
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_TRANSPORT_H
 // ---- end chi/transport/shm_transport.h ----
+// ---- begin chi/transport/stale_segments.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_STALE_SEGMENTS_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_STALE_SEGMENTS_H
+// Sweeping what dead runtimes left behind on any port of this user: their shared segments
+// ("rt<port>_{main,cdata,rdata}", "shm_transport_<port>" in /dev/shm) and their ZeroMQ ipc
+// socket files (/tmp/chi_<uid>_<port>.ipc). A runtime removes its own port's leftovers when
+// it starts (RuntimeSegments::Create); a crash on a port no runtime takes again left them
+// until the node rebooted. Every runtime start now sweeps the other ports too, and
+// `chimaera runtime clean` sweeps on demand.
+//
+// Invariant: a port's segments are removed only when no live process owns them (neither
+// the main header's runtime nor the transport header's) and each was created at least the
+// minimum age ago: a runtime starting right now has young segments whose headers may not
+// be written yet. An ipc socket file is removed only when nothing listens on it (connect
+// is refused) and it is as old.
+
+#include <dirent.h>      // opendir, readdir
+#include <sys/socket.h>  // connect: does anything listen on an ipc socket file
+#include <sys/stat.h>    // stat: the creation (modification) time
+#include <sys/un.h>      // sockaddr_un
+#include <time.h>        // clock_gettime(CLOCK_REALTIME), to compare with file times
+#include <unistd.h>      // getuid, unlink, close
+
+#include <algorithm>    // sort, unique of the swept ports
+#include <cerrno>       // ECONNREFUSED
+#include <cstring>      // memcpy of the socket path
+#include <map>          // segments by port
+#include <string>       // names
+#include <string_view>  // parsing
+#include <vector>       // results
+
+// ---- begin chi/transport/zmq_common.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
+// What the ZeroMQ client transport and server share: endpoint names (per user
+// and port), the control messages that travel in the task envelope, socket
+// options, and the doorbell that wakes a network thread (the runtime's: its network
+// worker) from other threads.
+// Invariant: a ZeroMQ socket is used by one thread at a time, under its
+// transport's lock; threads that cannot take it hand work over on a lock-free
+// list plus this doorbell.
+//
+// The ZMQ_FD rule. Threads sleep in poll() on a socket's ZMQ_FD without its lock.
+// That fd is edge-like: it signals commands that reach the socket after a thread
+// last used it (send, recv or reading ZMQ_EVENTS all consume them), not "a message
+// is waiting". So a thread that used a socket must, before unlocking, either have
+// received until EAGAIN (or read ZMQ_EVENTS without ZMQ_POLLIN), or ask the network
+// thread for another pass. A thread that stops early (a full batch) and sleeps on
+// the fd sleeps with messages waiting: that is how 256 tasks in flight once fell
+// to 0.002 M/s, each batch of answers waiting for the next poll timeout.
+
+#include <sys/eventfd.h>  // the doorbell's file descriptor
+#include <unistd.h>       // getuid, read, write, close
+
+#include <cstring>  // memcpy of ids
+#include <string>   // endpoint text
+#include <vector>   // message bytes
+
+#include <zmq.hpp>  // cppzmq
+
+namespace chi {
+
+/** The ZeroMQ endpoint of the runtime on this node for `mode` ("ipc" or "tcp") and `port`. */
+inline std::string ZmqEndpoint(std::string_view mode, u32 port) {
+  if (mode == "ipc") {
+    return "ipc:///tmp/chi_" + std::to_string(getuid()) + "_" + std::to_string(port) + ".ipc";
+  }
+  return "tcp://127.0.0.1:" + std::to_string(port);
+}
+
+/**
+ * Control messages share the envelope with tasks: a request id with the top bit
+ * set names a control message instead of a task, followed by its archive bytes.
+ */
+namespace zmq_control {
+inline constexpr u64 kBit = 1ull << 63;
+inline constexpr u64 kConnect = kBit | 1;   ///< client -> runtime: ConnectRequest
+inline constexpr u64 kAccept = kBit | 2;    ///< runtime -> client: ConnectAnswer
+inline constexpr u64 kBye = kBit | 3;       ///< client -> runtime: forget me
+inline constexpr u64 kShutdown = kBit | 4;  ///< runtime -> client: I am stopping
+inline constexpr u64 kRefused = kBit | 5;   ///< runtime -> client: connect first
+/// runtime -> client: nothing to do (clients ignore it). Sent to a client that has gone
+/// quiet: a ROUTER refuses the send when that client's connection is gone.
+inline constexpr u64 kPing = kBit | 6;
+}  // namespace zmq_control
+
+/** Largest request the runtime accepts (ZMQ_MAXMSGSIZE): larger ones drop the connection. */
+inline constexpr u64 kZmqMaxRequestBytes = 256ull << 20;
+/** How long a closing socket may still push queued messages out. */
+inline constexpr int kZmqLingerMs = 1000;
+
+/** Reads the u64 request id at the front of an envelope (the caller checked the length). */
+inline u64 EnvelopeId(const void *data) {
+  u64 id = 0;
+  std::memcpy(&id, data, sizeof(id));
+  return id;
+}
+
+/** Builds a control message: the id, then the archive of `body`. */
+template <typename T>
+zmq::message_t MakeControl(u64 id, T &body) {
+  std::vector<char> buf(kEnvelopeHeaderBytes);
+  std::memcpy(buf.data(), &id, sizeof(id));
+  OutputArchive ar(buf);
+  ar(body);
+  return zmq::message_t(buf.data(), buf.size());
+}
+
+/** A control message with no body. */
+inline zmq::message_t MakeControl(u64 id) { return zmq::message_t(&id, sizeof(id)); }
+
+/** Decodes a control message's body; false when malformed. */
+template <typename T>
+bool ParseControl(const zmq::message_t &msg, T *body) {
+  if (msg.size() < kEnvelopeHeaderBytes) return false;
+  InputArchive ar(static_cast<const char *>(msg.data()) + kEnvelopeHeaderBytes,
+                  msg.size() - kEnvelopeHeaderBytes);
+  ar(*body);
+  return ar.ok();
+}
+
+/**
+ * Wakes a network thread blocked in zmq_poll. Producers ring it after
+ * publishing work; the eventfd is written only while the thread says it sleeps,
+ * so a busy network thread costs producers no system call.
+ */
+class ZmqDoorbell {
+ public:
+  ZmqDoorbell() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  ~ZmqDoorbell() {
+    if (fd_ >= 0) close(fd_);
+  }
+  ZmqDoorbell(const ZmqDoorbell &) = delete;
+  ZmqDoorbell &operator=(const ZmqDoorbell &) = delete;
+
+  bool ok() const { return fd_ >= 0; }
+  /** The fd to poll for POLLIN. */
+  int fd() const { return fd_; }
+
+  /** Producer: call after publishing work. */
+  void Ring() {
+    // seq_cst fence: our publish is visible before we read sleeping_ (mirrors Sleep).
+    FenceSeqCst();
+    if (sleeping_.Load(MemOrder::kRelaxed) != 0) Signal();
+  }
+  /** True while the network thread sleeps or is about to (a hint: read relaxed). */
+  bool Sleeping() const { return sleeping_.Load(MemOrder::kRelaxed) != 0; }
+
+  /** Network thread: announce a sleep; re-check the work lists afterwards, then poll. */
+  void PrepareSleep() {
+    sleeping_.Store(1, MemOrder::kRelaxed);
+    // seq_cst fence: the flag is visible before we re-check for work (mirrors Ring).
+    FenceSeqCst();
+  }
+  /**
+   * Network thread: back from polling; clears the flag, and the counter unless the poll
+   * said the fd was not readable (`rung` false: saves a read; a ring that came since
+   * only makes the next poll return at once).
+   */
+  void Awake(bool rung = true) {
+    sleeping_.Store(0, MemOrder::kRelaxed);
+    if (rung) Clear();
+  }
+
+  /** Makes the fd readable now, whether or not anyone sleeps (a bell without the flag). */
+  void Signal() {
+    u64 one = 1;
+    ssize_t n = write(fd_, &one, sizeof(one));
+    (void)n;  // EAGAIN means the counter is already non-zero: the poller wakes anyway
+  }
+  /** Clears the counter: the fd is no longer readable until the next ring. */
+  void Clear() {
+    u64 v = 0;
+    ssize_t n = read(fd_, &v, sizeof(v));
+    (void)n;  // EAGAIN: nobody rang
+  }
+
+ private:
+  int fd_;
+  Atomic<u32> sleeping_;
+};
+
+/** True when `s` has a message to receive; re-reads its events (see the ZMQ_FD rule). */
+inline bool ZmqReadable(zmq::socket_t &s) {
+  return (s.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+}
+
+/** Socket options every chi ZeroMQ socket gets: bounded linger, no message limit on HWM. */
+inline void ConfigureZmqSocket(zmq::socket_t &s) {
+  s.set(zmq::sockopt::linger, kZmqLingerMs);
+  s.set(zmq::sockopt::sndhwm, 0);  // back-pressure is ours (bounded in-flight), not ZeroMQ's
+  s.set(zmq::sockopt::rcvhwm, 0);
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_COMMON_H
+// ---- end chi/transport/zmq_common.h ----
+
+namespace chi {
+
+/** Seconds a dead runtime's leftovers must have existed before a runtime start sweeps them. */
+inline constexpr u64 kStaleSweepMinAgeS = 60;
+
+/** Where to look and what to spare (defaults: this user's files, every port, one minute). */
+struct StaleSweepOptions {
+  u64 min_age_s = kStaleSweepMinAgeS;  ///< younger leftovers stay (see the invariant)
+  u32 skip_port = 0;                   ///< a port never swept (the caller's own; 0: none)
+  u32 first_port = 0;                  ///< only ports in [first_port, last_port]
+  u32 last_port = 65535;
+};
+
+/** Where shm_open's names appear as files (glibc on Linux). */
+inline constexpr const char *kShmDir = "/dev/shm";
+
+/** What a sweep removed, and what it left because it was too young. */
+struct StaleSweep {
+  std::vector<u32> ports;  ///< ports with anything removed, ascending
+  u32 segments = 0;        ///< shared segments removed
+  u32 sockets = 0;         ///< ipc socket files removed
+  u32 young = 0;           ///< dead leftovers spared for their age (a later sweep takes them)
+};
+
+namespace detail {
+
+/** Reads a port: 1 to 5 decimal digits, at most 65535; false for anything else. */
+inline bool ParsePort(std::string_view digits, u32 *port) {
+  if (digits.empty() || digits.size() > 5) return false;
+  u32 v = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<u32>(c - '0');
+  }
+  if (v > 65535) return false;
+  *port = v;
+  return true;
+}
+
+/** Seconds since `path` was last modified (created, for our files); false when it is gone. */
+inline bool FileAgeS(const std::string &path, u64 *age_s) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return false;
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  *age_s = now.tv_sec > st.st_mtim.tv_sec ? static_cast<u64>(now.tv_sec - st.st_mtim.tv_sec) : 0;
+  return true;
+}
+
+/** True when something listens on unix socket `path` (a live ZeroMQ ipc endpoint). */
+inline bool SocketListening(const std::string &path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return true;  // cannot tell: keep it
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;
+  const bool refused =
+      connect(fd, reinterpret_cast<const sockaddr *>(&addr), sizeof(addr)) != 0 &&
+      (errno == ECONNREFUSED || errno == ENOENT);
+  close(fd);
+  return !refused;
+}
+
+/**
+ * Removes the files `paths` (absolute) of one dead port that are at least `min_age_s` old,
+ * counting them in *removed; true when one was spared for its age.
+ */
+template <typename Remove>
+bool RemoveIfOld(const std::vector<std::string> &paths, u64 min_age_s, Remove remove,
+                 u32 *removed) {
+  bool spared = false;
+  for (const std::string &path : paths) {
+    u64 age = 0;  // read just before the removal: a runtime may be starting on the port
+    if (!FileAgeS(path, &age)) continue;
+    if (age < min_age_s) {
+      spared = true;
+    } else if (remove(path)) {
+      ++*removed;
+    }
+  }
+  return spared;
+}
+
+}  // namespace detail
+
+/**
+ * The port of a runtime segment of this user, from its file name in /dev/shm
+ * ("chi_<uid>_rt<port>_<role>" or "chi_<uid>_shm_transport_<port>"); false for any other
+ * name. *name gets the segment's name as PosixShmBackend knows it (no user prefix).
+ */
+inline bool ParseRuntimeSegmentFile(std::string_view file, u32 uid, u32 *port,
+                                    std::string *name) {
+  const std::string prefix = "chi_" + std::to_string(uid) + "_";
+  if (file.substr(0, prefix.size()) != prefix) return false;
+  const std::string_view rest = file.substr(prefix.size());
+  constexpr std::string_view kTransport = "shm_transport_";
+  bool ok = false;
+  if (rest.substr(0, kTransport.size()) == kTransport) {
+    ok = detail::ParsePort(rest.substr(kTransport.size()), port);
+  } else if (rest.substr(0, 2) == "rt") {
+    const size_t cut = rest.find('_');
+    if (cut != std::string_view::npos && detail::ParsePort(rest.substr(2, cut - 2), port)) {
+      const std::string_view role = rest.substr(cut + 1);
+      for (const char *r : RuntimeSegments::kRoles) ok = ok || role == r;
+    }
+  }
+  if (ok) *name = std::string(rest);
+  return ok;
+}
+
+/**
+ * The port of a runtime's ipc socket file of this user in /tmp ("chi_<uid>_<port>.ipc");
+ * false for any other name.
+ */
+inline bool ParseIpcSocketFile(std::string_view file, u32 uid, u32 *port) {
+  const std::string prefix = "chi_" + std::to_string(uid) + "_";
+  constexpr std::string_view kSuffix = ".ipc";
+  if (file.size() <= prefix.size() + kSuffix.size()) return false;
+  if (file.substr(0, prefix.size()) != prefix) return false;
+  if (file.substr(file.size() - kSuffix.size()) != kSuffix) return false;
+  return detail::ParsePort(file.substr(prefix.size(), file.size() - prefix.size() - kSuffix.size()),
+                           port);
+}
+
+/**
+ * Removes the leftovers of dead runtimes of this user (the invariant above says which).
+ * Never fails: what it cannot read or remove stays, as it was.
+ */
+inline StaleSweep SweepStaleSegments(const StaleSweepOptions &o = {}) {
+  const u32 uid = static_cast<u32>(getuid());
+  const auto wanted = [&](u32 port) {
+    return port != o.skip_port && port >= o.first_port && port <= o.last_port;
+  };
+  StaleSweep out;
+  std::map<u32, std::vector<std::string>> segments;  // by port: names without the prefix
+  if (DIR *dir = opendir(kShmDir)) {
+    while (const dirent *e = readdir(dir)) {
+      u32 port = 0;
+      std::string name;
+      if (ParseRuntimeSegmentFile(e->d_name, uid, &port, &name) && wanted(port)) {
+        segments[port].push_back(std::move(name));
+      }
+    }
+    closedir(dir);
+  }
+  const std::string file_prefix = std::string(kShmDir) + "/chi_" + std::to_string(uid) + "_";
+  for (const auto &[port, names] : segments) {
+    bool stale = false;
+    if (RuntimeSegments::FindOwner(port, &stale) != 0) continue;  // its runtime runs
+    if (!ShmSegment::CheckNotServed(ShmSegmentName(port), port).ok()) continue;
+    std::vector<std::string> paths;
+    for (const std::string &name : names) paths.push_back(file_prefix + name);
+    const u32 before = out.segments;
+    const auto destroy = [&](const std::string &path) {
+      return PosixShmBackend::DestroyByName(path.substr(file_prefix.size())).ok();
+    };
+    out.young += detail::RemoveIfOld(paths, o.min_age_s, destroy, &out.segments) ? 1 : 0;
+    if (out.segments != before) out.ports.push_back(port);
+  }
+  std::vector<u32> socket_ports;  // the ipc endpoints' files (ZmqEndpoint's path)
+  if (DIR *dir = opendir("/tmp")) {
+    while (const dirent *e = readdir(dir)) {
+      u32 port = 0;
+      if (ParseIpcSocketFile(e->d_name, uid, &port) && wanted(port)) socket_ports.push_back(port);
+    }
+    closedir(dir);
+  }
+  for (u32 port : socket_ports) {
+    const std::string path = ZmqEndpoint("ipc", port).substr(std::strlen("ipc://"));
+    if (detail::SocketListening(path)) continue;
+    const u32 before = out.sockets;
+    const auto unlink_file = [](const std::string &p) { return unlink(p.c_str()) == 0; };
+    out.young += detail::RemoveIfOld({path}, o.min_age_s, unlink_file, &out.sockets) ? 1 : 0;
+    if (out.sockets != before) out.ports.push_back(port);
+  }
+  std::sort(out.ports.begin(), out.ports.end());
+  out.ports.erase(std::unique(out.ports.begin(), out.ports.end()), out.ports.end());
+  return out;
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_STALE_SEGMENTS_H
+// ---- end chi/transport/stale_segments.h ----
 // ---- begin chi/transport/zmq_client.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_CLIENT_H

@@ -122,16 +122,14 @@ class LargeBlockCache {
   /** Larger requests fail outright (no mapping size arithmetic can overflow). */
   static constexpr u64 kMaxBlockBytes = 1ull << 46;
 
-  /** Registers the fork handlers; the one instance lives as long as the process. */
+  /**
+   * Holds the lock across fork: no other thread is inside the cache while the child is
+   * made, and parent and child (where only the forking thread lives on) release it after.
+   */
   LargeBlockCache() {
-    forked_ = this;
-    pthread_atfork(&LockForFork, &UnlockAfterFork, &UnlockAfterFork);
+    pthread_atfork([] { Instance().mu_.lock(); }, [] { Instance().mu_.unlock(); },
+                   [] { Instance().mu_.unlock(); });
   }
-
-  /** Before fork: no other thread is inside the cache while the child is made. */
-  static void LockForFork() { forked_->mu_.lock(); }
-  /** After fork, in parent and child alike: the forking thread holds the lock; release it. */
-  static void UnlockAfterFork() { forked_->mu_.unlock(); }
 
   /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (none: base nullptr). */
   Block TakeKept(u64 need) {
@@ -176,7 +174,6 @@ class LargeBlockCache {
     return p == MAP_FAILED ? Block{} : Block{static_cast<char *>(p), bytes, false};
   }
 
-  static inline LargeBlockCache *forked_ = nullptr;  ///< the instance the fork handlers lock
   mutable std::mutex mu_;
   Block kept_[kMaxKeptBlocks] = {};
   u32 kept_count_ = 0;

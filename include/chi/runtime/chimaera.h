@@ -20,8 +20,8 @@
 #include "chi/runtime/pool_manager.h"       // PoolManager
 #include "chi/runtime/work_orchestrator.h"  // WorkOrchestrator
 #include "chi/transport/client_connect.h"   // RuntimeSegments, ConnectAnswer
-#include "chi/transport/stale_segments.h"   // other ports' leftovers, swept at start
 #include "chi/transport/shm_transport.h"    // ShmServer, ShmClientTransport
+#include "chi/transport/stale_segments.h"   // other ports' leftovers, swept at start
 #include "chi/transport/zmq_client.h"       // pure clients over ipc/tcp
 #include "chi/transport/zmq_server.h"       // the runtime's network worker
 #if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
