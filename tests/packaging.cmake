@@ -1,6 +1,7 @@
 # Packaging checks, label `packaging`: the single header is current and self-contained,
-# find_package(chimaera) works from the build tree and from an install prefix, and the
-# headers compile as device code under nvcc and hipcc. Included by tests/CMakeLists.txt.
+# find_package(chimaera) works from the build tree and from an install prefix, the
+# headers compile as device code under nvcc and hipcc, and misuse the API marks
+# (ignoring SleepFor's result) fails to compile. Included by tests/CMakeLists.txt.
 
 set(_chi_root ${PROJECT_SOURCE_DIR})
 set(_chi_consumer_src ${CMAKE_CURRENT_SOURCE_DIR}/cmake_consumer)
@@ -72,6 +73,16 @@ add_test(NAME cmake_consumer_install_tree
     --test-command chi_consumer)
 set_tests_properties(cmake_consumer_install_tree PROPERTIES FIXTURES_REQUIRED chi_install_tree)
 
+# ---- Misuse that must not compile ----------------------------------------------
+
+# A handler that ignores SleepFor's result (a sleep a stopping runtime cut short) fails,
+# and for that reason: the test passes only when the compiler names it.
+add_test(NAME sleep_for_result_must_be_used
+  COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -Werror=unused-result
+          -I${_chi_root}/include ${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/sleep_for_unused.cc)
+set_tests_properties(sleep_for_result_must_be_used PROPERTIES
+  PASS_REGULAR_EXPRESSION "ignoring return value of [^\n]*SleepFor")
+
 # ---- Device-side compile checks -----------------------------------------------
 
 set(_chi_device_src ${CMAKE_CURRENT_SOURCE_DIR}/gpu_compile/device_check.cu)
@@ -136,7 +147,7 @@ endif()
 file(MAKE_DIRECTORY ${_chi_pkg_bin})
 set_tests_properties(
   single_include_check single_include_compiles cmake_consumer_build_tree
-  cmake_consumer_install cmake_consumer_install_tree
+  cmake_consumer_install cmake_consumer_install_tree sleep_for_result_must_be_used
   nvcc_compile_check nvcc_compile_check_single_include
   hip_compile_check hip_compile_check_single_include
   nvcc_compile_check_gpu hip_compile_check_gpu hip_compile_check_ipc
