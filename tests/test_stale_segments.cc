@@ -13,8 +13,7 @@ using namespace xp_test;
 
 namespace {
 
-/** This user's file name prefix (PosixShmBackend::OsName without the slash). */
-std::string UserPrefix() { return "chi_" + std::to_string(getuid()) + "_"; }
+std::string UserPrefix() { return chi::UserSegmentFilePrefix(); }
 
 /** The /dev/shm file of segment `name`. */
 std::string ShmFile(const std::string &name) { return "/dev/shm/" + UserPrefix() + name; }
@@ -120,30 +119,30 @@ TEST_CASE("names of other shapes are never read as a runtime's segments or socke
   const std::string p = UserPrefix();
   u32 port = 0;
   std::string name;
-  CHECK(chi::ParseRuntimeSegmentFile(p + "rt12345_main", uid, &port, &name));
+  CHECK(chi::ParseRuntimeSegmentFile(p + "rt12345_main", &port, &name));
   CHECK(port == 12345);
   CHECK(name == "rt12345_main");
-  CHECK(chi::ParseRuntimeSegmentFile(p + "rt7_rdata", uid, &port, &name));
+  CHECK(chi::ParseRuntimeSegmentFile(p + "rt7_rdata", &port, &name));
   CHECK(port == 7);
-  CHECK(chi::ParseRuntimeSegmentFile(p + "shm_transport_65535", uid, &port, &name));
+  CHECK(chi::ParseRuntimeSegmentFile(p + "shm_transport_65535", &port, &name));
   CHECK(name == "shm_transport_65535");
   const std::string other_user = "chi_" + std::to_string(uid + 1) + "_";
   const std::vector<std::string> not_segments = {
       p + "rt12345_other", p + "rt_main",          p + "rtx1_main",
       p + "rt65536_main",  p + "rt123456_main",    p + "shm_transport_",
       p + "shm_transport_12a", p + "rt12_main_x",  other_user + "rt12_main",
-      p + "test_segment",  "rt12_main"};
+      p + "test_segment",  "rt12_main",      p + "rt012_main"};
   for (const std::string &bad : not_segments) {
     CAPTURE(bad);
-    CHECK_FALSE(chi::ParseRuntimeSegmentFile(bad, uid, &port, &name));
+    CHECK_FALSE(chi::ParseRuntimeSegmentFile(bad, &port, &name));
   }
-  CHECK(chi::ParseIpcSocketFile(p + "10360.ipc", uid, &port));
+  CHECK(chi::ParseIpcSocketFile(p + "10360.ipc", &port));
   CHECK(port == 10360);
   const std::vector<std::string> not_sockets = {p + ".ipc", p + "10360.ipcx", p + "x10360.ipc",
                                                 p + "99999.ipc", other_user + "10360.ipc"};
   for (const std::string &bad : not_sockets) {
     CAPTURE(bad);
-    CHECK_FALSE(chi::ParseIpcSocketFile(bad, uid, &port));
+    CHECK_FALSE(chi::ParseIpcSocketFile(bad, &port));
   }
 }
 

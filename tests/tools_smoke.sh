@@ -4,7 +4,8 @@
 # and `monitor` (once and --count/--every in both orders), stops with `chimaera runtime
 # stop`, starts again and stops with chimaera_stop_runtime; after each stop status reports
 # it gone and no segment is left behind. Last, a runtime killed with SIGKILL leaves its
-# segments and ipc socket file, and `chimaera runtime clean` removes them. Every check runs under `timeout`, so a hang fails.
+# segments and ipc socket file, and `chimaera runtime clean` removes them. Every check
+# runs under `timeout`, so a hang fails.
 #   tools_smoke.sh <dir with chimaera, chimaera_start_runtime, chimaera_stop_runtime>
 set -euo pipefail
 bin="$1"

@@ -131,7 +131,7 @@ class LargeBlockCache {
                    [] { Instance().mu_.unlock(); });
   }
 
-  /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (none: base nullptr). */
+  /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (or none). */
   Block TakeKept(u64 need) {
     std::lock_guard<std::mutex> lock(mu_);
     u32 best = kMaxKeptBlocks;
@@ -158,7 +158,7 @@ class LargeBlockCache {
     return u;
   }
 
-  /** Adds a freed block to the kept ones when the limits allow (a warm one: within kMaxWarmBytes). */
+  /** Keeps a freed block when the limits allow (a warm one only within kMaxWarmBytes). */
   bool Keep(const Block &block) {
     std::lock_guard<std::mutex> lock(mu_);
     const Usage u = UsageLocked();

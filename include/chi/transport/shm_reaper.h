@@ -224,8 +224,9 @@ class ShmReaper {
     u64 bytes = 0;
     auto count = [&](u32 i) {
       const ShmServedSlot &s = slots_[i];
+      const u64 outgoing = s.outgoing_open ? s.outgoing.bytes.size() - s.outgoing_sent : 0;
       bytes += segment_->RequestStream(i)->UsedBytes() + segment_->AnswerStream(i)->UsedBytes() +
-               s.assembly.bytes.size() + (s.outgoing_open ? s.outgoing.bytes.size() - s.outgoing_sent : 0);
+               s.assembly.bytes.size() + outgoing;
       // Answers in the runtime data region the client has not freed yet. relaxed: statistics.
       const u64 w = s.answer_data_w.Load(MemOrder::kRelaxed);
       const u64 freed = segment_->Slot(i)->answer_data_released_.Load(MemOrder::kRelaxed);

@@ -17,7 +17,7 @@
 #include <sys/stat.h>    // stat: the creation (modification) time
 #include <sys/un.h>      // sockaddr_un
 #include <time.h>        // clock_gettime(CLOCK_REALTIME), to compare with file times
-#include <unistd.h>      // getuid, unlink, close
+#include <unistd.h>      // unlink, close
 
 #include <algorithm>    // sort, unique of the swept ports
 #include <cerrno>       // ECONNREFUSED
@@ -120,42 +120,46 @@ bool RemoveIfOld(const std::vector<std::string> &paths, u64 min_age_s, Remove re
 }  // namespace detail
 
 /**
- * The port of a runtime segment of this user, from its file name in /dev/shm
- * ("chi_<uid>_rt<port>_<role>" or "chi_<uid>_shm_transport_<port>"); false for any other
- * name. *name gets the segment's name as PosixShmBackend knows it (no user prefix).
+ * This user's file name prefix for shared segments ("chi_<uid>_"): PosixShmBackend::OsName
+ * without its leading slash.
  */
-inline bool ParseRuntimeSegmentFile(std::string_view file, u32 uid, u32 *port,
-                                    std::string *name) {
-  const std::string prefix = "chi_" + std::to_string(uid) + "_";
+inline std::string UserSegmentFilePrefix() { return PosixShmBackend::OsName("").substr(1); }
+
+/**
+ * The port of a runtime segment of this user, from its file name in /dev/shm; false for any
+ * other name. A name counts only when RuntimeSegmentName or ShmSegmentName would make it
+ * for that port. *name gets the segment's name as PosixShmBackend knows it (no prefix).
+ */
+inline bool ParseRuntimeSegmentFile(std::string_view file, u32 *port, std::string *name) {
+  const std::string prefix = UserSegmentFilePrefix();
   if (file.substr(0, prefix.size()) != prefix) return false;
   const std::string_view rest = file.substr(prefix.size());
-  constexpr std::string_view kTransport = "shm_transport_";
-  bool ok = false;
-  if (rest.substr(0, kTransport.size()) == kTransport) {
-    ok = detail::ParsePort(rest.substr(kTransport.size()), port);
-  } else if (rest.substr(0, 2) == "rt") {
-    const size_t cut = rest.find('_');
-    if (cut != std::string_view::npos && detail::ParsePort(rest.substr(2, cut - 2), port)) {
-      const std::string_view role = rest.substr(cut + 1);
-      for (const char *r : RuntimeSegments::kRoles) ok = ok || role == r;
-    }
-  }
-  if (ok) *name = std::string(rest);
-  return ok;
+  const size_t first = rest.find_first_of("0123456789");
+  if (first == std::string_view::npos) return false;
+  const size_t end = rest.find_first_not_of("0123456789", first);
+  u32 p = 0;
+  if (!detail::ParsePort(rest.substr(first, end - first), &p)) return false;
+  bool ok = rest == ShmSegmentName(p);
+  for (const char *role : RuntimeSegments::kRoles) ok = ok || rest == RuntimeSegmentName(p, role);
+  if (!ok) return false;
+  *port = p;
+  *name = std::string(rest);
+  return true;
 }
 
 /**
- * The port of a runtime's ipc socket file of this user in /tmp ("chi_<uid>_<port>.ipc");
- * false for any other name.
+ * The port of a runtime's ipc socket file of this user, from its name in /tmp; false unless
+ * ZmqEndpoint("ipc", port) names exactly that file.
  */
-inline bool ParseIpcSocketFile(std::string_view file, u32 uid, u32 *port) {
-  const std::string prefix = "chi_" + std::to_string(uid) + "_";
-  constexpr std::string_view kSuffix = ".ipc";
-  if (file.size() <= prefix.size() + kSuffix.size()) return false;
-  if (file.substr(0, prefix.size()) != prefix) return false;
-  if (file.substr(file.size() - kSuffix.size()) != kSuffix) return false;
-  return detail::ParsePort(file.substr(prefix.size(), file.size() - prefix.size() - kSuffix.size()),
-                           port);
+inline bool ParseIpcSocketFile(std::string_view file, u32 *port) {
+  const size_t first = file.find_first_of("0123456789", UserSegmentFilePrefix().size());
+  if (first == std::string_view::npos) return false;
+  const size_t end = file.find_first_not_of("0123456789", first);
+  u32 p = 0;
+  if (!detail::ParsePort(file.substr(first, end - first), &p)) return false;
+  if (ZmqEndpoint("ipc", p) != "ipc:///tmp/" + std::string(file)) return false;
+  *port = p;
+  return true;
 }
 
 /**
@@ -163,7 +167,6 @@ inline bool ParseIpcSocketFile(std::string_view file, u32 uid, u32 *port) {
  * Never fails: what it cannot read or remove stays, as it was.
  */
 inline StaleSweep SweepStaleSegments(const StaleSweepOptions &o = {}) {
-  const u32 uid = static_cast<u32>(getuid());
   const auto wanted = [&](u32 port) {
     return port != o.skip_port && port >= o.first_port && port <= o.last_port;
   };
@@ -173,13 +176,13 @@ inline StaleSweep SweepStaleSegments(const StaleSweepOptions &o = {}) {
     while (const dirent *e = readdir(dir)) {
       u32 port = 0;
       std::string name;
-      if (ParseRuntimeSegmentFile(e->d_name, uid, &port, &name) && wanted(port)) {
+      if (ParseRuntimeSegmentFile(e->d_name, &port, &name) && wanted(port)) {
         segments[port].push_back(std::move(name));
       }
     }
     closedir(dir);
   }
-  const std::string file_prefix = std::string(kShmDir) + "/chi_" + std::to_string(uid) + "_";
+  const std::string file_prefix = std::string(kShmDir) + "/" + UserSegmentFilePrefix();
   for (const auto &[port, names] : segments) {
     bool stale = false;
     if (RuntimeSegments::FindOwner(port, &stale) != 0) continue;  // its runtime runs
@@ -197,7 +200,7 @@ inline StaleSweep SweepStaleSegments(const StaleSweepOptions &o = {}) {
   if (DIR *dir = opendir("/tmp")) {
     while (const dirent *e = readdir(dir)) {
       u32 port = 0;
-      if (ParseIpcSocketFile(e->d_name, uid, &port) && wanted(port)) socket_ports.push_back(port);
+      if (ParseIpcSocketFile(e->d_name, &port) && wanted(port)) socket_ports.push_back(port);
     }
     closedir(dir);
   }

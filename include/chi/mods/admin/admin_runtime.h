@@ -17,7 +17,7 @@
 #include "chi/runtime/ipc_manager.h"        // ComposePool submits through it
 #include "chi/runtime/pool_manager.h"       // PoolManager
 #include "chi/runtime/work_orchestrator.h"  // WakeAll, Stats
-#include "chi/transport/message_buffer.h"    // WarmMessageBytes for Monitor
+#include "chi/transport/message_buffer.h"   // WarmMessageBytes for Monitor
 
 namespace chimaera::admin {
 
@@ -134,7 +134,7 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     if (!st.ok()) task.SetError(st.code(), st.message());
   }
 
-  /** Fills the report with every worker's, pool's and transport's counters and the payload cache. */
+  /** Fills the report: every worker's, pool's and transport's counters, and kept memory. */
   void MonitorStats(MonitorTask &task, chi::RunContext &) {
     MonitorReport report;
     report.workers_ = orch_->Stats();
