@@ -92,7 +92,7 @@ TEST_CASE("the default config parses to the ServerConfig defaults") {
 }
 
 TEST_CASE("an empty document or empty sections keep every default") {
-  for (const char *yaml : {"", "# only a comment\n", "workers:\ngpu:\nshm:\ncompose:\n"}) {
+  for (const char *yaml : {"", "# only a comment\n", "workers:\ngpu:\nshm:\nmemory:\ncompose:\n"}) {
     CAPTURE(yaml);
     ServerConfig cfg;
     cfg.port = 1;
@@ -126,6 +126,9 @@ shm:
   main_size: 1g
   client_data_size: 512MiB
   runtime_data_size: 1048576
+memory:
+  warm_message_bytes: 0
+  warm_payload_bytes: 256m
 compose:
   - mod_name: chimaera_demo
     pool_name: demo_pool
@@ -158,6 +161,8 @@ compose:
   CHECK(cfg.main_segment_bytes == (1ull << 30));
   CHECK(cfg.client_data_bytes == (512ull << 20));
   CHECK(cfg.runtime_data_bytes == (1ull << 20));
+  CHECK(cfg.warm_message_bytes == 0);
+  CHECK(cfg.warm_payload_bytes == (256ull << 20));
   REQUIRE(cfg.compose.size() == 2);
   CHECK(cfg.compose[0] == ComposeEntry{"chimaera_demo", "demo_pool", PoolId(200, 0),
                                        PoolQuery::Local(), 4});
@@ -235,6 +240,9 @@ TEST_CASE("a value of the wrong type is an error naming its key") {
       {"shm:\n  main_size: big\n", "shm.main_size: expected a size"},
       {"shm:\n  client_data_size: [1]\n", "shm.client_data_size: expected a size"},
       {"shm:\n  runtime_data_size: -1m\n", "shm.runtime_data_size: expected a size"},
+      {"memory:\n  warm_message_bytes: lots\n", "memory.warm_message_bytes: expected a size"},
+      {"memory:\n  warm_payload_bytes: -64m\n", "memory.warm_payload_bytes: expected a size"},
+      {"memory: 64m\n", "memory: expected a mapping, got '64m'"},
       {"compose: {a: 1}\n", "compose: expected a list, got a mapping"},
       {"compose:\n  - just_a_name\n", "compose[0]: expected a mapping, got 'just_a_name'"},
       {"compose:\n  - {mod_name: [x], pool_name: p, pool_id: '2.0'}\n",
@@ -267,6 +275,9 @@ TEST_CASE("an out-of-range value is an error naming its key and the range") {
       {"gpu:\n  queue_depth: 0\n", "gpu.queue_depth: 0 is out of range"},
       {"shm:\n  main_size: 4k\n", "shm.main_size: 4k is out of range 64k..1t"},
       {"shm:\n  runtime_data_size: 2t\n", "shm.runtime_data_size: 2t is out of range"},
+      {"memory:\n  warm_message_bytes: 2t\n",
+       "memory.warm_message_bytes: 2t is out of range 0..1t"},
+      {"memory:\n  warm_payload_bytes: 1025g\n", "memory.warm_payload_bytes: 1025g is out of range"},
       {"compose:\n  - {mod_name: m, pool_name: p, pool_id: '2.0', num_containers: 0}\n",
        "compose[0].num_containers: 0 is out of range"},
   };
@@ -281,6 +292,8 @@ TEST_CASE("an unknown key is an error naming it, at the top level and nested") {
   ExpectBadConfig("networking:\n  prot: 1\n", {"unknown key 'networking.prot'", "port"});
   ExpectBadConfig("gpu:\n  warps: 1\n", {"unknown key 'gpu.warps'", "threads_per_block"});
   ExpectBadConfig("shm:\n  data_size: 1m\n", {"unknown key 'shm.data_size'", "main_size"});
+  ExpectBadConfig("memory:\n  warm_bytes: 1m\n",
+                  {"unknown key 'memory.warm_bytes'", "warm_message_bytes, warm_payload_bytes"});
   ExpectBadConfig("compose:\n  - {mod_name: m, pool_name: p, pool_id: '2.0', pool_qery: local}\n",
                   {"unknown key 'compose[0].pool_qery'", "pool_query"});
 }

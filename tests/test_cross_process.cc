@@ -244,6 +244,49 @@ TEST_CASE("a message larger than a data region leaves both ends' buffers residen
   CHECK(server.WaitExit() == 0);
 }
 
+TEST_CASE("memory.warm_* keys set to 0 leave no buffer or payload block resident on either end") {
+  // The runtime and the client both read the file CHI_SERVER_CONF names.
+  const std::string conf = "/tmp/chi_test_warm_" + std::to_string(getpid()) + ".yaml";
+  {
+    std::FILE *f = std::fopen(conf.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fputs("memory:\n  warm_message_bytes: 0\n  warm_payload_bytes: 0\n", f);
+    std::fclose(f);
+  }
+  ServerProcess server(TestPort(16), {{"CHI_SERVER_CONF", conf}});
+  REQUIRE(server.ok());
+  setenv("CHI_SERVER_CONF", conf.c_str(), 1);
+  {
+    ClientSession session(server.port(), "shm");
+    REQUIRE(session.ok());
+    CHECK(chi::WarmMessageBudget() == 0);
+    CHECK(chi::LargeBlockCache::Instance().WarmLimit() == 0);
+    chimaera::demo::Client c = DemoClient();
+    const std::string data(20u << 20, 'z');  // past a data region: message buffers on both ends
+    for (int i = 0; i < 2; ++i) {
+      auto f = c.AsyncCustom(chi::PoolQuery::Local(), data);
+      REQUIRE(f.Wait(60));
+      REQUIRE(f->GetReturnCode() == 0);
+      CHECK(f->data_.view() == data);  // lent buffers still carry every byte
+    }
+    CHECK(chi::WarmMessageBytes() == 0);
+    CHECK(chi::LargeBlockCache::Instance().Kept().warm_bytes == 0);
+    auto m = chimaera::admin::Client().AsyncMonitor(chi::PoolQuery::Local());
+    REQUIRE(m.Wait(10));
+    const chimaera::admin::PayloadCacheStats kept = m->Decode().payload_cache_;
+    CHECK(kept.message_buffer_bytes_ == 0);
+    CHECK(kept.resident_bytes_ == 0);
+    CHECK(kept.blocks_ != 0);  // the payload blocks are still kept for reuse, lent
+    CHECK(StopThroughSession());
+  }
+  unsetenv("CHI_SERVER_CONF");
+  std::remove(conf.c_str());
+  CHECK(server.WaitExit() == 0);
+  // A later session reads the default config again and restores the default budgets.
+  chi::SetWarmMessageBudget(chi::kWarmMessageBytes);
+  chi::LargeBlockCache::Instance().SetWarmLimit(chi::LargeBlockCache::kDefaultWarmBytes);
+}
+
 TEST_CASE("two runtimes on different ports serve their own clients side by side") {
   ServerProcess a(TestPort(7));
   ServerProcess b(TestPort(8));

@@ -81,7 +81,7 @@ TEST_CASE("blocks freed past the warm budget lend their pages and still serve in
   Cache().Free(a);  // warm: 40 MiB of the 64 MiB budget
   Cache().Free(b);  // past the budget: lent
   CHECK(Cache().Kept().blocks == 2);
-  CHECK(Cache().Kept().warm_bytes <= LargeBlockCache::kMaxWarmBytes);
+  CHECK(Cache().Kept().warm_bytes <= Cache().WarmLimit());
   CHECK(Cache().Kept().bytes > Cache().Kept().warm_bytes);
   // Allow for pages the kernel took back already.
   CHECK(chi_test::LazyFreeBytes() >= lazy_before + kBytes / 2);
@@ -96,6 +96,41 @@ TEST_CASE("blocks freed past the warm budget lend their pages and still serve in
   CHECK(Holds(d, kBytes, 6));
   Cache().Free(c);
   Cache().Free(d);
+  Cache().Trim();
+}
+
+TEST_CASE("a lowered warm limit lends the kept blocks past it at once and on later frees") {
+  Cache().Trim();
+  REQUIRE(Cache().WarmLimit() == LargeBlockCache::kDefaultWarmBytes);
+  constexpr u64 kBytes = 24 * kMiB;
+  char *a = static_cast<char *>(Cache().Allocate(kBytes));
+  char *b = static_cast<char *>(Cache().Allocate(kBytes));
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  Fill(a, kBytes, 8);
+  Cache().Free(a);
+  Cache().Free(b);
+  REQUIRE(Cache().Kept().warm_bytes == Cache().Kept().bytes);  // both within the default 64 MiB
+
+  const u64 lazy_before = chi_test::LazyFreeBytes();
+  Cache().SetWarmLimit(30 * kMiB);  // as memory.warm_payload_bytes: 30m would set it
+  CHECK(Cache().WarmLimit() == 30 * kMiB);
+  CHECK(Cache().Kept().blocks == 2);  // still kept, for reuse
+  CHECK(Cache().Kept().warm_bytes <= 30 * kMiB);
+  CHECK(Cache().Kept().warm_bytes != 0);  // the one that fits stays resident
+  CHECK(chi_test::LazyFreeBytes() >= lazy_before + kBytes / 2);
+
+  Cache().SetWarmLimit(0);  // 0: every kept block is lent, now and when freed later
+  CHECK(Cache().Kept().warm_bytes == 0);
+  CHECK(Cache().Kept().blocks == 2);
+  char *c = static_cast<char *>(Cache().Allocate(kBytes));
+  REQUIRE(c != nullptr);
+  Fill(c, kBytes, 9);
+  CHECK(Holds(c, kBytes, 9));  // a lent block serves intact
+  Cache().Free(c);
+  CHECK(Cache().Kept().warm_bytes == 0);
+
+  Cache().SetWarmLimit(LargeBlockCache::kDefaultWarmBytes);
   Cache().Trim();
 }
 
@@ -125,7 +160,7 @@ TEST_CASE("the kept blocks stay within their count and byte limits") {
   for (void *p : blocks) Cache().Free(p);  // the ones past the limits are unmapped
   CHECK(Cache().Kept().blocks == LargeBlockCache::kMaxKeptBlocks);
   CHECK(Cache().Kept().bytes <= LargeBlockCache::kMaxKeptBytes);
-  CHECK(Cache().Kept().warm_bytes <= LargeBlockCache::kMaxWarmBytes);
+  CHECK(Cache().Kept().warm_bytes <= Cache().WarmLimit());
   Cache().Trim();
   CHECK(Cache().Kept().blocks == 0);
 }

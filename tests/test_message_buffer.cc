@@ -96,3 +96,34 @@ TEST_CASE("an emptied small message buffer stays as it is") {
   CHECK(b.warm == 0);  // below kWarmBufferBytes: no share of the budget
   CHECK(chi::LendPagesToKernel(b.bytes.data(), 100));  // no whole page inside: nothing to lend
 }
+
+TEST_CASE("a lowered warm budget lends the pages of buffers that no longer fit it") {
+  REQUIRE(chi::WarmMessageBytes() == 0);
+  REQUIRE(chi::WarmMessageBudget() == chi::kWarmMessageBytes);
+  constexpr u64 kBytes = 16 * kMiB;
+  MessageBuffer b;
+  b.bytes.assign(kBytes, 'a');
+  chi::RecycleBuffer(&b);
+  REQUIRE(b.warm == b.bytes.capacity());  // kept resident under the default budget
+
+  chi::SetWarmMessageBudget(8 * kMiB);  // as memory.warm_message_bytes: 8m would set it
+  CHECK(NextMessageIntact(&b, kBytes, 'b'));
+  const u64 lazy_before = LazyFreeBytes();
+  chi::RecycleBuffer(&b);
+  CHECK(b.warm == 0);  // its share went back: it no longer fits
+  CHECK(chi::WarmMessageBytes() == 0);
+  CHECK(LazyFreeBytes() >= lazy_before + kBytes / 2);  // its pages were lent
+  CHECK(NextMessageIntact(&b, kBytes, 'c'));
+
+  chi::SetWarmMessageBudget(0);  // 0: every large buffer is lent
+  MessageBuffer small_budget;
+  small_budget.bytes.assign(2 * kMiB, 'd');
+  chi::RecycleBuffer(&small_budget);
+  CHECK(small_budget.warm == 0);
+
+  chi::SetWarmMessageBudget(chi::kWarmMessageBytes);
+  chi::RecycleBuffer(&b);
+  CHECK(b.warm == b.bytes.capacity());  // the default budget takes it back in
+  chi::ReleaseBuffer(&b);
+  CHECK(chi::WarmMessageBytes() == 0);
+}

@@ -131,7 +131,7 @@ TEST_CASE("Monitor reports the large payload blocks kept between tasks") {
   CHECK(kept.blocks_ >= 1);
   CHECK(kept.bytes_ >= data.size());
   CHECK(kept.resident_bytes_ <= kept.bytes_);
-  CHECK(kept.resident_bytes_ <= chi::LargeBlockCache::kMaxWarmBytes);
+  CHECK(kept.resident_bytes_ <= chi::LargeBlockCache::kDefaultWarmBytes);
   chi::LargeBlockCache::Instance().Trim();
   CHECK(report().blocks_ == 0);
 }

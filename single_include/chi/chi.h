@@ -6647,6 +6647,256 @@ bool WaitAll(std::vector<Future<TaskT>> &futures, float max_sec = 0) {
 #include <mutex>    // init/finalize are serialised
 #include <string>   // last error text
 
+// ---- begin chi/memory/large_block_cache.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
+#define CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
+// Large payload blocks kept between tasks (host only). Invariant: a kept block is mapped
+// and unused, and its pages are lent to the kernel unless it counts in the warm budget;
+// every block handed out has exactly one owner.
+//
+// Why: glibc maps every allocation above its largest mmap threshold (32 MiB) afresh and
+// unmaps it on free. A stream of large payloads (each a TaskBuffer decoded on the runtime
+// and again on the client) then faulted in, zeroed and unmapped every page of every buffer:
+// a 32 MiB echo over shm took 4.5x as long as a 16 MiB one on the 2-core machine. A freed
+// block here keeps its mapping and serves the next allocation it fits; up to WarmLimit()
+// bytes of kept blocks stay resident (memory.warm_payload_bytes, default kDefaultWarmBytes),
+// and the pages of the rest are lent to the kernel (LendPagesToKernel: reclaimed without
+// writeback when memory runs short).
+//
+// Fork: the lock is taken around fork (pthread_atfork), so a child forked while another
+// thread held it starts with it free and can still allocate (a fork/exec pattern's child
+// may build large payloads before it execs, or never exec at all).
+
+#include <pthread.h>   // pthread_atfork
+#include <sys/mman.h>  // mmap, munmap
+
+#include <mutex>  // guards the kept blocks (large allocations only: never contended long)
+
+// ---- begin chi/core/lend_pages.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_CORE_LEND_PAGES_H
+#define CHI_SINGLE_INCLUDE_CHI_CORE_LEND_PAGES_H
+// Lending a buffer's pages to the kernel: memory kept for the next large message or
+// payload stays mapped, and writing it again costs nothing, until the kernel needs the
+// memory; then it takes the pages back without writing them anywhere (MADV_FREE). A burst
+// of huge messages therefore does not pin its memory, and a steady stream of them does not
+// fault in and zero every page again.
+
+#include <sys/mman.h>  // madvise(MADV_FREE)
+#include <unistd.h>    // sysconf(_SC_PAGESIZE)
+
+#include <cstdint>  // uintptr_t
+
+namespace chi {
+
+/**
+ * Tells the kernel it may take back the whole pages inside [data, data + bytes) whenever it
+ * needs memory; until then they stay mapped, and writing them again costs nothing. A page
+ * the kernel took reads as zeros. False when the kernel refused (no MADV_FREE: before
+ * Linux 4.5).
+ */
+inline bool LendPagesToKernel(char *data, u64 bytes) {
+  static const u64 page = static_cast<u64>(sysconf(_SC_PAGESIZE));
+  const auto lo = (reinterpret_cast<std::uintptr_t>(data) + page - 1) & ~(page - 1);
+  const auto hi = (reinterpret_cast<std::uintptr_t>(data) + bytes) & ~(page - 1);
+  if (hi <= lo) return true;
+  return madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_FREE) == 0;
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_CORE_LEND_PAGES_H
+// ---- end chi/core/lend_pages.h ----
+
+namespace chi {
+
+/** A process-wide cache of large, page-mapped blocks for task payloads. */
+class LargeBlockCache {
+ public:
+  /** Smallest block served here; smaller ones are malloc's (it reuses them well). */
+  static constexpr u64 kMinBytes = 4ull << 20;
+  /** Mappings are whole multiples of this (a huge page), so near sizes share blocks. */
+  static constexpr u64 kGranuleBytes = 2ull << 20;
+  /** Blocks kept at once. */
+  static constexpr u32 kMaxKeptBlocks = 4;
+  /** Mapped bytes kept at once (lent pages cost address space only). */
+  static constexpr u64 kMaxKeptBytes = 1ull << 30;
+  /**
+   * The default of kept bytes whose pages stay ours (not lent), as glibc keeps a freed heap
+   * top up to 64 MiB: lending costs a page-table walk and TLB flush per free, which made a
+   * 16 MiB echo slower than glibc's reuse of its heap. Blocks freed beyond it are lent.
+   */
+  static constexpr u64 kDefaultWarmBytes = 64ull << 20;
+
+  /** The process's cache. Never destroyed: payloads may be freed during static destruction. */
+  static LargeBlockCache &Instance() {
+    static LargeBlockCache *cache = new LargeBlockCache();
+    return *cache;
+  }
+
+  /**
+   * A block of at least `bytes` bytes, 64-byte aligned: a kept block that fits (at most
+   * twice the mapping it needs, so a huge block does not serve a small payload), else a new
+   * mapping. nullptr when the system has no memory for it.
+   */
+  void *Allocate(u64 bytes) {
+    if (bytes > kMaxBlockBytes) return nullptr;
+    const u64 need = (bytes + kHeaderBytes + kGranuleBytes - 1) & ~(kGranuleBytes - 1);
+    Block block = TakeKept(need);
+    if (block.base == nullptr) block = Map(need);
+    if (block.base == nullptr) {
+      Trim();  // kept blocks may be what the system is short of
+      block = Map(need);
+      if (block.base == nullptr) return nullptr;
+    }
+    // Written on every reuse: the kernel may have taken the header's page meanwhile.
+    Header *h = reinterpret_cast<Header *>(block.base);
+    h->mapped = block.mapped;
+    return block.base + kHeaderBytes;
+  }
+
+  /** Takes back a block from Allocate: kept for the next one when there is room, else unmapped. */
+  void Free(void *p) {
+    if (p == nullptr) return;
+    char *base = static_cast<char *>(p) - kHeaderBytes;
+    const Header *h = reinterpret_cast<const Header *>(base);
+    const u64 mapped = h->mapped;
+    if (Keep(Block{base, mapped, false})) return;
+    // Lent before it is kept: once kept, another thread may take it and write it at once.
+    if (LendPagesToKernel(base, mapped) && Keep(Block{base, mapped, true})) return;
+    munmap(base, mapped);
+  }
+
+  /** Unmaps every kept block (memory pressure, tests). */
+  void Trim() {
+    Block all[kMaxKeptBlocks];
+    u32 n = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      n = kept_count_;
+      for (u32 i = 0; i < n; ++i) all[i] = kept_[i];
+      kept_count_ = 0;
+    }
+    for (u32 i = 0; i < n; ++i) munmap(all[i].base, all[i].mapped);
+  }
+
+  /**
+   * Sets the kept bytes whose pages stay resident (the config key memory.warm_payload_bytes;
+   * 0 lends every kept block). Kept blocks past a lowered limit are lent now.
+   */
+  void SetWarmLimit(u64 bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    warm_limit_ = bytes;
+    u64 warm = UsageLocked().warm_bytes;
+    for (u32 i = 0; i < kept_count_ && warm > warm_limit_;) {
+      Block &b = kept_[i];
+      if (b.lent) {
+        ++i;
+        continue;
+      }
+      warm -= b.mapped;
+      b.lent = LendPagesToKernel(b.base, b.mapped);
+      if (b.lent) {
+        ++i;
+        continue;
+      }
+      munmap(b.base, b.mapped);  // where pages cannot be lent, the block goes
+      kept_[i] = kept_[--kept_count_];
+    }
+  }
+
+  /** The kept bytes whose pages may stay resident. */
+  u64 WarmLimit() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return warm_limit_;
+  }
+
+  /** What the cache keeps at one moment. */
+  struct Usage {
+    u32 blocks = 0;      ///< blocks kept for reuse
+    u64 bytes = 0;       ///< their mapped bytes
+    u64 warm_bytes = 0;  ///< of those, bytes whose pages were not lent to the kernel
+  };
+  /** The kept blocks right now, counted together (Monitor, tests). */
+  Usage Kept() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return UsageLocked();
+  }
+
+ private:
+  /** At a block's start; the payload follows at kHeaderBytes (a cache line: aligned). */
+  struct Header {
+    u64 mapped;  ///< bytes of the whole mapping
+  };
+  /** A mapping: kept, taken from the kept ones, or new. */
+  struct Block {
+    char *base = nullptr;
+    u64 mapped = 0;
+    bool lent = false;  ///< its pages were lent to the kernel (not counted warm)
+  };
+  static constexpr u64 kHeaderBytes = 64;
+  /** Larger requests fail outright (no mapping size arithmetic can overflow). */
+  static constexpr u64 kMaxBlockBytes = 1ull << 46;
+
+  /**
+   * Holds the lock across fork: no other thread is inside the cache while the child is
+   * made, and parent and child (where only the forking thread lives on) release it after.
+   */
+  LargeBlockCache() {
+    pthread_atfork([] { Instance().mu_.lock(); }, [] { Instance().mu_.unlock(); },
+                   [] { Instance().mu_.unlock(); });
+  }
+
+  /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (or none). */
+  Block TakeKept(u64 need) {
+    std::lock_guard<std::mutex> lock(mu_);
+    u32 best = kMaxKeptBlocks;
+    for (u32 i = 0; i < kept_count_; ++i) {
+      const u64 m = kept_[i].mapped;
+      if (m >= need && m <= 2 * need && (best == kMaxKeptBlocks || m < kept_[best].mapped)) {
+        best = i;
+      }
+    }
+    if (best == kMaxKeptBlocks) return Block{};
+    const Block block = kept_[best];
+    kept_[best] = kept_[--kept_count_];
+    return block;
+  }
+
+  /** Sums the kept blocks (mu_ held; at most kMaxKeptBlocks of them). */
+  Usage UsageLocked() const {
+    Usage u;
+    u.blocks = kept_count_;
+    for (u32 i = 0; i < kept_count_; ++i) {
+      u.bytes += kept_[i].mapped;
+      if (!kept_[i].lent) u.warm_bytes += kept_[i].mapped;
+    }
+    return u;
+  }
+
+  /** Keeps a freed block when the limits allow (a warm one only within warm_limit_). */
+  bool Keep(const Block &block) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Usage u = UsageLocked();
+    if (u.blocks == kMaxKeptBlocks || u.bytes + block.mapped > kMaxKeptBytes) return false;
+    if (!block.lent && u.warm_bytes + block.mapped > warm_limit_) return false;
+    kept_[kept_count_++] = block;
+    return true;
+  }
+
+  /** A new private anonymous mapping of `bytes` (base nullptr when there is no memory). */
+  static Block Map(u64 bytes) {
+    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? Block{} : Block{static_cast<char *>(p), bytes, false};
+  }
+
+  mutable std::mutex mu_;
+  Block kept_[kMaxKeptBlocks] = {};
+  u32 kept_count_ = 0;
+  u64 warm_limit_ = kDefaultWarmBytes;  ///< see SetWarmLimit
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
+// ---- end chi/memory/large_block_cache.h ----
 // ---- begin chi/mods/admin/admin_runtime.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_RUNTIME_H
 #define CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_RUNTIME_H
@@ -6990,223 +7240,6 @@ inline GpuIpcCache<HookedIpcOpener> &ClientMemory() {
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_CACHE_H
 // ---- end chi/gpu/gpu_ipc_cache.h ----
-// ---- begin chi/memory/large_block_cache.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
-#define CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
-// Large payload blocks kept between tasks (host only). Invariant: a kept block is mapped
-// and unused, and its pages are lent to the kernel unless it counts in the warm budget;
-// every block handed out has exactly one owner.
-//
-// Why: glibc maps every allocation above its largest mmap threshold (32 MiB) afresh and
-// unmaps it on free. A stream of large payloads (each a TaskBuffer decoded on the runtime
-// and again on the client) then faulted in, zeroed and unmapped every page of every buffer:
-// a 32 MiB echo over shm took 4.5x as long as a 16 MiB one on the 2-core machine. A freed
-// block here keeps its mapping and serves the next allocation it fits; up to
-// kMaxWarmBytes of kept blocks stay resident, and the pages of the rest are lent to the
-// kernel (LendPagesToKernel: reclaimed without writeback when memory runs short).
-//
-// Fork: the lock is taken around fork (pthread_atfork), so a child forked while another
-// thread held it starts with it free and can still allocate (a fork/exec pattern's child
-// may build large payloads before it execs, or never exec at all).
-
-#include <pthread.h>   // pthread_atfork
-#include <sys/mman.h>  // mmap, munmap
-
-#include <mutex>  // guards the kept blocks (large allocations only: never contended long)
-
-// ---- begin chi/core/lend_pages.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_CORE_LEND_PAGES_H
-#define CHI_SINGLE_INCLUDE_CHI_CORE_LEND_PAGES_H
-// Lending a buffer's pages to the kernel: memory kept for the next large message or
-// payload stays mapped, and writing it again costs nothing, until the kernel needs the
-// memory; then it takes the pages back without writing them anywhere (MADV_FREE). A burst
-// of huge messages therefore does not pin its memory, and a steady stream of them does not
-// fault in and zero every page again.
-
-#include <sys/mman.h>  // madvise(MADV_FREE)
-#include <unistd.h>    // sysconf(_SC_PAGESIZE)
-
-#include <cstdint>  // uintptr_t
-
-namespace chi {
-
-/**
- * Tells the kernel it may take back the whole pages inside [data, data + bytes) whenever it
- * needs memory; until then they stay mapped, and writing them again costs nothing. A page
- * the kernel took reads as zeros. False when the kernel refused (no MADV_FREE: before
- * Linux 4.5).
- */
-inline bool LendPagesToKernel(char *data, u64 bytes) {
-  static const u64 page = static_cast<u64>(sysconf(_SC_PAGESIZE));
-  const auto lo = (reinterpret_cast<std::uintptr_t>(data) + page - 1) & ~(page - 1);
-  const auto hi = (reinterpret_cast<std::uintptr_t>(data) + bytes) & ~(page - 1);
-  if (hi <= lo) return true;
-  return madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_FREE) == 0;
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_CORE_LEND_PAGES_H
-// ---- end chi/core/lend_pages.h ----
-
-namespace chi {
-
-/** A process-wide cache of large, page-mapped blocks for task payloads. */
-class LargeBlockCache {
- public:
-  /** Smallest block served here; smaller ones are malloc's (it reuses them well). */
-  static constexpr u64 kMinBytes = 4ull << 20;
-  /** Mappings are whole multiples of this (a huge page), so near sizes share blocks. */
-  static constexpr u64 kGranuleBytes = 2ull << 20;
-  /** Blocks kept at once. */
-  static constexpr u32 kMaxKeptBlocks = 4;
-  /** Mapped bytes kept at once (lent pages cost address space only). */
-  static constexpr u64 kMaxKeptBytes = 1ull << 30;
-  /**
-   * Kept bytes whose pages stay ours (not lent), as glibc keeps a freed heap top up to
-   * 64 MiB: lending costs a page-table walk and TLB flush per free, which made a 16 MiB echo
-   * slower than glibc's reuse of its heap. Blocks freed beyond this are lent.
-   */
-  static constexpr u64 kMaxWarmBytes = 64ull << 20;
-
-  /** The process's cache. Never destroyed: payloads may be freed during static destruction. */
-  static LargeBlockCache &Instance() {
-    static LargeBlockCache *cache = new LargeBlockCache();
-    return *cache;
-  }
-
-  /**
-   * A block of at least `bytes` bytes, 64-byte aligned: a kept block that fits (at most
-   * twice the mapping it needs, so a huge block does not serve a small payload), else a new
-   * mapping. nullptr when the system has no memory for it.
-   */
-  void *Allocate(u64 bytes) {
-    if (bytes > kMaxBlockBytes) return nullptr;
-    const u64 need = (bytes + kHeaderBytes + kGranuleBytes - 1) & ~(kGranuleBytes - 1);
-    Block block = TakeKept(need);
-    if (block.base == nullptr) block = Map(need);
-    if (block.base == nullptr) {
-      Trim();  // kept blocks may be what the system is short of
-      block = Map(need);
-      if (block.base == nullptr) return nullptr;
-    }
-    // Written on every reuse: the kernel may have taken the header's page meanwhile.
-    Header *h = reinterpret_cast<Header *>(block.base);
-    h->mapped = block.mapped;
-    return block.base + kHeaderBytes;
-  }
-
-  /** Takes back a block from Allocate: kept for the next one when there is room, else unmapped. */
-  void Free(void *p) {
-    if (p == nullptr) return;
-    char *base = static_cast<char *>(p) - kHeaderBytes;
-    const Header *h = reinterpret_cast<const Header *>(base);
-    const u64 mapped = h->mapped;
-    if (Keep(Block{base, mapped, false})) return;
-    // Lent before it is kept: once kept, another thread may take it and write it at once.
-    if (LendPagesToKernel(base, mapped) && Keep(Block{base, mapped, true})) return;
-    munmap(base, mapped);
-  }
-
-  /** Unmaps every kept block (memory pressure, tests). */
-  void Trim() {
-    Block all[kMaxKeptBlocks];
-    u32 n = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      n = kept_count_;
-      for (u32 i = 0; i < n; ++i) all[i] = kept_[i];
-      kept_count_ = 0;
-    }
-    for (u32 i = 0; i < n; ++i) munmap(all[i].base, all[i].mapped);
-  }
-
-  /** What the cache keeps at one moment. */
-  struct Usage {
-    u32 blocks = 0;      ///< blocks kept for reuse
-    u64 bytes = 0;       ///< their mapped bytes
-    u64 warm_bytes = 0;  ///< of those, bytes whose pages were not lent to the kernel
-  };
-  /** The kept blocks right now, counted together (Monitor, tests). */
-  Usage Kept() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return UsageLocked();
-  }
-
- private:
-  /** At a block's start; the payload follows at kHeaderBytes (a cache line: aligned). */
-  struct Header {
-    u64 mapped;  ///< bytes of the whole mapping
-  };
-  /** A mapping: kept, taken from the kept ones, or new. */
-  struct Block {
-    char *base = nullptr;
-    u64 mapped = 0;
-    bool lent = false;  ///< its pages were lent to the kernel (not counted warm)
-  };
-  static constexpr u64 kHeaderBytes = 64;
-  /** Larger requests fail outright (no mapping size arithmetic can overflow). */
-  static constexpr u64 kMaxBlockBytes = 1ull << 46;
-
-  /**
-   * Holds the lock across fork: no other thread is inside the cache while the child is
-   * made, and parent and child (where only the forking thread lives on) release it after.
-   */
-  LargeBlockCache() {
-    pthread_atfork([] { Instance().mu_.lock(); }, [] { Instance().mu_.unlock(); },
-                   [] { Instance().mu_.unlock(); });
-  }
-
-  /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (or none). */
-  Block TakeKept(u64 need) {
-    std::lock_guard<std::mutex> lock(mu_);
-    u32 best = kMaxKeptBlocks;
-    for (u32 i = 0; i < kept_count_; ++i) {
-      const u64 m = kept_[i].mapped;
-      if (m >= need && m <= 2 * need && (best == kMaxKeptBlocks || m < kept_[best].mapped)) {
-        best = i;
-      }
-    }
-    if (best == kMaxKeptBlocks) return Block{};
-    const Block block = kept_[best];
-    kept_[best] = kept_[--kept_count_];
-    return block;
-  }
-
-  /** Sums the kept blocks (mu_ held; at most kMaxKeptBlocks of them). */
-  Usage UsageLocked() const {
-    Usage u;
-    u.blocks = kept_count_;
-    for (u32 i = 0; i < kept_count_; ++i) {
-      u.bytes += kept_[i].mapped;
-      if (!kept_[i].lent) u.warm_bytes += kept_[i].mapped;
-    }
-    return u;
-  }
-
-  /** Keeps a freed block when the limits allow (a warm one only within kMaxWarmBytes). */
-  bool Keep(const Block &block) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Usage u = UsageLocked();
-    if (u.blocks == kMaxKeptBlocks || u.bytes + block.mapped > kMaxKeptBytes) return false;
-    if (!block.lent && u.warm_bytes + block.mapped > kMaxWarmBytes) return false;
-    kept_[kept_count_++] = block;
-    return true;
-  }
-
-  /** A new private anonymous mapping of `bytes` (base nullptr when there is no memory). */
-  static Block Map(u64 bytes) {
-    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? Block{} : Block{static_cast<char *>(p), bytes, false};
-  }
-
-  mutable std::mutex mu_;
-  Block kept_[kMaxKeptBlocks] = {};
-  u32 kept_count_ = 0;
-};
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
-// ---- end chi/memory/large_block_cache.h ----
 // ---- begin chi/mods/admin/admin_tasks.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_TASKS_H
 #define CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_TASKS_H
@@ -7739,6 +7772,16 @@ shm:
   # A message larger than a slot's share streams through the rings in pieces.
   runtime_data_size: 256m
 
+# Memory every process (runtime and clients) keeps between large messages,
+# each 0 .. 1024g. Resident memory is reused without page faults; 0 gives
+# every freed buffer's pages back to the kernel at once.
+memory:
+  # Emptied buffers of messages past a data region's share (assembled or
+  # encoded in pieces): 128m keeps the two buffers of a 64 MiB message.
+  warm_message_bytes: 128m
+  # Freed task payload blocks of 4 MiB and more (at most 4 blocks are kept).
+  warm_payload_bytes: 64m
+
 # Pools created at start, in this order, after the admin pool. Each entry:
 #   mod_name:       module that implements the pool (required)
 #   pool_name:      unique name of the pool (required)
@@ -7797,6 +7840,9 @@ struct ServerConfig {
   u64 main_segment_bytes = 64ull << 20;   ///< yaml: shm.main_size
   u64 client_data_bytes = 256ull << 20;   ///< yaml: shm.client_data_size
   u64 runtime_data_bytes = 256ull << 20;  ///< yaml: shm.runtime_data_size
+  // memory every process keeps between large messages
+  u64 warm_message_bytes = 128ull << 20;  ///< yaml: memory.warm_message_bytes
+  u64 warm_payload_bytes = 64ull << 20;   ///< yaml: memory.warm_payload_bytes
   std::vector<ComposeEntry> compose;      ///< yaml: compose
 
   bool operator==(const ServerConfig &) const = default;
@@ -7813,6 +7859,7 @@ inline constexpr u64 kMaxGpuBlocks = 65535;             ///< gpu.blocks
 inline constexpr u64 kMaxGpuThreadsPerBlock = 1024;     ///< gpu.threads_per_block (CUDA's limit)
 inline constexpr u64 kMinShmSegment = 64ull << 10;      ///< each shm.*_size
 inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
+inline constexpr u64 kMaxWarmBytes = 1ull << 40;        ///< each memory.warm_*_bytes
 inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
 inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
 inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
@@ -7903,9 +7950,9 @@ class ConfigReader {
 
   /** Fills *cfg (which starts at its defaults) from the document root. */
   Status Read(const YAML::Node &root, ServerConfig *cfg) {
-    static constexpr std::array<std::string_view, 8> kTop = {
+    static constexpr std::array<std::string_view, 9> kTop = {
         "workers", "queue_depth", "lanes_per_worker", "fiber_stack_size",
-        "networking", "gpu", "shm", "compose"};
+        "networking", "gpu", "shm", "memory", "compose"};
     Status st = ForEachKey(root, "", kTop, [&](std::string_view key, const YAML::Node &v,
                                                const std::string &path) {
       if (key == "workers") return ReadWorkers(v, path, cfg);
@@ -7924,6 +7971,7 @@ class ConfigReader {
       if (key == "networking") return ReadNetworking(v, path, cfg);
       if (key == "gpu") return ReadGpu(v, path, cfg);
       if (key == "shm") return ReadShm(v, path, cfg);
+      if (key == "memory") return ReadMemory(v, path, cfg);
       return ReadCompose(v, path, &cfg->compose);
     });
     if (!st.ok()) return st;
@@ -8087,6 +8135,18 @@ class ConfigReader {
                    : key == "client_data_size" ? &cfg->client_data_bytes
                                                : &cfg->runtime_data_bytes;
       return ReadSize(v, p, kMinShmSegment, kMaxShmSegment, field);
+    });
+  }
+
+  /** Reads the `memory:` section: the warm budgets every process keeps. */
+  Status ReadMemory(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
+    static constexpr std::array<std::string_view, 2> kKeys = {"warm_message_bytes",
+                                                              "warm_payload_bytes"};
+    return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
+                                          const std::string &p) {
+      u64 *field = key == "warm_message_bytes" ? &cfg->warm_message_bytes
+                                               : &cfg->warm_payload_bytes;
+      return ReadSize(v, p, 0, kMaxWarmBytes, field);
     });
   }
 
@@ -8768,8 +8828,8 @@ class IpcManager {
 // Buffers that assemble or encode one message at a time (a stream's reassembly, a large
 // request or answer on its way out). Invariant: between messages a buffer is empty; a
 // large one keeps its address range, and the emptied buffers of a process keep at most
-// kWarmMessageBytes of pages resident between them; the rest stay mapped only until the
-// kernel wants them back.
+// WarmMessageBudget() bytes of pages resident between them (memory.warm_message_bytes,
+// default kWarmMessageBytes); the rest stay mapped only until the kernel wants them back.
 //
 // Why: a large message (past a data region, so sent in chunks) needs buffers of its size
 // on both ends. Freeing them after each message made the next one fault in and zero every
@@ -8788,8 +8848,8 @@ namespace chi {
 inline constexpr u64 kWarmBufferBytes = 1ull << 20;
 
 /**
- * Bytes of larger emptied buffers a process keeps resident: the two buffers of a 64 MiB
- * message (assembly and answer on the runtime, request and answer on a client).
+ * The default bytes of larger emptied buffers a process keeps resident: the two buffers of
+ * a 64 MiB message (assembly and answer on the runtime, request and answer on a client).
  */
 inline constexpr u64 kWarmMessageBytes = 128ull << 20;
 
@@ -8812,11 +8872,19 @@ inline Atomic<u64> &WarmMessageBytesHeld() {
   return held;
 }
 
+/** The process's warm budget (SetWarmMessageBudget; kWarmMessageBytes until then). */
+inline Atomic<u64> &WarmMessageBudgetWord() {
+  static Atomic<u64> budget(kWarmMessageBytes);
+  return budget;
+}
+
 /** Takes `n` bytes of the warm budget; false when they would exceed it. */
 inline bool TakeWarm(u64 n) {
   Atomic<u64> &held = WarmMessageBytesHeld();
-  u64 cur = held.Load(MemOrder::kRelaxed);  // relaxed: a count, guarding no other memory
-  while (cur + n <= kWarmMessageBytes) {
+  // relaxed: counts guarding no other memory; a budget changed meanwhile applies next time.
+  const u64 budget = WarmMessageBudgetWord().Load(MemOrder::kRelaxed);
+  u64 cur = held.Load(MemOrder::kRelaxed);
+  while (n <= budget && cur <= budget - n) {
     if (held.CompareExchange(cur, cur + n, MemOrder::kRelaxed)) return true;
   }
   return false;
@@ -8834,6 +8902,23 @@ inline void GiveWarm(MessageBuffer *b) {
 MessageBuffer::~MessageBuffer() { detail::GiveWarm(this); }
 
 /**
+ * Sets the bytes of emptied large buffers this process keeps resident (the config key
+ * memory.warm_message_bytes; 0 lends every one). Buffers holding more than a lowered
+ * budget settle their share again when they are next emptied.
+ */
+inline void SetWarmMessageBudget(u64 bytes) {
+  detail::WarmMessageBudgetWord().Store(bytes, MemOrder::kRelaxed);  // relaxed: a limit
+}
+
+/** The bytes of emptied large buffers this process may keep resident. */
+inline u64 WarmMessageBudget() {
+  return detail::WarmMessageBudgetWord().Load(MemOrder::kRelaxed);  // relaxed: a limit
+}
+
+/** The budget bytes emptied buffers of this process hold now (Monitor, tests). */
+inline u64 WarmMessageBytes() { return detail::WarmMessageBytesHeld().Load(MemOrder::kRelaxed); }
+
+/**
  * Empties a message buffer for the next message, keeping its capacity. Up to
  * kWarmBufferBytes it stays as it is; a larger one stays resident while the process's warm
  * budget has room for it, else its pages are lent to the kernel (LendPagesToKernel), or it
@@ -8843,7 +8928,9 @@ inline void RecycleBuffer(MessageBuffer *b) {
   b->bytes.clear();
   const u64 capacity = b->bytes.capacity();
   if (capacity <= kWarmBufferBytes) return;
-  if (b->warm != capacity) {  // it grew, or was lent last time: settle its share again
+  // It grew, was lent last time, or the budget was lowered below what buffers hold:
+  // settle its share again.
+  if (b->warm != capacity || (b->warm != 0 && WarmMessageBytes() > WarmMessageBudget())) {
     detail::GiveWarm(b);
     if (detail::TakeWarm(capacity)) b->warm = capacity;
   }
@@ -8856,9 +8943,6 @@ inline void ReleaseBuffer(MessageBuffer *b) {
   detail::GiveWarm(b);
   std::vector<char>().swap(b->bytes);
 }
-
-/** The budget bytes emptied buffers of this process hold now (Monitor, tests). */
-inline u64 WarmMessageBytes() { return detail::WarmMessageBytesHeld().Load(MemOrder::kRelaxed); }
 
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_MESSAGE_BUFFER_H
@@ -20098,7 +20182,11 @@ class Chimaera {
       with_runtime = env[0] == '1' || mode == ChimaeraMode::kServer;
     }
     Status st = LoadServerConfig(&config_);
-    if (st.ok()) st = with_runtime ? StartRuntime() : ConnectToRuntime();
+    if (st.ok()) {
+      SetWarmMessageBudget(config_.warm_message_bytes);
+      LargeBlockCache::Instance().SetWarmLimit(config_.warm_payload_bytes);
+      st = with_runtime ? StartRuntime() : ConnectToRuntime();
+    }
     if (st.ok() && mode == ChimaeraMode::kServer) st = StartServers();
     if (!st.ok()) {
       last_error_ = st;

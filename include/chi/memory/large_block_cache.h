@@ -6,9 +6,10 @@
 // unmaps it on free. A stream of large payloads (each a TaskBuffer decoded on the runtime
 // and again on the client) then faulted in, zeroed and unmapped every page of every buffer:
 // a 32 MiB echo over shm took 4.5x as long as a 16 MiB one on the 2-core machine. A freed
-// block here keeps its mapping and serves the next allocation it fits; up to
-// kMaxWarmBytes of kept blocks stay resident, and the pages of the rest are lent to the
-// kernel (LendPagesToKernel: reclaimed without writeback when memory runs short).
+// block here keeps its mapping and serves the next allocation it fits; up to WarmLimit()
+// bytes of kept blocks stay resident (memory.warm_payload_bytes, default kDefaultWarmBytes),
+// and the pages of the rest are lent to the kernel (LendPagesToKernel: reclaimed without
+// writeback when memory runs short).
 //
 // Fork: the lock is taken around fork (pthread_atfork), so a child forked while another
 // thread held it starts with it free and can still allocate (a fork/exec pattern's child
@@ -37,11 +38,11 @@ class LargeBlockCache {
   /** Mapped bytes kept at once (lent pages cost address space only). */
   static constexpr u64 kMaxKeptBytes = 1ull << 30;
   /**
-   * Kept bytes whose pages stay ours (not lent), as glibc keeps a freed heap top up to
-   * 64 MiB: lending costs a page-table walk and TLB flush per free, which made a 16 MiB echo
-   * slower than glibc's reuse of its heap. Blocks freed beyond this are lent.
+   * The default of kept bytes whose pages stay ours (not lent), as glibc keeps a freed heap
+   * top up to 64 MiB: lending costs a page-table walk and TLB flush per free, which made a
+   * 16 MiB echo slower than glibc's reuse of its heap. Blocks freed beyond it are lent.
    */
-  static constexpr u64 kMaxWarmBytes = 64ull << 20;
+  static constexpr u64 kDefaultWarmBytes = 64ull << 20;
 
   /** The process's cache. Never destroyed: payloads may be freed during static destruction. */
   static LargeBlockCache &Instance() {
@@ -93,6 +94,37 @@ class LargeBlockCache {
       kept_count_ = 0;
     }
     for (u32 i = 0; i < n; ++i) munmap(all[i].base, all[i].mapped);
+  }
+
+  /**
+   * Sets the kept bytes whose pages stay resident (the config key memory.warm_payload_bytes;
+   * 0 lends every kept block). Kept blocks past a lowered limit are lent now.
+   */
+  void SetWarmLimit(u64 bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    warm_limit_ = bytes;
+    u64 warm = UsageLocked().warm_bytes;
+    for (u32 i = 0; i < kept_count_ && warm > warm_limit_;) {
+      Block &b = kept_[i];
+      if (b.lent) {
+        ++i;
+        continue;
+      }
+      warm -= b.mapped;
+      b.lent = LendPagesToKernel(b.base, b.mapped);
+      if (b.lent) {
+        ++i;
+        continue;
+      }
+      munmap(b.base, b.mapped);  // where pages cannot be lent, the block goes
+      kept_[i] = kept_[--kept_count_];
+    }
+  }
+
+  /** The kept bytes whose pages may stay resident. */
+  u64 WarmLimit() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return warm_limit_;
   }
 
   /** What the cache keeps at one moment. */
@@ -158,12 +190,12 @@ class LargeBlockCache {
     return u;
   }
 
-  /** Keeps a freed block when the limits allow (a warm one only within kMaxWarmBytes). */
+  /** Keeps a freed block when the limits allow (a warm one only within warm_limit_). */
   bool Keep(const Block &block) {
     std::lock_guard<std::mutex> lock(mu_);
     const Usage u = UsageLocked();
     if (u.blocks == kMaxKeptBlocks || u.bytes + block.mapped > kMaxKeptBytes) return false;
-    if (!block.lent && u.warm_bytes + block.mapped > kMaxWarmBytes) return false;
+    if (!block.lent && u.warm_bytes + block.mapped > warm_limit_) return false;
     kept_[kept_count_++] = block;
     return true;
   }
@@ -177,6 +209,7 @@ class LargeBlockCache {
   mutable std::mutex mu_;
   Block kept_[kMaxKeptBlocks] = {};
   u32 kept_count_ = 0;
+  u64 warm_limit_ = kDefaultWarmBytes;  ///< see SetWarmLimit
 };
 
 }  // namespace chi

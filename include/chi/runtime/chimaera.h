@@ -14,12 +14,14 @@
 #include <string>   // last error text
 
 #include "chi/core/status.h"                // Status
+#include "chi/memory/large_block_cache.h"   // the warm payload limit set from the config
 #include "chi/mods/admin/admin_runtime.h"   // the admin module is always present
 #include "chi/runtime/config.h"             // ServerConfig, LoadServerConfig
 #include "chi/runtime/ipc_manager.h"        // IpcManager
 #include "chi/runtime/pool_manager.h"       // PoolManager
 #include "chi/runtime/work_orchestrator.h"  // WorkOrchestrator
 #include "chi/transport/client_connect.h"   // RuntimeSegments, ConnectAnswer
+#include "chi/transport/message_buffer.h"   // the warm message budget set from the config
 #include "chi/transport/shm_transport.h"    // ShmServer, ShmClientTransport
 #include "chi/transport/stale_segments.h"   // other ports' leftovers, swept at start
 #include "chi/transport/zmq_client.h"       // pure clients over ipc/tcp
@@ -51,7 +53,11 @@ class Chimaera {
       with_runtime = env[0] == '1' || mode == ChimaeraMode::kServer;
     }
     Status st = LoadServerConfig(&config_);
-    if (st.ok()) st = with_runtime ? StartRuntime() : ConnectToRuntime();
+    if (st.ok()) {
+      SetWarmMessageBudget(config_.warm_message_bytes);
+      LargeBlockCache::Instance().SetWarmLimit(config_.warm_payload_bytes);
+      st = with_runtime ? StartRuntime() : ConnectToRuntime();
+    }
     if (st.ok() && mode == ChimaeraMode::kServer) st = StartServers();
     if (!st.ok()) {
       last_error_ = st;

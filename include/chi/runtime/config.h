@@ -64,6 +64,9 @@ struct ServerConfig {
   u64 main_segment_bytes = 64ull << 20;   ///< yaml: shm.main_size
   u64 client_data_bytes = 256ull << 20;   ///< yaml: shm.client_data_size
   u64 runtime_data_bytes = 256ull << 20;  ///< yaml: shm.runtime_data_size
+  // memory every process keeps between large messages
+  u64 warm_message_bytes = 128ull << 20;  ///< yaml: memory.warm_message_bytes
+  u64 warm_payload_bytes = 64ull << 20;   ///< yaml: memory.warm_payload_bytes
   std::vector<ComposeEntry> compose;      ///< yaml: compose
 
   bool operator==(const ServerConfig &) const = default;
@@ -80,6 +83,7 @@ inline constexpr u64 kMaxGpuBlocks = 65535;             ///< gpu.blocks
 inline constexpr u64 kMaxGpuThreadsPerBlock = 1024;     ///< gpu.threads_per_block (CUDA's limit)
 inline constexpr u64 kMinShmSegment = 64ull << 10;      ///< each shm.*_size
 inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
+inline constexpr u64 kMaxWarmBytes = 1ull << 40;        ///< each memory.warm_*_bytes
 inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
 inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
 inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
@@ -170,9 +174,9 @@ class ConfigReader {
 
   /** Fills *cfg (which starts at its defaults) from the document root. */
   Status Read(const YAML::Node &root, ServerConfig *cfg) {
-    static constexpr std::array<std::string_view, 8> kTop = {
+    static constexpr std::array<std::string_view, 9> kTop = {
         "workers", "queue_depth", "lanes_per_worker", "fiber_stack_size",
-        "networking", "gpu", "shm", "compose"};
+        "networking", "gpu", "shm", "memory", "compose"};
     Status st = ForEachKey(root, "", kTop, [&](std::string_view key, const YAML::Node &v,
                                                const std::string &path) {
       if (key == "workers") return ReadWorkers(v, path, cfg);
@@ -191,6 +195,7 @@ class ConfigReader {
       if (key == "networking") return ReadNetworking(v, path, cfg);
       if (key == "gpu") return ReadGpu(v, path, cfg);
       if (key == "shm") return ReadShm(v, path, cfg);
+      if (key == "memory") return ReadMemory(v, path, cfg);
       return ReadCompose(v, path, &cfg->compose);
     });
     if (!st.ok()) return st;
@@ -354,6 +359,18 @@ class ConfigReader {
                    : key == "client_data_size" ? &cfg->client_data_bytes
                                                : &cfg->runtime_data_bytes;
       return ReadSize(v, p, kMinShmSegment, kMaxShmSegment, field);
+    });
+  }
+
+  /** Reads the `memory:` section: the warm budgets every process keeps. */
+  Status ReadMemory(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
+    static constexpr std::array<std::string_view, 2> kKeys = {"warm_message_bytes",
+                                                              "warm_payload_bytes"};
+    return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
+                                          const std::string &p) {
+      u64 *field = key == "warm_message_bytes" ? &cfg->warm_message_bytes
+                                               : &cfg->warm_payload_bytes;
+      return ReadSize(v, p, 0, kMaxWarmBytes, field);
     });
   }
 

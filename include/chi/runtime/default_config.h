@@ -80,6 +80,16 @@ shm:
   # A message larger than a slot's share streams through the rings in pieces.
   runtime_data_size: 256m
 
+# Memory every process (runtime and clients) keeps between large messages,
+# each 0 .. 1024g. Resident memory is reused without page faults; 0 gives
+# every freed buffer's pages back to the kernel at once.
+memory:
+  # Emptied buffers of messages past a data region's share (assembled or
+  # encoded in pieces): 128m keeps the two buffers of a 64 MiB message.
+  warm_message_bytes: 128m
+  # Freed task payload blocks of 4 MiB and more (at most 4 blocks are kept).
+  warm_payload_bytes: 64m
+
 # Pools created at start, in this order, after the admin pool. Each entry:
 #   mod_name:       module that implements the pool (required)
 #   pool_name:      unique name of the pool (required)

@@ -1,8 +1,8 @@
 // Buffers that assemble or encode one message at a time (a stream's reassembly, a large
 // request or answer on its way out). Invariant: between messages a buffer is empty; a
 // large one keeps its address range, and the emptied buffers of a process keep at most
-// kWarmMessageBytes of pages resident between them; the rest stay mapped only until the
-// kernel wants them back.
+// WarmMessageBudget() bytes of pages resident between them (memory.warm_message_bytes,
+// default kWarmMessageBytes); the rest stay mapped only until the kernel wants them back.
 //
 // Why: a large message (past a data region, so sent in chunks) needs buffers of its size
 // on both ends. Freeing them after each message made the next one fault in and zero every
@@ -26,8 +26,8 @@ namespace chi {
 inline constexpr u64 kWarmBufferBytes = 1ull << 20;
 
 /**
- * Bytes of larger emptied buffers a process keeps resident: the two buffers of a 64 MiB
- * message (assembly and answer on the runtime, request and answer on a client).
+ * The default bytes of larger emptied buffers a process keeps resident: the two buffers of
+ * a 64 MiB message (assembly and answer on the runtime, request and answer on a client).
  */
 inline constexpr u64 kWarmMessageBytes = 128ull << 20;
 
@@ -50,11 +50,19 @@ inline Atomic<u64> &WarmMessageBytesHeld() {
   return held;
 }
 
+/** The process's warm budget (SetWarmMessageBudget; kWarmMessageBytes until then). */
+inline Atomic<u64> &WarmMessageBudgetWord() {
+  static Atomic<u64> budget(kWarmMessageBytes);
+  return budget;
+}
+
 /** Takes `n` bytes of the warm budget; false when they would exceed it. */
 inline bool TakeWarm(u64 n) {
   Atomic<u64> &held = WarmMessageBytesHeld();
-  u64 cur = held.Load(MemOrder::kRelaxed);  // relaxed: a count, guarding no other memory
-  while (cur + n <= kWarmMessageBytes) {
+  // relaxed: counts guarding no other memory; a budget changed meanwhile applies next time.
+  const u64 budget = WarmMessageBudgetWord().Load(MemOrder::kRelaxed);
+  u64 cur = held.Load(MemOrder::kRelaxed);
+  while (n <= budget && cur <= budget - n) {
     if (held.CompareExchange(cur, cur + n, MemOrder::kRelaxed)) return true;
   }
   return false;
@@ -72,6 +80,23 @@ inline void GiveWarm(MessageBuffer *b) {
 MessageBuffer::~MessageBuffer() { detail::GiveWarm(this); }
 
 /**
+ * Sets the bytes of emptied large buffers this process keeps resident (the config key
+ * memory.warm_message_bytes; 0 lends every one). Buffers holding more than a lowered
+ * budget settle their share again when they are next emptied.
+ */
+inline void SetWarmMessageBudget(u64 bytes) {
+  detail::WarmMessageBudgetWord().Store(bytes, MemOrder::kRelaxed);  // relaxed: a limit
+}
+
+/** The bytes of emptied large buffers this process may keep resident. */
+inline u64 WarmMessageBudget() {
+  return detail::WarmMessageBudgetWord().Load(MemOrder::kRelaxed);  // relaxed: a limit
+}
+
+/** The budget bytes emptied buffers of this process hold now (Monitor, tests). */
+inline u64 WarmMessageBytes() { return detail::WarmMessageBytesHeld().Load(MemOrder::kRelaxed); }
+
+/**
  * Empties a message buffer for the next message, keeping its capacity. Up to
  * kWarmBufferBytes it stays as it is; a larger one stays resident while the process's warm
  * budget has room for it, else its pages are lent to the kernel (LendPagesToKernel), or it
@@ -81,7 +106,9 @@ inline void RecycleBuffer(MessageBuffer *b) {
   b->bytes.clear();
   const u64 capacity = b->bytes.capacity();
   if (capacity <= kWarmBufferBytes) return;
-  if (b->warm != capacity) {  // it grew, or was lent last time: settle its share again
+  // It grew, was lent last time, or the budget was lowered below what buffers hold:
+  // settle its share again.
+  if (b->warm != capacity || (b->warm != 0 && WarmMessageBytes() > WarmMessageBudget())) {
     detail::GiveWarm(b);
     if (detail::TakeWarm(capacity)) b->warm = capacity;
   }
@@ -94,8 +121,5 @@ inline void ReleaseBuffer(MessageBuffer *b) {
   detail::GiveWarm(b);
   std::vector<char>().swap(b->bytes);
 }
-
-/** The budget bytes emptied buffers of this process hold now (Monitor, tests). */
-inline u64 WarmMessageBytes() { return detail::WarmMessageBytesHeld().Load(MemOrder::kRelaxed); }
 
 }  // namespace chi
