@@ -214,3 +214,56 @@ TEST_CASE("starting a runtime sweeps dead runtimes' leftovers on other ports") {
   CHECK(StopThroughSession());
   CHECK(server.WaitExit() == 0);
 }
+
+TEST_CASE("a dead runtime's segments whose pid another process took since are stale") {
+  const u32 port = TestPort(15);
+  const std::vector<std::string> files = RuntimeFiles(port);
+  REQUIRE(LeaveDeadRuntime(port));
+  // The dead runtime's pid is now this process's (as after a restart with the same pid,
+  // in a container that keeps /dev/shm): both headers name it, with the dead one's start.
+  const chi::ProcessIdentity self = chi::SelfIdentity();
+  REQUIRE(self.start_ticks != 0);
+  {
+    chi::PosixShmBackend main;
+    REQUIRE(main.Attach(chi::RuntimeSegmentName(port, "main")).ok());
+    auto *h = reinterpret_cast<chi::RuntimeHeader *>(main.Data());
+    h->pid_ = self.pid;
+    h->start_ticks_ = self.start_ticks + 1;
+    chi::PosixShmBackend transport;
+    REQUIRE(transport.Attach(chi::ShmSegmentName(port)).ok());
+    auto *t = reinterpret_cast<chi::ShmSegmentHeader *>(transport.Data());
+    t->runtime_pid_ = self.pid;
+    t->runtime_start_ticks_ = self.start_ticks + 1;
+  }
+  bool stale = false;
+  CHECK(chi::RuntimeSegments::FindOwner(port, &stale) == 0);  // not this process's set
+  CHECK(stale);
+  CHECK(chi::ShmSegment::CheckNotServed(chi::ShmSegmentName(port), port).ok());
+
+  for (const std::string &f : files) CHECK(Age(f, 120));
+  const chi::StaleSweep s = SweepPort(port, 60);
+  CHECK(s.segments == 4);
+  CHECK(s.sockets == 1);
+  CHECK(CountExisting(files) == 0);
+
+  // A runtime starting on the port with that pid takes it over (it used to refuse, naming
+  // itself as the live runtime).
+  REQUIRE(LeaveDeadRuntime(port));
+  {
+    chi::PosixShmBackend main;
+    REQUIRE(main.Attach(chi::RuntimeSegmentName(port, "main")).ok());
+    auto *h = reinterpret_cast<chi::RuntimeHeader *>(main.Data());
+    h->pid_ = self.pid;
+    h->start_ticks_ = self.start_ticks + 1;
+  }
+  chi::RuntimeSegments restarted;
+  bool cleaned = false;
+  const chi::Status st = restarted.Create(SmallConfig(), port, &cleaned);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  CHECK(cleaned);
+  CHECK(chi::RuntimeSegments::FindOwner(port, &stale) == self.pid);
+  CHECK_FALSE(stale);
+  restarted.Destroy();
+  chi::PosixShmBackend::DestroyByName(chi::ShmSegmentName(port));
+  unlink(IpcFile(port).c_str());
+}

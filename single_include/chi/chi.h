@@ -9139,16 +9139,13 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 // A runtime creates three named segments per user and port (main, client data,
 // runtime data; seed 004) and answers ConnectRequests with their names, sizes
 // and versions; a pure client attaches them and checks both before any task.
-// Invariant: a segment set is owned by the pid written in its main header;
-// a set whose owner is dead is stale and is removed by the next runtime.
+// Invariant: a segment set is owned by the process its main header names (pid and
+// start time: a dead runtime's pid taken by another process is not its owner); a set
+// whose owner is dead is stale and is removed by the next runtime.
 
-#include <signal.h>  // kill(pid, 0): is the owner alive
 #include <time.h>    // clock_gettime for the start time
 #include <unistd.h>  // getpid, getuid
 
-#include <cerrno>   // ESRCH
-#include <cstdio>   // /proc/<pid>/stat
-#include <cstring>  // strrchr
 #include <memory>   // unique_ptr<PosixShmBackend>
 #include <string>   // names
 #include <vector>   // segment lists, opaque transport info
@@ -9848,13 +9845,112 @@ class ShmDataSegments {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_DATA_REGION_H
 // ---- end chi/transport/shm_data_region.h ----
+// ---- begin chi/transport/shm_process.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+// Who is on the other end of a shared-memory connection, and is it still there: the
+// primitive of the process reaper (ShmServer checks its clients, clients check the
+// runtime). Invariant: a pid alone is never trusted, since pids are reused; an identity
+// pairs it with the process's start time, and a zombie counts as dead.
+
+#include <fcntl.h>   // open
+#include <signal.h>  // kill(pid, 0)
+#include <unistd.h>  // read, close, getpid
+
+#include <cerrno>  // ESRCH
+#include <cstdio>  // snprintf for the /proc path
+
+namespace chi {
+
+/** A process as the reaper knows it: pid plus start time (clock ticks since boot). */
+struct ProcessIdentity {
+  u32 pid = 0;
+  u64 start_ticks = 0;  ///< 0 when /proc could not tell
+};
+
+namespace detail {
+
+/** What /proc/<pid>/stat says about a process. */
+struct ProcStat {
+  bool found = false;   ///< the file exists and parsed
+  char state = '?';     ///< R, S, D, Z, X, ...
+  u64 start_ticks = 0;  ///< field 22, starttime
+};
+
+/** Reads state and start time of `pid` from /proc (host only; a slow path). */
+inline ProcStat ReadProcStat(u32 pid) {
+  ProcStat out;
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[1024];
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return out;
+  buf[n] = '\0';
+  // The command name (field 2) may hold spaces and parentheses: parse after the last ')'.
+  char *p = nullptr;
+  for (ssize_t i = n - 1; i >= 0; --i) {
+    if (buf[i] == ')') {
+      p = buf + i + 1;
+      break;
+    }
+  }
+  if (p == nullptr) return out;
+  int field = 2;  // the ')' ends field 2
+  while (*p != '\0' && field < 22) {
+    while (*p == ' ') ++p;
+    ++field;
+    if (field == 3) out.state = *p;
+    if (field == 22) {
+      u64 v = 0;
+      while (*p >= '0' && *p <= '9') v = v * 10 + static_cast<u64>(*p++ - '0');
+      out.start_ticks = v;
+      out.found = true;
+      break;
+    }
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/** The identity of process `pid` now (start_ticks 0 when /proc is unavailable). */
+inline ProcessIdentity IdentityOf(u32 pid) {
+  detail::ProcStat st = detail::ReadProcStat(pid);
+  return ProcessIdentity{pid, st.found ? st.start_ticks : 0};
+}
+
+/** This process's identity. */
+inline ProcessIdentity SelfIdentity() { return IdentityOf(static_cast<u32>(getpid())); }
+
+/**
+ * True while the process `who` names still runs: the pid exists, is not a zombie, and
+ * (when both start times are known) started when `who` says. Without /proc it falls
+ * back to kill(pid, 0).
+ */
+inline bool IsProcessAlive(const ProcessIdentity &who) {
+  if (who.pid == 0) return false;
+  detail::ProcStat st = detail::ReadProcStat(who.pid);
+  if (st.found) {
+    if (st.state == 'Z' || st.state == 'X') return false;
+    return who.start_ticks == 0 || st.start_ticks == who.start_ticks;
+  }
+  return !(kill(static_cast<pid_t>(who.pid), 0) != 0 && errno == ESRCH);
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
+// ---- end chi/transport/shm_process.h ----
 
 namespace chi {
 
 /** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
 inline constexpr u32 kConnectProtocolVersion = 4;  // 4: the answer names max_request_bytes
 /** Bumped whenever RuntimeHeader (the start of the main segment) changes. */
-inline constexpr u32 kRuntimeHeaderVersion = 1;
+inline constexpr u32 kRuntimeHeaderVersion = 2;  // 2: the owner's start time (start_ticks_)
 inline constexpr u64 kRuntimeHeaderMagic = 0x5254494843ull;  // "CHITR"
 
 /** One shared segment as the runtime describes it to clients. */
@@ -9924,23 +10020,14 @@ struct RuntimeHeader {
   u32 port_;           ///< its port
   u32 reserved_;
   u64 start_ns_;       ///< CLOCK_REALTIME at start, for `chimaera runtime status`
+  u64 start_ticks_;    ///< with pid_, the runtime's identity: a reused pid is not the owner
 };
 
-/** True when process `pid` exists (a zombie counts as dead for this purpose). */
-inline bool ProcessAlive(u32 pid) {
-  if (pid == 0) return false;
-  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-  std::FILE *f = std::fopen(path, "r");
-  if (f == nullptr) return true;  // no procfs: trust kill()
-  char buf[512];
-  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char *paren = std::strrchr(buf, ')');  // the state letter follows the command name
-  return !(paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
-}
+/**
+ * True when process `pid` exists (a zombie counts as dead for this purpose), whichever
+ * process holds the pid now: where a reused pid matters, check IsProcessAlive's identity.
+ */
+inline bool ProcessAlive(u32 pid) { return IsProcessAlive(ProcessIdentity{pid, 0}); }
 
 /** The three segments of a standalone runtime, created and removed by the runtime. */
 class RuntimeSegments {
@@ -9958,7 +10045,8 @@ class RuntimeSegments {
   }
 
   /**
-   * The pid of the live runtime owning port's segments, 0 when there is none.
+   * The pid of the live runtime owning port's segments (its pid and start time both
+   * match the header), 0 when there is none.
    * Sets *stale when a segment set exists but its owner is dead (or it is unreadable).
    */
   static u32 FindOwner(u32 port, bool *stale) {
@@ -9981,7 +10069,8 @@ class RuntimeSegments {
     // acquire: pairs with Create's release, so pid_ is valid once the magic reads right.
     if (main.DataSize() < sizeof(RuntimeHeader) ||
         h->magic_.Load(MemOrder::kAcquire) != kRuntimeHeaderMagic ||
-        h->version_ != kRuntimeHeaderVersion || !ProcessAlive(h->pid_)) {
+        h->version_ != kRuntimeHeaderVersion ||
+        !IsProcessAlive(ProcessIdentity{h->pid_, h->start_ticks_})) {
       *stale = true;
       return 0;
     }
@@ -10026,6 +10115,7 @@ class RuntimeSegments {
     timespec ts{};
     clock_gettime(CLOCK_REALTIME, &ts);
     h->start_ns_ = static_cast<u64>(ts.tv_sec) * 1000000000ull + static_cast<u64>(ts.tv_nsec);
+    h->start_ticks_ = SelfIdentity().start_ticks;
     h->magic_.Store(kRuntimeHeaderMagic, MemOrder::kRelease);  // publishes the fields above
     return Status::Ok();
   }
@@ -10373,105 +10463,6 @@ inline void DecodeAnswer(Task *t, const char *data, u64 len) {
 #include <thread>   // the receiver thread
 #include <vector>   // the answer assembly buffer
 
-// ---- begin chi/transport/shm_process.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
-// Who is on the other end of a shared-memory connection, and is it still there: the
-// primitive of the process reaper (ShmServer checks its clients, clients check the
-// runtime). Invariant: a pid alone is never trusted, since pids are reused; an identity
-// pairs it with the process's start time, and a zombie counts as dead.
-
-#include <fcntl.h>   // open
-#include <signal.h>  // kill(pid, 0)
-#include <unistd.h>  // read, close, getpid
-
-#include <cerrno>  // ESRCH
-#include <cstdio>  // snprintf for the /proc path
-
-namespace chi {
-
-/** A process as the reaper knows it: pid plus start time (clock ticks since boot). */
-struct ProcessIdentity {
-  u32 pid = 0;
-  u64 start_ticks = 0;  ///< 0 when /proc could not tell
-};
-
-namespace detail {
-
-/** What /proc/<pid>/stat says about a process. */
-struct ProcStat {
-  bool found = false;   ///< the file exists and parsed
-  char state = '?';     ///< R, S, D, Z, X, ...
-  u64 start_ticks = 0;  ///< field 22, starttime
-};
-
-/** Reads state and start time of `pid` from /proc (host only; a slow path). */
-inline ProcStat ReadProcStat(u32 pid) {
-  ProcStat out;
-  char path[48];
-  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
-  char buf[1024];
-  ssize_t n = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (n <= 0) return out;
-  buf[n] = '\0';
-  // The command name (field 2) may hold spaces and parentheses: parse after the last ')'.
-  char *p = nullptr;
-  for (ssize_t i = n - 1; i >= 0; --i) {
-    if (buf[i] == ')') {
-      p = buf + i + 1;
-      break;
-    }
-  }
-  if (p == nullptr) return out;
-  int field = 2;  // the ')' ends field 2
-  while (*p != '\0' && field < 22) {
-    while (*p == ' ') ++p;
-    ++field;
-    if (field == 3) out.state = *p;
-    if (field == 22) {
-      u64 v = 0;
-      while (*p >= '0' && *p <= '9') v = v * 10 + static_cast<u64>(*p++ - '0');
-      out.start_ticks = v;
-      out.found = true;
-      break;
-    }
-    while (*p != ' ' && *p != '\0') ++p;
-  }
-  return out;
-}
-
-}  // namespace detail
-
-/** The identity of process `pid` now (start_ticks 0 when /proc is unavailable). */
-inline ProcessIdentity IdentityOf(u32 pid) {
-  detail::ProcStat st = detail::ReadProcStat(pid);
-  return ProcessIdentity{pid, st.found ? st.start_ticks : 0};
-}
-
-/** This process's identity. */
-inline ProcessIdentity SelfIdentity() { return IdentityOf(static_cast<u32>(getpid())); }
-
-/**
- * True while the process `who` names still runs: the pid exists, is not a zombie, and
- * (when both start times are known) started when `who` says. Without /proc it falls
- * back to kill(pid, 0).
- */
-inline bool IsProcessAlive(const ProcessIdentity &who) {
-  if (who.pid == 0) return false;
-  detail::ProcStat st = detail::ReadProcStat(who.pid);
-  if (st.found) {
-    if (st.state == 'Z' || st.state == 'X') return false;
-    return who.start_ticks == 0 || st.start_ticks == who.start_ticks;
-  }
-  return !(kill(static_cast<pid_t>(who.pid), 0) != 0 && errno == ESRCH);
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_PROCESS_H
-// ---- end chi/transport/shm_process.h ----
 // ---- begin chi/transport/shm_segment.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SEGMENT_H

@@ -2,17 +2,14 @@
 // A runtime creates three named segments per user and port (main, client data,
 // runtime data; seed 004) and answers ConnectRequests with their names, sizes
 // and versions; a pure client attaches them and checks both before any task.
-// Invariant: a segment set is owned by the pid written in its main header;
-// a set whose owner is dead is stale and is removed by the next runtime.
+// Invariant: a segment set is owned by the process its main header names (pid and
+// start time: a dead runtime's pid taken by another process is not its owner); a set
+// whose owner is dead is stale and is removed by the next runtime.
 #pragma once
 
-#include <signal.h>  // kill(pid, 0): is the owner alive
 #include <time.h>    // clock_gettime for the start time
 #include <unistd.h>  // getpid, getuid
 
-#include <cerrno>   // ESRCH
-#include <cstdio>   // /proc/<pid>/stat
-#include <cstring>  // strrchr
 #include <memory>   // unique_ptr<PosixShmBackend>
 #include <string>   // names
 #include <vector>   // segment lists, opaque transport info
@@ -23,13 +20,14 @@
 #include "chi/memory/posix_shm_backend.h"   // the segments
 #include "chi/runtime/config.h"             // ServerConfig sizes
 #include "chi/transport/shm_data_region.h"  // RuntimeSegmentName
+#include "chi/transport/shm_process.h"      // ProcessIdentity: the owner of the segments
 
 namespace chi {
 
 /** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
 inline constexpr u32 kConnectProtocolVersion = 4;  // 4: the answer names max_request_bytes
 /** Bumped whenever RuntimeHeader (the start of the main segment) changes. */
-inline constexpr u32 kRuntimeHeaderVersion = 1;
+inline constexpr u32 kRuntimeHeaderVersion = 2;  // 2: the owner's start time (start_ticks_)
 inline constexpr u64 kRuntimeHeaderMagic = 0x5254494843ull;  // "CHITR"
 
 /** One shared segment as the runtime describes it to clients. */
@@ -99,23 +97,14 @@ struct RuntimeHeader {
   u32 port_;           ///< its port
   u32 reserved_;
   u64 start_ns_;       ///< CLOCK_REALTIME at start, for `chimaera runtime status`
+  u64 start_ticks_;    ///< with pid_, the runtime's identity: a reused pid is not the owner
 };
 
-/** True when process `pid` exists (a zombie counts as dead for this purpose). */
-inline bool ProcessAlive(u32 pid) {
-  if (pid == 0) return false;
-  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-  std::FILE *f = std::fopen(path, "r");
-  if (f == nullptr) return true;  // no procfs: trust kill()
-  char buf[512];
-  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char *paren = std::strrchr(buf, ')');  // the state letter follows the command name
-  return !(paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
-}
+/**
+ * True when process `pid` exists (a zombie counts as dead for this purpose), whichever
+ * process holds the pid now: where a reused pid matters, check IsProcessAlive's identity.
+ */
+inline bool ProcessAlive(u32 pid) { return IsProcessAlive(ProcessIdentity{pid, 0}); }
 
 /** The three segments of a standalone runtime, created and removed by the runtime. */
 class RuntimeSegments {
@@ -133,7 +122,8 @@ class RuntimeSegments {
   }
 
   /**
-   * The pid of the live runtime owning port's segments, 0 when there is none.
+   * The pid of the live runtime owning port's segments (its pid and start time both
+   * match the header), 0 when there is none.
    * Sets *stale when a segment set exists but its owner is dead (or it is unreadable).
    */
   static u32 FindOwner(u32 port, bool *stale) {
@@ -156,7 +146,8 @@ class RuntimeSegments {
     // acquire: pairs with Create's release, so pid_ is valid once the magic reads right.
     if (main.DataSize() < sizeof(RuntimeHeader) ||
         h->magic_.Load(MemOrder::kAcquire) != kRuntimeHeaderMagic ||
-        h->version_ != kRuntimeHeaderVersion || !ProcessAlive(h->pid_)) {
+        h->version_ != kRuntimeHeaderVersion ||
+        !IsProcessAlive(ProcessIdentity{h->pid_, h->start_ticks_})) {
       *stale = true;
       return 0;
     }
@@ -201,6 +192,7 @@ class RuntimeSegments {
     timespec ts{};
     clock_gettime(CLOCK_REALTIME, &ts);
     h->start_ns_ = static_cast<u64>(ts.tv_sec) * 1000000000ull + static_cast<u64>(ts.tv_nsec);
+    h->start_ticks_ = SelfIdentity().start_ticks;
     h->magic_.Store(kRuntimeHeaderMagic, MemOrder::kRelease);  // publishes the fields above
     return Status::Ok();
   }
