@@ -214,8 +214,11 @@ int StopClientMain() {
     const bool cut = f->GetReturnCode() == static_cast<u32>(chi::ErrorCode::kShutdown);
     tally.long_cut += cut ? 1 : 0;
     // A hold either ran its whole time (success) or says the stop cut it short.
+    const u64 held_ms = (f->end_ns_ - f->start_ns_) / 1000000;
     checks.Expect(cut || (f->GetReturnCode() == 0 && f->end_ns_ - f->start_ns_ >= kLongTaskNs),
-                  "a long task's result matches how long it held");
+                  "a long task's result matches how long it held (rc " +
+                      std::to_string(f->GetReturnCode()) + ": '" + f->GetMessage() + "', held " +
+                      std::to_string(held_ms) + " ms)");
   }
   for (auto &f : short_tasks) tally.Add(f);
   for (int i = 0; i < kEchoTasks; ++i) {
