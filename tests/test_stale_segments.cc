@@ -103,6 +103,27 @@ bool LeaveDeadRuntime(u32 port) {
          WEXITSTATUS(status) == 0;
 }
 
+/**
+ * Rewrites the owner of a dead runtime's set on `port` as this process's pid with another
+ * start time: its pid taken since by a live process. `transport`: the shm transport's header
+ * too. True when the headers were there.
+ */
+bool GiveDeadRuntimeOurPid(u32 port, bool transport) {
+  const chi::ProcessIdentity self = chi::SelfIdentity();
+  chi::PosixShmBackend main;
+  if (!main.Attach(chi::RuntimeSegmentName(port, "main")).ok()) return false;
+  auto *h = reinterpret_cast<chi::RuntimeHeader *>(main.Data());
+  h->pid_ = self.pid;
+  h->start_ticks_ = self.start_ticks + 1;
+  if (!transport) return true;
+  chi::PosixShmBackend seg;
+  if (!seg.Attach(chi::ShmSegmentName(port)).ok()) return false;
+  auto *t = reinterpret_cast<chi::ShmSegmentHeader *>(seg.Data());
+  t->runtime_pid_ = self.pid;
+  t->runtime_start_ticks_ = self.start_ticks + 1;
+  return true;
+}
+
 /** A sweep of `port` alone (other tests' leftovers are theirs to examine). */
 chi::StaleSweep SweepPort(u32 port, u64 min_age_s) {
   chi::StaleSweepOptions o;
@@ -223,18 +244,7 @@ TEST_CASE("a dead runtime's segments whose pid another process took since are st
   // in a container that keeps /dev/shm): both headers name it, with the dead one's start.
   const chi::ProcessIdentity self = chi::SelfIdentity();
   REQUIRE(self.start_ticks != 0);
-  {
-    chi::PosixShmBackend main;
-    REQUIRE(main.Attach(chi::RuntimeSegmentName(port, "main")).ok());
-    auto *h = reinterpret_cast<chi::RuntimeHeader *>(main.Data());
-    h->pid_ = self.pid;
-    h->start_ticks_ = self.start_ticks + 1;
-    chi::PosixShmBackend transport;
-    REQUIRE(transport.Attach(chi::ShmSegmentName(port)).ok());
-    auto *t = reinterpret_cast<chi::ShmSegmentHeader *>(transport.Data());
-    t->runtime_pid_ = self.pid;
-    t->runtime_start_ticks_ = self.start_ticks + 1;
-  }
+  REQUIRE(GiveDeadRuntimeOurPid(port, true));
   bool stale = false;
   CHECK(chi::RuntimeSegments::FindOwner(port, &stale) == 0);  // not this process's set
   CHECK(stale);
@@ -249,13 +259,7 @@ TEST_CASE("a dead runtime's segments whose pid another process took since are st
   // A runtime starting on the port with that pid takes it over (it used to refuse, naming
   // itself as the live runtime).
   REQUIRE(LeaveDeadRuntime(port));
-  {
-    chi::PosixShmBackend main;
-    REQUIRE(main.Attach(chi::RuntimeSegmentName(port, "main")).ok());
-    auto *h = reinterpret_cast<chi::RuntimeHeader *>(main.Data());
-    h->pid_ = self.pid;
-    h->start_ticks_ = self.start_ticks + 1;
-  }
+  REQUIRE(GiveDeadRuntimeOurPid(port, false));
   chi::RuntimeSegments restarted;
   bool cleaned = false;
   const chi::Status st = restarted.Create(SmallConfig(), port, &cleaned);
