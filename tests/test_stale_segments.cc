@@ -271,3 +271,39 @@ TEST_CASE("a dead runtime's segments whose pid another process took since are st
   chi::PosixShmBackend::DestroyByName(chi::ShmSegmentName(port));
   unlink(IpcFile(port).c_str());
 }
+
+TEST_CASE("a segment set of another layout version is kept while its runtime lives") {
+  const u32 port = TestPort(16);
+  const std::vector<std::string> files = RuntimeFiles(port);
+  REQUIRE(LeaveDeadRuntime(port));
+  chi::PosixShmBackend main;
+  REQUIRE(main.Attach(chi::RuntimeSegmentName(port, "main")).ok());
+  auto *h = reinterpret_cast<chi::RuntimeHeader *>(main.Data());
+  // An older build's runtime, still running: its layout differs past the pid.
+  h->version_ = chi::kRuntimeHeaderVersion - 1;
+  h->pid_ = static_cast<u32>(getpid());
+  h->start_ticks_ = 12345;  // not a field of that layout: never compared
+  bool stale = true;
+  CHECK(chi::RuntimeSegments::FindOwner(port, &stale) == static_cast<u32>(getpid()));
+  CHECK_FALSE(stale);
+  chi::RuntimeSegments newer;
+  const chi::Status st = newer.Create(SmallConfig(), port);
+  CHECK(st.code() == chi::ErrorCode::kAlreadyExists);  // a newer build does not remove it
+  for (const std::string &f : files) CHECK(Age(f, 120));
+  CHECK(SweepPort(port, 60).segments == 0);  // a live runtime's set is kept whole
+  for (const char *role : chi::RuntimeSegments::kRoles) {
+    CHECK(Exists(ShmFile(chi::RuntimeSegmentName(port, role))));
+  }
+
+  const pid_t gone = fork();  // a pid that no longer runs
+  if (gone == 0) _exit(0);
+  REQUIRE(gone > 0);
+  REQUIRE(waitpid(gone, nullptr, 0) == gone);
+  h->pid_ = static_cast<u32>(gone);
+  CHECK(chi::RuntimeSegments::FindOwner(port, &stale) == 0);
+  CHECK(stale);
+  main.Detach();
+  const chi::StaleSweep s = SweepPort(port, 60);
+  CHECK(s.segments == 4);
+  CHECK(CountExisting(files) == 0);
+}

@@ -91,6 +91,7 @@ struct ConnectAnswer {
 
 /** The first bytes of the main segment's data: which process owns the segment set. */
 struct RuntimeHeader {
+  // The first three fields keep their place in every layout version (FindOwner).
   Atomic<u64> magic_;  ///< kRuntimeHeaderMagic once the fields below are valid
   u32 version_;        ///< kRuntimeHeaderVersion
   u32 pid_;            ///< the runtime process
@@ -145,13 +146,17 @@ class RuntimeSegments {
     const RuntimeHeader *h = reinterpret_cast<const RuntimeHeader *>(main.Data());
     // acquire: pairs with Create's release, so pid_ is valid once the magic reads right.
     if (main.DataSize() < sizeof(RuntimeHeader) ||
-        h->magic_.Load(MemOrder::kAcquire) != kRuntimeHeaderMagic ||
-        h->version_ != kRuntimeHeaderVersion ||
-        !IsProcessAlive(ProcessIdentity{h->pid_, h->start_ticks_})) {
+        h->magic_.Load(MemOrder::kAcquire) != kRuntimeHeaderMagic) {
       *stale = true;
       return 0;
     }
-    return h->pid_;
+    // Every layout version starts with magic, version and pid: a runtime of another version
+    // that still runs owns its set (a newer build must not remove it), decided by its pid.
+    const bool alive = h->version_ == kRuntimeHeaderVersion
+                           ? IsProcessAlive(ProcessIdentity{h->pid_, h->start_ticks_})
+                           : ProcessAlive(h->pid_);
+    *stale = !alive;
+    return alive ? h->pid_ : 0;
   }
 
   /** Removes every segment of `port` (stale clean-up); missing ones are fine. */
