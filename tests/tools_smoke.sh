@@ -78,6 +78,8 @@ echo "$out"
 for seg in "rt${CHI_PORT}_main" "rt${CHI_PORT}_cdata" "rt${CHI_PORT}_rdata" "shm_transport_${CHI_PORT}"; do
   grep -q "segment $seg " <<<"$out" || fail "status lists no segment $seg"
 done
+grep -Eq "^  started [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8} UTC, up [0-9]+\.[0-9] s$" <<<"$out" ||
+  fail "status gives no start time and uptime: $out"
 run 10 "$bin/chimaera" monitor
 [[ "$rc" == 0 ]] || fail "monitor exited $rc: $out"
 echo "$out"

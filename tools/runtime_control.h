@@ -7,6 +7,7 @@
 #include <fcntl.h>     // open /dev/null for a detached runtime
 #include <signal.h>    // SIGTERM/SIGINT ask the runtime to stop
 #include <sys/wait.h>  // waitpid on a runtime that failed to start
+#include <time.h>      // the runtime's start time, for status
 #include <unistd.h>    // fork, setsid, execv
 
 #include <chrono>   // polling intervals
@@ -260,10 +261,26 @@ inline int Monitor(double every_sec, long count) {
 }
 
 /** Says whether a runtime serves the port (exit 0) or not (exit 1, naming stale leftovers). */
+/** "started 2026-11-27 13:00:01 UTC, up 12.3 s" for a start at `start_ns` (CLOCK_REALTIME). */
+inline std::string StartedLine(chi::u64 start_ns) {
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  const double up = (static_cast<double>(now.tv_sec) * 1e9 + static_cast<double>(now.tv_nsec) -
+                     static_cast<double>(start_ns)) / 1e9;
+  const time_t sec = static_cast<time_t>(start_ns / 1000000000ull);
+  tm utc{};
+  char when[32] = "?";
+  if (gmtime_r(&sec, &utc) != nullptr) std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &utc);
+  char line[96];
+  std::snprintf(line, sizeof(line), "started %s UTC, up %.1f s", when, up);
+  return line;
+}
+
 inline int Status() {
   const chi::u32 port = ConfiguredPort();
   bool stale = false;
-  const chi::u32 owner = chi::RuntimeSegments::FindOwner(port, &stale);
+  chi::u64 start_ns = 0;
+  const chi::u32 owner = chi::RuntimeSegments::FindOwner(port, &stale, &start_ns);
   if (owner == 0) {
     std::printf("no runtime on port %u%s\n", port, StaleNote(stale));
     return 1;
@@ -274,6 +291,7 @@ inline int Status() {
   }
   const chi::ConnectAnswer &a = chi::Chimaera::Get().GetConnectAnswer();
   std::printf("runtime pid %u serving port %u\n", a.runtime_pid, a.port);
+  if (start_ns != 0) std::printf("  %s\n", StartedLine(start_ns).c_str());
   for (const chi::SegmentInfo &s : a.segments) {
     std::printf("  segment %s  %llu bytes  layout v%u\n", s.name.c_str(),
                 static_cast<unsigned long long>(s.size), s.version);

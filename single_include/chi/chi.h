@@ -10048,9 +10048,10 @@ class RuntimeSegments {
   /**
    * The pid of the live runtime owning port's segments (its pid and start time both
    * match the header), 0 when there is none.
-   * Sets *stale when a segment set exists but its owner is dead (or it is unreadable).
+   * Sets *stale when a segment set exists but its owner is dead (or it is unreadable), and
+   * *start_ns (when given) to a live owner's start (CLOCK_REALTIME ns; 0 for another layout).
    */
-  static u32 FindOwner(u32 port, bool *stale) {
+  static u32 FindOwner(u32 port, bool *stale, u64 *start_ns = nullptr) {
     *stale = false;
     PosixShmBackend main;
     Status st = main.Attach(SegmentName(port, kRoles[0]));
@@ -10079,6 +10080,9 @@ class RuntimeSegments {
                            ? IsProcessAlive(ProcessIdentity{h->pid_, h->start_ticks_})
                            : ProcessAlive(h->pid_);
     *stale = !alive;
+    if (start_ns != nullptr) {
+      *start_ns = alive && h->version_ == kRuntimeHeaderVersion ? h->start_ns_ : 0;
+    }
     return alive ? h->pid_ : 0;
   }
 
