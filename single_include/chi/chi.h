@@ -5384,15 +5384,42 @@ inline u64 NowNs() {
 // submit and complete never reach malloc in steady state. A block freed by
 // another thread (a worker freeing a fire-and-forget task) goes back to its
 // owner's lock-free remote list, which the owner drains when its own list is empty.
-// The pool's lock is taken around fork (pthread_atfork), so a child forked while another
+// The pool's lock is held across fork (HoldAcrossFork), so a child forked while another
 // thread started or ended can still start threads that allocate tasks.
 
-#include <pthread.h>  // pthread_atfork
 
 #include <cstddef>  // max_align_t
 #include <cstdlib>  // malloc/free for blocks and oversized tasks
 #include <mutex>    // guards the cold list of abandoned caches (thread start/exit only)
 #include <new>      // placement new
+
+// ---- begin chi/core/fork_lock.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_CORE_FORK_LOCK_H
+#define CHI_SINGLE_INCLUDE_CHI_CORE_FORK_LOCK_H
+// A process-wide mutex held across fork. A child forked while another thread held such a
+// lock would start with it locked forever (only the forking thread lives on in the child).
+// Holding it in the prepare handler means no other thread is inside the lock while the
+// child is made; parent and child each release it after.
+
+#include <pthread.h>  // pthread_atfork
+
+#include <mutex>  // std::mutex
+
+namespace chi {
+
+/**
+ * Registers fork handlers that hold the mutex `Lock()` returns across every later fork.
+ * Call once per mutex, when the object that owns it is made; the mutex must live as long
+ * as the process (fork handlers cannot be removed).
+ */
+template <std::mutex &(*Lock)()>
+void HoldAcrossFork() {
+  pthread_atfork([] { Lock().lock(); }, [] { Lock().unlock(); }, [] { Lock().unlock(); });
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_CORE_FORK_LOCK_H
+// ---- end chi/core/fork_lock.h ----
 
 namespace chi {
 
@@ -5543,13 +5570,14 @@ class TaskMemory {
     static CachePool *pool = NewPool();  // immortal: thread exits may run late
     return *pool;
   }
-  /** The pool, with its lock held across fork: the child starts with it free. */
+  /** The pool, with its lock held across fork (HoldAcrossFork): the child starts with it free. */
   static CachePool *NewPool() {
     auto *pool = new CachePool();
-    pthread_atfork([] { Pool().mu.lock(); }, [] { Pool().mu.unlock(); },
-                   [] { Pool().mu.unlock(); });
+    HoldAcrossFork<&PoolLock>();
     return pool;
   }
+  /** The pool's lock (the fork handlers' way to it). */
+  static std::mutex &PoolLock() { return Pool().mu; }
 
   /** Returns the thread's cache to the pool at thread exit. */
   struct CacheHandle {
@@ -6663,11 +6691,10 @@ bool WaitAll(std::vector<Future<TaskT>> &futures, float max_sec = 0) {
 // and the pages of the rest are lent to the kernel (LendPagesToKernel: reclaimed without
 // writeback when memory runs short).
 //
-// Fork: the lock is taken around fork (pthread_atfork), so a child forked while another
+// Fork: the lock is held across fork (HoldAcrossFork), so a child forked while another
 // thread held it starts with it free and can still allocate (a fork/exec pattern's child
 // may build large payloads before it execs, or never exec at all).
 
-#include <pthread.h>   // pthread_atfork
 #include <sys/mman.h>  // mmap, munmap
 
 #include <mutex>  // guards the kept blocks (large allocations only: never contended long)
@@ -6836,14 +6863,10 @@ class LargeBlockCache {
   /** Larger requests fail outright (no mapping size arithmetic can overflow). */
   static constexpr u64 kMaxBlockBytes = 1ull << 46;
 
-  /**
-   * Holds the lock across fork: no other thread is inside the cache while the child is
-   * made, and parent and child (where only the forking thread lives on) release it after.
-   */
-  LargeBlockCache() {
-    pthread_atfork([] { Instance().mu_.lock(); }, [] { Instance().mu_.unlock(); },
-                   [] { Instance().mu_.unlock(); });
-  }
+  /** Holds the lock across fork (HoldAcrossFork): a forked child can still allocate. */
+  LargeBlockCache() { HoldAcrossFork<&Lock>(); }
+  /** The cache's lock (the fork handlers' way to it). */
+  static std::mutex &Lock() { return Instance().mu_; }
 
   /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (or none). */
   Block TakeKept(u64 need) {
@@ -10076,13 +10099,10 @@ class RuntimeSegments {
     }
     // Every layout version starts with magic, version and pid: a runtime of another version
     // that still runs owns its set (a newer build must not remove it), decided by its pid.
-    const bool alive = h->version_ == kRuntimeHeaderVersion
-                           ? IsProcessAlive(ProcessIdentity{h->pid_, h->start_ticks_})
-                           : ProcessAlive(h->pid_);
+    const bool current = h->version_ == kRuntimeHeaderVersion;
+    const bool alive = IsProcessAlive(ProcessIdentity{h->pid_, current ? h->start_ticks_ : 0});
     *stale = !alive;
-    if (start_ns != nullptr) {
-      *start_ns = alive && h->version_ == kRuntimeHeaderVersion ? h->start_ns_ : 0;
-    }
+    if (start_ns != nullptr) *start_ns = alive && current ? h->start_ns_ : 0;
     return alive ? h->pid_ : 0;
   }
 
@@ -13770,6 +13790,14 @@ inline bool ParsePort(std::string_view digits, u32 *port) {
   return true;
 }
 
+/** Reads the port in the first run of digits of `s` at or after `from`; false if none is one. */
+inline bool FirstPort(std::string_view s, size_t from, u32 *port) {
+  const size_t first = s.find_first_of("0123456789", from);
+  if (first == std::string_view::npos) return false;
+  const size_t end = s.find_first_not_of("0123456789", first);
+  return ParsePort(s.substr(first, end - first), port);  // npos - first: to the end
+}
+
 /** Seconds since `path` was last modified (created, for our files); false when it is gone. */
 inline bool FileAgeS(const std::string &path, u64 *age_s) {
   struct stat st {};
@@ -13832,11 +13860,8 @@ inline bool ParseRuntimeSegmentFile(std::string_view file, u32 *port, std::strin
   const std::string prefix = UserSegmentFilePrefix();
   if (file.substr(0, prefix.size()) != prefix) return false;
   const std::string_view rest = file.substr(prefix.size());
-  const size_t first = rest.find_first_of("0123456789");
-  if (first == std::string_view::npos) return false;
-  const size_t end = rest.find_first_not_of("0123456789", first);
   u32 p = 0;
-  if (!detail::ParsePort(rest.substr(first, end - first), &p)) return false;
+  if (!detail::FirstPort(rest, 0, &p)) return false;
   bool ok = rest == ShmSegmentName(p);
   for (const char *role : RuntimeSegments::kRoles) ok = ok || rest == RuntimeSegmentName(p, role);
   if (!ok) return false;
@@ -13850,11 +13875,8 @@ inline bool ParseRuntimeSegmentFile(std::string_view file, u32 *port, std::strin
  * ZmqEndpoint("ipc", port) names exactly that file.
  */
 inline bool ParseIpcSocketFile(std::string_view file, u32 *port) {
-  const size_t first = file.find_first_of("0123456789", UserSegmentFilePrefix().size());
-  if (first == std::string_view::npos) return false;
-  const size_t end = file.find_first_not_of("0123456789", first);
   u32 p = 0;
-  if (!detail::ParsePort(file.substr(first, end - first), &p)) return false;
+  if (!detail::FirstPort(file, UserSegmentFilePrefix().size(), &p)) return false;
   if (ZmqEndpoint("ipc", p) != "ipc:///tmp/" + std::string(file)) return false;
   *port = p;
   return true;

@@ -11,16 +11,16 @@
 // and the pages of the rest are lent to the kernel (LendPagesToKernel: reclaimed without
 // writeback when memory runs short).
 //
-// Fork: the lock is taken around fork (pthread_atfork), so a child forked while another
+// Fork: the lock is held across fork (HoldAcrossFork), so a child forked while another
 // thread held it starts with it free and can still allocate (a fork/exec pattern's child
 // may build large payloads before it execs, or never exec at all).
 #pragma once
 
-#include <pthread.h>   // pthread_atfork
 #include <sys/mman.h>  // mmap, munmap
 
 #include <mutex>  // guards the kept blocks (large allocations only: never contended long)
 
+#include "chi/core/fork_lock.h"   // HoldAcrossFork
 #include "chi/core/lend_pages.h"  // LendPagesToKernel
 #include "chi/core/types.h"       // u32, u64
 
@@ -154,14 +154,10 @@ class LargeBlockCache {
   /** Larger requests fail outright (no mapping size arithmetic can overflow). */
   static constexpr u64 kMaxBlockBytes = 1ull << 46;
 
-  /**
-   * Holds the lock across fork: no other thread is inside the cache while the child is
-   * made, and parent and child (where only the forking thread lives on) release it after.
-   */
-  LargeBlockCache() {
-    pthread_atfork([] { Instance().mu_.lock(); }, [] { Instance().mu_.unlock(); },
-                   [] { Instance().mu_.unlock(); });
-  }
+  /** Holds the lock across fork (HoldAcrossFork): a forked child can still allocate. */
+  LargeBlockCache() { HoldAcrossFork<&Lock>(); }
+  /** The cache's lock (the fork handlers' way to it). */
+  static std::mutex &Lock() { return Instance().mu_; }
 
   /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (or none). */
   Block TakeKept(u64 need) {

@@ -2,18 +2,18 @@
 // submit and complete never reach malloc in steady state. A block freed by
 // another thread (a worker freeing a fire-and-forget task) goes back to its
 // owner's lock-free remote list, which the owner drains when its own list is empty.
-// The pool's lock is taken around fork (pthread_atfork), so a child forked while another
+// The pool's lock is held across fork (HoldAcrossFork), so a child forked while another
 // thread started or ended can still start threads that allocate tasks.
 #pragma once
 
-#include <pthread.h>  // pthread_atfork
 
 #include <cstddef>  // max_align_t
 #include <cstdlib>  // malloc/free for blocks and oversized tasks
 #include <mutex>    // guards the cold list of abandoned caches (thread start/exit only)
 #include <new>      // placement new
 
-#include "chi/core/atomic.h"  // remote-free stack head
+#include "chi/core/atomic.h"     // remote-free stack head
+#include "chi/core/fork_lock.h"  // HoldAcrossFork for the pool's lock
 #include "chi/core/types.h"   // u32, u64
 
 namespace chi {
@@ -165,13 +165,14 @@ class TaskMemory {
     static CachePool *pool = NewPool();  // immortal: thread exits may run late
     return *pool;
   }
-  /** The pool, with its lock held across fork: the child starts with it free. */
+  /** The pool, with its lock held across fork (HoldAcrossFork): the child starts with it free. */
   static CachePool *NewPool() {
     auto *pool = new CachePool();
-    pthread_atfork([] { Pool().mu.lock(); }, [] { Pool().mu.unlock(); },
-                   [] { Pool().mu.unlock(); });
+    HoldAcrossFork<&PoolLock>();
     return pool;
   }
+  /** The pool's lock (the fork handlers' way to it). */
+  static std::mutex &PoolLock() { return Pool().mu; }
 
   /** Returns the thread's cache to the pool at thread exit. */
   struct CacheHandle {

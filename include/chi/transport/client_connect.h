@@ -153,13 +153,10 @@ class RuntimeSegments {
     }
     // Every layout version starts with magic, version and pid: a runtime of another version
     // that still runs owns its set (a newer build must not remove it), decided by its pid.
-    const bool alive = h->version_ == kRuntimeHeaderVersion
-                           ? IsProcessAlive(ProcessIdentity{h->pid_, h->start_ticks_})
-                           : ProcessAlive(h->pid_);
+    const bool current = h->version_ == kRuntimeHeaderVersion;
+    const bool alive = IsProcessAlive(ProcessIdentity{h->pid_, current ? h->start_ticks_ : 0});
     *stale = !alive;
-    if (start_ns != nullptr) {
-      *start_ns = alive && h->version_ == kRuntimeHeaderVersion ? h->start_ns_ : 0;
-    }
+    if (start_ns != nullptr) *start_ns = alive && current ? h->start_ns_ : 0;
     return alive ? h->pid_ : 0;
   }
 

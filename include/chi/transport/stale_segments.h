@@ -72,6 +72,14 @@ inline bool ParsePort(std::string_view digits, u32 *port) {
   return true;
 }
 
+/** Reads the port in the first run of digits of `s` at or after `from`; false if none is one. */
+inline bool FirstPort(std::string_view s, size_t from, u32 *port) {
+  const size_t first = s.find_first_of("0123456789", from);
+  if (first == std::string_view::npos) return false;
+  const size_t end = s.find_first_not_of("0123456789", first);
+  return ParsePort(s.substr(first, end - first), port);  // npos - first: to the end
+}
+
 /** Seconds since `path` was last modified (created, for our files); false when it is gone. */
 inline bool FileAgeS(const std::string &path, u64 *age_s) {
   struct stat st {};
@@ -134,11 +142,8 @@ inline bool ParseRuntimeSegmentFile(std::string_view file, u32 *port, std::strin
   const std::string prefix = UserSegmentFilePrefix();
   if (file.substr(0, prefix.size()) != prefix) return false;
   const std::string_view rest = file.substr(prefix.size());
-  const size_t first = rest.find_first_of("0123456789");
-  if (first == std::string_view::npos) return false;
-  const size_t end = rest.find_first_not_of("0123456789", first);
   u32 p = 0;
-  if (!detail::ParsePort(rest.substr(first, end - first), &p)) return false;
+  if (!detail::FirstPort(rest, 0, &p)) return false;
   bool ok = rest == ShmSegmentName(p);
   for (const char *role : RuntimeSegments::kRoles) ok = ok || rest == RuntimeSegmentName(p, role);
   if (!ok) return false;
@@ -152,11 +157,8 @@ inline bool ParseRuntimeSegmentFile(std::string_view file, u32 *port, std::strin
  * ZmqEndpoint("ipc", port) names exactly that file.
  */
 inline bool ParseIpcSocketFile(std::string_view file, u32 *port) {
-  const size_t first = file.find_first_of("0123456789", UserSegmentFilePrefix().size());
-  if (first == std::string_view::npos) return false;
-  const size_t end = file.find_first_not_of("0123456789", first);
   u32 p = 0;
-  if (!detail::ParsePort(file.substr(first, end - first), &p)) return false;
+  if (!detail::FirstPort(file, UserSegmentFilePrefix().size(), &p)) return false;
   if (ZmqEndpoint("ipc", p) != "ipc:///tmp/" + std::string(file)) return false;
   *port = p;
   return true;
