@@ -5410,7 +5410,9 @@ namespace chi {
 /**
  * Registers fork handlers that hold the mutex `Lock()` returns across every later fork.
  * Call once per mutex, when the object that owns it is made; the mutex must live as long
- * as the process (fork handlers cannot be removed).
+ * as the process (fork handlers cannot be removed). Make that object during static
+ * initialization, before any thread runs: a fork while another thread is still making it
+ * leaves the child waiting forever on the function-local static's construction guard.
  */
 template <std::mutex &(*Lock)()>
 void HoldAcrossFork() {
@@ -5606,6 +5608,9 @@ class TaskMemory {
     thread_local CacheHandle handle;
     return *handle.cache;
   }
+
+  /** The pool, made before main (HoldAcrossFork says why). */
+  static inline CachePool &made_pool_ = Pool();
 };
 
 }  // namespace chi
@@ -6915,7 +6920,12 @@ class LargeBlockCache {
   Block kept_[kMaxKeptBlocks] = {};
   u32 kept_count_ = 0;
   u64 warm_limit_ = kDefaultWarmBytes;  ///< see SetWarmLimit
+
+  /** The cache, made before main (HoldAcrossFork says why). */
+  static LargeBlockCache &made_;
 };
+
+inline LargeBlockCache &LargeBlockCache::made_ = LargeBlockCache::Instance();
 
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H

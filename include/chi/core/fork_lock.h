@@ -13,7 +13,9 @@ namespace chi {
 /**
  * Registers fork handlers that hold the mutex `Lock()` returns across every later fork.
  * Call once per mutex, when the object that owns it is made; the mutex must live as long
- * as the process (fork handlers cannot be removed).
+ * as the process (fork handlers cannot be removed). Make that object during static
+ * initialization, before any thread runs: a fork while another thread is still making it
+ * leaves the child waiting forever on the function-local static's construction guard.
  */
 template <std::mutex &(*Lock)()>
 void HoldAcrossFork() {

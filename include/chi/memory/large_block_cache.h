@@ -206,6 +206,11 @@ class LargeBlockCache {
   Block kept_[kMaxKeptBlocks] = {};
   u32 kept_count_ = 0;
   u64 warm_limit_ = kDefaultWarmBytes;  ///< see SetWarmLimit
+
+  /** The cache, made before main (HoldAcrossFork says why). */
+  static LargeBlockCache &made_;
 };
+
+inline LargeBlockCache &LargeBlockCache::made_ = LargeBlockCache::Instance();
 
 }  // namespace chi

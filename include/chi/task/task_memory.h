@@ -201,6 +201,9 @@ class TaskMemory {
     thread_local CacheHandle handle;
     return *handle.cache;
   }
+
+  /** The pool, made before main (HoldAcrossFork says why). */
+  static inline CachePool &made_pool_ = Pool();
 };
 
 }  // namespace chi
