@@ -2776,6 +2776,36 @@ struct Task {
 #include <cstdint>  // uintptr_t
 #include <mutex>    // std::mutex: serialises the rare Register/Unregister calls
 
+// ---- begin chi/core/fork_lock.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_CORE_FORK_LOCK_H
+#define CHI_SINGLE_INCLUDE_CHI_CORE_FORK_LOCK_H
+// A process-wide mutex held across fork. A child forked while another thread held such a
+// lock would start with it locked forever (only the forking thread lives on in the child).
+// Holding it in the prepare handler means no other thread is inside the lock while the
+// child is made; parent and child each release it after.
+
+#include <pthread.h>  // pthread_atfork
+
+#include <mutex>  // std::mutex
+
+namespace chi {
+
+/**
+ * Registers fork handlers that hold the mutex `Lock()` returns across every later fork.
+ * Call once per mutex, when the object that owns it is made; the mutex must live as long
+ * as the process (fork handlers cannot be removed). Make that object during static
+ * initialization, before any thread runs: a fork while another thread is still making it
+ * leaves the child waiting forever on the function-local static's construction guard.
+ */
+template <std::mutex &(*Lock)()>
+void HoldAcrossFork() {
+  pthread_atfork([] { Lock().lock(); }, [] { Lock().unlock(); }, [] { Lock().unlock(); });
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_CORE_FORK_LOCK_H
+// ---- end chi/core/fork_lock.h ----
+
 namespace chi {
 
 /**
@@ -2925,6 +2955,11 @@ class MemoryRegistry {
 
   Slot slots_[kCapacity];
   std::mutex writer_mutex_;
+
+  /** The registry's writer lock, for HoldAcrossFork. */
+  static std::mutex &WriterMutex() { return Get().writer_mutex_; }
+  /** A child forked while another thread registered a segment can still register its own. */
+  static inline const bool held_across_fork_ = (HoldAcrossFork<&WriterMutex>(), true);
 };
 
 }  // namespace chi
@@ -4295,11 +4330,73 @@ class CopySpace {
 // thread spins it runs the process's WaitHelper, if one is installed (a pure client's
 // shm transport: the waiting caller delivers ready answers itself).
 
-#include <sched.h>  // sched_yield while polling
+#include <pthread.h>  // pthread_atfork: a forked child forgets the parent's wait helpers
+#include <sched.h>    // sched_yield while polling
 
 #include <type_traits>  // is_trivially_destructible: which tasks a kernel can submit
 #include <vector>       // WaitAll
 
+// ---- begin chi/core/fork_epoch.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_CORE_FORK_EPOCH_H
+#define CHI_SINGLE_INCLUDE_CHI_CORE_FORK_EPOCH_H
+// Which process this is, across fork: ThisPid() is getpid() without a system call, and
+// ForkGeneration() counts the forks since the process that first ran this program (0
+// there, one more in each child made by fork). A pthread_atfork child handler registered
+// before main keeps both. State made before a fork (threads, a runtime connection, tasks
+// in flight) belongs to the parent; code that must not touch it in a child compares these.
+
+#include <pthread.h>  // pthread_atfork
+#include <unistd.h>   // getpid
+
+#include <memory>  // unique_ptr
+#include <vector>  // what KeepInherited keeps
+
+namespace chi {
+
+namespace detail {
+
+/** The current process's identity across fork (see the file comment). */
+struct ForkEpoch {
+  u32 generation = 0;  ///< forks between the first process and this one
+  u32 pid = 0;         ///< getpid(), refreshed in each child
+
+  ForkEpoch() : pid(static_cast<u32>(getpid())) {
+    // The child handler runs in the only thread the child has, before fork returns there.
+    pthread_atfork(nullptr, nullptr, [] {
+      ++fork_epoch.generation;
+      fork_epoch.pid = static_cast<u32>(getpid());
+    });
+  }
+
+  static ForkEpoch fork_epoch;
+};
+
+/** Made before main, so every fork after it is counted. */
+inline ForkEpoch ForkEpoch::fork_epoch;
+
+}  // namespace detail
+
+/** getpid() of this process, without the system call. */
+inline u32 ThisPid() { return detail::ForkEpoch::fork_epoch.pid; }
+
+/** Forks between the first process of this program and this one (0: never forked). */
+inline u32 ForkGeneration() { return detail::ForkEpoch::fork_epoch.generation; }
+
+/**
+ * Keeps an object a forked child inherited from its parent for the rest of the process,
+ * never destroyed (its destructor would stop the parent's threads or remove what the
+ * parent still serves through) and still reachable, so leak checkers do not report it.
+ */
+template <typename T>
+void KeepInherited(std::unique_ptr<T> inherited) {
+  if (inherited == nullptr) return;
+  static auto *kept = new std::vector<void *>();
+  kept->push_back(inherited.release());
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_CORE_FORK_EPOCH_H
+// ---- end chi/core/fork_epoch.h ----
 // ---- begin chi/runtime/worker.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_WORKER_H
 #define CHI_SINGLE_INCLUDE_CHI_RUNTIME_WORKER_H
@@ -4790,8 +4887,16 @@ class ModuleManager {
 
  private:
   ModuleManager() = default;
+  /** The table's lock, for HoldAcrossFork. */
+  static std::mutex &Lock() { return Get().mu_; }
+
   mutable std::mutex mu_;
   std::unordered_map<std::string, ContainerFactory> factories_;
+  /**
+   * A child forked while another thread used the table can still use it. Made with the
+   * table, before main: modules register from their headers' inline variables.
+   */
+  static inline const bool held_across_fork_ = (HoldAcrossFork<&Lock>(), true);
 };
 
 }  // namespace chi
@@ -5392,36 +5497,6 @@ inline u64 NowNs() {
 #include <cstdlib>  // malloc/free for blocks and oversized tasks
 #include <mutex>    // guards the cold list of abandoned caches (thread start/exit only)
 #include <new>      // placement new
-
-// ---- begin chi/core/fork_lock.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_CORE_FORK_LOCK_H
-#define CHI_SINGLE_INCLUDE_CHI_CORE_FORK_LOCK_H
-// A process-wide mutex held across fork. A child forked while another thread held such a
-// lock would start with it locked forever (only the forking thread lives on in the child).
-// Holding it in the prepare handler means no other thread is inside the lock while the
-// child is made; parent and child each release it after.
-
-#include <pthread.h>  // pthread_atfork
-
-#include <mutex>  // std::mutex
-
-namespace chi {
-
-/**
- * Registers fork handlers that hold the mutex `Lock()` returns across every later fork.
- * Call once per mutex, when the object that owns it is made; the mutex must live as long
- * as the process (fork handlers cannot be removed). Make that object during static
- * initialization, before any thread runs: a fork while another thread is still making it
- * leaves the child waiting forever on the function-local static's construction guard.
- */
-template <std::mutex &(*Lock)()>
-void HoldAcrossFork() {
-  pthread_atfork([] { Lock().lock(); }, [] { Lock().unlock(); }, [] { Lock().unlock(); });
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_CORE_FORK_LOCK_H
-// ---- end chi/core/fork_lock.h ----
 
 namespace chi {
 
@@ -6483,6 +6558,19 @@ class WaitHelper {
     }
   }
 
+  /**
+   * In a child made by fork (only the forking thread lives on): the helpers and the
+   * threads counted in running_ and spinners_ are the parent's, so the child starts with
+   * none. A parent's helper run here would take the parent's answers off its transport.
+   */
+  static void ForgetInherited() {
+    for (Atomic<WaitHelper *> &h : installed_) h.Store(nullptr, MemOrder::kRelaxed);
+    // relaxed: the child has one thread while fork handlers run.
+    count_.Store(0, MemOrder::kRelaxed);
+    running_.Store(0, MemOrder::kRelaxed);
+    spinners_.Store(0, MemOrder::kRelaxed);
+  }
+
   Fn fn_;
   void *ctx_;
   Fn gave_up_;
@@ -6490,6 +6578,8 @@ class WaitHelper {
   static inline Atomic<u32> count_{0};     ///< slots in use (a hint for BeginSpin and Run)
   static inline Atomic<u32> running_{0};   ///< threads inside Run's call right now
   static inline Atomic<u32> spinners_{0};  ///< threads in a counted spin phase
+  /** ForgetInherited runs in every forked child (registered before main). */
+  static inline const int fork_handler_ = pthread_atfork(nullptr, nullptr, &ForgetInherited);
 };
 
 /** Owns one submitted task until it completes and the caller is done with it. */
@@ -6596,11 +6686,29 @@ class Future {
   }
 
   bool WaitOnThread(float max_sec) {
+    if (CHI_UNLIKELY(ForkGeneration() != 0) && FailInherited()) return true;
     const bool counted = WaitHelper::BeginSpin();
     const bool done = SpinOnThread(counted);
     if (counted) WaitHelper::EndSpin(done);
     if (done) return true;
     return ParkOnThread(max_sec);
+  }
+
+  /**
+   * In a child made by fork: a task this process's parent submitted before the fork is
+   * answered to the parent, never here, so it fails now (true) instead of waiting forever.
+   * Tasks served for remote callers (completer_ set) and this process's own are left alone.
+   */
+  bool FailInherited() {
+    const u32 pid = task_->task_id_.pid_;
+    if (pid == 0 || pid == ThisPid() || task_->completer_ != nullptr) return false;
+    task_->SetErrorf(ErrorCode::kShutdown,
+                     "submitted by process %u, which this process was forked from: the answer "
+                     "goes there",
+                     pid);
+    // release: the error is set before a reader sees the task complete.
+    task_->state_.FetchOr(task_state::kComplete, MemOrder::kRelease);
+    return true;
   }
 
   /**
@@ -6671,13 +6779,18 @@ bool WaitAll(std::vector<Future<TaskT>> &futures, float max_sec = 0) {
 // it loads the config, starts the workers, creates the admin pool and the pools
 // listed under `compose:`; kServer also creates the shared segments and serves
 // pure clients over ZeroMQ. A pure client connects to that runtime through the
-// transport CHI_IPC_MODE names. One instance per process (function-local static).
+// transport CHI_IPC_MODE names. One instance per process (made before main). A child
+// made by fork inherits none of it: it starts uninitialized and may CHIMAERA_INIT its own.
+
+#include <pthread.h>  // pthread_atfork: a forked child forgets the parent's runtime
+#include <unistd.h>   // getppid
 
 #include <cstdio>   // fprintf for init errors
 #include <climits>  // INT_MAX
 #include <cstdlib>  // getenv, atexit
 #include <memory>   // unique_ptr
 #include <mutex>    // init/finalize are serialised
+#include <new>      // placement new: a forked child's fresh init lock
 #include <string>   // last error text
 
 // ---- begin chi/memory/large_block_cache.h ----
@@ -8682,13 +8795,27 @@ class IpcManager {
   void AttachRuntime(WorkOrchestrator *orch, NodeId node) {
     node_ = node;
     pid_ = static_cast<u32>(getpid());
+    forked_from_ = 0;
     orch_.Store(orch, MemOrder::kRelease);  // release: node_/pid_ are set before use
   }
   /** Routes every task through a transport to a runtime in another process (nullptr detaches). */
   void AttachTransport(ClientTransport *transport, NodeId node) {
     node_ = node;
     pid_ = static_cast<u32>(getpid());
+    forked_from_ = 0;
     transport_.Store(transport, MemOrder::kRelease);
+  }
+  /**
+   * In a child made by fork from process `parent`: the runtime and transports attached
+   * there are the parent's. Detaches them without touching them; until CHIMAERA_INIT runs
+   * in the child, each task fails saying so.
+   */
+  void ForgetAfterFork(u32 parent) {
+    // relaxed: the child has one thread while fork handlers run.
+    orch_.Store(nullptr, MemOrder::kRelaxed);
+    transport_.Store(nullptr, MemOrder::kRelaxed);
+    gpu_transport_.Store(nullptr, MemOrder::kRelaxed);
+    forked_from_ = parent;
   }
   /** Hands LocalGpuBcast / ToLocalGpu tasks to the GPU manager's transport (nullptr detaches). */
   void AttachGpuTransport(ClientTransport *gpu) { gpu_transport_.Store(gpu, MemOrder::kRelease); }
@@ -8805,8 +8932,15 @@ class IpcManager {
       }
     }
     if (CHI_UNLIKELY(orch == nullptr || !orch->Submit(t))) {
-      t->SetError(ErrorCode::kShutdown,
-                  "no runtime: call chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true) first");
+      if (orch == nullptr && forked_from_ != 0) {
+        t->SetErrorf(ErrorCode::kShutdown,
+                     "this process was forked from process %u after CHIMAERA_INIT there; a "
+                     "runtime connection does not carry over fork: call chi::CHIMAERA_INIT here",
+                     forked_from_);
+      } else {
+        t->SetError(ErrorCode::kShutdown,
+                    "no runtime: call chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true) first");
+      }
       CompleteTask(t);
     }
   }
@@ -8816,6 +8950,7 @@ class IpcManager {
   Atomic<ClientTransport *> gpu_transport_{nullptr};  ///< CPU -> GPU routes (GPU builds)
   NodeId node_ = 0;
   u32 pid_ = 0;
+  u32 forked_from_ = 0;  ///< the parent's pid in a forked child until it attaches its own
   /**
    * Task ids a thread takes from the shared counter at once: a submit then costs no
    * shared read-modify-write, and threads submitting side by side do not pass the
@@ -10114,6 +10249,15 @@ class RuntimeSegments {
     *stale = !alive;
     if (start_ns != nullptr) *start_ns = alive && current ? h->start_ns_ : 0;
     return alive ? h->pid_ : 0;
+  }
+
+  /**
+   * Forgets the segments without unmapping or removing them: in a child made by fork they
+   * are the parent runtime's, which keeps serving through them.
+   */
+  void Abandon() {
+    for (std::unique_ptr<PosixShmBackend> &seg : segments_) KeepInherited(std::move(seg));
+    segments_.clear();
   }
 
   /** Removes every segment of `port` (stale clean-up); missing ones are fine. */
@@ -20199,7 +20343,7 @@ enum class ChimaeraMode : u32 { kClient = 0, kServer = 1, kRuntime = kServer };
 /** The runtime and client state of this process. */
 class Chimaera {
  public:
-  /** The process's instance. */
+  /** The process's instance (made before main: see ForgetParentState). */
   static Chimaera &Get() {
     static Chimaera instance;
     return instance;
@@ -20278,7 +20422,40 @@ class Chimaera {
   bool StopRequested() const { return stop_requested_.Load(MemOrder::kAcquire) != 0; }
 
  private:
-  Chimaera() = default;
+  /** Registers ForgetParentState for every later fork (the instance lives until exit). */
+  Chimaera() {
+    pthread_atfork(nullptr, nullptr, [] { Get().ForgetParentState(); });
+  }
+
+  /**
+   * In a child made by fork (only the forking thread lives on there): the runtime, the
+   * connection and their threads are the parent's. They are kept, untouched and never
+   * destroyed (KeepInherited): no shm slot is given back, no segment removed, no thread
+   * joined, no socket closed, so the parent serves on as before. The child may call
+   * CHIMAERA_INIT for a runtime or connection of its own; until then its tasks fail
+   * naming the fork.
+   */
+  void ForgetParentState() {
+    new (&mu_) std::mutex();  // a parent thread may have held it; none of them runs here
+    const bool inherited = initialized_ || orch_ != nullptr || transport_ != nullptr;
+    ipc_.ForgetAfterFork(inherited ? static_cast<u32>(getppid()) : 0);
+    KeepInherited(std::move(transport_));
+    KeepInherited(std::move(dispatcher_));
+    KeepInherited(std::move(orch_));
+    KeepInherited(std::move(pools_));
+    // relaxed: the child has one thread while fork handlers run.
+    KeepInherited(std::unique_ptr<ZmqServer>(zmq_server_.Exchange(nullptr, MemOrder::kRelaxed)));
+    KeepInherited(std::unique_ptr<ShmServer>(shm_server_.Exchange(nullptr, MemOrder::kRelaxed)));
+    for (std::unique_ptr<PosixShmBackend> &seg : client_segments_) KeepInherited(std::move(seg));
+    client_segments_.clear();
+    segments_.Abandon();
+    connect_answer_ = ConnectAnswer();
+    initialized_ = false;
+  }
+
+  /** The instance, made before main: a fork while another thread made it would leave the
+   * child waiting forever on its construction guard. */
+  static inline Chimaera &made_ = Get();
 
   Status StartRuntime() {
     stop_requested_.Store(0, MemOrder::kRelease);

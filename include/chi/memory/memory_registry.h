@@ -8,6 +8,7 @@
 #include <mutex>    // std::mutex: serialises the rare Register/Unregister calls
 
 #include "chi/core/atomic.h"      // Atomic, MemOrder
+#include "chi/core/fork_lock.h"   // HoldAcrossFork for the writer lock
 #include "chi/core/status.h"      // Status
 #include "chi/core/types.h"       // u32, u64
 #include "chi/memory/shm_ptr.h"   // AllocatorId, ShmPtr
@@ -161,6 +162,11 @@ class MemoryRegistry {
 
   Slot slots_[kCapacity];
   std::mutex writer_mutex_;
+
+  /** The registry's writer lock, for HoldAcrossFork. */
+  static std::mutex &WriterMutex() { return Get().writer_mutex_; }
+  /** A child forked while another thread registered a segment can still register its own. */
+  static inline const bool held_across_fork_ = (HoldAcrossFork<&WriterMutex>(), true);
 };
 
 }  // namespace chi

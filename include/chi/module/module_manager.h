@@ -9,6 +9,7 @@
 #include <unordered_map>  // name -> factory
 #include <vector>       // Names()
 
+#include "chi/core/fork_lock.h"     // HoldAcrossFork for the table's lock
 #include "chi/module/container.h"  // Container
 
 namespace chi {
@@ -54,8 +55,16 @@ class ModuleManager {
 
  private:
   ModuleManager() = default;
+  /** The table's lock, for HoldAcrossFork. */
+  static std::mutex &Lock() { return Get().mu_; }
+
   mutable std::mutex mu_;
   std::unordered_map<std::string, ContainerFactory> factories_;
+  /**
+   * A child forked while another thread used the table can still use it. Made with the
+   * table, before main: modules register from their headers' inline variables.
+   */
+  static inline const bool held_across_fork_ = (HoldAcrossFork<&Lock>(), true);
 };
 
 }  // namespace chi

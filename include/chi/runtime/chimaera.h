@@ -3,16 +3,22 @@
 // it loads the config, starts the workers, creates the admin pool and the pools
 // listed under `compose:`; kServer also creates the shared segments and serves
 // pure clients over ZeroMQ. A pure client connects to that runtime through the
-// transport CHI_IPC_MODE names. One instance per process (function-local static).
+// transport CHI_IPC_MODE names. One instance per process (made before main). A child
+// made by fork inherits none of it: it starts uninitialized and may CHIMAERA_INIT its own.
 #pragma once
+
+#include <pthread.h>  // pthread_atfork: a forked child forgets the parent's runtime
+#include <unistd.h>   // getppid
 
 #include <cstdio>   // fprintf for init errors
 #include <climits>  // INT_MAX
 #include <cstdlib>  // getenv, atexit
 #include <memory>   // unique_ptr
 #include <mutex>    // init/finalize are serialised
+#include <new>      // placement new: a forked child's fresh init lock
 #include <string>   // last error text
 
+#include "chi/core/fork_epoch.h"            // KeepInherited: what a forked child abandons
 #include "chi/core/status.h"                // Status
 #include "chi/memory/large_block_cache.h"   // the warm payload limit set from the config
 #include "chi/mods/admin/admin_runtime.h"   // the admin module is always present
@@ -38,7 +44,7 @@ enum class ChimaeraMode : u32 { kClient = 0, kServer = 1, kRuntime = kServer };
 /** The runtime and client state of this process. */
 class Chimaera {
  public:
-  /** The process's instance. */
+  /** The process's instance (made before main: see ForgetParentState). */
   static Chimaera &Get() {
     static Chimaera instance;
     return instance;
@@ -117,7 +123,40 @@ class Chimaera {
   bool StopRequested() const { return stop_requested_.Load(MemOrder::kAcquire) != 0; }
 
  private:
-  Chimaera() = default;
+  /** Registers ForgetParentState for every later fork (the instance lives until exit). */
+  Chimaera() {
+    pthread_atfork(nullptr, nullptr, [] { Get().ForgetParentState(); });
+  }
+
+  /**
+   * In a child made by fork (only the forking thread lives on there): the runtime, the
+   * connection and their threads are the parent's. They are kept, untouched and never
+   * destroyed (KeepInherited): no shm slot is given back, no segment removed, no thread
+   * joined, no socket closed, so the parent serves on as before. The child may call
+   * CHIMAERA_INIT for a runtime or connection of its own; until then its tasks fail
+   * naming the fork.
+   */
+  void ForgetParentState() {
+    new (&mu_) std::mutex();  // a parent thread may have held it; none of them runs here
+    const bool inherited = initialized_ || orch_ != nullptr || transport_ != nullptr;
+    ipc_.ForgetAfterFork(inherited ? static_cast<u32>(getppid()) : 0);
+    KeepInherited(std::move(transport_));
+    KeepInherited(std::move(dispatcher_));
+    KeepInherited(std::move(orch_));
+    KeepInherited(std::move(pools_));
+    // relaxed: the child has one thread while fork handlers run.
+    KeepInherited(std::unique_ptr<ZmqServer>(zmq_server_.Exchange(nullptr, MemOrder::kRelaxed)));
+    KeepInherited(std::unique_ptr<ShmServer>(shm_server_.Exchange(nullptr, MemOrder::kRelaxed)));
+    for (std::unique_ptr<PosixShmBackend> &seg : client_segments_) KeepInherited(std::move(seg));
+    client_segments_.clear();
+    segments_.Abandon();
+    connect_answer_ = ConnectAnswer();
+    initialized_ = false;
+  }
+
+  /** The instance, made before main: a fork while another thread made it would leave the
+   * child waiting forever on its construction guard. */
+  static inline Chimaera &made_ = Get();
 
   Status StartRuntime() {
     stop_requested_.Store(0, MemOrder::kRelease);

@@ -27,13 +27,27 @@ class IpcManager {
   void AttachRuntime(WorkOrchestrator *orch, NodeId node) {
     node_ = node;
     pid_ = static_cast<u32>(getpid());
+    forked_from_ = 0;
     orch_.Store(orch, MemOrder::kRelease);  // release: node_/pid_ are set before use
   }
   /** Routes every task through a transport to a runtime in another process (nullptr detaches). */
   void AttachTransport(ClientTransport *transport, NodeId node) {
     node_ = node;
     pid_ = static_cast<u32>(getpid());
+    forked_from_ = 0;
     transport_.Store(transport, MemOrder::kRelease);
+  }
+  /**
+   * In a child made by fork from process `parent`: the runtime and transports attached
+   * there are the parent's. Detaches them without touching them; until CHIMAERA_INIT runs
+   * in the child, each task fails saying so.
+   */
+  void ForgetAfterFork(u32 parent) {
+    // relaxed: the child has one thread while fork handlers run.
+    orch_.Store(nullptr, MemOrder::kRelaxed);
+    transport_.Store(nullptr, MemOrder::kRelaxed);
+    gpu_transport_.Store(nullptr, MemOrder::kRelaxed);
+    forked_from_ = parent;
   }
   /** Hands LocalGpuBcast / ToLocalGpu tasks to the GPU manager's transport (nullptr detaches). */
   void AttachGpuTransport(ClientTransport *gpu) { gpu_transport_.Store(gpu, MemOrder::kRelease); }
@@ -150,8 +164,15 @@ class IpcManager {
       }
     }
     if (CHI_UNLIKELY(orch == nullptr || !orch->Submit(t))) {
-      t->SetError(ErrorCode::kShutdown,
-                  "no runtime: call chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true) first");
+      if (orch == nullptr && forked_from_ != 0) {
+        t->SetErrorf(ErrorCode::kShutdown,
+                     "this process was forked from process %u after CHIMAERA_INIT there; a "
+                     "runtime connection does not carry over fork: call chi::CHIMAERA_INIT here",
+                     forked_from_);
+      } else {
+        t->SetError(ErrorCode::kShutdown,
+                    "no runtime: call chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true) first");
+      }
       CompleteTask(t);
     }
   }
@@ -161,6 +182,7 @@ class IpcManager {
   Atomic<ClientTransport *> gpu_transport_{nullptr};  ///< CPU -> GPU routes (GPU builds)
   NodeId node_ = 0;
   u32 pid_ = 0;
+  u32 forked_from_ = 0;  ///< the parent's pid in a forked child until it attaches its own
   /**
    * Task ids a thread takes from the shared counter at once: a submit then costs no
    * shared read-modify-write, and threads submitting side by side do not pass the

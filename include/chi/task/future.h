@@ -8,12 +8,14 @@
 // shm transport: the waiting caller delivers ready answers itself).
 #pragma once
 
-#include <sched.h>  // sched_yield while polling
+#include <pthread.h>  // pthread_atfork: a forked child forgets the parent's wait helpers
+#include <sched.h>    // sched_yield while polling
 
 #include <type_traits>  // is_trivially_destructible: which tasks a kernel can submit
 #include <vector>       // WaitAll
 
 #include "chi/core/atomic.h"          // state word
+#include "chi/core/fork_epoch.h"      // tasks a forked child inherited from its parent
 #include "chi/core/futex.h"           // parking a client thread
 #include "chi/runtime/worker.h"       // fiber waits (WaitInFiber, YieldInFiber), NowNs
 #include "chi/task/task.h"            // Task
@@ -144,6 +146,19 @@ class WaitHelper {
     }
   }
 
+  /**
+   * In a child made by fork (only the forking thread lives on): the helpers and the
+   * threads counted in running_ and spinners_ are the parent's, so the child starts with
+   * none. A parent's helper run here would take the parent's answers off its transport.
+   */
+  static void ForgetInherited() {
+    for (Atomic<WaitHelper *> &h : installed_) h.Store(nullptr, MemOrder::kRelaxed);
+    // relaxed: the child has one thread while fork handlers run.
+    count_.Store(0, MemOrder::kRelaxed);
+    running_.Store(0, MemOrder::kRelaxed);
+    spinners_.Store(0, MemOrder::kRelaxed);
+  }
+
   Fn fn_;
   void *ctx_;
   Fn gave_up_;
@@ -151,6 +166,8 @@ class WaitHelper {
   static inline Atomic<u32> count_{0};     ///< slots in use (a hint for BeginSpin and Run)
   static inline Atomic<u32> running_{0};   ///< threads inside Run's call right now
   static inline Atomic<u32> spinners_{0};  ///< threads in a counted spin phase
+  /** ForgetInherited runs in every forked child (registered before main). */
+  static inline const int fork_handler_ = pthread_atfork(nullptr, nullptr, &ForgetInherited);
 };
 
 /** Owns one submitted task until it completes and the caller is done with it. */
@@ -257,11 +274,29 @@ class Future {
   }
 
   bool WaitOnThread(float max_sec) {
+    if (CHI_UNLIKELY(ForkGeneration() != 0) && FailInherited()) return true;
     const bool counted = WaitHelper::BeginSpin();
     const bool done = SpinOnThread(counted);
     if (counted) WaitHelper::EndSpin(done);
     if (done) return true;
     return ParkOnThread(max_sec);
+  }
+
+  /**
+   * In a child made by fork: a task this process's parent submitted before the fork is
+   * answered to the parent, never here, so it fails now (true) instead of waiting forever.
+   * Tasks served for remote callers (completer_ set) and this process's own are left alone.
+   */
+  bool FailInherited() {
+    const u32 pid = task_->task_id_.pid_;
+    if (pid == 0 || pid == ThisPid() || task_->completer_ != nullptr) return false;
+    task_->SetErrorf(ErrorCode::kShutdown,
+                     "submitted by process %u, which this process was forked from: the answer "
+                     "goes there",
+                     pid);
+    // release: the error is set before a reader sees the task complete.
+    task_->state_.FetchOr(task_state::kComplete, MemOrder::kRelease);
+    return true;
   }
 
   /**

@@ -15,6 +15,7 @@
 #include <vector>   // segment lists, opaque transport info
 
 #include "chi/core/atomic.h"                // header fields read by other processes
+#include "chi/core/fork_epoch.h"            // KeepInherited: a forked child abandons the set
 #include "chi/core/status.h"                // Status, ErrorCode
 #include "chi/core/types.h"                 // u32, u64
 #include "chi/memory/posix_shm_backend.h"   // the segments
@@ -158,6 +159,15 @@ class RuntimeSegments {
     *stale = !alive;
     if (start_ns != nullptr) *start_ns = alive && current ? h->start_ns_ : 0;
     return alive ? h->pid_ : 0;
+  }
+
+  /**
+   * Forgets the segments without unmapping or removing them: in a child made by fork they
+   * are the parent runtime's, which keeps serving through them.
+   */
+  void Abandon() {
+    for (std::unique_ptr<PosixShmBackend> &seg : segments_) KeepInherited(std::move(seg));
+    segments_.clear();
   }
 
   /** Removes every segment of `port` (stale clean-up); missing ones are fine. */
