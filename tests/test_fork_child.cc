@@ -72,6 +72,14 @@ void ChildOfInitializedParent(chi_test::ChildChecks &checks, chi::Future<LockHol
   checks.Expect(Contains(f->GetMessage(), "forked from process " + parent),
                 std::string("the failure names the fork: ") + f->GetMessage());
 
+#if defined(__SANITIZE_THREAD__)
+  // TSan cannot follow threads that a child of a multi-threaded process starts ("starting
+  // new threads after multi-threaded fork is not supported"; with die_after_fork=0 it fails
+  // on the parent's thread ids instead), so the child's own CHIMAERA_INIT runs in the other
+  // builds only (ci, asan).
+  std::fprintf(stderr, "TSan build: the child's own CHIMAERA_INIT is not run\n");
+  return;
+#endif
   if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, with_runtime)) {
     checks.Expect(false, "CHIMAERA_INIT in the child: " +
                              chi::Chimaera::Get().LastError().ToString());
