@@ -74,7 +74,8 @@ void ChildOfInitializedParent(chi_test::ChildChecks &checks, chi::Future<LockHol
   checks.Expect(inherited->GetReturnCode() == static_cast<u32>(chi::ErrorCode::kShutdown),
                 "the parent's task fails with kShutdown, got " +
                     std::to_string(inherited->GetReturnCode()));
-  checks.Expect(Contains(inherited->GetMessage(), "submitted by process " + parent),
+  checks.Expect(Contains(inherited->GetMessage(), "submitted by process " + parent) &&
+                    Contains(inherited->GetMessage(), "the answer goes there"),
                 std::string("the failure names the parent: ") + inherited->GetMessage());
 
   chimaera::demo::Client c(kDemoPool);
@@ -82,7 +83,8 @@ void ChildOfInitializedParent(chi_test::ChildChecks &checks, chi::Future<LockHol
   checks.Expect(f.Wait(10), "a task before the child's own CHIMAERA_INIT completes");
   checks.Expect(f->GetReturnCode() == static_cast<u32>(chi::ErrorCode::kShutdown),
                 "it fails with kShutdown, got " + std::to_string(f->GetReturnCode()));
-  checks.Expect(Contains(f->GetMessage(), "forked from process " + parent),
+  checks.Expect(Contains(f->GetMessage(), "forked from process " + parent) &&
+                    Contains(f->GetMessage(), "call chi::CHIMAERA_INIT in this process"),
                 std::string("the failure names the fork: ") + f->GetMessage());
 
 #if defined(__SANITIZE_THREAD__)

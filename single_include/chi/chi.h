@@ -4386,6 +4386,7 @@ inline u32 ForkGeneration() { return detail::ForkEpoch::fork_epoch.generation; }
  * Keeps an object a forked child inherited from its parent for the rest of the process,
  * never destroyed (its destructor would stop the parent's threads or remove what the
  * parent still serves through) and still reachable, so leak checkers do not report it.
+ * For fork child handlers only (the child has one thread while they run).
  */
 template <typename T>
 void KeepInherited(std::unique_ptr<T> inherited) {
@@ -8933,9 +8934,10 @@ class IpcManager {
     }
     if (CHI_UNLIKELY(orch == nullptr || !orch->Submit(t))) {
       if (orch == nullptr && forked_from_ != 0) {
+        // A task's message holds 95 characters: this one fits with any pid.
         t->SetErrorf(ErrorCode::kShutdown,
-                     "this process was forked from process %u after CHIMAERA_INIT there; a "
-                     "runtime connection does not carry over fork: call chi::CHIMAERA_INIT here",
+                     "forked from process %u after CHIMAERA_INIT there: call "
+                     "chi::CHIMAERA_INIT in this process",
                      forked_from_);
       } else {
         t->SetError(ErrorCode::kShutdown,

@@ -48,6 +48,7 @@ inline u32 ForkGeneration() { return detail::ForkEpoch::fork_epoch.generation; }
  * Keeps an object a forked child inherited from its parent for the rest of the process,
  * never destroyed (its destructor would stop the parent's threads or remove what the
  * parent still serves through) and still reachable, so leak checkers do not report it.
+ * For fork child handlers only (the child has one thread while they run).
  */
 template <typename T>
 void KeepInherited(std::unique_ptr<T> inherited) {

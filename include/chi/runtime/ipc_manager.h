@@ -165,9 +165,10 @@ class IpcManager {
     }
     if (CHI_UNLIKELY(orch == nullptr || !orch->Submit(t))) {
       if (orch == nullptr && forked_from_ != 0) {
+        // A task's message holds 95 characters: this one fits with any pid.
         t->SetErrorf(ErrorCode::kShutdown,
-                     "this process was forked from process %u after CHIMAERA_INIT there; a "
-                     "runtime connection does not carry over fork: call chi::CHIMAERA_INIT here",
+                     "forked from process %u after CHIMAERA_INIT there: call "
+                     "chi::CHIMAERA_INIT in this process",
                      forked_from_);
       } else {
         t->SetError(ErrorCode::kShutdown,
