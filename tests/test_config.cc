@@ -123,6 +123,7 @@ gpu:
   threads_per_block: 256
   queue_depth: 512
 shm:
+  client_slots: 128
   main_size: 1g
   client_data_size: 512MiB
   runtime_data_size: 1048576
@@ -158,6 +159,7 @@ compose:
   CHECK(cfg.gpu_blocks == 8);
   CHECK(cfg.gpu_threads_per_block == 256);
   CHECK(cfg.gpu_queue_depth == 512);
+  CHECK(cfg.shm_client_slots == 128);
   CHECK(cfg.main_segment_bytes == (1ull << 30));
   CHECK(cfg.client_data_bytes == (512ull << 20));
   CHECK(cfg.runtime_data_bytes == (1ull << 20));
@@ -240,6 +242,7 @@ TEST_CASE("a value of the wrong type is an error naming its key") {
       {"shm:\n  main_size: big\n", "shm.main_size: expected a size"},
       {"shm:\n  client_data_size: [1]\n", "shm.client_data_size: expected a size"},
       {"shm:\n  runtime_data_size: -1m\n", "shm.runtime_data_size: expected a size"},
+      {"shm:\n  client_slots: many\n", "shm.client_slots: expected an unsigned integer"},
       {"memory:\n  warm_message_bytes: lots\n", "memory.warm_message_bytes: expected a size"},
       {"memory:\n  warm_payload_bytes: -64m\n", "memory.warm_payload_bytes: expected a size"},
       {"memory: 64m\n", "memory: expected a mapping, got '64m'"},
@@ -275,6 +278,8 @@ TEST_CASE("an out-of-range value is an error naming its key and the range") {
       {"gpu:\n  queue_depth: 0\n", "gpu.queue_depth: 0 is out of range"},
       {"shm:\n  main_size: 4k\n", "shm.main_size: 4k is out of range 64k..1t"},
       {"shm:\n  runtime_data_size: 2t\n", "shm.runtime_data_size: 2t is out of range"},
+      {"shm:\n  client_slots: 0\n", "shm.client_slots: 0 is out of range 1..1024"},
+      {"shm:\n  client_slots: 1025\n", "shm.client_slots: 1025 is out of range"},
       {"memory:\n  warm_message_bytes: 2t\n",
        "memory.warm_message_bytes: 2t is out of range 0..1t"},
       {"memory:\n  warm_payload_bytes: 1025g\n", "memory.warm_payload_bytes: 1025g is out of range"},

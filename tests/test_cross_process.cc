@@ -287,6 +287,62 @@ TEST_CASE("memory.warm_* keys set to 0 leave no buffer or payload block resident
   chi::LargeBlockCache::Instance().SetWarmLimit(chi::LargeBlockCache::kDefaultWarmBytes);
 }
 
+TEST_CASE("shm.client_slots bounds the shm clients served at once; one more is refused") {
+  const std::string conf = "/tmp/chi_test_slots_" + std::to_string(getpid()) + ".yaml";
+  {
+    std::FILE *f = std::fopen(conf.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fputs("shm:\n  client_slots: 2\n", f);
+    std::fclose(f);
+  }
+  ServerProcess server(TestPort(17), {{"CHI_SERVER_CONF", conf}});
+  REQUIRE(server.ok());
+  // Two clients take both slots and keep running checked tasks.
+  const std::string stop = SignalPath("slots_stop");
+  std::remove(stop.c_str());
+  std::vector<pid_t> holders;
+  std::vector<std::string> ready;
+  for (int i = 0; i < 2; ++i) {
+    ready.push_back(SignalPath("slots_ready_" + std::to_string(i)));
+    std::remove(ready.back().c_str());
+    auto env = ClientEnv(server.port(), "shm");
+    env.insert(env.end(), {{"XP_CLIENT_ID", std::to_string(i)},
+                           {"XP_READY_FILE", ready.back()},
+                           {"XP_STOP_FILE", stop}});
+    holders.push_back(chi_test::SpawnChild("xp_survivor_client", env));
+  }
+  for (const std::string &r : ready) REQUIRE(AwaitFile(r));
+  setenv("CHI_CONNECT_TIMEOUT", "0.5", 1);
+  {
+    ClientSession third(server.port(), "shm");
+    CHECK_FALSE(third.ok());
+    const chi::Status &why = chi::Chimaera::Get().LastError();
+    CHECK(why.code() == chi::ErrorCode::kOutOfMemory);
+    CHECK_MESSAGE(std::string(why.message()).find("all 2 client slots") != std::string::npos,
+                  why.message());
+    CHECK(std::string(why.message()).find("shm.client_slots") != std::string::npos);
+  }
+  {
+    ClientSession over_ipc(server.port(), "ipc");  // the other transports are not bounded
+    CHECK(over_ipc.ok());
+  }
+  unsetenv("CHI_CONNECT_TIMEOUT");
+  WriteFile(stop);
+  for (pid_t pid : holders) CHECK(chi_test::WaitChild(pid, 60) == 0);
+  {
+    // A slot given back serves the next client.
+    ClientSession next(server.port(), "shm");
+    REQUIRE(next.ok());
+    chimaera::demo::Client c = DemoClient();
+    SequentialGpuSubmits(c, 1, 20);
+    CHECK(StopThroughSession());
+  }
+  CHECK(server.WaitExit() == 0);
+  std::remove(stop.c_str());
+  for (const std::string &r : ready) std::remove(r.c_str());
+  std::remove(conf.c_str());
+}
+
 TEST_CASE("two runtimes on different ports serve their own clients side by side") {
   ServerProcess a(TestPort(7));
   ServerProcess b(TestPort(8));

@@ -7909,13 +7909,17 @@ gpu:
 
 # Shared-memory segments of a standalone runtime, each 64k .. 1024g.
 shm:
+  # Client processes served over shm at once, 1 .. 1024 (one slot each; a
+  # client finding every slot taken fails to connect, saying so). The sizes
+  # below are split over the slots: with more slots, raise them too.
+  client_slots: 32
   # Tasks shared by clients and the runtime: the runtime's owner record, and
-  # (split over the 32 client slots) the rings that carry requests and answers.
+  # (split over the client slots) the rings that carry requests and answers.
   main_size: 64m
-  # Large requests of shm clients travel whole in this segment (1/32 per client
-  # slot). It also bounds one message on every transport.
+  # Large requests of shm clients travel whole in this segment (an equal share
+  # per client slot). It also bounds one message on every transport.
   client_data_size: 256m
-  # Large answers to shm clients travel whole in this segment (1/32 per slot).
+  # Large answers to shm clients travel whole in this segment (a share per slot).
   # A message larger than a slot's share streams through the rings in pieces.
   runtime_data_size: 256m
 
@@ -7987,6 +7991,7 @@ struct ServerConfig {
   u64 main_segment_bytes = 64ull << 20;   ///< yaml: shm.main_size
   u64 client_data_bytes = 256ull << 20;   ///< yaml: shm.client_data_size
   u64 runtime_data_bytes = 256ull << 20;  ///< yaml: shm.runtime_data_size
+  u32 shm_client_slots = 32;              ///< yaml: shm.client_slots
   // memory every process keeps between large messages
   u64 warm_message_bytes = 128ull << 20;  ///< yaml: memory.warm_message_bytes
   u64 warm_payload_bytes = 64ull << 20;   ///< yaml: memory.warm_payload_bytes
@@ -8006,6 +8011,7 @@ inline constexpr u64 kMaxGpuBlocks = 65535;             ///< gpu.blocks
 inline constexpr u64 kMaxGpuThreadsPerBlock = 1024;     ///< gpu.threads_per_block (CUDA's limit)
 inline constexpr u64 kMinShmSegment = 64ull << 10;      ///< each shm.*_size
 inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
+inline constexpr u64 kMaxShmClientSlots = 1024;         ///< shm.client_slots
 inline constexpr u64 kMaxWarmBytes = 1ull << 40;        ///< each memory.warm_*_bytes
 inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
 inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
@@ -8274,10 +8280,13 @@ class ConfigReader {
 
   /** shm: the three segment sizes of a standalone runtime. */
   Status ReadShm(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
-    static constexpr std::array<std::string_view, 3> kKeys = {"main_size", "client_data_size",
-                                                              "runtime_data_size"};
+    static constexpr std::array<std::string_view, 4> kKeys = {"main_size", "client_data_size",
+                                                              "runtime_data_size", "client_slots"};
     return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
                                           const std::string &p) {
+      if (key == "client_slots") {
+        return ReadU32(v, p, 1, kMaxShmClientSlots, &cfg->shm_client_slots);
+      }
       u64 *field = key == "main_size"          ? &cfg->main_segment_bytes
                    : key == "client_data_size" ? &cfg->client_data_bytes
                                                : &cfg->runtime_data_bytes;
@@ -11838,7 +11847,8 @@ class ShmClientTransport final : public ShmClientReceiver {
     }
     if (slot_ == nullptr) {
       Status st = Status::Errorf(ErrorCode::kOutOfMemory,
-                                 "shm transport: all %u client slots of runtime pid %u are taken",
+                                 "shm transport: all %u client slots of runtime pid %u are taken "
+                                 "(its shm.client_slots; or connect with CHI_IPC_MODE=ipc)",
                                  slots, runtime_.pid);
       segment_.Detach();
       return st;
@@ -13602,9 +13612,13 @@ class ShmServer {
   using Stats = ShmServerStats;
 
 
-  /** The options for a runtime configuration: shm.main_size split over the slots' rings. */
+  /**
+   * The options for a runtime configuration: shm.client_slots slots, and shm.main_size
+   * split over their rings.
+   */
   static Options OptionsFor(const ServerConfig &cfg) {
     Options o;
+    o.num_slots = cfg.shm_client_slots;
     u64 per_ring = cfg.main_segment_bytes / (2ull * o.num_slots);
     u32 ring = shm_server::kMinRing;
     while (ring < shm_server::kMaxRing && 2ull * ring <= per_ring) ring *= 2;

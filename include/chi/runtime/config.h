@@ -64,6 +64,7 @@ struct ServerConfig {
   u64 main_segment_bytes = 64ull << 20;   ///< yaml: shm.main_size
   u64 client_data_bytes = 256ull << 20;   ///< yaml: shm.client_data_size
   u64 runtime_data_bytes = 256ull << 20;  ///< yaml: shm.runtime_data_size
+  u32 shm_client_slots = 32;              ///< yaml: shm.client_slots
   // memory every process keeps between large messages
   u64 warm_message_bytes = 128ull << 20;  ///< yaml: memory.warm_message_bytes
   u64 warm_payload_bytes = 64ull << 20;   ///< yaml: memory.warm_payload_bytes
@@ -83,6 +84,7 @@ inline constexpr u64 kMaxGpuBlocks = 65535;             ///< gpu.blocks
 inline constexpr u64 kMaxGpuThreadsPerBlock = 1024;     ///< gpu.threads_per_block (CUDA's limit)
 inline constexpr u64 kMinShmSegment = 64ull << 10;      ///< each shm.*_size
 inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
+inline constexpr u64 kMaxShmClientSlots = 1024;         ///< shm.client_slots
 inline constexpr u64 kMaxWarmBytes = 1ull << 40;        ///< each memory.warm_*_bytes
 inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
 inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
@@ -351,10 +353,13 @@ class ConfigReader {
 
   /** shm: the three segment sizes of a standalone runtime. */
   Status ReadShm(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
-    static constexpr std::array<std::string_view, 3> kKeys = {"main_size", "client_data_size",
-                                                              "runtime_data_size"};
+    static constexpr std::array<std::string_view, 4> kKeys = {"main_size", "client_data_size",
+                                                              "runtime_data_size", "client_slots"};
     return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
                                           const std::string &p) {
+      if (key == "client_slots") {
+        return ReadU32(v, p, 1, kMaxShmClientSlots, &cfg->shm_client_slots);
+      }
       u64 *field = key == "main_size"          ? &cfg->main_segment_bytes
                    : key == "client_data_size" ? &cfg->client_data_bytes
                                                : &cfg->runtime_data_bytes;

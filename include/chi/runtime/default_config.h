@@ -70,13 +70,17 @@ gpu:
 
 # Shared-memory segments of a standalone runtime, each 64k .. 1024g.
 shm:
+  # Client processes served over shm at once, 1 .. 1024 (one slot each; a
+  # client finding every slot taken fails to connect, saying so). The sizes
+  # below are split over the slots: with more slots, raise them too.
+  client_slots: 32
   # Tasks shared by clients and the runtime: the runtime's owner record, and
-  # (split over the 32 client slots) the rings that carry requests and answers.
+  # (split over the client slots) the rings that carry requests and answers.
   main_size: 64m
-  # Large requests of shm clients travel whole in this segment (1/32 per client
-  # slot). It also bounds one message on every transport.
+  # Large requests of shm clients travel whole in this segment (an equal share
+  # per client slot). It also bounds one message on every transport.
   client_data_size: 256m
-  # Large answers to shm clients travel whole in this segment (1/32 per slot).
+  # Large answers to shm clients travel whole in this segment (a share per slot).
   # A message larger than a slot's share streams through the rings in pieces.
   runtime_data_size: 256m
 

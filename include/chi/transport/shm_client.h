@@ -143,7 +143,8 @@ class ShmClientTransport final : public ShmClientReceiver {
     }
     if (slot_ == nullptr) {
       Status st = Status::Errorf(ErrorCode::kOutOfMemory,
-                                 "shm transport: all %u client slots of runtime pid %u are taken",
+                                 "shm transport: all %u client slots of runtime pid %u are taken "
+                                 "(its shm.client_slots; or connect with CHI_IPC_MODE=ipc)",
                                  slots, runtime_.pid);
       segment_.Detach();
       return st;

@@ -23,9 +23,13 @@ class ShmServer {
   using Stats = ShmServerStats;
 
 
-  /** The options for a runtime configuration: shm.main_size split over the slots' rings. */
+  /**
+   * The options for a runtime configuration: shm.client_slots slots, and shm.main_size
+   * split over their rings.
+   */
   static Options OptionsFor(const ServerConfig &cfg) {
     Options o;
+    o.num_slots = cfg.shm_client_slots;
     u64 per_ring = cfg.main_segment_bytes / (2ull * o.num_slots);
     u32 ring = shm_server::kMinRing;
     while (ring < shm_server::kMaxRing && 2ull * ring <= per_ring) ring *= 2;
