@@ -106,7 +106,7 @@ inline int RuntimeMain() {
   chi::RequestDispatcher dispatcher(rt.Pools(), rt.Orchestrator());
   chi::ShmServer server;
   chi::ShmServer::Options o;
-  o.num_slots = 8;
+  o.num_slots = EnvU32("CHI_TEST_SHM_SLOTS", 8);
   o.ring_bytes = EnvU32("CHI_TEST_SHM_RING", 256u << 10);
   o.max_message_bytes = 64ull << 20;
   chi::PosixShmBackend data[2];
@@ -157,12 +157,17 @@ inline std::unique_ptr<chi::ShmClientTransport> ConnectFromChild(chi_test::Child
 /** A runtime child process on `port`; killed (and its segment removed) at scope exit. */
 class RuntimeProcess {
  public:
-  /** data_bytes: the size of each data segment (0: none; large messages then stream). */
-  explicit RuntimeProcess(u32 port, u32 ring_bytes = 256u << 10, u32 data_bytes = 0)
+  /**
+   * data_bytes: the size of each data segment (0: none; large messages then stream);
+   * slots: the client slots it serves.
+   */
+  explicit RuntimeProcess(u32 port, u32 ring_bytes = 256u << 10, u32 data_bytes = 0,
+                          u32 slots = 8)
       : port_(port), data_bytes_(data_bytes) {
     pid_ = chi_test::SpawnChild("shm_runtime", {{"CHI_TEST_SHM_PORT", std::to_string(port)},
                                                 {"CHI_TEST_SHM_RING", std::to_string(ring_bytes)},
-                                                {"CHI_TEST_SHM_DATA", std::to_string(data_bytes)}});
+                                                {"CHI_TEST_SHM_DATA", std::to_string(data_bytes)},
+                                                {"CHI_TEST_SHM_SLOTS", std::to_string(slots)}});
     REQUIRE(pid_ > 0);
     REQUIRE_MESSAGE(AwaitRuntime(port, 30, &info_, pid_), "runtime child did not come up");
   }

@@ -190,6 +190,33 @@ TEST_CASE("GpuSubmit, WaitTest, LargeOutput, errors and fire-and-forget over shm
   CHECK(attached.Transport().StrayAnswers() == 0);
 }
 
+TEST_CASE("a runtime with more than 64 client slots serves a client in each slot it fills") {
+  // Slots from 64 on are in the second word of the runtime's mask of served slots.
+  constexpr u32 kSlots = 130;
+  constexpr u32 kClients = 70;
+  RuntimeProcess runtime(TestPort(3), 16u << 10, 0, kSlots);
+  AttachedClient attached(runtime.Info());  // slot 0
+  CreateDemoPool();
+  std::vector<std::unique_ptr<chi::ShmClientTransport>> more(kClients - 1);
+  for (auto &tr : more) {
+    const chi::Status st = chi::ShmClientTransport::Connect(runtime.Info(), &tr);
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+  }
+  chi::ShmServer::Stats stats;
+  CHECK(AwaitStats(TestPort(3), [&](const auto &s) { return s.clients == kClients; }, 10, &stats));
+  u32 wrong = 0;
+  for (u32 round = 0; round < 3; ++round) {
+    for (u32 i = 0; i < more.size(); ++i) {
+      const std::string data = Pattern(16 + i, round * kClients + i);
+      auto f = EchoVia(*more[i], data);
+      wrong += f.Wait(30) && f->GetReturnCode() == 0 && f->data_.view() == data ? 0 : 1;
+    }
+  }
+  CHECK(wrong == 0);
+  for (auto &tr : more) tr->Close();
+  CHECK(AwaitStats(TestPort(3), [](const auto &s) { return s.clients == 1; }, 10, &stats));
+}
+
 TEST_CASE("four client processes send 10^4 tasks each at once and every answer is right") {
   const u32 port = TestPort(2);
   RuntimeProcess runtime(port);
