@@ -198,6 +198,16 @@ inline void WriteFile(const std::string &path, const std::string &text = "") {
   std::ofstream(path) << text;
 }
 
+/**
+ * Writes a config file of this test process for `tag` holding `yaml` and returns its path
+ * (for CHI_SERVER_CONF; the caller removes it).
+ */
+inline std::string WriteConfigFile(const std::string &tag, const std::string &yaml) {
+  const std::string path = "/tmp/chi_test_" + tag + "_" + std::to_string(getpid()) + ".yaml";
+  WriteFile(path, yaml);
+  return path;
+}
+
 /** True when a file exists at `path`. */
 inline bool FileExists(const std::string &path) { return access(path.c_str(), F_OK) == 0; }
 

@@ -246,13 +246,8 @@ TEST_CASE("a message larger than a data region leaves both ends' buffers residen
 
 TEST_CASE("memory.warm_* keys set to 0 leave no buffer or payload block resident on either end") {
   // The runtime and the client both read the file CHI_SERVER_CONF names.
-  const std::string conf = "/tmp/chi_test_warm_" + std::to_string(getpid()) + ".yaml";
-  {
-    std::FILE *f = std::fopen(conf.c_str(), "w");
-    REQUIRE(f != nullptr);
-    std::fputs("memory:\n  warm_message_bytes: 0\n  warm_payload_bytes: 0\n", f);
-    std::fclose(f);
-  }
+  const std::string conf =
+      WriteConfigFile("warm", "memory:\n  warm_message_bytes: 0\n  warm_payload_bytes: 0\n");
   ServerProcess server(TestPort(16), {{"CHI_SERVER_CONF", conf}});
   REQUIRE(server.ok());
   setenv("CHI_SERVER_CONF", conf.c_str(), 1);
@@ -288,13 +283,7 @@ TEST_CASE("memory.warm_* keys set to 0 leave no buffer or payload block resident
 }
 
 TEST_CASE("shm.client_slots bounds the shm clients served at once; one more is refused") {
-  const std::string conf = "/tmp/chi_test_slots_" + std::to_string(getpid()) + ".yaml";
-  {
-    std::FILE *f = std::fopen(conf.c_str(), "w");
-    REQUIRE(f != nullptr);
-    std::fputs("shm:\n  client_slots: 2\n", f);
-    std::fclose(f);
-  }
+  const std::string conf = WriteConfigFile("slots", "shm:\n  client_slots: 2\n");
   ServerProcess server(TestPort(17), {{"CHI_SERVER_CONF", conf}});
   REQUIRE(server.ok());
   // Two clients take both slots and keep running checked tasks.
