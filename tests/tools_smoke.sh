@@ -80,6 +80,8 @@ for seg in "rt${CHI_PORT}_main" "rt${CHI_PORT}_cdata" "rt${CHI_PORT}_rdata" "shm
 done
 grep -Eq "^  started [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8} UTC, up [0-9]+\.[0-9] s$" <<<"$out" ||
   fail "status gives no start time and uptime: $out"
+grep -Eq "^  shm clients [0-9]+ of 32 slots \(shm.client_slots\)$" <<<"$out" ||
+  fail "status gives no shm slot count (the default 32): $out"
 run 10 "$bin/chimaera" monitor
 [[ "$rc" == 0 ]] || fail "monitor exited $rc: $out"
 echo "$out"

@@ -285,6 +285,9 @@ inline int Status() {
     std::printf("no runtime on port %u%s\n", port, StaleNote(stale));
     return 1;
   }
+  // Read before this tool connects: over shm it takes a slot itself.
+  chi::ShmServer::Stats shm_stats;
+  const bool shm_read = chi::ShmServer::ProbeStats(port, &shm_stats).ok();
   if (!ConnectAsClient(2)) {
     std::printf("runtime pid %u holds port %u's segments but does not answer\n", owner, port);
     return 1;
@@ -300,6 +303,10 @@ inline int Status() {
   if (chi::ShmInfoFromAnswer(a, &shm).ok()) {  // the shm transport's slots and rings
     std::printf("  segment %s  %llu bytes  layout v%u  (shm transport)\n", shm.segment.c_str(),
                 static_cast<unsigned long long>(shm.size), shm.version);
+  }
+  if (shm_read) {
+    std::printf("  shm clients %u of %u slots (shm.client_slots)\n", shm_stats.clients,
+                shm_stats.slots);
   }
   chi::CHIMAERA_FINALIZE();
   return 0;

@@ -12794,6 +12794,7 @@ struct ShmServerOptions {
 /** What the transport is doing (also readable from other processes: ProbeStats). */
 struct ShmServerStats {
   u32 clients = 0;            ///< slots being served
+  u32 slots = 0;              ///< slots there are (shm.client_slots)
   u64 reclaimed_clients = 0;  ///< slots taken back from dead or misbehaving clients
   u64 bytes_in_use = 0;       ///< unread ring bytes plus partial messages held
   u64 tasks_served = 0;       ///< requests taken in (refused ones get an error answer)
@@ -12820,6 +12821,7 @@ inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
   // relaxed: statistics; each counter is read on its own.
   ShmServerStats s;
   s.clients = h->stats_.clients.Load(MemOrder::kRelaxed);
+  s.slots = h->num_slots_;  // fixed when the segment was made
   // acquire: a reclaimed client's slot is free once it is counted (ShmReaper::Reset).
   s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kAcquire);
   s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
