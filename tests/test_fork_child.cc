@@ -4,11 +4,7 @@
 // forever, and nothing the child does or leaves behind at exit disturbs the parent: the
 // task it had in flight is answered and its next ones too. Children leave with exit(), not
 // _exit, so static destructors and atexit handlers run as in a real program's child (not in
-// ASan builds: ForkChild says why).
-#include <sys/wait.h>  // waitpid through WaitChild
-
-#include <cstdlib>  // exit
-
+// ASan builds: chi_test::ForkAndExit says why).
 #include "cross_process_fixture.h"
 #include "fork_while_busy.h"
 
@@ -20,32 +16,6 @@ using chimaera::demo::GpuSubmitTask;
 using chimaera::demo::LockHoldTask;
 
 constexpr u64 kHoldNs = 300ull * 1000 * 1000;  ///< the parent's task in flight across the fork
-
-/**
- * Forks; the child runs fn(checks) and leaves with exit() (with _exit in ASan builds, see
- * below). Returns the child's exit code.
- */
-template <typename Fn>
-int ForkChild(Fn fn) {
-  std::fflush(nullptr);  // nothing buffered is written twice
-  const pid_t pid = fork();
-  if (pid == 0) {
-    chi_test::ChildChecks checks;
-    fn(checks);
-    std::fflush(nullptr);
-#if defined(__SANITIZE_ADDRESS__)
-    // ASan's allocator is not fork-safe: a region lock that another of the parent's threads
-    // held at the fork stays locked in the child, and a static destructor's delete (seen:
-    // yaml-cpp's) or LeakSanitizer's exit check then waits on it forever. glibc's malloc,
-    // used outside sanitizer builds, is fork-safe, so the ci build runs exit() here.
-    _exit(checks.Result());
-#else
-    std::exit(checks.Result());
-#endif
-  }
-  REQUIRE(pid > 0);
-  return chi_test::WaitChild(pid, 60);
-}
 
 /** True when `text` contains `part`. */
 bool Contains(const char *text, const std::string &part) {
@@ -118,7 +88,7 @@ void ForkAroundTaskInFlight(chimaera::demo::Client &c, bool child_with_runtime) 
   SequentialGpuSubmits(c, 0, 3);
   auto in_flight = c.AsyncLockHold(chi::PoolQuery::Local(), chimaera::demo::LockMode::kMutex,
                                    kHoldNs);
-  CHECK(ForkChild([&](chi_test::ChildChecks &checks) {
+  CHECK(chi_test::ForkAndExit([&](chi_test::ChildChecks &checks) {
           ChildOfInitializedParent(checks, in_flight, child_with_runtime);
         }) == 0);
   REQUIRE(in_flight.Wait(30));
@@ -160,7 +130,7 @@ TEST_CASE("a runtime's forked child leaves its segments and clients alone when i
   setenv("CHI_PORT", std::to_string(port).c_str(), 1);
   REQUIRE(chi::CHIMAERA_INIT(chi::ChimaeraMode::kServer, true));
   // The child exits at once: before the fix, its static destructors removed the segments.
-  CHECK(ForkChild([](chi_test::ChildChecks &checks) {
+  CHECK(chi_test::ForkAndExit([](chi_test::ChildChecks &checks) {
           checks.Expect(!chi::Chimaera::Get().IsInitialized(), "the child starts uninitialized");
         }) == 0);
   bool stale = true;

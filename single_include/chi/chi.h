@@ -7069,6 +7069,7 @@ inline LargeBlockCache &LargeBlockCache::made_ = LargeBlockCache::Instance();
 
 #include <cstring>  // memcmp of handle bytes, memcpy of host reads
 #include <mutex>    // registration is a control path (an open takes 45 us - 1.2 ms)
+#include <new>      // placement new: a forked child's fresh lock
 #include <vector>   // regions, mappings, read buffers
 
 namespace chi::gpu {
@@ -7260,6 +7261,18 @@ class GpuIpcCache {
   void Clear() {
     std::lock_guard<std::mutex> g(mu_);
     while (!regions_.empty()) RemoveRegion(regions_.size() - 1);
+  }
+
+  /**
+   * In a forked child: the registrations and their mappings are the parent's (device
+   * mappings do not survive fork). A fresh lock and an empty cache, nothing closed; the
+   * child's own pid from now on.
+   */
+  void ForgetAfterFork() {
+    new (&mu_) std::mutex();
+    regions_.clear();
+    maps_.clear();
+    self_pid_ = static_cast<u32>(getpid());
   }
 
   size_t Regions() const {
@@ -16047,12 +16060,13 @@ class ZmqServer final : public ZmqServerSockets,
 // is bounded: a GPU that does not stop when asked is reported and its memory left mapped,
 // never freed under a kernel that may still use it.
 
-#include <unistd.h>  // getpid
+#include <unistd.h>  // getpid, getppid
 
 #include <cstdio>         // fprintf of start-up problems
 #include <cstring>        // memset of private pinned memory
 #include <memory>         // unique_ptr<Device>
 #include <mutex>          // start/stop and pool registration are rare and serialised
+#include <new>            // placement new: a forked child's fresh locks
 #include <string>         // segment names, messages
 #include <unordered_map>  // pool -> container binding
 #include <vector>         // devices, bindings
@@ -17580,6 +17594,7 @@ u32 ReapDeadHostClaims(const HostQueue &q, u32 self_pid, Alive alive) {
 #include <time.h>  // nanosleep while a removal waits
 
 #include <mutex>  // Register / Unregister are rare and serialised
+#include <new>    // placement new: a forked child's fresh lock
 
 namespace chi::gpu {
 
@@ -17707,6 +17722,18 @@ class UserGpuQueues {
   void Clear() {
     std::lock_guard<std::mutex> g(mu_);
     for (Entry &e : entries_) e.state_.Store(kEmpty, MemOrder::kRelease);
+  }
+
+  /**
+   * In a forked child: the queues and their tasks are the parent's. A fresh lock (a parent
+   * thread may have held it) and no queue, without touching the parent's queue memory.
+   */
+  void ForgetAfterFork() {
+    new (&mu_) std::mutex();
+    for (Entry &e : entries_) {
+      e.state_.Store(kEmpty, MemOrder::kRelaxed);  // relaxed: the child has one thread here
+      e.link.gpu2cpu_inflight.Store(0, MemOrder::kRelaxed);
+    }
   }
 
   /** GPU->CPU tasks from user queues still running. */
@@ -17864,6 +17891,23 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
       }
     }
     links_.clear();
+  }
+
+  /**
+   * In a forked child (fork child handler): the thread, the links and the tasks in them
+   * are the parent's. The thread's Worker is kept, never joined (KeepInherited), and the
+   * links and queues forgotten, so Stop and the destructor touch nothing of the parent's;
+   * sends then fail with kShutdown. The wait helper was forgotten with every other.
+   */
+  void ForgetAfterFork() {
+    KeepInherited(std::move(worker_));
+    KeepInherited(std::move(dispatcher_));
+    helping_ = false;
+    links_.clear();
+    user_.ForgetAfterFork();
+    senders_.Store(0, MemOrder::kRelaxed);  // relaxed: the child has one thread here
+    closing_.Store(1, MemOrder::kRelaxed);
+    stop_.Store(1, MemOrder::kRelaxed);
   }
 
   /** Routes a LocalGpuBcast / ToLocalGpu task to its GPU(s); always completes it. */
@@ -19585,6 +19629,18 @@ class GpuClientQueues : private GpuPoolDirectory {
     ipc_ = nullptr;
   }
 
+  /**
+   * In a forked child: the attachment, its worker thread and the slots it holds are the
+   * parent's. All kept untouched (KeepInherited), so the child's exit neither joins the
+   * parent's thread nor unpins or unmaps what the parent still uses.
+   */
+  void ForgetAfterFork() {
+    worker_.ForgetAfterFork();
+    for (std::unique_ptr<Attached> &a : gpus_) KeepInherited(std::move(a));
+    gpus_.clear();
+    ipc_ = nullptr;
+  }
+
   /** GPUs attached (0: GPU tasks go through the runtime's transport). */
   u32 NumGpus() const { return static_cast<u32>(gpus_.size()); }
   /** GPU gpu's cpu2gpu queue as this process maps it (gpu < NumGpus()). */
@@ -19845,9 +19901,10 @@ class GpuManager : private GpuPoolDirectory {
     start_error_ = Status::Ok();
     PreferEagerModuleLoading();
     int n = 0;
-    const Error e = GetDeviceCount(&n);
     std::string reason;
-    if (e != kSuccess || n == 0) {
+    if (gpus_of_parent_ != 0) {
+      reason = ForkedReason();  // no CUDA/HIP call: the driver's state is the parent's
+    } else if (const Error e = GetDeviceCount(&n); e != kSuccess || n == 0) {
       reason = std::string("this node has no usable GPU (") +
                (e != kSuccess ? ErrorString(e) : "no device") + ")";
       n = 0;
@@ -19904,6 +19961,35 @@ class GpuManager : private GpuPoolDirectory {
     started_ = false;
   }
 
+  /**
+   * In a forked child (Chimaera's fork child handler): the GPUs, their orchestrators, the
+   * worker thread, a client's attachment and the IPC mappings are the parent's, and CUDA/HIP
+   * state does not survive fork. All are kept untouched, never torn down (KeepInherited):
+   * the child's exit joins no thread of the parent's and frees nothing the parent uses. If
+   * the parent had GPUs open, a runtime the child starts serves no GPU (GPU tasks fail
+   * naming the fork) and a client child sends its GPU tasks through the runtime.
+   */
+  void ForgetAfterFork() {
+    new (&mu_) std::mutex();  // a parent thread may have held these; none of them runs here
+    new (&sync_mu_) std::mutex();
+    new (&retire_mu_) std::mutex();
+    if (!devices_.empty() || client_.NumGpus() != 0) gpus_of_parent_ = static_cast<u32>(getppid());
+    // relaxed: the child has one thread while fork handlers run.
+    GpuHooks::Get().ensure_pool.Store(nullptr, MemOrder::kRelaxed);
+    GpuHooks::Get().runtime_ops.Store(nullptr, MemOrder::kRelaxed);
+    ClientMemory().ForgetAfterFork();
+    worker_.ForgetAfterFork();
+    client_.ForgetAfterFork();
+    for (std::unique_ptr<Device> &d : devices_) KeepInherited(std::move(d));
+    devices_.clear();
+    heaps_.clear();
+    retired_.clear();
+    pools_ = nullptr;
+    ipc_ = nullptr;
+    client_ipc_ = nullptr;
+    started_ = false;
+  }
+
   /** GPUs in use. */
   u32 NumGpus() const { return static_cast<u32>(devices_.size()); }
 
@@ -19928,9 +20014,14 @@ class GpuManager : private GpuPoolDirectory {
     return EncodeGpuConnectInfo(info);
   }
 
-  /** A pure client: attaches the queues `gpu_info` offers (see GpuClientQueues::Attach). */
+  /**
+   * A pure client: attaches the queues `gpu_info` offers (see GpuClientQueues::Attach). In
+   * a child forked from a process that used the GPUs, GPU tasks go through the runtime's
+   * transport instead (pinning the queues would need the driver the parent holds).
+   */
   Status AttachClientQueues(const std::vector<char> &gpu_info, IpcManager *ipc) {
     client_ipc_ = ipc;
+    if (gpus_of_parent_ != 0) return Status::Ok();
     return client_.Attach(gpu_info, ipc);
   }
   /** A pure client: stops using the runtime's GPU queues. */
@@ -20096,6 +20187,16 @@ class GpuManager : private GpuPoolDirectory {
   using Device = GpuDevice;
 
   GpuManager() = default;
+
+  /** The instance, made before main: a fork while another thread made it would leave the
+   * child waiting forever on its construction guard (Chimaera's handler calls Get). */
+  static inline GpuManager &made_ = Get();
+
+  /** Why a forked child's runtime serves no GPU (fits a task's message). */
+  std::string ForkedReason() const {
+    return "no GPU here: forked from process " + std::to_string(gpus_of_parent_) +
+           ", which had GPUs open (CUDA/HIP do not survive fork)";
+  }
 
   /** GpuIpcOps::copy_to_host: on the device's copy stream (never a device-wide wait). */
   static Status CopyToHostHook(u32 device, void *dst, const void *src, u64 bytes) {
@@ -20338,6 +20439,7 @@ class GpuManager : private GpuPoolDirectory {
   std::vector<Retired> retired_;  ///< client IPC mappings waiting for the kernels to stop
   GpuClientQueues client_;             ///< a pure client's attachment (empty in a runtime)
   IpcManager *client_ipc_ = nullptr;   ///< a pure client's IpcManager
+  u32 gpus_of_parent_ = 0;  ///< in a forked child: the parent's pid, when it had GPUs open
 };
 
 }  // namespace chi::gpu
@@ -20467,6 +20569,9 @@ class Chimaera {
     for (std::unique_ptr<PosixShmBackend> &seg : client_segments_) KeepInherited(std::move(seg));
     client_segments_.clear();
     segments_.Abandon();
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    gpu::GpuManager::Get().ForgetAfterFork();  // its threads and CUDA/HIP state too
+#endif
     connect_answer_ = ConnectAnswer();
     initialized_ = false;
   }

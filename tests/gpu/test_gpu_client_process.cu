@@ -2,8 +2,8 @@
 // runtime with a GPU in a child process (fork + exec of this binary with --server): Local()
 // through the CPU transport, the handshake's GPU queue attachment, LocalGpuBcast/ToLocalGpu
 // straight into the attached cpu2gpu queue (no CPU transport hop), RegisterMemory of device
-// memory read back by the runtime, bad input, a client killed holding cpu2gpu slots, and
-// GPU-route tasks sent through the CPU transport once the direct route is detached.
+// memory read back by the runtime, bad input, a client killed holding cpu2gpu slots, a forked
+// child, and GPU-route tasks sent through the CPU transport once the direct route is detached.
 // Label gpu; without a GPU it prints "skipped: no GPU" and exits 77.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -16,6 +16,8 @@
 #include <chi/mods/demo/demo_client.h>
 #include <chi/mods/demo/demo_runtime.h>
 #include <chi/runtime/chimaera.h>
+
+#include "../child_process.h"  // ForkAndExit: a forked child's checks
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -220,6 +222,39 @@ TEST_CASE("client process: a client killed holding cpu2gpu slots does not leak t
 }
 
 // Last: it detaches this process's direct route for good.
+TEST_CASE("client process: a forked child leaves the direct route alone and uses the runtime") {
+  REQUIRE(Attached().NumGpus() >= 1);
+  chimaera::demo::Client client(kPool);
+  const int rc = chi_test::ForkAndExit([](chi_test::ChildChecks &checks) {
+    checks.Expect(!chi::Chimaera::Get().IsInitialized(), "the child starts uninitialized");
+    checks.Expect(Attached().NumGpus() == 0, "the child holds none of the parent's GPU queues");
+    if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, false)) {
+      checks.Expect(false, "the child's CHIMAERA_INIT: " +
+                               chi::Chimaera::Get().LastError().ToString());
+      return;
+    }
+    // Pinning the queues would need the driver state the parent holds: no direct route.
+    checks.Expect(Attached().NumGpus() == 0, "the child attached no GPU queue");
+    chimaera::demo::Client c(kPool);
+    auto cpu = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, 42);
+    checks.Expect(cpu.Wait(kWaitSec) && cpu->GetReturnCode() == 0 && cpu->result_value_ == 84,
+                  "the child's Local(): 42 -> 84");
+    auto gpu = c.AsyncGpuSubmit(chi::PoolQuery::LocalGpuBcast(), 0, 77);
+    checks.Expect(gpu.Wait(kWaitSec) && gpu->GetReturnCode() == 0 && gpu->result_value_ == 231,
+                  std::string("the child's LocalGpuBcast through the runtime: 77 -> 231: ") +
+                      (gpu.IsComplete() ? gpu->GetMessage() : "no answer"));
+  });
+  // 124: the child hung at exit (before the fix: joining the parent's GPU worker thread).
+  CHECK(rc == 0);
+  const u64 posted = Attached().Posted();  // the parent's direct route serves on
+  for (u32 i = 0; i < 10; ++i) {
+    auto f = client.AsyncGpuSubmit(chi::PoolQuery::ToLocalGpu(0), 0, 77);
+    REQUIRE(f.Wait(kWaitSec));
+    CHECK(f->result_value_ == 231);
+  }
+  CHECK(Attached().Posted() - posted == 10);
+}
+
 TEST_CASE("client process: without the direct route, GPU tasks reach the GPU through the runtime") {
   CHI_IPC->DetachClientQueues();
   REQUIRE(Attached().NumGpus() == 0);

@@ -1,9 +1,9 @@
 // The four GPU routes on a real GPU, in one process with an embedded runtime: CPU Local()
 // (CPU handler), a kernel's Local() (GPU handler, gpu2gpu), the CPU's LocalGpuBcast and
 // ToLocalGpu (cpu2gpu), a kernel's ToLocalCpu (gpu2cpu); parallel kernels, pause/resume,
-// bad input and a kernel that dies holding a slot. Label gpu; without a GPU it prints
-// "skipped: no GPU" and exits 77. Kernels only wait on the orchestrator, never the reverse,
-// and the host never synchronises the whole device (the orchestrator never returns).
+// bad input, a kernel that dies holding a slot, a forked child. Label gpu; without a GPU it
+// prints "skipped: no GPU" and exits 77. Kernels only wait on the orchestrator, never the
+// reverse, and the host never synchronises the whole device (the orchestrator never returns).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -17,7 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "gpu_test_main.h"  // main: GPU check, runtime, demo pool, doctest
+#include "../child_process.h"  // ForkAndExit: a forked child's checks
+#include "gpu_test_main.h"      // main: GPU check, runtime, demo pool, doctest
 
 CHI_GPU_MODULES(chimaera::demo::GpuRuntime);
 
@@ -321,6 +322,42 @@ TEST_CASE("ToLocalGpu(1) reaches the second GPU when there is one") {
   auto g = client.AsyncGpuSubmit(chi::PoolQuery::LocalGpuBcast(), 0, 77);  // every GPU
   REQUIRE(g.Wait(10));
   CHECK(g->result_value_ == 231);
+}
+
+TEST_CASE("a forked child leaves the parent's GPUs alone and its own runtime names the fork") {
+  const std::string parent = std::to_string(getpid());
+  const int rc = chi_test::ForkAndExit([&](chi_test::ChildChecks &checks) {
+    checks.Expect(!chi::Chimaera::Get().IsInitialized(), "the child starts uninitialized");
+    checks.Expect(CHI_IPC->NumGpus() == 0, "the child holds none of the parent's GPUs");
+    unsetenv("CHI_SERVER_CONF");  // the parent removed its config file after its start
+    if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true)) {
+      checks.Expect(false, "the child's CHIMAERA_INIT: " +
+                               chi::Chimaera::Get().LastError().ToString());
+      return;
+    }
+    chimaera::demo::Client client;
+    auto created = client.AsyncCreate(chi::PoolQuery::Dynamic(), "gpu_fork_child", kPool);
+    checks.Expect(created.Wait(30) && created->GetReturnCode() == 0,
+                  "the child's runtime creates the demo pool");
+    auto cpu = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, 123);
+    checks.Expect(cpu.Wait(10) && cpu->GetReturnCode() == 0 && cpu->result_value_ == 246,
+                  "the child's CPU Local(): 123 -> 246");
+    auto gpu = client.AsyncGpuSubmit(chi::PoolQuery::LocalGpuBcast(), 0, 77);
+    checks.Expect(gpu.Wait(10), "the child's LocalGpuBcast completes");
+    checks.Expect(gpu->GetReturnCode() == Rc(chi::ErrorCode::kUnsupported),
+                  "it fails with kUnsupported, got " + std::to_string(gpu->GetReturnCode()));
+    checks.Expect(std::string(gpu->GetMessage()).find("forked from process " + parent) !=
+                      std::string::npos,
+                  std::string("the failure names the fork: ") + gpu->GetMessage());
+  });
+  // 124: the child hung at exit (before the fix: joining the parent's GPU worker thread).
+  CHECK(rc == 0);
+  chimaera::demo::Client client(kPool);  // the parent's GPUs serve on
+  auto f = client.AsyncGpuSubmit(chi::PoolQuery::LocalGpuBcast(), 0, 77);
+  REQUIRE(f.Wait(10));
+  CHECK(f->result_value_ == 231);
+  CHECK(Submit(kLocal, 1, 32, 10).correct == 320);
+  CHECK(Submit(kToLocalCpu, 1, 32, 10).correct == 320);
 }
 
 /** The test memory and kernels, then the runtime and the tests (gpu_test_main.h). */

@@ -15,6 +15,7 @@
 #include <string>  // messages
 #include <vector>  // attachments, links
 
+#include "chi/core/fork_epoch.h"           // KeepInherited: a forked child's inherited attachment
 #include "chi/core/status.h"               // Status
 #include "chi/gpu/gpu_api.h"               // PinnedShmBackend (via gpu_backend.h)
 #include "chi/gpu/gpu_connect_info.h"      // GpuConnectInfo, RebaseCpu2Gpu
@@ -72,6 +73,18 @@ class GpuClientQueues : private GpuPoolDirectory {
       worker_.StopIntake();
       worker_.Stop();
     }
+    gpus_.clear();
+    ipc_ = nullptr;
+  }
+
+  /**
+   * In a forked child: the attachment, its worker thread and the slots it holds are the
+   * parent's. All kept untouched (KeepInherited), so the child's exit neither joins the
+   * parent's thread nor unpins or unmaps what the parent still uses.
+   */
+  void ForgetAfterFork() {
+    worker_.ForgetAfterFork();
+    for (std::unique_ptr<Attached> &a : gpus_) KeepInherited(std::move(a));
     gpus_.clear();
     ipc_ = nullptr;
   }

@@ -11,12 +11,13 @@
 // never freed under a kernel that may still use it.
 #pragma once
 
-#include <unistd.h>  // getpid
+#include <unistd.h>  // getpid, getppid
 
 #include <cstdio>         // fprintf of start-up problems
 #include <cstring>        // memset of private pinned memory
 #include <memory>         // unique_ptr<Device>
 #include <mutex>          // start/stop and pool registration are rare and serialised
+#include <new>            // placement new: a forked child's fresh locks
 #include <string>         // segment names, messages
 #include <unordered_map>  // pool -> container binding
 #include <vector>         // devices, bindings
@@ -72,9 +73,10 @@ class GpuManager : private GpuPoolDirectory {
     start_error_ = Status::Ok();
     PreferEagerModuleLoading();
     int n = 0;
-    const Error e = GetDeviceCount(&n);
     std::string reason;
-    if (e != kSuccess || n == 0) {
+    if (gpus_of_parent_ != 0) {
+      reason = ForkedReason();  // no CUDA/HIP call: the driver's state is the parent's
+    } else if (const Error e = GetDeviceCount(&n); e != kSuccess || n == 0) {
       reason = std::string("this node has no usable GPU (") +
                (e != kSuccess ? ErrorString(e) : "no device") + ")";
       n = 0;
@@ -131,6 +133,35 @@ class GpuManager : private GpuPoolDirectory {
     started_ = false;
   }
 
+  /**
+   * In a forked child (Chimaera's fork child handler): the GPUs, their orchestrators, the
+   * worker thread, a client's attachment and the IPC mappings are the parent's, and CUDA/HIP
+   * state does not survive fork. All are kept untouched, never torn down (KeepInherited):
+   * the child's exit joins no thread of the parent's and frees nothing the parent uses. If
+   * the parent had GPUs open, a runtime the child starts serves no GPU (GPU tasks fail
+   * naming the fork) and a client child sends its GPU tasks through the runtime.
+   */
+  void ForgetAfterFork() {
+    new (&mu_) std::mutex();  // a parent thread may have held these; none of them runs here
+    new (&sync_mu_) std::mutex();
+    new (&retire_mu_) std::mutex();
+    if (!devices_.empty() || client_.NumGpus() != 0) gpus_of_parent_ = static_cast<u32>(getppid());
+    // relaxed: the child has one thread while fork handlers run.
+    GpuHooks::Get().ensure_pool.Store(nullptr, MemOrder::kRelaxed);
+    GpuHooks::Get().runtime_ops.Store(nullptr, MemOrder::kRelaxed);
+    ClientMemory().ForgetAfterFork();
+    worker_.ForgetAfterFork();
+    client_.ForgetAfterFork();
+    for (std::unique_ptr<Device> &d : devices_) KeepInherited(std::move(d));
+    devices_.clear();
+    heaps_.clear();
+    retired_.clear();
+    pools_ = nullptr;
+    ipc_ = nullptr;
+    client_ipc_ = nullptr;
+    started_ = false;
+  }
+
   /** GPUs in use. */
   u32 NumGpus() const { return static_cast<u32>(devices_.size()); }
 
@@ -155,9 +186,14 @@ class GpuManager : private GpuPoolDirectory {
     return EncodeGpuConnectInfo(info);
   }
 
-  /** A pure client: attaches the queues `gpu_info` offers (see GpuClientQueues::Attach). */
+  /**
+   * A pure client: attaches the queues `gpu_info` offers (see GpuClientQueues::Attach). In
+   * a child forked from a process that used the GPUs, GPU tasks go through the runtime's
+   * transport instead (pinning the queues would need the driver the parent holds).
+   */
   Status AttachClientQueues(const std::vector<char> &gpu_info, IpcManager *ipc) {
     client_ipc_ = ipc;
+    if (gpus_of_parent_ != 0) return Status::Ok();
     return client_.Attach(gpu_info, ipc);
   }
   /** A pure client: stops using the runtime's GPU queues. */
@@ -323,6 +359,16 @@ class GpuManager : private GpuPoolDirectory {
   using Device = GpuDevice;
 
   GpuManager() = default;
+
+  /** The instance, made before main: a fork while another thread made it would leave the
+   * child waiting forever on its construction guard (Chimaera's handler calls Get). */
+  static inline GpuManager &made_ = Get();
+
+  /** Why a forked child's runtime serves no GPU (fits a task's message). */
+  std::string ForkedReason() const {
+    return "no GPU here: forked from process " + std::to_string(gpus_of_parent_) +
+           ", which had GPUs open (CUDA/HIP do not survive fork)";
+  }
 
   /** GpuIpcOps::copy_to_host: on the device's copy stream (never a device-wide wait). */
   static Status CopyToHostHook(u32 device, void *dst, const void *src, u64 bytes) {
@@ -565,6 +611,7 @@ class GpuManager : private GpuPoolDirectory {
   std::vector<Retired> retired_;  ///< client IPC mappings waiting for the kernels to stop
   GpuClientQueues client_;             ///< a pure client's attachment (empty in a runtime)
   IpcManager *client_ipc_ = nullptr;   ///< a pure client's IpcManager
+  u32 gpus_of_parent_ = 0;  ///< in a forked child: the parent's pid, when it had GPUs open
 };
 
 }  // namespace chi::gpu

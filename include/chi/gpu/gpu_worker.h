@@ -21,6 +21,7 @@
 #include <vector>   // links, error answers, broadcast replicas
 
 #include "chi/core/atomic.h"                   // Atomic, FenceSeqCst, CpuRelax
+#include "chi/core/fork_epoch.h"               // KeepInherited: a forked child's inherited thread
 #include "chi/core/futex.h"                    // parking senders and the idle worker
 #include "chi/core/status.h"                   // Status, ErrorCode
 #include "chi/gpu/gpu_ipc_cache.h"             // ClientMemory: dead clients' registrations
@@ -161,6 +162,23 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
       }
     }
     links_.clear();
+  }
+
+  /**
+   * In a forked child (fork child handler): the thread, the links and the tasks in them
+   * are the parent's. The thread's Worker is kept, never joined (KeepInherited), and the
+   * links and queues forgotten, so Stop and the destructor touch nothing of the parent's;
+   * sends then fail with kShutdown. The wait helper was forgotten with every other.
+   */
+  void ForgetAfterFork() {
+    KeepInherited(std::move(worker_));
+    KeepInherited(std::move(dispatcher_));
+    helping_ = false;
+    links_.clear();
+    user_.ForgetAfterFork();
+    senders_.Store(0, MemOrder::kRelaxed);  // relaxed: the child has one thread here
+    closing_.Store(1, MemOrder::kRelaxed);
+    stop_.Store(1, MemOrder::kRelaxed);
   }
 
   /** Routes a LocalGpuBcast / ToLocalGpu task to its GPU(s); always completes it. */

@@ -8,6 +8,7 @@
 #include <time.h>  // nanosleep while a removal waits
 
 #include <mutex>  // Register / Unregister are rare and serialised
+#include <new>    // placement new: a forked child's fresh lock
 
 #include "chi/core/atomic.h"   // Atomic, CpuRelax
 #include "chi/core/status.h"   // Status, ErrorCode
@@ -140,6 +141,18 @@ class UserGpuQueues {
   void Clear() {
     std::lock_guard<std::mutex> g(mu_);
     for (Entry &e : entries_) e.state_.Store(kEmpty, MemOrder::kRelease);
+  }
+
+  /**
+   * In a forked child: the queues and their tasks are the parent's. A fresh lock (a parent
+   * thread may have held it) and no queue, without touching the parent's queue memory.
+   */
+  void ForgetAfterFork() {
+    new (&mu_) std::mutex();
+    for (Entry &e : entries_) {
+      e.state_.Store(kEmpty, MemOrder::kRelaxed);  // relaxed: the child has one thread here
+      e.link.gpu2cpu_inflight.Store(0, MemOrder::kRelaxed);
+    }
   }
 
   /** GPU->CPU tasks from user queues still running. */

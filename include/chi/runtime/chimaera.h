@@ -150,6 +150,9 @@ class Chimaera {
     for (std::unique_ptr<PosixShmBackend> &seg : client_segments_) KeepInherited(std::move(seg));
     client_segments_.clear();
     segments_.Abandon();
+#if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
+    gpu::GpuManager::Get().ForgetAfterFork();  // its threads and CUDA/HIP state too
+#endif
     connect_answer_ = ConnectAnswer();
     initialized_ = false;
   }
