@@ -1,11 +1,12 @@
 // ShmStream framing: the records one shared-memory stream carries. A message that fits
 // one record travels as kWhole (one cache line up to 56 bytes), a larger one as kBegin
 // plus kMore pieces; every record starts on a cache line; corrupt or unframed bytes are
-// reported, never trusted.
+// reported, never trusted; CopySmall, which writes a record's first line, copies exactly.
 #include <doctest/doctest.h>
 
 #include <chi/transport/shm_stream.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,32 @@ TEST_CASE("a message that fits one record takes one cache line up to 56 bytes") 
     CHECK(p.footprint == (n <= 56 ? 64u : (n <= 120 ? 128u : 192u)));
   }
   CHECK_FALSE(st.s->HasData());
+}
+
+TEST_CASE("every message length from 0 to 130 bytes arrives byte-exact") {
+  Stream st(1024);  // small: the records wrap round the ring many times
+  for (chi::u64 n = 0; n <= 130; ++n) {
+    std::string msg(n, '\0');
+    for (chi::u64 i = 0; i < n; ++i) msg[i] = static_cast<char>(n * 7 + i * 13 + 1);
+    st.s->WritePiece(true, n, msg.data(), n);
+    chi::ShmStream::Piece p;
+    CHECK(TakeRecord(st.s, &p) == msg);
+  }
+}
+
+TEST_CASE("CopySmall copies each size up to 64 bytes exactly and writes nothing past it") {
+  for (chi::u64 n = 0; n <= 64; ++n) {
+    char src[64];
+    char dst[80];
+    for (int i = 0; i < 64; ++i) src[i] = static_cast<char>(i + 1);
+    std::memset(dst, 0x7f, sizeof(dst));
+    chi::CopySmall(dst + 3, src, n);  // unaligned on purpose
+    CAPTURE(n);
+    CHECK(std::memcmp(dst + 3, src, n) == 0);
+    bool untouched = dst[0] == 0x7f && dst[1] == 0x7f && dst[2] == 0x7f;
+    for (chi::u64 i = 3 + n; i < sizeof(dst); ++i) untouched &= dst[i] == 0x7f;
+    CHECK(untouched);
+  }
 }
 
 TEST_CASE("a message in pieces arrives as kBegin then kMore, across the ring's end") {

@@ -9390,6 +9390,41 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 #include <cstring>    // memcpy in and out of the ring
 #include <new>        // placement new into the caller's region
 
+// ---- begin chi/core/small_copy.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_CORE_SMALL_COPY_H
+#define CHI_SINGLE_INCLUDE_CHI_CORE_SMALL_COPY_H
+// CopySmall: memcpy for sizes known only at run time but small (a task's first cache line,
+// a short string), done with a few fixed-size moves instead of a library call. For the
+// 8..56-byte copies of the request path the call and its size dispatch cost about four
+// times the moves.
+
+#include <cstring>  // fixed-size memcpy, which compilers turn into moves
+
+namespace chi {
+
+/** Copies n bytes (n <= 64) from src to dst; the ranges must not overlap. */
+inline void CopySmall(void *dst, const void *src, u64 n) {
+  char *d = static_cast<char *>(dst);
+  const char *s = static_cast<const char *>(src);
+  if (n >= 16) {
+    // 16-byte pieces; the last one ends at n and may overlap the one before it.
+    for (u64 i = 0; i + 16 < n; i += 16) std::memcpy(d + i, s + i, 16);
+    std::memcpy(d + n - 16, s + n - 16, 16);
+  } else if (n >= 8) {
+    std::memcpy(d, s, 8);
+    std::memcpy(d + n - 8, s + n - 8, 8);
+  } else if (n >= 4) {
+    std::memcpy(d, s, 4);
+    std::memcpy(d + n - 4, s + n - 4, 4);
+  } else {
+    for (u64 i = 0; i < n; ++i) d[i] = s[i];
+  }
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_CORE_SMALL_COPY_H
+// ---- end chi/core/small_copy.h ----
+
 namespace chi {
 
 /** A single-writer, single-reader message stream through a fixed byte ring (host only). */
@@ -9713,7 +9748,8 @@ class ShmStream {
     if (bytes > head) CopyIn(w + kAlign, src + head, bytes - head);
     ClearHeader(next);  // Room keeps it free: the reader has consumed it already
     if (kind == kBegin) CopyIn(w + sizeof(u64), &message_bytes, sizeof(message_bytes));
-    CopyIn(w + header, src, head);
+    // The record's first line never wraps (records start on a line; the ring is whole lines).
+    CopySmall(Ring() + (w & mask_) + header, src, head);
     const u64 word = static_cast<u64>(kind) | (bytes << 32);
     // release: the payload, the length and the cleared next header precede the record.
     HeaderWord(w)->Store(word, MemOrder::kRelease);
@@ -20463,10 +20499,15 @@ enum class ChimaeraMode : u32 { kClient = 0, kServer = 1, kRuntime = kServer };
 /** The runtime and client state of this process. */
 class Chimaera {
  public:
-  /** The process's instance (made before main: see ForgetParentState). */
+  /**
+   * The process's instance (made before main: see ForgetParentState). On every submit:
+   * one load and branch; the construction stays out of line (inlined, it made every call
+   * save and restore six registers).
+   */
   static Chimaera &Get() {
-    static Chimaera instance;
-    return instance;
+    // acquire: the instance is constructed before its address is published.
+    Chimaera *made = instance_.Load(MemOrder::kAcquire);
+    return CHI_LIKELY(made != nullptr) ? *made : Make();
   }
 
   /** See CHIMAERA_INIT. */
@@ -20576,6 +20617,15 @@ class Chimaera {
     initialized_ = false;
   }
 
+  /** Constructs the instance once (thread-safe) and publishes its address for Get. */
+  [[gnu::noinline]] static Chimaera &Make() {
+    static Chimaera instance;
+    instance_.Store(&instance, MemOrder::kRelease);  // release: see Get
+    return instance;
+  }
+
+  /** Get's fast path: the instance once made (constant-initialized, so usable at any time). */
+  static inline Atomic<Chimaera *> instance_;
   /** The instance, made before main: a fork while another thread made it would leave the
    * child waiting forever on its construction guard. */
   static inline Chimaera &made_ = Get();

@@ -18,7 +18,9 @@
 #include <new>      // placement new: a forked child's fresh init lock
 #include <string>   // last error text
 
+#include "chi/core/atomic.h"                // Atomic: the published instance, the stop flag
 #include "chi/core/fork_epoch.h"            // KeepInherited: what a forked child abandons
+#include "chi/core/macros.h"                // CHI_LIKELY
 #include "chi/core/status.h"                // Status
 #include "chi/memory/large_block_cache.h"   // the warm payload limit set from the config
 #include "chi/mods/admin/admin_runtime.h"   // the admin module is always present
@@ -44,10 +46,15 @@ enum class ChimaeraMode : u32 { kClient = 0, kServer = 1, kRuntime = kServer };
 /** The runtime and client state of this process. */
 class Chimaera {
  public:
-  /** The process's instance (made before main: see ForgetParentState). */
+  /**
+   * The process's instance (made before main: see ForgetParentState). On every submit:
+   * one load and branch; the construction stays out of line (inlined, it made every call
+   * save and restore six registers).
+   */
   static Chimaera &Get() {
-    static Chimaera instance;
-    return instance;
+    // acquire: the instance is constructed before its address is published.
+    Chimaera *made = instance_.Load(MemOrder::kAcquire);
+    return CHI_LIKELY(made != nullptr) ? *made : Make();
   }
 
   /** See CHIMAERA_INIT. */
@@ -157,6 +164,15 @@ class Chimaera {
     initialized_ = false;
   }
 
+  /** Constructs the instance once (thread-safe) and publishes its address for Get. */
+  [[gnu::noinline]] static Chimaera &Make() {
+    static Chimaera instance;
+    instance_.Store(&instance, MemOrder::kRelease);  // release: see Get
+    return instance;
+  }
+
+  /** Get's fast path: the instance once made (constant-initialized, so usable at any time). */
+  static inline Atomic<Chimaera *> instance_;
   /** The instance, made before main: a fork while another thread made it would leave the
    * child waiting forever on its construction guard. */
   static inline Chimaera &made_ = Get();

@@ -28,6 +28,7 @@
 
 #include "chi/core/atomic.h"        // Atomic, MemOrder
 #include "chi/core/macros.h"        // kCacheLine, CHI_LIKELY
+#include "chi/core/small_copy.h"    // CopySmall: a record's first line
 #include "chi/core/types.h"         // u32, u64
 #include "chi/queue/ring_layout.h"  // RoundUpPow2, RoundUpTo, IsRingAligned
 
@@ -354,7 +355,8 @@ class ShmStream {
     if (bytes > head) CopyIn(w + kAlign, src + head, bytes - head);
     ClearHeader(next);  // Room keeps it free: the reader has consumed it already
     if (kind == kBegin) CopyIn(w + sizeof(u64), &message_bytes, sizeof(message_bytes));
-    CopyIn(w + header, src, head);
+    // The record's first line never wraps (records start on a line; the ring is whole lines).
+    CopySmall(Ring() + (w & mask_) + header, src, head);
     const u64 word = static_cast<u64>(kind) | (bytes << 32);
     // release: the payload, the length and the cleared next header precede the record.
     HeaderWord(w)->Store(word, MemOrder::kRelease);
