@@ -42,13 +42,13 @@ inline zmq::message_t RecvSkippingPings(zmq::socket_t &s, int ms) {
 }
 
 /**
- * Sends a handshake naming this process, for transport `mode` in protocol `version`;
- * returns the runtime's answer code (~0u when no answer came within 5 s).
+ * Sends a handshake naming process `pid` (0: this one), for transport `mode` in protocol
+ * `version`; returns the runtime's answer code (~0u when no answer came within 5 s).
  */
 inline chi::u32 HandshakeCode(zmq::socket_t &s, const char *mode,
-                              chi::u32 version = chi::kConnectProtocolVersion) {
+                              chi::u32 version = chi::kConnectProtocolVersion, pid_t pid = 0) {
   chi::ConnectRequest hello;
-  hello.pid = static_cast<chi::u32>(getpid());
+  hello.pid = static_cast<chi::u32>(pid != 0 ? pid : getpid());
   hello.uid = static_cast<chi::u32>(getuid());
   hello.mode = mode;
   hello.protocol_version = version;

@@ -15436,7 +15436,7 @@ class ZmqServerSockets {
  protected:
   /** A registered client. */
   struct Peer {
-    u32 pid = 0;
+    ProcessIdentity who;  ///< pid and start time: a reused pid is not taken for the client
     u64 client_id = 0;
     u64 outstanding = 0;
     bool active = true;  ///< sent something since the last probe round (ForgetUnreachable)
@@ -15517,7 +15517,8 @@ class ZmqServerSockets {
     }
     if (st.ok()) {
       Peer &p = peers_[peer];
-      p.pid = req.pid;
+      // Its start time, read now while it waits for our answer (0 where /proc is missing).
+      p.who = IdentityOf(req.pid);
       p.active = true;
       p.client_id = ++next_client_id_;
       answer.client_id = p.client_id;
@@ -15623,7 +15624,7 @@ class ZmqServerSockets {
   void Reap(u64 now) {
     for (auto it = peers_.begin(); it != peers_.end();) {
       auto next = std::next(it);
-      if (!ProcessAlive(it->second.pid)) Forget(it);
+      if (!IsProcessAlive(it->second.who)) Forget(it);
       it = next;
     }
     if (now >= next_probe_) {
@@ -16559,6 +16560,7 @@ inline Status WaitStream(Stream s, u64 timeout_ns) {
 #include <cstring>        // memset of private pinned memory
 #include <string>         // segment names
 #include <unordered_map>  // pool -> binding
+#include <vector>         // claim words read back
 
 // ---- begin chi/gpu/gpu_container.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
@@ -17930,10 +17932,9 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
   }
 
   /**
-   * In a forked child (fork child handler): the thread, the links and the tasks in them
-   * are the parent's. The thread's Worker is kept, never joined (KeepInherited), and the
-   * links and queues forgotten, so Stop and the destructor touch nothing of the parent's;
-   * sends then fail with kShutdown. The wait helper was forgotten with every other.
+   * In a forked child: the thread, links and tasks are the parent's. Keeps the thread's
+   * Worker unjoined (KeepInherited) and forgets the links and queues, so Stop and the
+   * destructor touch nothing of the parent's; sends then fail with kShutdown.
    */
   void ForgetAfterFork() {
     KeepInherited(std::move(worker_));
@@ -18946,6 +18947,34 @@ struct GpuDevice {
     return Status::Ok();
   }
 
+  /**
+   * Frees the gpu2gpu and gpu2cpu slots that client kernels hold (see
+   * GpuManager::ReclaimGpuSlots); on the copy stream, from the caller's thread.
+   */
+  Status ReclaimClientSlots() {
+    const DeviceScope scope(id);  // the caller keeps its own GPU
+    Status st = scope.status();
+    const auto &g2g = set.host.gpu2gpu;
+    const auto &g2c = set.host.gpu2cpu;
+    if (st.ok())
+      st = Check(MemsetAsync(g2g.claims_, claim::kVerify, 4ull * g2g.num_slots_, copies),
+                 "reclaim gpu2gpu slots");
+    if (st.ok())
+      st = Check(MemsetAsync(g2c.claims_, claim::kVerify, 4ull * g2c.num_slots_, copies),
+                 "reclaim gpu2cpu slots");
+    if (st.ok()) st = Check(StreamSynchronize(copies), "reclaim slots");
+    return st;
+  }
+
+  /** Slots of the gpu2gpu and gpu2cpu queues that clients hold right now. */
+  Status CountHeldSlots(u32 *gpu2gpu, u32 *gpu2cpu) {
+    const DeviceScope scope(id);  // the caller keeps its own GPU
+    Status st = scope.status();
+    if (st.ok()) st = CountHeld(set.host.gpu2gpu.claims_, set.host.gpu2gpu.num_slots_, gpu2gpu);
+    if (st.ok()) st = CountHeld(set.host.gpu2cpu.claims_, set.host.gpu2cpu.num_slots_, gpu2cpu);
+    return st;
+  }
+
   /** Frees the streams and regions (never call it on a wedged device). */
   void Release() {
     const DeviceScope scope(id);
@@ -18957,6 +18986,17 @@ struct GpuDevice {
     if (private_device != nullptr) Free(private_device);
     if (private_pinned != nullptr) FreeHost(private_pinned);
     private_device = private_pinned = nullptr;
+  }
+
+ private:
+  /** Counts held claim words of one queue (copied back to the host). */
+  Status CountHeld(const Atomic<u32, MemScope::kDevice> *claims, u32 n, u32 *held) {
+    std::vector<u32> words(n);
+    Status st = Check(MemcpyAsync(words.data(), claims, 4ull * n, copies), "read slot claims");
+    if (st.ok()) st = Check(StreamSynchronize(copies), "read slot claims");
+    *held = 0;
+    for (u32 w : words) *held += (w & claim::kHeld) != 0 ? 1 : 0;
+    return st;
   }
 };
 
@@ -20163,34 +20203,15 @@ class GpuManager : private GpuPoolDirectory {
    */
   Status ReclaimGpuSlots(u32 gpu_id) {
     if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
-    Device &d = *devices_[gpu_id];
     std::lock_guard<std::mutex> g(sync_mu_);
-    const DeviceScope scope(d.id);  // the caller keeps its own GPU
-    Status st = scope.status();
-    const auto &g2g = d.set.host.gpu2gpu;
-    const auto &g2c = d.set.host.gpu2cpu;
-    if (st.ok())
-      st = Check(MemsetAsync(g2g.claims_, claim::kVerify, 4ull * g2g.num_slots_, d.copies),
-                 "reclaim gpu2gpu slots");
-    if (st.ok())
-      st = Check(MemsetAsync(g2c.claims_, claim::kVerify, 4ull * g2c.num_slots_, d.copies),
-                 "reclaim gpu2cpu slots");
-    if (st.ok()) st = Check(StreamSynchronize(d.copies), "reclaim slots");
-    return st;
+    return devices_[gpu_id]->ReclaimClientSlots();
   }
 
   /** Slots of GPU gpu_id's gpu2gpu and gpu2cpu queues that clients hold right now. */
   Status CountHeldSlots(u32 gpu_id, u32 *gpu2gpu, u32 *gpu2cpu) {
     if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
-    Device &d = *devices_[gpu_id];
     std::lock_guard<std::mutex> g(sync_mu_);
-    const DeviceScope scope(d.id);  // the caller keeps its own GPU
-    Status st = scope.status();
-    if (st.ok())
-      st = CountHeld(d, d.set.host.gpu2gpu.claims_, d.set.host.gpu2gpu.num_slots_, gpu2gpu);
-    if (st.ok())
-      st = CountHeld(d, d.set.host.gpu2cpu.claims_, d.set.host.gpu2cpu.num_slots_, gpu2cpu);
-    return st;
+    return devices_[gpu_id]->CountHeldSlots(gpu2gpu, gpu2cpu);
   }
 
   /** Copies the GPU container of `pool` on GPU gpu_id back to the host (tests, stats). */
@@ -20277,7 +20298,6 @@ class GpuManager : private GpuPoolDirectory {
 
   static inline const GpuIpcOps kRuntimeIpcOps{&OpenIpcHandle, &RetireIpcMapping,
                                                &CopyToHostHook};
-
 
   /** Maps GPU i's regions, carves its queues and launches its orchestrator. */
   Status OpenDevice(Device &d, int i) {
@@ -20415,16 +20435,6 @@ class GpuManager : private GpuPoolDirectory {
     d.arena_used = at + bytes;
     *out = GpuPoolBinding{pool, module, d.set.arena + at};
     return Status::Ok();
-  }
-
-  /** Counts held claim words of one queue (copied back to the host). */
-  Status CountHeld(Device &d, const Atomic<u32, MemScope::kDevice> *claims, u32 n, u32 *held) {
-    std::vector<u32> words(n);
-    Status st = Check(MemcpyAsync(words.data(), claims, 4ull * n, d.copies), "read slot claims");
-    if (st.ok()) st = Check(StreamSynchronize(d.copies), "read slot claims");
-    *held = 0;
-    for (u32 w : words) *held += (w & claim::kHeld) != 0 ? 1 : 0;
-    return st;
   }
 
   /** GpuPoolDirectory: does GPU gpu_id serve `pool`? Registers it on first use. */

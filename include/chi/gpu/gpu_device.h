@@ -13,6 +13,7 @@
 #include <cstring>        // memset of private pinned memory
 #include <string>         // segment names
 #include <unordered_map>  // pool -> binding
+#include <vector>         // claim words read back
 
 #include "chi/core/atomic.h"          // Atomic
 #include "chi/core/status.h"          // Status
@@ -135,6 +136,34 @@ struct GpuDevice {
     return Status::Ok();
   }
 
+  /**
+   * Frees the gpu2gpu and gpu2cpu slots that client kernels hold (see
+   * GpuManager::ReclaimGpuSlots); on the copy stream, from the caller's thread.
+   */
+  Status ReclaimClientSlots() {
+    const DeviceScope scope(id);  // the caller keeps its own GPU
+    Status st = scope.status();
+    const auto &g2g = set.host.gpu2gpu;
+    const auto &g2c = set.host.gpu2cpu;
+    if (st.ok())
+      st = Check(MemsetAsync(g2g.claims_, claim::kVerify, 4ull * g2g.num_slots_, copies),
+                 "reclaim gpu2gpu slots");
+    if (st.ok())
+      st = Check(MemsetAsync(g2c.claims_, claim::kVerify, 4ull * g2c.num_slots_, copies),
+                 "reclaim gpu2cpu slots");
+    if (st.ok()) st = Check(StreamSynchronize(copies), "reclaim slots");
+    return st;
+  }
+
+  /** Slots of the gpu2gpu and gpu2cpu queues that clients hold right now. */
+  Status CountHeldSlots(u32 *gpu2gpu, u32 *gpu2cpu) {
+    const DeviceScope scope(id);  // the caller keeps its own GPU
+    Status st = scope.status();
+    if (st.ok()) st = CountHeld(set.host.gpu2gpu.claims_, set.host.gpu2gpu.num_slots_, gpu2gpu);
+    if (st.ok()) st = CountHeld(set.host.gpu2cpu.claims_, set.host.gpu2cpu.num_slots_, gpu2cpu);
+    return st;
+  }
+
   /** Frees the streams and regions (never call it on a wedged device). */
   void Release() {
     const DeviceScope scope(id);
@@ -146,6 +175,17 @@ struct GpuDevice {
     if (private_device != nullptr) Free(private_device);
     if (private_pinned != nullptr) FreeHost(private_pinned);
     private_device = private_pinned = nullptr;
+  }
+
+ private:
+  /** Counts held claim words of one queue (copied back to the host). */
+  Status CountHeld(const Atomic<u32, MemScope::kDevice> *claims, u32 n, u32 *held) {
+    std::vector<u32> words(n);
+    Status st = Check(MemcpyAsync(words.data(), claims, 4ull * n, copies), "read slot claims");
+    if (st.ok()) st = Check(StreamSynchronize(copies), "read slot claims");
+    *held = 0;
+    for (u32 w : words) *held += (w & claim::kHeld) != 0 ? 1 : 0;
+    return st;
   }
 };
 

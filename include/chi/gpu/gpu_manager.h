@@ -299,34 +299,15 @@ class GpuManager : private GpuPoolDirectory {
    */
   Status ReclaimGpuSlots(u32 gpu_id) {
     if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
-    Device &d = *devices_[gpu_id];
     std::lock_guard<std::mutex> g(sync_mu_);
-    const DeviceScope scope(d.id);  // the caller keeps its own GPU
-    Status st = scope.status();
-    const auto &g2g = d.set.host.gpu2gpu;
-    const auto &g2c = d.set.host.gpu2cpu;
-    if (st.ok())
-      st = Check(MemsetAsync(g2g.claims_, claim::kVerify, 4ull * g2g.num_slots_, d.copies),
-                 "reclaim gpu2gpu slots");
-    if (st.ok())
-      st = Check(MemsetAsync(g2c.claims_, claim::kVerify, 4ull * g2c.num_slots_, d.copies),
-                 "reclaim gpu2cpu slots");
-    if (st.ok()) st = Check(StreamSynchronize(d.copies), "reclaim slots");
-    return st;
+    return devices_[gpu_id]->ReclaimClientSlots();
   }
 
   /** Slots of GPU gpu_id's gpu2gpu and gpu2cpu queues that clients hold right now. */
   Status CountHeldSlots(u32 gpu_id, u32 *gpu2gpu, u32 *gpu2cpu) {
     if (gpu_id >= devices_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
-    Device &d = *devices_[gpu_id];
     std::lock_guard<std::mutex> g(sync_mu_);
-    const DeviceScope scope(d.id);  // the caller keeps its own GPU
-    Status st = scope.status();
-    if (st.ok())
-      st = CountHeld(d, d.set.host.gpu2gpu.claims_, d.set.host.gpu2gpu.num_slots_, gpu2gpu);
-    if (st.ok())
-      st = CountHeld(d, d.set.host.gpu2cpu.claims_, d.set.host.gpu2cpu.num_slots_, gpu2cpu);
-    return st;
+    return devices_[gpu_id]->CountHeldSlots(gpu2gpu, gpu2cpu);
   }
 
   /** Copies the GPU container of `pool` on GPU gpu_id back to the host (tests, stats). */
@@ -413,7 +394,6 @@ class GpuManager : private GpuPoolDirectory {
 
   static inline const GpuIpcOps kRuntimeIpcOps{&OpenIpcHandle, &RetireIpcMapping,
                                                &CopyToHostHook};
-
 
   /** Maps GPU i's regions, carves its queues and launches its orchestrator. */
   Status OpenDevice(Device &d, int i) {
@@ -551,16 +531,6 @@ class GpuManager : private GpuPoolDirectory {
     d.arena_used = at + bytes;
     *out = GpuPoolBinding{pool, module, d.set.arena + at};
     return Status::Ok();
-  }
-
-  /** Counts held claim words of one queue (copied back to the host). */
-  Status CountHeld(Device &d, const Atomic<u32, MemScope::kDevice> *claims, u32 n, u32 *held) {
-    std::vector<u32> words(n);
-    Status st = Check(MemcpyAsync(words.data(), claims, 4ull * n, d.copies), "read slot claims");
-    if (st.ok()) st = Check(StreamSynchronize(d.copies), "read slot claims");
-    *held = 0;
-    for (u32 w : words) *held += (w & claim::kHeld) != 0 ? 1 : 0;
-    return st;
   }
 
   /** GpuPoolDirectory: does GPU gpu_id serve `pool`? Registers it on first use. */

@@ -165,10 +165,9 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
   }
 
   /**
-   * In a forked child (fork child handler): the thread, the links and the tasks in them
-   * are the parent's. The thread's Worker is kept, never joined (KeepInherited), and the
-   * links and queues forgotten, so Stop and the destructor touch nothing of the parent's;
-   * sends then fail with kShutdown. The wait helper was forgotten with every other.
+   * In a forked child: the thread, links and tasks are the parent's. Keeps the thread's
+   * Worker unjoined (KeepInherited) and forgets the links and queues, so Stop and the
+   * destructor touch nothing of the parent's; sends then fail with kShutdown.
    */
   void ForgetAfterFork() {
     KeepInherited(std::move(worker_));

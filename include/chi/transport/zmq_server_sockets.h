@@ -84,7 +84,7 @@ class ZmqServerSockets {
  protected:
   /** A registered client. */
   struct Peer {
-    u32 pid = 0;
+    ProcessIdentity who;  ///< pid and start time: a reused pid is not taken for the client
     u64 client_id = 0;
     u64 outstanding = 0;
     bool active = true;  ///< sent something since the last probe round (ForgetUnreachable)
@@ -165,7 +165,8 @@ class ZmqServerSockets {
     }
     if (st.ok()) {
       Peer &p = peers_[peer];
-      p.pid = req.pid;
+      // Its start time, read now while it waits for our answer (0 where /proc is missing).
+      p.who = IdentityOf(req.pid);
       p.active = true;
       p.client_id = ++next_client_id_;
       answer.client_id = p.client_id;
@@ -271,7 +272,7 @@ class ZmqServerSockets {
   void Reap(u64 now) {
     for (auto it = peers_.begin(); it != peers_.end();) {
       auto next = std::next(it);
-      if (!ProcessAlive(it->second.pid)) Forget(it);
+      if (!IsProcessAlive(it->second.who)) Forget(it);
       it = next;
     }
     if (now >= next_probe_) {
