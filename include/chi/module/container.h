@@ -8,6 +8,7 @@
 
 #include "chi/core/atomic.h"  // per-container counters
 #include "chi/core/ids.h"     // PoolId, ContainerId, MethodId
+#include "chi/core/striped_counter.h"  // tasks done, counted by every worker
 #include "chi/core/types.h"   // u32, u64
 #include "chi/serialize/archive.h"  // InputArchive/OutputArchive for the wire hooks
 #include "chi/task/task.h"    // Task
@@ -61,16 +62,16 @@ class Container {
   ContainerId GetContainerId() const { return container_id_; }
   u32 GetNumContainers() const { return num_containers_; }
   /** Tasks this container has finished (for Monitor stats). */
-  u64 TasksDone() const { return tasks_done_.Load(MemOrder::kRelaxed); }
+  u64 TasksDone() const { return tasks_done_.Sum(); }
   /** Counts a finished task (relaxed: a statistic, nothing synchronises on it). */
-  void CountDone() { tasks_done_.FetchAdd(1, MemOrder::kRelaxed); }
+  void CountDone() { tasks_done_.Add(1); }
 
  protected:
   PoolId pool_id_;
   std::string pool_name_;
   ContainerId container_id_ = 0;
   u32 num_containers_ = 1;
-  Atomic<u64> tasks_done_;
+  StripedCounter tasks_done_;  ///< striped: every worker running the container counts here
 };
 
 }  // namespace chi

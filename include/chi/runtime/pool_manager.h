@@ -15,6 +15,7 @@
 #include "chi/core/atomic.h"             // in-flight counters, snapshot pointer
 #include "chi/core/ids.h"                // PoolId, ContainerId, NodeId
 #include "chi/core/status.h"             // Status
+#include "chi/core/striped_counter.h"    // in flight and done, counted by every worker
 #include "chi/module/container.h"        // Container
 #include "chi/module/module_manager.h"   // module factories
 
@@ -34,9 +35,15 @@ struct PoolInfo {
   u32 num_containers_ = 0;
   DomainTables domain_;
   std::vector<std::unique_ptr<Container>> containers_;  ///< index = container id (local ones)
-  Atomic<u64> inflight_;    ///< tasks routed to this pool and not yet completed
-  Atomic<u32> destroying_;  ///< set once DestroyPool starts; new tasks are refused
-  Atomic<u64> tasks_done_;  ///< statistics
+  StripedCounter inflight_;    ///< tasks routed to this pool and not yet completed
+  Atomic<u32> destroying_;     ///< set once DestroyPool starts; new tasks are refused
+  StripedCounter tasks_done_;  ///< statistics
+
+  /** Tasks in flight now (statistics: a sum racing with the workers may read off). */
+  u64 InflightForStats() const {
+    const u64 n = inflight_.Sum(MemOrder::kRelaxed);
+    return n > (1ull << 63) ? 0 : n;  // a release summed before its acquire reads below 0
+  }
 
   /** The local container with this id, or nullptr. */
   Container *GetContainer(ContainerId id) const {
@@ -81,7 +88,7 @@ class PoolManager {
     PoolInfo *info = it->second;
     // seq_cst pairs with DestroyPool's seq_cst store of destroying_: either it sees
     // our increment and waits for us, or we see its flag and back off.
-    info->inflight_.FetchAdd(1, MemOrder::kSeqCst);
+    info->inflight_.Add(1, MemOrder::kSeqCst);
     if (info->destroying_.Load(MemOrder::kSeqCst) != 0) {
       Release(info);
       return nullptr;
@@ -92,7 +99,7 @@ class PoolManager {
   /** Ends one in-flight task on the pool. */
   void Release(PoolInfo *info) {
     // release: the task's effects are visible to whoever observes the count drop.
-    info->inflight_.FetchSub(1, MemOrder::kRelease);
+    info->inflight_.Sub(1, MemOrder::kRelease);
   }
 
   /** The pool with this name, or the null id. */
@@ -207,8 +214,7 @@ class PoolManager {
     for (const auto &kv : t->by_id) {
       const PoolInfo *p = kv.second;
       out.push_back(PoolStats{p->id_, p->name_, p->module_name_, p->num_containers_,
-                              p->inflight_.Load(MemOrder::kRelaxed),
-                              p->tasks_done_.Load(MemOrder::kRelaxed)});
+                              p->InflightForStats(), p->tasks_done_.Sum(MemOrder::kRelaxed)});
     }
     return out;
   }

@@ -401,13 +401,13 @@ void Worker::OnFiberDone(RunContext *r) {
     // containers live on; the completer owns (and frees) the task from here.
     CompleteTask(t);
     if (counted != nullptr) counted->CountDone();
-    pool->tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
+    pool->tasks_done_.Add(1);
     pools_->Release(pool);
     tasks_done_.AddOwned(1);  // only this thread writes it
     return;
   }
   if (counted != nullptr) counted->CountDone();
-  pool->tasks_done_.FetchAdd(1, MemOrder::kRelaxed);
+  pool->tasks_done_.Add(1);
   FinishTask(t, pool);  // releases the pool and publishes the outputs
 }
 

@@ -89,8 +89,10 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     chi::PoolInfo *info = pools_->BeginDestroy(task.target_, &st);
     if (info == nullptr) return task.SetError(st.code(), st.message());
     orch_->WakeAll();  // periodic tasks of this pool end at their worker's next look
-    // acquire: everything the drained tasks did is visible before containers die.
-    while (info->inflight_.Load(chi::MemOrder::kAcquire) != 0) {
+    // seq_cst: after BeginDestroy's seq_cst flag, every task that got past Acquire is in
+    // the sum (Dekker with Acquire); acquire: what the drained tasks did is visible before
+    // the containers die.
+    while (info->inflight_.Sum(chi::MemOrder::kSeqCst) != 0) {
       rctx.GetWorker()->YieldInFiber(&rctx);
     }
     pools_->FinishDestroy(info);
