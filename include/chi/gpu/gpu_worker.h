@@ -171,13 +171,13 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
    */
   void ForgetAfterFork() {
     KeepInherited(std::move(worker_));
-    KeepInherited(std::move(dispatcher_));
     helping_ = false;
     links_.clear();
     user_.ForgetAfterFork();
-    senders_.Store(0, MemOrder::kRelaxed);  // relaxed: the child has one thread here
+    // relaxed: the child has one thread here. A parent's sender in flight would hold up
+    // StopIntake's drain; closing_ fails sends until Start.
+    senders_.Store(0, MemOrder::kRelaxed);
     closing_.Store(1, MemOrder::kRelaxed);
-    stop_.Store(1, MemOrder::kRelaxed);
   }
 
   /** Routes a LocalGpuBcast / ToLocalGpu task to its GPU(s); always completes it. */
