@@ -159,15 +159,17 @@ class RuntimeProcess {
  public:
   /**
    * data_bytes: the size of each data segment (0: none; large messages then stream);
-   * slots: the client slots it serves.
+   * slots: the client slots it serves; server_conf: a configuration file for the runtime
+   * (CHI_SERVER_CONF; "" for the defaults).
    */
   explicit RuntimeProcess(u32 port, u32 ring_bytes = 256u << 10, u32 data_bytes = 0,
-                          u32 slots = 8)
+                          u32 slots = 8, const std::string &server_conf = "")
       : port_(port), data_bytes_(data_bytes) {
     pid_ = chi_test::SpawnChild("shm_runtime", {{"CHI_TEST_SHM_PORT", std::to_string(port)},
                                                 {"CHI_TEST_SHM_RING", std::to_string(ring_bytes)},
                                                 {"CHI_TEST_SHM_DATA", std::to_string(data_bytes)},
-                                                {"CHI_TEST_SHM_SLOTS", std::to_string(slots)}});
+                                                {"CHI_TEST_SHM_SLOTS", std::to_string(slots)},
+                                                {"CHI_SERVER_CONF", server_conf}});
     REQUIRE(pid_ > 0);
     REQUIRE_MESSAGE(AwaitRuntime(port, 30, &info_, pid_), "runtime child did not come up");
   }

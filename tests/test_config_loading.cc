@@ -4,8 +4,7 @@
 // lines). Parsing YAML text is in test_config.cc.
 #include <doctest/doctest.h>
 
-#include <stdlib.h>  // setenv, unsetenv, mkstemp
-#include <unistd.h>  // close, unlink, write
+#include <stdlib.h>  // setenv, unsetenv
 
 #include <chi/runtime/config.h>
 #include <chi/runtime/hostfile.h>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "config_test_support.h"  // Contains
+#include "temp_file.h"            // TempFile
 
 using chi::ErrorCode;
 using chi::PoolId;
@@ -56,25 +56,7 @@ class EnvGuard {
   std::vector<std::optional<std::string>> saved_;
 };
 
-/** A temporary file holding the given text, removed when the object dies. */
-class TempFile {
- public:
-  explicit TempFile(const std::string &text) {
-    std::string tmpl = "/tmp/chi_cfg_" + std::string(6, 'X');  // mkstemp pattern
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    int fd = mkstemp(buf.data());
-    REQUIRE(fd >= 0);
-    path_ = buf.data();
-    REQUIRE(write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
-    close(fd);
-  }
-  ~TempFile() { unlink(path_.c_str()); }
-  const std::string &path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using chi_test::TempFile;
 
 }  // namespace
 

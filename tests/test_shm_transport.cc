@@ -6,6 +6,7 @@
 // refused connects are in test_shm_transport_faults.cc; the shared runtime child and
 // fixtures in shm_transport_fixture.h.
 #include "shm_transport_fixture.h"
+#include "temp_file.h"
 
 #include <sys/mman.h>  // the ping-pong floor's shared page
 #include <sys/wait.h>  // waitpid
@@ -70,10 +71,27 @@ struct ObserveTask : public chi::Task {
   }
 };
 
+/** Keeps its worker busy for spin_ns without yielding (a task that should have been
+ * TASK_HIGH_LATENCY); end_ns_ is when it let go (CLOCK_MONOTONIC). */
+struct HogTask : public chi::Task {
+  IN u64 spin_ns_ = 0;
+  OUT u64 end_ns_ = 0;
+
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(spin_ns_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(end_ns_);
+  }
+};
+
 /** The runtime side of the order probe (runs in the runtime child). */
 class OrderProbe : public chi::ModuleRuntime<OrderProbe> {
  public:
   static constexpr chi::MethodId kObserve = 10;
+  static constexpr chi::MethodId kHog = 11;
   /** A pool of the probe needs nothing set up. */
   void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
   /** Reads the runtime's published counters (ShmServer::ProbeStats) into the task. */
@@ -86,9 +104,16 @@ class OrderProbe : public chi::ModuleRuntime<OrderProbe> {
     t.served_at_start_ = s.tasks_served;
     t.worker_taken_at_start_ = s.worker_taken;
   }
+  /** Spins on its worker, never yielding it, for the time asked. */
+  void Hog(HogTask &t, chi::RunContext &) {
+    const u64 end = chi::MonotonicNs() + t.spin_ns_;
+    while (chi::MonotonicNs() < end) chi::CpuRelax();
+    t.end_ns_ = chi::MonotonicNs();
+  }
   using Methods = chi::MethodList<
       chi::Method<0, chimaera::admin::CreatePoolTask, &OrderProbe::Create, "Create">,
-      chi::Method<kObserve, ObserveTask, &OrderProbe::Observe, "Observe">>;
+      chi::Method<kObserve, ObserveTask, &OrderProbe::Observe, "Observe">,
+      chi::Method<kHog, HogTask, &OrderProbe::Hog, "Hog">>;
 };
 const bool kOrderProbeRegistered = chi::ModuleManager::Register<OrderProbe>("order_probe");
 constexpr chi::PoolId kProbePool(301, 0);
@@ -100,6 +125,35 @@ chi::Future<ObserveTask> Observe() {
   t->pool_query_ = PoolQuery::Local();
   t->method_ = OrderProbe::kObserve;
   return chi::GetIpcManager().Send(t);
+}
+
+/** Sends a Hog task of `spin_ns` to the order probe pool through the attached transport. */
+chi::Future<HogTask> Hog(u64 spin_ns) {
+  auto *t = chi::NewTask<HogTask>();
+  t->pool_id_ = kProbePool;
+  t->pool_query_ = PoolQuery::Local();
+  t->method_ = OrderProbe::kHog;
+  t->spin_ns_ = spin_ns;
+  return chi::GetIpcManager().Send(t);
+}
+
+/** Creates the order probe pool through the attached transport. */
+void CreateProbePool() {
+  auto made = chimaera::admin::Client().AsyncCreatePool(PoolQuery::Local(), "order_probe",
+                                                        "order_probe", kProbePool);
+  REQUIRE(made.Wait(30));
+  REQUIRE_MESSAGE(made->GetReturnCode() == 0, made->GetMessage());
+}
+
+/** Starts the load clients 0..n-1 against `port` and checks that each one exits 0. */
+void RunLoadClients(u32 port, u32 n) {
+  std::vector<pid_t> clients;
+  for (u32 k = 0; k < n; ++k) {
+    clients.push_back(chi_test::SpawnChild(
+        "shm_load_client",
+        {{"CHI_TEST_SHM_PORT", std::to_string(port)}, {"CHI_TEST_CLIENT_ID", std::to_string(k)}}));
+  }
+  for (pid_t pid : clients) CHECK(chi_test::WaitChild(pid, 120) == 0);
 }
 
 }  // namespace
@@ -224,18 +278,59 @@ TEST_CASE("four client processes send 10^4 tasks each at once and every answer i
     AttachedClient attached(runtime.Info());
     CreateDemoPool();
   }
-  std::vector<pid_t> clients;
-  for (u32 k = 0; k < 4; ++k) {
-    clients.push_back(chi_test::SpawnChild(
-        "shm_load_client",
-        {{"CHI_TEST_SHM_PORT", std::to_string(port)}, {"CHI_TEST_CLIENT_ID", std::to_string(k)}}));
-  }
-  for (pid_t pid : clients) CHECK(chi_test::WaitChild(pid, 120) == 0);
+  RunLoadClients(port, 4);
   chi::ShmServer::Stats stats;
   CHECK(AwaitStats(port, [](const auto &s) { return s.clients == 0; }, 10, &stats));
   CHECK(stats.tasks_served >= 40000);
   CHECK(stats.reclaimed_clients == 0);
   CHECK(stats.broken_streams == 0);
+}
+
+TEST_CASE("three workers reading the rings serve four clients' 10^4 tasks each, all right") {
+  // Each slot has a home worker; the others take slots over as the load asks
+  // (ShmSlotAffinity), so requests and answers of one slot move between workers.
+  const u32 port = TestPort(2);
+  chi_test::TempFile conf("workers:\n  low_latency: 3\n  high_latency: 1\n");
+  RuntimeProcess runtime(port, 256u << 10, 0, 8, conf.path());
+  {
+    AttachedClient attached(runtime.Info());
+    CreateDemoPool();
+  }
+  RunLoadClients(port, 4);
+  chi::ShmServer::Stats stats;
+  CHECK(AwaitStats(port, [](const auto &s) { return s.clients == 0; }, 10, &stats));
+  CHECK(stats.tasks_served >= 40000);
+  CHECK(stats.worker_taken > 0);
+  CHECK(stats.reclaimed_clients == 0);
+  CHECK(stats.broken_streams == 0);
+}
+
+TEST_CASE("a worker stuck in a long task loses its client's slot to another worker") {
+  // The slot's home takes the hog and spins in it; the client's next requests wait in the
+  // slot until the poller wakes the parked second worker, which takes the slot over. A
+  // runtime that left the slot with its home would answer them only after the hog.
+  const u32 port = TestPort(4);
+  chi_test::TempFile conf("workers:\n  low_latency: 2\n  high_latency: 1\n");
+  RuntimeProcess runtime(port, 256u << 10, 0, 8, conf.path());
+  AttachedClient attached(runtime.Info());
+  auto client = CreateDemoPool();
+  CreateProbePool();
+  for (u32 i = 0; i < 200; ++i) CheckEcho(client, 16, i);  // the slot gets a home
+  constexpr u64 kHogNs = 3000000000ull;
+  auto hog = Hog(kHogNs);
+  constexpr u32 kTasks = 1000;
+  u32 right = 0;
+  for (u32 i = 0; i < kTasks; ++i) {
+    auto g = client.AsyncGpuSubmit(PoolQuery::Local(), i % 4, i);
+    if (g.Wait(30) && g->GetReturnCode() == 0 && g->result_value_ == i * 2 + i % 4) ++right;
+  }
+  const u64 done_ns = chi::MonotonicNs();
+  CHECK(right == kTasks);
+  REQUIRE(hog.Wait(30));
+  REQUIRE_MESSAGE(hog->GetReturnCode() == 0, hog->GetMessage());
+  CHECK_MESSAGE(done_ns < hog->end_ns_, "the tasks behind the hog finished "
+                                            << (done_ns - hog->end_ns_) / 1000000
+                                            << " ms after it");
 }
 
 
@@ -290,10 +385,7 @@ TEST_CASE("a request reaching an idle slot starts before the worker reads the on
   const u32 port = TestPort(0);
   RuntimeProcess runtime(port);
   AttachedClient attached(runtime.Info());
-  auto made = chimaera::admin::Client().AsyncCreatePool(PoolQuery::Local(), "order_probe",
-                                                        "order_probe", kProbePool);
-  REQUIRE(made.Wait(30));
-  REQUIRE_MESSAGE(made->GetReturnCode() == 0, made->GetMessage());
+  CreateProbePool();
   u32 rounds_by_workers = 0;
   u32 started_alone = 0;
   for (u32 round = 0; round < 40 && rounds_by_workers < 5; ++round) {

@@ -5,6 +5,7 @@
 #include "child_process.h"
 #include "embedded_fixture.h"
 #include "fork_while_busy.h"
+#include "temp_file.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -148,12 +149,9 @@ TEST_CASE("init and finalize 20 times in fresh processes") {
 }
 
 TEST_CASE("a runtime with 2+1 workers and 3 lanes each serves concurrent clients") {
-  const std::string path = "/tmp/chi_lanes_" + std::to_string(getpid()) + ".yaml";
-  FILE *f = std::fopen(path.c_str(), "w");
-  std::fputs("workers:\n  low_latency: 2\n  high_latency: 1\nlanes_per_worker: 3\nqueue_depth: 64\n", f);
-  std::fclose(f);
-  CHECK(chi_test::RunChild("multi_lane", {{"CHI_SERVER_CONF", path}}) == 0);
-  std::remove(path.c_str());
+  chi_test::TempFile conf(
+      "workers:\n  low_latency: 2\n  high_latency: 1\nlanes_per_worker: 3\nqueue_depth: 64\n");
+  CHECK(chi_test::RunChild("multi_lane", {{"CHI_SERVER_CONF", conf.path()}}) == 0);
 }
 
 namespace {

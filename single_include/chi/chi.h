@@ -5927,6 +5927,9 @@ class Worker {
     if (parked_.Load(MemOrder::kSeqCst) != 0) ForceWake();
   }
 
+  /** True while the worker sleeps (any thread; a hint, it may wake any moment). */
+  bool IsParked() const { return parked_.Load(MemOrder::kRelaxed) != 0; }  // relaxed: a hint
+
   /**
    * Swaps the external poller called every loop pass from `from` to `to` (either may be
    * nullptr; any thread); false when `from` was not the one installed. Returns once the
@@ -8728,6 +8731,21 @@ class WorkOrchestrator {
   /** Hands replica `index` of a fan-out to a worker, spreading replicas over workers. */
   void SubmitSpread(Task *t, u32 index) { SubmitTo(low_[index % low_.size()], t); }
 
+  /**
+   * Wakes one parked low-latency worker, if any: a transport's poller found requests
+   * piling up while the awake workers read them (the woken one joins them). Any thread.
+   * False when none was parked.
+   */
+  bool WakeParkedLowLatency() {
+    for (Worker *w : low_) {
+      if (w->IsParked()) {
+        w->Wake();
+        return true;
+      }
+    }
+    return false;
+  }
+
   /** Wakes every worker (e.g. so periodic tasks of a destroyed pool stop now). */
   void WakeAll() {
     for (auto &w : workers_) w->Wake();
@@ -9724,6 +9742,9 @@ class ShmStream {
     if (static_cast<i64>(write_pos_.Load(MemOrder::kAcquire) - r) <= 0) return false;
     return HeaderWord(r)->Load(MemOrder::kAcquire) == 0;
   }
+
+  /** The reader's position (any thread; a mark of progress for those watching it). */
+  u64 ReadPosition() const { return read_pos_.Load(MemOrder::kRelaxed); }  // relaxed: a mark
 
   /** Published bytes not yet consumed (a statistic: read from any process). */
   u64 UsedBytes() const {
@@ -12537,8 +12558,13 @@ namespace chi {
 struct alignas(kCacheLine) ShmServedSlot {
   enum class Phase : u32 { kIdle, kServing, kDraining };
 
+  /// Values of `writer`: who appends. A worker holds it for one small answer, so another
+  /// worker waits a little for it; the poller may hold it across a long stream.
+  static constexpr u32 kWorkerWrites = 1;
+  static constexpr u32 kPollerWrites = 2;
+
   // Line 0: written by the workers that answer (and by the poller when it writes).
-  Atomic<u32> writer;         ///< 1 while someone appends to the answer stream
+  Atomic<u32> writer;         ///< non-zero (kWorkerWrites, kPollerWrites) while someone appends
   Atomic<u32> reader;         ///< 1 while someone (poller or worker) reads the request stream
   Atomic<u32> completing;     ///< workers inside OnComplete for this slot right now
   Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
@@ -12549,6 +12575,7 @@ struct alignas(kCacheLine) ShmServedSlot {
   // Line 1: read by the workers, written by the poller only on rare events.
   alignas(kCacheLine) Atomic<u32> draining;  ///< 1: answers of this slot are discarded
   Atomic<u32> credit_wait;  ///< 1: the poller stopped reading until an answer frees a credit
+  Atomic<u32> handoff;      ///< 1: a worker left requests it cannot take for the poller
   MpscRing<u64> *pending = nullptr;  ///< finished tasks whose answers the poller writes
   void *pending_mem = nullptr;
   Atomic<u32> error_count;  ///< entries of `errors` (the poller's park re-check)
@@ -12559,6 +12586,8 @@ struct alignas(kCacheLine) ShmServedSlot {
   alignas(kCacheLine) Atomic<u64> accepted;  ///< requests taken in (and error answers), ever
   u64 answered_seen = 0;                     ///< the reader's last view of `answered`
   bool assembling = false;                   ///< a request arriving in pieces (the poller's)
+  u64 poller_seen = 0;  ///< the poller's: 1 + the read position it found waiting, or 0
+  bool poller_queue = false;  ///< the poller's: more than one request waited at its last look
   bool assembly_by_ref = false;              ///< its pieces are chunks in the data region
   Phase phase = Phase::kIdle;
   ProcessIdentity owner;
@@ -12810,7 +12839,7 @@ class ShmReaper {
     ShmClientSlot *slot = segment_->Slot(i);
     u32 idle = 0;
     // acquire: a completer that slipped past the draining flag finishes its append first.
-    while (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+    while (!s.writer.CompareExchange(idle, ShmServedSlot::kPollerWrites, MemOrder::kAcquire)) {
       idle = 0;
       CpuRelax();
     }
@@ -12923,6 +12952,9 @@ inline constexpr u32 kMaxRing = 16u << 20;
 /// spinning threads every microsecond spun delays the thread we are waiting for.
 inline constexpr u64 kPollerSpinNs = 10000;
 inline constexpr u64 kReapIntervalNs = 20000000;  ///< liveness checks while clients exist
+/// While workers read the request streams, the poller looks at them this often, and takes
+/// a request still waiting at the next look (the workers are stuck in long tasks).
+inline constexpr u64 kPollerLookNs = 50000;
 inline constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is connected
 inline constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
 inline constexpr u64 kStopGraceNs = 5000000000ull;  ///< Stop waits this long for running tasks
@@ -12981,13 +13013,7 @@ class ShmAnswerWriter {
    * the task for the poller). Never blocks; the task stays the caller's.
    */
   bool TryWrite(u32 i, ShmServedSlot &s, Task *t) {
-    u32 idle = 0;
-    // relaxed test first: a busy stream costs no write of its line. acquire CAS: the
-    // previous writer's appends are complete before ours.
-    if (s.writer.Load(MemOrder::kRelaxed) != 0 ||
-        !s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
-      return false;
-    }
+    if (!TakeWriter(s)) return false;
     // Small answers are encoded on the stack, large ones straight into the runtime data
     // region when it has room. One that does not fit the region now is the poller's (it
     // would not fit the ring either: encoding it here would only be done twice); without
@@ -13037,7 +13063,9 @@ class ShmAnswerWriter {
         if (!have_error && !have_task) break;
         u32 idle = 0;
         // acquire: a worker's direct append is complete before ours.
-        if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
+        if (!s.writer.CompareExchange(idle, ShmServedSlot::kPollerWrites, MemOrder::kAcquire)) {
+          break;
+        }
         if (!have_error || !s.PopError(&s.outgoing.bytes)) {  // error answers go first
           u64 v = 0;
           if (!s.pending->TryPop(v)) {  // pushed but not yet published
@@ -13060,6 +13088,32 @@ class ShmAnswerWriter {
 
 
  private:
+  /** Polls of a worker-held writer flag before a worker's answer goes to the poller. */
+  static constexpr u32 kWriterPolls = 64;
+
+  /**
+   * Takes slot s's writer flag for a worker. Another worker holds it only while it appends
+   * one answer, so we wait for that (bounded: it may have been descheduled), rather than
+   * hand the answer to the poller; the poller may hold it long, so then we give up at once.
+   */
+  static bool TakeWriter(ShmServedSlot &s) {
+    for (u32 polls = 0; polls < kWriterPolls; ++polls) {
+      // relaxed test first: a busy stream costs no write of its line.
+      const u32 held = s.writer.Load(MemOrder::kRelaxed);
+      if (held == 0) {
+        u32 idle = 0;
+        // acquire: the previous writer's appends are complete before ours.
+        if (s.writer.CompareExchange(idle, ShmServedSlot::kWorkerWrites, MemOrder::kAcquire)) {
+          return true;
+        }
+      } else if (held != ShmServedSlot::kWorkerWrites) {
+        return false;
+      }
+      CpuRelax();
+    }
+    return false;
+  }
+
   /** Slot i's share of the runtime data segment. */
   ShmDataRegion AnswerRegion(u32 i) const {
     return data_->AnswerRegion(i, &segment_->Slot(i)->answer_data_released_);
@@ -13162,6 +13216,121 @@ class ShmAnswerWriter {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_ANSWERS_H
 // ---- end chi/transport/shm_server_answers.h ----
+// ---- begin chi/transport/shm_slot_affinity.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SLOT_AFFINITY_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SLOT_AFFINITY_H
+// ShmSlotAffinity: which runtime worker reads which shm client slot. Each slot has a
+// home worker, the last one that took its requests in; the others leave it alone while
+// the home keeps up. So a client's stream, its answers and its tasks stay in one worker's
+// cache, and workers do not race each other for the slot's flags: one client with many
+// requests in flight is served by one worker, not torn between several (their answers
+// would fight over the stream). A worker takes a slot over (becoming its home) when
+//  - its home has stopped polling (parked: its clients were quiet), or
+//  - its request waited through two looks of this worker while the home has at least two
+//    more slots with requests waiting than this worker (spreading busy clients), or
+//  - its request waited through kLongWaitLooks looks (the home runs a long task).
+// Only a hint: the slot's reader flag decides who reads.
+
+#include <cstring>  // memset of a survey
+#include <memory>   // the per-worker views and the homes
+
+namespace chi {
+
+/** Slot homes and each polling worker's view of the slots it does not own. */
+class ShmSlotAffinity {
+ public:
+  /** A worker looks at slots homed elsewhere once every this many of its passes. */
+  static constexpr u64 kForeignLookEvery = 8;
+  /** Looks a request may wait before any worker takes it from a busy home. */
+  static constexpr u32 kLongWaitLooks = 64;
+  /** Views kept: workers are told apart by id modulo this (the readers mask's width). */
+  static constexpr u32 kMaxViews = 64;
+
+  /** What a worker remembers of a foreign slot between its looks. */
+  struct Watch {
+    u64 position = 0;  ///< 1 + the read position of the request found waiting, or 0
+    u32 looks = 0;     ///< consecutive looks that found that same request waiting
+  };
+
+  /** One worker's state across its passes (only that worker touches it). */
+  struct alignas(kCacheLine) View {
+    u32 next_slot = 0;  ///< where its next pass starts (round robin)
+    u64 busy = 0;       ///< slots (mod 64) read in a batch at its next look
+    u64 passes = 0;
+    u32 load[kMaxViews] = {};  ///< at a look: slots with requests waiting, by home
+    std::unique_ptr<Watch[]> watch;  ///< per slot
+  };
+
+  /** For num_slots slots, none homed yet. */
+  explicit ShmSlotAffinity(u32 num_slots)
+      : num_slots_(num_slots),
+        homes_(std::make_unique<Atomic<u32>[]>(num_slots)),
+        views_(std::make_unique<View[]>(kMaxViews)) {}
+
+  /** The calling worker's view (its own thread only); made on first use. */
+  View &ViewOf(u32 worker_id) {
+    View &v = views_[worker_id % kMaxViews];
+    if (v.watch == nullptr) v.watch = std::make_unique<Watch[]>(num_slots_);
+    return v;
+  }
+
+  /** A worker starts a pass: true when it looks at slots homed elsewhere in it. */
+  static bool BeginPass(View &v) { return ++v.passes % kForeignLookEvery == 0; }
+
+  /**
+   * At a look: counts, by home, the slots among `slots` (a callable visiting each served
+   * slot index) whose requests wait (`waiting(i)`).
+   */
+  template <typename ForEachSlot, typename Waiting>
+  void Survey(View &v, ForEachSlot slots, Waiting waiting) {
+    std::memset(v.load, 0, sizeof(v.load));
+    slots([&](u32 i) {
+      const u32 home = HomeOf(i);
+      if (home != 0 && waiting(i)) ++v.load[(home - 1) % kMaxViews];
+    });
+  }
+
+  /**
+   * Whether worker `me` (id + 1) reads slot i now: its own and unhomed slots always,
+   * others only at a look (`abroad`, after Survey) and by the rules at the top. `readers`:
+   * the polling workers' mask; `position`: 1 + the slot's read position when a request
+   * waits there, else 0.
+   */
+  bool ShouldRead(View &v, u32 me, u32 i, bool abroad, u64 readers, u64 position) {
+    const u32 home = HomeOf(i);
+    if (home == 0 || home == me) return true;
+    if (!abroad) return false;
+    if (((readers >> ((home - 1) % 64)) & 1) == 0) return true;
+    Watch &w = v.watch[i];
+    if (position == 0 || position != w.position) {
+      w.position = position;
+      w.looks = position == 0 ? 0 : 1;
+      return false;
+    }
+    ++w.looks;
+    const u32 theirs = v.load[(home - 1) % kMaxViews];
+    const u32 mine = v.load[(me - 1) % kMaxViews];
+    return theirs >= mine + 2 || w.looks >= kLongWaitLooks;
+  }
+
+  /** Worker `me` took slot i's requests in: it is the slot's home from now on. */
+  void NoteTaken(u32 i, u32 me) {
+    // relaxed: a hint; written only when the home changes, so the line stays shared.
+    if (homes_[i].Load(MemOrder::kRelaxed) != me) homes_[i].Store(me, MemOrder::kRelaxed);
+  }
+
+  /** Slot i's current home (worker id + 1, 0 for none). */
+  u32 HomeOf(u32 i) const { return homes_[i].Load(MemOrder::kRelaxed); }  // relaxed: a hint
+
+ private:
+  u32 num_slots_;
+  std::unique_ptr<Atomic<u32>[]> homes_;
+  std::unique_ptr<View[]> views_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SLOT_AFFINITY_H
+// ---- end chi/transport/shm_slot_affinity.h ----
 
 namespace chi {
 
@@ -13295,22 +13464,30 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   }
 
   /**
-   * A worker's pass: takes in the small requests of every served slot it can read now.
-   * A slot that held at most one request at this worker's last look is read up to its
-   * first task this worker keeps, and the pass ends there: the worker's loop starts that
-   * task before anything reads the next record, whose header lies in the client's cache
-   * (a round trip's answer should not wait for that transfer). After such a look, or one
-   * that found a queue, the slot is read in a batch (up to kRecordsPerPass), as a stream
-   * of requests wants. The next pass goes on after the slot it ended at, so a busy client
+   * A worker's pass: takes in the small requests of the served slots it reads now (its
+   * own, and others' that their home leaves waiting: ShmSlotAffinity). A slot that held
+   * at most one request at this worker's last look is read up to its first task this
+   * worker keeps, and the pass ends there: the worker's loop starts that task before
+   * anything reads the next record, whose header lies in the client's cache (a round
+   * trip's answer should not wait for that transfer). After such a look, or one that
+   * found a queue, the slot is read in a batch (up to kRecordsPerPass), as a stream of
+   * requests wants. The next pass goes on after the slot it ended at, so a busy client
    * cannot starve the others.
    */
   bool Poll() override {
     // acquire: Stop's flag; a stopping server reads no more requests.
     if (stopping_.Load(MemOrder::kAcquire) != 0) return false;
     const Worker *self = tls_current_worker;
-    thread_local u32 next_slot = 0;  // this worker's round-robin start
-    thread_local u64 busy = 0;       // slots (mod 64) read in a batch at its next look
-    const u32 start = next_slot < serving_words_ * 64 ? next_slot : 0;
+    const u32 me = self != nullptr ? self->GetId() + 1 : 0;
+    ShmSlotAffinity::View &v = affinity_.ViewOf(self != nullptr ? self->GetId() : 0);
+    const bool abroad = ShmSlotAffinity::BeginPass(v);
+    // relaxed: a hint for the affinity (it only delays a take-over by a look).
+    const u64 readers = abroad ? header_->worker_readers_.Load(MemOrder::kRelaxed) : 0;
+    if (abroad) {
+      affinity_.Survey(v, [this](auto visit) { ForEachServed(visit); },
+                       [this](u32 i) { return segment_.RequestStream(i)->HasData(); });
+    }
+    const u32 start = v.next_slot < serving_words_ * 64 ? v.next_slot : 0;
     const u32 start_word = start / 64;
     const u64 below_start = (1ull << (start % 64)) - 1;  // start's word, bits before it
     bool did = false;
@@ -13324,19 +13501,36 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       while (bits != 0) {
         const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
         bits &= bits - 1;
+        const ShmStream *rs = segment_.RequestStream(i);
+        const u64 position = abroad && rs->HasData() ? rs->ReadPosition() + 1 : 0;
+        if (!affinity_.ShouldRead(v, me, i, abroad, readers, position)) continue;
         const u64 bit = 1ull << (i % 64);
-        const bool first = (busy & bit) == 0;
+        const bool first = (v.busy & bit) == 0;
         const u32 taken = TakeRequests(i, first ? self : nullptr);
         // Busy: a batch found a queue, or a first look stopped before seeing the rest.
-        busy = taken >= 2 || (first && taken != 0) ? busy | bit : busy & ~bit;
-        did |= taken != 0;
+        v.busy = taken >= 2 || (first && taken != 0) ? v.busy | bit : v.busy & ~bit;
+        if (taken == 0) continue;
+        did = true;
+        affinity_.NoteTaken(i, me);
         if (first && self != nullptr && self->HasAdopted()) {
-          next_slot = i + 1;
+          v.next_slot = i + 1;
           return true;
         }
       }
     }
     return did;
+  }
+
+  /** Calls visit(i) for every slot workers may read now (the serving bits). */
+  template <typename Visit>
+  void ForEachServed(Visit visit) const {
+    for (u32 w = 0; w < serving_words_; ++w) {
+      u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);  // acquire: as in Poll
+      while (bits != 0) {
+        visit(w * 64 + static_cast<u32>(__builtin_ctzll(bits)));
+        bits &= bits - 1;
+      }
+    }
   }
 
   /**
@@ -13346,17 +13540,9 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   bool EndPolling(u32 worker_id) override {
     // seq_cst: clear, then re-check the streams (clients publish, then read the mask).
     header_->worker_readers_.FetchAnd(~(1ull << (worker_id % 64)), MemOrder::kSeqCst);
-    for (u32 w = 0; w < serving_words_; ++w) {
-      u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);  // acquire: as in Poll
-      while (bits != 0) {
-        const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
-        bits &= bits - 1;
-        if (segment_.RequestStream(i)->HasDataSeqCst()) {
-          header_->server_event_.Notify();
-          return false;
-        }
-      }
-    }
+    bool waiting = false;
+    ForEachServed([&](u32 i) { waiting = waiting || segment_.RequestStream(i)->HasDataSeqCst(); });
+    if (waiting) header_->server_event_.Notify();
     return false;
   }
 
@@ -13415,7 +13601,10 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       slot->request_room_.Notify();
     }
     s.UnlockReader();
-    if (leave) header_->server_event_.Notify();
+    if (leave) {
+      s.handoff.Store(1, MemOrder::kSeqCst);  // seq_cst: before Notify (ReadyToRun's re-check)
+      header_->server_event_.Notify();
+    }
     return taken;
   }
 
@@ -13474,166 +13663,33 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     return true;
   }
 
-  // ---- The poller ----
+  // ---- The poller thread (defined in shm_server_poller.h) ----
 
-  void Run() {
-    pthread_setname_np(pthread_self(), "chi-shm-poller");
-    u64 next_reap = MonotonicNs() + shm_server::kReapIntervalNs;
-    u64 idle_since = 0;
-    for (u32 pass = 0;; ++pass) {
-      bool worked = false;
-      // acquire: a client's slot writes before its membership bump are visible.
-      u32 seq = header_->membership_seq_.Load(MemOrder::kAcquire);
-      if (seq != seen_membership_) {
-        seen_membership_ = seq;
-        reaper_->Scan(false);
-        worked = true;
-      }
-      // acquire: Stop wrote stop_deadline_ before it raised the flag.
-      const bool reading = stopping_.Load(MemOrder::kAcquire) == 0;
-      // By index: a corrupt stream moves its slot out of the serving list.
-      const std::vector<u32> &serving = reaper_->Serving();
-      for (size_t k = 0; k < serving.size(); ++k) {
-        const u32 i = serving[k];
-        if (reading) worked |= PumpRequests(i);
-        if (slots_[i].phase == Phase::kServing) worked |= answers_.Pump(i, slots_[i]);
-      }
-      worked |= reaper_->DrainAll();
-      if (!reading && (Quiet() || MonotonicNs() >= stop_deadline_)) break;
-      if (worked) {
-        idle_since = 0;
-        if ((pass & 1023) != 0) continue;
-      } else if ((pass & 63) != 0) {
-        CpuRelax();
-        continue;
-      }
-      const u64 now = MonotonicNs();
-      if (now >= next_reap) {
-        reaper_->Scan(true);
-        next_reap = now + (reaper_->Busy() ? shm_server::kReapIntervalNs : shm_server::kIdleScanNs);
-      }
-      if (worked) continue;
-      if (idle_since == 0) idle_since = now;
-      // While workers read the request streams the poller is not needed for requests:
-      // it parks at once instead of competing with them for the CPU. relaxed: a hint;
-      // ReadyToRun's re-check decides.
-      const bool workers_read = header_->worker_readers_.Load(MemOrder::kRelaxed) != 0;
-      if (!workers_read && now - idle_since < shm_server::kPollerSpinNs) {
-        sched_yield();  // a worker or client sharing this CPU runs meanwhile
-        continue;
-      }
-      header_->server_event_.Wait([&] { return ReadyToRun(); },
-                                  reading ? next_reap : stop_deadline_,
-                                  header_->stats_.poller_waits);
-      idle_since = 0;
-    }
-  }
+  /** The poller thread's loop: slot membership, requests, answers, reaping, parking. */
+  inline void Run();
+
+  /**
+   * Whether the poller reads slot i's requests in this pass: always while no worker
+   * reads the streams; otherwise only those a worker handed over, or bytes with no record
+   * (found at a look). A look also notes slots whose requests stall or pile up
+   * (wake_parked_).
+   */
+  inline bool PollerMayRead(u32 i, bool workers_read, bool look);
+
+  /** True when some served slot's request stream holds a request (the poller's hint). */
+  inline bool RequestsWaiting() const;
 
   /** The park re-check: anything that would give the poller work (seq_cst loads). */
-  bool ReadyToRun() {
-    if (stopping_.Load(MemOrder::kSeqCst) != 0 && Quiet()) return true;
-    if (header_->membership_seq_.Load(MemOrder::kSeqCst) != seen_membership_) return true;
-    const bool reading = stopping_.Load(MemOrder::kSeqCst) == 0;
-    for (u32 i : reaper_->Serving()) {
-      ShmServedSlot &s = slots_[i];
-      if (s.pending_count.Load(MemOrder::kSeqCst) != 0 ||
-          s.error_count.Load(MemOrder::kSeqCst) != 0) {
-        return true;
-      }
-      if (reading && segment_.RequestStream(i)->HasDataSeqCst() &&
-          s.accepted.Load(MemOrder::kRelaxed) - s.answered.Load(MemOrder::kSeqCst) <
-              options_.max_outstanding) {
-        return true;
-      }
-      if (s.outgoing_open && segment_.AnswerStream(i)->HasRoomSeqCst(1)) return true;
-    }
-    return reaper_->DrainingHasWork();
-  }
+  inline bool ReadyToRun();
 
   /** True when no slot has work in flight (Stop may finish). */
-  bool Quiet() const {
-    for (u32 i = 0; i < options_.num_slots; ++i) {
-      if (slots_[i].InFlight() != 0) return false;
-    }
-    return true;
-  }
+  inline bool Quiet() const;
 
   /** Reads whatever requests slot i has published; dispatches the whole ones. */
-  bool PumpRequests(u32 i) {
-    ShmServedSlot &s = slots_[i];
-    ShmStream *rs = segment_.RequestStream(i);
-    // An empty stream costs no write of the flag's line (workers write it as they answer).
-    // Unframed: bytes published with no record, which only this slow check sees.
-    if (!rs->HasData() && !rs->Unframed()) return false;
-    u32 idle = 0;
-    // acquire: a worker's reads and counts are complete before ours. Busy: a worker reads.
-    if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
-    const bool worked = PumpRequestsLocked(i, s);
-    s.UnlockReader();
-    if (worked) {
-      NoteCpu(segment_.Slot(i)->runtime_cpu_);
-      segment_.Slot(i)->request_room_.Notify();
-    }
-    return worked;
-  }
+  inline bool PumpRequests(u32 i);
 
   /** PumpRequests' body, holding slot i's reader flag. */
-  bool PumpRequestsLocked(u32 i, ShmServedSlot &s) {
-    ShmStream *rs = segment_.RequestStream(i);
-    bool worked = false;
-    for (u32 n = 0; n < shm_server::kRecordsPerPass; ++n) {
-      if (!HasCredit(s)) break;
-      ShmStream::Piece p;
-      ShmStream::PeekResult r = rs->Peek(&p);
-      if (r == ShmStream::PeekResult::kEmpty && !rs->Unframed()) break;
-      worked = true;
-      if (r != ShmStream::PeekResult::kReady) {
-        reaper_->Break(i, ErrorCode::kMalformed);
-        return true;
-      }
-      if (p.kind == ShmStream::kRef) {
-        if (ErrorCode bad = TakeRef(i, s, p); bad != ErrorCode::kOk) {
-          reaper_->Break(i, bad);
-          return true;
-        }
-        rs->Consume(p);
-        continue;
-      }
-      if (!s.assembling) {
-        if (p.kind != ShmStream::kBegin) {
-          reaper_->Break(i, ErrorCode::kMalformed);
-          return true;
-        }
-        if (p.message_bytes > options_.max_message_bytes) {
-          reaper_->Break(i, ErrorCode::kTooLarge);
-          return true;
-        }
-        if (p.bytes == p.message_bytes && p.Contiguous()) {
-          // The record stays unconsumed while decoding, so the client cannot reuse it.
-          Dispatch(i, p.first, p.bytes);
-          rs->Consume(p);
-          continue;
-        }
-        s.assembly.bytes.clear();
-        s.assembly_total = p.message_bytes;
-        s.assembling = true;
-        s.assembly_by_ref = false;
-      } else if (p.kind != ShmStream::kMore || s.assembly_by_ref ||
-                 p.bytes > s.assembly_total - s.assembly.bytes.size()) {
-        reaper_->Break(i, ErrorCode::kMalformed);
-        return true;
-      }
-      s.assembly.bytes.insert(s.assembly.bytes.end(), p.first, p.first + p.first_bytes);
-      s.assembly.bytes.insert(s.assembly.bytes.end(), p.second, p.second + p.second_bytes);
-      rs->Consume(p);
-      if (s.assembly.bytes.size() == s.assembly_total) {
-        s.assembling = false;
-        Dispatch(i, s.assembly.bytes.data(), s.assembly.bytes.size());
-        RecycleBuffer(&s.assembly);
-      }
-    }
-    return worked;
-  }
+  inline bool PumpRequestsLocked(u32 i, ShmServedSlot &s);
 
   /** Hands one whole request to the dispatcher (reader flag held); refusals get error answers. */
   void Dispatch(u32 i, const char *data, u64 len) {
@@ -13706,13 +13762,246 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   Atomic<u32> stopping_;  ///< Stop asked: read no more requests, finish answers
   Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers
   u64 stop_deadline_ = 0;
+  bool wake_parked_ = false;  ///< the poller's last look found requests stalled or piling up
   u32 seen_membership_ = 0;
   std::unique_ptr<ShmReaper> reaper_;  ///< the poller's (and Stop's, after the join)
   ShmDataSegments data_;  ///< this process's mapping of the data segments (none in tests)
   ShmAnswerWriter answers_{&segment_, &data_, options_.max_message_bytes};
+  ShmSlotAffinity affinity_{options_.num_slots};  ///< which worker reads which slot
 };
 
 }  // namespace chi
+
+// The poller thread's definitions: every user of the core needs them, so they come with
+// this header.
+// ---- begin chi/transport/shm_server_poller.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_POLLER_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_POLLER_H
+// The shm server's poller thread (ShmServerCore's, shm_server_core.h): notices clients
+// that come and go, reads the request streams no worker reads (and those workers hand
+// over or leave waiting), writes the answers workers queued, reaps dead clients, and
+// parks when none of that is due. Included by shm_server_core.h after the class; not
+// meant to be included on its own.
+
+namespace chi {
+
+void ShmServerCore::Run() {
+  pthread_setname_np(pthread_self(), "chi-shm-poller");
+  u64 next_reap = MonotonicNs() + shm_server::kReapIntervalNs;
+  u64 next_look = 0;
+  u64 idle_since = 0;
+  bool woke = true;
+  for (u32 pass = 0;; ++pass) {
+    bool worked = false;
+    // A look at the streams the workers read, every kPollerLookNs (PollerMayRead).
+    bool look = false;
+    if ((pass & 63) == 0 || woke) {
+      const u64 clock = MonotonicNs();
+      look = clock >= next_look;
+      if (look) next_look = clock + shm_server::kPollerLookNs;
+      woke = false;
+    }
+    // relaxed: a hint; a request the workers leave is handed over (handoff) or found by
+    // a look, and EndPolling re-checks the streams before a worker stops reading.
+    const bool workers_read = header_->worker_readers_.Load(MemOrder::kRelaxed) != 0;
+    // acquire: a client's slot writes before its membership bump are visible.
+    u32 seq = header_->membership_seq_.Load(MemOrder::kAcquire);
+    if (seq != seen_membership_) {
+      seen_membership_ = seq;
+      reaper_->Scan(false);
+      worked = true;
+    }
+    // acquire: Stop wrote stop_deadline_ before it raised the flag.
+    const bool reading = stopping_.Load(MemOrder::kAcquire) == 0;
+    // By index: a corrupt stream moves its slot out of the serving list.
+    const std::vector<u32> &serving = reaper_->Serving();
+    for (size_t k = 0; k < serving.size(); ++k) {
+      const u32 i = serving[k];
+      if (reading && PollerMayRead(i, workers_read, look)) worked |= PumpRequests(i);
+      if (slots_[i].phase == Phase::kServing) worked |= answers_.Pump(i, slots_[i]);
+    }
+    if (wake_parked_) {
+      // A look found requests stalled or piling up while workers read: wake a parked
+      // worker, which takes such slots over (ShmSlotAffinity). The poller does not read
+      // them itself: it could only hand them to the lanes, maybe of the very worker that
+      // is stuck, and beside busy workers that cost 4 clients on 4 workers a third of
+      // their throughput.
+      wake_parked_ = false;
+      if (WorkOrchestrator *orch = dispatcher_->Orchestrator()) orch->WakeParkedLowLatency();
+    }
+    worked |= reaper_->DrainAll();
+    if (!reading && (Quiet() || MonotonicNs() >= stop_deadline_)) break;
+    if (worked) {
+      idle_since = 0;
+      if ((pass & 1023) != 0) continue;
+    } else if ((pass & 63) != 0) {
+      CpuRelax();
+      continue;
+    }
+    const u64 now = MonotonicNs();
+    if (now >= next_reap) {
+      reaper_->Scan(true);
+      next_reap = now + (reaper_->Busy() ? shm_server::kReapIntervalNs : shm_server::kIdleScanNs);
+    }
+    if (worked) continue;
+    if (idle_since == 0) idle_since = now;
+    // While workers read the request streams the poller is not needed for requests:
+    // it parks at once instead of competing with them for the CPU (ReadyToRun's
+    // re-check decides), and wakes for its next look while requests wait.
+    if (!workers_read && now - idle_since < shm_server::kPollerSpinNs) {
+      sched_yield();  // a worker or client sharing this CPU runs meanwhile
+      continue;
+    }
+    u64 deadline = reading ? next_reap : stop_deadline_;
+    if (reading && workers_read && RequestsWaiting() && next_look < deadline) {
+      deadline = next_look;
+    }
+    header_->server_event_.Wait([&] { return ReadyToRun(); }, deadline,
+                                header_->stats_.poller_waits);
+    idle_since = 0;
+    woke = true;
+  }
+}
+
+bool ShmServerCore::PollerMayRead(u32 i, bool workers_read, bool look) {
+  ShmServedSlot &s = slots_[i];
+  if (!workers_read) return true;
+  // relaxed: set before the worker's Notify; PumpRequests clears it before reading.
+  if (s.handoff.Load(MemOrder::kRelaxed) != 0) return true;
+  if (!look) return false;
+  ShmStream *rs = segment_.RequestStream(i);
+  if (rs->Unframed()) return true;  // bytes with no record: the poller breaks the slot
+  // Stalled (the same request waited at two looks: its home is busy) or piling up (more
+  // than one request waited at both): a parked worker should join the readers.
+  const u64 seen = rs->HasData() ? rs->ReadPosition() + 1 : 0;
+  const bool queue = rs->UsedBytes() > 2 * kCacheLine;
+  wake_parked_ |= (seen != 0 && seen == s.poller_seen) || (queue && s.poller_queue);
+  s.poller_seen = seen;
+  s.poller_queue = queue;
+  return false;
+}
+
+bool ShmServerCore::RequestsWaiting() const {
+  for (u32 i : reaper_->Serving()) {
+    if (segment_.RequestStream(i)->HasData()) return true;
+  }
+  return false;
+}
+
+bool ShmServerCore::ReadyToRun() {
+  if (stopping_.Load(MemOrder::kSeqCst) != 0 && Quiet()) return true;
+  if (header_->membership_seq_.Load(MemOrder::kSeqCst) != seen_membership_) return true;
+  const bool reading = stopping_.Load(MemOrder::kSeqCst) == 0;
+  // seq_cst: Dekker with EndPolling, which clears its bit and then re-checks the streams.
+  const bool workers_read = header_->worker_readers_.Load(MemOrder::kSeqCst) != 0;
+  for (u32 i : reaper_->Serving()) {
+    ShmServedSlot &s = slots_[i];
+    if (s.pending_count.Load(MemOrder::kSeqCst) != 0 ||
+        s.error_count.Load(MemOrder::kSeqCst) != 0) {
+      return true;
+    }
+    // seq_cst: a worker stores the hand-over before its Notify.
+    const bool ours = !workers_read || s.handoff.Load(MemOrder::kSeqCst) != 0;
+    if (reading && ours && segment_.RequestStream(i)->HasDataSeqCst() &&
+        s.accepted.Load(MemOrder::kRelaxed) - s.answered.Load(MemOrder::kSeqCst) <
+            options_.max_outstanding) {
+      return true;
+    }
+    if (s.outgoing_open && segment_.AnswerStream(i)->HasRoomSeqCst(1)) return true;
+  }
+  return reaper_->DrainingHasWork();
+}
+
+bool ShmServerCore::Quiet() const {
+  for (u32 i = 0; i < options_.num_slots; ++i) {
+    if (slots_[i].InFlight() != 0) return false;
+  }
+  return true;
+}
+
+bool ShmServerCore::PumpRequests(u32 i) {
+  ShmServedSlot &s = slots_[i];
+  ShmStream *rs = segment_.RequestStream(i);
+  // An empty stream costs no write of the flag's line (workers write it as they answer).
+  // Unframed: bytes published with no record, which only this slow check sees.
+  if (!rs->HasData() && !rs->Unframed()) {
+    // relaxed: what a worker handed over is gone (a worker took it after all).
+    if (s.handoff.Load(MemOrder::kRelaxed) != 0) s.handoff.Store(0, MemOrder::kRelaxed);
+    return false;
+  }
+  u32 idle = 0;
+  // acquire: a worker's reads and counts are complete before ours. Busy: a worker reads.
+  if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+  s.handoff.Store(0, MemOrder::kRelaxed);  // relaxed: we read whatever it pointed at now
+  const bool worked = PumpRequestsLocked(i, s);
+  s.UnlockReader();
+  if (worked) {
+    NoteCpu(segment_.Slot(i)->runtime_cpu_);
+    segment_.Slot(i)->request_room_.Notify();
+  }
+  return worked;
+}
+
+bool ShmServerCore::PumpRequestsLocked(u32 i, ShmServedSlot &s) {
+  ShmStream *rs = segment_.RequestStream(i);
+  bool worked = false;
+  for (u32 n = 0; n < shm_server::kRecordsPerPass; ++n) {
+    if (!HasCredit(s)) break;
+    ShmStream::Piece p;
+    ShmStream::PeekResult r = rs->Peek(&p);
+    if (r == ShmStream::PeekResult::kEmpty && !rs->Unframed()) break;
+    worked = true;
+    if (r != ShmStream::PeekResult::kReady) {
+      reaper_->Break(i, ErrorCode::kMalformed);
+      return true;
+    }
+    if (p.kind == ShmStream::kRef) {
+      if (ErrorCode bad = TakeRef(i, s, p); bad != ErrorCode::kOk) {
+        reaper_->Break(i, bad);
+        return true;
+      }
+      rs->Consume(p);
+      continue;
+    }
+    if (!s.assembling) {
+      if (p.kind != ShmStream::kBegin) {
+        reaper_->Break(i, ErrorCode::kMalformed);
+        return true;
+      }
+      if (p.message_bytes > options_.max_message_bytes) {
+        reaper_->Break(i, ErrorCode::kTooLarge);
+        return true;
+      }
+      if (p.bytes == p.message_bytes && p.Contiguous()) {
+        // The record stays unconsumed while decoding, so the client cannot reuse it.
+        Dispatch(i, p.first, p.bytes);
+        rs->Consume(p);
+        continue;
+      }
+      s.assembly.bytes.clear();
+      s.assembly_total = p.message_bytes;
+      s.assembling = true;
+      s.assembly_by_ref = false;
+    } else if (p.kind != ShmStream::kMore || s.assembly_by_ref ||
+               p.bytes > s.assembly_total - s.assembly.bytes.size()) {
+      reaper_->Break(i, ErrorCode::kMalformed);
+      return true;
+    }
+    s.assembly.bytes.insert(s.assembly.bytes.end(), p.first, p.first + p.first_bytes);
+    s.assembly.bytes.insert(s.assembly.bytes.end(), p.second, p.second + p.second_bytes);
+    rs->Consume(p);
+    if (s.assembly.bytes.size() == s.assembly_total) {
+      s.assembling = false;
+      Dispatch(i, s.assembly.bytes.data(), s.assembly.bytes.size());
+      RecycleBuffer(&s.assembly);
+    }
+  }
+  return worked;
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_POLLER_H
+// ---- end chi/transport/shm_server_poller.h ----
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_SERVER_CORE_H
 // ---- end chi/transport/shm_server_core.h ----
 

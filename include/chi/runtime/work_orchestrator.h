@@ -152,6 +152,21 @@ class WorkOrchestrator {
   /** Hands replica `index` of a fan-out to a worker, spreading replicas over workers. */
   void SubmitSpread(Task *t, u32 index) { SubmitTo(low_[index % low_.size()], t); }
 
+  /**
+   * Wakes one parked low-latency worker, if any: a transport's poller found requests
+   * piling up while the awake workers read them (the woken one joins them). Any thread.
+   * False when none was parked.
+   */
+  bool WakeParkedLowLatency() {
+    for (Worker *w : low_) {
+      if (w->IsParked()) {
+        w->Wake();
+        return true;
+      }
+    }
+    return false;
+  }
+
   /** Wakes every worker (e.g. so periodic tasks of a destroyed pool stop now). */
   void WakeAll() {
     for (auto &w : workers_) w->Wake();

@@ -89,6 +89,9 @@ class Worker {
     if (parked_.Load(MemOrder::kSeqCst) != 0) ForceWake();
   }
 
+  /** True while the worker sleeps (any thread; a hint, it may wake any moment). */
+  bool IsParked() const { return parked_.Load(MemOrder::kRelaxed) != 0; }  // relaxed: a hint
+
   /**
    * Swaps the external poller called every loop pass from `from` to `to` (either may be
    * nullptr; any thread); false when `from` was not the one installed. Returns once the

@@ -26,8 +26,13 @@ namespace chi {
 struct alignas(kCacheLine) ShmServedSlot {
   enum class Phase : u32 { kIdle, kServing, kDraining };
 
+  /// Values of `writer`: who appends. A worker holds it for one small answer, so another
+  /// worker waits a little for it; the poller may hold it across a long stream.
+  static constexpr u32 kWorkerWrites = 1;
+  static constexpr u32 kPollerWrites = 2;
+
   // Line 0: written by the workers that answer (and by the poller when it writes).
-  Atomic<u32> writer;         ///< 1 while someone appends to the answer stream
+  Atomic<u32> writer;         ///< non-zero (kWorkerWrites, kPollerWrites) while someone appends
   Atomic<u32> reader;         ///< 1 while someone (poller or worker) reads the request stream
   Atomic<u32> completing;     ///< workers inside OnComplete for this slot right now
   Atomic<u32> pending_count;  ///< tasks in `pending` (the poller's park re-check)
@@ -38,6 +43,7 @@ struct alignas(kCacheLine) ShmServedSlot {
   // Line 1: read by the workers, written by the poller only on rare events.
   alignas(kCacheLine) Atomic<u32> draining;  ///< 1: answers of this slot are discarded
   Atomic<u32> credit_wait;  ///< 1: the poller stopped reading until an answer frees a credit
+  Atomic<u32> handoff;      ///< 1: a worker left requests it cannot take for the poller
   MpscRing<u64> *pending = nullptr;  ///< finished tasks whose answers the poller writes
   void *pending_mem = nullptr;
   Atomic<u32> error_count;  ///< entries of `errors` (the poller's park re-check)
@@ -48,6 +54,8 @@ struct alignas(kCacheLine) ShmServedSlot {
   alignas(kCacheLine) Atomic<u64> accepted;  ///< requests taken in (and error answers), ever
   u64 answered_seen = 0;                     ///< the reader's last view of `answered`
   bool assembling = false;                   ///< a request arriving in pieces (the poller's)
+  u64 poller_seen = 0;  ///< the poller's: 1 + the read position it found waiting, or 0
+  bool poller_queue = false;  ///< the poller's: more than one request waited at its last look
   bool assembly_by_ref = false;              ///< its pieces are chunks in the data region
   Phase phase = Phase::kIdle;
   ProcessIdentity owner;
@@ -299,7 +307,7 @@ class ShmReaper {
     ShmClientSlot *slot = segment_->Slot(i);
     u32 idle = 0;
     // acquire: a completer that slipped past the draining flag finishes its append first.
-    while (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
+    while (!s.writer.CompareExchange(idle, ShmServedSlot::kPollerWrites, MemOrder::kAcquire)) {
       idle = 0;
       CpuRelax();
     }

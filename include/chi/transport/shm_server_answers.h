@@ -35,13 +35,7 @@ class ShmAnswerWriter {
    * the task for the poller). Never blocks; the task stays the caller's.
    */
   bool TryWrite(u32 i, ShmServedSlot &s, Task *t) {
-    u32 idle = 0;
-    // relaxed test first: a busy stream costs no write of its line. acquire CAS: the
-    // previous writer's appends are complete before ours.
-    if (s.writer.Load(MemOrder::kRelaxed) != 0 ||
-        !s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) {
-      return false;
-    }
+    if (!TakeWriter(s)) return false;
     // Small answers are encoded on the stack, large ones straight into the runtime data
     // region when it has room. One that does not fit the region now is the poller's (it
     // would not fit the ring either: encoding it here would only be done twice); without
@@ -91,7 +85,9 @@ class ShmAnswerWriter {
         if (!have_error && !have_task) break;
         u32 idle = 0;
         // acquire: a worker's direct append is complete before ours.
-        if (!s.writer.CompareExchange(idle, 1, MemOrder::kAcquire)) break;
+        if (!s.writer.CompareExchange(idle, ShmServedSlot::kPollerWrites, MemOrder::kAcquire)) {
+          break;
+        }
         if (!have_error || !s.PopError(&s.outgoing.bytes)) {  // error answers go first
           u64 v = 0;
           if (!s.pending->TryPop(v)) {  // pushed but not yet published
@@ -114,6 +110,32 @@ class ShmAnswerWriter {
 
 
  private:
+  /** Polls of a worker-held writer flag before a worker's answer goes to the poller. */
+  static constexpr u32 kWriterPolls = 64;
+
+  /**
+   * Takes slot s's writer flag for a worker. Another worker holds it only while it appends
+   * one answer, so we wait for that (bounded: it may have been descheduled), rather than
+   * hand the answer to the poller; the poller may hold it long, so then we give up at once.
+   */
+  static bool TakeWriter(ShmServedSlot &s) {
+    for (u32 polls = 0; polls < kWriterPolls; ++polls) {
+      // relaxed test first: a busy stream costs no write of its line.
+      const u32 held = s.writer.Load(MemOrder::kRelaxed);
+      if (held == 0) {
+        u32 idle = 0;
+        // acquire: the previous writer's appends are complete before ours.
+        if (s.writer.CompareExchange(idle, ShmServedSlot::kWorkerWrites, MemOrder::kAcquire)) {
+          return true;
+        }
+      } else if (held != ShmServedSlot::kWorkerWrites) {
+        return false;
+      }
+      CpuRelax();
+    }
+    return false;
+  }
+
   /** Slot i's share of the runtime data segment. */
   ShmDataRegion AnswerRegion(u32 i) const {
     return data_->AnswerRegion(i, &segment_->Slot(i)->answer_data_released_);

@@ -30,6 +30,7 @@
 #include "chi/transport/shm_segment.h"         // segment layout, ShmServerInfo
 #include "chi/transport/shm_server_answers.h"  // ShmAnswerWriter: answers back to clients
 #include "chi/transport/shm_server_types.h"    // options, statistics, limits
+#include "chi/transport/shm_slot_affinity.h"   // which worker reads which slot
 #include "chi/transport/shm_stream.h"          // request and answer streams
 
 namespace chi {
@@ -164,22 +165,30 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   }
 
   /**
-   * A worker's pass: takes in the small requests of every served slot it can read now.
-   * A slot that held at most one request at this worker's last look is read up to its
-   * first task this worker keeps, and the pass ends there: the worker's loop starts that
-   * task before anything reads the next record, whose header lies in the client's cache
-   * (a round trip's answer should not wait for that transfer). After such a look, or one
-   * that found a queue, the slot is read in a batch (up to kRecordsPerPass), as a stream
-   * of requests wants. The next pass goes on after the slot it ended at, so a busy client
+   * A worker's pass: takes in the small requests of the served slots it reads now (its
+   * own, and others' that their home leaves waiting: ShmSlotAffinity). A slot that held
+   * at most one request at this worker's last look is read up to its first task this
+   * worker keeps, and the pass ends there: the worker's loop starts that task before
+   * anything reads the next record, whose header lies in the client's cache (a round
+   * trip's answer should not wait for that transfer). After such a look, or one that
+   * found a queue, the slot is read in a batch (up to kRecordsPerPass), as a stream of
+   * requests wants. The next pass goes on after the slot it ended at, so a busy client
    * cannot starve the others.
    */
   bool Poll() override {
     // acquire: Stop's flag; a stopping server reads no more requests.
     if (stopping_.Load(MemOrder::kAcquire) != 0) return false;
     const Worker *self = tls_current_worker;
-    thread_local u32 next_slot = 0;  // this worker's round-robin start
-    thread_local u64 busy = 0;       // slots (mod 64) read in a batch at its next look
-    const u32 start = next_slot < serving_words_ * 64 ? next_slot : 0;
+    const u32 me = self != nullptr ? self->GetId() + 1 : 0;
+    ShmSlotAffinity::View &v = affinity_.ViewOf(self != nullptr ? self->GetId() : 0);
+    const bool abroad = ShmSlotAffinity::BeginPass(v);
+    // relaxed: a hint for the affinity (it only delays a take-over by a look).
+    const u64 readers = abroad ? header_->worker_readers_.Load(MemOrder::kRelaxed) : 0;
+    if (abroad) {
+      affinity_.Survey(v, [this](auto visit) { ForEachServed(visit); },
+                       [this](u32 i) { return segment_.RequestStream(i)->HasData(); });
+    }
+    const u32 start = v.next_slot < serving_words_ * 64 ? v.next_slot : 0;
     const u32 start_word = start / 64;
     const u64 below_start = (1ull << (start % 64)) - 1;  // start's word, bits before it
     bool did = false;
@@ -193,19 +202,36 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       while (bits != 0) {
         const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
         bits &= bits - 1;
+        const ShmStream *rs = segment_.RequestStream(i);
+        const u64 position = abroad && rs->HasData() ? rs->ReadPosition() + 1 : 0;
+        if (!affinity_.ShouldRead(v, me, i, abroad, readers, position)) continue;
         const u64 bit = 1ull << (i % 64);
-        const bool first = (busy & bit) == 0;
+        const bool first = (v.busy & bit) == 0;
         const u32 taken = TakeRequests(i, first ? self : nullptr);
         // Busy: a batch found a queue, or a first look stopped before seeing the rest.
-        busy = taken >= 2 || (first && taken != 0) ? busy | bit : busy & ~bit;
-        did |= taken != 0;
+        v.busy = taken >= 2 || (first && taken != 0) ? v.busy | bit : v.busy & ~bit;
+        if (taken == 0) continue;
+        did = true;
+        affinity_.NoteTaken(i, me);
         if (first && self != nullptr && self->HasAdopted()) {
-          next_slot = i + 1;
+          v.next_slot = i + 1;
           return true;
         }
       }
     }
     return did;
+  }
+
+  /** Calls visit(i) for every slot workers may read now (the serving bits). */
+  template <typename Visit>
+  void ForEachServed(Visit visit) const {
+    for (u32 w = 0; w < serving_words_; ++w) {
+      u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);  // acquire: as in Poll
+      while (bits != 0) {
+        visit(w * 64 + static_cast<u32>(__builtin_ctzll(bits)));
+        bits &= bits - 1;
+      }
+    }
   }
 
   /**
@@ -215,17 +241,9 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   bool EndPolling(u32 worker_id) override {
     // seq_cst: clear, then re-check the streams (clients publish, then read the mask).
     header_->worker_readers_.FetchAnd(~(1ull << (worker_id % 64)), MemOrder::kSeqCst);
-    for (u32 w = 0; w < serving_words_; ++w) {
-      u64 bits = serving_bits_[w].Load(MemOrder::kAcquire);  // acquire: as in Poll
-      while (bits != 0) {
-        const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
-        bits &= bits - 1;
-        if (segment_.RequestStream(i)->HasDataSeqCst()) {
-          header_->server_event_.Notify();
-          return false;
-        }
-      }
-    }
+    bool waiting = false;
+    ForEachServed([&](u32 i) { waiting = waiting || segment_.RequestStream(i)->HasDataSeqCst(); });
+    if (waiting) header_->server_event_.Notify();
     return false;
   }
 
@@ -284,7 +302,10 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       slot->request_room_.Notify();
     }
     s.UnlockReader();
-    if (leave) header_->server_event_.Notify();
+    if (leave) {
+      s.handoff.Store(1, MemOrder::kSeqCst);  // seq_cst: before Notify (ReadyToRun's re-check)
+      header_->server_event_.Notify();
+    }
     return taken;
   }
 
@@ -343,166 +364,33 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     return true;
   }
 
-  // ---- The poller ----
+  // ---- The poller thread (defined in shm_server_poller.h) ----
 
-  void Run() {
-    pthread_setname_np(pthread_self(), "chi-shm-poller");
-    u64 next_reap = MonotonicNs() + shm_server::kReapIntervalNs;
-    u64 idle_since = 0;
-    for (u32 pass = 0;; ++pass) {
-      bool worked = false;
-      // acquire: a client's slot writes before its membership bump are visible.
-      u32 seq = header_->membership_seq_.Load(MemOrder::kAcquire);
-      if (seq != seen_membership_) {
-        seen_membership_ = seq;
-        reaper_->Scan(false);
-        worked = true;
-      }
-      // acquire: Stop wrote stop_deadline_ before it raised the flag.
-      const bool reading = stopping_.Load(MemOrder::kAcquire) == 0;
-      // By index: a corrupt stream moves its slot out of the serving list.
-      const std::vector<u32> &serving = reaper_->Serving();
-      for (size_t k = 0; k < serving.size(); ++k) {
-        const u32 i = serving[k];
-        if (reading) worked |= PumpRequests(i);
-        if (slots_[i].phase == Phase::kServing) worked |= answers_.Pump(i, slots_[i]);
-      }
-      worked |= reaper_->DrainAll();
-      if (!reading && (Quiet() || MonotonicNs() >= stop_deadline_)) break;
-      if (worked) {
-        idle_since = 0;
-        if ((pass & 1023) != 0) continue;
-      } else if ((pass & 63) != 0) {
-        CpuRelax();
-        continue;
-      }
-      const u64 now = MonotonicNs();
-      if (now >= next_reap) {
-        reaper_->Scan(true);
-        next_reap = now + (reaper_->Busy() ? shm_server::kReapIntervalNs : shm_server::kIdleScanNs);
-      }
-      if (worked) continue;
-      if (idle_since == 0) idle_since = now;
-      // While workers read the request streams the poller is not needed for requests:
-      // it parks at once instead of competing with them for the CPU. relaxed: a hint;
-      // ReadyToRun's re-check decides.
-      const bool workers_read = header_->worker_readers_.Load(MemOrder::kRelaxed) != 0;
-      if (!workers_read && now - idle_since < shm_server::kPollerSpinNs) {
-        sched_yield();  // a worker or client sharing this CPU runs meanwhile
-        continue;
-      }
-      header_->server_event_.Wait([&] { return ReadyToRun(); },
-                                  reading ? next_reap : stop_deadline_,
-                                  header_->stats_.poller_waits);
-      idle_since = 0;
-    }
-  }
+  /** The poller thread's loop: slot membership, requests, answers, reaping, parking. */
+  inline void Run();
+
+  /**
+   * Whether the poller reads slot i's requests in this pass: always while no worker
+   * reads the streams; otherwise only those a worker handed over, or bytes with no record
+   * (found at a look). A look also notes slots whose requests stall or pile up
+   * (wake_parked_).
+   */
+  inline bool PollerMayRead(u32 i, bool workers_read, bool look);
+
+  /** True when some served slot's request stream holds a request (the poller's hint). */
+  inline bool RequestsWaiting() const;
 
   /** The park re-check: anything that would give the poller work (seq_cst loads). */
-  bool ReadyToRun() {
-    if (stopping_.Load(MemOrder::kSeqCst) != 0 && Quiet()) return true;
-    if (header_->membership_seq_.Load(MemOrder::kSeqCst) != seen_membership_) return true;
-    const bool reading = stopping_.Load(MemOrder::kSeqCst) == 0;
-    for (u32 i : reaper_->Serving()) {
-      ShmServedSlot &s = slots_[i];
-      if (s.pending_count.Load(MemOrder::kSeqCst) != 0 ||
-          s.error_count.Load(MemOrder::kSeqCst) != 0) {
-        return true;
-      }
-      if (reading && segment_.RequestStream(i)->HasDataSeqCst() &&
-          s.accepted.Load(MemOrder::kRelaxed) - s.answered.Load(MemOrder::kSeqCst) <
-              options_.max_outstanding) {
-        return true;
-      }
-      if (s.outgoing_open && segment_.AnswerStream(i)->HasRoomSeqCst(1)) return true;
-    }
-    return reaper_->DrainingHasWork();
-  }
+  inline bool ReadyToRun();
 
   /** True when no slot has work in flight (Stop may finish). */
-  bool Quiet() const {
-    for (u32 i = 0; i < options_.num_slots; ++i) {
-      if (slots_[i].InFlight() != 0) return false;
-    }
-    return true;
-  }
+  inline bool Quiet() const;
 
   /** Reads whatever requests slot i has published; dispatches the whole ones. */
-  bool PumpRequests(u32 i) {
-    ShmServedSlot &s = slots_[i];
-    ShmStream *rs = segment_.RequestStream(i);
-    // An empty stream costs no write of the flag's line (workers write it as they answer).
-    // Unframed: bytes published with no record, which only this slow check sees.
-    if (!rs->HasData() && !rs->Unframed()) return false;
-    u32 idle = 0;
-    // acquire: a worker's reads and counts are complete before ours. Busy: a worker reads.
-    if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
-    const bool worked = PumpRequestsLocked(i, s);
-    s.UnlockReader();
-    if (worked) {
-      NoteCpu(segment_.Slot(i)->runtime_cpu_);
-      segment_.Slot(i)->request_room_.Notify();
-    }
-    return worked;
-  }
+  inline bool PumpRequests(u32 i);
 
   /** PumpRequests' body, holding slot i's reader flag. */
-  bool PumpRequestsLocked(u32 i, ShmServedSlot &s) {
-    ShmStream *rs = segment_.RequestStream(i);
-    bool worked = false;
-    for (u32 n = 0; n < shm_server::kRecordsPerPass; ++n) {
-      if (!HasCredit(s)) break;
-      ShmStream::Piece p;
-      ShmStream::PeekResult r = rs->Peek(&p);
-      if (r == ShmStream::PeekResult::kEmpty && !rs->Unframed()) break;
-      worked = true;
-      if (r != ShmStream::PeekResult::kReady) {
-        reaper_->Break(i, ErrorCode::kMalformed);
-        return true;
-      }
-      if (p.kind == ShmStream::kRef) {
-        if (ErrorCode bad = TakeRef(i, s, p); bad != ErrorCode::kOk) {
-          reaper_->Break(i, bad);
-          return true;
-        }
-        rs->Consume(p);
-        continue;
-      }
-      if (!s.assembling) {
-        if (p.kind != ShmStream::kBegin) {
-          reaper_->Break(i, ErrorCode::kMalformed);
-          return true;
-        }
-        if (p.message_bytes > options_.max_message_bytes) {
-          reaper_->Break(i, ErrorCode::kTooLarge);
-          return true;
-        }
-        if (p.bytes == p.message_bytes && p.Contiguous()) {
-          // The record stays unconsumed while decoding, so the client cannot reuse it.
-          Dispatch(i, p.first, p.bytes);
-          rs->Consume(p);
-          continue;
-        }
-        s.assembly.bytes.clear();
-        s.assembly_total = p.message_bytes;
-        s.assembling = true;
-        s.assembly_by_ref = false;
-      } else if (p.kind != ShmStream::kMore || s.assembly_by_ref ||
-                 p.bytes > s.assembly_total - s.assembly.bytes.size()) {
-        reaper_->Break(i, ErrorCode::kMalformed);
-        return true;
-      }
-      s.assembly.bytes.insert(s.assembly.bytes.end(), p.first, p.first + p.first_bytes);
-      s.assembly.bytes.insert(s.assembly.bytes.end(), p.second, p.second + p.second_bytes);
-      rs->Consume(p);
-      if (s.assembly.bytes.size() == s.assembly_total) {
-        s.assembling = false;
-        Dispatch(i, s.assembly.bytes.data(), s.assembly.bytes.size());
-        RecycleBuffer(&s.assembly);
-      }
-    }
-    return worked;
-  }
+  inline bool PumpRequestsLocked(u32 i, ShmServedSlot &s);
 
   /** Hands one whole request to the dispatcher (reader flag held); refusals get error answers. */
   void Dispatch(u32 i, const char *data, u64 len) {
@@ -575,10 +463,16 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   Atomic<u32> stopping_;  ///< Stop asked: read no more requests, finish answers
   Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers
   u64 stop_deadline_ = 0;
+  bool wake_parked_ = false;  ///< the poller's last look found requests stalled or piling up
   u32 seen_membership_ = 0;
   std::unique_ptr<ShmReaper> reaper_;  ///< the poller's (and Stop's, after the join)
   ShmDataSegments data_;  ///< this process's mapping of the data segments (none in tests)
   ShmAnswerWriter answers_{&segment_, &data_, options_.max_message_bytes};
+  ShmSlotAffinity affinity_{options_.num_slots};  ///< which worker reads which slot
 };
 
 }  // namespace chi
+
+// The poller thread's definitions: every user of the core needs them, so they come with
+// this header.
+#include "chi/transport/shm_server_poller.h"  // IWYU pragma: export

@@ -270,6 +270,9 @@ class ShmStream {
     return HeaderWord(r)->Load(MemOrder::kAcquire) == 0;
   }
 
+  /** The reader's position (any thread; a mark of progress for those watching it). */
+  u64 ReadPosition() const { return read_pos_.Load(MemOrder::kRelaxed); }  // relaxed: a mark
+
   /** Published bytes not yet consumed (a statistic: read from any process). */
   u64 UsedBytes() const {
     // acquire: a snapshot; clamped because the two loads are not atomic together.
