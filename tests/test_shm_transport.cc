@@ -306,31 +306,52 @@ TEST_CASE("three workers reading the rings serve four clients' 10^4 tasks each, 
 }
 
 TEST_CASE("a worker stuck in a long task loses its client's slot to another worker") {
-  // The slot's home takes the hog and spins in it; the client's next requests wait in the
-  // slot until the poller wakes the parked second worker, which takes the slot over. A
-  // runtime that left the slot with its home would answer them only after the hog.
+  // The slot's home takes the hog in from the ring and spins in it; the client's next
+  // requests wait in the slot until the poller wakes the parked second worker, which takes
+  // the slot over. A runtime that left the slot with its home would answer them only after
+  // the hog. A round counts when a worker took the hog from the ring: on a loaded machine
+  // both workers may have parked before it came, and the poller then hands it to a lane,
+  // which is not what this test is about (a task queued behind a hog in its worker's lane
+  // waits for it).
   const u32 port = TestPort(4);
   chi_test::TempFile conf("workers:\n  low_latency: 2\n  high_latency: 1\n");
   RuntimeProcess runtime(port, 256u << 10, 0, 8, conf.path());
   AttachedClient attached(runtime.Info());
   auto client = CreateDemoPool();
   CreateProbePool();
-  for (u32 i = 0; i < 200; ++i) CheckEcho(client, 16, i);  // the slot gets a home
-  constexpr u64 kHogNs = 3000000000ull;
-  auto hog = Hog(kHogNs);
-  constexpr u32 kTasks = 1000;
-  u32 right = 0;
-  for (u32 i = 0; i < kTasks; ++i) {
-    auto g = client.AsyncGpuSubmit(PoolQuery::Local(), i % 4, i);
-    if (g.Wait(30) && g->GetReturnCode() == 0 && g->result_value_ == i * 2 + i % 4) ++right;
+  constexpr u64 kHogNs = 1500000000ull;
+  constexpr u32 kTasks = 200;
+  u32 rounds_by_worker = 0;
+  for (u32 round = 0; round < 4 && rounds_by_worker < 1; ++round) {
+    for (u32 i = 0; i < 200; ++i) CheckEcho(client, 16, i);  // the slot gets a home
+    chi::ShmServer::Stats before;
+    REQUIRE(chi::ShmServer::ProbeStats(port, &before).ok());
+    auto hog = Hog(kHogNs);
+    chi::ShmServer::Stats taken;
+    const bool by_worker = AwaitStats(
+        port, [&](const auto &st) { return st.worker_taken == before.worker_taken + 1; }, 1,
+        &taken);
+    u32 right = 0;
+    u64 first_ns = 0;  // when the first request behind the hog was answered
+    for (u32 i = 0; i < kTasks; ++i) {
+      auto g = client.AsyncGpuSubmit(PoolQuery::Local(), i % 4, i);
+      if (g.Wait(30) && g->GetReturnCode() == 0 && g->result_value_ == i * 2 + i % 4) ++right;
+      if (i == 0) first_ns = chi::MonotonicNs();
+    }
+    CHECK(right == kTasks);
+    REQUIRE(hog.Wait(30));
+    REQUIRE_MESSAGE(hog->GetReturnCode() == 0, hog->GetMessage());
+    if (!by_worker) {
+      MESSAGE("round " << round << ": the hog went through a lane; trying again");
+      continue;
+    }
+    ++rounds_by_worker;
+    // Once the slot moved, the rest follow at the machine's pace (slow when it is loaded).
+    CHECK_MESSAGE(first_ns < hog->end_ns_, "the first task behind the hog was answered "
+                                               << (first_ns - hog->end_ns_) / 1000000
+                                               << " ms after it");
   }
-  const u64 done_ns = chi::MonotonicNs();
-  CHECK(right == kTasks);
-  REQUIRE(hog.Wait(30));
-  REQUIRE_MESSAGE(hog->GetReturnCode() == 0, hog->GetMessage());
-  CHECK_MESSAGE(done_ns < hog->end_ns_, "the tasks behind the hog finished "
-                                            << (done_ns - hog->end_ns_) / 1000000
-                                            << " ms after it");
+  CHECK(rounds_by_worker > 0);
 }
 
 

@@ -468,7 +468,10 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   std::unique_ptr<ShmReaper> reaper_;  ///< the poller's (and Stop's, after the join)
   ShmDataSegments data_;  ///< this process's mapping of the data segments (none in tests)
   ShmAnswerWriter answers_{&segment_, &data_, options_.max_message_bytes};
-  ShmSlotAffinity affinity_{options_.num_slots};  ///< which worker reads which slot
+  /// Which worker reads which slot; a view per worker of the orchestrator's.
+  ShmSlotAffinity affinity_{options_.num_slots, dispatcher_->Orchestrator() != nullptr
+                                                    ? dispatcher_->Orchestrator()->NumWorkers()
+                                                    : 1};
 };
 
 }  // namespace chi

@@ -27,7 +27,7 @@ class ShmSlotAffinity {
   static constexpr u64 kForeignLookEvery = 8;
   /** Looks a request may wait before any worker takes it from a busy home. */
   static constexpr u32 kLongWaitLooks = 64;
-  /** Views kept: workers are told apart by id modulo this (the readers mask's width). */
+  /** Homes counted apart in a survey (the readers mask's width; more share counts). */
   static constexpr u32 kMaxViews = 64;
 
   /** What a worker remembers of a foreign slot between its looks. */
@@ -45,15 +45,16 @@ class ShmSlotAffinity {
     std::unique_ptr<Watch[]> watch;  ///< per slot
   };
 
-  /** For num_slots slots, none homed yet. */
-  explicit ShmSlotAffinity(u32 num_slots)
+  /** For num_slots slots, none homed yet, read by workers whose ids are below num_workers. */
+  ShmSlotAffinity(u32 num_slots, u32 num_workers)
       : num_slots_(num_slots),
+        num_views_(num_workers != 0 ? num_workers : 1),
         homes_(std::make_unique<Atomic<u32>[]>(num_slots)),
-        views_(std::make_unique<View[]>(kMaxViews)) {}
+        views_(std::make_unique<View[]>(num_views_)) {}
 
   /** The calling worker's view (its own thread only); made on first use. */
   View &ViewOf(u32 worker_id) {
-    View &v = views_[worker_id % kMaxViews];
+    View &v = views_[worker_id % num_views_];
     if (v.watch == nullptr) v.watch = std::make_unique<Watch[]>(num_slots_);
     return v;
   }
@@ -108,6 +109,7 @@ class ShmSlotAffinity {
 
  private:
   u32 num_slots_;
+  u32 num_views_;
   std::unique_ptr<Atomic<u32>[]> homes_;
   std::unique_ptr<View[]> views_;
 };
