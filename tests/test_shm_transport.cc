@@ -145,15 +145,29 @@ void CreateProbePool() {
   REQUIRE_MESSAGE(made->GetReturnCode() == 0, made->GetMessage());
 }
 
-/** Starts the load clients 0..n-1 against `port` and checks that each one exits 0. */
-void RunLoadClients(u32 port, u32 n) {
+/**
+ * Starts a runtime on `port` (with `server_conf`, "" for the defaults) and four load
+ * clients at once; checks that each exits 0 and that no slot was reclaimed or broken.
+ * Returns the runtime's counters once every client is gone.
+ */
+chi::ShmServer::Stats ServeFourLoadClients(u32 port, const std::string &server_conf) {
+  RuntimeProcess runtime(port, 256u << 10, 0, 8, server_conf);
+  {
+    AttachedClient attached(runtime.Info());
+    CreateDemoPool();
+  }
   std::vector<pid_t> clients;
-  for (u32 k = 0; k < n; ++k) {
+  for (u32 k = 0; k < 4; ++k) {
     clients.push_back(chi_test::SpawnChild(
         "shm_load_client",
         {{"CHI_TEST_SHM_PORT", std::to_string(port)}, {"CHI_TEST_CLIENT_ID", std::to_string(k)}}));
   }
   for (pid_t pid : clients) CHECK(chi_test::WaitChild(pid, 120) == 0);
+  chi::ShmServer::Stats stats;
+  CHECK(AwaitStats(port, [](const auto &s) { return s.clients == 0; }, 10, &stats));
+  CHECK(stats.reclaimed_clients == 0);
+  CHECK(stats.broken_streams == 0);
+  return stats;
 }
 
 }  // namespace
@@ -272,37 +286,17 @@ TEST_CASE("a runtime with more than 64 client slots serves a client in each slot
 }
 
 TEST_CASE("four client processes send 10^4 tasks each at once and every answer is right") {
-  const u32 port = TestPort(2);
-  RuntimeProcess runtime(port);
-  {
-    AttachedClient attached(runtime.Info());
-    CreateDemoPool();
-  }
-  RunLoadClients(port, 4);
-  chi::ShmServer::Stats stats;
-  CHECK(AwaitStats(port, [](const auto &s) { return s.clients == 0; }, 10, &stats));
+  const chi::ShmServer::Stats stats = ServeFourLoadClients(TestPort(2), "");
   CHECK(stats.tasks_served >= 40000);
-  CHECK(stats.reclaimed_clients == 0);
-  CHECK(stats.broken_streams == 0);
 }
 
 TEST_CASE("three workers reading the rings serve four clients' 10^4 tasks each, all right") {
   // Each slot has a home worker; the others take slots over as the load asks
   // (ShmSlotAffinity), so requests and answers of one slot move between workers.
-  const u32 port = TestPort(2);
   chi_test::TempFile conf("workers:\n  low_latency: 3\n  high_latency: 1\n");
-  RuntimeProcess runtime(port, 256u << 10, 0, 8, conf.path());
-  {
-    AttachedClient attached(runtime.Info());
-    CreateDemoPool();
-  }
-  RunLoadClients(port, 4);
-  chi::ShmServer::Stats stats;
-  CHECK(AwaitStats(port, [](const auto &s) { return s.clients == 0; }, 10, &stats));
+  const chi::ShmServer::Stats stats = ServeFourLoadClients(TestPort(2), conf.path());
   CHECK(stats.tasks_served >= 40000);
   CHECK(stats.worker_taken > 0);
-  CHECK(stats.reclaimed_clients == 0);
-  CHECK(stats.broken_streams == 0);
 }
 
 TEST_CASE("a worker stuck in a long task loses its client's slot to another worker") {
