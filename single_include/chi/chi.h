@@ -8733,17 +8733,25 @@ class WorkOrchestrator {
 
   /**
    * Wakes one parked low-latency worker, if any: a transport's poller found requests
-   * piling up while the awake workers read them (the woken one joins them). Any thread.
-   * False when none was parked.
+   * piling up while the awake workers read them (the woken one joins them). Any thread,
+   * also while Stop runs (then it wakes none). False when none was woken.
    */
   bool WakeParkedLowLatency() {
-    for (Worker *w : low_) {
-      if (w->IsParked()) {
-        w->Wake();
-        return true;
+    // Counted as a submitter, so that Stop frees the workers only once we are done with
+    // them. seq_cst: count, then check accepting_; Stop does the reverse (Dekker).
+    submitting_.FetchAdd(1, MemOrder::kSeqCst);
+    bool woke = false;
+    if (accepting_.Load(MemOrder::kSeqCst) != 0) {
+      for (Worker *w : low_) {
+        if (w->IsParked()) {
+          w->Wake();
+          woke = true;
+          break;
+        }
       }
     }
-    return false;
+    submitting_.FetchSub(1, MemOrder::kRelease);  // release: our reads before Stop's free
+    return woke;
   }
 
   /** Wakes every worker (e.g. so periodic tasks of a destroyed pool stop now). */
