@@ -15,6 +15,11 @@ namespace {
 
 constexpr u64 kBothPolling = 0b11;  // workers 0 and 1 (ids + 1: 1 and 2) poll
 
+/** A slot's request position as ShouldRead asks for it (1 + read position, 0: empty). */
+auto At(u64 position) {
+  return [position] { return position; };
+}
+
 /** Runs a foreign look of `v` over slots 0..n-1, with `waiting` slots holding requests. */
 void Look(ShmSlotAffinity &a, ShmSlotAffinity::View &v, u32 n, const std::vector<bool> &waiting) {
   a.Survey(
@@ -46,12 +51,12 @@ TEST_CASE("a slot with no home is read by anyone and then belongs to whoever too
   ShmSlotAffinity::View &v1 = a.ViewOf(0);
   ShmSlotAffinity::View &v2 = a.ViewOf(1);
   CHECK(a.HomeOf(0) == 0);
-  CHECK(a.ShouldRead(v1, 1, 0, false, kBothPolling, 0));
-  CHECK(a.ShouldRead(v2, 2, 0, false, kBothPolling, 0));
+  CHECK(a.ShouldRead(v1, 1, 0, false, kBothPolling, At(0)));
+  CHECK(a.ShouldRead(v2, 2, 0, false, kBothPolling, At(0)));
   a.NoteTaken(0, 2);
   CHECK(a.HomeOf(0) == 2);
-  CHECK(a.ShouldRead(v2, 2, 0, false, kBothPolling, 0));   // its home, every pass
-  CHECK_FALSE(a.ShouldRead(v1, 1, 0, false, kBothPolling, 0));  // not a look: left alone
+  CHECK(a.ShouldRead(v2, 2, 0, false, kBothPolling, At(0)));   // its home, every pass
+  CHECK_FALSE(a.ShouldRead(v1, 1, 0, false, kBothPolling, At(0)));  // not a look: left alone
 }
 
 TEST_CASE("a busy home keeps its one client while it makes progress, however long") {
@@ -61,7 +66,7 @@ TEST_CASE("a busy home keeps its one client while it makes progress, however lon
   for (u64 k = 0; k < 4 * ShmSlotAffinity::kLongWaitLooks; ++k) {
     Look(a, v, 1, {true});
     // A request waits at every look, but each time a later one: the home took the last.
-    CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, 1 + 64 * k));
+    CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, At(1 + 64 * k)));
   }
 }
 
@@ -73,7 +78,7 @@ TEST_CASE("one waiting client stays with its home until the wait is long") {
   bool taken = false;
   while (!taken && looks < 2 * ShmSlotAffinity::kLongWaitLooks) {
     Look(a, v, 1, {true});
-    taken = a.ShouldRead(v, 2, 0, true, kBothPolling, 1000);  // the same request each look
+    taken = a.ShouldRead(v, 2, 0, true, kBothPolling, At(1000));  // the same request each look
     ++looks;
   }
   CHECK(taken);
@@ -85,25 +90,25 @@ TEST_CASE("a home with two more waiting slots than the looker gives one up at th
   for (u32 i = 0; i < 3; ++i) a.NoteTaken(i, 1);  // worker "1" homes all three
   ShmSlotAffinity::View &v = a.ViewOf(1);       // worker "2" homes none
   Look(a, v, 3, {true, true, false});
-  CHECK_FALSE(a.ShouldRead(v, 2, 1, true, kBothPolling, 500));  // first sight of it
+  CHECK_FALSE(a.ShouldRead(v, 2, 1, true, kBothPolling, At(500)));  // first sight of it
   Look(a, v, 3, {true, true, false});
-  CHECK(a.ShouldRead(v, 2, 1, true, kBothPolling, 500));  // still waiting: 2 >= 0 + 2
+  CHECK(a.ShouldRead(v, 2, 1, true, kBothPolling, At(500)));  // still waiting: 2 >= 0 + 2
   a.NoteTaken(1, 2);
   CHECK(a.HomeOf(1) == 2);
   // Now one each: the other waiting slot stays with its home.
   Look(a, v, 3, {true, true, false});
-  CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, 700));
+  CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, At(700)));
   Look(a, v, 3, {true, true, false});
-  CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, 700));
+  CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, At(700)));
 }
 
 TEST_CASE("a slot whose home stopped polling is taken at the next look") {
   ShmSlotAffinity a(1, 4);
   a.NoteTaken(0, 1);
   ShmSlotAffinity::View &v = a.ViewOf(1);
-  CHECK_FALSE(a.ShouldRead(v, 2, 0, false, 0b10, 9));  // not a look
+  CHECK_FALSE(a.ShouldRead(v, 2, 0, false, 0b10, At(9)));  // not a look
   Look(a, v, 1, {true});
-  CHECK(a.ShouldRead(v, 2, 0, true, 0b10, 9));  // worker 0 (home "1") is parked
+  CHECK(a.ShouldRead(v, 2, 0, true, 0b10, At(9)));  // worker 0 (home "1") is parked
 }
 
 TEST_CASE("a look that finds the slot empty starts the wait over") {
@@ -111,11 +116,11 @@ TEST_CASE("a look that finds the slot empty starts the wait over") {
   a.NoteTaken(0, 1);
   ShmSlotAffinity::View &v = a.ViewOf(1);
   for (u32 k = 0; k + 1 < ShmSlotAffinity::kLongWaitLooks; ++k) {
-    CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, 77));
+    CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, At(77)));
   }
-  CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, 0));  // empty at this look
+  CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, At(0)));  // empty at this look
   for (u32 k = 0; k + 1 < ShmSlotAffinity::kLongWaitLooks; ++k) {
-    CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, 77));
+    CHECK_FALSE(a.ShouldRead(v, 2, 0, true, kBothPolling, At(77)));
   }
-  CHECK(a.ShouldRead(v, 2, 0, true, kBothPolling, 77));
+  CHECK(a.ShouldRead(v, 2, 0, true, kBothPolling, At(77)));
 }

@@ -8689,19 +8689,12 @@ class WorkOrchestrator {
    */
   bool SubmitShared(Task *t) {
     const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
-    // Other threads (transport servers, applications) are counted, so that Stop frees the
-    // lanes only once none of them is still pushing into one.
-    // seq_cst: count, then check accepting_; Stop does the reverse (Dekker).
-    submitting_.FetchAdd(1, MemOrder::kSeqCst);
-    if (CHI_UNLIKELY(accepting_.Load(MemOrder::kSeqCst) == 0)) {
-      submitting_.FetchSub(1, MemOrder::kRelease);
-      return false;
-    }
-    thread_local u32 rotate = 0;
-    const std::vector<Worker *> &set = high ? high_ : low_;
-    SubmitTo(set[rotate++ % set.size()], t);
-    submitting_.FetchSub(1, MemOrder::kRelease);  // release: our push before Stop's free
-    return true;
+    return WhileAccepting([&] {
+      thread_local u32 rotate = 0;
+      const std::vector<Worker *> &set = high ? high_ : low_;
+      SubmitTo(set[rotate++ % set.size()], t);
+      return true;
+    });
   }
 
   /**
@@ -8737,21 +8730,15 @@ class WorkOrchestrator {
    * also while Stop runs (then it wakes none). False when none was woken.
    */
   bool WakeParkedLowLatency() {
-    // Counted as a submitter, so that Stop frees the workers only once we are done with
-    // them. seq_cst: count, then check accepting_; Stop does the reverse (Dekker).
-    submitting_.FetchAdd(1, MemOrder::kSeqCst);
-    bool woke = false;
-    if (accepting_.Load(MemOrder::kSeqCst) != 0) {
+    return WhileAccepting([&] {
       for (Worker *w : low_) {
         if (w->IsParked()) {
           w->Wake();
-          woke = true;
-          break;
+          return true;
         }
       }
-    }
-    submitting_.FetchSub(1, MemOrder::kRelease);  // release: our reads before Stop's free
-    return woke;
+      return false;
+    });
   }
 
   /** Wakes every worker (e.g. so periodic tasks of a destroyed pool stop now). */
@@ -8777,6 +8764,24 @@ class WorkOrchestrator {
   u32 NumWorkers() const { return static_cast<u32>(workers_.size()); }
 
  private:
+  /**
+   * Runs f() (which returns bool) while Stop cannot free the workers and lanes, for a
+   * thread that is not a worker (transport servers, pollers, applications); false without
+   * calling f once Stop began.
+   */
+  template <typename F>
+  bool WhileAccepting(F f) {
+    // seq_cst: count, then check accepting_; Stop does the reverse (Dekker).
+    submitting_.FetchAdd(1, MemOrder::kSeqCst);
+    if (CHI_UNLIKELY(accepting_.Load(MemOrder::kSeqCst) == 0)) {
+      submitting_.FetchSub(1, MemOrder::kRelease);
+      return false;
+    }
+    const bool done = f();
+    submitting_.FetchSub(1, MemOrder::kRelease);  // release: our uses before Stop's free
+    return done;
+  }
+
   /**
    * Whether a task submitted on worker w runs there: a high-latency task on a high-latency
    * worker, a low-latency one on a low-latency or GPU-poller worker.
@@ -13302,14 +13307,16 @@ class ShmSlotAffinity {
   /**
    * Whether worker `me` (id + 1) reads slot i now: its own and unhomed slots always,
    * others only at a look (`abroad`, after Survey) and by the rules at the top. `readers`:
-   * the polling workers' mask; `position`: 1 + the slot's read position when a request
-   * waits there, else 0.
+   * the polling workers' mask; `position()`: 1 + the slot's read position when a request
+   * waits there, else 0 (asked only when a foreign slot's wait decides).
    */
-  bool ShouldRead(View &v, u32 me, u32 i, bool abroad, u64 readers, u64 position) {
+  template <typename Position>
+  bool ShouldRead(View &v, u32 me, u32 i, bool abroad, u64 readers, Position position_of) {
     const u32 home = HomeOf(i);
     if (home == 0 || home == me) return true;
     if (!abroad) return false;
     if (((readers >> ((home - 1) % 64)) & 1) == 0) return true;
+    const u64 position = position_of();
     Watch &w = v.watch[i];
     if (position == 0 || position != w.position) {
       w.position = position;
@@ -13512,7 +13519,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
         const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
         bits &= bits - 1;
         const ShmStream *rs = segment_.RequestStream(i);
-        const u64 position = abroad && rs->HasData() ? rs->ReadPosition() + 1 : 0;
+        auto position = [rs] { return rs->HasData() ? rs->ReadPosition() + 1 : 0; };
         if (!affinity_.ShouldRead(v, me, i, abroad, readers, position)) continue;
         const u64 bit = 1ull << (i % 64);
         const bool first = (v.busy & bit) == 0;

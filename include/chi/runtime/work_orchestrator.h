@@ -110,19 +110,12 @@ class WorkOrchestrator {
    */
   bool SubmitShared(Task *t) {
     const bool high = t->task_flags_.Any(TASK_HIGH_LATENCY) && !high_.empty();
-    // Other threads (transport servers, applications) are counted, so that Stop frees the
-    // lanes only once none of them is still pushing into one.
-    // seq_cst: count, then check accepting_; Stop does the reverse (Dekker).
-    submitting_.FetchAdd(1, MemOrder::kSeqCst);
-    if (CHI_UNLIKELY(accepting_.Load(MemOrder::kSeqCst) == 0)) {
-      submitting_.FetchSub(1, MemOrder::kRelease);
-      return false;
-    }
-    thread_local u32 rotate = 0;
-    const std::vector<Worker *> &set = high ? high_ : low_;
-    SubmitTo(set[rotate++ % set.size()], t);
-    submitting_.FetchSub(1, MemOrder::kRelease);  // release: our push before Stop's free
-    return true;
+    return WhileAccepting([&] {
+      thread_local u32 rotate = 0;
+      const std::vector<Worker *> &set = high ? high_ : low_;
+      SubmitTo(set[rotate++ % set.size()], t);
+      return true;
+    });
   }
 
   /**
@@ -158,21 +151,15 @@ class WorkOrchestrator {
    * also while Stop runs (then it wakes none). False when none was woken.
    */
   bool WakeParkedLowLatency() {
-    // Counted as a submitter, so that Stop frees the workers only once we are done with
-    // them. seq_cst: count, then check accepting_; Stop does the reverse (Dekker).
-    submitting_.FetchAdd(1, MemOrder::kSeqCst);
-    bool woke = false;
-    if (accepting_.Load(MemOrder::kSeqCst) != 0) {
+    return WhileAccepting([&] {
       for (Worker *w : low_) {
         if (w->IsParked()) {
           w->Wake();
-          woke = true;
-          break;
+          return true;
         }
       }
-    }
-    submitting_.FetchSub(1, MemOrder::kRelease);  // release: our reads before Stop's free
-    return woke;
+      return false;
+    });
   }
 
   /** Wakes every worker (e.g. so periodic tasks of a destroyed pool stop now). */
@@ -198,6 +185,24 @@ class WorkOrchestrator {
   u32 NumWorkers() const { return static_cast<u32>(workers_.size()); }
 
  private:
+  /**
+   * Runs f() (which returns bool) while Stop cannot free the workers and lanes, for a
+   * thread that is not a worker (transport servers, pollers, applications); false without
+   * calling f once Stop began.
+   */
+  template <typename F>
+  bool WhileAccepting(F f) {
+    // seq_cst: count, then check accepting_; Stop does the reverse (Dekker).
+    submitting_.FetchAdd(1, MemOrder::kSeqCst);
+    if (CHI_UNLIKELY(accepting_.Load(MemOrder::kSeqCst) == 0)) {
+      submitting_.FetchSub(1, MemOrder::kRelease);
+      return false;
+    }
+    const bool done = f();
+    submitting_.FetchSub(1, MemOrder::kRelease);  // release: our uses before Stop's free
+    return done;
+  }
+
   /**
    * Whether a task submitted on worker w runs there: a high-latency task on a high-latency
    * worker, a low-latency one on a low-latency or GPU-poller worker.

@@ -203,7 +203,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
         const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
         bits &= bits - 1;
         const ShmStream *rs = segment_.RequestStream(i);
-        const u64 position = abroad && rs->HasData() ? rs->ReadPosition() + 1 : 0;
+        auto position = [rs] { return rs->HasData() ? rs->ReadPosition() + 1 : 0; };
         if (!affinity_.ShouldRead(v, me, i, abroad, readers, position)) continue;
         const u64 bit = 1ull << (i % 64);
         const bool first = (v.busy & bit) == 0;

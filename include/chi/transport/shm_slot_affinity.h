@@ -78,14 +78,16 @@ class ShmSlotAffinity {
   /**
    * Whether worker `me` (id + 1) reads slot i now: its own and unhomed slots always,
    * others only at a look (`abroad`, after Survey) and by the rules at the top. `readers`:
-   * the polling workers' mask; `position`: 1 + the slot's read position when a request
-   * waits there, else 0.
+   * the polling workers' mask; `position()`: 1 + the slot's read position when a request
+   * waits there, else 0 (asked only when a foreign slot's wait decides).
    */
-  bool ShouldRead(View &v, u32 me, u32 i, bool abroad, u64 readers, u64 position) {
+  template <typename Position>
+  bool ShouldRead(View &v, u32 me, u32 i, bool abroad, u64 readers, Position position_of) {
     const u32 home = HomeOf(i);
     if (home == 0 || home == me) return true;
     if (!abroad) return false;
     if (((readers >> ((home - 1) % 64)) & 1) == 0) return true;
+    const u64 position = position_of();
     Watch &w = v.watch[i];
     if (position == 0 || position != w.position) {
       w.position = position;
