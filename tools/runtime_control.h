@@ -202,11 +202,13 @@ inline int StartRuntimeDetached(const std::string &log, double timeout_sec) {
 inline void PrintReport(const chimaera::admin::MonitorReport &r) {
   std::printf("workers:\n");
   for (const chi::WorkerStats &w : r.workers_) {
-    std::printf("  worker %u role %u  done %llu  queued %llu  blocked %llu  parks %llu\n", w.id_,
-                static_cast<unsigned>(w.role_), static_cast<unsigned long long>(w.tasks_done_),
+    std::printf("  worker %u role %u  done %llu  queued %llu  blocked %llu  parks %llu  helped %llu\n",
+                w.id_, static_cast<unsigned>(w.role_),
+                static_cast<unsigned long long>(w.tasks_done_),
                 static_cast<unsigned long long>(w.queue_depth_),
                 static_cast<unsigned long long>(w.blocked_),
-                static_cast<unsigned long long>(w.parks_));
+                static_cast<unsigned long long>(w.parks_),
+                static_cast<unsigned long long>(w.helped_));
   }
   std::printf("pools:\n");
   for (const chi::PoolStats &p : r.pools_) {

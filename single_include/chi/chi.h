@@ -1333,8 +1333,9 @@ class SpscRing {
 // ---- begin chi/queue/mpsc_ring.h ----
 // MpscRing<T>: a bounded many-producer single-consumer ring placed in a caller's region.
 // Producers may be threads, processes or GPU threads; the runtime's task lanes use it.
-// Invariant: exactly one consumer; a producer owns a slot from its claim of `tail_` until
-// it publishes the slot's sequence number, and no pointers live in the region.
+// Invariant: one consumer (TryPop, Pop), or several that all use TryPopShared; a producer
+// owns a slot from its claim of `tail_` until it publishes the slot's sequence number, and
+// no pointers live in the region.
 //
 // Protocol (Vyukov's bounded queue, one consumer). Slot i starts with seq = i. A producer
 // reads tail_ = p; when slot p % C has seq == p the slot is free for lap p / C, and a CAS
@@ -1432,6 +1433,36 @@ class MpscRing {
     return true;
   }
 
+  /**
+   * TryPop for a ring with several consumers (a task lane's owner and the workers that
+   * help it, see lane_help.h): the oldest value is claimed with a CAS of head_. Every
+   * consumer of such a ring must pop with this; it costs what TryPop's seq_cst store does.
+   */
+  CHI_CROSS_FUN bool TryPopShared(T &out) {
+    // relaxed: the CAS below decides; this is only a starting guess.
+    u64 head = head_.Load(MemOrder::kRelaxed);
+    for (;;) {
+      Slot &slot = Slots()[head & mask_];
+      // acquire: pairs with the producer's publish, so value_ is complete.
+      const u64 seq = slot.seq_.Load(MemOrder::kAcquire);
+      const i64 lag = static_cast<i64>(seq - (head + 1));
+      if (lag < 0) return false;  // empty, or the oldest claimed slot is not published yet
+      if (lag > 0) {              // another consumer took head: retry from the newest
+        head = head_.Load(MemOrder::kRelaxed);
+        continue;
+      }
+      // kPublishOrder (seq_cst) as TryPop's store: parked producers wait on head_. The
+      // slot is ours once the CAS succeeds: producers need seq == head + capacity_.
+      if (head_.CompareExchange(head, head + 1, kPublishOrder)) {
+        out = slot.value_;
+        // release: our read of value_ happens before a producer's next write to the slot.
+        slot.seq_.Store(head + capacity_, MemOrder::kRelease);
+        not_full_.Notify();
+        return true;
+      }
+    }
+  }
+
   /** Appends v, blocking while full (spin, then futex park). Host only. */
   void Push(const T &v) { AwaitPush(v, kNoDeadline); }
 
@@ -1458,6 +1489,18 @@ class MpscRing {
     if (tail <= head) return 0;
     return tail - head > capacity_ ? capacity_ : static_cast<u32>(tail - head);
   }
+  /** Values popped so far (the head's position): it stands still while nobody pops. */
+  CHI_CROSS_FUN u64 Consumed() const { return head_.Load(MemOrder::kAcquire); }  // a snapshot
+
+  /**
+   * True when the value at the head is published (a pop would succeed now, barring a
+   * racing consumer). seq_cst: a parking consumer's re-check against a producer's publish.
+   */
+  CHI_CROSS_FUN bool HasReady() const {
+    const u64 head = head_.Load(MemOrder::kSeqCst);
+    return Slots()[head & mask_].seq_.Load(MemOrder::kSeqCst) == head + 1;
+  }
+
   /** Slots in the ring (the requested capacity rounded up to a power of two). */
   CHI_CROSS_FUN u32 Capacity() const { return capacity_; }
   /** True when Size() is 0. */
@@ -1482,6 +1525,9 @@ class MpscRing {
   /** The slot array trailing the header in the same region. */
   CHI_CROSS_FUN Slot *Slots() {
     return reinterpret_cast<Slot *>(reinterpret_cast<char *>(this) + sizeof(MpscRing));
+  }
+  CHI_CROSS_FUN const Slot *Slots() const {
+    return reinterpret_cast<const Slot *>(reinterpret_cast<const char *>(this) + sizeof(MpscRing));
   }
 
   /** Push with an absolute deadline. */
@@ -1515,11 +1561,12 @@ class MpscRing {
 }  // namespace chi
 // ---- end chi/queue/mpsc_ring.h ----
 // ---- begin chi/queue/task_queue.h ----
-// TaskQueue: the runtime's submission queue, num_lanes x kNumPriorities MPSC lanes of u64
+// TaskQueue: the runtime's submission queue, num_lanes x kNumPriorities lanes of u64
 // entries (a task pointer in-process, a packed shm offset across processes), all in one
 // caller-provided region. Clients push into a lane; the worker named by the lane's tag
-// pops. Invariant: lanes are independent rings (one consumer each) at fixed offsets from
-// the queue header, so the region may be mapped at different addresses.
+// pops, and so may a worker helping it (lane_help.h). Invariant: lanes are independent
+// rings at fixed offsets from the queue header, so the region may be mapped at different
+// addresses.
 
 #include <new>  // placement new into the caller's region
 
@@ -1531,7 +1578,7 @@ enum class QueuePriority : u32 { kLowLatency = 0, kHighLatency = 1 };
 /** Number of QueuePriority values. */
 inline constexpr u32 kNumPriorities = 2;
 
-/** One MPSC lane of u64 task entries plus the metadata its owner needs. */
+/** One lane of u64 task entries (many producers, shared pops) plus its owner's metadata. */
 class TaskLane {
  public:
   /**
@@ -1553,13 +1600,18 @@ class TaskLane {
   void Push(u64 entry) { ring_.Push(entry); }
   /** Appends an entry, blocking while full up to timeout_ns (0 = forever); false on timeout. */
   bool Push(u64 entry, u64 timeout_ns) { return ring_.Push(entry, timeout_ns); }
-  /** Removes the oldest entry; false when empty. The lane's single consumer only. */
-  CHI_CROSS_FUN bool TryPop(u64 &entry) { return ring_.TryPop(entry); }
-  /** Removes the oldest entry, blocking up to timeout_ns (0 = forever); false on timeout. */
-  bool Pop(u64 &entry, u64 timeout_ns) { return ring_.Pop(entry, timeout_ns); }
+  /**
+   * Removes the oldest entry; false when empty. Any number of consumers: the worker the
+   * lane belongs to, and workers helping it while it is stuck in a long task (lane_help.h).
+   */
+  CHI_CROSS_FUN bool TryPop(u64 &entry) { return ring_.TryPopShared(entry); }
 
   /** Entries waiting (in-flight pushes count); exact when quiet. */
   CHI_CROSS_FUN u32 Size() const { return ring_.Size(); }
+  /** Entries popped so far: stands still while nobody pops (see lane_help.h). */
+  CHI_CROSS_FUN u64 Head() const { return ring_.Consumed(); }
+  /** True when the oldest entry is published (seq_cst: for a parking worker's re-check). */
+  CHI_CROSS_FUN bool HasReady() const { return ring_.HasReady(); }
   /** True when no entry is waiting. */
   CHI_CROSS_FUN bool Empty() const { return ring_.Empty(); }
   /** Entries the lane holds at most. */
@@ -4421,6 +4473,96 @@ void KeepInherited(std::unique_ptr<T> inherited) {
 #include <thread>     // the worker thread
 #include <vector>     // lanes, timers
 
+// ---- begin chi/runtime/lane_help.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_LANE_HELP_H
+#define CHI_SINGLE_INCLUDE_CHI_RUNTIME_LANE_HELP_H
+// Lane help: workers of one role take the queued tasks of a peer stuck in a long task.
+// Tasks reach a worker's lanes by rotation (WorkOrchestrator::SubmitTo), so a task that
+// never yields (one that should have been TASK_HIGH_LATENCY) would hold up every task
+// queued behind it while the other workers idle. An idle worker looks at its peers' lanes
+// every kLaneHelpLookNs; when a lane's oldest task has waited kLaneStuckNs without the
+// lane's head moving, its owner has not come back to its loop in that time, and the idle
+// worker pops the lane's tasks (lanes allow several consumers: TaskLane::TryPop) and runs
+// them. A parked worker cannot look, so it parks with a timeout while a peer has tasks
+// queued, and a submitter that queues behind an awake worker wakes a peer that parked
+// without one (the "deep" park; the Dekker pair is PeersQueued against the lane publish).
+// Invariant: helping only moves tasks that already waited kLaneStuckNs; nothing promises a
+// task a particular worker (lanes rotate), so no order or placement is lost.
+
+#include <utility>  // move of the lane list
+#include <vector>   // the peers' lanes and the views
+
+namespace chi {
+
+/** How long a peer's lane may hold tasks with its head standing still before others help. */
+inline constexpr u64 kLaneStuckNs = 100000;
+/** How often an idle (spinning) worker looks at its peers' lanes. */
+inline constexpr u64 kLaneHelpLookNs = 20000;
+/** How long a worker parks at most while a peer has tasks queued (then it looks again). */
+inline constexpr u64 kLaneWatchParkNs = kLaneStuckNs / 2;
+
+/** One worker's memory of its peers' lanes between its looks (its own thread only). */
+class LaneHelpView {
+ public:
+  /** The peers' lanes, in the order Stuck and Took name them by index. */
+  explicit LaneHelpView(std::vector<TaskLane *> lanes)
+      : lanes_(std::move(lanes)), watch_(lanes_.size()) {}
+
+  /** Number of peer lanes. */
+  u32 Size() const { return static_cast<u32>(lanes_.size()); }
+  /** Peer lane k. */
+  TaskLane *Lane(u32 k) const { return lanes_[k]; }
+
+  /**
+   * Whether to take lane k's tasks at `now_ns`, seeing its head at `head` with `queued`
+   * tasks behind it: true once the same head has been seen with tasks queued for
+   * kLaneStuckNs. An empty lane, or a head that moved, starts the wait again.
+   */
+  bool Stuck(u32 k, u64 head, bool queued, u64 now_ns) {
+    Watch &w = watch_[k];
+    if (!queued) {
+      w.armed = false;
+      return false;
+    }
+    if (!w.armed || w.head != head) {
+      w = Watch{head, now_ns, true};
+      return false;
+    }
+    return now_ns - w.since_ns >= kLaneStuckNs;
+  }
+
+  /**
+   * This worker took tasks from lane k, leaving its head at `head`: the lane's owner is
+   * still stuck (only helpers moved the head since), so the next look may take more at once.
+   */
+  void Took(u32 k, u64 head) { watch_[k].head = head; }
+
+  /**
+   * True when some peer lane has a task ready at its head. seq_cst: the re-check of a
+   * worker about to park deep, against a submitter's publish then read of the deep count.
+   */
+  bool PeersQueued() const {
+    for (TaskLane *l : lanes_) {
+      if (l->HasReady()) return true;
+    }
+    return false;
+  }
+
+ private:
+  /** What was seen of one lane: its head, since when, and whether a wait is running. */
+  struct Watch {
+    u64 head = 0;
+    u64 since_ns = 0;
+    bool armed = false;
+  };
+
+  std::vector<TaskLane *> lanes_;
+  std::vector<Watch> watch_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_LANE_HELP_H
+// ---- end chi/runtime/lane_help.h ----
 // ---- begin chi/runtime/fiber.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_FIBER_H
 #define CHI_SINGLE_INCLUDE_CHI_RUNTIME_FIBER_H
@@ -5389,10 +5531,11 @@ struct WorkerStats {
   u64 parks_ = 0;         ///< times it went to sleep
   u64 stacks_ = 0;        ///< fiber stacks mapped
   u64 fibers_ = 0;        ///< fiber shells created (each runs task after task)
+  u64 helped_ = 0;        ///< tasks it took from a stuck peer's lanes (lane_help.h)
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(id_, role_, tasks_done_, queue_depth_, blocked_, parks_, stacks_, fibers_);
+    ar(id_, role_, tasks_done_, queue_depth_, blocked_, parks_, stacks_, fibers_, helped_);
   }
 };
 
@@ -5908,6 +6051,16 @@ class Worker {
     parker_ = parker;
     idle_spin_ns_ = idle_spin_ns;
   }
+  /**
+   * Lets this worker take the queued tasks of its peers (the other workers of its role)
+   * while they are stuck in a long task (lane_help.h): `peer_lanes` are their lanes, and
+   * `deep_parked` counts the role's workers parked without watching them (before Start).
+   */
+  void SetPeers(std::vector<TaskLane *> peer_lanes, Atomic<u32> *deep_parked) {
+    if (peer_lanes.empty()) return;
+    help_ = std::make_unique<LaneHelpView>(std::move(peer_lanes));
+    deep_parked_ = deep_parked;
+  }
   /** Launches the thread. */
   void Start() { thread_ = std::thread([this] { Loop(); }); }
   /** Asks the loop to drain and exit. */
@@ -5920,15 +6073,25 @@ class Worker {
     if (thread_.joinable()) thread_.join();
   }
 
-  /** Wakes the worker if it is parked; call after publishing work for it. */
-  void Wake() {
+  /**
+   * Wakes the worker if it is parked; call after publishing work for it. True when it
+   * was parked (this call or a racing one woke it), false when it was awake.
+   */
+  bool Wake() {
     // seq_cst load: every publish that precedes a Wake is itself seq_cst (the lane's
     // slot store, Resume's CAS), so this pairs with Park()'s fence without a second one.
-    if (parked_.Load(MemOrder::kSeqCst) != 0) ForceWake();
+    if (parked_.Load(MemOrder::kSeqCst) == kAwake) return false;
+    ForceWake();
+    return true;
   }
 
   /** True while the worker sleeps (any thread; a hint, it may wake any moment). */
-  bool IsParked() const { return parked_.Load(MemOrder::kRelaxed) != 0; }  // relaxed: a hint
+  bool IsParked() const { return parked_.Load(MemOrder::kRelaxed) != kAwake; }  // relaxed: a hint
+  /**
+   * True while it sleeps without watching its peers' lanes (any thread; a hint): only a
+   * wake brings it to a peer stuck with tasks queued (WorkOrchestrator::SubmitTo).
+   */
+  bool IsDeepParked() const { return parked_.Load(MemOrder::kAcquire) == kParkedDeep; }
 
   /**
    * Swaps the external poller called every loop pass from `from` to `to` (either may be
@@ -6009,6 +6172,7 @@ class Worker {
     s.parks_ = parks_.Load(MemOrder::kRelaxed);
     s.stacks_ = shells_.Stacks().TotalStacks();
     s.fibers_ = shells_.Created();
+    s.helped_ = helped_.Load(MemOrder::kRelaxed);
     return s;
   }
 
@@ -6035,6 +6199,9 @@ class Worker {
   inline bool StartAdopted();
   inline bool RunDueTimers(bool stopping);
   inline bool HasWork() const;
+  inline bool HelpPeers(u64 now_ns);
+  inline u64 NextTimerNs() const;
+  inline bool ParkDeep();
   inline void Park();
   inline void StartTask(Task *t);
   inline void StartAcquired(Task *t, PoolInfo *pool);
@@ -6051,8 +6218,13 @@ class Worker {
   static void ShellMain(void *worker, FiberShell &shell) {
     static_cast<Worker *>(worker)->ShellLoop(shell);
   }
+  /** parked_ values: awake, asleep (watching peers, or with nobody to watch), asleep deep. */
+  static constexpr u32 kAwake = 0;
+  static constexpr u32 kParked = 1;
+  static constexpr u32 kParkedDeep = 2;
+
   void ForceWake() {
-    if (parked_.Exchange(0, MemOrder::kAcqRel) == 0) return;
+    if (parked_.Exchange(kAwake, MemOrder::kAcqRel) == kAwake) return;
     if (parker_ != nullptr) {
       parker_->Interrupt();
     } else {
@@ -6099,12 +6271,16 @@ class Worker {
   u64 running_ = 0;  ///< fibers started and not finished (includes blocked and periodic)
   WorkerParker *parker_ = nullptr;  ///< how it sleeps, when not on parked_ (SetParker)
   u64 idle_spin_ns_ = kIdleSpinNs;   ///< idle polling before it sleeps
-  alignas(kCacheLine) Atomic<u32> parked_;   ///< futex word: 1 while sleeping
+  std::unique_ptr<LaneHelpView> help_;  ///< its peers' lanes (SetPeers), or none
+  Atomic<u32> *deep_parked_ = nullptr;  ///< its role's count of deep-parked workers
+  u64 next_help_ns_ = 0;                ///< when its idle loop looks at the peers next
+  alignas(kCacheLine) Atomic<u32> parked_;   ///< futex word: kParked(Deep) while sleeping
   alignas(kCacheLine) Atomic<u64> resume_;   ///< Treiber stack of RunContexts to resume
   alignas(kCacheLine) Atomic<u32> stop_;
   PollerSlot external_;  ///< the external poller (ReplacePoller), unpinned before any fiber
   Atomic<u64> tasks_done_;
   Atomic<u64> parks_;
+  Atomic<u64> helped_;
 };
 
 /** Resumes a fiber on the worker that owns it (used by CompleteTask). */
@@ -6277,8 +6453,9 @@ void Worker::OnFiberDone(RunContext *r) {
 // The loop of a runtime Worker (worker.h): each pass drains resumed fibers, polls the
 // lanes (active set every pass, cold set every kColdPollInterval passes) and the external
 // poller, starts adopted tasks and runs due timers; an idle worker spins for its idle
-// time, then parks on its futex or sleeps through its parker. Included by worker.h after
-// the class; not meant to be included on its own.
+// time, then parks on its futex or sleeps through its parker. While idle or parked it
+// watches its peers' lanes and takes the tasks of one stuck in a long task (lane_help.h).
+// Included by worker.h after the class; not meant to be included on its own.
 
 #include <sched.h>  // sched_yield while idle
 
@@ -6327,7 +6504,12 @@ void Worker::Loop() {
         if (idle > kHotPolls) CpuRelax();
         continue;
       }
-      if (NowNs() - idle_since < idle_spin_ns_) {
+      const u64 now = NowNs();
+      if (help_ != nullptr && HelpPeers(now)) {
+        idle = 0;
+        continue;
+      }
+      if (now - idle_since < idle_spin_ns_) {
         sched_yield();
         continue;
       }
@@ -6465,30 +6647,84 @@ bool Worker::HasWork() const {
   return false;
 }
 
+/**
+ * An idle worker's look at its peers' lanes (every kLaneHelpLookNs): takes up to
+ * kPopBatch tasks from each lane whose owner has been stuck for kLaneStuckNs, and starts
+ * them here. True when it took any.
+ */
+bool Worker::HelpPeers(u64 now_ns) {
+  if (now_ns < next_help_ns_) return false;
+  next_help_ns_ = now_ns + kLaneHelpLookNs;
+  bool did = false;
+  for (u32 k = 0; k < help_->Size(); ++k) {
+    TaskLane *lane = help_->Lane(k);
+    if (!help_->Stuck(k, lane->Head(), !lane->Empty(), now_ns)) continue;
+    u64 taken[kPopBatch];
+    u32 n = 0;
+    while (n < kPopBatch && lane->TryPop(taken[n])) ++n;
+    help_->Took(k, lane->Head());  // before running them: they may take long themselves
+    helped_.AddOwned(n);           // only this thread writes it
+    for (u32 i = 0; i < n; ++i) StartTask(reinterpret_cast<Task *>(taken[i]));
+    did |= n != 0;
+  }
+  return did;
+}
+
+/** When the earliest timer or sleeper is due (~0 for none). */
+u64 Worker::NextTimerNs() const {
+  u64 next = ~0ull;
+  for (RunContext *r : timers_) next = r->next_run_ns_ < next ? r->next_run_ns_ : next;
+  for (const Sleeper &sl : sleepers_) next = sl.wake_ns < next ? sl.wake_ns : next;
+  return next;
+}
+
+/**
+ * Turns a park into a deep one (no timeout to watch the peers) when no peer lane has a
+ * task ready; false when one has (the park stays a watching one) or a waker came first.
+ */
+bool Worker::ParkDeep() {
+  if (help_->PeersQueued()) return false;
+  u32 parked = kParked;
+  if (!parked_.CompareExchange(parked, kParkedDeep, MemOrder::kRelaxed)) return false;
+  // seq_cst: counted before the re-check of the peers' lanes; a submitter publishes into a
+  // lane, then reads the count (Dekker): it sees us here, or we see its task.
+  deep_parked_->FetchAdd(1, MemOrder::kSeqCst);
+  if (!help_->PeersQueued()) return true;
+  deep_parked_->FetchSub(1, MemOrder::kRelaxed);
+  parked = kParkedDeep;
+  parked_.CompareExchange(parked, kParked, MemOrder::kRelaxed);  // a waker may have come
+  return false;
+}
+
 void Worker::Park() {
-  parked_.Store(1, MemOrder::kRelaxed);
-  // seq_cst fence: the parked flag is visible before we re-check for work, and a
-  // producer's fence orders its push before its read of the flag (Dekker).
-  FenceSeqCst();
-  if (HasWork() || stop_.Load(MemOrder::kAcquire) != 0) {
-    parked_.Store(0, MemOrder::kRelaxed);
-    return;
-  }
-  u64 timeout = 0;
-  if (!timers_.empty() || !sleepers_.empty()) {
-    u64 next = ~0ull;
-    for (RunContext *r : timers_) next = r->next_run_ns_ < next ? r->next_run_ns_ : next;
-    for (const Sleeper &sl : sleepers_) next = sl.wake_ns < next ? sl.wake_ns : next;
+  for (;;) {
+    parked_.Store(kParked, MemOrder::kRelaxed);
+    // seq_cst fence: the parked flag is visible before we re-check for work, and a
+    // producer's fence orders its push before its read of the flag (Dekker).
+    FenceSeqCst();
+    if (HasWork() || stop_.Load(MemOrder::kAcquire) != 0) {
+      parked_.Store(kAwake, MemOrder::kRelaxed);
+      return;
+    }
+    const bool deep = help_ != nullptr && ParkDeep();
+    const bool watching = help_ != nullptr && !deep;
     const u64 now = NowNs();
-    timeout = next > now ? next - now : 1;
+    const u64 timer = NextTimerNs();
+    const u64 until = watching && now + kLaneWatchParkNs < timer ? now + kLaneWatchParkNs : timer;
+    const u64 timeout = until == ~0ull ? 0 : (until > now ? until - now : 1);
+    parks_.FetchAdd(1, MemOrder::kRelaxed);
+    if (parker_ != nullptr) {
+      parker_->Sleep(timeout);  // a waker that saw parked_ != kAwake interrupts it
+    } else {
+      FutexWait(parked_.Raw(), deep ? kParkedDeep : kParked, timeout);
+    }
+    if (deep) deep_parked_->FetchSub(1, MemOrder::kRelaxed);
+    const bool woken = parked_.Exchange(kAwake, MemOrder::kRelaxed) == kAwake;
+    // Watching and nobody woke it: look at the peers, and sleep on unless they need help
+    // (no idle spin between these looks).
+    if (woken || !watching || stop_.Load(MemOrder::kAcquire) != 0 || NowNs() >= timer) return;
+    if (HelpPeers(NowNs())) return;  // watching: help_ is set
   }
-  parks_.FetchAdd(1, MemOrder::kRelaxed);
-  if (parker_ != nullptr) {
-    parker_->Sleep(timeout);  // a waker that saw parked_ == 1 interrupts it
-  } else {
-    FutexWait(parked_.Raw(), 1, timeout);
-  }
-  parked_.Store(0, MemOrder::kRelaxed);
 }
 
 }  // namespace chi
@@ -8642,6 +8878,8 @@ class WorkOrchestrator {
       (low ? low_ : high_).push_back(w.get());
       workers_.push_back(std::move(w));
     }
+    MakePeers(low_, &deep_parked_[0]);
+    MakePeers(high_, &deep_parked_[1]);
     for (auto &w : workers_) w->Start();
     accepting_.Store(1, MemOrder::kRelease);
     return Status::Ok();
@@ -8793,6 +9031,38 @@ class WorkOrchestrator {
                       r == WorkerRole::kNetwork;
   }
 
+  /** Gives each worker of `set` the lanes of the others, so it can help them (lane_help.h). */
+  void MakePeers(const std::vector<Worker *> &set, Atomic<u32> *deep_parked) {
+    for (Worker *w : set) {
+      std::vector<TaskLane *> peer_lanes;
+      for (Worker *p : set) {
+        if (p == w) continue;
+        for (u32 l = 0; l < lanes_per_worker_; ++l) {
+          peer_lanes.push_back(lanes_[p->GetId() * lanes_per_worker_ + l]);
+        }
+      }
+      w->SetPeers(std::move(peer_lanes), deep_parked);
+    }
+  }
+
+  /**
+   * After queueing a task behind an awake worker w (which may be stuck in a long task):
+   * wakes a peer of w that sleeps without watching the lanes, so it can help (lane_help.h).
+   */
+  void WakeDeepPeer(Worker *w) {
+    const bool high = w->GetRole() == WorkerRole::kHighLatency;
+    // seq_cst: after our publish into the lane, against a parking worker's count then
+    // re-check of the lanes (Worker::ParkDeep).
+    if (deep_parked_[high ? 1 : 0].Load(MemOrder::kSeqCst) == 0) return;
+    for (Worker *p : high ? high_ : low_) {
+      if (p != w && p->IsDeepParked()) {
+        p->Wake();
+        return;
+      }
+    }
+  }
+
+  /** Queues t in one of w's lanes (rotating) and wakes w, or a peer that can help it. */
   void SubmitTo(Worker *w, Task *t) {
     thread_local u32 lane_rotate = 0;
     TaskLane *lane = lanes_[w->GetId() * lanes_per_worker_ + lane_rotate++ % lanes_per_worker_];
@@ -8806,7 +9076,7 @@ class WorkOrchestrator {
     } else {
       lane->Push(reinterpret_cast<u64>(t));  // back-pressure: a client waits for room
     }
-    w->Wake();
+    if (!w->Wake()) WakeDeepPeer(w);
   }
 
   std::vector<std::unique_ptr<Worker>> workers_;
@@ -8820,6 +9090,7 @@ class WorkOrchestrator {
   NodeId node_ = 0;                ///< for NewPollerWorker
   u64 stack_bytes_ = 64 * 1024;    ///< for NewPollerWorker
   Atomic<u32> poller_workers_;     ///< made by NewPollerWorker (ids after the lanes' workers)
+  Atomic<u32> deep_parked_[2];     ///< low- and high-latency workers parked deep (lane_help.h)
   TaskQueue *queue_ = nullptr;
   Atomic<u32> accepting_;
   alignas(kCacheLine) Atomic<u32> submitting_;  ///< non-worker threads inside Submit

@@ -1,7 +1,8 @@
 // MpscRing<T>: a bounded many-producer single-consumer ring placed in a caller's region.
 // Producers may be threads, processes or GPU threads; the runtime's task lanes use it.
-// Invariant: exactly one consumer; a producer owns a slot from its claim of `tail_` until
-// it publishes the slot's sequence number, and no pointers live in the region.
+// Invariant: one consumer (TryPop, Pop), or several that all use TryPopShared; a producer
+// owns a slot from its claim of `tail_` until it publishes the slot's sequence number, and
+// no pointers live in the region.
 //
 // Protocol (Vyukov's bounded queue, one consumer). Slot i starts with seq = i. A producer
 // reads tail_ = p; when slot p % C has seq == p the slot is free for lap p / C, and a CAS
@@ -106,6 +107,36 @@ class MpscRing {
     return true;
   }
 
+  /**
+   * TryPop for a ring with several consumers (a task lane's owner and the workers that
+   * help it, see lane_help.h): the oldest value is claimed with a CAS of head_. Every
+   * consumer of such a ring must pop with this; it costs what TryPop's seq_cst store does.
+   */
+  CHI_CROSS_FUN bool TryPopShared(T &out) {
+    // relaxed: the CAS below decides; this is only a starting guess.
+    u64 head = head_.Load(MemOrder::kRelaxed);
+    for (;;) {
+      Slot &slot = Slots()[head & mask_];
+      // acquire: pairs with the producer's publish, so value_ is complete.
+      const u64 seq = slot.seq_.Load(MemOrder::kAcquire);
+      const i64 lag = static_cast<i64>(seq - (head + 1));
+      if (lag < 0) return false;  // empty, or the oldest claimed slot is not published yet
+      if (lag > 0) {              // another consumer took head: retry from the newest
+        head = head_.Load(MemOrder::kRelaxed);
+        continue;
+      }
+      // kPublishOrder (seq_cst) as TryPop's store: parked producers wait on head_. The
+      // slot is ours once the CAS succeeds: producers need seq == head + capacity_.
+      if (head_.CompareExchange(head, head + 1, kPublishOrder)) {
+        out = slot.value_;
+        // release: our read of value_ happens before a producer's next write to the slot.
+        slot.seq_.Store(head + capacity_, MemOrder::kRelease);
+        not_full_.Notify();
+        return true;
+      }
+    }
+  }
+
   /** Appends v, blocking while full (spin, then futex park). Host only. */
   void Push(const T &v) { AwaitPush(v, kNoDeadline); }
 
@@ -132,6 +163,18 @@ class MpscRing {
     if (tail <= head) return 0;
     return tail - head > capacity_ ? capacity_ : static_cast<u32>(tail - head);
   }
+  /** Values popped so far (the head's position): it stands still while nobody pops. */
+  CHI_CROSS_FUN u64 Consumed() const { return head_.Load(MemOrder::kAcquire); }  // a snapshot
+
+  /**
+   * True when the value at the head is published (a pop would succeed now, barring a
+   * racing consumer). seq_cst: a parking consumer's re-check against a producer's publish.
+   */
+  CHI_CROSS_FUN bool HasReady() const {
+    const u64 head = head_.Load(MemOrder::kSeqCst);
+    return Slots()[head & mask_].seq_.Load(MemOrder::kSeqCst) == head + 1;
+  }
+
   /** Slots in the ring (the requested capacity rounded up to a power of two). */
   CHI_CROSS_FUN u32 Capacity() const { return capacity_; }
   /** True when Size() is 0. */
@@ -156,6 +199,9 @@ class MpscRing {
   /** The slot array trailing the header in the same region. */
   CHI_CROSS_FUN Slot *Slots() {
     return reinterpret_cast<Slot *>(reinterpret_cast<char *>(this) + sizeof(MpscRing));
+  }
+  CHI_CROSS_FUN const Slot *Slots() const {
+    return reinterpret_cast<const Slot *>(reinterpret_cast<const char *>(this) + sizeof(MpscRing));
   }
 
   /** Push with an absolute deadline. */

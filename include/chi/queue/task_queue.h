@@ -1,8 +1,9 @@
-// TaskQueue: the runtime's submission queue, num_lanes x kNumPriorities MPSC lanes of u64
+// TaskQueue: the runtime's submission queue, num_lanes x kNumPriorities lanes of u64
 // entries (a task pointer in-process, a packed shm offset across processes), all in one
 // caller-provided region. Clients push into a lane; the worker named by the lane's tag
-// pops. Invariant: lanes are independent rings (one consumer each) at fixed offsets from
-// the queue header, so the region may be mapped at different addresses.
+// pops, and so may a worker helping it (lane_help.h). Invariant: lanes are independent
+// rings at fixed offsets from the queue header, so the region may be mapped at different
+// addresses.
 #pragma once
 
 #include <new>  // placement new into the caller's region
@@ -21,7 +22,7 @@ enum class QueuePriority : u32 { kLowLatency = 0, kHighLatency = 1 };
 /** Number of QueuePriority values. */
 inline constexpr u32 kNumPriorities = 2;
 
-/** One MPSC lane of u64 task entries plus the metadata its owner needs. */
+/** One lane of u64 task entries (many producers, shared pops) plus its owner's metadata. */
 class TaskLane {
  public:
   /**
@@ -43,13 +44,18 @@ class TaskLane {
   void Push(u64 entry) { ring_.Push(entry); }
   /** Appends an entry, blocking while full up to timeout_ns (0 = forever); false on timeout. */
   bool Push(u64 entry, u64 timeout_ns) { return ring_.Push(entry, timeout_ns); }
-  /** Removes the oldest entry; false when empty. The lane's single consumer only. */
-  CHI_CROSS_FUN bool TryPop(u64 &entry) { return ring_.TryPop(entry); }
-  /** Removes the oldest entry, blocking up to timeout_ns (0 = forever); false on timeout. */
-  bool Pop(u64 &entry, u64 timeout_ns) { return ring_.Pop(entry, timeout_ns); }
+  /**
+   * Removes the oldest entry; false when empty. Any number of consumers: the worker the
+   * lane belongs to, and workers helping it while it is stuck in a long task (lane_help.h).
+   */
+  CHI_CROSS_FUN bool TryPop(u64 &entry) { return ring_.TryPopShared(entry); }
 
   /** Entries waiting (in-flight pushes count); exact when quiet. */
   CHI_CROSS_FUN u32 Size() const { return ring_.Size(); }
+  /** Entries popped so far: stands still while nobody pops (see lane_help.h). */
+  CHI_CROSS_FUN u64 Head() const { return ring_.Consumed(); }
+  /** True when the oldest entry is published (seq_cst: for a parking worker's re-check). */
+  CHI_CROSS_FUN bool HasReady() const { return ring_.HasReady(); }
   /** True when no entry is waiting. */
   CHI_CROSS_FUN bool Empty() const { return ring_.Empty(); }
   /** Entries the lane holds at most. */

@@ -63,6 +63,8 @@ class WorkOrchestrator {
       (low ? low_ : high_).push_back(w.get());
       workers_.push_back(std::move(w));
     }
+    MakePeers(low_, &deep_parked_[0]);
+    MakePeers(high_, &deep_parked_[1]);
     for (auto &w : workers_) w->Start();
     accepting_.Store(1, MemOrder::kRelease);
     return Status::Ok();
@@ -214,6 +216,38 @@ class WorkOrchestrator {
                       r == WorkerRole::kNetwork;
   }
 
+  /** Gives each worker of `set` the lanes of the others, so it can help them (lane_help.h). */
+  void MakePeers(const std::vector<Worker *> &set, Atomic<u32> *deep_parked) {
+    for (Worker *w : set) {
+      std::vector<TaskLane *> peer_lanes;
+      for (Worker *p : set) {
+        if (p == w) continue;
+        for (u32 l = 0; l < lanes_per_worker_; ++l) {
+          peer_lanes.push_back(lanes_[p->GetId() * lanes_per_worker_ + l]);
+        }
+      }
+      w->SetPeers(std::move(peer_lanes), deep_parked);
+    }
+  }
+
+  /**
+   * After queueing a task behind an awake worker w (which may be stuck in a long task):
+   * wakes a peer of w that sleeps without watching the lanes, so it can help (lane_help.h).
+   */
+  void WakeDeepPeer(Worker *w) {
+    const bool high = w->GetRole() == WorkerRole::kHighLatency;
+    // seq_cst: after our publish into the lane, against a parking worker's count then
+    // re-check of the lanes (Worker::ParkDeep).
+    if (deep_parked_[high ? 1 : 0].Load(MemOrder::kSeqCst) == 0) return;
+    for (Worker *p : high ? high_ : low_) {
+      if (p != w && p->IsDeepParked()) {
+        p->Wake();
+        return;
+      }
+    }
+  }
+
+  /** Queues t in one of w's lanes (rotating) and wakes w, or a peer that can help it. */
   void SubmitTo(Worker *w, Task *t) {
     thread_local u32 lane_rotate = 0;
     TaskLane *lane = lanes_[w->GetId() * lanes_per_worker_ + lane_rotate++ % lanes_per_worker_];
@@ -227,7 +261,7 @@ class WorkOrchestrator {
     } else {
       lane->Push(reinterpret_cast<u64>(t));  // back-pressure: a client waits for room
     }
-    w->Wake();
+    if (!w->Wake()) WakeDeepPeer(w);
   }
 
   std::vector<std::unique_ptr<Worker>> workers_;
@@ -241,6 +275,7 @@ class WorkOrchestrator {
   NodeId node_ = 0;                ///< for NewPollerWorker
   u64 stack_bytes_ = 64 * 1024;    ///< for NewPollerWorker
   Atomic<u32> poller_workers_;     ///< made by NewPollerWorker (ids after the lanes' workers)
+  Atomic<u32> deep_parked_[2];     ///< low- and high-latency workers parked deep (lane_help.h)
   TaskQueue *queue_ = nullptr;
   Atomic<u32> accepting_;
   alignas(kCacheLine) Atomic<u32> submitting_;  ///< non-worker threads inside Submit

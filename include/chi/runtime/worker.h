@@ -22,6 +22,7 @@
 #include "chi/core/atomic.h"            // parked word, resume stack
 #include "chi/core/futex.h"             // parking
 #include "chi/queue/task_queue.h"       // TaskLane
+#include "chi/runtime/lane_help.h"      // LaneHelpView: taking a stuck peer's tasks
 #include "chi/runtime/fiber.h"          // ShellPool, FiberShell
 #include "chi/runtime/pool_manager.h"   // PoolManager, PoolInfo
 #include "chi/runtime/router.h"         // ResolveQuery
@@ -70,6 +71,16 @@ class Worker {
     parker_ = parker;
     idle_spin_ns_ = idle_spin_ns;
   }
+  /**
+   * Lets this worker take the queued tasks of its peers (the other workers of its role)
+   * while they are stuck in a long task (lane_help.h): `peer_lanes` are their lanes, and
+   * `deep_parked` counts the role's workers parked without watching them (before Start).
+   */
+  void SetPeers(std::vector<TaskLane *> peer_lanes, Atomic<u32> *deep_parked) {
+    if (peer_lanes.empty()) return;
+    help_ = std::make_unique<LaneHelpView>(std::move(peer_lanes));
+    deep_parked_ = deep_parked;
+  }
   /** Launches the thread. */
   void Start() { thread_ = std::thread([this] { Loop(); }); }
   /** Asks the loop to drain and exit. */
@@ -82,15 +93,25 @@ class Worker {
     if (thread_.joinable()) thread_.join();
   }
 
-  /** Wakes the worker if it is parked; call after publishing work for it. */
-  void Wake() {
+  /**
+   * Wakes the worker if it is parked; call after publishing work for it. True when it
+   * was parked (this call or a racing one woke it), false when it was awake.
+   */
+  bool Wake() {
     // seq_cst load: every publish that precedes a Wake is itself seq_cst (the lane's
     // slot store, Resume's CAS), so this pairs with Park()'s fence without a second one.
-    if (parked_.Load(MemOrder::kSeqCst) != 0) ForceWake();
+    if (parked_.Load(MemOrder::kSeqCst) == kAwake) return false;
+    ForceWake();
+    return true;
   }
 
   /** True while the worker sleeps (any thread; a hint, it may wake any moment). */
-  bool IsParked() const { return parked_.Load(MemOrder::kRelaxed) != 0; }  // relaxed: a hint
+  bool IsParked() const { return parked_.Load(MemOrder::kRelaxed) != kAwake; }  // relaxed: a hint
+  /**
+   * True while it sleeps without watching its peers' lanes (any thread; a hint): only a
+   * wake brings it to a peer stuck with tasks queued (WorkOrchestrator::SubmitTo).
+   */
+  bool IsDeepParked() const { return parked_.Load(MemOrder::kAcquire) == kParkedDeep; }
 
   /**
    * Swaps the external poller called every loop pass from `from` to `to` (either may be
@@ -171,6 +192,7 @@ class Worker {
     s.parks_ = parks_.Load(MemOrder::kRelaxed);
     s.stacks_ = shells_.Stacks().TotalStacks();
     s.fibers_ = shells_.Created();
+    s.helped_ = helped_.Load(MemOrder::kRelaxed);
     return s;
   }
 
@@ -197,6 +219,9 @@ class Worker {
   inline bool StartAdopted();
   inline bool RunDueTimers(bool stopping);
   inline bool HasWork() const;
+  inline bool HelpPeers(u64 now_ns);
+  inline u64 NextTimerNs() const;
+  inline bool ParkDeep();
   inline void Park();
   inline void StartTask(Task *t);
   inline void StartAcquired(Task *t, PoolInfo *pool);
@@ -213,8 +238,13 @@ class Worker {
   static void ShellMain(void *worker, FiberShell &shell) {
     static_cast<Worker *>(worker)->ShellLoop(shell);
   }
+  /** parked_ values: awake, asleep (watching peers, or with nobody to watch), asleep deep. */
+  static constexpr u32 kAwake = 0;
+  static constexpr u32 kParked = 1;
+  static constexpr u32 kParkedDeep = 2;
+
   void ForceWake() {
-    if (parked_.Exchange(0, MemOrder::kAcqRel) == 0) return;
+    if (parked_.Exchange(kAwake, MemOrder::kAcqRel) == kAwake) return;
     if (parker_ != nullptr) {
       parker_->Interrupt();
     } else {
@@ -261,12 +291,16 @@ class Worker {
   u64 running_ = 0;  ///< fibers started and not finished (includes blocked and periodic)
   WorkerParker *parker_ = nullptr;  ///< how it sleeps, when not on parked_ (SetParker)
   u64 idle_spin_ns_ = kIdleSpinNs;   ///< idle polling before it sleeps
-  alignas(kCacheLine) Atomic<u32> parked_;   ///< futex word: 1 while sleeping
+  std::unique_ptr<LaneHelpView> help_;  ///< its peers' lanes (SetPeers), or none
+  Atomic<u32> *deep_parked_ = nullptr;  ///< its role's count of deep-parked workers
+  u64 next_help_ns_ = 0;                ///< when its idle loop looks at the peers next
+  alignas(kCacheLine) Atomic<u32> parked_;   ///< futex word: kParked(Deep) while sleeping
   alignas(kCacheLine) Atomic<u64> resume_;   ///< Treiber stack of RunContexts to resume
   alignas(kCacheLine) Atomic<u32> stop_;
   PollerSlot external_;  ///< the external poller (ReplacePoller), unpinned before any fiber
   Atomic<u64> tasks_done_;
   Atomic<u64> parks_;
+  Atomic<u64> helped_;
 };
 
 /** Resumes a fiber on the worker that owns it (used by CompleteTask). */

@@ -1,8 +1,9 @@
 // The loop of a runtime Worker (worker.h): each pass drains resumed fibers, polls the
 // lanes (active set every pass, cold set every kColdPollInterval passes) and the external
 // poller, starts adopted tasks and runs due timers; an idle worker spins for its idle
-// time, then parks on its futex or sleeps through its parker. Included by worker.h after
-// the class; not meant to be included on its own.
+// time, then parks on its futex or sleeps through its parker. While idle or parked it
+// watches its peers' lanes and takes the tasks of one stuck in a long task (lane_help.h).
+// Included by worker.h after the class; not meant to be included on its own.
 #pragma once
 
 #include <sched.h>  // sched_yield while idle
@@ -56,7 +57,12 @@ void Worker::Loop() {
         if (idle > kHotPolls) CpuRelax();
         continue;
       }
-      if (NowNs() - idle_since < idle_spin_ns_) {
+      const u64 now = NowNs();
+      if (help_ != nullptr && HelpPeers(now)) {
+        idle = 0;
+        continue;
+      }
+      if (now - idle_since < idle_spin_ns_) {
         sched_yield();
         continue;
       }
@@ -194,30 +200,84 @@ bool Worker::HasWork() const {
   return false;
 }
 
+/**
+ * An idle worker's look at its peers' lanes (every kLaneHelpLookNs): takes up to
+ * kPopBatch tasks from each lane whose owner has been stuck for kLaneStuckNs, and starts
+ * them here. True when it took any.
+ */
+bool Worker::HelpPeers(u64 now_ns) {
+  if (now_ns < next_help_ns_) return false;
+  next_help_ns_ = now_ns + kLaneHelpLookNs;
+  bool did = false;
+  for (u32 k = 0; k < help_->Size(); ++k) {
+    TaskLane *lane = help_->Lane(k);
+    if (!help_->Stuck(k, lane->Head(), !lane->Empty(), now_ns)) continue;
+    u64 taken[kPopBatch];
+    u32 n = 0;
+    while (n < kPopBatch && lane->TryPop(taken[n])) ++n;
+    help_->Took(k, lane->Head());  // before running them: they may take long themselves
+    helped_.AddOwned(n);           // only this thread writes it
+    for (u32 i = 0; i < n; ++i) StartTask(reinterpret_cast<Task *>(taken[i]));
+    did |= n != 0;
+  }
+  return did;
+}
+
+/** When the earliest timer or sleeper is due (~0 for none). */
+u64 Worker::NextTimerNs() const {
+  u64 next = ~0ull;
+  for (RunContext *r : timers_) next = r->next_run_ns_ < next ? r->next_run_ns_ : next;
+  for (const Sleeper &sl : sleepers_) next = sl.wake_ns < next ? sl.wake_ns : next;
+  return next;
+}
+
+/**
+ * Turns a park into a deep one (no timeout to watch the peers) when no peer lane has a
+ * task ready; false when one has (the park stays a watching one) or a waker came first.
+ */
+bool Worker::ParkDeep() {
+  if (help_->PeersQueued()) return false;
+  u32 parked = kParked;
+  if (!parked_.CompareExchange(parked, kParkedDeep, MemOrder::kRelaxed)) return false;
+  // seq_cst: counted before the re-check of the peers' lanes; a submitter publishes into a
+  // lane, then reads the count (Dekker): it sees us here, or we see its task.
+  deep_parked_->FetchAdd(1, MemOrder::kSeqCst);
+  if (!help_->PeersQueued()) return true;
+  deep_parked_->FetchSub(1, MemOrder::kRelaxed);
+  parked = kParkedDeep;
+  parked_.CompareExchange(parked, kParked, MemOrder::kRelaxed);  // a waker may have come
+  return false;
+}
+
 void Worker::Park() {
-  parked_.Store(1, MemOrder::kRelaxed);
-  // seq_cst fence: the parked flag is visible before we re-check for work, and a
-  // producer's fence orders its push before its read of the flag (Dekker).
-  FenceSeqCst();
-  if (HasWork() || stop_.Load(MemOrder::kAcquire) != 0) {
-    parked_.Store(0, MemOrder::kRelaxed);
-    return;
-  }
-  u64 timeout = 0;
-  if (!timers_.empty() || !sleepers_.empty()) {
-    u64 next = ~0ull;
-    for (RunContext *r : timers_) next = r->next_run_ns_ < next ? r->next_run_ns_ : next;
-    for (const Sleeper &sl : sleepers_) next = sl.wake_ns < next ? sl.wake_ns : next;
+  for (;;) {
+    parked_.Store(kParked, MemOrder::kRelaxed);
+    // seq_cst fence: the parked flag is visible before we re-check for work, and a
+    // producer's fence orders its push before its read of the flag (Dekker).
+    FenceSeqCst();
+    if (HasWork() || stop_.Load(MemOrder::kAcquire) != 0) {
+      parked_.Store(kAwake, MemOrder::kRelaxed);
+      return;
+    }
+    const bool deep = help_ != nullptr && ParkDeep();
+    const bool watching = help_ != nullptr && !deep;
     const u64 now = NowNs();
-    timeout = next > now ? next - now : 1;
+    const u64 timer = NextTimerNs();
+    const u64 until = watching && now + kLaneWatchParkNs < timer ? now + kLaneWatchParkNs : timer;
+    const u64 timeout = until == ~0ull ? 0 : (until > now ? until - now : 1);
+    parks_.FetchAdd(1, MemOrder::kRelaxed);
+    if (parker_ != nullptr) {
+      parker_->Sleep(timeout);  // a waker that saw parked_ != kAwake interrupts it
+    } else {
+      FutexWait(parked_.Raw(), deep ? kParkedDeep : kParked, timeout);
+    }
+    if (deep) deep_parked_->FetchSub(1, MemOrder::kRelaxed);
+    const bool woken = parked_.Exchange(kAwake, MemOrder::kRelaxed) == kAwake;
+    // Watching and nobody woke it: look at the peers, and sleep on unless they need help
+    // (no idle spin between these looks).
+    if (woken || !watching || stop_.Load(MemOrder::kAcquire) != 0 || NowNs() >= timer) return;
+    if (HelpPeers(NowNs())) return;  // watching: help_ is set
   }
-  parks_.FetchAdd(1, MemOrder::kRelaxed);
-  if (parker_ != nullptr) {
-    parker_->Sleep(timeout);  // a waker that saw parked_ == 1 interrupts it
-  } else {
-    FutexWait(parked_.Raw(), 1, timeout);
-  }
-  parked_.Store(0, MemOrder::kRelaxed);
 }
 
 }  // namespace chi

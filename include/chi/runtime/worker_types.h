@@ -29,10 +29,11 @@ struct WorkerStats {
   u64 parks_ = 0;         ///< times it went to sleep
   u64 stacks_ = 0;        ///< fiber stacks mapped
   u64 fibers_ = 0;        ///< fiber shells created (each runs task after task)
+  u64 helped_ = 0;        ///< tasks it took from a stuck peer's lanes (lane_help.h)
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(id_, role_, tasks_done_, queue_depth_, blocked_, parks_, stacks_, fibers_);
+    ar(id_, role_, tasks_done_, queue_depth_, blocked_, parks_, stacks_, fibers_, helped_);
   }
 };
 

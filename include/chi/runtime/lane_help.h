@@ -1,0 +1,89 @@
+// Lane help: workers of one role take the queued tasks of a peer stuck in a long task.
+// Tasks reach a worker's lanes by rotation (WorkOrchestrator::SubmitTo), so a task that
+// never yields (one that should have been TASK_HIGH_LATENCY) would hold up every task
+// queued behind it while the other workers idle. An idle worker looks at its peers' lanes
+// every kLaneHelpLookNs; when a lane's oldest task has waited kLaneStuckNs without the
+// lane's head moving, its owner has not come back to its loop in that time, and the idle
+// worker pops the lane's tasks (lanes allow several consumers: TaskLane::TryPop) and runs
+// them. A parked worker cannot look, so it parks with a timeout while a peer has tasks
+// queued, and a submitter that queues behind an awake worker wakes a peer that parked
+// without one (the "deep" park; the Dekker pair is PeersQueued against the lane publish).
+// Invariant: helping only moves tasks that already waited kLaneStuckNs; nothing promises a
+// task a particular worker (lanes rotate), so no order or placement is lost.
+#pragma once
+
+#include <utility>  // move of the lane list
+#include <vector>   // the peers' lanes and the views
+
+#include "chi/core/types.h"         // u32, u64
+#include "chi/queue/task_queue.h"   // TaskLane
+
+namespace chi {
+
+/** How long a peer's lane may hold tasks with its head standing still before others help. */
+inline constexpr u64 kLaneStuckNs = 100000;
+/** How often an idle (spinning) worker looks at its peers' lanes. */
+inline constexpr u64 kLaneHelpLookNs = 20000;
+/** How long a worker parks at most while a peer has tasks queued (then it looks again). */
+inline constexpr u64 kLaneWatchParkNs = kLaneStuckNs / 2;
+
+/** One worker's memory of its peers' lanes between its looks (its own thread only). */
+class LaneHelpView {
+ public:
+  /** The peers' lanes, in the order Stuck and Took name them by index. */
+  explicit LaneHelpView(std::vector<TaskLane *> lanes)
+      : lanes_(std::move(lanes)), watch_(lanes_.size()) {}
+
+  /** Number of peer lanes. */
+  u32 Size() const { return static_cast<u32>(lanes_.size()); }
+  /** Peer lane k. */
+  TaskLane *Lane(u32 k) const { return lanes_[k]; }
+
+  /**
+   * Whether to take lane k's tasks at `now_ns`, seeing its head at `head` with `queued`
+   * tasks behind it: true once the same head has been seen with tasks queued for
+   * kLaneStuckNs. An empty lane, or a head that moved, starts the wait again.
+   */
+  bool Stuck(u32 k, u64 head, bool queued, u64 now_ns) {
+    Watch &w = watch_[k];
+    if (!queued) {
+      w.armed = false;
+      return false;
+    }
+    if (!w.armed || w.head != head) {
+      w = Watch{head, now_ns, true};
+      return false;
+    }
+    return now_ns - w.since_ns >= kLaneStuckNs;
+  }
+
+  /**
+   * This worker took tasks from lane k, leaving its head at `head`: the lane's owner is
+   * still stuck (only helpers moved the head since), so the next look may take more at once.
+   */
+  void Took(u32 k, u64 head) { watch_[k].head = head; }
+
+  /**
+   * True when some peer lane has a task ready at its head. seq_cst: the re-check of a
+   * worker about to park deep, against a submitter's publish then read of the deep count.
+   */
+  bool PeersQueued() const {
+    for (TaskLane *l : lanes_) {
+      if (l->HasReady()) return true;
+    }
+    return false;
+  }
+
+ private:
+  /** What was seen of one lane: its head, since when, and whether a wait is running. */
+  struct Watch {
+    u64 head = 0;
+    u64 since_ns = 0;
+    bool armed = false;
+  };
+
+  std::vector<TaskLane *> lanes_;
+  std::vector<Watch> watch_;
+};
+
+}  // namespace chi

@@ -1,0 +1,219 @@
+// Lane help (lane_help.h): an idle worker takes the tasks queued behind a peer stuck in a
+// long task, also when it had parked deep; the policy waits kLaneStuckNs of a standing
+// head before taking; under load with several stuck workers, every task still runs once.
+#include <doctest/doctest.h>
+
+#include <chi/chi.h>
+
+#include "temp_file.h"
+
+#include <unistd.h>  // usleep between submissions
+
+#include <cstdint>  // uintptr_t to align the lanes' region
+#include <atomic>   // the hog's start flag and run counts, shared with the runtime's workers
+#include <memory>   // unique_ptr of the run counts
+#include <vector>   // futures
+
+using chi::u32;
+using chi::u64;
+
+namespace {
+
+constexpr u64 kMs = 1000000ull;
+
+/** Spins its worker without yielding for spin_ns (a task that should be TASK_HIGH_LATENCY). */
+struct SpinTask : public chi::Task {
+  IN u64 spin_ns_ = 0;
+  OUT u32 worker_ = 0;  ///< the worker it ran on
+  OUT u64 end_ns_ = 0;  ///< when it let go (MonotonicNs)
+
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(spin_ns_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(worker_, end_ns_);
+  }
+};
+
+/** Set by a spin task once it runs (this test's runtime is embedded: same process). */
+std::atomic<u32> g_spinning{0};
+/** How often each index of a Count task ran. */
+std::unique_ptr<std::atomic<u32>[]> g_runs;
+
+/** The module under test: Spin hogs its worker; Count records that index `i` ran. */
+class HelpProbe : public chi::ModuleRuntime<HelpProbe> {
+ public:
+  static constexpr chi::MethodId kSpin = 10;
+  static constexpr chi::MethodId kCount = 11;
+  /** A pool of the probe needs nothing set up. */
+  void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
+  /** Spins for the time asked, never yielding its worker. */
+  void Spin(SpinTask &t, chi::RunContext &rc) {
+    t.worker_ = rc.GetWorker()->GetId();
+    g_spinning.fetch_add(1);
+    const u64 end = chi::MonotonicNs() + t.spin_ns_;
+    while (chi::MonotonicNs() < end) chi::CpuRelax();
+    t.end_ns_ = chi::MonotonicNs();
+  }
+  /** Counts one run of index spin_ns_ (reused as the index), and where and when it ran. */
+  void Count(SpinTask &t, chi::RunContext &rc) {
+    g_runs[t.spin_ns_].fetch_add(1);
+    t.worker_ = rc.GetWorker()->GetId();
+    t.end_ns_ = chi::MonotonicNs();
+  }
+  using Methods = chi::MethodList<
+      chi::Method<0, chimaera::admin::CreatePoolTask, &HelpProbe::Create, "Create">,
+      chi::Method<kSpin, SpinTask, &HelpProbe::Spin, "Spin">,
+      chi::Method<kCount, SpinTask, &HelpProbe::Count, "Count">>;
+};
+const bool kHelpProbeRegistered = chi::ModuleManager::Register<HelpProbe>("help_probe");
+constexpr chi::PoolId kPool(350, 0);
+
+/** Sends method m of the probe with argument `arg` to the embedded runtime. */
+chi::Future<SpinTask> Send(chi::MethodId m, u64 arg) {
+  auto *t = chi::NewTask<SpinTask>();
+  t->pool_id_ = kPool;
+  t->pool_query_ = chi::PoolQuery::Local();
+  t->method_ = m;
+  t->spin_ns_ = arg;
+  return chi::GetIpcManager().Send(t);
+}
+
+/** Starts the embedded runtime once, with three low-latency workers, and the probe pool. */
+void StartRuntime() {
+  static chi_test::TempFile conf("workers:\n  low_latency: 3\n  high_latency: 1\n");
+  static const bool started = [] {
+    setenv("CHI_SERVER_CONF", conf.path().c_str(), 1);
+    if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true)) return false;
+    auto made = chimaera::admin::Client().AsyncCreatePool(chi::PoolQuery::Local(), "help_probe",
+                                                          "help_probe", kPool);
+    return made.Wait(30) && made->GetReturnCode() == 0;
+  }();
+  REQUIRE(started);
+}
+
+/** Tasks the low-latency workers took from their peers' lanes so far. */
+u64 Helped() {
+  u64 n = 0;
+  for (const chi::WorkerStats &s : chi::Chimaera::Get().Orchestrator()->Stats()) n += s.helped_;
+  return n;
+}
+
+/** A queue of 4 lanes (3 peers' and one to spare) of depth 16, in a region of its own. */
+struct Lanes {
+  std::vector<char> mem = std::vector<char>(chi::TaskQueue::BytesFor(4, 16) + chi::kCacheLine);
+  chi::TaskQueue *queue = chi::TaskQueue::Create(
+      mem.data() + (chi::kCacheLine - reinterpret_cast<uintptr_t>(mem.data()) % chi::kCacheLine),
+      4, 16);
+  chi::TaskLane *Lane(u32 i) { return &queue->GetLane(i, chi::QueuePriority::kLowLatency); }
+};
+
+}  // namespace
+
+TEST_CASE("a lane's tasks are taken only once its head stood still kLaneStuckNs with tasks queued") {
+  Lanes q;
+  REQUIRE(q.queue != nullptr);
+  chi::LaneHelpView view({q.Lane(0), q.Lane(1)});
+  REQUIRE(view.Size() == 2);
+  const u64 t0 = 1000 * kMs;
+  CHECK_FALSE(view.Stuck(0, 0, false, t0));                       // empty: nothing to take
+  CHECK_FALSE(view.Stuck(0, 0, true, t0));                        // first sight: the wait starts
+  CHECK_FALSE(view.Stuck(0, 0, true, t0 + chi::kLaneStuckNs - 1));
+  CHECK(view.Stuck(0, 0, true, t0 + chi::kLaneStuckNs));          // the same head, long enough
+  CHECK_FALSE(view.Stuck(1, 0, true, t0 + chi::kLaneStuckNs));    // lanes are watched apart
+  // The owner popped (the head moved): a new wait, from that look on.
+  CHECK_FALSE(view.Stuck(0, 3, true, t0 + 2 * chi::kLaneStuckNs));
+  CHECK_FALSE(view.Stuck(0, 3, true, t0 + 3 * chi::kLaneStuckNs - 1));
+  CHECK(view.Stuck(0, 3, true, t0 + 3 * chi::kLaneStuckNs));
+  // Emptied in between: the wait starts again even at the same head.
+  CHECK_FALSE(view.Stuck(0, 3, false, t0 + 4 * chi::kLaneStuckNs));
+  CHECK_FALSE(view.Stuck(0, 3, true, t0 + 4 * chi::kLaneStuckNs + 1));
+  // After this worker took some, the owner is still stuck: the next look takes more at once,
+  // unless the owner (or another helper) moved the head meanwhile.
+  CHECK(view.Stuck(0, 3, true, t0 + 5 * chi::kLaneStuckNs + 1));
+  view.Took(0, 35);
+  CHECK(view.Stuck(0, 35, true, t0 + 5 * chi::kLaneStuckNs + 2));
+  CHECK_FALSE(view.Stuck(0, 36, true, t0 + 5 * chi::kLaneStuckNs + 3));
+}
+
+TEST_CASE("PeersQueued sees a task ready in any peer lane and a lane's head counts its pops") {
+  Lanes q;
+  REQUIRE(q.queue != nullptr);
+  chi::LaneHelpView view({q.Lane(1), q.Lane(2)});
+  CHECK_FALSE(view.PeersQueued());
+  REQUIRE(q.Lane(0)->TryPush(7));  // not a peer's lane
+  CHECK_FALSE(view.PeersQueued());
+  REQUIRE(q.Lane(2)->TryPush(8));
+  CHECK(view.PeersQueued());
+  CHECK(q.Lane(2)->Head() == 0);
+  u64 e = 0;
+  REQUIRE(q.Lane(2)->TryPop(e));
+  CHECK(e == 8);
+  CHECK(q.Lane(2)->Head() == 1);
+  CHECK_FALSE(view.PeersQueued());
+}
+
+TEST_CASE("tasks queued behind a worker stuck in a long task are run by a peer that parked deep") {
+  StartRuntime();
+  const u64 helped_before = Helped();
+  usleep(200 * 1000);  // every worker idles past its spin and parks with nothing to watch
+  g_spinning = 0;
+  constexpr u64 kSpinNs = 2000 * kMs;
+  auto hog = Send(HelpProbe::kSpin, kSpinNs);
+  for (int i = 0; i < 2000 && g_spinning.load() == 0; ++i) usleep(1000);
+  REQUIRE(g_spinning.load() == 1);
+  // One at a time, with the other workers parked deep again in between: submissions rotate
+  // over the three workers, so two of these six queue behind the hog.
+  g_runs = std::make_unique<std::atomic<u32>[]>(6);
+  std::vector<chi::Future<SpinTask>> quick;
+  for (u64 i = 0; i < 6; ++i) {
+    usleep(50 * 1000);
+    quick.push_back(Send(HelpProbe::kCount, i));
+    REQUIRE(quick.back().Wait(10));
+    INFO("quick task " << i);
+    CHECK(quick.back()->GetReturnCode() == 0);
+  }
+  const u64 quick_done_ns = chi::MonotonicNs();
+  REQUIRE(hog.Wait(30));
+  CHECK(hog->GetReturnCode() == 0);
+  INFO("the hog ran on worker " << hog->worker_ << " and ended "
+       << (static_cast<double>(hog->end_ns_) - static_cast<double>(quick_done_ns)) / kMs
+       << " ms after the last quick task");
+  CHECK(quick_done_ns < hog->end_ns_);  // none of them waited for the hog
+  u32 not_on_hog = 0;
+  for (auto &f : quick) not_on_hog += f->worker_ != hog->worker_ ? 1 : 0;
+  CHECK(not_on_hog == 6);
+  for (u64 i = 0; i < 6; ++i) CHECK(g_runs[i].load() == 1);
+  CHECK(Helped() - helped_before >= 2);
+}
+
+TEST_CASE("with two workers stuck and 10^4 quick tasks submitted, every task runs exactly once") {
+  StartRuntime();
+  constexpr u32 kTasks = 10000;
+  g_runs = std::make_unique<std::atomic<u32>[]>(kTasks);
+  g_spinning = 0;
+  const u64 helped_before = Helped();
+  auto hog_a = Send(HelpProbe::kSpin, 1000 * kMs);
+  auto hog_b = Send(HelpProbe::kSpin, 1000 * kMs);
+  for (int i = 0; i < 2000 && g_spinning.load() < 2; ++i) usleep(1000);
+  REQUIRE(g_spinning.load() == 2);
+  std::vector<chi::Future<SpinTask>> quick;
+  quick.reserve(kTasks);
+  for (u32 i = 0; i < kTasks; ++i) quick.push_back(Send(HelpProbe::kCount, i));
+  u32 answered = 0, before_hogs = 0;
+  for (auto &f : quick) answered += f.Wait(30) && f->GetReturnCode() == 0 ? 1 : 0;
+  const u64 quick_done_ns = chi::MonotonicNs();
+  REQUIRE(hog_a.Wait(30));
+  REQUIRE(hog_b.Wait(30));
+  CHECK(answered == kTasks);
+  u32 once = 0;
+  for (u32 i = 0; i < kTasks; ++i) once += g_runs[i].load() == 1 ? 1 : 0;
+  CHECK(once == kTasks);
+  before_hogs += quick_done_ns < hog_a->end_ns_ && quick_done_ns < hog_b->end_ns_ ? 1 : 0;
+  INFO("hogs on workers " << hog_a->worker_ << " and " << hog_b->worker_);
+  CHECK(hog_a->worker_ != hog_b->worker_);
+  CHECK(before_hogs == 1);  // the third worker ran them all (with its peers' queues)
+  CHECK(Helped() - helped_before > 0);
+}
