@@ -7,7 +7,8 @@
 // synchronous task round trip vs two-thread atomic ping-pong; async throughput
 // of empty tasks with 1 and 2 workers; subtask spawn+wait inside a task; wake
 // latency of a parked worker vs a raw futex wake; stamping task ids on two threads at once
-// vs a shared counter.
+// vs a shared counter; the round trip of a task queued behind a worker stuck in a long
+// task (two workers: the idle one takes it after the 100 us lane help wait, lane_help.h).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +31,38 @@ using chi_bench::NowNs;
 namespace {
 
 constexpr int kReps = 7;
+
+/** Spins its worker for spin_ns without yielding: the stuck worker of the lane help figure. */
+struct SpinTask : public chi::Task {
+  IN chi::u64 spin_ns_ = 0;
+
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(spin_ns_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &) {}
+};
+
+/** Set once a SpinTask runs (the runtime is embedded: same process). */
+std::atomic<int> g_spinning{0};
+
+/** A module with one method, Spin. */
+class SpinModule : public chi::ModuleRuntime<SpinModule> {
+ public:
+  /** A pool of it needs nothing set up. */
+  void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
+  /** Keeps its worker for the time asked. */
+  void Spin(SpinTask &t, chi::RunContext &) {
+    g_spinning = 1;
+    const double end = NowNs() + static_cast<double>(t.spin_ns_);
+    while (NowNs() < end) chi::CpuRelax();
+  }
+  using Methods = chi::MethodList<
+      chi::Method<0, chimaera::admin::CreatePoolTask, &SpinModule::Create, "Create">,
+      chi::Method<10, SpinTask, &SpinModule::Spin, "Spin">>;
+};
+const bool kSpinRegistered = chi::ModuleManager::Register<SpinModule>("bench_spin");
 
 /** Two threads bouncing one atomic flag: the floor for a cross-core round trip. */
 double AtomicPingPongNs(int iters) {
@@ -257,6 +290,39 @@ int main() {
     }
     chi_bench::ReportLatency("round trip waking a parked worker", chi_bench::Median(wake),
                              "raw futex wake round trip", floor_wake);
+  });
+
+  InChild([&] {
+    auto client = StartRuntime(2, 0);
+    const chi::PoolId spin_pool(301, 0);
+    auto made = chimaera::admin::Client().AsyncCreatePool(chi::PoolQuery::Local(), "bench_spin",
+                                                          "bench_spin", spin_pool);
+    if (!made.Wait(30) || made->GetReturnCode() != 0) std::exit(5);
+    auto *hog_task = chi::NewTask<SpinTask>();
+    hog_task->pool_id_ = spin_pool;
+    hog_task->pool_query_ = chi::PoolQuery::Local();
+    hog_task->method_ = 10;
+    hog_task->spin_ns_ = 3000000000ull;
+    auto hog = chi::GetIpcManager().Send(hog_task);
+    while (g_spinning.load() == 0) std::this_thread::yield();
+    // Pairs of tasks from one thread rotate over both workers: one of each pair queues
+    // behind the hog. The pause lets the idle worker park deep first, as it would in
+    // an application that submits now and then.
+    std::vector<double> behind;
+    for (int i = 0; i < 200; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const double t0 = NowNs();
+      auto a = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, i);
+      auto b = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, i);
+      a.Wait();
+      b.Wait();
+      behind.push_back(NowNs() - t0);
+    }
+    const bool hog_still_ran = !hog.IsComplete();
+    hog.Wait();
+    if (!hog_still_ran) std::printf("  (the stuck worker's task ended before the figure did)\n");
+    chi_bench::ReportLatency("task queued behind a stuck worker (2 workers)",
+                             chi_bench::Median(behind), "raw futex wake round trip", floor_wake);
   });
 
   for (unsigned workers : {1u, 2u}) {
