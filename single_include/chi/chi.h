@@ -1342,7 +1342,9 @@ class SpscRing {
 // of tail_ from p to p + 1 claims it; the producer writes the value and publishes
 // seq = p + 1. The consumer at head h reads when seq == h + 1, advances head_, then frees
 // the slot for the next lap with seq = h + C. Producers thus learn "full" from the slot
-// they want, never from the consumer's line. Sequence numbers only grow: no ABA.
+// they want, never from the consumer's line. Sequence numbers only grow: no ABA. Several
+// consumers (TryPopShared) claim head h with a CAS of head_ from h to h + 1 before reading
+// the slot; a consumer that finds seq > h + 1 lost h to another and reads head_ again.
 // A producer that dies between claim and publish stalls the consumer at that slot.
 // Blocking ends (host only) park on a WaitEvent (see wait_event.h); GPU code uses
 // TryPush/TryPop, and a host end fed from a GPU polls instead of parking.
@@ -6280,7 +6282,7 @@ class Worker {
   PollerSlot external_;  ///< the external poller (ReplacePoller), unpinned before any fiber
   Atomic<u64> tasks_done_;
   Atomic<u64> parks_;
-  Atomic<u64> helped_;
+  Atomic<u64> helped_;  ///< tasks taken from stuck peers' lanes (HelpPeers)
 };
 
 /** Resumes a fiber on the worker that owns it (used by CompleteTask). */

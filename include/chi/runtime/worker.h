@@ -300,7 +300,7 @@ class Worker {
   PollerSlot external_;  ///< the external poller (ReplacePoller), unpinned before any fiber
   Atomic<u64> tasks_done_;
   Atomic<u64> parks_;
-  Atomic<u64> helped_;
+  Atomic<u64> helped_;  ///< tasks taken from stuck peers' lanes (HelpPeers)
 };
 
 /** Resumes a fiber on the worker that owns it (used by CompleteTask). */
