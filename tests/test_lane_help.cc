@@ -118,8 +118,10 @@ TEST_CASE("a lane's tasks are taken only once its head stood still kLaneStuckNs 
   chi::LaneHelpView view({q.Lane(0), q.Lane(1)});
   REQUIRE(view.Size() == 2);
   const u64 t0 = 1000 * kMs;
+  CHECK(view.NextDueNs() == ~0ull);                               // no wait runs
   CHECK_FALSE(view.Stuck(0, 0, false, t0));                       // empty: nothing to take
   CHECK_FALSE(view.Stuck(0, 0, true, t0));                        // first sight: the wait starts
+  CHECK(view.NextDueNs() == t0 + chi::kLaneStuckNs);              // a watcher looks again then
   CHECK_FALSE(view.Stuck(0, 0, true, t0 + chi::kLaneStuckNs - 1));
   CHECK(view.Stuck(0, 0, true, t0 + chi::kLaneStuckNs));          // the same head, long enough
   CHECK_FALSE(view.Stuck(1, 0, true, t0 + chi::kLaneStuckNs));    // lanes are watched apart
@@ -129,6 +131,9 @@ TEST_CASE("a lane's tasks are taken only once its head stood still kLaneStuckNs 
   CHECK(view.Stuck(0, 3, true, t0 + 3 * chi::kLaneStuckNs));
   // Emptied in between: the wait starts again even at the same head.
   CHECK_FALSE(view.Stuck(0, 3, false, t0 + 4 * chi::kLaneStuckNs));
+  CHECK(view.NextDueNs() == t0 + 2 * chi::kLaneStuckNs);  // lane 1's, from its first sight
+  CHECK_FALSE(view.Stuck(1, 0, false, t0 + 4 * chi::kLaneStuckNs));
+  CHECK(view.NextDueNs() == ~0ull);
   CHECK_FALSE(view.Stuck(0, 3, true, t0 + 4 * chi::kLaneStuckNs + 1));
   // After this worker took some, the owner is still stuck: the next look takes more at once,
   // unless the owner (or another helper) moved the head meanwhile.

@@ -4534,6 +4534,18 @@ class LaneHelpView {
   }
 
   /**
+   * When the earliest running wait reaches kLaneStuckNs (~0 when none runs): a watching
+   * worker parks until then at most, so it looks right when a lane becomes stuck.
+   */
+  u64 NextDueNs() const {
+    u64 due = ~0ull;
+    for (const Watch &w : watch_) {
+      if (w.armed && w.since_ns + kLaneStuckNs < due) due = w.since_ns + kLaneStuckNs;
+    }
+    return due;
+  }
+
+  /**
    * This worker took tasks from lane k, leaving its head at `head`: the lane's owner is
    * still stuck (only helpers moved the head since), so the next look may take more at once.
    */
@@ -6461,6 +6473,8 @@ void Worker::OnFiberDone(RunContext *r) {
 
 #include <sched.h>  // sched_yield while idle
 
+#include <algorithm>  // min of the park's deadlines
+
 namespace chi {
 
 void Worker::Loop() {
@@ -6712,7 +6726,13 @@ void Worker::Park() {
     const bool watching = help_ != nullptr && !deep;
     const u64 now = NowNs();
     const u64 timer = NextTimerNs();
-    const u64 until = watching && now + kLaneWatchParkNs < timer ? now + kLaneWatchParkNs : timer;
+    u64 until = timer;
+    if (watching) {
+      // Look again after kLaneWatchParkNs, or when a lane's wait is due (but not sooner
+      // than a look may come: a due lane whose tasks cannot be popped yet would spin us).
+      const u64 due = std::min(now + kLaneWatchParkNs, help_->NextDueNs());
+      until = std::min(until, std::max(due, now + kLaneHelpLookNs));
+    }
     const u64 timeout = until == ~0ull ? 0 : (until > now ? until - now : 1);
     parks_.FetchAdd(1, MemOrder::kRelaxed);
     if (parker_ != nullptr) {

@@ -58,6 +58,18 @@ class LaneHelpView {
   }
 
   /**
+   * When the earliest running wait reaches kLaneStuckNs (~0 when none runs): a watching
+   * worker parks until then at most, so it looks right when a lane becomes stuck.
+   */
+  u64 NextDueNs() const {
+    u64 due = ~0ull;
+    for (const Watch &w : watch_) {
+      if (w.armed && w.since_ns + kLaneStuckNs < due) due = w.since_ns + kLaneStuckNs;
+    }
+    return due;
+  }
+
+  /**
    * This worker took tasks from lane k, leaving its head at `head`: the lane's owner is
    * still stuck (only helpers moved the head since), so the next look may take more at once.
    */

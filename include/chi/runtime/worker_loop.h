@@ -8,6 +8,8 @@
 
 #include <sched.h>  // sched_yield while idle
 
+#include <algorithm>  // min of the park's deadlines
+
 #include "chi/core/atomic.h"      // the parked word and its fence
 #include "chi/core/futex.h"       // parking
 #include "chi/runtime/worker.h"   // the class these functions belong to
@@ -263,7 +265,13 @@ void Worker::Park() {
     const bool watching = help_ != nullptr && !deep;
     const u64 now = NowNs();
     const u64 timer = NextTimerNs();
-    const u64 until = watching && now + kLaneWatchParkNs < timer ? now + kLaneWatchParkNs : timer;
+    u64 until = timer;
+    if (watching) {
+      // Look again after kLaneWatchParkNs, or when a lane's wait is due (but not sooner
+      // than a look may come: a due lane whose tasks cannot be popped yet would spin us).
+      const u64 due = std::min(now + kLaneWatchParkNs, help_->NextDueNs());
+      until = std::min(until, std::max(due, now + kLaneHelpLookNs));
+    }
     const u64 timeout = until == ~0ull ? 0 : (until > now ? until - now : 1);
     parks_.FetchAdd(1, MemOrder::kRelaxed);
     if (parker_ != nullptr) {
