@@ -8,8 +8,9 @@
 // them. A parked worker cannot look, so it parks with a timeout while a peer has tasks
 // queued, and a submitter that queues behind an awake worker wakes a peer that parked
 // without one (the "deep" park; the Dekker pair is PeersQueued against the lane publish).
-// Invariant: helping only moves tasks that already waited kLaneStuckNs; nothing promises a
-// task a particular worker (lanes rotate), so no order or placement is lost.
+// Invariant: a worker takes only from a lane whose head stood still with tasks queued for
+// kLaneStuckNs (its owner popped nothing meanwhile); nothing promises a task a particular
+// worker (lanes rotate), so no order or placement is lost.
 #pragma once
 
 #include <utility>  // move of the lane list
