@@ -322,12 +322,19 @@ TEST_CASE("a worker stuck in a long task loses its client's slot to another work
     // The counters are read through our own mapping: probing the runtime afresh maps its
     // segment, which takes long enough (under a sanitizer) for the workers to park.
     const chi::ShmSegmentHeader *header = attached.Transport().Segment().Header();
-    const u64 before = chi::shm_server::ReadShmServerStats(header).worker_taken;
+    const chi::ShmServerStats before = chi::shm_server::ReadShmServerStats(header);
     auto hog = Hog(kHogNs);
-    bool by_worker = false;
-    for (const auto t0 = Clock::now(); !by_worker && SecondsSince(t0) < 1;) {
-      by_worker = chi::shm_server::ReadShmServerStats(header).worker_taken == before + 1;
+    chi::ShmServerStats now = before;
+    for (const auto t0 = Clock::now();
+         now.tasks_served == before.tasks_served && SecondsSince(t0) < 1;) {
+      now = chi::shm_server::ReadShmServerStats(header);  // until the hog is taken in
     }
+    const bool by_worker = now.worker_taken == before.worker_taken + 1;
+    // Round 0: the other worker parks meanwhile, so the first request behind the hog is
+    // read by nobody until the client, done spinning for it, rings the runtime's poller.
+    if (round == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const u64 rings_before = attached.Transport().PollerRings();
+    const u64 taken_in_ns = chi::MonotonicNs();
     u32 right = 0;
     u64 first_ns = 0;  // when the first request behind the hog was answered
     for (u32 i = 0; i < kTasks; ++i) {
@@ -339,7 +346,12 @@ TEST_CASE("a worker stuck in a long task loses its client's slot to another work
     REQUIRE(hog.Wait(30));
     REQUIRE_MESSAGE(hog->GetReturnCode() == 0, hog->GetMessage());
     const std::string path = by_worker ? "a worker" : "the poller (through a lane)";
-    MESSAGE("round " << round << ": " << path << " took the hog in");
+    const u64 rings = attached.Transport().PollerRings() - rings_before;
+    MESSAGE("round " << round << ": " << path << " took the hog in; the first task behind it "
+                     << "was answered " << static_cast<double>(first_ns - taken_in_ns) / 1e6
+                     << " ms after it was sent; the client rang the poller " << rings
+                     << " times");
+    if (round == 0 && by_worker) CHECK(rings > 0);
     // Once the slot moved, the rest follow at the machine's pace (slow when it is loaded).
     CHECK_MESSAGE(first_ns < hog->end_ns_,
                   "the first task behind the hog was answered "

@@ -11256,8 +11256,11 @@ struct ShmClientSlot {
   Atomic<u32> generation_;                     ///< bumped by every reclaim
   Atomic<u32> broken_code_;                    ///< ErrorCode once kBroken
   Atomic<u64> owner_start_ticks_;              ///< with owner_pid_: the owner's identity
-  // Line 1: set by the runtime while it waits for room in the answer stream.
+  // Line 1: set by the runtime while it waits for room in the answer stream, and by the
+  // client when its requests wait unread while a worker claims the streams (its poller
+  // then looks at once: ShmClientReceiver::RingIfUnread).
   alignas(kCacheLine) Atomic<u32> runtime_needs_room_;
+  Atomic<u32> client_rang_;
   // Lines 2-3: the client parks here (answers to read; room to write requests).
   alignas(kCacheLine) WaitEvent answer_ready_;
   alignas(kCacheLine) WaitEvent request_room_;
@@ -11566,6 +11569,8 @@ class ShmClientReceiver : public ClientTransport {
    * delivered answers lately (its answer may arrive after the spinners left).
    */
   static constexpr u64 kShortNapNs = 50000;
+  /** A connection rings the runtime's poller about unread requests at most this often. */
+  static constexpr u64 kRingEveryNs = 1000000;
 
   /** Why the connection failed (kOk while healthy). */
   ErrorCode Failure() const {
@@ -11582,6 +11587,8 @@ class ShmClientReceiver : public ClientTransport {
   u64 StrayAnswers() const { return stray_answers_.Load(MemOrder::kRelaxed); }
   /** Answers delivered by callers waiting in Future::Wait rather than the receiver thread. */
   u64 HelpedAnswers() const { return helped_answers_.Load(MemOrder::kRelaxed); }
+  /** Times a caller rang the runtime's poller about requests left unread (RingIfUnread). */
+  u64 PollerRings() const { return rings_.Load(MemOrder::kRelaxed); }
   /** The runtime process this connection serves with. */
   u32 RuntimePid() const { return runtime_.pid; }
 
@@ -11734,7 +11741,35 @@ class ShmClientReceiver : public ClientTransport {
   /** The WaitHelper entry point: ctx is the connection. */
   static void HelpThunk(void *ctx) { static_cast<ShmClientReceiver *>(ctx)->HelpDeliver(); }
   /** The WaitHelper's give-up hook: ctx is the connection. */
-  static void GaveUpThunk(void *ctx) { static_cast<ShmClientReceiver *>(ctx)->CallerGaveUp(); }
+  static void GaveUpThunk(void *ctx) {
+    auto *self = static_cast<ShmClientReceiver *>(ctx);
+    self->RingIfUnread();
+    self->CallerGaveUp();
+  }
+
+  /**
+   * A caller spun a whole Future::kSpinNs without its answer. When requests still wait
+   * unread while a worker claims the runtime's streams (so nobody rang the runtime's
+   * poller as they were written: Published), that worker may be stuck in a long task:
+   * ring the poller, which looks at stalled streams and wakes a parked worker to take the
+   * slot over. Without the ring it looks only at its next liveness check (up to 20 ms).
+   * At most once per kRingEveryNs per connection: callers of a busy slot give up often.
+   */
+  void RingIfUnread() {
+    // relaxed: hints; the poller's looks decide.
+    if (!req_->HasData() || header_->worker_readers_.Load(MemOrder::kRelaxed) == 0) return;
+    const u64 now = MonotonicNs();
+    u64 next = next_ring_ns_.Load(MemOrder::kRelaxed);
+    if (now < next || !next_ring_ns_.CompareExchange(next, now + kRingEveryNs,
+                                                     MemOrder::kRelaxed)) {
+      return;
+    }
+    rings_.FetchAdd(1, MemOrder::kRelaxed);
+    // seq_cst: the flag, then Notify's read of the waiters (Dekker with the poller's
+    // count, then ReadyToRun's read of the flag): a poller about to park sees it.
+    slot_->client_rang_.Store(1, MemOrder::kSeqCst);
+    header_->server_event_.Notify();
+  }
 
   /**
    * A caller stopped spinning in Future::Wait without its answer (it parks next): the
@@ -12082,6 +12117,8 @@ class ShmClientReceiver : public ClientTransport {
   WaitStats rx_waits_;  ///< the receiver's parks
   Atomic<u32> rx_nap_;      ///< futex word of the receiver's naps (LeaveToCallers)
   Atomic<u32> rx_napping_;  ///< 1 while the receiver naps (CallerGaveUp wakes it)
+  Atomic<u64> next_ring_ns_;  ///< RingIfUnread rings no sooner (MonotonicNs)
+  Atomic<u64> rings_;         ///< times RingIfUnread rang the runtime's poller
   u32 nap_seen_ = 0;        ///< the receiver's: rx_nap_ when it last looked at the stream
   u64 helped_seen_ = 0;     ///< the receiver's: helped_answers_ when it last looked
   bool callers_delivered_ = false;  ///< the receiver's: helped_answers_ moved since then
@@ -12814,7 +12851,7 @@ class ShmReconnectingTransport final : public ClientTransport {
 #include <cstring>  // memcpy of request ids
 #include <memory>   // unique_ptr
 #include <thread>   // the poller thread
-#include <utility>  // std::move
+#include <utility>  // std::move, std::exchange
 #include <vector>   // answer buffers
 
 // ---- begin chi/transport/shm_reaper.h ----
@@ -14074,6 +14111,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers
   u64 stop_deadline_ = 0;
   bool wake_parked_ = false;  ///< the poller's last look found requests stalled or piling up
+  bool rang_ = false;         ///< a client rang about unread requests: the poller looks now
   u32 seen_membership_ = 0;
   std::unique_ptr<ShmReaper> reaper_;  ///< the poller's (and Stop's, after the join)
   ShmDataSegments data_;  ///< this process's mapping of the data segments (none in tests)
@@ -14111,7 +14149,7 @@ void ShmServerCore::Run() {
     bool look = false;
     if ((pass & 63) == 0 || woke) {
       const u64 clock = MonotonicNs();
-      look = clock >= next_look;
+      look = clock >= next_look || std::exchange(rang_, false);  // a client rang: look now
       if (look) next_look = clock + shm_server::kPollerLookNs;
       woke = false;
     }
@@ -14183,6 +14221,11 @@ bool ShmServerCore::PollerMayRead(u32 i, bool workers_read, bool look) {
   // relaxed: set before the worker's Notify; PumpRequests clears it before reading.
   if (s.handoff.Load(MemOrder::kRelaxed) != 0) return true;
   if (!look) return false;
+  // relaxed: the look below reads the stream itself; a ring after this store rings again.
+  ShmClientSlot *slot = segment_.Slot(i);
+  if (slot->client_rang_.Load(MemOrder::kRelaxed) != 0) {
+    slot->client_rang_.Store(0, MemOrder::kRelaxed);
+  }
   ShmStream *rs = segment_.RequestStream(i);
   if (rs->Unframed()) return true;  // bytes with no record: the poller breaks the slot
   // Stalled (the same request waited at two looks: its home is busy) or piling up (more
@@ -14212,6 +14255,11 @@ bool ShmServerCore::ReadyToRun() {
     ShmServedSlot &s = slots_[i];
     if (s.pending_count.Load(MemOrder::kSeqCst) != 0 ||
         s.error_count.Load(MemOrder::kSeqCst) != 0) {
+      return true;
+    }
+    // seq_cst: a client whose requests wait unread rang (RingIfUnread): look at once.
+    if (workers_read && segment_.Slot(i)->client_rang_.Load(MemOrder::kSeqCst) != 0) {
+      rang_ = true;
       return true;
     }
     // seq_cst: a worker stores the hand-over before its Notify.

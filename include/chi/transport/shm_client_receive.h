@@ -62,6 +62,8 @@ class ShmClientReceiver : public ClientTransport {
    * delivered answers lately (its answer may arrive after the spinners left).
    */
   static constexpr u64 kShortNapNs = 50000;
+  /** A connection rings the runtime's poller about unread requests at most this often. */
+  static constexpr u64 kRingEveryNs = 1000000;
 
   /** Why the connection failed (kOk while healthy). */
   ErrorCode Failure() const {
@@ -78,6 +80,8 @@ class ShmClientReceiver : public ClientTransport {
   u64 StrayAnswers() const { return stray_answers_.Load(MemOrder::kRelaxed); }
   /** Answers delivered by callers waiting in Future::Wait rather than the receiver thread. */
   u64 HelpedAnswers() const { return helped_answers_.Load(MemOrder::kRelaxed); }
+  /** Times a caller rang the runtime's poller about requests left unread (RingIfUnread). */
+  u64 PollerRings() const { return rings_.Load(MemOrder::kRelaxed); }
   /** The runtime process this connection serves with. */
   u32 RuntimePid() const { return runtime_.pid; }
 
@@ -230,7 +234,35 @@ class ShmClientReceiver : public ClientTransport {
   /** The WaitHelper entry point: ctx is the connection. */
   static void HelpThunk(void *ctx) { static_cast<ShmClientReceiver *>(ctx)->HelpDeliver(); }
   /** The WaitHelper's give-up hook: ctx is the connection. */
-  static void GaveUpThunk(void *ctx) { static_cast<ShmClientReceiver *>(ctx)->CallerGaveUp(); }
+  static void GaveUpThunk(void *ctx) {
+    auto *self = static_cast<ShmClientReceiver *>(ctx);
+    self->RingIfUnread();
+    self->CallerGaveUp();
+  }
+
+  /**
+   * A caller spun a whole Future::kSpinNs without its answer. When requests still wait
+   * unread while a worker claims the runtime's streams (so nobody rang the runtime's
+   * poller as they were written: Published), that worker may be stuck in a long task:
+   * ring the poller, which looks at stalled streams and wakes a parked worker to take the
+   * slot over. Without the ring it looks only at its next liveness check (up to 20 ms).
+   * At most once per kRingEveryNs per connection: callers of a busy slot give up often.
+   */
+  void RingIfUnread() {
+    // relaxed: hints; the poller's looks decide.
+    if (!req_->HasData() || header_->worker_readers_.Load(MemOrder::kRelaxed) == 0) return;
+    const u64 now = MonotonicNs();
+    u64 next = next_ring_ns_.Load(MemOrder::kRelaxed);
+    if (now < next || !next_ring_ns_.CompareExchange(next, now + kRingEveryNs,
+                                                     MemOrder::kRelaxed)) {
+      return;
+    }
+    rings_.FetchAdd(1, MemOrder::kRelaxed);
+    // seq_cst: the flag, then Notify's read of the waiters (Dekker with the poller's
+    // count, then ReadyToRun's read of the flag): a poller about to park sees it.
+    slot_->client_rang_.Store(1, MemOrder::kSeqCst);
+    header_->server_event_.Notify();
+  }
 
   /**
    * A caller stopped spinning in Future::Wait without its answer (it parks next): the
@@ -578,6 +610,8 @@ class ShmClientReceiver : public ClientTransport {
   WaitStats rx_waits_;  ///< the receiver's parks
   Atomic<u32> rx_nap_;      ///< futex word of the receiver's naps (LeaveToCallers)
   Atomic<u32> rx_napping_;  ///< 1 while the receiver naps (CallerGaveUp wakes it)
+  Atomic<u64> next_ring_ns_;  ///< RingIfUnread rings no sooner (MonotonicNs)
+  Atomic<u64> rings_;         ///< times RingIfUnread rang the runtime's poller
   u32 nap_seen_ = 0;        ///< the receiver's: rx_nap_ when it last looked at the stream
   u64 helped_seen_ = 0;     ///< the receiver's: helped_answers_ when it last looked
   bool callers_delivered_ = false;  ///< the receiver's: helped_answers_ moved since then

@@ -73,8 +73,11 @@ struct ShmClientSlot {
   Atomic<u32> generation_;                     ///< bumped by every reclaim
   Atomic<u32> broken_code_;                    ///< ErrorCode once kBroken
   Atomic<u64> owner_start_ticks_;              ///< with owner_pid_: the owner's identity
-  // Line 1: set by the runtime while it waits for room in the answer stream.
+  // Line 1: set by the runtime while it waits for room in the answer stream, and by the
+  // client when its requests wait unread while a worker claims the streams (its poller
+  // then looks at once: ShmClientReceiver::RingIfUnread).
   alignas(kCacheLine) Atomic<u32> runtime_needs_room_;
+  Atomic<u32> client_rang_;
   // Lines 2-3: the client parks here (answers to read; room to write requests).
   alignas(kCacheLine) WaitEvent answer_ready_;
   alignas(kCacheLine) WaitEvent request_room_;

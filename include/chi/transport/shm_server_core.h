@@ -12,7 +12,7 @@
 #include <cstring>  // memcpy of request ids
 #include <memory>   // unique_ptr
 #include <thread>   // the poller thread
-#include <utility>  // std::move
+#include <utility>  // std::move, std::exchange
 #include <vector>   // answer buffers
 
 #include "chi/core/atomic.h"                   // Atomic, CpuRelax
@@ -464,6 +464,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
   Atomic<u32> stopped_;   ///< the poller is gone: completers discard answers
   u64 stop_deadline_ = 0;
   bool wake_parked_ = false;  ///< the poller's last look found requests stalled or piling up
+  bool rang_ = false;         ///< a client rang about unread requests: the poller looks now
   u32 seen_membership_ = 0;
   std::unique_ptr<ShmReaper> reaper_;  ///< the poller's (and Stop's, after the join)
   ShmDataSegments data_;  ///< this process's mapping of the data segments (none in tests)

@@ -21,7 +21,7 @@ void ShmServerCore::Run() {
     bool look = false;
     if ((pass & 63) == 0 || woke) {
       const u64 clock = MonotonicNs();
-      look = clock >= next_look;
+      look = clock >= next_look || std::exchange(rang_, false);  // a client rang: look now
       if (look) next_look = clock + shm_server::kPollerLookNs;
       woke = false;
     }
@@ -93,6 +93,11 @@ bool ShmServerCore::PollerMayRead(u32 i, bool workers_read, bool look) {
   // relaxed: set before the worker's Notify; PumpRequests clears it before reading.
   if (s.handoff.Load(MemOrder::kRelaxed) != 0) return true;
   if (!look) return false;
+  // relaxed: the look below reads the stream itself; a ring after this store rings again.
+  ShmClientSlot *slot = segment_.Slot(i);
+  if (slot->client_rang_.Load(MemOrder::kRelaxed) != 0) {
+    slot->client_rang_.Store(0, MemOrder::kRelaxed);
+  }
   ShmStream *rs = segment_.RequestStream(i);
   if (rs->Unframed()) return true;  // bytes with no record: the poller breaks the slot
   // Stalled (the same request waited at two looks: its home is busy) or piling up (more
@@ -122,6 +127,11 @@ bool ShmServerCore::ReadyToRun() {
     ShmServedSlot &s = slots_[i];
     if (s.pending_count.Load(MemOrder::kSeqCst) != 0 ||
         s.error_count.Load(MemOrder::kSeqCst) != 0) {
+      return true;
+    }
+    // seq_cst: a client whose requests wait unread rang (RingIfUnread): look at once.
+    if (workers_read && segment_.Slot(i)->client_rang_.Load(MemOrder::kSeqCst) != 0) {
+      rang_ = true;
       return true;
     }
     // seq_cst: a worker stores the hand-over before its Notify.
