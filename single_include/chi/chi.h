@@ -1474,12 +1474,7 @@ class MpscRing {
   /** Removes the oldest value, blocking while empty up to timeout_ns (0 = forever). */
   bool Pop(T &out, u64 timeout_ns) {
     return AwaitOp(
-        not_empty_, consumer_stats_, [&] { return TryPop(out); },
-        [&] {
-          // relaxed head: our own counter; seq_cst seq: the waiter's Dekker re-check.
-          u64 head = head_.Load(MemOrder::kRelaxed);
-          return Slots()[head & mask_].seq_.Load(MemOrder::kSeqCst) == head + 1;
-        },
+        not_empty_, consumer_stats_, [&] { return TryPop(out); }, [&] { return HasReady(); },
         DeadlineAfter(timeout_ns));
   }
 
