@@ -5,11 +5,11 @@
 
 #include <chi/chi.h>
 
+#include "fork_helpers.h"  // SharedRegion: an aligned region for the lanes
 #include "temp_file.h"
 
 #include <unistd.h>  // usleep between submissions
 
-#include <cstdint>  // uintptr_t to align the lanes' region
 #include <atomic>   // the hog's start flag and run counts, shared with the runtime's workers
 #include <memory>   // unique_ptr of the run counts
 #include <vector>   // futures
@@ -103,10 +103,8 @@ u64 Helped() {
 
 /** A queue of 4 lanes (3 peers' and one to spare) of depth 16, in a region of its own. */
 struct Lanes {
-  std::vector<char> mem = std::vector<char>(chi::TaskQueue::BytesFor(4, 16) + chi::kCacheLine);
-  chi::TaskQueue *queue = chi::TaskQueue::Create(
-      mem.data() + (chi::kCacheLine - reinterpret_cast<uintptr_t>(mem.data()) % chi::kCacheLine),
-      4, 16);
+  chi_test::SharedRegion region{chi::TaskQueue::BytesFor(4, 16)};
+  chi::TaskQueue *queue = chi::TaskQueue::Create(region.get(), 4, 16);
   chi::TaskLane *Lane(u32 i) { return &queue->GetLane(i, chi::QueuePriority::kLowLatency); }
 };
 

@@ -8986,15 +8986,7 @@ class WorkOrchestrator {
    * also while Stop runs (then it wakes none). False when none was woken.
    */
   bool WakeParkedLowLatency() {
-    return WhileAccepting([&] {
-      for (Worker *w : low_) {
-        if (w->IsParked()) {
-          w->Wake();
-          return true;
-        }
-      }
-      return false;
-    });
+    return WhileAccepting([&] { return WakeFirst(low_, [](Worker *w) { return w->IsParked(); }); });
   }
 
   /** Wakes every worker (e.g. so periodic tasks of a destroyed pool stop now). */
@@ -9072,12 +9064,19 @@ class WorkOrchestrator {
     // seq_cst: after our publish into the lane, against a parking worker's count then
     // re-check of the lanes (Worker::ParkDeep).
     if (deep_parked_[high ? 1 : 0].Load(MemOrder::kSeqCst) == 0) return;
-    for (Worker *p : high ? high_ : low_) {
-      if (p != w && p->IsDeepParked()) {
+    WakeFirst(high ? high_ : low_, [w](Worker *p) { return p != w && p->IsDeepParked(); });
+  }
+
+  /** Wakes the first worker of `set` that `pick` chooses; false when it chose none. */
+  template <typename Pick>
+  static bool WakeFirst(const std::vector<Worker *> &set, Pick pick) {
+    for (Worker *p : set) {
+      if (pick(p)) {
         p->Wake();
-        return;
+        return true;
       }
     }
+    return false;
   }
 
   /** Queues t in one of w's lanes (rotating) and wakes w, or a peer that can help it. */
@@ -9108,10 +9107,12 @@ class WorkOrchestrator {
   NodeId node_ = 0;                ///< for NewPollerWorker
   u64 stack_bytes_ = 64 * 1024;    ///< for NewPollerWorker
   Atomic<u32> poller_workers_;     ///< made by NewPollerWorker (ids after the lanes' workers)
-  Atomic<u32> deep_parked_[2];     ///< low- and high-latency workers parked deep (lane_help.h)
   TaskQueue *queue_ = nullptr;
   Atomic<u32> accepting_;
   alignas(kCacheLine) Atomic<u32> submitting_;  ///< non-worker threads inside Submit
+  /// Low- and high-latency workers parked deep (lane_help.h). A line of its own: workers
+  /// write it as they park and wake, submitters read accepting_ on every Submit.
+  alignas(kCacheLine) Atomic<u32> deep_parked_[2];
 };
 
 // ---- Fan-out (Range / Broadcast), run inside the original task's fiber ----
@@ -13291,8 +13292,9 @@ inline constexpr u32 kMaxRing = 16u << 20;
 /// spinning threads every microsecond spun delays the thread we are waiting for.
 inline constexpr u64 kPollerSpinNs = 10000;
 inline constexpr u64 kReapIntervalNs = 20000000;  ///< liveness checks while clients exist
-/// While workers read the request streams, the poller looks at them this often, and takes
-/// a request still waiting at the next look (the workers are stuck in long tasks).
+/// While workers read the request streams and requests wait, the poller looks at them this
+/// often; a request still waiting at the next look (its worker is stuck in a long task)
+/// makes it wake a parked worker, which takes the slot over (ShmSlotAffinity).
 inline constexpr u64 kPollerLookNs = 50000;
 inline constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is connected
 inline constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients

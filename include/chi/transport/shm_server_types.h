@@ -48,8 +48,9 @@ inline constexpr u32 kMaxRing = 16u << 20;
 /// spinning threads every microsecond spun delays the thread we are waiting for.
 inline constexpr u64 kPollerSpinNs = 10000;
 inline constexpr u64 kReapIntervalNs = 20000000;  ///< liveness checks while clients exist
-/// While workers read the request streams, the poller looks at them this often, and takes
-/// a request still waiting at the next look (the workers are stuck in long tasks).
+/// While workers read the request streams and requests wait, the poller looks at them this
+/// often; a request still waiting at the next look (its worker is stuck in a long task)
+/// makes it wake a parked worker, which takes the slot over (ShmSlotAffinity).
 inline constexpr u64 kPollerLookNs = 50000;
 inline constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is connected
 inline constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
