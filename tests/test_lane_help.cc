@@ -26,6 +26,8 @@ struct SpinTask : public chi::Task {
   IN u64 spin_ns_ = 0;
   OUT u32 worker_ = 0;  ///< the worker it ran on
   OUT u64 end_ns_ = 0;  ///< when it let go (MonotonicNs)
+  OUT u32 sub_worker_ = ~0u;  ///< SpawnSpin: where its subtask ran
+  OUT u64 sub_wait_ns_ = 0;   ///< SpawnSpin: how long it spun until its subtask was done
 
   template <typename Ar>
   void SerializeIn(Ar &ar) {
@@ -33,7 +35,7 @@ struct SpinTask : public chi::Task {
   }
   template <typename Ar>
   void SerializeOut(Ar &ar) {
-    ar(worker_, end_ns_);
+    ar(worker_, end_ns_, sub_worker_, sub_wait_ns_);
   }
 };
 
@@ -42,11 +44,18 @@ std::atomic<u32> g_spinning{0};
 /** How often each index of a Count task ran. */
 std::unique_ptr<std::atomic<u32>[]> g_runs;
 
-/** The module under test: Spin hogs its worker; Count records that index `i` ran. */
+/** Sends method m of the probe with argument `arg` (defined below; SpawnSpin uses it). */
+chi::Future<SpinTask> Send(chi::MethodId m, u64 arg);
+
+/**
+ * The module under test: Spin hogs its worker; Count records that index `i` ran;
+ * SpawnSpin submits a Count (which stays on its worker) and spins until it is done.
+ */
 class HelpProbe : public chi::ModuleRuntime<HelpProbe> {
  public:
   static constexpr chi::MethodId kSpin = 10;
   static constexpr chi::MethodId kCount = 11;
+  static constexpr chi::MethodId kSpawnSpin = 12;
   /** A pool of the probe needs nothing set up. */
   void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
   /** Spins for the time asked, never yielding its worker. */
@@ -63,10 +72,25 @@ class HelpProbe : public chi::ModuleRuntime<HelpProbe> {
     t.worker_ = rc.GetWorker()->GetId();
     t.end_ns_ = chi::MonotonicNs();
   }
+  /**
+   * Submits Count of index 0 (a subtask: it queues on this worker's own lane, waking
+   * nobody) and spins without yielding until it is done, for spin_ns_ at most; then waits
+   * for it in the usual way.
+   */
+  void SpawnSpin(SpinTask &t, chi::RunContext &rc) {
+    t.worker_ = rc.GetWorker()->GetId();
+    const u64 start = chi::MonotonicNs();
+    auto sub = Send(kCount, 0);
+    while (!sub.IsComplete() && chi::MonotonicNs() - start < t.spin_ns_) chi::CpuRelax();
+    t.sub_wait_ns_ = chi::MonotonicNs() - start;
+    if (sub.Wait() && sub->GetReturnCode() == 0) t.sub_worker_ = sub->worker_;
+    t.end_ns_ = chi::MonotonicNs();
+  }
   using Methods = chi::MethodList<
       chi::Method<0, chimaera::admin::CreatePoolTask, &HelpProbe::Create, "Create">,
       chi::Method<kSpin, SpinTask, &HelpProbe::Spin, "Spin">,
-      chi::Method<kCount, SpinTask, &HelpProbe::Count, "Count">>;
+      chi::Method<kCount, SpinTask, &HelpProbe::Count, "Count">,
+      chi::Method<kSpawnSpin, SpinTask, &HelpProbe::SpawnSpin, "SpawnSpin">>;
 };
 const bool kHelpProbeRegistered = chi::ModuleManager::Register<HelpProbe>("help_probe");
 constexpr chi::PoolId kPool(350, 0);
@@ -219,4 +243,23 @@ TEST_CASE("with two workers stuck and 10^4 quick tasks submitted, every task run
   CHECK(hog_a->worker_ != hog_b->worker_);
   CHECK(before_hogs == 1);  // the third worker ran them all (with its peers' queues)
   CHECK(Helped() - helped_before > 0);
+}
+
+TEST_CASE("a subtask queued behind its own parent spinning for it is run by a peer parked deep") {
+  StartRuntime();
+  g_runs = std::make_unique<std::atomic<u32>[]>(1);
+  const u64 helped_before = Helped();
+  usleep(200 * 1000);  // every worker idles past its spin and parks with nothing to watch
+  constexpr u64 kSpinNs = 2000 * kMs;
+  auto parent = Send(HelpProbe::kSpawnSpin, kSpinNs);
+  REQUIRE(parent.Wait(30));
+  CHECK(parent->GetReturnCode() == 0);
+  INFO("the parent ran on worker " << parent->worker_ << ", its subtask on " << parent->sub_worker_
+       << " after " << static_cast<double>(parent->sub_wait_ns_) / kMs << " ms");
+  // Nothing wakes a peer for a subtask; a deep park ends after kLaneDeepParkNs, the peer
+  // then sees the lane's standing head and takes it kLaneStuckNs later.
+  CHECK(parent->sub_wait_ns_ < kSpinNs);
+  CHECK(parent->sub_worker_ != parent->worker_);
+  CHECK(g_runs[0].load() == 1);
+  CHECK(Helped() - helped_before >= 1);
 }

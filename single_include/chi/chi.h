@@ -4483,6 +4483,9 @@ void KeepInherited(std::unique_ptr<T> inherited) {
 // them. A parked worker cannot look, so it parks with a timeout while a peer has tasks
 // queued, and a submitter that queues behind an awake worker wakes a peer that parked
 // without one (the "deep" park; the Dekker pair is PeersQueued against the lane publish).
+// Tasks a worker's own tasks spawn go to its own lane with no wake (the worker runs them
+// when its task yields), so a deep park ends after kLaneDeepParkNs all the same: a task
+// that spins until its subtask is done is helped too, only later.
 // Invariant: a worker takes only from a lane whose head stood still with tasks queued for
 // kLaneStuckNs (its owner popped nothing meanwhile); nothing promises a task a particular
 // worker (lanes rotate), so no order or placement is lost.
@@ -4498,6 +4501,12 @@ inline constexpr u64 kLaneStuckNs = 100000;
 inline constexpr u64 kLaneHelpLookNs = 20000;
 /** How long a worker parks at most while a peer has tasks queued (then it looks again). */
 inline constexpr u64 kLaneWatchParkNs = kLaneStuckNs / 2;
+/**
+ * How long a worker parks at most while no peer has tasks queued: the bound on how long a
+ * task queued with no wake (a stuck worker's own subtask) waits unseen. An idle worker
+ * with peers wakes this often (100 times a second) for a look.
+ */
+inline constexpr u64 kLaneDeepParkNs = 10000000;
 
 /** One worker's memory of its peers' lanes between its looks (its own thread only). */
 class LaneHelpView {
@@ -6728,6 +6737,8 @@ void Worker::Park() {
       // than a look may come: a due lane whose tasks cannot be popped yet would spin us).
       const u64 due = std::min(now + kLaneWatchParkNs, help_->NextDueNs());
       until = std::min(until, std::max(due, now + kLaneHelpLookNs));
+    } else if (deep) {
+      until = std::min(until, now + kLaneDeepParkNs);  // tasks queued with no wake (lane_help.h)
     }
     const u64 timeout = until == ~0ull ? 0 : (until > now ? until - now : 1);
     parks_.FetchAdd(1, MemOrder::kRelaxed);
@@ -6738,10 +6749,13 @@ void Worker::Park() {
     }
     if (deep) deep_parked_->FetchSub(1, MemOrder::kRelaxed);
     const bool woken = parked_.Exchange(kAwake, MemOrder::kRelaxed) == kAwake;
-    // Watching and nobody woke it: look at the peers, and sleep on unless they need help
-    // (no idle spin between these looks).
-    if (woken || !watching || stop_.Load(MemOrder::kAcquire) != 0 || NowNs() >= timer) return;
-    if (HelpPeers(NowNs())) return;  // watching: help_ is set
+    // Watching or deep, and nobody woke it: look at the peers, and sleep on unless they
+    // need help (no idle spin between these looks; a look that finds tasks queued starts
+    // their wait, and the next park watches them).
+    if (woken || help_ == nullptr || stop_.Load(MemOrder::kAcquire) != 0 || NowNs() >= timer) {
+      return;
+    }
+    if (HelpPeers(NowNs())) return;
   }
 }
 

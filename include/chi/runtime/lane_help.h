@@ -8,6 +8,9 @@
 // them. A parked worker cannot look, so it parks with a timeout while a peer has tasks
 // queued, and a submitter that queues behind an awake worker wakes a peer that parked
 // without one (the "deep" park; the Dekker pair is PeersQueued against the lane publish).
+// Tasks a worker's own tasks spawn go to its own lane with no wake (the worker runs them
+// when its task yields), so a deep park ends after kLaneDeepParkNs all the same: a task
+// that spins until its subtask is done is helped too, only later.
 // Invariant: a worker takes only from a lane whose head stood still with tasks queued for
 // kLaneStuckNs (its owner popped nothing meanwhile); nothing promises a task a particular
 // worker (lanes rotate), so no order or placement is lost.
@@ -27,6 +30,12 @@ inline constexpr u64 kLaneStuckNs = 100000;
 inline constexpr u64 kLaneHelpLookNs = 20000;
 /** How long a worker parks at most while a peer has tasks queued (then it looks again). */
 inline constexpr u64 kLaneWatchParkNs = kLaneStuckNs / 2;
+/**
+ * How long a worker parks at most while no peer has tasks queued: the bound on how long a
+ * task queued with no wake (a stuck worker's own subtask) waits unseen. An idle worker
+ * with peers wakes this often (100 times a second) for a look.
+ */
+inline constexpr u64 kLaneDeepParkNs = 10000000;
 
 /** One worker's memory of its peers' lanes between its looks (its own thread only). */
 class LaneHelpView {

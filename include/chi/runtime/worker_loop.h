@@ -271,6 +271,8 @@ void Worker::Park() {
       // than a look may come: a due lane whose tasks cannot be popped yet would spin us).
       const u64 due = std::min(now + kLaneWatchParkNs, help_->NextDueNs());
       until = std::min(until, std::max(due, now + kLaneHelpLookNs));
+    } else if (deep) {
+      until = std::min(until, now + kLaneDeepParkNs);  // tasks queued with no wake (lane_help.h)
     }
     const u64 timeout = until == ~0ull ? 0 : (until > now ? until - now : 1);
     parks_.FetchAdd(1, MemOrder::kRelaxed);
@@ -281,10 +283,13 @@ void Worker::Park() {
     }
     if (deep) deep_parked_->FetchSub(1, MemOrder::kRelaxed);
     const bool woken = parked_.Exchange(kAwake, MemOrder::kRelaxed) == kAwake;
-    // Watching and nobody woke it: look at the peers, and sleep on unless they need help
-    // (no idle spin between these looks).
-    if (woken || !watching || stop_.Load(MemOrder::kAcquire) != 0 || NowNs() >= timer) return;
-    if (HelpPeers(NowNs())) return;  // watching: help_ is set
+    // Watching or deep, and nobody woke it: look at the peers, and sleep on unless they
+    // need help (no idle spin between these looks; a look that finds tasks queued starts
+    // their wait, and the next park watches them).
+    if (woken || help_ == nullptr || stop_.Load(MemOrder::kAcquire) != 0 || NowNs() >= timer) {
+      return;
+    }
+    if (HelpPeers(NowNs())) return;
   }
 }
 
