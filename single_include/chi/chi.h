@@ -6752,10 +6752,9 @@ void Worker::Park() {
     // Watching or deep, and nobody woke it: look at the peers, and sleep on unless they
     // need help (no idle spin between these looks; a look that finds tasks queued starts
     // their wait, and the next park watches them).
-    if (woken || help_ == nullptr || stop_.Load(MemOrder::kAcquire) != 0 || NowNs() >= timer) {
-      return;
-    }
-    if (HelpPeers(NowNs())) return;
+    const u64 after = NowNs();
+    if (woken || help_ == nullptr || stop_.Load(MemOrder::kAcquire) != 0 || after >= timer) return;
+    if (HelpPeers(after)) return;
   }
 }
 
@@ -9055,6 +9054,11 @@ class WorkOrchestrator {
                       r == WorkerRole::kNetwork;
   }
 
+  /** Lane l (of lanes_per_worker_) of worker w. */
+  TaskLane *LaneOf(const Worker *w, u32 l) const {
+    return lanes_[w->GetId() * lanes_per_worker_ + l];
+  }
+
   /** Gives each worker of `set` the lanes of the others, so it can help them (lane_help.h). */
   void MakePeers(const std::vector<Worker *> &set, Atomic<u32> *deep_parked) {
     for (Worker *w : set) {
@@ -9062,7 +9066,7 @@ class WorkOrchestrator {
       for (Worker *p : set) {
         if (p == w) continue;
         for (u32 l = 0; l < lanes_per_worker_; ++l) {
-          peer_lanes.push_back(lanes_[p->GetId() * lanes_per_worker_ + l]);
+          peer_lanes.push_back(LaneOf(p, l));
         }
       }
       w->SetPeers(std::move(peer_lanes), deep_parked);
@@ -9096,7 +9100,7 @@ class WorkOrchestrator {
   /** Queues t in one of w's lanes (rotating) and wakes w, or a peer that can help it. */
   void SubmitTo(Worker *w, Task *t) {
     thread_local u32 lane_rotate = 0;
-    TaskLane *lane = lanes_[w->GetId() * lanes_per_worker_ + lane_rotate++ % lanes_per_worker_];
+    TaskLane *lane = LaneOf(w, lane_rotate++ % lanes_per_worker_);
     Worker *me = tls_current_worker;
     if (me != nullptr) {
       // A worker never blocks on a lane: if it is full, the task runs here instead.
@@ -14160,7 +14164,8 @@ void ShmServerCore::Run() {
     bool look = false;
     if ((pass & 63) == 0 || woke) {
       const u64 clock = MonotonicNs();
-      look = clock >= next_look || std::exchange(rang_, false);  // a client rang: look now
+      const bool rang = std::exchange(rang_, false);  // a client rang: look now
+      look = clock >= next_look || rang;
       if (look) next_look = clock + shm_server::kPollerLookNs;
       woke = false;
     }

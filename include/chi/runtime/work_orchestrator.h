@@ -208,6 +208,11 @@ class WorkOrchestrator {
                       r == WorkerRole::kNetwork;
   }
 
+  /** Lane l (of lanes_per_worker_) of worker w. */
+  TaskLane *LaneOf(const Worker *w, u32 l) const {
+    return lanes_[w->GetId() * lanes_per_worker_ + l];
+  }
+
   /** Gives each worker of `set` the lanes of the others, so it can help them (lane_help.h). */
   void MakePeers(const std::vector<Worker *> &set, Atomic<u32> *deep_parked) {
     for (Worker *w : set) {
@@ -215,7 +220,7 @@ class WorkOrchestrator {
       for (Worker *p : set) {
         if (p == w) continue;
         for (u32 l = 0; l < lanes_per_worker_; ++l) {
-          peer_lanes.push_back(lanes_[p->GetId() * lanes_per_worker_ + l]);
+          peer_lanes.push_back(LaneOf(p, l));
         }
       }
       w->SetPeers(std::move(peer_lanes), deep_parked);
@@ -249,7 +254,7 @@ class WorkOrchestrator {
   /** Queues t in one of w's lanes (rotating) and wakes w, or a peer that can help it. */
   void SubmitTo(Worker *w, Task *t) {
     thread_local u32 lane_rotate = 0;
-    TaskLane *lane = lanes_[w->GetId() * lanes_per_worker_ + lane_rotate++ % lanes_per_worker_];
+    TaskLane *lane = LaneOf(w, lane_rotate++ % lanes_per_worker_);
     Worker *me = tls_current_worker;
     if (me != nullptr) {
       // A worker never blocks on a lane: if it is full, the task runs here instead.

@@ -286,10 +286,9 @@ void Worker::Park() {
     // Watching or deep, and nobody woke it: look at the peers, and sleep on unless they
     // need help (no idle spin between these looks; a look that finds tasks queued starts
     // their wait, and the next park watches them).
-    if (woken || help_ == nullptr || stop_.Load(MemOrder::kAcquire) != 0 || NowNs() >= timer) {
-      return;
-    }
-    if (HelpPeers(NowNs())) return;
+    const u64 after = NowNs();
+    if (woken || help_ == nullptr || stop_.Load(MemOrder::kAcquire) != 0 || after >= timer) return;
+    if (HelpPeers(after)) return;
   }
 }
 
