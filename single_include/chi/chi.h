@@ -19073,6 +19073,22 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
   bool helping_ = false;  ///< helper_ is installed
 };
 
+}  // namespace chi::gpu
+
+// GpuWorker::Broadcast's replicas and their fold: every user of the worker needs them, so
+// they come with this header.
+// ---- begin chi/gpu/gpu_broadcast.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_BROADCAST_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_BROADCAST_H
+// GpuBroadcast: a LocalGpuBcast task on a node with several GPUs, sent by the GpuWorker
+// (gpu_worker.h) as one replica per GPU and folded back into the original task when the
+// last replica answers. Included by gpu_worker.h after the class; not meant to be included
+// on its own.
+
+#include <vector>  // the replicas
+
+namespace chi::gpu {
+
 /**
  * LocalGpuBcast on a node with several GPUs: one replica per GPU, folded back into the
  * original (TaskOps::aggregate, GPU 0 first) when the last one answers.
@@ -19126,6 +19142,8 @@ class GpuBroadcast final : public TaskCompleter {
 void GpuWorker::Broadcast(Task *t) { GpuBroadcast::Start(*this, t); }
 
 }  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_BROADCAST_H
+// ---- end chi/gpu/gpu_broadcast.h ----
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
 // ---- end chi/gpu/gpu_worker.h ----
 // ---- begin chi/gpu/module_registry.h ----
