@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>  // the threads of a stopped process
 #include <iterator>  // std::size of the helper slots
 #include <fstream>
 #include <random>
@@ -396,6 +397,29 @@ inline bool AwaitFile(const std::string &path, double sec = 20) {
 inline bool StopThroughSession() {
   auto f = chimaera::admin::Client().AsyncStopRuntime(chi::PoolQuery::Local());
   return f.Wait(20);
+}
+
+/**
+ * Stops a process (SIGSTOP) and returns once every one of its threads is stopped: kill
+ * returns before a thread running on another CPU has reached the stop, and until then it
+ * may still take a request in. False when it did not stop within 10 s.
+ */
+inline bool StopProcess(pid_t pid) {
+  if (kill(pid, SIGSTOP) != 0) return false;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  auto all_stopped = [&] {
+    std::error_code ec;
+    for (const auto &t : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream in(t.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const size_t paren = stat.rfind(')');  // the state follows the command's ") "
+      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
+        return false;
+      }
+    }
+    return !ec;
+  };
+  return chi_test::PollUntil(all_stopped, 10, 1);
 }
 
 /** Resident memory of a process in KiB (0 when unreadable). */

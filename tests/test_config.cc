@@ -80,6 +80,7 @@ TEST_CASE("the default config parses to the ServerConfig defaults") {
   CHECK(cfg.ipc_mode == "shm");
   CHECK(cfg.connect_timeout_sec == 5);
   CHECK(cfg.reconnect_timeout_sec == 10);
+  CHECK(cfg.hang_timeout_sec == 10);
   CHECK(cfg.zmq_spin_us == 20);
   CHECK(cfg.zmq_worker_spin_us == 0);
   CHECK(cfg.gpu_blocks == 1);
@@ -386,11 +387,13 @@ TEST_CASE("a failed parse leaves the previous config untouched") {
 TEST_CASE("the client timeouts and the ZeroMQ spin are read in seconds and microseconds") {
   ServerConfig cfg;
   Status st = chi::ParseServerConfig(
-      "networking:\n  connect_timeout_s: 0.25\n  reconnect_timeout_s: 0\n  zmq_spin_us: 1000000\n",
+      "networking:\n  connect_timeout_s: 0.25\n  reconnect_timeout_s: 0\n  hang_timeout_s: 2.5\n"
+      "  zmq_spin_us: 1000000\n",
       &cfg);
   REQUIRE_MESSAGE(st.ok(), st.message());
   CHECK(cfg.connect_timeout_sec == 0.25);
   CHECK(cfg.reconnect_timeout_sec == 0);
+  CHECK(cfg.hang_timeout_sec == 2.5);
   CHECK(cfg.zmq_spin_us == 1000000);
 }
 
@@ -401,6 +404,8 @@ TEST_CASE("a bad client timeout or ZeroMQ spin is an error naming its key") {
                     {"networking.connect_timeout_s", "seconds"});
     ExpectBadConfig(std::string("networking:\n  reconnect_timeout_s: ") + bad + "\n",
                     {"networking.reconnect_timeout_s", "seconds"});
+    ExpectBadConfig(std::string("networking:\n  hang_timeout_s: ") + bad + "\n",
+                    {"networking.hang_timeout_s", "seconds"});
   }
   ExpectBadConfig("networking:\n  zmq_spin_us: 1000001\n",
                   {"networking.zmq_spin_us", "out of range 0..1000000"});

@@ -50,9 +50,9 @@ class EnvGuard {
   void Set(const char *name, const std::string &value) { setenv(name, value.c_str(), 1); }
 
  private:
-  static constexpr std::array<const char *, 6> kNames = {
+  static constexpr std::array<const char *, 7> kNames = {
       "CHI_SERVER_CONF",     "CHI_PORT",         "CHI_IPC_MODE", "CHI_CONNECT_TIMEOUT",
-      "CHI_RECONNECT_TIMEOUT", "CHI_ZMQ_SPIN_US"};
+      "CHI_RECONNECT_TIMEOUT", "CHI_HANG_TIMEOUT", "CHI_ZMQ_SPIN_US"};
   std::vector<std::optional<std::string>> saved_;
 };
 
@@ -177,28 +177,33 @@ TEST_CASE("a bad CHI_PORT or CHI_IPC_MODE is an error naming the variable") {
   }
 }
 
-TEST_CASE("CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT and CHI_ZMQ_SPIN_US override their keys") {
+TEST_CASE("CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT, CHI_HANG_TIMEOUT and CHI_ZMQ_SPIN_US override their keys") {
   EnvGuard env;
   TempFile file(
-      "networking:\n  connect_timeout_s: 1\n  reconnect_timeout_s: 2\n  zmq_spin_us: 3\n");
+      "networking:\n  connect_timeout_s: 1\n  reconnect_timeout_s: 2\n  hang_timeout_s: 4\n"
+      "  zmq_spin_us: 3\n");
   env.Set("CHI_SERVER_CONF", file.path());
   ServerConfig cfg;
   REQUIRE(chi::LoadServerConfig(&cfg).ok());
   CHECK(cfg.connect_timeout_sec == 1);
   CHECK(cfg.reconnect_timeout_sec == 2);
+  CHECK(cfg.hang_timeout_sec == 4);
   CHECK(cfg.zmq_spin_us == 3);
   env.Set("CHI_CONNECT_TIMEOUT", "0.3");
   env.Set("CHI_RECONNECT_TIMEOUT", "20");
+  env.Set("CHI_HANG_TIMEOUT", "0");
   env.Set("CHI_ZMQ_SPIN_US", "50");
   Status st = chi::LoadServerConfig(&cfg);
   REQUIRE_MESSAGE(st.ok(), st.message());
   CHECK(cfg.connect_timeout_sec == 0.3);
   CHECK(cfg.reconnect_timeout_sec == 20);
+  CHECK(cfg.hang_timeout_sec == 0);
   CHECK(cfg.zmq_spin_us == 50);
 }
 
-TEST_CASE("a bad CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT or CHI_ZMQ_SPIN_US names it") {
-  for (const char *name : {"CHI_CONNECT_TIMEOUT", "CHI_RECONNECT_TIMEOUT", "CHI_ZMQ_SPIN_US"}) {
+TEST_CASE("a bad CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT, CHI_HANG_TIMEOUT or CHI_ZMQ_SPIN_US names it") {
+  for (const char *name : {"CHI_CONNECT_TIMEOUT", "CHI_RECONNECT_TIMEOUT", "CHI_HANG_TIMEOUT",
+                           "CHI_ZMQ_SPIN_US"}) {
     for (const char *bad : {"-1", "soon", "99999999"}) {
       EnvGuard env;
       env.Set(name, bad);

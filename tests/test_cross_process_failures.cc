@@ -1,7 +1,8 @@
 // What a standalone runtime and its pure clients do when things go wrong: a client killed
 // mid-stream is reaped, a runtime stopped with tasks in flight answers every waiter and is
-// rejoined after a restart, and a killed runtime fails its clients' waits. Garbage from raw
-// ZeroMQ peers is in test_cross_process_garbage.cc.
+// rejoined after a restart, a killed runtime fails its clients' waits, and a stopped (alive)
+// one fails its shm clients' waits after the hang timeout. Garbage from raw ZeroMQ peers is
+// in test_cross_process_garbage.cc.
 #include <cstdio>   // std::remove of the signal files
 #include <fstream>  // the stop clients' reports
 
@@ -408,4 +409,40 @@ TEST_CASE("a killed runtime fails its clients' waits and its stale segments are 
   REQUIRE(session.ok());
   CHECK(StopThroughSession());
   CHECK(server->WaitExit() == 0);
+}
+
+TEST_CASE("a stopped runtime fails its clients' waits after the hang timeout; a busy one does not") {
+  const u32 port = TestPort(9);
+  for (const std::string &mode : Transports()) {
+    CAPTURE(mode);
+    ServerProcess server(port);
+    REQUIRE(server.ok());
+    setenv("CHI_HANG_TIMEOUT", "1", 1);
+    ClientSession session(port, mode, 5);
+    unsetenv("CHI_HANG_TIMEOUT");
+    REQUIRE(session.ok());
+    chimaera::demo::Client c = DemoClient();
+    // Busy: a task that takes 2.5 s (a fiber sleep in the handler) while the runtime lives.
+    auto busy = c.AsyncLockHold(chi::PoolQuery::Local(), chimaera::demo::LockMode::kMutex,
+                                2500000000ull);
+    REQUIRE(busy.Wait(20));
+    CHECK(busy->GetReturnCode() == 0);
+    // Stopped: nothing reads the request; the wait ends with the hang, not never.
+    REQUIRE(StopProcess(server.pid()));
+    auto stuck = c.AsyncCustom(chi::PoolQuery::Local(), "anyone there?");
+    const bool answered = stuck.Wait(20);
+    REQUIRE(kill(server.pid(), SIGCONT) == 0);
+    REQUIRE(answered);
+    CHECK(stuck->GetReturnCode() == static_cast<u32>(chi::ErrorCode::kPeerDead));
+    if (mode == "shm") {
+      CHECK(std::string(stuck->GetMessage()).find("no sign of life") != std::string::npos);
+    }
+    // Resumed, the runtime is rejoined.
+    auto after = c.AsyncCustom(chi::PoolQuery::Local(), "back again");
+    REQUIRE(after.Wait(20));
+    CHECK(after->GetReturnCode() == 0);
+    CHECK(after->data_.view() == "back again");
+    CHECK(StopThroughSession());
+    CHECK(server.WaitExit() == 0);
+  }
 }

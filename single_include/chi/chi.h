@@ -8232,6 +8232,12 @@ networking:
   # back (every transport reconnects), 0 .. 86400. CHI_RECONNECT_TIMEOUT
   # overrides it.
   reconnect_timeout_s: 10
+  # Seconds tasks of a pure client wait on a runtime that is alive but shows
+  # no sign of life (stopped with SIGSTOP, or hung): its shm poller's heartbeat
+  # (stored at least every 20 ms while it serves) or its ZeroMQ heartbeats.
+  # They then fail with kPeerDead, and the client reconnects as after a loss.
+  # 0 = wait forever, 0 .. 86400. CHI_HANG_TIMEOUT overrides it.
+  hang_timeout_s: 10
   # Microseconds a client's ZeroMQ network thread keeps polling after activity
   # before it sleeps, 0 .. 1000000. CHI_ZMQ_SPIN_US overrides it.
   zmq_spin_us: 20
@@ -8324,6 +8330,7 @@ struct ServerConfig {
   std::string ipc_mode = "shm";  ///< yaml: networking.ipc_mode; env CHI_IPC_MODE overrides
   double connect_timeout_sec = 5;     ///< networking.connect_timeout_s; CHI_CONNECT_TIMEOUT
   double reconnect_timeout_sec = 10;  ///< networking.reconnect_timeout_s; CHI_RECONNECT_TIMEOUT
+  double hang_timeout_sec = 10;       ///< networking.hang_timeout_s (0: never); CHI_HANG_TIMEOUT
   u32 zmq_spin_us = 20;               ///< networking.zmq_spin_us; CHI_ZMQ_SPIN_US overrides
   u32 zmq_worker_spin_us = 0;         ///< networking.zmq_worker_spin_us (the runtime's)
   // gpu
@@ -8579,9 +8586,9 @@ class ConfigReader {
 
   /** networking: port, hostfile, ipc_mode, the client's timeouts and the ZeroMQ spins. */
   Status ReadNetworking(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
-    static constexpr std::array<std::string_view, 7> kKeys = {
+    static constexpr std::array<std::string_view, 8> kKeys = {
         "port", "hostfile", "ipc_mode", "connect_timeout_s", "reconnect_timeout_s",
-        "zmq_spin_us", "zmq_worker_spin_us"};
+        "hang_timeout_s", "zmq_spin_us", "zmq_worker_spin_us"};
     return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
                                           const std::string &p) {
       if (key == "port") return ReadU32(v, p, 1, 65535, &cfg->port);
@@ -8590,9 +8597,10 @@ class ConfigReader {
       if (key == "zmq_worker_spin_us") {
         return ReadU32(v, p, 0, kMaxZmqSpinUs, &cfg->zmq_worker_spin_us);
       }
-      if (key == "connect_timeout_s" || key == "reconnect_timeout_s") {
-        double *field = key == "connect_timeout_s" ? &cfg->connect_timeout_sec
-                                                   : &cfg->reconnect_timeout_sec;
+      if (key.ends_with("_timeout_s")) {
+        double *field = key == "connect_timeout_s"     ? &cfg->connect_timeout_sec
+                        : key == "reconnect_timeout_s" ? &cfg->reconnect_timeout_sec
+                                                       : &cfg->hang_timeout_sec;
         if (v.IsScalar() && ParseSeconds(v.Scalar(), kMaxTimeoutSec, field)) return Status::Ok();
         return Fail(v, p + ": expected seconds 0.." + std::to_string(
                                static_cast<u64>(kMaxTimeoutSec)) + ", got " + DescribeNode(v));
@@ -8777,7 +8785,8 @@ inline Status ParseServerConfig(std::string_view yaml_text, ServerConfig *out,
 /**
  * The configuration the runtime uses: the file named by CHI_SERVER_CONF (an error
  * names the path when it cannot be read), else the embedded default; then CHI_PORT,
- * CHI_IPC_MODE, CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT (seconds) and CHI_ZMQ_SPIN_US
+ * CHI_IPC_MODE, CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT, CHI_HANG_TIMEOUT (seconds) and
+ * CHI_ZMQ_SPIN_US
  * override their keys (a bad value is an error naming the variable). Empty variables
  * count as unset. *out is replaced only on success.
  */
@@ -8809,11 +8818,14 @@ inline Status LoadServerConfig(ServerConfig *out) {
       cfg.ipc_mode = mode;
     }
     // The client's timeouts (seconds) and the ZeroMQ spin (whole microseconds).
-    for (const char *name : {"CHI_CONNECT_TIMEOUT", "CHI_RECONNECT_TIMEOUT", "CHI_ZMQ_SPIN_US"}) {
+    for (const char *name : {"CHI_CONNECT_TIMEOUT", "CHI_RECONNECT_TIMEOUT", "CHI_HANG_TIMEOUT",
+                             "CHI_ZMQ_SPIN_US"}) {
       const char *v = std::getenv(name);
       if (v == nullptr || v[0] == '\0') continue;
-      const char kind = name[4];  // C(onnect), R(econnect) or Z(mq)
-      double *field = kind == 'C' ? &cfg.connect_timeout_sec : &cfg.reconnect_timeout_sec;
+      const char kind = name[4];  // C(onnect), R(econnect), H(ang) or Z(mq)
+      double *field = kind == 'C'   ? &cfg.connect_timeout_sec
+                      : kind == 'R' ? &cfg.reconnect_timeout_sec
+                                    : &cfg.hang_timeout_sec;
       u64 us = 0;
       const bool ok = kind == 'Z' ? detail::ParseUnsigned(v, kMaxZmqSpinUs, &us)
                                   : detail::ParseSeconds(v, kMaxTimeoutSec, field);
@@ -11221,7 +11233,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 7;  // 7: data segments (kRef records)
+inline constexpr u32 kShmTransportVersion = 8;  // 8: the poller's heartbeat
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -11323,6 +11335,11 @@ struct ShmSegmentHeader {
   alignas(kCacheLine) ShmStatsBlock stats_;
   // The data segments large messages travel in: written before the magic, then only read.
   alignas(kCacheLine) ShmDataGeometry data_;
+  // The poller's clock (MonotonicNs) at its latest pass, stored at least every
+  // kReapIntervalNs while it serves clients: a client that finds it older than its hang
+  // timeout while the runtime process lives takes the runtime for stopped or hung
+  // (ShmClientReceiver::PeerHealthy). Read only by such checks, so it costs no transfer.
+  alignas(kCacheLine) Atomic<u64> heartbeat_ns_;
 };
 
 /** Sizes of a segment, chosen by the runtime and recorded in its header. */
@@ -12024,6 +12041,13 @@ class ShmClientReceiver : public ClientTransport {
    */
   inline bool PeerHealthy(bool check_process);
 
+  /**
+   * True when tasks are outstanding and the runtime's poller has not stored a heartbeat
+   * for the hang timeout (counted from when this receiver last saw it change, or from
+   * when tasks went out). Never with the timeout off (0).
+   */
+  inline bool RuntimeSilent();
+
  protected:
   // The receiver's.
   alignas(kCacheLine) Atomic<u64> released_;  ///< entries freed by failures, ever
@@ -12037,6 +12061,9 @@ class ShmClientReceiver : public ClientTransport {
   u32 nap_seen_ = 0;        ///< the receiver's: rx_nap_ when it last looked at the stream
   u64 helped_seen_ = 0;     ///< the receiver's: helped_answers_ when it last looked
   bool callers_delivered_ = false;  ///< the receiver's: helped_answers_ moved since then
+  u64 hang_timeout_ns_ = 0;   ///< ShmClientOptions::hang_timeout_sec (0: never), set by Open
+  u64 beat_seen_ = 0;         ///< the receiver's: the runtime's heartbeat at its last check
+  u64 beat_changed_ns_ = 0;   ///< the receiver's: when it saw that heartbeat first
 
  private:
   // The role's: written only by the holder of rx_role_ (the counters read by anyone).
@@ -12148,6 +12175,20 @@ void ShmClientReceiver::LeaveToCallers() {
   rx_napping_.Store(0, MemOrder::kRelaxed);  // relaxed: only spares CallerGaveUp a wake
 }
 
+bool ShmClientReceiver::RuntimeSilent() {
+  if (hang_timeout_ns_ == 0) return false;
+  const u64 now = MonotonicNs();
+  // relaxed: a clock value the poller stores; only its change matters (not its value, so
+  // processes in different time namespaces agree).
+  const u64 beat = header_->heartbeat_ns_.Load(MemOrder::kRelaxed);
+  if (beat != beat_seen_ || Outstanding() == 0) {
+    beat_seen_ = beat;
+    beat_changed_ns_ = now;
+    return false;
+  }
+  return now - beat_changed_ns_ > hang_timeout_ns_;
+}
+
 bool ShmClientReceiver::PeerHealthy(bool check_process) {
   char msg[Status::kMaxMessage];
   ErrorCode code = ErrorCode::kOk;
@@ -12173,6 +12214,13 @@ bool ShmClientReceiver::PeerHealthy(bool check_process) {
   } else if (check_process && !IsProcessAlive(runtime_)) {
     code = ErrorCode::kPeerDead;
     std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u died", runtime_.pid);
+  } else if (check_process && runtime_state == static_cast<u32>(ShmRuntimeState::kServing) &&
+             RuntimeSilent()) {
+    code = ErrorCode::kPeerDead;  // as a ZeroMQ client finds it (its heartbeats stop)
+    std::snprintf(msg, sizeof(msg),
+                  "shm transport: runtime pid %u is alive but showed no sign of life for %.1f s "
+                  "with tasks outstanding (stopped or hung; networking.hang_timeout_s)",
+                  runtime_.pid, static_cast<double>(hang_timeout_ns_) / 1e9);
   }
   if (code == ErrorCode::kOk) return true;
   if (ans_->HasData()) return false;  // deliver what arrived before the end first
@@ -12249,6 +12297,16 @@ class TaskStack {
 
 namespace chi {
 
+/** What a connection's user chooses (the runtime's segment fixes the rest). */
+struct ShmClientOptions {
+  /**
+   * Outstanding tasks fail with kPeerDead once the runtime process, alive, has shown no
+   * sign of life (its poller's heartbeat) for this long: stopped (SIGSTOP) or hung. 0:
+   * never. networking.hang_timeout_s for clients that CHIMAERA_INIT connects.
+   */
+  double hang_timeout_sec = 0;
+};
+
 /** A connection to one runtime through its shared-memory segment. */
 class ShmClientTransport final : public ShmClientReceiver {
  public:
@@ -12257,8 +12315,10 @@ class ShmClientTransport final : public ShmClientReceiver {
    * kVersionMismatch, kPeerDead for a runtime that is gone) and claims a free client
    * slot (kOutOfMemory when all are taken).
    */
-  static Status Connect(const ShmServerInfo &info, std::unique_ptr<ShmClientTransport> *out) {
+  static Status Connect(const ShmServerInfo &info, std::unique_ptr<ShmClientTransport> *out,
+                        const ShmClientOptions &opt = ShmClientOptions()) {
     std::unique_ptr<ShmClientTransport> c(new ShmClientTransport());
+    c->hang_timeout_ns_ = static_cast<u64>(opt.hang_timeout_sec * 1e9);  // before the receiver
     if (Status st = c->Open(info); !st.ok()) return st;
     *out = std::move(c);
     return Status::Ok();
@@ -12690,6 +12750,7 @@ struct ShmRejoin {
   Status (*handshake)(void *ctx, double timeout_sec, ConnectAnswer *answer) = nullptr;
   void *ctx = nullptr;
   double reconnect_sec = 10;  ///< networking.reconnect_timeout_s
+  ShmClientOptions client;    ///< how each new connection behaves
 };
 
 /** A shm client connection that rejoins a restarted runtime (see the file comment). */
@@ -12818,7 +12879,7 @@ class ShmReconnectingTransport final : public ClientTransport {
                                &answer);
       if (last.ok()) last = ShmInfoFromAnswer(answer, &info);
       std::unique_ptr<ShmClientTransport> next;
-      if (last.ok()) last = ShmClientTransport::Connect(info, &next);
+      if (last.ok()) last = ShmClientTransport::Connect(info, &next, rejoin_.client);
       if (last.ok() && !next->Usable()) {  // the old runtime, on its way out
         last = Status::Error(ErrorCode::kShutdown, "shm transport: the runtime is stopping");
         next.reset();
@@ -13765,6 +13826,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     }
     if (Status st = segment_.Create(port, g, self_); !st.ok()) return st;
     header_ = segment_.Header();
+    // relaxed: published with the state below.
+    header_->heartbeat_ns_.Store(MonotonicNs(), MemOrder::kRelaxed);
     reaper_ = std::make_unique<ShmReaper>(&segment_, slots_.get(), options_.num_slots,
                                           serving_bits_.get());
     // release: clients that see kServing see the initialised segment.
@@ -14195,6 +14258,8 @@ void ShmServerCore::Run() {
     bool look = false;
     if ((pass & 63) == 0 || woke) {
       const u64 clock = MonotonicNs();
+      // relaxed: read by clients' liveness checks only, as a clock value.
+      header_->heartbeat_ns_.Store(clock, MemOrder::kRelaxed);
       const bool rang = std::exchange(rang_, false);  // a client rang: look now
       look = clock >= next_look || rang;
       if (look) next_look = clock + shm_server::kPollerLookNs;
@@ -15116,6 +15181,8 @@ struct ZmqClientOptions {
   u32 port = 9413;
   double connect_timeout_sec = 5;  ///< first handshake must succeed within this
   double reconnect_sec = 10;       ///< after a loss, tasks wait this long for the runtime
+  /// A runtime whose heartbeats stop this long (stopped or hung) counts as lost; 0: never.
+  double hang_timeout_sec = 10;
   u64 max_inflight = 1u << 16;     ///< Send blocks beyond this many unanswered tasks
   u64 spin_ns = 20000;             ///< network thread: busy polling after work before sleeping
 };
@@ -15158,8 +15225,13 @@ class ZmqClientConnection : public ClientTransport {
     ConfigureZmqSocket(*socket_);
     socket_->set(zmq::sockopt::reconnect_ivl, 20);
     socket_->set(zmq::sockopt::reconnect_ivl_max, 200);
-    socket_->set(zmq::sockopt::heartbeat_ivl, 500);      // a hung runtime is noticed in ~2 s
-    socket_->set(zmq::sockopt::heartbeat_timeout, 2000);
+    // A stopped or hung runtime stops answering heartbeats: the connection drops after
+    // hang_timeout_sec, and its tasks fail as for a runtime that went away.
+    const int hang_ms = static_cast<int>(opt_.hang_timeout_sec * 1000);
+    if (hang_ms > 0) {
+      socket_->set(zmq::sockopt::heartbeat_ivl, hang_ms < 2000 ? hang_ms / 4 : 500);
+      socket_->set(zmq::sockopt::heartbeat_timeout, hang_ms);
+    }
     const std::string mon = "inproc://chi-zmq-monitor-" +
                             std::to_string(reinterpret_cast<u64>(this)) + "-" +
                             std::to_string(++monitor_serial_);
@@ -21542,7 +21614,8 @@ class Chimaera {
    * connection; networking.reconnect_timeout_s is how long tasks wait for a runtime
    * that went away to return (shm repeats this handshake to rejoin it);
    * networking.zmq_spin_us is how long the client's ZeroMQ network thread busy-polls
-   * after activity before it sleeps. Each has a CHI_* environment
+   * after activity before it sleeps; networking.hang_timeout_s is how long shm tasks
+   * wait on a live runtime that shows no sign of life. Each has a CHI_* environment
    * override (config.h). The default mode stays shm: bench_cross_process measured shm
    * round trips of 0.3-1 us against 54-95 us over ZeroMQ ipc/tcp on one node (the 2-core
    * VM and the 16-core host); tcp is the mode that also works when the runtime is on
@@ -21554,6 +21627,7 @@ class Chimaera {
     opt.port = config_.port;
     opt.connect_timeout_sec = config_.connect_timeout_sec;
     opt.reconnect_sec = config_.reconnect_timeout_sec;
+    opt.hang_timeout_sec = config_.hang_timeout_sec;
     opt.spin_ns = static_cast<u64>(config_.zmq_spin_us) * 1000;
     std::unique_ptr<ZmqClientTransport> zmq;
     ConnectAnswer answer;
@@ -21568,13 +21642,14 @@ class Chimaera {
     if (config_.ipc_mode == "shm") {  // the handshake told us where the shm segment is
       ShmServerInfo info;
       if (Status st = ShmInfoOf(answer, &info); !st.ok()) return st;
-      std::unique_ptr<ShmClientTransport> shm;
-      if (Status st = ShmClientTransport::Connect(info, &shm); !st.ok()) return st;
-      zmq->Close();  // the shm slot is the registration from here on
       ShmRejoin rejoin;
       rejoin.handshake = &ShmHandshake;
       rejoin.ctx = &handshake_opt_;
       rejoin.reconnect_sec = config_.reconnect_timeout_sec;
+      rejoin.client.hang_timeout_sec = config_.hang_timeout_sec;
+      std::unique_ptr<ShmClientTransport> shm;
+      if (Status st = ShmClientTransport::Connect(info, &shm, rejoin.client); !st.ok()) return st;
+      zmq->Close();  // the shm slot is the registration from here on
       transport_ = std::make_unique<ShmReconnectingTransport>(std::move(shm), rejoin, answer);
       ipc_.AttachTransport(transport_.get(), answer.node_id);
       return Status::Ok();

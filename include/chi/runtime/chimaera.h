@@ -301,7 +301,8 @@ class Chimaera {
    * connection; networking.reconnect_timeout_s is how long tasks wait for a runtime
    * that went away to return (shm repeats this handshake to rejoin it);
    * networking.zmq_spin_us is how long the client's ZeroMQ network thread busy-polls
-   * after activity before it sleeps. Each has a CHI_* environment
+   * after activity before it sleeps; networking.hang_timeout_s is how long shm tasks
+   * wait on a live runtime that shows no sign of life. Each has a CHI_* environment
    * override (config.h). The default mode stays shm: bench_cross_process measured shm
    * round trips of 0.3-1 us against 54-95 us over ZeroMQ ipc/tcp on one node (the 2-core
    * VM and the 16-core host); tcp is the mode that also works when the runtime is on
@@ -313,6 +314,7 @@ class Chimaera {
     opt.port = config_.port;
     opt.connect_timeout_sec = config_.connect_timeout_sec;
     opt.reconnect_sec = config_.reconnect_timeout_sec;
+    opt.hang_timeout_sec = config_.hang_timeout_sec;
     opt.spin_ns = static_cast<u64>(config_.zmq_spin_us) * 1000;
     std::unique_ptr<ZmqClientTransport> zmq;
     ConnectAnswer answer;
@@ -327,13 +329,14 @@ class Chimaera {
     if (config_.ipc_mode == "shm") {  // the handshake told us where the shm segment is
       ShmServerInfo info;
       if (Status st = ShmInfoOf(answer, &info); !st.ok()) return st;
-      std::unique_ptr<ShmClientTransport> shm;
-      if (Status st = ShmClientTransport::Connect(info, &shm); !st.ok()) return st;
-      zmq->Close();  // the shm slot is the registration from here on
       ShmRejoin rejoin;
       rejoin.handshake = &ShmHandshake;
       rejoin.ctx = &handshake_opt_;
       rejoin.reconnect_sec = config_.reconnect_timeout_sec;
+      rejoin.client.hang_timeout_sec = config_.hang_timeout_sec;
+      std::unique_ptr<ShmClientTransport> shm;
+      if (Status st = ShmClientTransport::Connect(info, &shm, rejoin.client); !st.ok()) return st;
+      zmq->Close();  // the shm slot is the registration from here on
       transport_ = std::make_unique<ShmReconnectingTransport>(std::move(shm), rejoin, answer);
       ipc_.AttachTransport(transport_.get(), answer.node_id);
       return Status::Ok();

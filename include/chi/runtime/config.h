@@ -54,6 +54,7 @@ struct ServerConfig {
   std::string ipc_mode = "shm";  ///< yaml: networking.ipc_mode; env CHI_IPC_MODE overrides
   double connect_timeout_sec = 5;     ///< networking.connect_timeout_s; CHI_CONNECT_TIMEOUT
   double reconnect_timeout_sec = 10;  ///< networking.reconnect_timeout_s; CHI_RECONNECT_TIMEOUT
+  double hang_timeout_sec = 10;       ///< networking.hang_timeout_s (0: never); CHI_HANG_TIMEOUT
   u32 zmq_spin_us = 20;               ///< networking.zmq_spin_us; CHI_ZMQ_SPIN_US overrides
   u32 zmq_worker_spin_us = 0;         ///< networking.zmq_worker_spin_us (the runtime's)
   // gpu
@@ -309,9 +310,9 @@ class ConfigReader {
 
   /** networking: port, hostfile, ipc_mode, the client's timeouts and the ZeroMQ spins. */
   Status ReadNetworking(const YAML::Node &n, const std::string &path, ServerConfig *cfg) const {
-    static constexpr std::array<std::string_view, 7> kKeys = {
+    static constexpr std::array<std::string_view, 8> kKeys = {
         "port", "hostfile", "ipc_mode", "connect_timeout_s", "reconnect_timeout_s",
-        "zmq_spin_us", "zmq_worker_spin_us"};
+        "hang_timeout_s", "zmq_spin_us", "zmq_worker_spin_us"};
     return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
                                           const std::string &p) {
       if (key == "port") return ReadU32(v, p, 1, 65535, &cfg->port);
@@ -320,9 +321,10 @@ class ConfigReader {
       if (key == "zmq_worker_spin_us") {
         return ReadU32(v, p, 0, kMaxZmqSpinUs, &cfg->zmq_worker_spin_us);
       }
-      if (key == "connect_timeout_s" || key == "reconnect_timeout_s") {
-        double *field = key == "connect_timeout_s" ? &cfg->connect_timeout_sec
-                                                   : &cfg->reconnect_timeout_sec;
+      if (key.ends_with("_timeout_s")) {
+        double *field = key == "connect_timeout_s"     ? &cfg->connect_timeout_sec
+                        : key == "reconnect_timeout_s" ? &cfg->reconnect_timeout_sec
+                                                       : &cfg->hang_timeout_sec;
         if (v.IsScalar() && ParseSeconds(v.Scalar(), kMaxTimeoutSec, field)) return Status::Ok();
         return Fail(v, p + ": expected seconds 0.." + std::to_string(
                                static_cast<u64>(kMaxTimeoutSec)) + ", got " + DescribeNode(v));
@@ -507,7 +509,8 @@ inline Status ParseServerConfig(std::string_view yaml_text, ServerConfig *out,
 /**
  * The configuration the runtime uses: the file named by CHI_SERVER_CONF (an error
  * names the path when it cannot be read), else the embedded default; then CHI_PORT,
- * CHI_IPC_MODE, CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT (seconds) and CHI_ZMQ_SPIN_US
+ * CHI_IPC_MODE, CHI_CONNECT_TIMEOUT, CHI_RECONNECT_TIMEOUT, CHI_HANG_TIMEOUT (seconds) and
+ * CHI_ZMQ_SPIN_US
  * override their keys (a bad value is an error naming the variable). Empty variables
  * count as unset. *out is replaced only on success.
  */
@@ -539,11 +542,14 @@ inline Status LoadServerConfig(ServerConfig *out) {
       cfg.ipc_mode = mode;
     }
     // The client's timeouts (seconds) and the ZeroMQ spin (whole microseconds).
-    for (const char *name : {"CHI_CONNECT_TIMEOUT", "CHI_RECONNECT_TIMEOUT", "CHI_ZMQ_SPIN_US"}) {
+    for (const char *name : {"CHI_CONNECT_TIMEOUT", "CHI_RECONNECT_TIMEOUT", "CHI_HANG_TIMEOUT",
+                             "CHI_ZMQ_SPIN_US"}) {
       const char *v = std::getenv(name);
       if (v == nullptr || v[0] == '\0') continue;
-      const char kind = name[4];  // C(onnect), R(econnect) or Z(mq)
-      double *field = kind == 'C' ? &cfg.connect_timeout_sec : &cfg.reconnect_timeout_sec;
+      const char kind = name[4];  // C(onnect), R(econnect), H(ang) or Z(mq)
+      double *field = kind == 'C'   ? &cfg.connect_timeout_sec
+                      : kind == 'R' ? &cfg.reconnect_timeout_sec
+                                    : &cfg.hang_timeout_sec;
       u64 us = 0;
       const bool ok = kind == 'Z' ? detail::ParseUnsigned(v, kMaxZmqSpinUs, &us)
                                   : detail::ParseSeconds(v, kMaxTimeoutSec, field);

@@ -50,6 +50,12 @@ networking:
   # back (every transport reconnects), 0 .. 86400. CHI_RECONNECT_TIMEOUT
   # overrides it.
   reconnect_timeout_s: 10
+  # Seconds tasks of a pure client wait on a runtime that is alive but shows
+  # no sign of life (stopped with SIGSTOP, or hung): its shm poller's heartbeat
+  # (stored at least every 20 ms while it serves) or its ZeroMQ heartbeats.
+  # They then fail with kPeerDead, and the client reconnects as after a loss.
+  # 0 = wait forever, 0 .. 86400. CHI_HANG_TIMEOUT overrides it.
+  hang_timeout_s: 10
   # Microseconds a client's ZeroMQ network thread keeps polling after activity
   # before it sleeps, 0 .. 1000000. CHI_ZMQ_SPIN_US overrides it.
   zmq_spin_us: 20

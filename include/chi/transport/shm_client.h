@@ -24,6 +24,16 @@
 
 namespace chi {
 
+/** What a connection's user chooses (the runtime's segment fixes the rest). */
+struct ShmClientOptions {
+  /**
+   * Outstanding tasks fail with kPeerDead once the runtime process, alive, has shown no
+   * sign of life (its poller's heartbeat) for this long: stopped (SIGSTOP) or hung. 0:
+   * never. networking.hang_timeout_s for clients that CHIMAERA_INIT connects.
+   */
+  double hang_timeout_sec = 0;
+};
+
 /** A connection to one runtime through its shared-memory segment. */
 class ShmClientTransport final : public ShmClientReceiver {
  public:
@@ -32,8 +42,10 @@ class ShmClientTransport final : public ShmClientReceiver {
    * kVersionMismatch, kPeerDead for a runtime that is gone) and claims a free client
    * slot (kOutOfMemory when all are taken).
    */
-  static Status Connect(const ShmServerInfo &info, std::unique_ptr<ShmClientTransport> *out) {
+  static Status Connect(const ShmServerInfo &info, std::unique_ptr<ShmClientTransport> *out,
+                        const ShmClientOptions &opt = ShmClientOptions()) {
     std::unique_ptr<ShmClientTransport> c(new ShmClientTransport());
+    c->hang_timeout_ns_ = static_cast<u64>(opt.hang_timeout_sec * 1e9);  // before the receiver
     if (Status st = c->Open(info); !st.ok()) return st;
     *out = std::move(c);
     return Status::Ok();

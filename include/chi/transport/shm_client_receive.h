@@ -503,6 +503,13 @@ class ShmClientReceiver : public ClientTransport {
    */
   inline bool PeerHealthy(bool check_process);
 
+  /**
+   * True when tasks are outstanding and the runtime's poller has not stored a heartbeat
+   * for the hang timeout (counted from when this receiver last saw it change, or from
+   * when tasks went out). Never with the timeout off (0).
+   */
+  inline bool RuntimeSilent();
+
  protected:
   // The receiver's.
   alignas(kCacheLine) Atomic<u64> released_;  ///< entries freed by failures, ever
@@ -516,6 +523,9 @@ class ShmClientReceiver : public ClientTransport {
   u32 nap_seen_ = 0;        ///< the receiver's: rx_nap_ when it last looked at the stream
   u64 helped_seen_ = 0;     ///< the receiver's: helped_answers_ when it last looked
   bool callers_delivered_ = false;  ///< the receiver's: helped_answers_ moved since then
+  u64 hang_timeout_ns_ = 0;   ///< ShmClientOptions::hang_timeout_sec (0: never), set by Open
+  u64 beat_seen_ = 0;         ///< the receiver's: the runtime's heartbeat at its last check
+  u64 beat_changed_ns_ = 0;   ///< the receiver's: when it saw that heartbeat first
 
  private:
   // The role's: written only by the holder of rx_role_ (the counters read by anyone).

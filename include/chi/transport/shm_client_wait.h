@@ -94,6 +94,20 @@ void ShmClientReceiver::LeaveToCallers() {
   rx_napping_.Store(0, MemOrder::kRelaxed);  // relaxed: only spares CallerGaveUp a wake
 }
 
+bool ShmClientReceiver::RuntimeSilent() {
+  if (hang_timeout_ns_ == 0) return false;
+  const u64 now = MonotonicNs();
+  // relaxed: a clock value the poller stores; only its change matters (not its value, so
+  // processes in different time namespaces agree).
+  const u64 beat = header_->heartbeat_ns_.Load(MemOrder::kRelaxed);
+  if (beat != beat_seen_ || Outstanding() == 0) {
+    beat_seen_ = beat;
+    beat_changed_ns_ = now;
+    return false;
+  }
+  return now - beat_changed_ns_ > hang_timeout_ns_;
+}
+
 bool ShmClientReceiver::PeerHealthy(bool check_process) {
   char msg[Status::kMaxMessage];
   ErrorCode code = ErrorCode::kOk;
@@ -119,6 +133,13 @@ bool ShmClientReceiver::PeerHealthy(bool check_process) {
   } else if (check_process && !IsProcessAlive(runtime_)) {
     code = ErrorCode::kPeerDead;
     std::snprintf(msg, sizeof(msg), "shm transport: runtime pid %u died", runtime_.pid);
+  } else if (check_process && runtime_state == static_cast<u32>(ShmRuntimeState::kServing) &&
+             RuntimeSilent()) {
+    code = ErrorCode::kPeerDead;  // as a ZeroMQ client finds it (its heartbeats stop)
+    std::snprintf(msg, sizeof(msg),
+                  "shm transport: runtime pid %u is alive but showed no sign of life for %.1f s "
+                  "with tasks outstanding (stopped or hung; networking.hang_timeout_s)",
+                  runtime_.pid, static_cast<double>(hang_timeout_ns_) / 1e9);
   }
   if (code == ErrorCode::kOk) return true;
   if (ans_->HasData()) return false;  // deliver what arrived before the end first

@@ -55,6 +55,7 @@ struct ShmRejoin {
   Status (*handshake)(void *ctx, double timeout_sec, ConnectAnswer *answer) = nullptr;
   void *ctx = nullptr;
   double reconnect_sec = 10;  ///< networking.reconnect_timeout_s
+  ShmClientOptions client;    ///< how each new connection behaves
 };
 
 /** A shm client connection that rejoins a restarted runtime (see the file comment). */
@@ -183,7 +184,7 @@ class ShmReconnectingTransport final : public ClientTransport {
                                &answer);
       if (last.ok()) last = ShmInfoFromAnswer(answer, &info);
       std::unique_ptr<ShmClientTransport> next;
-      if (last.ok()) last = ShmClientTransport::Connect(info, &next);
+      if (last.ok()) last = ShmClientTransport::Connect(info, &next, rejoin_.client);
       if (last.ok() && !next->Usable()) {  // the old runtime, on its way out
         last = Status::Error(ErrorCode::kShutdown, "shm transport: the runtime is stopping");
         next.reset();

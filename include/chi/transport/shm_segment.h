@@ -24,7 +24,7 @@ namespace chi {
 
 inline constexpr u64 kShmTransportMagic = 0x5254534d48534843ull;  // "CHSHMSTR" (little endian)
 /** Bumped whenever the segment layout or the slot protocol changes. */
-inline constexpr u32 kShmTransportVersion = 7;  // 7: data segments (kRef records)
+inline constexpr u32 kShmTransportVersion = 8;  // 8: the poller's heartbeat
 
 /** What a client needs to find and check a runtime's segment. */
 struct ShmServerInfo {
@@ -126,6 +126,11 @@ struct ShmSegmentHeader {
   alignas(kCacheLine) ShmStatsBlock stats_;
   // The data segments large messages travel in: written before the magic, then only read.
   alignas(kCacheLine) ShmDataGeometry data_;
+  // The poller's clock (MonotonicNs) at its latest pass, stored at least every
+  // kReapIntervalNs while it serves clients: a client that finds it older than its hang
+  // timeout while the runtime process lives takes the runtime for stopped or hung
+  // (ShmClientReceiver::PeerHealthy). Read only by such checks, so it costs no transfer.
+  alignas(kCacheLine) Atomic<u64> heartbeat_ns_;
 };
 
 /** Sizes of a segment, chosen by the runtime and recorded in its header. */

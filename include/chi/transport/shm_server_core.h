@@ -72,6 +72,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     }
     if (Status st = segment_.Create(port, g, self_); !st.ok()) return st;
     header_ = segment_.Header();
+    // relaxed: published with the state below.
+    header_->heartbeat_ns_.Store(MonotonicNs(), MemOrder::kRelaxed);
     reaper_ = std::make_unique<ShmReaper>(&segment_, slots_.get(), options_.num_slots,
                                           serving_bits_.get());
     // release: clients that see kServing see the initialised segment.

@@ -21,6 +21,8 @@ void ShmServerCore::Run() {
     bool look = false;
     if ((pass & 63) == 0 || woke) {
       const u64 clock = MonotonicNs();
+      // relaxed: read by clients' liveness checks only, as a clock value.
+      header_->heartbeat_ns_.Store(clock, MemOrder::kRelaxed);
       const bool rang = std::exchange(rang_, false);  // a client rang: look now
       look = clock >= next_look || rang;
       if (look) next_look = clock + shm_server::kPollerLookNs;

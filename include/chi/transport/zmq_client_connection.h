@@ -37,6 +37,8 @@ struct ZmqClientOptions {
   u32 port = 9413;
   double connect_timeout_sec = 5;  ///< first handshake must succeed within this
   double reconnect_sec = 10;       ///< after a loss, tasks wait this long for the runtime
+  /// A runtime whose heartbeats stop this long (stopped or hung) counts as lost; 0: never.
+  double hang_timeout_sec = 10;
   u64 max_inflight = 1u << 16;     ///< Send blocks beyond this many unanswered tasks
   u64 spin_ns = 20000;             ///< network thread: busy polling after work before sleeping
 };
@@ -79,8 +81,13 @@ class ZmqClientConnection : public ClientTransport {
     ConfigureZmqSocket(*socket_);
     socket_->set(zmq::sockopt::reconnect_ivl, 20);
     socket_->set(zmq::sockopt::reconnect_ivl_max, 200);
-    socket_->set(zmq::sockopt::heartbeat_ivl, 500);      // a hung runtime is noticed in ~2 s
-    socket_->set(zmq::sockopt::heartbeat_timeout, 2000);
+    // A stopped or hung runtime stops answering heartbeats: the connection drops after
+    // hang_timeout_sec, and its tasks fail as for a runtime that went away.
+    const int hang_ms = static_cast<int>(opt_.hang_timeout_sec * 1000);
+    if (hang_ms > 0) {
+      socket_->set(zmq::sockopt::heartbeat_ivl, hang_ms < 2000 ? hang_ms / 4 : 500);
+      socket_->set(zmq::sockopt::heartbeat_timeout, hang_ms);
+    }
     const std::string mon = "inproc://chi-zmq-monitor-" +
                             std::to_string(reinterpret_cast<u64>(this)) + "-" +
                             std::to_string(++monitor_serial_);
