@@ -11336,9 +11336,10 @@ struct ShmSegmentHeader {
   // The data segments large messages travel in: written before the magic, then only read.
   alignas(kCacheLine) ShmDataGeometry data_;
   // The poller's clock (MonotonicNs) at its latest pass, stored at least every
-  // kReapIntervalNs while it serves clients: a client that finds it older than its hang
-  // timeout while the runtime process lives takes the runtime for stopped or hung
-  // (ShmClientReceiver::PeerHealthy). Read only by such checks, so it costs no transfer.
+  // kReapIntervalNs while it serves clients: a client with tasks out that finds it
+  // unchanged for its hang timeout while the runtime process lives takes the runtime for
+  // stopped or hung (ShmClientReceiver::PeerHealthy). Read only by such checks, so it
+  // costs no transfer.
   alignas(kCacheLine) Atomic<u64> heartbeat_ns_;
 };
 
@@ -15229,7 +15230,7 @@ class ZmqClientConnection : public ClientTransport {
     // hang_timeout_sec, and its tasks fail as for a runtime that went away.
     const int hang_ms = static_cast<int>(opt_.hang_timeout_sec * 1000);
     if (hang_ms > 0) {
-      socket_->set(zmq::sockopt::heartbeat_ivl, hang_ms < 2000 ? hang_ms / 4 : 500);
+      socket_->set(zmq::sockopt::heartbeat_ivl, hang_ms < 2000 ? (hang_ms + 3) / 4 : 500);
       socket_->set(zmq::sockopt::heartbeat_timeout, hang_ms);
     }
     const std::string mon = "inproc://chi-zmq-monitor-" +
@@ -21614,8 +21615,8 @@ class Chimaera {
    * connection; networking.reconnect_timeout_s is how long tasks wait for a runtime
    * that went away to return (shm repeats this handshake to rejoin it);
    * networking.zmq_spin_us is how long the client's ZeroMQ network thread busy-polls
-   * after activity before it sleeps; networking.hang_timeout_s is how long shm tasks
-   * wait on a live runtime that shows no sign of life. Each has a CHI_* environment
+   * after activity before it sleeps; networking.hang_timeout_s is how long tasks wait
+   * on a live runtime that shows no sign of life. Each has a CHI_* environment
    * override (config.h). The default mode stays shm: bench_cross_process measured shm
    * round trips of 0.3-1 us against 54-95 us over ZeroMQ ipc/tcp on one node (the 2-core
    * VM and the 16-core host); tcp is the mode that also works when the runtime is on

@@ -301,8 +301,8 @@ class Chimaera {
    * connection; networking.reconnect_timeout_s is how long tasks wait for a runtime
    * that went away to return (shm repeats this handshake to rejoin it);
    * networking.zmq_spin_us is how long the client's ZeroMQ network thread busy-polls
-   * after activity before it sleeps; networking.hang_timeout_s is how long shm tasks
-   * wait on a live runtime that shows no sign of life. Each has a CHI_* environment
+   * after activity before it sleeps; networking.hang_timeout_s is how long tasks wait
+   * on a live runtime that shows no sign of life. Each has a CHI_* environment
    * override (config.h). The default mode stays shm: bench_cross_process measured shm
    * round trips of 0.3-1 us against 54-95 us over ZeroMQ ipc/tcp on one node (the 2-core
    * VM and the 16-core host); tcp is the mode that also works when the runtime is on

@@ -127,9 +127,10 @@ struct ShmSegmentHeader {
   // The data segments large messages travel in: written before the magic, then only read.
   alignas(kCacheLine) ShmDataGeometry data_;
   // The poller's clock (MonotonicNs) at its latest pass, stored at least every
-  // kReapIntervalNs while it serves clients: a client that finds it older than its hang
-  // timeout while the runtime process lives takes the runtime for stopped or hung
-  // (ShmClientReceiver::PeerHealthy). Read only by such checks, so it costs no transfer.
+  // kReapIntervalNs while it serves clients: a client with tasks out that finds it
+  // unchanged for its hang timeout while the runtime process lives takes the runtime for
+  // stopped or hung (ShmClientReceiver::PeerHealthy). Read only by such checks, so it
+  // costs no transfer.
   alignas(kCacheLine) Atomic<u64> heartbeat_ns_;
 };
 

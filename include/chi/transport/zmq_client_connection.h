@@ -85,7 +85,7 @@ class ZmqClientConnection : public ClientTransport {
     // hang_timeout_sec, and its tasks fail as for a runtime that went away.
     const int hang_ms = static_cast<int>(opt_.hang_timeout_sec * 1000);
     if (hang_ms > 0) {
-      socket_->set(zmq::sockopt::heartbeat_ivl, hang_ms < 2000 ? hang_ms / 4 : 500);
+      socket_->set(zmq::sockopt::heartbeat_ivl, hang_ms < 2000 ? (hang_ms + 3) / 4 : 500);
       socket_->set(zmq::sockopt::heartbeat_timeout, hang_ms);
     }
     const std::string mon = "inproc://chi-zmq-monitor-" +
