@@ -1,8 +1,8 @@
 // What a standalone runtime and its pure clients do when things go wrong: a client killed
 // mid-stream is reaped, a runtime stopped with tasks in flight answers every waiter and is
 // rejoined after a restart, a killed runtime fails its clients' waits, and a stopped (alive)
-// one fails its shm clients' waits after the hang timeout. Garbage from raw ZeroMQ peers is
-// in test_cross_process_garbage.cc.
+// one fails them after the hang timeout, over every transport. Garbage from raw ZeroMQ peers
+// is in test_cross_process_garbage.cc.
 #include <cstdio>   // std::remove of the signal files
 #include <fstream>  // the stop clients' reports
 
