@@ -113,6 +113,11 @@ TEST_CASE("a forked child of a pure client gets none of its connection and can m
     CHECK(AwaitServerStats(ServerName(mode), [](const auto &s) { return s.clients_ == 1; },
                            &stats));
   }
+  // A clean stop, which removes the runtime's segments (a kill would leave them behind).
+  ClientSession session(server.port(), "tcp");
+  REQUIRE(session.ok());
+  CHECK(StopThroughSession());
+  CHECK(server.WaitExit() == 0);
 }
 
 TEST_CASE("a forked child of a process with an embedded runtime can start its own") {
