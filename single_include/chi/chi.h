@@ -8368,6 +8368,19 @@ inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host 
 inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
 inline constexpr u64 kMaxZmqSpinUs = 1000000;  ///< networking.zmq_spin_us, zmq_worker_spin_us
 
+/** A client timeout in seconds: its networking key, the variable that overrides it, its field. */
+struct TimeoutKey {
+  std::string_view key;
+  const char *env;
+  double ServerConfig::*field;
+};
+/** Every client timeout (ReadNetworking and LoadServerConfig both read them from here). */
+inline constexpr std::array<TimeoutKey, 3> kTimeoutKeys = {{
+    {"connect_timeout_s", "CHI_CONNECT_TIMEOUT", &ServerConfig::connect_timeout_sec},
+    {"reconnect_timeout_s", "CHI_RECONNECT_TIMEOUT", &ServerConfig::reconnect_timeout_sec},
+    {"hang_timeout_s", "CHI_HANG_TIMEOUT", &ServerConfig::hang_timeout_sec},
+}};
+
 namespace detail {
 
 /** Builds the kBadConfig Status "source:line: text", shortening the source to fit. */
@@ -8597,11 +8610,11 @@ class ConfigReader {
       if (key == "zmq_worker_spin_us") {
         return ReadU32(v, p, 0, kMaxZmqSpinUs, &cfg->zmq_worker_spin_us);
       }
-      if (key.ends_with("_timeout_s")) {
-        double *field = key == "connect_timeout_s"     ? &cfg->connect_timeout_sec
-                        : key == "reconnect_timeout_s" ? &cfg->reconnect_timeout_sec
-                                                       : &cfg->hang_timeout_sec;
-        if (v.IsScalar() && ParseSeconds(v.Scalar(), kMaxTimeoutSec, field)) return Status::Ok();
+      for (const TimeoutKey &t : kTimeoutKeys) {
+        if (key != t.key) continue;
+        if (v.IsScalar() && ParseSeconds(v.Scalar(), kMaxTimeoutSec, &(cfg->*t.field))) {
+          return Status::Ok();
+        }
         return Fail(v, p + ": expected seconds 0.." + std::to_string(
                                static_cast<u64>(kMaxTimeoutSec)) + ", got " + DescribeNode(v));
       }
@@ -8818,22 +8831,21 @@ inline Status LoadServerConfig(ServerConfig *out) {
       cfg.ipc_mode = mode;
     }
     // The client's timeouts (seconds) and the ZeroMQ spin (whole microseconds).
-    for (const char *name : {"CHI_CONNECT_TIMEOUT", "CHI_RECONNECT_TIMEOUT", "CHI_HANG_TIMEOUT",
-                             "CHI_ZMQ_SPIN_US"}) {
-      const char *v = std::getenv(name);
+    for (const TimeoutKey &t : kTimeoutKeys) {
+      const char *v = std::getenv(t.env);
       if (v == nullptr || v[0] == '\0') continue;
-      const char kind = name[4];  // C(onnect), R(econnect), H(ang) or Z(mq)
-      double *field = kind == 'C'   ? &cfg.connect_timeout_sec
-                      : kind == 'R' ? &cfg.reconnect_timeout_sec
-                                    : &cfg.hang_timeout_sec;
-      u64 us = 0;
-      const bool ok = kind == 'Z' ? detail::ParseUnsigned(v, kMaxZmqSpinUs, &us)
-                                  : detail::ParseSeconds(v, kMaxTimeoutSec, field);
-      if (!ok) {
-        return Status::Errorf(ErrorCode::kBadConfig, "%s: expected %s, got '%.40s'", name,
-                              kind == 'Z' ? "microseconds 0..1000000" : "seconds 0..86400", v);
+      if (!detail::ParseSeconds(v, kMaxTimeoutSec, &(cfg.*t.field))) {
+        return Status::Errorf(ErrorCode::kBadConfig, "%s: expected seconds 0..86400, got '%.40s'",
+                              t.env, v);
       }
-      if (kind == 'Z') cfg.zmq_spin_us = static_cast<u32>(us);
+    }
+    if (const char *v = std::getenv("CHI_ZMQ_SPIN_US"); v != nullptr && v[0] != '\0') {
+      u64 us = 0;
+      if (!detail::ParseUnsigned(v, kMaxZmqSpinUs, &us)) {
+        return Status::Errorf(ErrorCode::kBadConfig,
+                              "CHI_ZMQ_SPIN_US: expected microseconds 0..1000000, got '%.40s'", v);
+      }
+      cfg.zmq_spin_us = static_cast<u32>(us);
     }
     *out = std::move(cfg);
     return Status::Ok();
