@@ -187,6 +187,49 @@ TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them th
   CHECK(server.WaitExit() == 0);
 }
 
+TEST_CASE("a ZeroMQ caller's round trips do not wake its network thread; unawaited answers come") {
+  ServerProcess server(TestPort(3));
+  REQUIRE(server.ok());
+  for (const std::string mode : {"ipc", "tcp"}) {
+    CAPTURE(mode);
+    ClientSession session(server.port(), mode);
+    REQUIRE(session.ok());
+    auto *zmq = dynamic_cast<chi::ZmqClientTransport *>(chi::Chimaera::Get().GetTransport());
+    REQUIRE(zmq != nullptr);
+    chimaera::demo::Client c = DemoClient();
+    SequentialGpuSubmits(c, 0, 10);  // the wait helper is installed by the first send
+    const chi::ZmqClientStats before = zmq->Stats();
+    REQUIRE(before.wait_helper);
+    // The caller watches the socket while it waits, so the network thread sleeps blind;
+    // with a task in flight it looks again on its own soon enough, and the next send
+    // need not ring it (every one did before: a wake-up per round trip).
+    constexpr u32 kRoundTrips = 300;
+    SequentialGpuSubmits(c, 1, kRoundTrips);
+    CHECK(zmq->Stats().send_rings - before.send_rings < kRoundTrips / 2);
+    // A task sent right after a round trip whose caller only polls it: nobody watches for
+    // its answer, and the network thread takes it off the socket (late_wakeups below
+    // counts answers that waited for its longest sleep instead).
+    for (u32 i = 0; i < 50; ++i) {
+      auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 2, i);
+      REQUIRE(f.Wait(30));
+      auto polled = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 3, i);
+      const chi::u64 start = chi::MonotonicNs();
+      while (!polled.IsComplete() && chi::MonotonicNs() - start < 30000000000ull) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      REQUIRE(polled.IsComplete());
+      CHECK(polled->result_value_ == i * 2 + 3);
+    }
+    const chi::ZmqClientStats after = zmq->Stats();
+    CHECK(after.late_wakeups == 0);
+    CHECK(after.outstanding == 0);
+  }
+  ClientSession session(server.port(), "tcp");
+  REQUIRE(session.ok());
+  CHECK(StopThroughSession());
+  CHECK(server.WaitExit() == 0);
+}
+
 TEST_CASE("a task sleeping on the network worker does not hold up other ZeroMQ requests") {
   // Few tasks in flight run on the runtime's network worker itself; a task that sleeps or
   // waits there suspends its fiber, and the worker goes on serving the sockets.

@@ -121,6 +121,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     s.received_by_caller = received_by_caller_.Load(MemOrder::kRelaxed);
     s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
     s.wait_helper = helper_state_.Load(MemOrder::kAcquire) == kHelperInstalled;
+    s.send_rings = send_rings_.Load(MemOrder::kRelaxed);
     return s;
   }
 
@@ -226,9 +227,14 @@ class ZmqClientTransport final : public ZmqClientConnection {
     }
     lock.unlock();
     if (table_.Completions() != completions) watch_.Wake();
-    // The network thread may sleep blind since a watcher left with nothing in flight; if
-    // nobody watches now, it must, or t's answer waits unseen should its caller park.
-    if (watch_.BlindUnwatched()) AskForPass();
+    // The network thread may sleep blind until rung, since it went to sleep while a caller
+    // watched and nothing was in flight; if nobody watches now, it must, or t's answer
+    // waits unseen should its caller not wait for it. (Asleep briefly blind, it looks
+    // within kBlindBriefMs: a caller's next round trip then costs it no wake-up.)
+    if (watch_.BlindUnwatched()) {
+      send_rings_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+      AskForPass();
+    }
     return true;
   }
 
@@ -342,12 +348,18 @@ class ZmqClientTransport final : public ZmqClientConnection {
       }
       doorbell_.PrepareSleep();
       if (!WorkAsked()) {
-        // Until the next timer, at most kMaxSleepNs; rounded up: never before it is due.
+        // Until the next timer, at most kMaxSleepNs (kBlindBriefMs while blind with tasks
+        // in flight); rounded up: never before it is due.
         const u64 timer_ns = NextTimerNs(now);
-        const bool capped = timer_ns >= kMaxSleepNs;  // no timer due: it ends on an event
-        const u64 sleep_ns = capped ? kMaxSleepNs : timer_ns;
+        const ZmqSocketWatch::SleepMode mode = watch_.BeginSleep([this] { return table_.Idle(); });
+        const bool brief = mode == ZmqSocketWatch::SleepMode::kBlindBriefly;
+        const u64 brief_ns = static_cast<u64>(ZmqSocketWatch::kBlindBriefMs) * 1000000;
+        // No timer due: it ends on an event (a brief sleep's timeout is no late wake-up).
+        const bool capped = timer_ns >= kMaxSleepNs && !brief;
+        u64 sleep_ns = timer_ns < kMaxSleepNs ? timer_ns : kMaxSleepNs;
+        if (brief && sleep_ns > brief_ns) sleep_ns = brief_ns;
         const long sleep_ms = static_cast<long>((sleep_ns + 999999) / 1000000);
-        timed_out = !Probe(sleep_ms, watch_.BeginSleep()) && capped;
+        timed_out = !Probe(sleep_ms, mode == ZmqSocketWatch::SleepMode::kOnSocket) && capped;
         watch_.EndSleep();
       }
       doorbell_.Awake();  // no spin after a wake-up: a waiting caller may have taken the answer
@@ -412,6 +424,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
   Atomic<u32> senders_;
   Atomic<u32> helper_state_;  ///< kHelperUntried .. kHelperRefused
   Atomic<u64> sent_by_caller_;
+  Atomic<u64> send_rings_;  ///< see ZmqClientStats::send_rings
 };
 
 }  // namespace chi
