@@ -15271,11 +15271,13 @@ class ZmqClientConnection : public ClientTransport {
     req.pid = static_cast<u32>(getpid());
     req.uid = static_cast<u32>(getuid());
     req.mode = opt_.mode;
+    armed_ = false;
     socket_->send(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
   }
 
   /** Closes the socket; what is still queued on it is dropped (a lost runtime, or a Bye). */
   void CloseSocket() {
+    armed_ = false;
     if (socket_) {
       zmq_socket_monitor(socket_->handle(), nullptr, 0);
       if (!bye_sent_) socket_->set(zmq::sockopt::linger, 0);
@@ -15342,6 +15344,7 @@ class ZmqClientConnection : public ClientTransport {
       std::vector<char>().swap(encode_);  // do not keep the oversized buffer
       return;
     }
+    armed_ = false;
     socket_->send(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
   }
 
@@ -15355,9 +15358,13 @@ class ZmqClientConnection : public ClientTransport {
   u32 ReceiveBatch(bool network_thread) {
     if (!network_thread && !controls_.empty()) return 0;  // the thread was rung for them
     u32 got = 0;
+    armed_ = false;
     for (; got < kRecvBatch && socket_; ++got) {
       zmq::message_t msg;
-      if (!socket_->recv(msg, zmq::recv_flags::dontwait)) break;
+      if (!socket_->recv(msg, zmq::recv_flags::dontwait)) {
+        armed_ = true;
+        break;
+      }
       while (msg.more()) {  // the runtime sends one frame; skip anything else
         zmq::message_t extra;
         if (!socket_->recv(extra, zmq::recv_flags::none) || !extra.more()) break;
@@ -15550,6 +15557,11 @@ class ZmqClientConnection : public ClientTransport {
   std::unique_ptr<zmq::socket_t> socket_;   ///< under sock_mu_; replaced by the network thread
   std::unique_ptr<zmq::socket_t> monitor_;  ///< network thread only
   int socket_fd_ = -1;                      ///< socket_'s ZMQ_FD; under sock_mu_
+  /**
+   * Under sock_mu_: the socket's last use was a recv that found nothing, so by the ZMQ_FD
+   * rule its fd signals whatever comes next (a watcher may block on it without a recv).
+   */
+  bool armed_ = false;
   std::deque<zmq::message_t> controls_;     ///< control messages a caller received; under sock_mu_
   ZmqDoorbell doorbell_;
   std::promise<Status> first_result_;
@@ -15950,7 +15962,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
   bool Watch(u64 seen) {
     int fd = -1;
     bool came = true;
-    if (!TryReceive(&fd) && fd >= 0 && table_.Completions() == seen) {
+    if (!TryReceive(&fd, true) && fd >= 0 && table_.Completions() == seen) {
       came = watch_.Block(fd, kWatchMs);
       TryReceive(&fd);
     }
@@ -15962,11 +15974,16 @@ class ZmqClientTransport final : public ZmqClientConnection {
     return came;
   }
 
-  /** Receives what is ready if the socket is free; true when it delivered any. *fd: its fd. */
-  bool TryReceive(int *fd) {
+  /**
+   * Receives what is ready if the socket is free; true when it delivered any. *fd: its fd.
+   * `unless_armed`: a watcher about to block on the fd skips the recv when the socket's
+   * last use found nothing (a send's check, usually its own): the fd will say.
+   */
+  bool TryReceive(int *fd, bool unless_armed = false) {
     std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
     if (!lock.owns_lock() || !socket_) return false;
     *fd = socket_fd_;
+    if (unless_armed && armed_) return false;
     try {
       return ReceiveBatch(false) != 0;
     } catch (const zmq::error_t &) {
@@ -16001,6 +16018,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     FailAll(ErrorCode::kShutdown, "the client closed its connection to the runtime");
     if (state_ == State::kReady && socket_) {
       socket_->set(zmq::sockopt::linger, 100);  // long enough for the Bye, short at exit
+      armed_ = false;
       bye_sent_ = socket_->send(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait)
                       .has_value();
     }
@@ -16124,6 +16142,8 @@ class ZmqClientTransport final : public ZmqClientConnection {
 // Invariants: sockets and the peer table are used only under sock_mu_, and by the
 // ZMQ_FD rule (zmq_common.h): the network worker receives until EAGAIN or passes
 // again, and another thread that finds requests waiting after its send asks for a pass.
+
+#include <poll.h>  // the network worker's sleep on its fds
 
 #include <cerrno>  // EINTR from poll
 #include <memory>  // the network worker
@@ -16858,27 +16878,28 @@ class ZmqServer final : public ZmqServerSockets,
    * Waits up to timeout_ms for a socket (by its ZMQ_FD, without the lock: by the ZMQ_FD
    * rule whoever used a socket left it so that the fd signals what comes next) or the
    * doorbell. Returns the sockets to pass (bits), plus kRung when the doorbell's fd was
-   * readable; 0 when the time ran out.
+   * readable; 0 when the time ran out. Plain poll(): every item is a file descriptor, and
+   * zmq_poll would look once without waiting first (a system call more per request).
    */
   u32 Probe(long timeout_ms) {
     if (WorkAsked()) return kBothSockets;
-    zmq::pollitem_t items[3];
+    pollfd items[3];
     int index[3];  // the socket behind each item; -1: the doorbell
-    int n = 0;
+    nfds_t n = 0;
     for (int i = 0; i < 2; ++i) {
       if (socket_fds_[i] >= 0) {
         index[n] = i;
-        items[n++] = {nullptr, socket_fds_[i], ZMQ_POLLIN, 0};
+        items[n++] = {socket_fds_[i], POLLIN, 0};
       }
     }
     index[n] = -1;
-    items[n++] = {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0};
-    const int rc = zmq_poll(items, n, timeout_ms);
-    if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
+    items[n++] = {doorbell_.fd(), POLLIN, 0};
+    const int rc = poll(items, n, static_cast<int>(timeout_ms));
+    if (rc < 0 && errno != EINTR) throw zmq::error_t();
     if (rc < 0) return kBothSockets;  // a signal's interruption counts as a wake-up: look again
     u32 woke = 0;
-    for (int k = 0; k < n && rc > 0; ++k) {
-      if ((items[k].revents & ZMQ_POLLIN) == 0) continue;
+    for (nfds_t k = 0; k < n && rc > 0; ++k) {
+      if ((items[k].revents & POLLIN) == 0) continue;
       woke |= index[k] < 0 ? kRung | kBothSockets : 1u << index[k];
     }
     return woke;

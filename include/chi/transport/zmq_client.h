@@ -272,7 +272,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
   bool Watch(u64 seen) {
     int fd = -1;
     bool came = true;
-    if (!TryReceive(&fd) && fd >= 0 && table_.Completions() == seen) {
+    if (!TryReceive(&fd, true) && fd >= 0 && table_.Completions() == seen) {
       came = watch_.Block(fd, kWatchMs);
       TryReceive(&fd);
     }
@@ -284,11 +284,16 @@ class ZmqClientTransport final : public ZmqClientConnection {
     return came;
   }
 
-  /** Receives what is ready if the socket is free; true when it delivered any. *fd: its fd. */
-  bool TryReceive(int *fd) {
+  /**
+   * Receives what is ready if the socket is free; true when it delivered any. *fd: its fd.
+   * `unless_armed`: a watcher about to block on the fd skips the recv when the socket's
+   * last use found nothing (a send's check, usually its own): the fd will say.
+   */
+  bool TryReceive(int *fd, bool unless_armed = false) {
     std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
     if (!lock.owns_lock() || !socket_) return false;
     *fd = socket_fd_;
+    if (unless_armed && armed_) return false;
     try {
       return ReceiveBatch(false) != 0;
     } catch (const zmq::error_t &) {
@@ -323,6 +328,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     FailAll(ErrorCode::kShutdown, "the client closed its connection to the runtime");
     if (state_ == State::kReady && socket_) {
       socket_->set(zmq::sockopt::linger, 100);  // long enough for the Bye, short at exit
+      armed_ = false;
       bye_sent_ = socket_->send(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait)
                       .has_value();
     }

@@ -114,11 +114,13 @@ class ZmqClientConnection : public ClientTransport {
     req.pid = static_cast<u32>(getpid());
     req.uid = static_cast<u32>(getuid());
     req.mode = opt_.mode;
+    armed_ = false;
     socket_->send(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
   }
 
   /** Closes the socket; what is still queued on it is dropped (a lost runtime, or a Bye). */
   void CloseSocket() {
+    armed_ = false;
     if (socket_) {
       zmq_socket_monitor(socket_->handle(), nullptr, 0);
       if (!bye_sent_) socket_->set(zmq::sockopt::linger, 0);
@@ -185,6 +187,7 @@ class ZmqClientConnection : public ClientTransport {
       std::vector<char>().swap(encode_);  // do not keep the oversized buffer
       return;
     }
+    armed_ = false;
     socket_->send(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
   }
 
@@ -198,9 +201,13 @@ class ZmqClientConnection : public ClientTransport {
   u32 ReceiveBatch(bool network_thread) {
     if (!network_thread && !controls_.empty()) return 0;  // the thread was rung for them
     u32 got = 0;
+    armed_ = false;
     for (; got < kRecvBatch && socket_; ++got) {
       zmq::message_t msg;
-      if (!socket_->recv(msg, zmq::recv_flags::dontwait)) break;
+      if (!socket_->recv(msg, zmq::recv_flags::dontwait)) {
+        armed_ = true;
+        break;
+      }
       while (msg.more()) {  // the runtime sends one frame; skip anything else
         zmq::message_t extra;
         if (!socket_->recv(extra, zmq::recv_flags::none) || !extra.more()) break;
@@ -393,6 +400,11 @@ class ZmqClientConnection : public ClientTransport {
   std::unique_ptr<zmq::socket_t> socket_;   ///< under sock_mu_; replaced by the network thread
   std::unique_ptr<zmq::socket_t> monitor_;  ///< network thread only
   int socket_fd_ = -1;                      ///< socket_'s ZMQ_FD; under sock_mu_
+  /**
+   * Under sock_mu_: the socket's last use was a recv that found nothing, so by the ZMQ_FD
+   * rule its fd signals whatever comes next (a watcher may block on it without a recv).
+   */
+  bool armed_ = false;
   std::deque<zmq::message_t> controls_;     ///< control messages a caller received; under sock_mu_
   ZmqDoorbell doorbell_;
   std::promise<Status> first_result_;

@@ -13,6 +13,8 @@
 // again, and another thread that finds requests waiting after its send asks for a pass.
 #pragma once
 
+#include <poll.h>  // the network worker's sleep on its fds
+
 #include <cerrno>  // EINTR from poll
 #include <memory>  // the network worker
 #include <mutex>   // the sockets' lock
@@ -303,27 +305,28 @@ class ZmqServer final : public ZmqServerSockets,
    * Waits up to timeout_ms for a socket (by its ZMQ_FD, without the lock: by the ZMQ_FD
    * rule whoever used a socket left it so that the fd signals what comes next) or the
    * doorbell. Returns the sockets to pass (bits), plus kRung when the doorbell's fd was
-   * readable; 0 when the time ran out.
+   * readable; 0 when the time ran out. Plain poll(): every item is a file descriptor, and
+   * zmq_poll would look once without waiting first (a system call more per request).
    */
   u32 Probe(long timeout_ms) {
     if (WorkAsked()) return kBothSockets;
-    zmq::pollitem_t items[3];
+    pollfd items[3];
     int index[3];  // the socket behind each item; -1: the doorbell
-    int n = 0;
+    nfds_t n = 0;
     for (int i = 0; i < 2; ++i) {
       if (socket_fds_[i] >= 0) {
         index[n] = i;
-        items[n++] = {nullptr, socket_fds_[i], ZMQ_POLLIN, 0};
+        items[n++] = {socket_fds_[i], POLLIN, 0};
       }
     }
     index[n] = -1;
-    items[n++] = {nullptr, doorbell_.fd(), ZMQ_POLLIN, 0};
-    const int rc = zmq_poll(items, n, timeout_ms);
-    if (rc < 0 && zmq_errno() != EINTR) throw zmq::error_t();
+    items[n++] = {doorbell_.fd(), POLLIN, 0};
+    const int rc = poll(items, n, static_cast<int>(timeout_ms));
+    if (rc < 0 && errno != EINTR) throw zmq::error_t();
     if (rc < 0) return kBothSockets;  // a signal's interruption counts as a wake-up: look again
     u32 woke = 0;
-    for (int k = 0; k < n && rc > 0; ++k) {
-      if ((items[k].revents & ZMQ_POLLIN) == 0) continue;
+    for (nfds_t k = 0; k < n && rc > 0; ++k) {
+      if ((items[k].revents & POLLIN) == 0) continue;
       woke |= index[k] < 0 ? kRung | kBothSockets : 1u << index[k];
     }
     return woke;
