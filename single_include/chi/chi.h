@@ -15084,7 +15084,7 @@ class ZmqRequestTable {
       }
       room_waiters_.FetchSub(1, MemOrder::kRelaxed);
     }
-    // seq_cst: counted before the sender reads the watch role (zmq_client_watch.h).
+    // seq_cst: counted before a leaving watcher reads it (ZmqClientTransport::Watch).
     inflight_.FetchAdd(1, MemOrder::kSeqCst);
   }
 
@@ -15155,7 +15155,7 @@ class ZmqRequestTable {
   /** Tasks handed over and not completed, sent or not (any thread; a hint). */
   u64 Inflight() const { return inflight_.Load(MemOrder::kRelaxed); }
 
-  /** True when no task is handed over and not completed (seq_cst: zmq_client_watch.h). */
+  /** True when no task is handed over and not completed (seq_cst: see Admit). */
   bool Idle() const { return inflight_.Load(MemOrder::kSeqCst) == 0; }
 
  private:
@@ -15209,10 +15209,10 @@ struct ZmqClientStats {
   u64 received_by_caller = 0;  ///< answers callers took themselves (waiting, or after a send)
   bool wait_helper = false;    ///< waiting callers take answers (the process's WaitHelper is ours)
   /**
-   * Sends that had to wake the network thread to watch the socket (it slept blind until
-   * rung and no caller watched). A caller's round-trip loop costs none.
+   * Times the network thread slept (each ends in a wake-up: an event, a timer, or the end
+   * of a blind sleep). A caller's round trips wake it no more than once each 2 ms.
    */
-  u64 send_rings = 0;
+  u64 network_sleeps = 0;
   /**
    * Answers the network thread found waiting on waking from a sleep that ran to its bound
    * with no timer due: a wake-up that never came (the ZMQ_FD rule broken). Expected 0.
@@ -15602,18 +15602,14 @@ class ZmqClientConnection : public ClientTransport {
 // network thread sleeps without the fd ("blind"), so an answer wakes that caller
 // alone. The fd only signals what happened since a thread last used the socket, so
 // when another thread completes tasks (the watcher's may be among them) it rings
-// the watcher's bell. A blind network thread that went to sleep with tasks in flight
-// wakes on its own within kBlindBriefMs ("briefly blind"): a caller that sends its
-// next task right after its last answer (a round-trip loop) need not ring it, and one
-// that does not wait for its task (it polls, or waits later) still has the answer
-// taken within that time. Invariants: a completion counted after the watcher last
-// looked at the count rings the bell (role and count are seq_cst on both sides);
-// while the network thread sleeps blind past kBlindBriefMs, a caller watches, or no
-// task is in flight, or its doorbell rang: a leaving watcher rings it when tasks are
-// in flight (Release), a caller that sent a task while nobody watches rings it
-// (BlindUnwatched). Both sides write their own word, then read the other's, seq_cst
-// (a Dekker pair each), with the in-flight count written before the role is read
-// (ZmqRequestTable::Admit) and read after the network thread announces its sleep.
+// the watcher's bell. A blind sleep lasts at most kBlindSleepMs: an answer nobody
+// watches for (its caller polls, waits later, or parked) is taken within that, and a
+// caller's send never has to wake the network thread (a wake-up per round trip made
+// it a tenth slower on two cores). Invariants: a completion counted after the watcher
+// last looked at the count rings the bell (role and count are seq_cst on both sides);
+// a watcher that leaves while the network thread sleeps blind rings it when tasks are
+// in flight (Release; both write their own word, then read the other's, seq_cst: a
+// Dekker pair).
 
 #include <poll.h>  // the watcher's wait on the socket and the bell
 
@@ -15650,17 +15646,7 @@ class ZmqSocketWatch {
   bool Release() {
     // seq_cst: release the role, then read blind_ (Dekker with BeginSleep).
     role_.Store(0, MemOrder::kSeqCst);
-    return blind_.Load(MemOrder::kSeqCst) != kAwake;
-  }
-
-  /**
-   * A caller that sent a task (counted in flight first): true when the network thread
-   * sleeps blind until rung and nobody watches, so it must be rung to watch the socket
-   * itself. A briefly blind thread needs no ring: it looks within kBlindBriefMs.
-   */
-  bool BlindUnwatched() const {
-    // seq_cst: after the in-flight count (Dekker with BeginSleep, and with Release).
-    return blind_.Load(MemOrder::kSeqCst) == kBlind && role_.Load(MemOrder::kSeqCst) == 0;
+    return blind_.Load(MemOrder::kSeqCst) != 0;
   }
 
   /** A thread that completed tasks (after counting them) wakes the watcher, if any. */
@@ -15668,50 +15654,28 @@ class ZmqSocketWatch {
     if (role_.Load(MemOrder::kSeqCst) != 0) bell_.Signal();  // seq_cst: after the count
   }
 
-  /** How the network thread sleeps (BeginSleep). */
-  enum class SleepMode : u32 {
-    kOnSocket,     ///< on the socket's fd: no caller watches
-    kBlindBriefly, ///< without it, at most kBlindBriefMs: tasks are in flight
-    kBlind,        ///< without it, until rung or its own timer
-  };
-
   /**
-   * The network thread, about to sleep: how (see SleepMode). `idle()` says whether no
-   * task is in flight (a seq_cst read: ZmqRequestTable::Idle). A watcher that leaves
-   * while it sleeps blind wakes it (Release).
+   * The network thread, about to sleep: true when it must watch the socket's fd itself
+   * (no caller does). A watcher that leaves while it sleeps blind wakes it (Release).
    */
-  template <typename Idle>
-  SleepMode BeginSleep(Idle idle) {
-    // seq_cst: announce, then read the role (Dekker with Release) and the in-flight count
-    // (Dekker with a sender's Admit, then BlindUnwatched).
-    blind_.Store(kBlind, MemOrder::kSeqCst);
-    if (role_.Load(MemOrder::kSeqCst) == 0) {
-      blind_.Store(kAwake, MemOrder::kRelaxed);  // relaxed: only spares a watcher a needless wake
-      return SleepMode::kOnSocket;
-    }
-    if (idle()) return SleepMode::kBlind;
-    // relaxed: a sender that still reads kBlind only rings needlessly.
-    blind_.Store(kBlindBriefly, MemOrder::kRelaxed);
-    return SleepMode::kBlindBriefly;
+  bool BeginSleep() {
+    // seq_cst: announce, then read the role (Dekker with Release).
+    blind_.Store(1, MemOrder::kSeqCst);
+    if (role_.Load(MemOrder::kSeqCst) != 0) return false;
+    blind_.Store(0, MemOrder::kRelaxed);  // relaxed: only spares a watcher a needless wake
+    return true;
   }
 
   /** The network thread is awake again. */
-  void EndSleep() { blind_.Store(kAwake, MemOrder::kRelaxed); }  // relaxed: as in BeginSleep
+  void EndSleep() { blind_.Store(0, MemOrder::kRelaxed); }  // relaxed: as in BeginSleep
 
-  /**
-   * The longest sleep of a briefly blind network thread: how late the answer of a task
-   * whose caller does not wait for it may be taken off the socket.
-   */
-  static constexpr int kBlindBriefMs = 2;
+  /** The longest blind sleep of the network thread (see the file comment). */
+  static constexpr int kBlindSleepMs = 2;
 
  private:
   ZmqDoorbell bell_;    ///< rung for the watcher; read only by it
   Atomic<u32> role_;    ///< 1 while a caller watches
-  /** blind_ values: the network thread is awake (or sleeps on the fd), or how it sleeps blind. */
-  static constexpr u32 kAwake = 0;
-  static constexpr u32 kBlindBriefly = 1;
-  static constexpr u32 kBlind = 2;
-  Atomic<u32> blind_;   ///< kAwake, kBlindBriefly or kBlind
+  Atomic<u32> blind_;   ///< 1 while the network thread sleeps without the socket's fd
 };
 
 }  // namespace chi
@@ -15811,7 +15775,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     s.received_by_caller = received_by_caller_.Load(MemOrder::kRelaxed);
     s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
     s.wait_helper = helper_state_.Load(MemOrder::kAcquire) == kHelperInstalled;
-    s.send_rings = send_rings_.Load(MemOrder::kRelaxed);
+    s.network_sleeps = network_sleeps_.Load(MemOrder::kRelaxed);
     return s;
   }
 
@@ -15917,15 +15881,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     }
     lock.unlock();
     if (table_.Completions() != completions) watch_.Wake();
-    // The network thread may sleep blind until rung, since it went to sleep while a caller
-    // watched and nothing was in flight; if nobody watches now, it must, or t's answer
-    // waits unseen should its caller not wait for it. (Asleep briefly blind, it looks
-    // within kBlindBriefMs: a caller's next round trip then costs it no wake-up.)
-    if (watch_.BlindUnwatched()) {
-      send_rings_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
-      AskForPass();
-    }
-    return true;
+    return true;  // if its caller does not watch, a blind network thread looks soon enough
   }
 
   /** The WaitHelper entry point: ctx is the connection. */
@@ -15967,9 +15923,9 @@ class ZmqClientTransport final : public ZmqClientConnection {
       TryReceive(&fd);
     }
     // The network thread sleeps without the fd: with tasks in flight it must watch again
-    // (their callers may park), or their answers would wait for its sleep's timeout. With
-    // none it sleeps on: waking it after every round trip cost the next one the socket's
-    // lock at times. (A runtime that stops is seen on the monitor, which it always polls.)
+    // now (their callers may park), not at the end of its blind sleep. With none it sleeps
+    // on: waking it after every round trip cost the next one the socket's lock at times.
+    // (A runtime that stops is seen on the monitor, which it always polls.)
     if (watch_.Release() && !table_.Idle()) AskForPass();
     return came;
   }
@@ -16044,18 +16000,18 @@ class ZmqClientTransport final : public ZmqClientConnection {
       }
       doorbell_.PrepareSleep();
       if (!WorkAsked()) {
-        // Until the next timer, at most kMaxSleepNs (kBlindBriefMs while blind with tasks
-        // in flight); rounded up: never before it is due.
+        // Until the next timer, at most kMaxSleepNs (kBlindSleepMs when blind); rounded up:
+        // never before it is due.
         const u64 timer_ns = NextTimerNs(now);
-        const ZmqSocketWatch::SleepMode mode = watch_.BeginSleep([this] { return table_.Idle(); });
-        const bool brief = mode == ZmqSocketWatch::SleepMode::kBlindBriefly;
-        const u64 brief_ns = static_cast<u64>(ZmqSocketWatch::kBlindBriefMs) * 1000000;
-        // No timer due: it ends on an event (a brief sleep's timeout is no late wake-up).
-        const bool capped = timer_ns >= kMaxSleepNs && !brief;
+        const bool on_socket = watch_.BeginSleep();
+        const u64 blind_ns = static_cast<u64>(ZmqSocketWatch::kBlindSleepMs) * 1000000;
+        // No timer due: it ends on an event (a blind sleep's timeout is no late wake-up).
+        const bool capped = timer_ns >= kMaxSleepNs && on_socket;
         u64 sleep_ns = timer_ns < kMaxSleepNs ? timer_ns : kMaxSleepNs;
-        if (brief && sleep_ns > brief_ns) sleep_ns = brief_ns;
+        if (!on_socket && sleep_ns > blind_ns) sleep_ns = blind_ns;
         const long sleep_ms = static_cast<long>((sleep_ns + 999999) / 1000000);
-        timed_out = !Probe(sleep_ms, mode == ZmqSocketWatch::SleepMode::kOnSocket) && capped;
+        network_sleeps_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+        timed_out = !Probe(sleep_ms, on_socket) && capped;
         watch_.EndSleep();
       }
       doorbell_.Awake();  // no spin after a wake-up: a waiting caller may have taken the answer
@@ -16120,7 +16076,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
   Atomic<u32> senders_;
   Atomic<u32> helper_state_;  ///< kHelperUntried .. kHelperRefused
   Atomic<u64> sent_by_caller_;
-  Atomic<u64> send_rings_;  ///< see ZmqClientStats::send_rings
+  Atomic<u64> network_sleeps_;  ///< see ZmqClientStats::network_sleeps
 };
 
 }  // namespace chi

@@ -121,7 +121,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     s.received_by_caller = received_by_caller_.Load(MemOrder::kRelaxed);
     s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
     s.wait_helper = helper_state_.Load(MemOrder::kAcquire) == kHelperInstalled;
-    s.send_rings = send_rings_.Load(MemOrder::kRelaxed);
+    s.network_sleeps = network_sleeps_.Load(MemOrder::kRelaxed);
     return s;
   }
 
@@ -227,15 +227,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     }
     lock.unlock();
     if (table_.Completions() != completions) watch_.Wake();
-    // The network thread may sleep blind until rung, since it went to sleep while a caller
-    // watched and nothing was in flight; if nobody watches now, it must, or t's answer
-    // waits unseen should its caller not wait for it. (Asleep briefly blind, it looks
-    // within kBlindBriefMs: a caller's next round trip then costs it no wake-up.)
-    if (watch_.BlindUnwatched()) {
-      send_rings_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
-      AskForPass();
-    }
-    return true;
+    return true;  // if its caller does not watch, a blind network thread looks soon enough
   }
 
   /** The WaitHelper entry point: ctx is the connection. */
@@ -277,9 +269,9 @@ class ZmqClientTransport final : public ZmqClientConnection {
       TryReceive(&fd);
     }
     // The network thread sleeps without the fd: with tasks in flight it must watch again
-    // (their callers may park), or their answers would wait for its sleep's timeout. With
-    // none it sleeps on: waking it after every round trip cost the next one the socket's
-    // lock at times. (A runtime that stops is seen on the monitor, which it always polls.)
+    // now (their callers may park), not at the end of its blind sleep. With none it sleeps
+    // on: waking it after every round trip cost the next one the socket's lock at times.
+    // (A runtime that stops is seen on the monitor, which it always polls.)
     if (watch_.Release() && !table_.Idle()) AskForPass();
     return came;
   }
@@ -354,18 +346,18 @@ class ZmqClientTransport final : public ZmqClientConnection {
       }
       doorbell_.PrepareSleep();
       if (!WorkAsked()) {
-        // Until the next timer, at most kMaxSleepNs (kBlindBriefMs while blind with tasks
-        // in flight); rounded up: never before it is due.
+        // Until the next timer, at most kMaxSleepNs (kBlindSleepMs when blind); rounded up:
+        // never before it is due.
         const u64 timer_ns = NextTimerNs(now);
-        const ZmqSocketWatch::SleepMode mode = watch_.BeginSleep([this] { return table_.Idle(); });
-        const bool brief = mode == ZmqSocketWatch::SleepMode::kBlindBriefly;
-        const u64 brief_ns = static_cast<u64>(ZmqSocketWatch::kBlindBriefMs) * 1000000;
-        // No timer due: it ends on an event (a brief sleep's timeout is no late wake-up).
-        const bool capped = timer_ns >= kMaxSleepNs && !brief;
+        const bool on_socket = watch_.BeginSleep();
+        const u64 blind_ns = static_cast<u64>(ZmqSocketWatch::kBlindSleepMs) * 1000000;
+        // No timer due: it ends on an event (a blind sleep's timeout is no late wake-up).
+        const bool capped = timer_ns >= kMaxSleepNs && on_socket;
         u64 sleep_ns = timer_ns < kMaxSleepNs ? timer_ns : kMaxSleepNs;
-        if (brief && sleep_ns > brief_ns) sleep_ns = brief_ns;
+        if (!on_socket && sleep_ns > blind_ns) sleep_ns = blind_ns;
         const long sleep_ms = static_cast<long>((sleep_ns + 999999) / 1000000);
-        timed_out = !Probe(sleep_ms, mode == ZmqSocketWatch::SleepMode::kOnSocket) && capped;
+        network_sleeps_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+        timed_out = !Probe(sleep_ms, on_socket) && capped;
         watch_.EndSleep();
       }
       doorbell_.Awake();  // no spin after a wake-up: a waiting caller may have taken the answer
@@ -430,7 +422,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
   Atomic<u32> senders_;
   Atomic<u32> helper_state_;  ///< kHelperUntried .. kHelperRefused
   Atomic<u64> sent_by_caller_;
-  Atomic<u64> send_rings_;  ///< see ZmqClientStats::send_rings
+  Atomic<u64> network_sleeps_;  ///< see ZmqClientStats::network_sleeps
 };
 
 }  // namespace chi

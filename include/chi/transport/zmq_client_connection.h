@@ -52,10 +52,10 @@ struct ZmqClientStats {
   u64 received_by_caller = 0;  ///< answers callers took themselves (waiting, or after a send)
   bool wait_helper = false;    ///< waiting callers take answers (the process's WaitHelper is ours)
   /**
-   * Sends that had to wake the network thread to watch the socket (it slept blind until
-   * rung and no caller watched). A caller's round-trip loop costs none.
+   * Times the network thread slept (each ends in a wake-up: an event, a timer, or the end
+   * of a blind sleep). A caller's round trips wake it no more than once each 2 ms.
    */
-  u64 send_rings = 0;
+  u64 network_sleeps = 0;
   /**
    * Answers the network thread found waiting on waking from a sleep that ran to its bound
    * with no timer due: a wake-up that never came (the ZMQ_FD rule broken). Expected 0.

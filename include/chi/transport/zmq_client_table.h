@@ -35,7 +35,7 @@ class ZmqRequestTable {
       }
       room_waiters_.FetchSub(1, MemOrder::kRelaxed);
     }
-    // seq_cst: counted before the sender reads the watch role (zmq_client_watch.h).
+    // seq_cst: counted before a leaving watcher reads it (ZmqClientTransport::Watch).
     inflight_.FetchAdd(1, MemOrder::kSeqCst);
   }
 
@@ -106,7 +106,7 @@ class ZmqRequestTable {
   /** Tasks handed over and not completed, sent or not (any thread; a hint). */
   u64 Inflight() const { return inflight_.Load(MemOrder::kRelaxed); }
 
-  /** True when no task is handed over and not completed (seq_cst: zmq_client_watch.h). */
+  /** True when no task is handed over and not completed (seq_cst: see Admit). */
   bool Idle() const { return inflight_.Load(MemOrder::kSeqCst) == 0; }
 
  private:

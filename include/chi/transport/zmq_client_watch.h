@@ -4,18 +4,14 @@
 // network thread sleeps without the fd ("blind"), so an answer wakes that caller
 // alone. The fd only signals what happened since a thread last used the socket, so
 // when another thread completes tasks (the watcher's may be among them) it rings
-// the watcher's bell. A blind network thread that went to sleep with tasks in flight
-// wakes on its own within kBlindBriefMs ("briefly blind"): a caller that sends its
-// next task right after its last answer (a round-trip loop) need not ring it, and one
-// that does not wait for its task (it polls, or waits later) still has the answer
-// taken within that time. Invariants: a completion counted after the watcher last
-// looked at the count rings the bell (role and count are seq_cst on both sides);
-// while the network thread sleeps blind past kBlindBriefMs, a caller watches, or no
-// task is in flight, or its doorbell rang: a leaving watcher rings it when tasks are
-// in flight (Release), a caller that sent a task while nobody watches rings it
-// (BlindUnwatched). Both sides write their own word, then read the other's, seq_cst
-// (a Dekker pair each), with the in-flight count written before the role is read
-// (ZmqRequestTable::Admit) and read after the network thread announces its sleep.
+// the watcher's bell. A blind sleep lasts at most kBlindSleepMs: an answer nobody
+// watches for (its caller polls, waits later, or parked) is taken within that, and a
+// caller's send never has to wake the network thread (a wake-up per round trip made
+// it a tenth slower on two cores). Invariants: a completion counted after the watcher
+// last looked at the count rings the bell (role and count are seq_cst on both sides);
+// a watcher that leaves while the network thread sleeps blind rings it when tasks are
+// in flight (Release; both write their own word, then read the other's, seq_cst: a
+// Dekker pair).
 #pragma once
 
 #include <poll.h>  // the watcher's wait on the socket and the bell
@@ -56,17 +52,7 @@ class ZmqSocketWatch {
   bool Release() {
     // seq_cst: release the role, then read blind_ (Dekker with BeginSleep).
     role_.Store(0, MemOrder::kSeqCst);
-    return blind_.Load(MemOrder::kSeqCst) != kAwake;
-  }
-
-  /**
-   * A caller that sent a task (counted in flight first): true when the network thread
-   * sleeps blind until rung and nobody watches, so it must be rung to watch the socket
-   * itself. A briefly blind thread needs no ring: it looks within kBlindBriefMs.
-   */
-  bool BlindUnwatched() const {
-    // seq_cst: after the in-flight count (Dekker with BeginSleep, and with Release).
-    return blind_.Load(MemOrder::kSeqCst) == kBlind && role_.Load(MemOrder::kSeqCst) == 0;
+    return blind_.Load(MemOrder::kSeqCst) != 0;
   }
 
   /** A thread that completed tasks (after counting them) wakes the watcher, if any. */
@@ -74,50 +60,28 @@ class ZmqSocketWatch {
     if (role_.Load(MemOrder::kSeqCst) != 0) bell_.Signal();  // seq_cst: after the count
   }
 
-  /** How the network thread sleeps (BeginSleep). */
-  enum class SleepMode : u32 {
-    kOnSocket,     ///< on the socket's fd: no caller watches
-    kBlindBriefly, ///< without it, at most kBlindBriefMs: tasks are in flight
-    kBlind,        ///< without it, until rung or its own timer
-  };
-
   /**
-   * The network thread, about to sleep: how (see SleepMode). `idle()` says whether no
-   * task is in flight (a seq_cst read: ZmqRequestTable::Idle). A watcher that leaves
-   * while it sleeps blind wakes it (Release).
+   * The network thread, about to sleep: true when it must watch the socket's fd itself
+   * (no caller does). A watcher that leaves while it sleeps blind wakes it (Release).
    */
-  template <typename Idle>
-  SleepMode BeginSleep(Idle idle) {
-    // seq_cst: announce, then read the role (Dekker with Release) and the in-flight count
-    // (Dekker with a sender's Admit, then BlindUnwatched).
-    blind_.Store(kBlind, MemOrder::kSeqCst);
-    if (role_.Load(MemOrder::kSeqCst) == 0) {
-      blind_.Store(kAwake, MemOrder::kRelaxed);  // relaxed: only spares a watcher a needless wake
-      return SleepMode::kOnSocket;
-    }
-    if (idle()) return SleepMode::kBlind;
-    // relaxed: a sender that still reads kBlind only rings needlessly.
-    blind_.Store(kBlindBriefly, MemOrder::kRelaxed);
-    return SleepMode::kBlindBriefly;
+  bool BeginSleep() {
+    // seq_cst: announce, then read the role (Dekker with Release).
+    blind_.Store(1, MemOrder::kSeqCst);
+    if (role_.Load(MemOrder::kSeqCst) != 0) return false;
+    blind_.Store(0, MemOrder::kRelaxed);  // relaxed: only spares a watcher a needless wake
+    return true;
   }
 
   /** The network thread is awake again. */
-  void EndSleep() { blind_.Store(kAwake, MemOrder::kRelaxed); }  // relaxed: as in BeginSleep
+  void EndSleep() { blind_.Store(0, MemOrder::kRelaxed); }  // relaxed: as in BeginSleep
 
-  /**
-   * The longest sleep of a briefly blind network thread: how late the answer of a task
-   * whose caller does not wait for it may be taken off the socket.
-   */
-  static constexpr int kBlindBriefMs = 2;
+  /** The longest blind sleep of the network thread (see the file comment). */
+  static constexpr int kBlindSleepMs = 2;
 
  private:
   ZmqDoorbell bell_;    ///< rung for the watcher; read only by it
   Atomic<u32> role_;    ///< 1 while a caller watches
-  /** blind_ values: the network thread is awake (or sleeps on the fd), or how it sleeps blind. */
-  static constexpr u32 kAwake = 0;
-  static constexpr u32 kBlindBriefly = 1;
-  static constexpr u32 kBlind = 2;
-  Atomic<u32> blind_;   ///< kAwake, kBlindBriefly or kBlind
+  Atomic<u32> blind_;   ///< 1 while the network thread sleeps without the socket's fd
 };
 
 }  // namespace chi
