@@ -15271,13 +15271,17 @@ class ZmqClientConnection : public ClientTransport {
     req.pid = static_cast<u32>(getpid());
     req.uid = static_cast<u32>(getuid());
     req.mode = opt_.mode;
+    SendOnSocket(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
+  }
+
+  /** Every send on the socket goes here: it may take the fd's signal, so it is no longer armed. */
+  bool SendOnSocket(zmq::message_t &&msg, zmq::send_flags flags) {
     armed_ = false;
-    socket_->send(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
+    return socket_->send(std::move(msg), flags).has_value();
   }
 
   /** Closes the socket; what is still queued on it is dropped (a lost runtime, or a Bye). */
   void CloseSocket() {
-    armed_ = false;
     if (socket_) {
       zmq_socket_monitor(socket_->handle(), nullptr, 0);
       if (!bye_sent_) socket_->set(zmq::sockopt::linger, 0);
@@ -15344,8 +15348,7 @@ class ZmqClientConnection : public ClientTransport {
       std::vector<char>().swap(encode_);  // do not keep the oversized buffer
       return;
     }
-    armed_ = false;
-    socket_->send(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
+    SendOnSocket(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
   }
 
   /**
@@ -15560,6 +15563,7 @@ class ZmqClientConnection : public ClientTransport {
   /**
    * Under sock_mu_: the socket's last use was a recv that found nothing, so by the ZMQ_FD
    * rule its fd signals whatever comes next (a watcher may block on it without a recv).
+   * Set by ReceiveBatch, cleared by SendOnSocket; a new socket's first use is a send.
    */
   bool armed_ = false;
   std::deque<zmq::message_t> controls_;     ///< control messages a caller received; under sock_mu_
@@ -15602,7 +15606,7 @@ class ZmqClientConnection : public ClientTransport {
 // network thread sleeps without the fd ("blind"), so an answer wakes that caller
 // alone. The fd only signals what happened since a thread last used the socket, so
 // when another thread completes tasks (the watcher's may be among them) it rings
-// the watcher's bell. A blind sleep lasts at most kBlindSleepMs: an answer nobody
+// the watcher's bell. A blind sleep lasts at most kBlindSleepNs (2 ms): an answer nobody
 // watches for (its caller polls, waits later, or parked) is taken within that, and a
 // caller's send never has to wake the network thread (a wake-up per round trip made
 // it a tenth slower on two cores). Invariants: a completion counted after the watcher
@@ -15670,7 +15674,7 @@ class ZmqSocketWatch {
   void EndSleep() { blind_.Store(0, MemOrder::kRelaxed); }  // relaxed: as in BeginSleep
 
   /** The longest blind sleep of the network thread (see the file comment). */
-  static constexpr int kBlindSleepMs = 2;
+  static constexpr u64 kBlindSleepNs = 2000000;
 
  private:
   ZmqDoorbell bell_;    ///< rung for the watcher; read only by it
@@ -15974,9 +15978,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     FailAll(ErrorCode::kShutdown, "the client closed its connection to the runtime");
     if (state_ == State::kReady && socket_) {
       socket_->set(zmq::sockopt::linger, 100);  // long enough for the Bye, short at exit
-      armed_ = false;
-      bye_sent_ = socket_->send(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait)
-                      .has_value();
+      bye_sent_ = SendOnSocket(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait);
     }
     CloseSocket();
   }
@@ -16000,15 +16002,14 @@ class ZmqClientTransport final : public ZmqClientConnection {
       }
       doorbell_.PrepareSleep();
       if (!WorkAsked()) {
-        // Until the next timer, at most kMaxSleepNs (kBlindSleepMs when blind); rounded up:
+        // Until the next timer, at most kMaxSleepNs (kBlindSleepNs when blind); rounded up:
         // never before it is due.
         const u64 timer_ns = NextTimerNs(now);
         const bool on_socket = watch_.BeginSleep();
-        const u64 blind_ns = static_cast<u64>(ZmqSocketWatch::kBlindSleepMs) * 1000000;
+        const u64 bound_ns = on_socket ? kMaxSleepNs : ZmqSocketWatch::kBlindSleepNs;
         // No timer due: it ends on an event (a blind sleep's timeout is no late wake-up).
         const bool capped = timer_ns >= kMaxSleepNs && on_socket;
-        u64 sleep_ns = timer_ns < kMaxSleepNs ? timer_ns : kMaxSleepNs;
-        if (!on_socket && sleep_ns > blind_ns) sleep_ns = blind_ns;
+        const u64 sleep_ns = timer_ns < bound_ns ? timer_ns : bound_ns;
         const long sleep_ms = static_cast<long>((sleep_ns + 999999) / 1000000);
         network_sleeps_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
         timed_out = !Probe(sleep_ms, on_socket) && capped;

@@ -320,9 +320,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     FailAll(ErrorCode::kShutdown, "the client closed its connection to the runtime");
     if (state_ == State::kReady && socket_) {
       socket_->set(zmq::sockopt::linger, 100);  // long enough for the Bye, short at exit
-      armed_ = false;
-      bye_sent_ = socket_->send(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait)
-                      .has_value();
+      bye_sent_ = SendOnSocket(MakeControl(zmq_control::kBye), zmq::send_flags::dontwait);
     }
     CloseSocket();
   }
@@ -346,15 +344,14 @@ class ZmqClientTransport final : public ZmqClientConnection {
       }
       doorbell_.PrepareSleep();
       if (!WorkAsked()) {
-        // Until the next timer, at most kMaxSleepNs (kBlindSleepMs when blind); rounded up:
+        // Until the next timer, at most kMaxSleepNs (kBlindSleepNs when blind); rounded up:
         // never before it is due.
         const u64 timer_ns = NextTimerNs(now);
         const bool on_socket = watch_.BeginSleep();
-        const u64 blind_ns = static_cast<u64>(ZmqSocketWatch::kBlindSleepMs) * 1000000;
+        const u64 bound_ns = on_socket ? kMaxSleepNs : ZmqSocketWatch::kBlindSleepNs;
         // No timer due: it ends on an event (a blind sleep's timeout is no late wake-up).
         const bool capped = timer_ns >= kMaxSleepNs && on_socket;
-        u64 sleep_ns = timer_ns < kMaxSleepNs ? timer_ns : kMaxSleepNs;
-        if (!on_socket && sleep_ns > blind_ns) sleep_ns = blind_ns;
+        const u64 sleep_ns = timer_ns < bound_ns ? timer_ns : bound_ns;
         const long sleep_ms = static_cast<long>((sleep_ns + 999999) / 1000000);
         network_sleeps_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
         timed_out = !Probe(sleep_ms, on_socket) && capped;

@@ -114,13 +114,17 @@ class ZmqClientConnection : public ClientTransport {
     req.pid = static_cast<u32>(getpid());
     req.uid = static_cast<u32>(getuid());
     req.mode = opt_.mode;
+    SendOnSocket(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
+  }
+
+  /** Every send on the socket goes here: it may take the fd's signal, so it is no longer armed. */
+  bool SendOnSocket(zmq::message_t &&msg, zmq::send_flags flags) {
     armed_ = false;
-    socket_->send(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
+    return socket_->send(std::move(msg), flags).has_value();
   }
 
   /** Closes the socket; what is still queued on it is dropped (a lost runtime, or a Bye). */
   void CloseSocket() {
-    armed_ = false;
     if (socket_) {
       zmq_socket_monitor(socket_->handle(), nullptr, 0);
       if (!bye_sent_) socket_->set(zmq::sockopt::linger, 0);
@@ -187,8 +191,7 @@ class ZmqClientConnection : public ClientTransport {
       std::vector<char>().swap(encode_);  // do not keep the oversized buffer
       return;
     }
-    armed_ = false;
-    socket_->send(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
+    SendOnSocket(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
   }
 
   /**
@@ -403,6 +406,7 @@ class ZmqClientConnection : public ClientTransport {
   /**
    * Under sock_mu_: the socket's last use was a recv that found nothing, so by the ZMQ_FD
    * rule its fd signals whatever comes next (a watcher may block on it without a recv).
+   * Set by ReceiveBatch, cleared by SendOnSocket; a new socket's first use is a send.
    */
   bool armed_ = false;
   std::deque<zmq::message_t> controls_;     ///< control messages a caller received; under sock_mu_

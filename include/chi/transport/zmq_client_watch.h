@@ -4,7 +4,7 @@
 // network thread sleeps without the fd ("blind"), so an answer wakes that caller
 // alone. The fd only signals what happened since a thread last used the socket, so
 // when another thread completes tasks (the watcher's may be among them) it rings
-// the watcher's bell. A blind sleep lasts at most kBlindSleepMs: an answer nobody
+// the watcher's bell. A blind sleep lasts at most kBlindSleepNs (2 ms): an answer nobody
 // watches for (its caller polls, waits later, or parked) is taken within that, and a
 // caller's send never has to wake the network thread (a wake-up per round trip made
 // it a tenth slower on two cores). Invariants: a completion counted after the watcher
@@ -76,7 +76,7 @@ class ZmqSocketWatch {
   void EndSleep() { blind_.Store(0, MemOrder::kRelaxed); }  // relaxed: as in BeginSleep
 
   /** The longest blind sleep of the network thread (see the file comment). */
-  static constexpr int kBlindSleepMs = 2;
+  static constexpr u64 kBlindSleepNs = 2000000;
 
  private:
   ZmqDoorbell bell_;    ///< rung for the watcher; read only by it
