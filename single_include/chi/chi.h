@@ -4485,7 +4485,9 @@ void KeepInherited(std::unique_ptr<T> inherited) {
 // without one (the "deep" park; the Dekker pair is PeersQueued against the lane publish).
 // Tasks a worker's own tasks spawn go to its own lane with no wake (the worker runs them
 // when its task yields), so a deep park ends after kLaneDeepParkNs all the same: a task
-// that spins until its subtask is done is helped too, only later.
+// that spins until its subtask is done is helped too, only later. Subtasks a full lane
+// cannot take wait in the worker's overflow list and move into the lane as it drains, so
+// helpers can take them too.
 // Invariant: a worker takes only from a lane whose head stood still with tasks queued for
 // kLaneStuckNs (its owner popped nothing meanwhile); nothing promises a task a particular
 // worker (lanes rotate), so no order or placement is lost.
@@ -6173,9 +6175,16 @@ class Worker {
     return NowNs() >= wake_ns;
   }
 
-  /** Queues a task on this worker from its own thread without ever blocking on itself. */
+  /**
+   * Queues a task on this worker from its own thread without ever blocking on itself.
+   * What its lane cannot take waits in overflow_, behind earlier overflow (order kept),
+   * and moves into the lane as it drains (FeedLane), where idle peers can help.
+   */
   void PushLocal(Task *t) {
-    if (!active_.empty() && active_.front().lane->TryPush(reinterpret_cast<u64>(t))) return;
+    if (overflow_.empty() && !active_.empty() &&
+        active_.front().lane->TryPush(reinterpret_cast<u64>(t))) {
+      return;
+    }
     overflow_.push_back(t);
   }
 
@@ -6213,6 +6222,11 @@ class Worker {
   };
 
   inline void Loop();
+  /**
+   * Moves overflowed tasks into this worker's first active lane while it has room (a
+   * worker without lanes starts them); true when it started any.
+   */
+  inline bool FeedLane();
   inline bool PollLanes(u64 pass);
   inline bool DrainResumes();
   inline bool StartAdopted();
@@ -6544,14 +6558,25 @@ void Worker::Loop() {
   tls_current_worker = nullptr;
 }
 
-bool Worker::PollLanes(u64 pass) {
-  bool did = false;
-  while (!overflow_.empty()) {
-    Task *t = overflow_.front();
-    overflow_.pop_front();
-    StartTask(t);
-    did = true;
+bool Worker::FeedLane() {
+  if (overflow_.empty()) return false;
+  if (active_.empty()) {  // no lane (a poller's worker): only this thread can run them
+    while (!overflow_.empty()) {
+      Task *t = overflow_.front();
+      overflow_.pop_front();
+      StartTask(t);
+    }
+    return true;
   }
+  TaskLane *lane = active_.front().lane;
+  while (!overflow_.empty() && lane->TryPush(reinterpret_cast<u64>(overflow_.front()))) {
+    overflow_.pop_front();
+  }
+  return false;  // the lane's poll below starts them
+}
+
+bool Worker::PollLanes(u64 pass) {
+  bool did = FeedLane();
   for (size_t i = 0; i < active_.size(); ++i) {
     LaneSlot &slot = active_[i];
     u64 entry;

@@ -10,7 +10,9 @@
 // without one (the "deep" park; the Dekker pair is PeersQueued against the lane publish).
 // Tasks a worker's own tasks spawn go to its own lane with no wake (the worker runs them
 // when its task yields), so a deep park ends after kLaneDeepParkNs all the same: a task
-// that spins until its subtask is done is helped too, only later.
+// that spins until its subtask is done is helped too, only later. Subtasks a full lane
+// cannot take wait in the worker's overflow list and move into the lane as it drains, so
+// helpers can take them too.
 // Invariant: a worker takes only from a lane whose head stood still with tasks queued for
 // kLaneStuckNs (its owner popped nothing meanwhile); nothing promises a task a particular
 // worker (lanes rotate), so no order or placement is lost.

@@ -174,9 +174,16 @@ class Worker {
     return NowNs() >= wake_ns;
   }
 
-  /** Queues a task on this worker from its own thread without ever blocking on itself. */
+  /**
+   * Queues a task on this worker from its own thread without ever blocking on itself.
+   * What its lane cannot take waits in overflow_, behind earlier overflow (order kept),
+   * and moves into the lane as it drains (FeedLane), where idle peers can help.
+   */
   void PushLocal(Task *t) {
-    if (!active_.empty() && active_.front().lane->TryPush(reinterpret_cast<u64>(t))) return;
+    if (overflow_.empty() && !active_.empty() &&
+        active_.front().lane->TryPush(reinterpret_cast<u64>(t))) {
+      return;
+    }
     overflow_.push_back(t);
   }
 
@@ -214,6 +221,11 @@ class Worker {
   };
 
   inline void Loop();
+  /**
+   * Moves overflowed tasks into this worker's first active lane while it has room (a
+   * worker without lanes starts them); true when it started any.
+   */
+  inline bool FeedLane();
   inline bool PollLanes(u64 pass);
   inline bool DrainResumes();
   inline bool StartAdopted();

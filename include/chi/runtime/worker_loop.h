@@ -78,14 +78,25 @@ void Worker::Loop() {
   tls_current_worker = nullptr;
 }
 
-bool Worker::PollLanes(u64 pass) {
-  bool did = false;
-  while (!overflow_.empty()) {
-    Task *t = overflow_.front();
-    overflow_.pop_front();
-    StartTask(t);
-    did = true;
+bool Worker::FeedLane() {
+  if (overflow_.empty()) return false;
+  if (active_.empty()) {  // no lane (a poller's worker): only this thread can run them
+    while (!overflow_.empty()) {
+      Task *t = overflow_.front();
+      overflow_.pop_front();
+      StartTask(t);
+    }
+    return true;
   }
+  TaskLane *lane = active_.front().lane;
+  while (!overflow_.empty() && lane->TryPush(reinterpret_cast<u64>(overflow_.front()))) {
+    overflow_.pop_front();
+  }
+  return false;  // the lane's poll below starts them
+}
+
+bool Worker::PollLanes(u64 pass) {
+  bool did = FeedLane();
   for (size_t i = 0; i < active_.size(); ++i) {
     LaneSlot &slot = active_[i];
     u64 entry;
