@@ -5,8 +5,8 @@
 
 #include <chi/chi.h>
 
-#include "fork_helpers.h"  // SharedRegion: an aligned region for the lanes
-#include "temp_file.h"
+#include "embedded_fixture.h"  // StartWithPool, NewLocalTask
+#include "fork_helpers.h"      // SharedRegion: an aligned region for the lanes
 
 #include <unistd.h>  // usleep between submissions
 
@@ -97,25 +97,14 @@ constexpr chi::PoolId kPool(350, 0);
 
 /** Sends method m of the probe with argument `arg` to the embedded runtime. */
 chi::Future<SpinTask> Send(chi::MethodId m, u64 arg) {
-  auto *t = chi::NewTask<SpinTask>();
-  t->pool_id_ = kPool;
-  t->pool_query_ = chi::PoolQuery::Local();
-  t->method_ = m;
+  auto *t = chi_test::NewLocalTask<SpinTask>(kPool, m);
   t->spin_ns_ = arg;
   return chi::GetIpcManager().Send(t);
 }
 
 /** Starts the embedded runtime once, with three low-latency workers, and the probe pool. */
 void StartRuntime() {
-  static chi_test::TempFile conf("workers:\n  low_latency: 3\n  high_latency: 1\n");
-  static const bool started = [] {
-    setenv("CHI_SERVER_CONF", conf.path().c_str(), 1);
-    if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true)) return false;
-    auto made = chimaera::admin::Client().AsyncCreatePool(chi::PoolQuery::Local(), "help_probe",
-                                                          "help_probe", kPool);
-    return made.Wait(30) && made->GetReturnCode() == 0;
-  }();
-  REQUIRE(started);
+  chi_test::StartWithPool("workers:\n  low_latency: 3\n  high_latency: 1\n", "help_probe", kPool);
 }
 
 /** Tasks the low-latency workers took from their peers' lanes so far. */

@@ -6,7 +6,7 @@
 
 #include <chi/chi.h>
 
-#include "temp_file.h"
+#include "embedded_fixture.h"  // StartWithPool, NewLocalTask
 
 #include <atomic>  // run counts and order, shared with the runtime's workers
 #include <memory>  // unique_ptr of the run counts
@@ -84,10 +84,7 @@ constexpr chi::PoolId kPool(351, 0);
 
 /** Sends method m of the probe to the embedded runtime. */
 chi::Future<OverflowTask> Send(chi::MethodId m, u64 count, u64 spin_ns) {
-  auto *t = chi::NewTask<OverflowTask>();
-  t->pool_id_ = kPool;
-  t->pool_query_ = chi::PoolQuery::Local();
-  t->method_ = m;
+  auto *t = chi_test::NewLocalTask<OverflowTask>(kPool, m);
   t->count_ = count;
   t->spin_ns_ = spin_ns;
   return chi::GetIpcManager().Send(t);
@@ -95,15 +92,8 @@ chi::Future<OverflowTask> Send(chi::MethodId m, u64 count, u64 spin_ns) {
 
 /** Starts the embedded runtime once: two low-latency workers with lanes of kQueueDepth. */
 void StartRuntime() {
-  static chi_test::TempFile conf("queue_depth: 16\nworkers:\n  low_latency: 2\n  high_latency: 1\n");
-  static const bool started = [] {
-    setenv("CHI_SERVER_CONF", conf.path().c_str(), 1);
-    if (!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, true)) return false;
-    auto made = chimaera::admin::Client().AsyncCreatePool(chi::PoolQuery::Local(), "overflow_probe",
-                                                          "overflow_probe", kPool);
-    return made.Wait(30) && made->GetReturnCode() == 0;
-  }();
-  REQUIRE(started);
+  chi_test::StartWithPool("queue_depth: 16\nworkers:\n  low_latency: 2\n  high_latency: 1\n",
+                          "overflow_probe", kPool);
 }
 
 }  // namespace
