@@ -35,8 +35,9 @@ class ZmqRequestTable {
       }
       room_waiters_.FetchSub(1, MemOrder::kRelaxed);
     }
-    // seq_cst: counted before a leaving watcher reads it (ZmqClientTransport::Watch).
-    inflight_.FetchAdd(1, MemOrder::kSeqCst);
+    // relaxed: no reader needs order from it (room waiters pair with the decrement; a
+    // leaving watcher's Idle is a hint).
+    inflight_.FetchAdd(1, MemOrder::kRelaxed);
   }
 
   /** Under the socket lock: puts t in a slot and returns its request id. */
@@ -106,8 +107,11 @@ class ZmqRequestTable {
   /** Tasks handed over and not completed, sent or not (any thread; a hint). */
   u64 Inflight() const { return inflight_.Load(MemOrder::kRelaxed); }
 
-  /** True when no task is handed over and not completed (seq_cst: see Admit). */
-  bool Idle() const { return inflight_.Load(MemOrder::kSeqCst) == 0; }
+  /**
+   * True when no task is handed over and not completed (any thread; a hint: one admitted
+   * meanwhile is taken by the network thread within its blind sleep, ZmqSocketWatch).
+   */
+  bool Idle() const { return inflight_.Load(MemOrder::kRelaxed) == 0; }
 
  private:
   /** A sent task awaiting its answer; generation tells a stale answer from a current one. */
