@@ -126,7 +126,7 @@ struct Lanes {
 TEST_CASE("a lane's tasks are taken only once its head stood still kLaneStuckNs with tasks queued") {
   Lanes q;
   REQUIRE(q.queue != nullptr);
-  chi::LaneHelpView view({q.Lane(0), q.Lane(1)});
+  chi::LaneHelpView view({{q.Lane(0), nullptr}, {q.Lane(1), nullptr}});
   REQUIRE(view.Size() == 2);
   const u64 t0 = 1000 * kMs;
   CHECK(view.NextDueNs() == ~0ull);                               // no wait runs
@@ -157,7 +157,7 @@ TEST_CASE("a lane's tasks are taken only once its head stood still kLaneStuckNs 
 TEST_CASE("PeersQueued sees a task ready in any peer lane and a lane's head counts its pops") {
   Lanes q;
   REQUIRE(q.queue != nullptr);
-  chi::LaneHelpView view({q.Lane(1), q.Lane(2)});
+  chi::LaneHelpView view({{q.Lane(1), nullptr}, {q.Lane(2), nullptr}});
   CHECK_FALSE(view.PeersQueued());
   REQUIRE(q.Lane(0)->TryPush(7));  // not a peer's lane
   CHECK_FALSE(view.PeersQueued());
@@ -169,6 +169,44 @@ TEST_CASE("PeersQueued sees a task ready in any peer lane and a lane's head coun
   CHECK(e == 8);
   CHECK(q.Lane(2)->Head() == 1);
   CHECK_FALSE(view.PeersQueued());
+}
+
+TEST_CASE("an overflow list feeds a lane in push order, only what the lane has room for") {
+  Lanes q;
+  REQUIRE(q.queue != nullptr);
+  chi::TaskLane *lane = q.Lane(3);
+  chi::TaskOverflow overflow;
+  auto task = [](u64 i) { return reinterpret_cast<chi::Task *>(i * 64); };  // never touched
+  CHECK(overflow.Empty());
+  for (u64 i = 1; i <= 16; ++i) REQUIRE(lane->TryPush(i * 64));  // the lane is full
+  for (u64 i = 17; i <= 40; ++i) overflow.Push(task(i), lane);
+  CHECK_FALSE(overflow.Empty());
+  CHECK(lane->Size() == 16);
+  CHECK_FALSE(overflow.FeedInto(lane));  // no room: nothing moves
+  // A helper takes 5: a feed moves the next 5 in order, the rest wait.
+  u64 e = 0;
+  for (u64 i = 1; i <= 5; ++i) {
+    REQUIRE(lane->TryPop(e));
+    CHECK(e == i * 64);
+  }
+  CHECK(overflow.FeedInto(lane));
+  CHECK(lane->Size() == 16);
+  // A push finds room only behind what already waits (order kept), and moves that too.
+  for (u64 i = 6; i <= 9; ++i) REQUIRE(lane->TryPop(e));
+  overflow.Push(task(41), lane);
+  CHECK(lane->Size() == 16);
+  u64 next = 10;
+  while (!overflow.Empty() || !lane->Empty()) {
+    if (!lane->TryPop(e)) break;
+    CHECK(e == next * 64);
+    ++next;
+    overflow.FeedInto(lane);
+  }
+  CHECK(next == 42);  // every task once, in push order
+  CHECK(overflow.Pop() == nullptr);
+  overflow.Push(task(50), nullptr);  // no lane (a poller's worker): it waits for Pop
+  CHECK(overflow.Pop() == task(50));
+  CHECK(overflow.Empty());
 }
 
 TEST_CASE("tasks queued behind a worker stuck in a long task are run by a peer that parked deep") {

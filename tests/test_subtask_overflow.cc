@@ -1,7 +1,8 @@
 // Subtasks beyond a full lane: a task that spawns more subtasks than its worker's lane
 // holds keeps them in the worker's overflow list, which feeds the lane as it drains, so
-// idle peers can help with all of them (lane_help.h), not only the first queue_depth; and
-// every subtask still runs exactly once, in the order it was spawned on its worker.
+// idle peers can help with all of them (lane_help.h), not only the first queue_depth, even
+// while the parent spins for them without yielding; and every subtask still runs exactly
+// once, in the order it was spawned on its worker.
 #include <doctest/doctest.h>
 
 #include <chi/chi.h>
@@ -38,7 +39,7 @@ struct OverflowTask : public chi::Task {
   }
 };
 
-/** How often each index of a Work task ran. */
+/** How often each index of a Work task ran (sized by each test case). */
 std::unique_ptr<std::atomic<u32>[]> g_runs;
 /** Per worker id: the index of the last Work it started (+1; 0: none yet). */
 std::atomic<u64> g_last[64];
@@ -52,6 +53,8 @@ class OverflowProbe : public chi::ModuleRuntime<OverflowProbe> {
  public:
   static constexpr chi::MethodId kFanOut = 10;
   static constexpr chi::MethodId kWork = 11;
+  static constexpr chi::MethodId kSpinFanOut = 12;
+  static constexpr u64 kSpinLimitNs = 10000 * kMs;
   /** A pool of the probe needs nothing set up. */
   void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
   /** Spawns count_ Work subtasks (they queue on this worker), then waits for each. */
@@ -66,6 +69,24 @@ class OverflowProbe : public chi::ModuleRuntime<OverflowProbe> {
       t.elsewhere_ += s->worker_ != t.worker_ ? 1 : 0;
     }
   }
+  /**
+   * Spawns count_ Work subtasks, then spins (never yields: its worker never comes back to
+   * its loop) until all are done or kSpinLimitNs passed; answered_ counts those done.
+   */
+  void SpinFanOut(OverflowTask &t, chi::RunContext &rc) {
+    t.worker_ = rc.GetWorker()->GetId();
+    std::vector<chi::Future<OverflowTask>> subs;
+    subs.reserve(t.count_);
+    for (u64 i = 0; i < t.count_; ++i) subs.push_back(Send(kWork, i, t.spin_ns_));
+    const u64 limit = chi::MonotonicNs() + kSpinLimitNs;
+    u32 done = 0;
+    while (done < t.count_ && chi::MonotonicNs() < limit) {
+      done = 0;
+      for (auto &s : subs) done += s.IsComplete() ? 1 : 0;
+      chi::CpuRelax();
+    }
+    t.answered_ = done;
+  }
   /** Records that index count_ ran, and where; spins spin_ns_ without yielding. */
   void Work(OverflowTask &t, chi::RunContext &rc) {
     g_runs[t.count_].fetch_add(1);
@@ -77,7 +98,8 @@ class OverflowProbe : public chi::ModuleRuntime<OverflowProbe> {
   using Methods = chi::MethodList<
       chi::Method<0, chimaera::admin::CreatePoolTask, &OverflowProbe::Create, "Create">,
       chi::Method<kFanOut, OverflowTask, &OverflowProbe::FanOut, "FanOut">,
-      chi::Method<kWork, OverflowTask, &OverflowProbe::Work, "Work">>;
+      chi::Method<kWork, OverflowTask, &OverflowProbe::Work, "Work">,
+      chi::Method<kSpinFanOut, OverflowTask, &OverflowProbe::SpinFanOut, "SpinFanOut">>;
 };
 const bool kRegistered = chi::ModuleManager::Register<OverflowProbe>("overflow_probe");
 constexpr chi::PoolId kPool(351, 0);
@@ -118,4 +140,23 @@ TEST_CASE("subtasks beyond a full lane are helped by an idle peer, and each runs
   // Only a lane is visible to helpers: had the overflow stayed private to the parent's
   // worker, at most one lane's worth could have run elsewhere.
   CHECK(parent->elsewhere_ > kQueueDepth);
+}
+
+TEST_CASE("a parent spinning for subtasks beyond its full lane has them all run by its peer") {
+  StartRuntime();
+  constexpr u32 kSubtasks = 3 * kQueueDepth;
+  g_runs = std::make_unique<std::atomic<u32>[]>(kSubtasks);
+  for (auto &last : g_last) last = 0;
+  g_out_of_order = 0;
+  // The parent's worker never returns to its loop while the parent spins, so it never feeds
+  // its lane from its overflow: only the helping peer can, after each take.
+  auto parent = Send(OverflowProbe::kSpinFanOut, kSubtasks, kMs / 10);
+  REQUIRE(parent.Wait(60));
+  CHECK(parent->GetReturnCode() == 0);
+  INFO("the parent ran on worker " << parent->worker_);
+  CHECK(parent->answered_ == kSubtasks);  // before the peer fed the lane: one lane's worth
+  u32 once = 0;
+  for (u32 i = 0; i < kSubtasks; ++i) once += g_runs[i].load() == 1 ? 1 : 0;
+  CHECK(once == kSubtasks);
+  CHECK(g_out_of_order.load() == 0);
 }

@@ -4464,7 +4464,6 @@ void KeepInherited(std::unique_ptr<T> inherited) {
 
 #include <time.h>   // clock_gettime for timers
 
-#include <deque>      // overflow when a worker's own lane is full (overload only)
 #include <exception>  // std::exception thrown by a task handler
 #include <memory>     // unique_ptr for run contexts
 #include <thread>     // the worker thread
@@ -4486,14 +4485,115 @@ void KeepInherited(std::unique_ptr<T> inherited) {
 // Tasks a worker's own tasks spawn go to its own lane with no wake (the worker runs them
 // when its task yields), so a deep park ends after kLaneDeepParkNs all the same: a task
 // that spins until its subtask is done is helped too, only later. Subtasks a full lane
-// cannot take wait in the worker's overflow list and move into the lane as it drains, so
-// helpers can take them too.
+// cannot take wait in the worker's overflow list (task_overflow.h) and move into the lane
+// as it drains: its owner feeds it from its loop, and a helper after each take, so helpers
+// reach all of them even while the owner spins for them.
 // Invariant: a worker takes only from a lane whose head stood still with tasks queued for
 // kLaneStuckNs (its owner popped nothing meanwhile); nothing promises a task a particular
 // worker (lanes rotate), so no order or placement is lost.
 
 #include <utility>  // move of the lane list
 #include <vector>   // the peers' lanes and the views
+
+// ---- begin chi/runtime/task_overflow.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_TASK_OVERFLOW_H
+#define CHI_SINGLE_INCLUDE_CHI_RUNTIME_TASK_OVERFLOW_H
+// TaskOverflow: the subtasks a worker's own tasks spawned beyond what its lane holds
+// (Worker::PushLocal). They wait here in spawn order and move into the worker's lane as it
+// drains. The owner feeds the lane from its loop; a peer helping the owner while it is
+// stuck in a long task (lane_help.h) feeds it too after taking from the lane, so a parent
+// that spins for its subtasks, never returning to its loop, still has all of them run.
+// Invariant: after every Push or FeedInto, the list is non-empty only if the lane was full;
+// tasks leave in the order they came (one lock orders pushes and feeds).
+
+#include <deque>  // the waiting tasks
+#include <mutex>  // lock_guard
+
+// ---- begin chi/runtime/spin_lock.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
+#define CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
+// A test-and-test-and-set spin lock for very short critical sections in the
+// runtime (CoMutex wait tables). Never held across a fiber switch or a syscall.
+
+namespace chi {
+
+/** Minimal spin lock (BasicLockable, so std::lock_guard works). */
+class SpinLock {
+ public:
+  void lock() {
+    for (;;) {
+      // acquire: the critical section sees the previous holder's writes.
+      if (word_.Exchange(1, MemOrder::kAcquire) == 0) return;
+      while (word_.Load(MemOrder::kRelaxed) != 0) CpuRelax();
+    }
+  }
+  void unlock() { word_.Store(0, MemOrder::kRelease); }  // release: publish the section
+
+ private:
+  Atomic<u32> word_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
+// ---- end chi/runtime/spin_lock.h ----
+
+namespace chi {
+
+struct Task;
+
+/** A worker's overflow list, shared with the peers that help it (locked; rare). */
+class TaskOverflow {
+ public:
+  /**
+   * True when nothing waits. A hint for the owner, the only thread that pushes: it sees its
+   * own pushes, and a zero it reads was stored by a feed that emptied the list.
+   */
+  bool Empty() const { return size_.Load(MemOrder::kRelaxed) == 0; }  // relaxed: see above
+
+  /** Appends `t` behind earlier overflow, then moves what `lane` has room for into it. */
+  void Push(Task *t, TaskLane *lane) {
+    std::lock_guard<SpinLock> hold(lock_);
+    list_.push_back(t);
+    FeedLocked(lane);
+  }
+
+  /** Moves waiting tasks into `lane` while it has room (any thread); true when any moved. */
+  bool FeedInto(TaskLane *lane) {
+    std::lock_guard<SpinLock> hold(lock_);
+    return FeedLocked(lane);
+  }
+
+  /** Takes the oldest waiting task, or nullptr (for a worker with no lane to feed). */
+  Task *Pop() {
+    std::lock_guard<SpinLock> hold(lock_);
+    if (list_.empty()) return nullptr;
+    Task *t = list_.front();
+    list_.pop_front();
+    size_.Store(list_.size(), MemOrder::kRelaxed);
+    return t;
+  }
+
+ private:
+  /** FeedInto under the lock; a null lane takes nothing. */
+  bool FeedLocked(TaskLane *lane) {
+    bool moved = false;
+    while (lane != nullptr && !list_.empty() &&
+           lane->TryPush(reinterpret_cast<u64>(list_.front()))) {
+      list_.pop_front();
+      moved = true;
+    }
+    size_.Store(list_.size(), MemOrder::kRelaxed);  // relaxed: published by the lock
+    return moved;
+  }
+
+  SpinLock lock_;
+  std::deque<Task *> list_;
+  Atomic<u64> size_;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_TASK_OVERFLOW_H
+// ---- end chi/runtime/task_overflow.h ----
 
 namespace chi {
 
@@ -4510,17 +4610,25 @@ inline constexpr u64 kLaneWatchParkNs = kLaneStuckNs / 2;
  */
 inline constexpr u64 kLaneDeepParkNs = 10000000;
 
+/** A peer's lane and its owner's overflow list, which feeds that lane. */
+struct PeerLane {
+  TaskLane *lane;
+  TaskOverflow *overflow;
+};
+
 /** One worker's memory of its peers' lanes between its looks (its own thread only). */
 class LaneHelpView {
  public:
   /** The peers' lanes, in the order Stuck and Took name them by index. */
-  explicit LaneHelpView(std::vector<TaskLane *> lanes)
+  explicit LaneHelpView(std::vector<PeerLane> lanes)
       : lanes_(std::move(lanes)), watch_(lanes_.size()) {}
 
   /** Number of peer lanes. */
   u32 Size() const { return static_cast<u32>(lanes_.size()); }
   /** Peer lane k. */
-  TaskLane *Lane(u32 k) const { return lanes_[k]; }
+  TaskLane *Lane(u32 k) const { return lanes_[k].lane; }
+  /** The overflow list of lane k's owner. */
+  TaskOverflow *Overflow(u32 k) const { return lanes_[k].overflow; }
 
   /**
    * Whether to take lane k's tasks at `now_ns`, seeing its head at `head` with `queued`
@@ -4563,8 +4671,8 @@ class LaneHelpView {
    * worker about to park deep, against a submitter's publish then read of the deep count.
    */
   bool PeersQueued() const {
-    for (TaskLane *l : lanes_) {
-      if (l->HasReady()) return true;
+    for (const PeerLane &l : lanes_) {
+      if (l.lane->HasReady()) return true;
     }
     return false;
   }
@@ -4577,7 +4685,7 @@ class LaneHelpView {
     bool armed = false;
   };
 
-  std::vector<TaskLane *> lanes_;
+  std::vector<PeerLane> lanes_;
   std::vector<Watch> watch_;
 };
 
@@ -6074,10 +6182,11 @@ class Worker {
   }
   /**
    * Lets this worker take the queued tasks of its peers (the other workers of its role)
-   * while they are stuck in a long task (lane_help.h): `peer_lanes` are their lanes, and
-   * `deep_parked` counts the role's workers parked without watching them (before Start).
+   * while they are stuck in a long task (lane_help.h): `peer_lanes` are their lanes, each
+   * with its owner's overflow list, and `deep_parked` counts the role's workers parked
+   * without watching them (before Start).
    */
-  void SetPeers(std::vector<TaskLane *> peer_lanes, Atomic<u32> *deep_parked) {
+  void SetPeers(std::vector<PeerLane> peer_lanes, Atomic<u32> *deep_parked) {
     if (peer_lanes.empty()) return;
     help_ = std::make_unique<LaneHelpView>(std::move(peer_lanes));
     deep_parked_ = deep_parked;
@@ -6178,15 +6287,17 @@ class Worker {
   /**
    * Queues a task on this worker from its own thread without ever blocking on itself.
    * What its lane cannot take waits in overflow_, behind earlier overflow (order kept),
-   * and moves into the lane as it drains (FeedLane), where idle peers can help.
+   * and moves into the lane as it drains (FeedLane, or a helping peer), where idle peers
+   * can take it.
    */
   void PushLocal(Task *t) {
-    if (overflow_.empty() && !active_.empty() &&
-        active_.front().lane->TryPush(reinterpret_cast<u64>(t))) {
-      return;
-    }
-    overflow_.push_back(t);
+    TaskLane *lane = active_.empty() ? nullptr : active_.front().lane;
+    if (overflow_.Empty() && lane != nullptr && lane->TryPush(reinterpret_cast<u64>(t))) return;
+    overflow_.Push(t, lane);
   }
+
+  /** Its overflow list, which helping peers feed into its lanes (lane_help.h). */
+  TaskOverflow *Overflow() { return &overflow_; }
 
   /** Snapshot of the counters (read racily from other threads: statistics only). */
   WorkerStats Stats() const {
@@ -6292,7 +6403,7 @@ class Worker {
   std::thread thread_;
   std::vector<LaneSlot> active_;
   std::vector<LaneSlot> cold_;
-  std::deque<Task *> overflow_;
+  TaskOverflow overflow_;  ///< its tasks' subtasks beyond a full lane (PushLocal)
   std::vector<Adopted> adopted_;      ///< tasks the external poller took in (Adopt)
   std::vector<RunContext *> timers_;  ///< periodic tasks waiting for their next run
   std::vector<Sleeper> sleepers_;     ///< fibers in SleepInFiber
@@ -6559,19 +6670,12 @@ void Worker::Loop() {
 }
 
 bool Worker::FeedLane() {
-  if (overflow_.empty()) return false;
+  if (overflow_.Empty()) return false;
   if (active_.empty()) {  // no lane (a poller's worker): only this thread can run them
-    while (!overflow_.empty()) {
-      Task *t = overflow_.front();
-      overflow_.pop_front();
-      StartTask(t);
-    }
+    while (Task *t = overflow_.Pop()) StartTask(t);
     return true;
   }
-  TaskLane *lane = active_.front().lane;
-  while (!overflow_.empty() && lane->TryPush(reinterpret_cast<u64>(overflow_.front()))) {
-    overflow_.pop_front();
-  }
+  overflow_.FeedInto(active_.front().lane);
   return false;  // the lane's poll below starts them
 }
 
@@ -6675,7 +6779,7 @@ bool Worker::RunDueTimers(bool stopping) {
 }
 
 bool Worker::HasWork() const {
-  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.empty() || !adopted_.empty()) {
+  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.Empty() || !adopted_.empty()) {
     return true;
   }
   if (!sleepers_.empty()) {
@@ -6695,7 +6799,8 @@ bool Worker::HasWork() const {
 
 /**
  * An idle worker's look at its peers' lanes (every kLaneHelpLookNs): takes up to
- * kPopBatch tasks from each lane whose owner has been stuck for kLaneStuckNs, and starts
+ * kPopBatch tasks from each lane whose owner has been stuck for kLaneStuckNs, refills the
+ * lane from the owner's overflow list (the owner feeds it only from its loop), and starts
  * them here. True when it took any.
  */
 bool Worker::HelpPeers(u64 now_ns) {
@@ -6708,6 +6813,7 @@ bool Worker::HelpPeers(u64 now_ns) {
     u64 taken[kPopBatch];
     u32 n = 0;
     while (n < kPopBatch && lane->TryPop(taken[n])) ++n;
+    help_->Overflow(k)->FeedInto(lane);
     help_->Took(k, lane->Head());  // before running them: they may take long themselves
     helped_.AddOwned(n);           // only this thread writes it
     for (u32 i = 0; i < n; ++i) StartTask(reinterpret_cast<Task *>(taken[i]));
@@ -9111,11 +9217,11 @@ class WorkOrchestrator {
   /** Gives each worker of `set` the lanes of the others, so it can help them (lane_help.h). */
   void MakePeers(const std::vector<Worker *> &set, Atomic<u32> *deep_parked) {
     for (Worker *w : set) {
-      std::vector<TaskLane *> peer_lanes;
+      std::vector<PeerLane> peer_lanes;
       for (Worker *p : set) {
         if (p == w) continue;
         for (u32 l = 0; l < lanes_per_worker_; ++l) {
-          peer_lanes.push_back(LaneOf(p, l));
+          peer_lanes.push_back(PeerLane{LaneOf(p, l), p->Overflow()});
         }
       }
       w->SetPeers(std::move(peer_lanes), deep_parked);
@@ -13011,34 +13117,6 @@ class ShmReconnectingTransport final : public ClientTransport {
 #include <deque>   // error answers waiting for room (error path only)
 #include <new>     // placement new of a slot's wait events
 #include <vector>  // assembly and answer buffers, slot lists
-
-// ---- begin chi/runtime/spin_lock.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
-#define CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
-// A test-and-test-and-set spin lock for very short critical sections in the
-// runtime (CoMutex wait tables). Never held across a fiber switch or a syscall.
-
-namespace chi {
-
-/** Minimal spin lock (BasicLockable, so std::lock_guard works). */
-class SpinLock {
- public:
-  void lock() {
-    for (;;) {
-      // acquire: the critical section sees the previous holder's writes.
-      if (word_.Exchange(1, MemOrder::kAcquire) == 0) return;
-      while (word_.Load(MemOrder::kRelaxed) != 0) CpuRelax();
-    }
-  }
-  void unlock() { word_.Store(0, MemOrder::kRelease); }  // release: publish the section
-
- private:
-  Atomic<u32> word_;
-};
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_SPIN_LOCK_H
-// ---- end chi/runtime/spin_lock.h ----
 
 namespace chi {
 

@@ -11,8 +11,9 @@
 // Tasks a worker's own tasks spawn go to its own lane with no wake (the worker runs them
 // when its task yields), so a deep park ends after kLaneDeepParkNs all the same: a task
 // that spins until its subtask is done is helped too, only later. Subtasks a full lane
-// cannot take wait in the worker's overflow list and move into the lane as it drains, so
-// helpers can take them too.
+// cannot take wait in the worker's overflow list (task_overflow.h) and move into the lane
+// as it drains: its owner feeds it from its loop, and a helper after each take, so helpers
+// reach all of them even while the owner spins for them.
 // Invariant: a worker takes only from a lane whose head stood still with tasks queued for
 // kLaneStuckNs (its owner popped nothing meanwhile); nothing promises a task a particular
 // worker (lanes rotate), so no order or placement is lost.
@@ -21,8 +22,9 @@
 #include <utility>  // move of the lane list
 #include <vector>   // the peers' lanes and the views
 
-#include "chi/core/types.h"         // u32, u64
-#include "chi/queue/task_queue.h"   // TaskLane
+#include "chi/core/types.h"             // u32, u64
+#include "chi/queue/task_queue.h"       // TaskLane
+#include "chi/runtime/task_overflow.h"  // TaskOverflow: the owner's tasks beyond its lane
 
 namespace chi {
 
@@ -39,17 +41,25 @@ inline constexpr u64 kLaneWatchParkNs = kLaneStuckNs / 2;
  */
 inline constexpr u64 kLaneDeepParkNs = 10000000;
 
+/** A peer's lane and its owner's overflow list, which feeds that lane. */
+struct PeerLane {
+  TaskLane *lane;
+  TaskOverflow *overflow;
+};
+
 /** One worker's memory of its peers' lanes between its looks (its own thread only). */
 class LaneHelpView {
  public:
   /** The peers' lanes, in the order Stuck and Took name them by index. */
-  explicit LaneHelpView(std::vector<TaskLane *> lanes)
+  explicit LaneHelpView(std::vector<PeerLane> lanes)
       : lanes_(std::move(lanes)), watch_(lanes_.size()) {}
 
   /** Number of peer lanes. */
   u32 Size() const { return static_cast<u32>(lanes_.size()); }
   /** Peer lane k. */
-  TaskLane *Lane(u32 k) const { return lanes_[k]; }
+  TaskLane *Lane(u32 k) const { return lanes_[k].lane; }
+  /** The overflow list of lane k's owner. */
+  TaskOverflow *Overflow(u32 k) const { return lanes_[k].overflow; }
 
   /**
    * Whether to take lane k's tasks at `now_ns`, seeing its head at `head` with `queued`
@@ -92,8 +102,8 @@ class LaneHelpView {
    * worker about to park deep, against a submitter's publish then read of the deep count.
    */
   bool PeersQueued() const {
-    for (TaskLane *l : lanes_) {
-      if (l->HasReady()) return true;
+    for (const PeerLane &l : lanes_) {
+      if (l.lane->HasReady()) return true;
     }
     return false;
   }
@@ -106,7 +116,7 @@ class LaneHelpView {
     bool armed = false;
   };
 
-  std::vector<TaskLane *> lanes_;
+  std::vector<PeerLane> lanes_;
   std::vector<Watch> watch_;
 };
 

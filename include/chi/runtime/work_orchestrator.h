@@ -216,11 +216,11 @@ class WorkOrchestrator {
   /** Gives each worker of `set` the lanes of the others, so it can help them (lane_help.h). */
   void MakePeers(const std::vector<Worker *> &set, Atomic<u32> *deep_parked) {
     for (Worker *w : set) {
-      std::vector<TaskLane *> peer_lanes;
+      std::vector<PeerLane> peer_lanes;
       for (Worker *p : set) {
         if (p == w) continue;
         for (u32 l = 0; l < lanes_per_worker_; ++l) {
-          peer_lanes.push_back(LaneOf(p, l));
+          peer_lanes.push_back(PeerLane{LaneOf(p, l), p->Overflow()});
         }
       }
       w->SetPeers(std::move(peer_lanes), deep_parked);

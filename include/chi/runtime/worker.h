@@ -13,7 +13,6 @@
 
 #include <time.h>   // clock_gettime for timers
 
-#include <deque>      // overflow when a worker's own lane is full (overload only)
 #include <exception>  // std::exception thrown by a task handler
 #include <memory>     // unique_ptr for run contexts
 #include <thread>     // the worker thread
@@ -27,6 +26,7 @@
 #include "chi/runtime/pool_manager.h"   // PoolManager, PoolInfo
 #include "chi/runtime/router.h"         // ResolveQuery
 #include "chi/runtime/run_context.h"    // RunContext, thread-locals
+#include "chi/runtime/task_overflow.h"  // TaskOverflow: subtasks beyond a full lane
 #include "chi/runtime/worker_types.h"   // WorkerRole, WorkerStats, WorkerPoller, NowNs
 #include "chi/task/task_ops.h"          // CompleteTask, DeleteTask
 
@@ -73,10 +73,11 @@ class Worker {
   }
   /**
    * Lets this worker take the queued tasks of its peers (the other workers of its role)
-   * while they are stuck in a long task (lane_help.h): `peer_lanes` are their lanes, and
-   * `deep_parked` counts the role's workers parked without watching them (before Start).
+   * while they are stuck in a long task (lane_help.h): `peer_lanes` are their lanes, each
+   * with its owner's overflow list, and `deep_parked` counts the role's workers parked
+   * without watching them (before Start).
    */
-  void SetPeers(std::vector<TaskLane *> peer_lanes, Atomic<u32> *deep_parked) {
+  void SetPeers(std::vector<PeerLane> peer_lanes, Atomic<u32> *deep_parked) {
     if (peer_lanes.empty()) return;
     help_ = std::make_unique<LaneHelpView>(std::move(peer_lanes));
     deep_parked_ = deep_parked;
@@ -177,15 +178,17 @@ class Worker {
   /**
    * Queues a task on this worker from its own thread without ever blocking on itself.
    * What its lane cannot take waits in overflow_, behind earlier overflow (order kept),
-   * and moves into the lane as it drains (FeedLane), where idle peers can help.
+   * and moves into the lane as it drains (FeedLane, or a helping peer), where idle peers
+   * can take it.
    */
   void PushLocal(Task *t) {
-    if (overflow_.empty() && !active_.empty() &&
-        active_.front().lane->TryPush(reinterpret_cast<u64>(t))) {
-      return;
-    }
-    overflow_.push_back(t);
+    TaskLane *lane = active_.empty() ? nullptr : active_.front().lane;
+    if (overflow_.Empty() && lane != nullptr && lane->TryPush(reinterpret_cast<u64>(t))) return;
+    overflow_.Push(t, lane);
   }
+
+  /** Its overflow list, which helping peers feed into its lanes (lane_help.h). */
+  TaskOverflow *Overflow() { return &overflow_; }
 
   /** Snapshot of the counters (read racily from other threads: statistics only). */
   WorkerStats Stats() const {
@@ -291,7 +294,7 @@ class Worker {
   std::thread thread_;
   std::vector<LaneSlot> active_;
   std::vector<LaneSlot> cold_;
-  std::deque<Task *> overflow_;
+  TaskOverflow overflow_;  ///< its tasks' subtasks beyond a full lane (PushLocal)
   std::vector<Adopted> adopted_;      ///< tasks the external poller took in (Adopt)
   std::vector<RunContext *> timers_;  ///< periodic tasks waiting for their next run
   std::vector<Sleeper> sleepers_;     ///< fibers in SleepInFiber

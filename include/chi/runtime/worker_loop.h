@@ -79,19 +79,12 @@ void Worker::Loop() {
 }
 
 bool Worker::FeedLane() {
-  if (overflow_.empty()) return false;
+  if (overflow_.Empty()) return false;
   if (active_.empty()) {  // no lane (a poller's worker): only this thread can run them
-    while (!overflow_.empty()) {
-      Task *t = overflow_.front();
-      overflow_.pop_front();
-      StartTask(t);
-    }
+    while (Task *t = overflow_.Pop()) StartTask(t);
     return true;
   }
-  TaskLane *lane = active_.front().lane;
-  while (!overflow_.empty() && lane->TryPush(reinterpret_cast<u64>(overflow_.front()))) {
-    overflow_.pop_front();
-  }
+  overflow_.FeedInto(active_.front().lane);
   return false;  // the lane's poll below starts them
 }
 
@@ -195,7 +188,7 @@ bool Worker::RunDueTimers(bool stopping) {
 }
 
 bool Worker::HasWork() const {
-  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.empty() || !adopted_.empty()) {
+  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.Empty() || !adopted_.empty()) {
     return true;
   }
   if (!sleepers_.empty()) {
@@ -215,7 +208,8 @@ bool Worker::HasWork() const {
 
 /**
  * An idle worker's look at its peers' lanes (every kLaneHelpLookNs): takes up to
- * kPopBatch tasks from each lane whose owner has been stuck for kLaneStuckNs, and starts
+ * kPopBatch tasks from each lane whose owner has been stuck for kLaneStuckNs, refills the
+ * lane from the owner's overflow list (the owner feeds it only from its loop), and starts
  * them here. True when it took any.
  */
 bool Worker::HelpPeers(u64 now_ns) {
@@ -228,6 +222,7 @@ bool Worker::HelpPeers(u64 now_ns) {
     u64 taken[kPopBatch];
     u32 n = 0;
     while (n < kPopBatch && lane->TryPop(taken[n])) ++n;
+    help_->Overflow(k)->FeedInto(lane);
     help_->Took(k, lane->Head());  // before running them: they may take long themselves
     helped_.AddOwned(n);           // only this thread writes it
     for (u32 i = 0; i < n; ++i) StartTask(reinterpret_cast<Task *>(taken[i]));
