@@ -126,7 +126,7 @@ struct Lanes {
 TEST_CASE("a lane's tasks are taken only once its head stood still kLaneStuckNs with tasks queued") {
   Lanes q;
   REQUIRE(q.queue != nullptr);
-  chi::LaneHelpView view({{q.Lane(0), nullptr}, {q.Lane(1), nullptr}});
+  chi::LaneHelpView view({{q.Lane(0), nullptr}, {q.Lane(1), nullptr}}, 2);
   REQUIRE(view.Size() == 2);
   const u64 t0 = 1000 * kMs;
   CHECK(view.NextDueNs() == ~0ull);                               // no wait runs
@@ -152,12 +152,16 @@ TEST_CASE("a lane's tasks are taken only once its head stood still kLaneStuckNs 
   view.Took(0, 35);
   CHECK(view.Stuck(0, 35, true, t0 + 5 * chi::kLaneStuckNs + 2));
   CHECK_FALSE(view.Stuck(0, 36, true, t0 + 5 * chi::kLaneStuckNs + 3));
+  CHECK(view.HasRolePeers());
+  // Only poller workers' lanes (a lone low-latency worker): they wake it, no timed deep park.
+  CHECK_FALSE(chi::LaneHelpView({{q.Lane(3), nullptr}}, 0).HasRolePeers());
 }
 
 TEST_CASE("PeersQueued sees a task ready in any peer lane and a lane's head counts its pops") {
   Lanes q;
   REQUIRE(q.queue != nullptr);
-  chi::LaneHelpView view({{q.Lane(1), nullptr}, {q.Lane(2), nullptr}});
+  chi::LaneHelpView view({{q.Lane(1), nullptr}, {q.Lane(2), nullptr}}, 1);
+  CHECK(view.HasRolePeers());
   CHECK_FALSE(view.PeersQueued());
   REQUIRE(q.Lane(0)->TryPush(7));  // not a peer's lane
   CHECK_FALSE(view.PeersQueued());

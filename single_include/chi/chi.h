@@ -4487,7 +4487,10 @@ void KeepInherited(std::unique_ptr<T> inherited) {
 // that spins until its subtask is done is helped too, only later. Subtasks a full lane
 // cannot take wait in the worker's overflow list (task_overflow.h) and move into the lane
 // as it drains: its owner feeds it from its loop, and a helper after each take, so helpers
-// reach all of them even while the owner spins for them.
+// reach all of them even while the owner spins for them. Low-latency workers also watch the
+// lanes of the poller workers (network, GPU), which hold only those workers' subtasks; a
+// poller worker wakes a deep-parked one as it queues them (WakeDeepPeer), so a worker with
+// no peers of its own role parks deep with no timeout.
 // Invariant: a worker takes only from a lane whose head stood still with tasks queued for
 // kLaneStuckNs (its owner popped nothing meanwhile); nothing promises a task a particular
 // worker (lanes rotate), so no order or placement is lost.
@@ -4619,9 +4622,12 @@ struct PeerLane {
 /** One worker's memory of its peers' lanes between its looks (its own thread only). */
 class LaneHelpView {
  public:
-  /** The peers' lanes, in the order Stuck and Took name them by index. */
-  explicit LaneHelpView(std::vector<PeerLane> lanes)
-      : lanes_(std::move(lanes)), watch_(lanes_.size()) {}
+  /**
+   * The peers' lanes, in the order Stuck and Took name them by index: the first
+   * `role_lanes` are those of workers of its own role, the rest the poller workers'.
+   */
+  explicit LaneHelpView(std::vector<PeerLane> lanes, u32 role_lanes)
+      : lanes_(std::move(lanes)), watch_(lanes_.size()), role_lanes_(role_lanes) {}
 
   /** Number of peer lanes. */
   u32 Size() const { return static_cast<u32>(lanes_.size()); }
@@ -4629,6 +4635,11 @@ class LaneHelpView {
   TaskLane *Lane(u32 k) const { return lanes_[k].lane; }
   /** The overflow list of lane k's owner. */
   TaskOverflow *Overflow(u32 k) const { return lanes_[k].overflow; }
+  /**
+   * True when it watches workers of its own role: their subtasks come with no wake, so a
+   * deep park must end after kLaneDeepParkNs (a poller worker wakes it: WakeHelpers).
+   */
+  bool HasRolePeers() const { return role_lanes_ != 0; }
 
   /**
    * Whether to take lane k's tasks at `now_ns`, seeing its head at `head` with `queued`
@@ -4687,6 +4698,7 @@ class LaneHelpView {
 
   std::vector<PeerLane> lanes_;
   std::vector<Watch> watch_;
+  u32 role_lanes_;
 };
 
 }  // namespace chi
@@ -6166,10 +6178,17 @@ class Worker {
   Worker(const Worker &) = delete;
   Worker &operator=(const Worker &) = delete;
 
-  /** Adds a lane to this worker's active set (before Start). */
-  void AddLane(TaskLane *lane) {
+  /**
+   * Adds a lane to this worker's active set (before Start). A poller worker's lane comes
+   * with the overflow list its helpers know (WorkOrchestrator::NewPollerWorker).
+   */
+  void AddLane(TaskLane *lane, TaskOverflow *overflow = nullptr) {
     lane->SetTag(id_);
     active_.push_back(LaneSlot{lane, 0});
+    if (overflow != nullptr) {
+      overflow_ = overflow;
+      wakes_helpers_ = true;  // nothing else wakes the low-latency workers for its subtasks
+    }
   }
   /**
    * Makes this worker sleep through `parker` instead of its futex, after `idle_spin_ns` of
@@ -6181,14 +6200,15 @@ class Worker {
     idle_spin_ns_ = idle_spin_ns;
   }
   /**
-   * Lets this worker take the queued tasks of its peers (the other workers of its role)
-   * while they are stuck in a long task (lane_help.h): `peer_lanes` are their lanes, each
-   * with its owner's overflow list, and `deep_parked` counts the role's workers parked
+   * Lets this worker take the queued tasks of its peers (the other workers of its role,
+   * and the poller workers) while they are stuck in a long task (lane_help.h):
+   * `peer_lanes` are their lanes, each with its owner's overflow list, the first
+   * `role_lanes` of them its role's; `deep_parked` counts the role's workers parked
    * without watching them (before Start).
    */
-  void SetPeers(std::vector<PeerLane> peer_lanes, Atomic<u32> *deep_parked) {
+  void SetPeers(std::vector<PeerLane> peer_lanes, u32 role_lanes, Atomic<u32> *deep_parked) {
     if (peer_lanes.empty()) return;
-    help_ = std::make_unique<LaneHelpView>(std::move(peer_lanes));
+    help_ = std::make_unique<LaneHelpView>(std::move(peer_lanes), role_lanes);
     deep_parked_ = deep_parked;
   }
   /** Launches the thread. */
@@ -6292,12 +6312,14 @@ class Worker {
    */
   void PushLocal(Task *t) {
     TaskLane *lane = active_.empty() ? nullptr : active_.front().lane;
-    if (overflow_.Empty() && lane != nullptr && lane->TryPush(reinterpret_cast<u64>(t))) return;
-    overflow_.Push(t, lane);
+    if (!overflow_->Empty() || lane == nullptr || !lane->TryPush(reinterpret_cast<u64>(t))) {
+      overflow_->Push(t, lane);
+    }
+    if (wakes_helpers_) WakeHelpers();
   }
 
   /** Its overflow list, which helping peers feed into its lanes (lane_help.h). */
-  TaskOverflow *Overflow() { return &overflow_; }
+  TaskOverflow *Overflow() { return overflow_; }
 
   /** Snapshot of the counters (read racily from other threads: statistics only). */
   WorkerStats Stats() const {
@@ -6344,6 +6366,11 @@ class Worker {
   inline bool RunDueTimers(bool stopping);
   inline bool HasWork() const;
   inline bool HelpPeers(u64 now_ns);
+  /**
+   * A poller worker queued a subtask: wakes a deep-parked low-latency worker, which then
+   * watches its lane (their deep parks have no timeout for a poller's lane).
+   */
+  inline void WakeHelpers();
   inline u64 NextTimerNs() const;
   inline bool ParkDeep();
   inline void Park();
@@ -6403,7 +6430,9 @@ class Worker {
   std::thread thread_;
   std::vector<LaneSlot> active_;
   std::vector<LaneSlot> cold_;
-  TaskOverflow overflow_;  ///< its tasks' subtasks beyond a full lane (PushLocal)
+  TaskOverflow own_overflow_;  ///< its tasks' subtasks beyond a full lane (PushLocal)
+  TaskOverflow *overflow_ = &own_overflow_;  ///< own_overflow_, or its lane's (AddLane)
+  bool wakes_helpers_ = false;  ///< a poller worker's lane: PushLocal wakes a helper
   std::vector<Adopted> adopted_;      ///< tasks the external poller took in (Adopt)
   std::vector<RunContext *> timers_;  ///< periodic tasks waiting for their next run
   std::vector<Sleeper> sleepers_;     ///< fibers in SleepInFiber
@@ -6670,12 +6699,12 @@ void Worker::Loop() {
 }
 
 bool Worker::FeedLane() {
-  if (overflow_.Empty()) return false;
-  if (active_.empty()) {  // no lane (a poller's worker): only this thread can run them
-    while (Task *t = overflow_.Pop()) StartTask(t);
+  if (overflow_->Empty()) return false;
+  if (active_.empty()) {  // no lane (a poller's worker beyond kPollerLanes): only it runs them
+    while (Task *t = overflow_->Pop()) StartTask(t);
     return true;
   }
-  overflow_.FeedInto(active_.front().lane);
+  overflow_->FeedInto(active_.front().lane);
   return false;  // the lane's poll below starts them
 }
 
@@ -6779,7 +6808,7 @@ bool Worker::RunDueTimers(bool stopping) {
 }
 
 bool Worker::HasWork() const {
-  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.Empty() || !adopted_.empty()) {
+  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_->Empty() || !adopted_.empty()) {
     return true;
   }
   if (!sleepers_.empty()) {
@@ -6868,7 +6897,7 @@ void Worker::Park() {
       // than a look may come: a due lane whose tasks cannot be popped yet would spin us).
       const u64 due = std::min(now + kLaneWatchParkNs, help_->NextDueNs());
       until = std::min(until, std::max(due, now + kLaneHelpLookNs));
-    } else if (deep) {
+    } else if (deep && help_->HasRolePeers()) {
       until = std::min(until, now + kLaneDeepParkNs);  // tasks queued with no wake (lane_help.h)
     }
     const u64 timeout = until == ~0ull ? 0 : (until > now ? until - now : 1);
@@ -9009,7 +9038,9 @@ inline Status LoadServerConfig(ServerConfig *out) {
 // queue (low-latency workers serve the kLowLatency priority, high-latency ones
 // kHighLatency), and is where every task enters the runtime (Submit).
 // Client threads block when a lane is full (back-pressure); worker threads
-// never block on a lane, since they may be the only consumer of it.
+// never block on a lane, since they may be the only consumer of it. The first
+// kPollerLanes poller workers (network, GPU) get a lane too, for their tasks' subtasks
+// only, which the low-latency workers help (lane_help.h) while the poller is stuck.
 
 #include <sched.h>  // sched_yield while the last submitters finish
 
@@ -9031,6 +9062,9 @@ struct WorkerConfig {
 /** Owns the worker threads and the process queue they serve. */
 class WorkOrchestrator {
  public:
+  /** Poller workers (NewPollerWorker) that get a lane helped by the low-latency workers. */
+  static constexpr u32 kPollerLanes = 4;
+
   WorkOrchestrator() = default;
   ~WorkOrchestrator() { Stop(); }
   WorkOrchestrator(const WorkOrchestrator &) = delete;
@@ -9044,12 +9078,14 @@ class WorkOrchestrator {
     const u32 n = cfg.low_latency + cfg.high_latency;
     pools_ = pools;
     node_ = node;
+    poller_workers_.Store(0, MemOrder::kRelaxed);  // relaxed: no poller worker exists yet
     stack_bytes_ = cfg.stack_bytes;
     lanes_per_worker_ = cfg.lanes_per_worker == 0 ? 1 : cfg.lanes_per_worker;
-    queue_bytes_ = TaskQueue::BytesFor(n * lanes_per_worker_, cfg.queue_depth);
+    const u32 worker_lanes = n * lanes_per_worker_;
+    queue_bytes_ = TaskQueue::BytesFor(worker_lanes + kPollerLanes, cfg.queue_depth);
     queue_mem_ = std::aligned_alloc(kCacheLine, (queue_bytes_ + kCacheLine - 1) / kCacheLine * kCacheLine);
     if (queue_mem_ == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "process queue");
-    queue_ = TaskQueue::Create(queue_mem_, n * lanes_per_worker_, cfg.queue_depth);
+    queue_ = TaskQueue::Create(queue_mem_, worker_lanes + kPollerLanes, cfg.queue_depth);
     for (u32 i = 0; i < n; ++i) {
       const bool low = i < cfg.low_latency;
       auto w = std::make_unique<Worker>(i, low ? WorkerRole::kLowLatency : WorkerRole::kHighLatency,
@@ -9064,8 +9100,13 @@ class WorkOrchestrator {
       (low ? low_ : high_).push_back(w.get());
       workers_.push_back(std::move(w));
     }
-    MakePeers(low_, &deep_parked_[0]);
-    MakePeers(high_, &deep_parked_[1]);
+    for (u32 k = 0; k < kPollerLanes; ++k) {
+      poller_lanes_.push_back(
+          PeerLane{&queue_->GetLane(worker_lanes + k, QueuePriority::kLowLatency),
+                   &poller_overflow_[k]});
+    }
+    MakePeers(low_, &deep_parked_[0], poller_lanes_);
+    MakePeers(high_, &deep_parked_[1], {});
     for (auto &w : workers_) w->Start();
     accepting_.Store(1, MemOrder::kRelease);
     return Status::Ok();
@@ -9084,6 +9125,7 @@ class WorkOrchestrator {
     low_.clear();
     high_.clear();
     lanes_.clear();
+    poller_lanes_.clear();
     std::free(queue_mem_);
     queue_mem_ = nullptr;
     queue_ = nullptr;
@@ -9124,15 +9166,33 @@ class WorkOrchestrator {
   /**
    * A worker of its own for a poller whose work cannot wake a futex-parked thread (role
    * kGpuPoller: the GPU worker polls GPU queues; kNetwork: the ZeroMQ server's sockets,
-   * slept on through a WorkerParker). It has no lane: the low-latency tasks its poller
-   * submits run on it, with no hop to another thread. Its owner starts it (after
-   * ReplacePoller) and stops it, before this orchestrator stops.
+   * slept on through a WorkerParker). The low-latency tasks its poller submits run on it,
+   * with no hop to another thread. Nothing is submitted to its lanes: the first
+   * kPollerLanes poller workers get one lane for the subtasks their tasks spawn, which the
+   * low-latency workers take while the poller is stuck in a long task (later ones keep
+   * their subtasks to themselves). Its owner starts it (after ReplacePoller) and stops it,
+   * before this orchestrator stops.
    */
   std::unique_ptr<Worker> NewPollerWorker(WorkerRole role) {
-    // relaxed: only makes ids distinct.
-    const u32 id = static_cast<u32>(workers_.size()) +
-                   poller_workers_.FetchAdd(1, MemOrder::kRelaxed);
-    return std::make_unique<Worker>(id, role, this, pools_, node_, stack_bytes_);
+    // relaxed: only makes ids and lanes distinct.
+    const u32 k = poller_workers_.FetchAdd(1, MemOrder::kRelaxed);
+    const u32 id = static_cast<u32>(workers_.size()) + k;
+    auto w = std::make_unique<Worker>(id, role, this, pools_, node_, stack_bytes_);
+    if (k < poller_lanes_.size()) w->AddLane(poller_lanes_[k].lane, poller_lanes_[k].overflow);
+    return w;
+  }
+
+  /**
+   * After queueing a task behind an awake worker w (which may be stuck in a long task):
+   * wakes a peer of w that sleeps without watching the lanes, so it can help (lane_help.h).
+   * A poller worker's peers are the low-latency workers (it calls this for its subtasks).
+   */
+  void WakeDeepPeer(Worker *w) {
+    const bool high = w->GetRole() == WorkerRole::kHighLatency;
+    // seq_cst: after our publish into the lane, against a parking worker's count then
+    // re-check of the lanes (Worker::ParkDeep).
+    if (deep_parked_[high ? 1 : 0].Load(MemOrder::kSeqCst) == 0) return;
+    WakeFirst(high ? high_ : low_, [w](Worker *p) { return p != w && p->IsDeepParked(); });
   }
 
   /**
@@ -9214,8 +9274,12 @@ class WorkOrchestrator {
     return lanes_[w->GetId() * lanes_per_worker_ + l];
   }
 
-  /** Gives each worker of `set` the lanes of the others, so it can help them (lane_help.h). */
-  void MakePeers(const std::vector<Worker *> &set, Atomic<u32> *deep_parked) {
+  /**
+   * Gives each worker of `set` the lanes of the others, and `more` (the poller workers'),
+   * so it can help them (lane_help.h).
+   */
+  void MakePeers(const std::vector<Worker *> &set, Atomic<u32> *deep_parked,
+                 const std::vector<PeerLane> &more) {
     for (Worker *w : set) {
       std::vector<PeerLane> peer_lanes;
       for (Worker *p : set) {
@@ -9224,20 +9288,10 @@ class WorkOrchestrator {
           peer_lanes.push_back(PeerLane{LaneOf(p, l), p->Overflow()});
         }
       }
-      w->SetPeers(std::move(peer_lanes), deep_parked);
+      const u32 role_lanes = static_cast<u32>(peer_lanes.size());
+      peer_lanes.insert(peer_lanes.end(), more.begin(), more.end());
+      w->SetPeers(std::move(peer_lanes), role_lanes, deep_parked);
     }
-  }
-
-  /**
-   * After queueing a task behind an awake worker w (which may be stuck in a long task):
-   * wakes a peer of w that sleeps without watching the lanes, so it can help (lane_help.h).
-   */
-  void WakeDeepPeer(Worker *w) {
-    const bool high = w->GetRole() == WorkerRole::kHighLatency;
-    // seq_cst: after our publish into the lane, against a parking worker's count then
-    // re-check of the lanes (Worker::ParkDeep).
-    if (deep_parked_[high ? 1 : 0].Load(MemOrder::kSeqCst) == 0) return;
-    WakeFirst(high ? high_ : low_, [w](Worker *p) { return p != w && p->IsDeepParked(); });
   }
 
   /** Wakes the first worker of `set` that `pick` chooses; false when it chose none. */
@@ -9280,6 +9334,8 @@ class WorkOrchestrator {
   NodeId node_ = 0;                ///< for NewPollerWorker
   u64 stack_bytes_ = 64 * 1024;    ///< for NewPollerWorker
   Atomic<u32> poller_workers_;     ///< made by NewPollerWorker (ids after the lanes' workers)
+  std::vector<PeerLane> poller_lanes_;           ///< lanes of the first poller workers
+  TaskOverflow poller_overflow_[kPollerLanes];   ///< their overflow lists (outlive them)
   TaskQueue *queue_ = nullptr;
   Atomic<u32> accepting_;
   alignas(kCacheLine) Atomic<u32> submitting_;  ///< non-worker threads inside Submit
@@ -9287,6 +9343,10 @@ class WorkOrchestrator {
   /// write it as they park and wake, submitters read accepting_ on every Submit.
   alignas(kCacheLine) Atomic<u32> deep_parked_[2];
 };
+
+// ---- Worker functions that need the orchestrator ----
+
+void Worker::WakeHelpers() { orch_->WakeDeepPeer(this); }
 
 // ---- Fan-out (Range / Broadcast), run inside the original task's fiber ----
 

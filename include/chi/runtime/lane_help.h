@@ -13,7 +13,10 @@
 // that spins until its subtask is done is helped too, only later. Subtasks a full lane
 // cannot take wait in the worker's overflow list (task_overflow.h) and move into the lane
 // as it drains: its owner feeds it from its loop, and a helper after each take, so helpers
-// reach all of them even while the owner spins for them.
+// reach all of them even while the owner spins for them. Low-latency workers also watch the
+// lanes of the poller workers (network, GPU), which hold only those workers' subtasks; a
+// poller worker wakes a deep-parked one as it queues them (WakeDeepPeer), so a worker with
+// no peers of its own role parks deep with no timeout.
 // Invariant: a worker takes only from a lane whose head stood still with tasks queued for
 // kLaneStuckNs (its owner popped nothing meanwhile); nothing promises a task a particular
 // worker (lanes rotate), so no order or placement is lost.
@@ -50,9 +53,12 @@ struct PeerLane {
 /** One worker's memory of its peers' lanes between its looks (its own thread only). */
 class LaneHelpView {
  public:
-  /** The peers' lanes, in the order Stuck and Took name them by index. */
-  explicit LaneHelpView(std::vector<PeerLane> lanes)
-      : lanes_(std::move(lanes)), watch_(lanes_.size()) {}
+  /**
+   * The peers' lanes, in the order Stuck and Took name them by index: the first
+   * `role_lanes` are those of workers of its own role, the rest the poller workers'.
+   */
+  explicit LaneHelpView(std::vector<PeerLane> lanes, u32 role_lanes)
+      : lanes_(std::move(lanes)), watch_(lanes_.size()), role_lanes_(role_lanes) {}
 
   /** Number of peer lanes. */
   u32 Size() const { return static_cast<u32>(lanes_.size()); }
@@ -60,6 +66,11 @@ class LaneHelpView {
   TaskLane *Lane(u32 k) const { return lanes_[k].lane; }
   /** The overflow list of lane k's owner. */
   TaskOverflow *Overflow(u32 k) const { return lanes_[k].overflow; }
+  /**
+   * True when it watches workers of its own role: their subtasks come with no wake, so a
+   * deep park must end after kLaneDeepParkNs (a poller worker wakes it: WakeHelpers).
+   */
+  bool HasRolePeers() const { return role_lanes_ != 0; }
 
   /**
    * Whether to take lane k's tasks at `now_ns`, seeing its head at `head` with `queued`
@@ -118,6 +129,7 @@ class LaneHelpView {
 
   std::vector<PeerLane> lanes_;
   std::vector<Watch> watch_;
+  u32 role_lanes_;
 };
 
 }  // namespace chi

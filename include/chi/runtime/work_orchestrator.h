@@ -2,7 +2,9 @@
 // queue (low-latency workers serve the kLowLatency priority, high-latency ones
 // kHighLatency), and is where every task enters the runtime (Submit).
 // Client threads block when a lane is full (back-pressure); worker threads
-// never block on a lane, since they may be the only consumer of it.
+// never block on a lane, since they may be the only consumer of it. The first
+// kPollerLanes poller workers (network, GPU) get a lane too, for their tasks' subtasks
+// only, which the low-latency workers help (lane_help.h) while the poller is stuck.
 #pragma once
 
 #include <sched.h>  // sched_yield while the last submitters finish
@@ -30,6 +32,9 @@ struct WorkerConfig {
 /** Owns the worker threads and the process queue they serve. */
 class WorkOrchestrator {
  public:
+  /** Poller workers (NewPollerWorker) that get a lane helped by the low-latency workers. */
+  static constexpr u32 kPollerLanes = 4;
+
   WorkOrchestrator() = default;
   ~WorkOrchestrator() { Stop(); }
   WorkOrchestrator(const WorkOrchestrator &) = delete;
@@ -43,12 +48,14 @@ class WorkOrchestrator {
     const u32 n = cfg.low_latency + cfg.high_latency;
     pools_ = pools;
     node_ = node;
+    poller_workers_.Store(0, MemOrder::kRelaxed);  // relaxed: no poller worker exists yet
     stack_bytes_ = cfg.stack_bytes;
     lanes_per_worker_ = cfg.lanes_per_worker == 0 ? 1 : cfg.lanes_per_worker;
-    queue_bytes_ = TaskQueue::BytesFor(n * lanes_per_worker_, cfg.queue_depth);
+    const u32 worker_lanes = n * lanes_per_worker_;
+    queue_bytes_ = TaskQueue::BytesFor(worker_lanes + kPollerLanes, cfg.queue_depth);
     queue_mem_ = std::aligned_alloc(kCacheLine, (queue_bytes_ + kCacheLine - 1) / kCacheLine * kCacheLine);
     if (queue_mem_ == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "process queue");
-    queue_ = TaskQueue::Create(queue_mem_, n * lanes_per_worker_, cfg.queue_depth);
+    queue_ = TaskQueue::Create(queue_mem_, worker_lanes + kPollerLanes, cfg.queue_depth);
     for (u32 i = 0; i < n; ++i) {
       const bool low = i < cfg.low_latency;
       auto w = std::make_unique<Worker>(i, low ? WorkerRole::kLowLatency : WorkerRole::kHighLatency,
@@ -63,8 +70,13 @@ class WorkOrchestrator {
       (low ? low_ : high_).push_back(w.get());
       workers_.push_back(std::move(w));
     }
-    MakePeers(low_, &deep_parked_[0]);
-    MakePeers(high_, &deep_parked_[1]);
+    for (u32 k = 0; k < kPollerLanes; ++k) {
+      poller_lanes_.push_back(
+          PeerLane{&queue_->GetLane(worker_lanes + k, QueuePriority::kLowLatency),
+                   &poller_overflow_[k]});
+    }
+    MakePeers(low_, &deep_parked_[0], poller_lanes_);
+    MakePeers(high_, &deep_parked_[1], {});
     for (auto &w : workers_) w->Start();
     accepting_.Store(1, MemOrder::kRelease);
     return Status::Ok();
@@ -83,6 +95,7 @@ class WorkOrchestrator {
     low_.clear();
     high_.clear();
     lanes_.clear();
+    poller_lanes_.clear();
     std::free(queue_mem_);
     queue_mem_ = nullptr;
     queue_ = nullptr;
@@ -123,15 +136,33 @@ class WorkOrchestrator {
   /**
    * A worker of its own for a poller whose work cannot wake a futex-parked thread (role
    * kGpuPoller: the GPU worker polls GPU queues; kNetwork: the ZeroMQ server's sockets,
-   * slept on through a WorkerParker). It has no lane: the low-latency tasks its poller
-   * submits run on it, with no hop to another thread. Its owner starts it (after
-   * ReplacePoller) and stops it, before this orchestrator stops.
+   * slept on through a WorkerParker). The low-latency tasks its poller submits run on it,
+   * with no hop to another thread. Nothing is submitted to its lanes: the first
+   * kPollerLanes poller workers get one lane for the subtasks their tasks spawn, which the
+   * low-latency workers take while the poller is stuck in a long task (later ones keep
+   * their subtasks to themselves). Its owner starts it (after ReplacePoller) and stops it,
+   * before this orchestrator stops.
    */
   std::unique_ptr<Worker> NewPollerWorker(WorkerRole role) {
-    // relaxed: only makes ids distinct.
-    const u32 id = static_cast<u32>(workers_.size()) +
-                   poller_workers_.FetchAdd(1, MemOrder::kRelaxed);
-    return std::make_unique<Worker>(id, role, this, pools_, node_, stack_bytes_);
+    // relaxed: only makes ids and lanes distinct.
+    const u32 k = poller_workers_.FetchAdd(1, MemOrder::kRelaxed);
+    const u32 id = static_cast<u32>(workers_.size()) + k;
+    auto w = std::make_unique<Worker>(id, role, this, pools_, node_, stack_bytes_);
+    if (k < poller_lanes_.size()) w->AddLane(poller_lanes_[k].lane, poller_lanes_[k].overflow);
+    return w;
+  }
+
+  /**
+   * After queueing a task behind an awake worker w (which may be stuck in a long task):
+   * wakes a peer of w that sleeps without watching the lanes, so it can help (lane_help.h).
+   * A poller worker's peers are the low-latency workers (it calls this for its subtasks).
+   */
+  void WakeDeepPeer(Worker *w) {
+    const bool high = w->GetRole() == WorkerRole::kHighLatency;
+    // seq_cst: after our publish into the lane, against a parking worker's count then
+    // re-check of the lanes (Worker::ParkDeep).
+    if (deep_parked_[high ? 1 : 0].Load(MemOrder::kSeqCst) == 0) return;
+    WakeFirst(high ? high_ : low_, [w](Worker *p) { return p != w && p->IsDeepParked(); });
   }
 
   /**
@@ -213,8 +244,12 @@ class WorkOrchestrator {
     return lanes_[w->GetId() * lanes_per_worker_ + l];
   }
 
-  /** Gives each worker of `set` the lanes of the others, so it can help them (lane_help.h). */
-  void MakePeers(const std::vector<Worker *> &set, Atomic<u32> *deep_parked) {
+  /**
+   * Gives each worker of `set` the lanes of the others, and `more` (the poller workers'),
+   * so it can help them (lane_help.h).
+   */
+  void MakePeers(const std::vector<Worker *> &set, Atomic<u32> *deep_parked,
+                 const std::vector<PeerLane> &more) {
     for (Worker *w : set) {
       std::vector<PeerLane> peer_lanes;
       for (Worker *p : set) {
@@ -223,20 +258,10 @@ class WorkOrchestrator {
           peer_lanes.push_back(PeerLane{LaneOf(p, l), p->Overflow()});
         }
       }
-      w->SetPeers(std::move(peer_lanes), deep_parked);
+      const u32 role_lanes = static_cast<u32>(peer_lanes.size());
+      peer_lanes.insert(peer_lanes.end(), more.begin(), more.end());
+      w->SetPeers(std::move(peer_lanes), role_lanes, deep_parked);
     }
-  }
-
-  /**
-   * After queueing a task behind an awake worker w (which may be stuck in a long task):
-   * wakes a peer of w that sleeps without watching the lanes, so it can help (lane_help.h).
-   */
-  void WakeDeepPeer(Worker *w) {
-    const bool high = w->GetRole() == WorkerRole::kHighLatency;
-    // seq_cst: after our publish into the lane, against a parking worker's count then
-    // re-check of the lanes (Worker::ParkDeep).
-    if (deep_parked_[high ? 1 : 0].Load(MemOrder::kSeqCst) == 0) return;
-    WakeFirst(high ? high_ : low_, [w](Worker *p) { return p != w && p->IsDeepParked(); });
   }
 
   /** Wakes the first worker of `set` that `pick` chooses; false when it chose none. */
@@ -279,6 +304,8 @@ class WorkOrchestrator {
   NodeId node_ = 0;                ///< for NewPollerWorker
   u64 stack_bytes_ = 64 * 1024;    ///< for NewPollerWorker
   Atomic<u32> poller_workers_;     ///< made by NewPollerWorker (ids after the lanes' workers)
+  std::vector<PeerLane> poller_lanes_;           ///< lanes of the first poller workers
+  TaskOverflow poller_overflow_[kPollerLanes];   ///< their overflow lists (outlive them)
   TaskQueue *queue_ = nullptr;
   Atomic<u32> accepting_;
   alignas(kCacheLine) Atomic<u32> submitting_;  ///< non-worker threads inside Submit
@@ -286,6 +313,10 @@ class WorkOrchestrator {
   /// write it as they park and wake, submitters read accepting_ on every Submit.
   alignas(kCacheLine) Atomic<u32> deep_parked_[2];
 };
+
+// ---- Worker functions that need the orchestrator ----
+
+void Worker::WakeHelpers() { orch_->WakeDeepPeer(this); }
 
 // ---- Fan-out (Range / Broadcast), run inside the original task's fiber ----
 

@@ -57,10 +57,17 @@ class Worker {
   Worker(const Worker &) = delete;
   Worker &operator=(const Worker &) = delete;
 
-  /** Adds a lane to this worker's active set (before Start). */
-  void AddLane(TaskLane *lane) {
+  /**
+   * Adds a lane to this worker's active set (before Start). A poller worker's lane comes
+   * with the overflow list its helpers know (WorkOrchestrator::NewPollerWorker).
+   */
+  void AddLane(TaskLane *lane, TaskOverflow *overflow = nullptr) {
     lane->SetTag(id_);
     active_.push_back(LaneSlot{lane, 0});
+    if (overflow != nullptr) {
+      overflow_ = overflow;
+      wakes_helpers_ = true;  // nothing else wakes the low-latency workers for its subtasks
+    }
   }
   /**
    * Makes this worker sleep through `parker` instead of its futex, after `idle_spin_ns` of
@@ -72,14 +79,15 @@ class Worker {
     idle_spin_ns_ = idle_spin_ns;
   }
   /**
-   * Lets this worker take the queued tasks of its peers (the other workers of its role)
-   * while they are stuck in a long task (lane_help.h): `peer_lanes` are their lanes, each
-   * with its owner's overflow list, and `deep_parked` counts the role's workers parked
+   * Lets this worker take the queued tasks of its peers (the other workers of its role,
+   * and the poller workers) while they are stuck in a long task (lane_help.h):
+   * `peer_lanes` are their lanes, each with its owner's overflow list, the first
+   * `role_lanes` of them its role's; `deep_parked` counts the role's workers parked
    * without watching them (before Start).
    */
-  void SetPeers(std::vector<PeerLane> peer_lanes, Atomic<u32> *deep_parked) {
+  void SetPeers(std::vector<PeerLane> peer_lanes, u32 role_lanes, Atomic<u32> *deep_parked) {
     if (peer_lanes.empty()) return;
-    help_ = std::make_unique<LaneHelpView>(std::move(peer_lanes));
+    help_ = std::make_unique<LaneHelpView>(std::move(peer_lanes), role_lanes);
     deep_parked_ = deep_parked;
   }
   /** Launches the thread. */
@@ -183,12 +191,14 @@ class Worker {
    */
   void PushLocal(Task *t) {
     TaskLane *lane = active_.empty() ? nullptr : active_.front().lane;
-    if (overflow_.Empty() && lane != nullptr && lane->TryPush(reinterpret_cast<u64>(t))) return;
-    overflow_.Push(t, lane);
+    if (!overflow_->Empty() || lane == nullptr || !lane->TryPush(reinterpret_cast<u64>(t))) {
+      overflow_->Push(t, lane);
+    }
+    if (wakes_helpers_) WakeHelpers();
   }
 
   /** Its overflow list, which helping peers feed into its lanes (lane_help.h). */
-  TaskOverflow *Overflow() { return &overflow_; }
+  TaskOverflow *Overflow() { return overflow_; }
 
   /** Snapshot of the counters (read racily from other threads: statistics only). */
   WorkerStats Stats() const {
@@ -235,6 +245,11 @@ class Worker {
   inline bool RunDueTimers(bool stopping);
   inline bool HasWork() const;
   inline bool HelpPeers(u64 now_ns);
+  /**
+   * A poller worker queued a subtask: wakes a deep-parked low-latency worker, which then
+   * watches its lane (their deep parks have no timeout for a poller's lane).
+   */
+  inline void WakeHelpers();
   inline u64 NextTimerNs() const;
   inline bool ParkDeep();
   inline void Park();
@@ -294,7 +309,9 @@ class Worker {
   std::thread thread_;
   std::vector<LaneSlot> active_;
   std::vector<LaneSlot> cold_;
-  TaskOverflow overflow_;  ///< its tasks' subtasks beyond a full lane (PushLocal)
+  TaskOverflow own_overflow_;  ///< its tasks' subtasks beyond a full lane (PushLocal)
+  TaskOverflow *overflow_ = &own_overflow_;  ///< own_overflow_, or its lane's (AddLane)
+  bool wakes_helpers_ = false;  ///< a poller worker's lane: PushLocal wakes a helper
   std::vector<Adopted> adopted_;      ///< tasks the external poller took in (Adopt)
   std::vector<RunContext *> timers_;  ///< periodic tasks waiting for their next run
   std::vector<Sleeper> sleepers_;     ///< fibers in SleepInFiber

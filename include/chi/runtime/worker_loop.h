@@ -79,12 +79,12 @@ void Worker::Loop() {
 }
 
 bool Worker::FeedLane() {
-  if (overflow_.Empty()) return false;
-  if (active_.empty()) {  // no lane (a poller's worker): only this thread can run them
-    while (Task *t = overflow_.Pop()) StartTask(t);
+  if (overflow_->Empty()) return false;
+  if (active_.empty()) {  // no lane (a poller's worker beyond kPollerLanes): only it runs them
+    while (Task *t = overflow_->Pop()) StartTask(t);
     return true;
   }
-  overflow_.FeedInto(active_.front().lane);
+  overflow_->FeedInto(active_.front().lane);
   return false;  // the lane's poll below starts them
 }
 
@@ -188,7 +188,7 @@ bool Worker::RunDueTimers(bool stopping) {
 }
 
 bool Worker::HasWork() const {
-  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_.Empty() || !adopted_.empty()) {
+  if (resume_.Load(MemOrder::kRelaxed) != 0 || !overflow_->Empty() || !adopted_.empty()) {
     return true;
   }
   if (!sleepers_.empty()) {
@@ -277,7 +277,7 @@ void Worker::Park() {
       // than a look may come: a due lane whose tasks cannot be popped yet would spin us).
       const u64 due = std::min(now + kLaneWatchParkNs, help_->NextDueNs());
       until = std::min(until, std::max(due, now + kLaneHelpLookNs));
-    } else if (deep) {
+    } else if (deep && help_->HasRolePeers()) {
       until = std::min(until, now + kLaneDeepParkNs);  // tasks queued with no wake (lane_help.h)
     }
     const u64 timeout = until == ~0ull ? 0 : (until > now ? until - now : 1);
