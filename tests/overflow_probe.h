@@ -4,8 +4,6 @@
 // once and starts its own runtime configuration with a pool of it (kPool).
 #pragma once
 
-#include <doctest/doctest.h>
-
 #include <chi/chi.h>
 
 #include "embedded_fixture.h"  // NewLocalTask
@@ -18,7 +16,6 @@ namespace overflow_probe {
 
 using chi::u32;
 using chi::u64;
-
 
 inline constexpr u64 kMs = 1000000ull;
 inline constexpr u32 kQueueDepth = 16;  ///< the tests' lanes (their configs say so)

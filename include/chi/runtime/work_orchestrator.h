@@ -148,7 +148,7 @@ class WorkOrchestrator {
     const u32 k = poller_workers_.FetchAdd(1, MemOrder::kRelaxed);
     const u32 id = static_cast<u32>(workers_.size()) + k;
     auto w = std::make_unique<Worker>(id, role, this, pools_, node_, stack_bytes_);
-    if (k < poller_lanes_.size()) w->AddLane(poller_lanes_[k].lane, poller_lanes_[k].overflow);
+    if (k < poller_lanes_.size()) w->AddPollerLane(poller_lanes_[k].lane, poller_lanes_[k].overflow);
     return w;
   }
 

@@ -57,17 +57,20 @@ class Worker {
   Worker(const Worker &) = delete;
   Worker &operator=(const Worker &) = delete;
 
-  /**
-   * Adds a lane to this worker's active set (before Start). A poller worker's lane comes
-   * with the overflow list its helpers know (WorkOrchestrator::NewPollerWorker).
-   */
-  void AddLane(TaskLane *lane, TaskOverflow *overflow = nullptr) {
+  /** Adds a lane to this worker's active set (before Start). */
+  void AddLane(TaskLane *lane) {
     lane->SetTag(id_);
     active_.push_back(LaneSlot{lane, 0});
-    if (overflow != nullptr) {
-      overflow_ = overflow;
-      wakes_helpers_ = true;  // nothing else wakes the low-latency workers for its subtasks
-    }
+  }
+  /**
+   * Gives a poller worker its lane for its tasks' subtasks, with the overflow list its
+   * helpers know (WorkOrchestrator::NewPollerWorker; before Start). Nothing else wakes the
+   * low-latency workers for those subtasks, so its PushLocal does (WakeHelpers).
+   */
+  void AddPollerLane(TaskLane *lane, TaskOverflow *overflow) {
+    AddLane(lane);
+    overflow_ = overflow;
+    wakes_helpers_ = true;
   }
   /**
    * Makes this worker sleep through `parker` instead of its futex, after `idle_spin_ns` of
