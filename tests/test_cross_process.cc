@@ -1,13 +1,71 @@
 // A standalone runtime in a child process and pure clients in others: the
 // ClientConnect handshake, demo calls over every transport, concurrency (many
 // processes, threads of one process, a process whose wait helpers are all taken, a
-// task sleeping on the network worker while others are served), and two runtimes side
-// by side. Failures (killed clients and runtimes, restarts, bad bytes) are in
+// task sleeping or spinning on the network worker while others are served), and two
+// runtimes side by side. Failures (killed clients and runtimes, restarts, bad bytes) are in
 // test_cross_process_failures.cc. Ports come from test_ports.h, so parallel test binaries do
 // not collide.
 #include "cross_process_fixture.h"
 
 using namespace xp_test;
+
+namespace {
+
+/**
+ * Holds its worker for spin_ns without yielding (a task that should have been
+ * TASK_HIGH_LATENCY); reports when it let go and whether it ran on the network worker.
+ */
+struct SpinTask : public chi::Task {
+  IN u64 spin_ns_ = 0;
+  OUT u64 end_ns_ = 0;
+  OUT u32 on_network_ = 0;
+
+  template <typename Ar>
+  void SerializeIn(Ar &ar) {
+    ar(spin_ns_);
+  }
+  template <typename Ar>
+  void SerializeOut(Ar &ar) {
+    ar(end_ns_, on_network_);
+  }
+};
+
+/** The runtime side of SpinTask (registered in every process of this binary). */
+class SpinProbe : public chi::ModuleRuntime<SpinProbe> {
+ public:
+  static constexpr chi::MethodId kSpin = 10;
+  /** A pool of the probe needs nothing set up. */
+  void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
+  /** Spins, never yielding its worker, for the time asked. */
+  void Spin(SpinTask &t, chi::RunContext &) {
+    const chi::Worker *w = chi::tls_current_worker;
+    t.on_network_ = w != nullptr && w->GetRole() == chi::WorkerRole::kNetwork ? 1 : 0;
+    const u64 end = chi::MonotonicNs() + t.spin_ns_;
+    while (chi::MonotonicNs() < end) chi::CpuRelax();
+    t.end_ns_ = chi::MonotonicNs();
+  }
+  using Methods = chi::MethodList<
+      chi::Method<0, chimaera::admin::CreatePoolTask, &SpinProbe::Create, "Create">,
+      chi::Method<kSpin, SpinTask, &SpinProbe::Spin, "Spin">>;
+};
+const bool kSpinProbeRegistered = chi::ModuleManager::Register<SpinProbe>("xp_spin_probe");
+constexpr chi::PoolId kSpinPool(302, 0);
+
+/** Sends a SpinTask of `spin_ns` to the spin probe's pool (created on first use). */
+chi::Future<SpinTask> SendSpin(u64 spin_ns) {
+  auto made = chimaera::admin::Client().AsyncCreatePool(chi::PoolQuery::Local(), "xp_spin_probe",
+                                                        "xp_spin_probe", kSpinPool);
+  REQUIRE(made.Wait(30));
+  REQUIRE_MESSAGE(made->GetReturnCode() == 0, made->GetMessage());
+  auto *t = chi::NewTask<SpinTask>();
+  t->pool_id_ = kSpinPool;
+  t->pool_query_ = chi::PoolQuery::Local();
+  t->method_ = SpinProbe::kSpin;
+  t->spin_ns_ = spin_ns;
+  return chi::GetIpcManager().Send(t);
+}
+
+}  // namespace
 
 TEST_CASE("the handshake refuses another protocol version or a resized segment, saying why") {
   chi::ConnectRequest req;
@@ -263,6 +321,44 @@ TEST_CASE("a task sleeping on the network worker does not hold up other ZeroMQ r
     // The 50 round trips were all answered while the first task still slept.
     CHECK(served < held->end_ns_);
     CHECK(waiting->start_ns_ >= held->end_ns_);  // the second writer got the lock after it
+  }
+  ClientSession session(server.port(), "tcp");
+  REQUIRE(session.ok());
+  CHECK(StopThroughSession());
+  CHECK(server.WaitExit() == 0);
+}
+
+TEST_CASE("a task spinning on the network worker does not hold up other ZeroMQ requests") {
+  // A task that never yields holds the network worker for its whole length; meanwhile the
+  // server's rescue thread takes the requests off the sockets and hands them to the
+  // low-latency workers (zmq_server_rescue.h). Without it, every request here would be
+  // answered only after the spin.
+  ServerProcess server(TestPort(4));
+  REQUIRE(server.ok());
+  for (const std::string mode : {"ipc", "tcp"}) {
+    CAPTURE(mode);
+    ClientSession session(server.port(), mode);
+    REQUIRE(session.ok());
+    chimaera::demo::Client c = DemoClient();
+    const chi::u64 rescued_before = ServerStats().rescued_;
+    constexpr chi::u64 kSpinNs = 1500000000ull;  // far longer than the round trips below
+    auto spin = SendSpin(kSpinNs);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // it holds the worker now
+    const chi::u64 sent = chi::NowNs();
+    auto first = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 1, 7);
+    REQUIRE(first.Wait(30));
+    CHECK(first->result_value_ == 7 * 2 + 1);
+    const chi::u64 first_ns = chi::NowNs();
+    SequentialGpuSubmits(c, 2, 20);
+    const chimaera::admin::TransportStats zmq = ServerStats();  // a request like the others
+    const chi::u64 served = chi::NowNs();
+    REQUIRE(spin.Wait(30));
+    CHECK(spin->GetReturnCode() == 0);
+    CHECK(spin->on_network_ == 1);  // it ran where it holds up the sockets
+    MESSAGE(mode << ": the first request behind the spin was answered "
+                 << static_cast<double>(first_ns - sent) / 1e6 << " ms after it was sent");
+    CHECK(served < spin->end_ns_);  // all 22 were answered while the spin went on
+    CHECK(zmq.rescued_ - rescued_before >= 21);
   }
   ClientSession session(server.port(), "tcp");
   REQUIRE(session.ok());

@@ -220,7 +220,8 @@ inline void PrintReport(const chimaera::admin::MonitorReport &r) {
   std::printf("transports:\n");
   for (const chimaera::admin::TransportStats &t : r.transports_) {
     std::printf("  %s  clients %llu  reaped %llu  outstanding %llu  held %llu B  requests %llu  "
-                "refused %llu  dropped %llu  sleeps %llu  late wake-ups %llu  cpu moves %llu\n",
+                "refused %llu  dropped %llu  sleeps %llu  late wake-ups %llu  cpu moves %llu  "
+                "rescued %llu\n",
                 t.name_.c_str(), static_cast<unsigned long long>(t.clients_),
                 static_cast<unsigned long long>(t.clients_reaped_),
                 static_cast<unsigned long long>(t.tasks_outstanding_),
@@ -230,7 +231,8 @@ inline void PrintReport(const chimaera::admin::MonitorReport &r) {
                 static_cast<unsigned long long>(t.answers_dropped_),
                 static_cast<unsigned long long>(t.sleeps_),
                 static_cast<unsigned long long>(t.late_wakeups_),
-                static_cast<unsigned long long>(t.cpu_moves_));
+                static_cast<unsigned long long>(t.cpu_moves_),
+                static_cast<unsigned long long>(t.rescued_));
   }
   std::printf("large payload blocks kept: %llu  mapped %llu B  resident %llu B; "
               "message buffers resident %llu B\n",

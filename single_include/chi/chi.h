@@ -8156,11 +8156,13 @@ struct TransportStats {
   chi::u64 late_wakeups_ = 0;
   /** Times a runtime thread moved off a CPU it kept sharing with a spinning client (shm). */
   chi::u64 cpu_moves_ = 0;
+  /** Requests served while a task held the network worker without yielding (zmq). */
+  chi::u64 rescued_ = 0;
 
   template <typename Ar>
   void serialize(Ar &ar) {
     ar(name_, clients_, clients_reaped_, tasks_outstanding_, bytes_held_, requests_,
-       requests_refused_, answers_dropped_, sleeps_, late_wakeups_, cpu_moves_);
+       requests_refused_, answers_dropped_, sleeps_, late_wakeups_, cpu_moves_, rescued_);
   }
 };
 
@@ -16265,7 +16267,9 @@ class ZmqClientTransport final : public ZmqClientConnection {
 // answer when the sockets' lock is free, else queues it for the network worker. Idle, the
 // network worker sleeps in poll() on the sockets' ZMQ_FDs and its doorbell, as a raw
 // ZeroMQ server sleeps in recv: a request costs the wake-up raw ZeroMQ pays, no more.
-// The sockets, the client table and the sending of answers are zmq_server_sockets.h.
+// While a task holds the network worker without yielding, a rescue thread serves the
+// sockets (zmq_server_rescue.h). The sockets, the client table and the sending of answers
+// are zmq_server_sockets.h.
 // Invariants: sockets and the peer table are used only under sock_mu_, and by the
 // ZMQ_FD rule (zmq_common.h): the network worker receives until EAGAIN or passes
 // again, and another thread that finds requests waiting after its send asks for a pass.
@@ -16280,6 +16284,126 @@ class ZmqClientTransport final : public ZmqClientConnection {
 
 #include <zmq.hpp>  // cppzmq
 
+// ---- begin chi/transport/zmq_server_rescue.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_RESCUE_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_RESCUE_H
+// ZmqRescue: serves a ZeroMQ server's sockets while its network worker is stuck in a task.
+// The network worker runs the tasks of requests that arrive while few are in flight itself
+// (no hop to another thread); a task that holds it without yielding (a long computation, a
+// blocking call: work that should have been TASK_HIGH_LATENCY) would otherwise leave every
+// other ZeroMQ client unanswered for as long as it runs. A thread of the server looks every
+// kLook (kIdleLook while the worker sleeps on its sockets): when the worker was awake at
+// two looks and polled its sockets not once in between, the thread takes the sockets
+// whenever their lock is free, sends the answers queued for them and hands new requests
+// to the low-latency workers' lanes, sleeping on the sockets' fds (at most kPassMs)
+// between passes, until the worker polls again.
+// Invariant: the thread uses the sockets only under their lock and receives until EAGAIN
+// (or passes again at once), so it leaves them as the ZMQ_FD rule (zmq_common.h) wants.
+// Cost to the network worker: one relaxed store per poll; to an idle runtime: a wake-up of
+// this thread every kIdleLook.
+
+#include <pthread.h>  // pthread_setname_np for the thread
+
+#include <chrono>              // the looks' period
+#include <condition_variable>  // Stop interrupts a look's wait
+#include <mutex>               // guards stop_ for the condition variable
+#include <thread>              // the rescue thread
+
+namespace chi {
+
+/** What ZmqRescue needs of its server (ZmqServer implements it). */
+class ZmqRescuable {
+ public:
+  /** A count the network worker raises on every poll of its sockets. */
+  virtual u64 NetworkPolls() const = 0;
+  /** True while the network worker sleeps on its sockets (not stuck, just idle). */
+  virtual bool NetworkSleeping() const = 0;
+  /**
+   * One pass over the sockets for the stuck worker, if their lock is free: queued answers
+   * out, new requests to the lanes. True when it left requests waiting (pass again now:
+   * the fds will not say so).
+   */
+  virtual bool RescuePass() = 0;
+  /** Sleeps until a socket's fd is readable, at most timeout_ms. */
+  virtual void AwaitSockets(int timeout_ms) = 0;
+
+ protected:
+  ~ZmqRescuable() = default;
+};
+
+/** The rescue thread of one ZeroMQ server (see the file comment). */
+class ZmqRescue {
+ public:
+  /** How often the thread looks at the network worker's poll count while it is awake. */
+  static constexpr std::chrono::milliseconds kLook{10};
+  /** How often while it sleeps on its sockets (idle: nothing can hold it up). */
+  static constexpr std::chrono::milliseconds kIdleLook{100};
+  /** Longest sleep on the sockets between two passes while the worker is stuck. */
+  static constexpr int kPassMs = 1;
+
+  ZmqRescue() = default;
+  ~ZmqRescue() { Stop(); }
+  ZmqRescue(const ZmqRescue &) = delete;
+  ZmqRescue &operator=(const ZmqRescue &) = delete;
+
+  /** Starts watching `server`'s network worker (once the worker runs). */
+  void Start(ZmqRescuable *server) {
+    if (thread_.joinable()) return;
+    stop_ = false;
+    thread_ = std::thread([this, server] { Run(server); });
+  }
+
+  /** Stops the thread and joins it (idempotent); the sockets are the worker's alone again. */
+  void Stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  /** Looks at the worker now and then; serves the sockets through each stretch it is stuck. */
+  void Run(ZmqRescuable *server) {
+    pthread_setname_np(pthread_self(), "chi-zmq-rescue");
+    u64 seen = server->NetworkPolls();
+    bool awake = !server->NetworkSleeping();
+    while (!WaitLook(awake ? kLook : kIdleLook)) {
+      const u64 polls = server->NetworkPolls();
+      const bool awake_now = !server->NetworkSleeping();
+      const bool stuck = polls == seen && awake && awake_now;
+      seen = polls;
+      awake = awake_now;
+      while (stuck && !Stopping() && server->NetworkPolls() == seen &&
+             !server->NetworkSleeping()) {
+        if (!server->RescuePass()) server->AwaitSockets(kPassMs);
+      }
+    }
+  }
+
+  /** Waits until the next look; true when Stop asked the thread to end. */
+  bool WaitLook(std::chrono::milliseconds period) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, period, [this] { return stop_; });
+  }
+
+  /** True once Stop asked (checked between passes). */
+  bool Stopping() {
+    std::lock_guard<std::mutex> g(mu_);
+    return stop_;
+  }
+
+  std::thread thread_;
+  std::mutex mu_;                ///< guards stop_
+  std::condition_variable cv_;   ///< Stop's wake-up of a look's wait
+  bool stop_ = false;            ///< under mu_
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_RESCUE_H
+// ---- end chi/transport/zmq_server_rescue.h ----
 // ---- begin chi/transport/zmq_server_sockets.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_SOCKETS_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_SOCKETS_H
@@ -16440,6 +16564,11 @@ struct ZmqServerStats {
    * that landed just then. Expected 0.
    */
   u64 late_wakeups = 0;
+  /**
+   * Requests taken in by the rescue thread while a task held the network worker without
+   * yielding (zmq_server_rescue.h); they ran on the low-latency workers.
+   */
+  u64 rescued = 0;
 };
 
 /** How a ZeroMQ server binds and what it accepts. */
@@ -16471,6 +16600,7 @@ class ZmqServerSockets {
     s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
     s.sleeps = sleeps_.Load(MemOrder::kRelaxed);
     s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
+    s.rescued = rescued_.Load(MemOrder::kRelaxed);
     return s;
   }
 
@@ -16723,6 +16853,7 @@ class ZmqServerSockets {
   Atomic<u64> dropped_;
   Atomic<u64> sleeps_;
   Atomic<u64> late_wakeups_;  ///< see ZmqServerStats
+  Atomic<u64> rescued_;       ///< see ZmqServerStats
 };
 
 }  // namespace chi
@@ -16735,7 +16866,8 @@ namespace chi {
 class ZmqServer final : public ZmqServerSockets,
                         public TaskCompleter,
                         public WorkerPoller,
-                        public WorkerParker {
+                        public WorkerParker,
+                        public ZmqRescuable {
  public:
   using Options = ZmqServerOptions;
 
@@ -16780,6 +16912,7 @@ class ZmqServer final : public ZmqServerSockets,
     worker_->ReplacePoller(nullptr, this);
     worker_->SetParker(this, opt_.spin_ns);
     worker_->Start();
+    rescue_.Start(this);
   }
 
   /**
@@ -16791,7 +16924,8 @@ class ZmqServer final : public ZmqServerSockets,
     shutting_down_.Store(1, MemOrder::kRelease);
     if (worker_ == nullptr) return;
     worker_->RequestStop();
-    worker_->Join();
+    worker_->Join();  // meanwhile the rescue thread answers for a worker stuck in a task
+    rescue_.Stop();
     worker_->ReplacePoller(this, nullptr);
   }
 
@@ -16838,6 +16972,7 @@ class ZmqServer final : public ZmqServerSockets,
    * reports no work, so a flood of requests cannot keep the worker from stopping.
    */
   bool Poll() override {
+    polls_.AddOwned(1);  // only this thread writes it: the rescue thread's sign of progress
     u32 due = due_;
     if (due == 0) {
       due = Probe(0);
@@ -16873,6 +17008,50 @@ class ZmqServer final : public ZmqServerSockets,
 
   /** WorkerParker: ends the network worker's sleep (any thread). */
   void Interrupt() override { doorbell_.Signal(); }
+
+  // ---- The rescue thread (ZmqRescuable; zmq_server_rescue.h) ----
+
+  /** How many times the network worker polled its sockets (relaxed: a mark of progress). */
+  u64 NetworkPolls() const override { return polls_.Load(MemOrder::kRelaxed); }
+  /** True while the network worker sleeps in poll() (Sleep), idle rather than stuck. */
+  bool NetworkSleeping() const override { return doorbell_.Sleeping(); }
+
+  /**
+   * For a network worker stuck in a task: sends the queued answers and hands every request
+   * waiting on the sockets to the low-latency workers' lanes (none runs on the stuck
+   * worker), when the sockets' lock is free. True when a socket may still hold requests.
+   */
+  bool RescuePass() override {
+    std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || sockets_closed_) return false;
+    const SocketsHeld held;  // a task failed at once answers through the queue, not SendNow
+    DrainAnswers();
+    bool more = false;
+    for (int i = 0; i < 2; ++i) {
+      std::string peer;
+      u32 got = 0;
+      for (; got < kRecvBatch; ++got) {
+        zmq::message_t payload;
+        const Taken taken = TakeRequest(i, &peer, &payload);
+        if (taken == Taken::kNothing) break;
+        if (taken == Taken::kRequest && Handle(peer, std::move(payload), true)) {
+          rescued_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+        }
+      }
+      more |= got == kRecvBatch;  // stopped short of EAGAIN: the fd will not say what waits
+    }
+    return more;
+  }
+
+  /** Sleeps in poll() on the sockets' fds (not the doorbell: the network worker's). */
+  void AwaitSockets(int timeout_ms) override {
+    pollfd items[2];
+    nfds_t n = 0;
+    for (int i = 0; i < 2; ++i) {
+      if (socket_fds_[i] >= 0) items[n++] = {socket_fds_[i], POLLIN, 0};
+    }
+    poll(items, n, timeout_ms);  // an error or a signal only ends the wait early
+  }
 
  private:
   static constexpr u32 kRecvBatch = 64;           ///< messages per socket per pass
@@ -16918,13 +17097,13 @@ class ZmqServer final : public ZmqServerSockets,
     return true;
   }
 
-  /** True on the network worker while it holds sock_mu_ (see SocketsHeld). */
+  /** True on the network worker or the rescue thread while it holds sock_mu_ (SocketsHeld). */
   static bool &HoldsSockets() {
     static thread_local bool held = false;
     return held;
   }
 
-  /** Marks the network worker's sock_mu_ sections, for SendNow's re-entry check. */
+  /** Marks our threads' sock_mu_ sections, for SendNow's re-entry check. */
   struct SocketsHeld {
     SocketsHeld() { HoldsSockets() = true; }
     ~SocketsHeld() { HoldsSockets() = false; }
@@ -16977,16 +17156,19 @@ class ZmqServer final : public ZmqServerSockets,
    * low-latency workers' lanes; a refused one's error answer is queued.
    */
   void DispatchPending(bool here) {
-    for (Pending &p : pending_) {
-      const char *data = static_cast<const char *>(p.body.data());
-      if (dispatcher_->Dispatch(data, p.body.size(), this, reinterpret_cast<u64>(p.slot),
-                                &p.slot->bytes, here)) {
-        continue;  // the task owns the slot now: it may be answered already
-      }
-      refused_.FetchAdd(1, MemOrder::kRelaxed);
-      QueueAnswer(p.slot);  // counted as outstanding when taken; delivered next pass
-    }
+    for (Pending &p : pending_) DispatchOne(p, here);
     pending_.clear();
+  }
+
+  /** Submits one request's task (here: on this worker); a refused one's error answer is queued. */
+  void DispatchOne(Pending &p, bool here) {
+    const char *data = static_cast<const char *>(p.body.data());
+    if (dispatcher_->Dispatch(data, p.body.size(), this, reinterpret_cast<u64>(p.slot),
+                              &p.slot->bytes, here)) {
+      return;  // the task owns the slot now: it may be answered already
+    }
+    refused_.FetchAdd(1, MemOrder::kRelaxed);
+    QueueAnswer(p.slot);  // counted as outstanding when taken; delivered next pass
   }
 
   /** Queues an encoded answer for the network worker's next pass (any thread). */
@@ -17039,28 +17221,17 @@ class ZmqServer final : public ZmqServerSockets,
    * and the fd will not say so (the ZMQ_FD rule).
    */
   u32 ReceiveBatch(int i) {
-    if (!sockets_[i]) return 0;
     const u32 bit = 1u << i;
     const bool first_only = (batch_ & bit) == 0;
     batch_ &= ~bit;
-    zmq::socket_t &s = *sockets_[i];
     u32 got = 0;
+    std::string peer;
     for (; got < kRecvBatch; ++got) {
-      zmq::message_t id;
-      if (!s.recv(id, zmq::recv_flags::dontwait)) break;
       zmq::message_t payload;
-      bool one_frame = id.more() && s.recv(payload, zmq::recv_flags::none).has_value();
-      while (payload.more()) {  // a well-behaved DEALER sends exactly one frame
-        one_frame = false;
-        if (!s.recv(payload, zmq::recv_flags::none)) break;
-      }
-      std::string peer(1, static_cast<char>(i));
-      peer.append(static_cast<const char *>(id.data()), id.size());
-      if (!one_frame) {
-        Refuse(peer, 0, ErrorCode::kMalformed, "a request must be exactly one frame");
-        continue;
-      }
-      Handle(peer, std::move(payload));
+      const Taken taken = TakeRequest(i, &peer, &payload);
+      if (taken == Taken::kNothing) break;
+      if (taken == Taken::kRefused) continue;
+      Handle(peer, std::move(payload), false);
       if (first_only && !pending_.empty()) {  // few in flight: it starts before the rest
         batch_ |= bit;
         ++got;
@@ -17071,42 +17242,74 @@ class ZmqServer final : public ZmqServerSockets,
     return got;
   }
 
+  /** What TakeRequest found on a socket. */
+  enum class Taken : u32 { kNothing, kRequest, kRefused };
+
+  /**
+   * Receives one message from socket i without waiting: its sender's key (*peer: the
+   * socket's index, then the routing id) and its one frame (*payload). A message of more
+   * frames is refused here (kMalformed). kNothing when nothing waits (EAGAIN).
+   */
+  Taken TakeRequest(int i, std::string *peer, zmq::message_t *payload) {
+    if (!sockets_[i]) return Taken::kNothing;
+    zmq::socket_t &s = *sockets_[i];
+    zmq::message_t id;
+    if (!s.recv(id, zmq::recv_flags::dontwait)) return Taken::kNothing;
+    bool one_frame = id.more() && s.recv(*payload, zmq::recv_flags::none).has_value();
+    while (payload->more()) {  // a well-behaved DEALER sends exactly one frame
+      one_frame = false;
+      if (!s.recv(*payload, zmq::recv_flags::none)) break;
+    }
+    peer->assign(1, static_cast<char>(i));
+    peer->append(static_cast<const char *>(id.data()), id.size());
+    if (one_frame) return Taken::kRequest;
+    Refuse(*peer, 0, ErrorCode::kMalformed, "a request must be exactly one frame");
+    return Taken::kRefused;
+  }
+
   /**
    * A task request (or control message) from `peer`: taken for dispatch after the pass
-   * (counted outstanding from here), or answered with an error.
+   * (counted outstanding from here), or answered with an error. `rescued`: taken by the
+   * rescue thread, so dispatched now, to the lanes. True when a task was taken.
    */
-  void Handle(const std::string &peer, zmq::message_t &&msg) {
+  bool Handle(const std::string &peer, zmq::message_t &&msg, bool rescued) {
     const char *data = static_cast<const char *>(msg.data());
     if (msg.size() < kEnvelopeHeaderBytes) {
       Refuse(peer, 0, ErrorCode::kTruncated, "request shorter than its 8-byte header");
-      return;
+      return false;
     }
     const u64 id = EnvelopeId(data);
     if (id & zmq_control::kBit) {
       HandleControl(peer, id, msg);
-      return;
+      return false;
     }
     requests_.FetchAdd(1, MemOrder::kRelaxed);
     auto it = peers_.find(peer);
     if (it == peers_.end()) {
       Refuse(peer, id, ErrorCode::kInvalidArgument,
              "not connected: send the ClientConnect handshake first");
-      return;
+      return false;
     }
     if (shutting_down_.Load(MemOrder::kAcquire) != 0) {
       Refuse(peer, id, ErrorCode::kShutdown, "the runtime is shutting down");
-      return;
+      return false;
     }
     ZmqAnswerSlot *slot = pool_.Take();
     slot->peer = peer;
-    // relaxed: the count is this thread's to raise; workers read it as a hint.
+    // relaxed: raised under sock_mu_; workers read it as a hint.
     const u64 outstanding = outstanding_.FetchAdd(1, MemOrder::kRelaxed) + 1;  // Monitor counts it
     ++it->second.outstanding;  // DeliverAnswer takes both back, answer or error
     it->second.active = true;  // not quiet: the probe round leaves it alone
+    if (rescued) {
+      Pending p{slot, std::move(msg)};
+      DispatchOne(p, false);
+      return true;
+    }
     pending_.push_back(Pending{slot, std::move(msg)});
     // Few in flight: dispatched after the pass, to run here. Many (a stream): now, in
     // order, to the lanes, so that the workers run them while this pass goes on receiving.
     if (outstanding > kDirectMaxOutstanding) DispatchPending(false);
+    return true;
   }
 
   RequestDispatcher *dispatcher_ = nullptr;
@@ -17116,6 +17319,8 @@ class ZmqServer final : public ZmqServerSockets,
   bool after_timeout_ = false;      ///< network worker: its last sleep timed out
   u64 next_reap_ = 0;               ///< network worker: when Reap runs next
   std::vector<Pending> pending_;    ///< network worker only: taken, not dispatched
+  Atomic<u64> polls_;               ///< the network worker's polls (NetworkPolls)
+  ZmqRescue rescue_;                ///< serves the sockets while the network worker is stuck
   ZmqDoorbell doorbell_;
   Atomic<u32> wake_asked_;  ///< a worker took a socket's wake-up: the network worker must look
 };
@@ -21799,6 +22004,7 @@ class Chimaera {
       t.answers_dropped_ = s.answers_dropped;
       t.sleeps_ = s.sleeps;
       t.late_wakeups_ = s.late_wakeups;
+      t.rescued_ = s.rescued;
       out.push_back(t);
     }
     if (ShmServer *shm = shm_server_.Load(MemOrder::kAcquire)) {

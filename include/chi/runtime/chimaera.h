@@ -276,6 +276,7 @@ class Chimaera {
       t.answers_dropped_ = s.answers_dropped;
       t.sleeps_ = s.sleeps;
       t.late_wakeups_ = s.late_wakeups;
+      t.rescued_ = s.rescued;
       out.push_back(t);
     }
     if (ShmServer *shm = shm_server_.Load(MemOrder::kAcquire)) {

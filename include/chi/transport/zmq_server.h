@@ -7,7 +7,9 @@
 // answer when the sockets' lock is free, else queues it for the network worker. Idle, the
 // network worker sleeps in poll() on the sockets' ZMQ_FDs and its doorbell, as a raw
 // ZeroMQ server sleeps in recv: a request costs the wake-up raw ZeroMQ pays, no more.
-// The sockets, the client table and the sending of answers are zmq_server_sockets.h.
+// While a task holds the network worker without yielding, a rescue thread serves the
+// sockets (zmq_server_rescue.h). The sockets, the client table and the sending of answers
+// are zmq_server_sockets.h.
 // Invariants: sockets and the peer table are used only under sock_mu_, and by the
 // ZMQ_FD rule (zmq_common.h): the network worker receives until EAGAIN or passes
 // again, and another thread that finds requests waiting after its send asks for a pass.
@@ -27,6 +29,7 @@
 #include "chi/runtime/work_orchestrator.h"     // NewPollerWorker, Worker, WorkerParker
 #include "chi/transport/request_dispatcher.h"  // Dispatch, EncodeAnswer
 #include "chi/transport/zmq_common.h"          // the doorbell, ZmqReadable
+#include "chi/transport/zmq_server_rescue.h"   // serving the sockets while the worker is stuck
 #include "chi/transport/zmq_server_sockets.h"  // sockets, clients, answers, counters
 
 namespace chi {
@@ -35,7 +38,8 @@ namespace chi {
 class ZmqServer final : public ZmqServerSockets,
                         public TaskCompleter,
                         public WorkerPoller,
-                        public WorkerParker {
+                        public WorkerParker,
+                        public ZmqRescuable {
  public:
   using Options = ZmqServerOptions;
 
@@ -80,6 +84,7 @@ class ZmqServer final : public ZmqServerSockets,
     worker_->ReplacePoller(nullptr, this);
     worker_->SetParker(this, opt_.spin_ns);
     worker_->Start();
+    rescue_.Start(this);
   }
 
   /**
@@ -91,7 +96,8 @@ class ZmqServer final : public ZmqServerSockets,
     shutting_down_.Store(1, MemOrder::kRelease);
     if (worker_ == nullptr) return;
     worker_->RequestStop();
-    worker_->Join();
+    worker_->Join();  // meanwhile the rescue thread answers for a worker stuck in a task
+    rescue_.Stop();
     worker_->ReplacePoller(this, nullptr);
   }
 
@@ -138,6 +144,7 @@ class ZmqServer final : public ZmqServerSockets,
    * reports no work, so a flood of requests cannot keep the worker from stopping.
    */
   bool Poll() override {
+    polls_.AddOwned(1);  // only this thread writes it: the rescue thread's sign of progress
     u32 due = due_;
     if (due == 0) {
       due = Probe(0);
@@ -173,6 +180,50 @@ class ZmqServer final : public ZmqServerSockets,
 
   /** WorkerParker: ends the network worker's sleep (any thread). */
   void Interrupt() override { doorbell_.Signal(); }
+
+  // ---- The rescue thread (ZmqRescuable; zmq_server_rescue.h) ----
+
+  /** How many times the network worker polled its sockets (relaxed: a mark of progress). */
+  u64 NetworkPolls() const override { return polls_.Load(MemOrder::kRelaxed); }
+  /** True while the network worker sleeps in poll() (Sleep), idle rather than stuck. */
+  bool NetworkSleeping() const override { return doorbell_.Sleeping(); }
+
+  /**
+   * For a network worker stuck in a task: sends the queued answers and hands every request
+   * waiting on the sockets to the low-latency workers' lanes (none runs on the stuck
+   * worker), when the sockets' lock is free. True when a socket may still hold requests.
+   */
+  bool RescuePass() override {
+    std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || sockets_closed_) return false;
+    const SocketsHeld held;  // a task failed at once answers through the queue, not SendNow
+    DrainAnswers();
+    bool more = false;
+    for (int i = 0; i < 2; ++i) {
+      std::string peer;
+      u32 got = 0;
+      for (; got < kRecvBatch; ++got) {
+        zmq::message_t payload;
+        const Taken taken = TakeRequest(i, &peer, &payload);
+        if (taken == Taken::kNothing) break;
+        if (taken == Taken::kRequest && Handle(peer, std::move(payload), true)) {
+          rescued_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+        }
+      }
+      more |= got == kRecvBatch;  // stopped short of EAGAIN: the fd will not say what waits
+    }
+    return more;
+  }
+
+  /** Sleeps in poll() on the sockets' fds (not the doorbell: the network worker's). */
+  void AwaitSockets(int timeout_ms) override {
+    pollfd items[2];
+    nfds_t n = 0;
+    for (int i = 0; i < 2; ++i) {
+      if (socket_fds_[i] >= 0) items[n++] = {socket_fds_[i], POLLIN, 0};
+    }
+    poll(items, n, timeout_ms);  // an error or a signal only ends the wait early
+  }
 
  private:
   static constexpr u32 kRecvBatch = 64;           ///< messages per socket per pass
@@ -218,13 +269,13 @@ class ZmqServer final : public ZmqServerSockets,
     return true;
   }
 
-  /** True on the network worker while it holds sock_mu_ (see SocketsHeld). */
+  /** True on the network worker or the rescue thread while it holds sock_mu_ (SocketsHeld). */
   static bool &HoldsSockets() {
     static thread_local bool held = false;
     return held;
   }
 
-  /** Marks the network worker's sock_mu_ sections, for SendNow's re-entry check. */
+  /** Marks our threads' sock_mu_ sections, for SendNow's re-entry check. */
   struct SocketsHeld {
     SocketsHeld() { HoldsSockets() = true; }
     ~SocketsHeld() { HoldsSockets() = false; }
@@ -277,16 +328,19 @@ class ZmqServer final : public ZmqServerSockets,
    * low-latency workers' lanes; a refused one's error answer is queued.
    */
   void DispatchPending(bool here) {
-    for (Pending &p : pending_) {
-      const char *data = static_cast<const char *>(p.body.data());
-      if (dispatcher_->Dispatch(data, p.body.size(), this, reinterpret_cast<u64>(p.slot),
-                                &p.slot->bytes, here)) {
-        continue;  // the task owns the slot now: it may be answered already
-      }
-      refused_.FetchAdd(1, MemOrder::kRelaxed);
-      QueueAnswer(p.slot);  // counted as outstanding when taken; delivered next pass
-    }
+    for (Pending &p : pending_) DispatchOne(p, here);
     pending_.clear();
+  }
+
+  /** Submits one request's task (here: on this worker); a refused one's error answer is queued. */
+  void DispatchOne(Pending &p, bool here) {
+    const char *data = static_cast<const char *>(p.body.data());
+    if (dispatcher_->Dispatch(data, p.body.size(), this, reinterpret_cast<u64>(p.slot),
+                              &p.slot->bytes, here)) {
+      return;  // the task owns the slot now: it may be answered already
+    }
+    refused_.FetchAdd(1, MemOrder::kRelaxed);
+    QueueAnswer(p.slot);  // counted as outstanding when taken; delivered next pass
   }
 
   /** Queues an encoded answer for the network worker's next pass (any thread). */
@@ -339,28 +393,17 @@ class ZmqServer final : public ZmqServerSockets,
    * and the fd will not say so (the ZMQ_FD rule).
    */
   u32 ReceiveBatch(int i) {
-    if (!sockets_[i]) return 0;
     const u32 bit = 1u << i;
     const bool first_only = (batch_ & bit) == 0;
     batch_ &= ~bit;
-    zmq::socket_t &s = *sockets_[i];
     u32 got = 0;
+    std::string peer;
     for (; got < kRecvBatch; ++got) {
-      zmq::message_t id;
-      if (!s.recv(id, zmq::recv_flags::dontwait)) break;
       zmq::message_t payload;
-      bool one_frame = id.more() && s.recv(payload, zmq::recv_flags::none).has_value();
-      while (payload.more()) {  // a well-behaved DEALER sends exactly one frame
-        one_frame = false;
-        if (!s.recv(payload, zmq::recv_flags::none)) break;
-      }
-      std::string peer(1, static_cast<char>(i));
-      peer.append(static_cast<const char *>(id.data()), id.size());
-      if (!one_frame) {
-        Refuse(peer, 0, ErrorCode::kMalformed, "a request must be exactly one frame");
-        continue;
-      }
-      Handle(peer, std::move(payload));
+      const Taken taken = TakeRequest(i, &peer, &payload);
+      if (taken == Taken::kNothing) break;
+      if (taken == Taken::kRefused) continue;
+      Handle(peer, std::move(payload), false);
       if (first_only && !pending_.empty()) {  // few in flight: it starts before the rest
         batch_ |= bit;
         ++got;
@@ -371,42 +414,74 @@ class ZmqServer final : public ZmqServerSockets,
     return got;
   }
 
+  /** What TakeRequest found on a socket. */
+  enum class Taken : u32 { kNothing, kRequest, kRefused };
+
+  /**
+   * Receives one message from socket i without waiting: its sender's key (*peer: the
+   * socket's index, then the routing id) and its one frame (*payload). A message of more
+   * frames is refused here (kMalformed). kNothing when nothing waits (EAGAIN).
+   */
+  Taken TakeRequest(int i, std::string *peer, zmq::message_t *payload) {
+    if (!sockets_[i]) return Taken::kNothing;
+    zmq::socket_t &s = *sockets_[i];
+    zmq::message_t id;
+    if (!s.recv(id, zmq::recv_flags::dontwait)) return Taken::kNothing;
+    bool one_frame = id.more() && s.recv(*payload, zmq::recv_flags::none).has_value();
+    while (payload->more()) {  // a well-behaved DEALER sends exactly one frame
+      one_frame = false;
+      if (!s.recv(*payload, zmq::recv_flags::none)) break;
+    }
+    peer->assign(1, static_cast<char>(i));
+    peer->append(static_cast<const char *>(id.data()), id.size());
+    if (one_frame) return Taken::kRequest;
+    Refuse(*peer, 0, ErrorCode::kMalformed, "a request must be exactly one frame");
+    return Taken::kRefused;
+  }
+
   /**
    * A task request (or control message) from `peer`: taken for dispatch after the pass
-   * (counted outstanding from here), or answered with an error.
+   * (counted outstanding from here), or answered with an error. `rescued`: taken by the
+   * rescue thread, so dispatched now, to the lanes. True when a task was taken.
    */
-  void Handle(const std::string &peer, zmq::message_t &&msg) {
+  bool Handle(const std::string &peer, zmq::message_t &&msg, bool rescued) {
     const char *data = static_cast<const char *>(msg.data());
     if (msg.size() < kEnvelopeHeaderBytes) {
       Refuse(peer, 0, ErrorCode::kTruncated, "request shorter than its 8-byte header");
-      return;
+      return false;
     }
     const u64 id = EnvelopeId(data);
     if (id & zmq_control::kBit) {
       HandleControl(peer, id, msg);
-      return;
+      return false;
     }
     requests_.FetchAdd(1, MemOrder::kRelaxed);
     auto it = peers_.find(peer);
     if (it == peers_.end()) {
       Refuse(peer, id, ErrorCode::kInvalidArgument,
              "not connected: send the ClientConnect handshake first");
-      return;
+      return false;
     }
     if (shutting_down_.Load(MemOrder::kAcquire) != 0) {
       Refuse(peer, id, ErrorCode::kShutdown, "the runtime is shutting down");
-      return;
+      return false;
     }
     ZmqAnswerSlot *slot = pool_.Take();
     slot->peer = peer;
-    // relaxed: the count is this thread's to raise; workers read it as a hint.
+    // relaxed: raised under sock_mu_; workers read it as a hint.
     const u64 outstanding = outstanding_.FetchAdd(1, MemOrder::kRelaxed) + 1;  // Monitor counts it
     ++it->second.outstanding;  // DeliverAnswer takes both back, answer or error
     it->second.active = true;  // not quiet: the probe round leaves it alone
+    if (rescued) {
+      Pending p{slot, std::move(msg)};
+      DispatchOne(p, false);
+      return true;
+    }
     pending_.push_back(Pending{slot, std::move(msg)});
     // Few in flight: dispatched after the pass, to run here. Many (a stream): now, in
     // order, to the lanes, so that the workers run them while this pass goes on receiving.
     if (outstanding > kDirectMaxOutstanding) DispatchPending(false);
+    return true;
   }
 
   RequestDispatcher *dispatcher_ = nullptr;
@@ -416,6 +491,8 @@ class ZmqServer final : public ZmqServerSockets,
   bool after_timeout_ = false;      ///< network worker: its last sleep timed out
   u64 next_reap_ = 0;               ///< network worker: when Reap runs next
   std::vector<Pending> pending_;    ///< network worker only: taken, not dispatched
+  Atomic<u64> polls_;               ///< the network worker's polls (NetworkPolls)
+  ZmqRescue rescue_;                ///< serves the sockets while the network worker is stuck
   ZmqDoorbell doorbell_;
   Atomic<u32> wake_asked_;  ///< a worker took a socket's wake-up: the network worker must look
 };

@@ -47,6 +47,11 @@ struct ZmqServerStats {
    * that landed just then. Expected 0.
    */
   u64 late_wakeups = 0;
+  /**
+   * Requests taken in by the rescue thread while a task held the network worker without
+   * yielding (zmq_server_rescue.h); they ran on the low-latency workers.
+   */
+  u64 rescued = 0;
 };
 
 /** How a ZeroMQ server binds and what it accepts. */
@@ -78,6 +83,7 @@ class ZmqServerSockets {
     s.answers_dropped = dropped_.Load(MemOrder::kRelaxed);
     s.sleeps = sleeps_.Load(MemOrder::kRelaxed);
     s.late_wakeups = late_wakeups_.Load(MemOrder::kRelaxed);
+    s.rescued = rescued_.Load(MemOrder::kRelaxed);
     return s;
   }
 
@@ -330,6 +336,7 @@ class ZmqServerSockets {
   Atomic<u64> dropped_;
   Atomic<u64> sleeps_;
   Atomic<u64> late_wakeups_;  ///< see ZmqServerStats
+  Atomic<u64> rescued_;       ///< see ZmqServerStats
 };
 
 }  // namespace chi

@@ -133,11 +133,13 @@ struct TransportStats {
   chi::u64 late_wakeups_ = 0;
   /** Times a runtime thread moved off a CPU it kept sharing with a spinning client (shm). */
   chi::u64 cpu_moves_ = 0;
+  /** Requests served while a task held the network worker without yielding (zmq). */
+  chi::u64 rescued_ = 0;
 
   template <typename Ar>
   void serialize(Ar &ar) {
     ar(name_, clients_, clients_reaped_, tasks_outstanding_, bytes_held_, requests_,
-       requests_refused_, answers_dropped_, sleeps_, late_wakeups_, cpu_moves_);
+       requests_refused_, answers_dropped_, sleeps_, late_wakeups_, cpu_moves_, rescued_);
   }
 };
 
