@@ -342,6 +342,17 @@ class ClientSession {
   bool ok_ = false;
 };
 
+/** Runs body(mode) once per ZeroMQ transport ("ipc", "tcp"), each in a session of its own. */
+template <typename Body>
+void ForEachZmqSession(u32 port, Body body) {
+  for (const std::string mode : {"ipc", "tcp"}) {
+    CAPTURE(mode);
+    ClientSession session(port, mode);
+    REQUIRE(session.ok());
+    body(mode);
+  }
+}
+
 /** Creates the demo pool through the current session. */
 inline chimaera::demo::Client DemoClient() {
   chimaera::demo::Client c;
@@ -397,6 +408,13 @@ inline bool AwaitFile(const std::string &path, double sec = 20) {
 inline bool StopThroughSession() {
   auto f = chimaera::admin::Client().AsyncStopRuntime(chi::PoolQuery::Local());
   return f.Wait(20);
+}
+
+/** Stops the runtime on `port` through a tcp session of its own; true when it answered. */
+inline bool StopThroughNewSession(u32 port) {
+  ClientSession session(port, "tcp");
+  REQUIRE(session.ok());
+  return StopThroughSession();
 }
 
 /**

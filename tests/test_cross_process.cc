@@ -134,11 +134,7 @@ TEST_CASE("demo calls cross the process boundary over every transport") {
     REQUIRE(lost.Wait(10));
     CHECK(lost->GetReturnCode() == static_cast<u32>(chi::ErrorCode::kUnknownPool));
   }
-  {
-    ClientSession session(server.port(), "tcp");
-    REQUIRE(session.ok());
-    CHECK(StopThroughSession());
-  }
+  CHECK(StopThroughNewSession(server.port()));
   CHECK(server.WaitExit() == 0);
   bool stale = true;
   CHECK(chi::RuntimeSegments::FindOwner(server.port(), &stale) == 0);
@@ -187,19 +183,14 @@ TEST_CASE("ZeroMQ clients whose wait helper is taken (as in a GPU client) get ev
     }
     for (pid_t p : clients) CHECK(chi_test::WaitChild(p, 90) == 0);
   }
-  ClientSession session(server.port(), "tcp");
-  REQUIRE(session.ok());
-  CHECK(StopThroughSession());
+  CHECK(StopThroughNewSession(server.port()));
   CHECK(server.WaitExit() == 0);
 }
 
 TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them themselves") {
   ServerProcess server(TestPort(14));
   REQUIRE(server.ok());
-  for (const std::string mode : {"ipc", "tcp"}) {
-    CAPTURE(mode);
-    ClientSession session(server.port(), mode);
-    REQUIRE(session.ok());
+  ForEachZmqSession(server.port(), [&](const std::string &) {
     chimaera::demo::Client c = DemoClient();
     SequentialGpuSubmits(c, 3, 100);  // one caller, one task at a time
     auto *zmq = dynamic_cast<chi::ZmqClientTransport *>(chi::Chimaera::Get().GetTransport());
@@ -227,7 +218,7 @@ TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them th
     s = zmq->Stats();
     CHECK(s.late_wakeups == 0);
     CHECK(s.outstanding == 0);
-  }
+  });
   ClientSession session(server.port(), "tcp");
   REQUIRE(session.ok());
   // Spaced requests find the runtime's network worker asleep in poll() on its sockets
@@ -248,10 +239,7 @@ TEST_CASE("ZeroMQ callers waiting on their own round trips send and take them th
 TEST_CASE("a ZeroMQ caller's round trips do not wake its network thread; unawaited answers come") {
   ServerProcess server(TestPort(3));
   REQUIRE(server.ok());
-  for (const std::string mode : {"ipc", "tcp"}) {
-    CAPTURE(mode);
-    ClientSession session(server.port(), mode);
-    REQUIRE(session.ok());
+  ForEachZmqSession(server.port(), [&](const std::string &) {
     auto *zmq = dynamic_cast<chi::ZmqClientTransport *>(chi::Chimaera::Get().GetTransport());
     REQUIRE(zmq != nullptr);
     chimaera::demo::Client c = DemoClient();
@@ -290,10 +278,8 @@ TEST_CASE("a ZeroMQ caller's round trips do not wake its network thread; unawait
     const chi::ZmqClientStats after = zmq->Stats();
     CHECK(after.late_wakeups == 0);
     CHECK(after.outstanding == 0);
-  }
-  ClientSession session(server.port(), "tcp");
-  REQUIRE(session.ok());
-  CHECK(StopThroughSession());
+  });
+  CHECK(StopThroughNewSession(server.port()));
   CHECK(server.WaitExit() == 0);
 }
 
@@ -302,10 +288,7 @@ TEST_CASE("a task sleeping on the network worker does not hold up other ZeroMQ r
   // waits there suspends its fiber, and the worker goes on serving the sockets.
   ServerProcess server(TestPort(15));
   REQUIRE(server.ok());
-  for (const std::string mode : {"ipc", "tcp"}) {
-    CAPTURE(mode);
-    ClientSession session(server.port(), mode);
-    REQUIRE(session.ok());
+  ForEachZmqSession(server.port(), [&](const std::string &) {
     chimaera::demo::Client c = DemoClient();
     constexpr chi::u64 kHoldNs = 2000000000ull;  // far longer than the round trips below
     auto held = c.AsyncLockHold(chi::PoolQuery::Local(), chimaera::demo::LockMode::kWrite,
@@ -321,10 +304,8 @@ TEST_CASE("a task sleeping on the network worker does not hold up other ZeroMQ r
     // The 50 round trips were all answered while the first task still slept.
     CHECK(served < held->end_ns_);
     CHECK(waiting->start_ns_ >= held->end_ns_);  // the second writer got the lock after it
-  }
-  ClientSession session(server.port(), "tcp");
-  REQUIRE(session.ok());
-  CHECK(StopThroughSession());
+  });
+  CHECK(StopThroughNewSession(server.port()));
   CHECK(server.WaitExit() == 0);
 }
 
@@ -335,10 +316,7 @@ TEST_CASE("a task spinning on the network worker does not hold up other ZeroMQ r
   // answered only after the spin.
   ServerProcess server(TestPort(4));
   REQUIRE(server.ok());
-  for (const std::string mode : {"ipc", "tcp"}) {
-    CAPTURE(mode);
-    ClientSession session(server.port(), mode);
-    REQUIRE(session.ok());
+  ForEachZmqSession(server.port(), [&](const std::string &mode) {
     chimaera::demo::Client c = DemoClient();
     const chi::u64 rescued_before = ServerStats().rescued_;
     constexpr chi::u64 kSpinNs = 1500000000ull;  // far longer than the round trips below
@@ -359,10 +337,8 @@ TEST_CASE("a task spinning on the network worker does not hold up other ZeroMQ r
                  << static_cast<double>(first_ns - sent) / 1e6 << " ms after it was sent");
     CHECK(served < spin->end_ns_);  // all 22 were answered while the spin went on
     CHECK(zmq.rescued_ - rescued_before >= 21);
-  }
-  ClientSession session(server.port(), "tcp");
-  REQUIRE(session.ok());
-  CHECK(StopThroughSession());
+  });
+  CHECK(StopThroughNewSession(server.port()));
   CHECK(server.WaitExit() == 0);
 }
 
