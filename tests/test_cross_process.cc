@@ -312,7 +312,7 @@ TEST_CASE("a task sleeping on the network worker does not hold up other ZeroMQ r
 TEST_CASE("a task spinning on the network worker does not hold up other ZeroMQ requests") {
   // A task that never yields holds the network worker for its whole length; meanwhile the
   // server's rescue thread takes the requests off the sockets and hands them to the
-  // low-latency workers (zmq_server_rescue.h). Without it, every request here would be
+  // low-latency workers (poller_rescue.h). Without it, every request here would be
   // answered only after the spin.
   ServerProcess server(TestPort(4));
   REQUIRE(server.ok());

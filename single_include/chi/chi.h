@@ -16268,7 +16268,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
 // network worker sleeps in poll() on the sockets' ZMQ_FDs and its doorbell, as a raw
 // ZeroMQ server sleeps in recv: a request costs the wake-up raw ZeroMQ pays, no more.
 // While a task holds the network worker without yielding, a rescue thread serves the
-// sockets (zmq_server_rescue.h). The sockets, the client table and the sending of answers
+// sockets (poller_rescue.h). The sockets, the client table and the sending of answers
 // are zmq_server_sockets.h.
 // Invariants: sockets and the peer table are used only under sock_mu_, and by the
 // ZMQ_FD rule (zmq_common.h): the network worker receives until EAGAIN or passes
@@ -16284,101 +16284,115 @@ class ZmqClientTransport final : public ZmqClientConnection {
 
 #include <zmq.hpp>  // cppzmq
 
-// ---- begin chi/transport/zmq_server_rescue.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_RESCUE_H
-#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_RESCUE_H
-// ZmqRescue: serves a ZeroMQ server's sockets while its network worker is stuck in a task.
-// The network worker runs the tasks of requests that arrive while few are in flight itself
-// (no hop to another thread); a task that holds it without yielding (a long computation, a
-// blocking call: work that should have been TASK_HIGH_LATENCY) would otherwise leave every
-// other ZeroMQ client unanswered for as long as it runs. A thread of the server looks every
-// kLook (kIdleLook while the worker sleeps on its sockets): when the worker was awake at
-// two looks and polled its sockets not once in between, the thread takes the sockets
-// whenever their lock is free, sends the answers queued for them and hands new requests
-// to the low-latency workers' lanes, sleeping on the sockets' fds (at most kPassMs)
-// between passes, until the worker polls again.
-// Invariant: the thread uses the sockets only under their lock and receives until EAGAIN
-// (or passes again at once), so it leaves them as the ZMQ_FD rule (zmq_common.h) wants.
-// Cost to the network worker: one relaxed store per poll; to an idle runtime: a wake-up of
-// this thread every kIdleLook.
+// ---- begin chi/runtime/poller_rescue.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_POLLER_RESCUE_H
+#define CHI_SINGLE_INCLUDE_CHI_RUNTIME_POLLER_RESCUE_H
+// PollerRescue: serves a poller worker's input while the worker is stuck in a task. A poller
+// worker (the ZeroMQ server's network worker, the GPU worker) runs the tasks its poller takes
+// in itself, with no hop to another thread; a task that holds it without yielding (a long
+// computation, a blocking call: work that should have been TASK_HIGH_LATENCY) would leave
+// everything else that arrives there (other ZeroMQ clients, other GPU blocks) unserved for
+// as long as it runs. A thread of the poller looks every kLook (kIdleLook while the worker
+// sleeps on its input): when the worker was awake at two looks and polled not once in
+// between, the thread passes over the input itself (the poller's RescuePass: answers out,
+// new requests to the low-latency workers' lanes), waiting for input between passes (at
+// most kPassMs), until the worker polls again.
+// Invariant: a pass and the worker's own polling exclude each other (each poller says how),
+// so the input is never read by two threads at once.
+// Cost to the worker: one relaxed store per poll; to an idle runtime: a wake-up of this
+// thread every kIdleLook.
 
 #include <pthread.h>  // pthread_setname_np for the thread
 
 #include <chrono>              // the looks' period
 #include <condition_variable>  // Stop interrupts a look's wait
+#include <memory>              // the thread (a forked child keeps its parent's, unjoined)
 #include <mutex>               // guards stop_ for the condition variable
+#include <new>                 // placement new: a forked child's fresh lock
 #include <thread>              // the rescue thread
 
 namespace chi {
 
-/** What ZmqRescue needs of its server (ZmqServer implements it). */
-class ZmqRescuable {
+/** What PollerRescue needs of the poller it rescues. */
+class RescuablePoller {
  public:
-  /** A count the network worker raises on every poll of its sockets. */
-  virtual u64 NetworkPolls() const = 0;
-  /** True while the network worker sleeps on its sockets (not stuck, just idle). */
-  virtual bool NetworkSleeping() const = 0;
+  /** A count the worker raises every time it polls its input. */
+  virtual u64 WorkerPolls() const = 0;
+  /** True while the worker sleeps on its input (idle, not stuck). */
+  virtual bool WorkerSleeping() const = 0;
   /**
-   * One pass over the sockets for the stuck worker, if their lock is free: queued answers
-   * out, new requests to the lanes. True when it left requests waiting (pass again now:
-   * the fds will not say so).
+   * One pass over the input for the stuck worker, unless the worker (or nothing) holds it
+   * now: answers out, new requests to the lanes. True when it left input waiting (pass again
+   * at once: waiting would not say so).
    */
   virtual bool RescuePass() = 0;
-  /** Sleeps until a socket's fd is readable, at most timeout_ms. */
-  virtual void AwaitSockets(int timeout_ms) = 0;
+  /** Sleeps until input may have come, at most timeout_ms. */
+  virtual void AwaitInput(int timeout_ms) = 0;
 
  protected:
-  ~ZmqRescuable() = default;
+  ~RescuablePoller() = default;
 };
 
-/** The rescue thread of one ZeroMQ server (see the file comment). */
-class ZmqRescue {
+/** The rescue thread of one poller (see the file comment). */
+class PollerRescue {
  public:
-  /** How often the thread looks at the network worker's poll count while it is awake. */
+  /** How often the thread looks at the worker's poll count while it is awake. */
   static constexpr std::chrono::milliseconds kLook{10};
-  /** How often while it sleeps on its sockets (idle: nothing can hold it up). */
+  /** How often while it sleeps on its input (idle: nothing can hold it up). */
   static constexpr std::chrono::milliseconds kIdleLook{100};
-  /** Longest sleep on the sockets between two passes while the worker is stuck. */
+  /** Longest wait for input between two passes while the worker is stuck. */
   static constexpr int kPassMs = 1;
 
-  ZmqRescue() = default;
-  ~ZmqRescue() { Stop(); }
-  ZmqRescue(const ZmqRescue &) = delete;
-  ZmqRescue &operator=(const ZmqRescue &) = delete;
+  PollerRescue() = default;
+  ~PollerRescue() { Stop(); }
+  PollerRescue(const PollerRescue &) = delete;
+  PollerRescue &operator=(const PollerRescue &) = delete;
 
-  /** Starts watching `server`'s network worker (once the worker runs). */
-  void Start(ZmqRescuable *server) {
-    if (thread_.joinable()) return;
+  /** Starts watching `poller`'s worker (once the worker runs); the thread is named `name`. */
+  void Start(RescuablePoller *poller, const char *name) {
+    if (thread_ != nullptr) return;
     stop_ = false;
-    thread_ = std::thread([this, server] { Run(server); });
+    thread_ = std::make_unique<std::thread>([this, poller, name] { Run(poller, name); });
   }
 
-  /** Stops the thread and joins it (idempotent); the sockets are the worker's alone again. */
+  /** Stops the thread and joins it (idempotent); the input is the worker's alone again. */
   void Stop() {
-    if (!thread_.joinable()) return;
+    if (thread_ == nullptr) return;
     {
       std::lock_guard<std::mutex> g(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    thread_.join();
+    thread_->join();
+    thread_.reset();
+  }
+
+  /**
+   * In a forked child: the thread was the parent's. Keeps its handle unjoined
+   * (KeepInherited) and makes the lock and condition fresh, so Stop and Start work here.
+   */
+  void ForgetAfterFork() {
+    KeepInherited(std::move(thread_));
+    new (&mu_) std::mutex();
+    new (&cv_) std::condition_variable();
+    stop_ = false;
   }
 
  private:
-  /** Looks at the worker now and then; serves the sockets through each stretch it is stuck. */
-  void Run(ZmqRescuable *server) {
-    pthread_setname_np(pthread_self(), "chi-zmq-rescue");
-    u64 seen = server->NetworkPolls();
-    bool awake = !server->NetworkSleeping();
+  /** Looks at the worker now and then; serves its input through each stretch it is stuck. */
+  void Run(RescuablePoller *poller, const char *name) {
+    pthread_setname_np(pthread_self(), name);
+    u64 seen = poller->WorkerPolls();
+    bool awake = !poller->WorkerSleeping();
     while (!WaitLook(awake ? kLook : kIdleLook)) {
-      const u64 polls = server->NetworkPolls();
-      const bool awake_now = !server->NetworkSleeping();
+      const u64 polls = poller->WorkerPolls();
+      const bool awake_now = !poller->WorkerSleeping();
       const bool stuck = polls == seen && awake && awake_now;
       seen = polls;
       awake = awake_now;
-      while (stuck && !Stopping() && server->NetworkPolls() == seen &&
-             !server->NetworkSleeping()) {
-        if (!server->RescuePass()) server->AwaitSockets(kPassMs);
+      while (stuck && !Stopping() && poller->WorkerPolls() == seen &&
+             !poller->WorkerSleeping()) {
+        if (!poller->RescuePass()) poller->AwaitInput(kPassMs);
       }
     }
   }
@@ -16395,15 +16409,15 @@ class ZmqRescue {
     return stop_;
   }
 
-  std::thread thread_;
+  std::unique_ptr<std::thread> thread_;
   std::mutex mu_;                ///< guards stop_
   std::condition_variable cv_;   ///< Stop's wake-up of a look's wait
   bool stop_ = false;            ///< under mu_
 };
 
 }  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_RESCUE_H
-// ---- end chi/transport/zmq_server_rescue.h ----
+#endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_POLLER_RESCUE_H
+// ---- end chi/runtime/poller_rescue.h ----
 // ---- begin chi/transport/zmq_server_sockets.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_SOCKETS_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_ZMQ_SERVER_SOCKETS_H
@@ -16566,7 +16580,7 @@ struct ZmqServerStats {
   u64 late_wakeups = 0;
   /**
    * Requests taken in by the rescue thread while a task held the network worker without
-   * yielding (zmq_server_rescue.h); they ran on the low-latency workers.
+   * yielding (poller_rescue.h); they ran on the low-latency workers.
    */
   u64 rescued = 0;
 };
@@ -16867,7 +16881,7 @@ class ZmqServer final : public ZmqServerSockets,
                         public TaskCompleter,
                         public WorkerPoller,
                         public WorkerParker,
-                        public ZmqRescuable {
+                        public RescuablePoller {
  public:
   using Options = ZmqServerOptions;
 
@@ -16912,7 +16926,7 @@ class ZmqServer final : public ZmqServerSockets,
     worker_->ReplacePoller(nullptr, this);
     worker_->SetParker(this, opt_.spin_ns);
     worker_->Start();
-    rescue_.Start(this);
+    rescue_.Start(this, "chi-zmq-rescue");
   }
 
   /**
@@ -17009,12 +17023,12 @@ class ZmqServer final : public ZmqServerSockets,
   /** WorkerParker: ends the network worker's sleep (any thread). */
   void Interrupt() override { doorbell_.Signal(); }
 
-  // ---- The rescue thread (ZmqRescuable; zmq_server_rescue.h) ----
+  // ---- The rescue thread (RescuablePoller; poller_rescue.h) ----
 
   /** How many times the network worker polled its sockets (relaxed: a mark of progress). */
-  u64 NetworkPolls() const override { return polls_.Load(MemOrder::kRelaxed); }
+  u64 WorkerPolls() const override { return polls_.Load(MemOrder::kRelaxed); }
   /** True while the network worker sleeps in poll() (Sleep), idle rather than stuck. */
-  bool NetworkSleeping() const override { return doorbell_.Sleeping(); }
+  bool WorkerSleeping() const override { return doorbell_.Sleeping(); }
 
   /**
    * For a network worker stuck in a task: sends the queued answers and hands every request
@@ -17023,7 +17037,7 @@ class ZmqServer final : public ZmqServerSockets,
    */
   bool RescuePass() override {
     std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
-    if (!lock.owns_lock() || sockets_closed_) return false;
+    if (!lock.owns_lock() || sockets_closed_) return false;  // the worker passes after all
     const SocketsHeld held;  // a task failed at once answers through the queue, not SendNow
     DrainAnswers();
     bool more = false;
@@ -17044,7 +17058,7 @@ class ZmqServer final : public ZmqServerSockets,
   }
 
   /** Sleeps in poll() on the sockets' fds (not the doorbell: the network worker's). */
-  void AwaitSockets(int timeout_ms) override {
+  void AwaitInput(int timeout_ms) override {
     pollfd items[2];
     nfds_t n = 0;
     for (int i = 0; i < 2; ++i) {
@@ -17319,8 +17333,8 @@ class ZmqServer final : public ZmqServerSockets,
   bool after_timeout_ = false;      ///< network worker: its last sleep timed out
   u64 next_reap_ = 0;               ///< network worker: when Reap runs next
   std::vector<Pending> pending_;    ///< network worker only: taken, not dispatched
-  Atomic<u64> polls_;               ///< the network worker's polls (NetworkPolls)
-  ZmqRescue rescue_;                ///< serves the sockets while the network worker is stuck
+  Atomic<u64> polls_;               ///< the network worker's polls (WorkerPolls)
+  PollerRescue rescue_;             ///< serves the sockets while the network worker is stuck
   ZmqDoorbell doorbell_;
   Atomic<u32> wake_asked_;  ///< a worker took a socket's wake-up: the network worker must look
 };
@@ -18777,11 +18791,14 @@ struct GpuPoolTable {
 // another thread; a task may still wait, in its fiber), and whose TaskCompleter writes the
 // answer back into the slot. It serves the gpu2cpu queues applications register
 // (RegisterQueue, user_queues.h) the same way. High-latency tasks go to those workers.
+// While a task holds the thread without yielding, a rescue thread serves the gpu2cpu
+// queues instead, handing their tasks to the low-latency workers (poller_rescue.h).
 // A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
 // gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
 // Invariant: every task given to Send completes exactly once, with its answer or an error
 // (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
 
+#include <time.h>    // nanosleep: the rescue thread's wait between passes
 #include <unistd.h>  // getpid: the claim words hold the claimer's pid
 
 #include <climits>  // INT_MAX: wake every parked sender
@@ -19089,7 +19106,10 @@ struct GpuLink {
 };
 
 /** The GPU-worker thread and the CPU->GPU transport. */
-class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerPoller {
+class GpuWorker : public ClientTransport,
+                  private TaskCompleter,
+                  private WorkerPoller,
+                  private RescuablePoller {
  public:
   static constexpr u64 kMinNapNs = 20000;    ///< first idle nap
   static constexpr u64 kMaxNapNs = 1000000;  ///< longest idle nap (gpu2cpu latency when idle)
@@ -19098,6 +19118,8 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
   static constexpr u64 kReapPeriodNs = 100000000;  ///< how often the runtime looks for dead clients
   static constexpr u32 kUserLinkBase = 1u << 16;   ///< link index of user queue 0 (task cookies)
   static constexpr u64 kClientStackBytes = 64 * 1024;  ///< a client's worker runs no tasks
+  /** The rescue thread's wait between passes over the gpu2cpu queues (a stuck worker's). */
+  static constexpr u64 kRescueNapNs = 50000;
 
   GpuWorker() = default;
   ~GpuWorker() override { Stop(); }
@@ -19131,6 +19153,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
                                                            nullptr, 0, kClientStackBytes);
       worker_->ReplacePoller(nullptr, this);
       worker_->Start();
+      if (orch != nullptr) rescue_.Start(this, "chi-gpu-rescue");  // it serves gpu2cpu
       // Beside a pure client's transport helper, if any (a process holds up to four).
       helping_ = WaitHelper::Install(&helper_);
     }
@@ -19155,6 +19178,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
 
   /** Joins the thread, then fails every CPU->GPU task still waiting with kShutdown. */
   void Stop() {
+    rescue_.Stop();  // the kernels are stopped: no request comes that needs rescuing
     closing_.Store(1, MemOrder::kSeqCst);
     stop_.Store(1, MemOrder::kRelease);
     Wake();
@@ -19185,6 +19209,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
    */
   void ForgetAfterFork() {
     KeepInherited(std::move(worker_));
+    rescue_.ForgetAfterFork();
     helping_ = false;
     links_.clear();
     user_.ForgetAfterFork();
@@ -19395,10 +19420,53 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
       did |= ReapDeadClients() != 0;
       next_reap_ = NowNs() + kReapPeriodNs;
     }
+    polls_.AddOwned(1);  // only this thread writes it: the rescue thread's sign of progress
     did |= TakeAnswers();
+    did |= ServeAll();
+    return did;
+  }
+
+  /**
+   * Takes in the gpu2cpu requests of every link and registered queue, unless another thread
+   * does (the rescue thread while this worker is stuck, or this worker): one reader at a
+   * time, as the queues' served_ words and the user queues' busy flags require.
+   */
+  bool ServeAll() {
+    u32 idle = 0;
+    // acquire: the previous reader's served_ words and slot reads happen before ours.
+    if (!serving_.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+    bool did = false;
     for (u32 i = 0; i < links_.size(); ++i) did |= ServeRequests(*links_[i], i);
     did |= user_.Serve([this](GpuLink &l, u32 i) { return ServeRequests(l, kUserLinkBase + i); });
+    serving_.Store(0, MemOrder::kRelease);  // release: ours happen before the next reader's
     return did;
+  }
+
+  // ---- The rescue thread (RescuablePoller; poller_rescue.h) ----
+
+  /** How many times the worker polled the queues (relaxed: a mark of progress). */
+  u64 WorkerPolls() const override { return polls_.Load(MemOrder::kRelaxed); }
+  /** True while the worker naps (EndPolling), idle rather than stuck. */
+  bool WorkerSleeping() const override { return sleeping_.Load(MemOrder::kRelaxed) != 0; }
+
+  /**
+   * For a worker stuck in a task: completes the CPU->GPU answers that came and takes in the
+   * gpu2cpu requests, whose tasks go to the low-latency workers' lanes (this thread is no
+   * runtime worker, so the dispatcher submits them there).
+   */
+  bool RescuePass() override {
+    TakeAnswers();
+    ServeAll();
+    return false;  // the queues are polled, not signalled: the next pass finds what comes
+  }
+
+  /** GPUs cannot wake a thread: sleeps a short while (bounded by timeout_ms). */
+  void AwaitInput(int timeout_ms) override {
+    const u64 ns = static_cast<u64>(timeout_ms) * 1000000 < kRescueNapNs
+                       ? static_cast<u64>(timeout_ms) * 1000000
+                       : kRescueNapNs;
+    timespec ts{0, static_cast<long>(ns)};
+    nanosleep(&ts, nullptr);
   }
 
   /**
@@ -19556,6 +19624,9 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
   Atomic<u64> senders_;
   alignas(kCacheLine) Atomic<u32> sleeping_;  ///< futex word: 1 while the thread naps
   alignas(kCacheLine) Atomic<u32> answering_;  ///< 1 while a thread runs CompleteAnswers
+  Atomic<u32> serving_;  ///< 1 while a thread takes in gpu2cpu requests (ServeAll)
+  Atomic<u64> polls_;    ///< the worker's polls (WorkerPolls)
+  PollerRescue rescue_;  ///< serves gpu2cpu while the worker is stuck in a task
   WaitHelper helper_{&GpuWorker::HelpWaiters, this};
   bool helping_ = false;  ///< helper_ is installed
 };

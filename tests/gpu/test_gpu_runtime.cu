@@ -1,7 +1,8 @@
 // The four GPU routes on a real GPU, in one process with an embedded runtime: CPU Local()
 // (CPU handler), a kernel's Local() (GPU handler, gpu2gpu), the CPU's LocalGpuBcast and
 // ToLocalGpu (cpu2gpu), a kernel's ToLocalCpu (gpu2cpu); parallel kernels, pause/resume,
-// bad input, a kernel that dies holding a slot, a forked child. Label gpu; without a GPU it
+// bad input, a kernel that dies holding a slot, a GPU->CPU task spinning on the GPU worker
+// while other GPU->CPU requests are served, a forked child. Label gpu; without a GPU it
 // prints "skipped: no GPU" and exits 77. Kernels only wait on the orchestrator, never the
 // reverse, and the host never synchronises the whole device (the orchestrator never returns).
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -14,7 +15,9 @@
 #include <chi/mods/demo/demo_runtime.h>
 #include <chi/runtime/chimaera.h>
 
+#include <chrono>  // the spin's head start
 #include <string>
+#include <thread>  // sleep_for
 #include <vector>
 
 #include "../child_process.h"  // ForkAndExit: a forked child's checks
@@ -93,14 +96,78 @@ __global__ void DyingKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 post) 
   }
 }
 
+/**
+ * Holds its worker for spin_ns without yielding (a task that should have been
+ * TASK_HIGH_LATENCY); reports when it let go and whether it ran on the GPU worker.
+ */
+struct SpinTask : public chi::Task {
+  IN u64 spin_ns_ = 0;
+  OUT u64 end_ns_ = 0;
+  OUT u32 on_gpu_worker_ = 0;
+
+  SpinTask() = default;
+  CHI_CROSS_FUN explicit SpinTask(u64 spin_ns) : spin_ns_(spin_ns) {}
+
+  template <typename Ar>
+  CHI_CROSS_FUN void SerializeIn(Ar &ar) {
+    ar(spin_ns_);
+  }
+  template <typename Ar>
+  CHI_CROSS_FUN void SerializeOut(Ar &ar) {
+    ar(end_ns_, on_gpu_worker_);
+  }
+};
+
+/** The CPU side of SpinTask, reached from kernels through ToLocalCpu(). */
+class SpinProbe : public chi::ModuleRuntime<SpinProbe> {
+ public:
+  static constexpr chi::MethodId kSpin = 10;
+  /** A pool of the probe needs nothing set up. */
+  void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
+  /** Spins, never yielding its worker, for the time asked. */
+  void Spin(SpinTask &t, chi::RunContext &) {
+    const chi::Worker *w = chi::tls_current_worker;
+    t.on_gpu_worker_ = w != nullptr && w->GetRole() == chi::WorkerRole::kGpuPoller ? 1 : 0;
+    const u64 end = chi::MonotonicNs() + t.spin_ns_;
+    while (chi::MonotonicNs() < end) chi::CpuRelax();
+    t.end_ns_ = chi::MonotonicNs();
+  }
+  using Methods = chi::MethodList<
+      chi::Method<0, chimaera::admin::CreatePoolTask, &SpinProbe::Create, "Create">,
+      chi::Method<kSpin, SpinTask, &SpinProbe::Spin, "Spin">>;
+};
+const bool kSpinProbeRegistered = chi::ModuleManager::Register<SpinProbe>("gpu_spin_probe");
+const chi::PoolId kSpinPool(421, 0);
+
+/** What SpinKernel leaves in device memory. */
+struct SpinResult {
+  u64 end_ns;  ///< when the CPU task let go of its worker
+  u32 rc;      ///< its return code (999: no answer)
+  u32 on_gpu_worker;
+};
+
+/** One thread asks the CPU for a SpinTask of spin_ns and waits for it. */
+__global__ void SpinKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u64 spin_ns,
+                           SpinResult *out) {
+  CHIMAERA_GPU_INIT(info);
+  auto f = chi::gpu::AsyncSubmit<SpinTask>(pool, chi::PoolQuery::ToLocalCpu(), SpinProbe::kSpin,
+                                           spin_ns);
+  const bool done = f.Wait(4 * kTaskWaitSec);
+  out->rc = done ? f->GetReturnCode() : 999;
+  out->end_ns = done ? f->end_ns_ : 0;
+  out->on_gpu_worker = done ? f->on_gpu_worker_ : 0;
+}
+
 /** A user kernel that knows nothing of chi (runs while the orchestrator is paused). */
 __global__ void PlainKernel(u32 *x) { atomicAdd(x, 1u); }
 
 /** Device memory and a stream for the tests, made before the runtime starts. */
 struct Env {
   cudaStream_t stream = nullptr;
+  cudaStream_t spin_stream = nullptr;  ///< SpinKernel's, beside the other kernels
   Counters *counters = nullptr;
   u32 *plain = nullptr;
+  SpinResult *spin = nullptr;
 };
 Env g_env;
 
@@ -324,6 +391,38 @@ TEST_CASE("ToLocalGpu(1) reaches the second GPU when there is one") {
   CHECK(g->result_value_ == 231);
 }
 
+TEST_CASE("a GPU->CPU task spinning on the GPU worker does not hold up other GPU->CPU requests") {
+  // The GPU worker runs the tasks of gpu2cpu requests itself; one that never yields holds it
+  // for its whole length. Meanwhile its rescue thread takes the other requests in and hands
+  // them to the low-latency workers (poller_rescue.h); without it, the 320 requests below
+  // would all be answered only after the spin.
+  auto made = chimaera::admin::Client().AsyncCreatePool(chi::PoolQuery::Local(), "gpu_spin_probe",
+                                                        "gpu_spin_probe", kSpinPool);
+  REQUIRE(made.Wait(30));
+  REQUIRE_MESSAGE(made->GetReturnCode() == 0, made->GetMessage());
+  constexpr u64 kSpinNs = 1500000000ull;  // far longer than the round trips below
+  const chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
+  REQUIRE(cudaMemsetAsync(g_env.spin, 0, sizeof(SpinResult), g_env.spin_stream) == cudaSuccess);
+  SpinKernel<<<1, 1, 0, g_env.spin_stream>>>(info, kSpinPool, kSpinNs, g_env.spin);
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // it holds the worker now
+  const u64 sent = chi::NowNs();
+  Counters c = Submit(kToLocalCpu, 1, 32, 10);
+  const u64 served = chi::NowNs();  // CLOCK_MONOTONIC, as the task's stamp
+  REQUIRE(chi::gpu::WaitStream(g_env.spin_stream, kKernelTimeoutNs).ok());
+  SpinResult spin{};
+  REQUIRE(cudaMemcpy(&spin, g_env.spin, sizeof(spin), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(c.correct == 320);
+  CHECK(c.wrong == 0);
+  CHECK(spin.rc == 0);
+  CHECK(spin.on_gpu_worker == 1);  // it ran where it holds up the gpu2cpu queues
+  MESSAGE("320 GPU->CPU round trips behind the spin took "
+          << static_cast<double>(served - sent) / 1e6 << " ms; the spin ended "
+          << (static_cast<double>(spin.end_ns) - static_cast<double>(served)) / 1e6
+          << " ms after them");
+  CHECK(served < spin.end_ns);  // all were answered while the spin went on
+}
+
 TEST_CASE("a forked child leaves the parent's GPUs alone and its own runtime names the fork") {
   const std::string parent = std::to_string(getpid());
   const int rc = chi_test::ForkAndExit([&](chi_test::ChildChecks &checks) {
@@ -364,8 +463,11 @@ TEST_CASE("a forked child leaves the parent's GPUs alone and its own runtime nam
 int main(int argc, char **argv) {
   return chi_gpu_test::RunWithRuntime(argc, argv, "gpu_runtime_test", kPool, [] {
     return cudaStreamCreateWithFlags(&g_env.stream, cudaStreamNonBlocking) == cudaSuccess &&
+           cudaStreamCreateWithFlags(&g_env.spin_stream, cudaStreamNonBlocking) == cudaSuccess &&
            cudaMalloc(&g_env.counters, sizeof(Counters)) == cudaSuccess &&
            cudaMalloc(&g_env.plain, sizeof(u32)) == cudaSuccess &&
+           cudaMalloc(&g_env.spin, sizeof(SpinResult)) == cudaSuccess &&
+           chi::gpu::PreloadKernel(SpinKernel) == cudaSuccess &&
            chi::gpu::PreloadKernel(SubmitKernel) == cudaSuccess &&
            chi::gpu::PreloadKernel(AsyncKernel) == cudaSuccess &&
            chi::gpu::PreloadKernel(DyingKernel) == cudaSuccess &&

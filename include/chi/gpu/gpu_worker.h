@@ -6,12 +6,15 @@
 // another thread; a task may still wait, in its fiber), and whose TaskCompleter writes the
 // answer back into the slot. It serves the gpu2cpu queues applications register
 // (RegisterQueue, user_queues.h) the same way. High-latency tasks go to those workers.
+// While a task holds the thread without yielding, a rescue thread serves the gpu2cpu
+// queues instead, handing their tasks to the low-latency workers (poller_rescue.h).
 // A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
 // gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
 // Invariant: every task given to Send completes exactly once, with its answer or an error
 // (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
 #pragma once
 
+#include <time.h>    // nanosleep: the rescue thread's wait between passes
 #include <unistd.h>  // getpid: the claim words hold the claimer's pid
 
 #include <climits>  // INT_MAX: wake every parked sender
@@ -29,6 +32,7 @@
 #include "chi/gpu/host_slots.h"                // cpu2gpu claims shared across processes
 #include "chi/gpu/mailbox.h"                   // GpuQueue
 #include "chi/gpu/user_queues.h"               // UserGpuQueues: registered gpu2cpu queues
+#include "chi/runtime/poller_rescue.h"        // serving gpu2cpu while the worker is stuck
 #include "chi/runtime/pool_manager.h"          // PoolManager
 #include "chi/runtime/run_context.h"           // CurrentRunContext
 #include "chi/runtime/work_orchestrator.h"     // WorkOrchestrator, Worker: the thread we run on
@@ -75,7 +79,10 @@ struct GpuLink {
 };
 
 /** The GPU-worker thread and the CPU->GPU transport. */
-class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerPoller {
+class GpuWorker : public ClientTransport,
+                  private TaskCompleter,
+                  private WorkerPoller,
+                  private RescuablePoller {
  public:
   static constexpr u64 kMinNapNs = 20000;    ///< first idle nap
   static constexpr u64 kMaxNapNs = 1000000;  ///< longest idle nap (gpu2cpu latency when idle)
@@ -84,6 +91,8 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
   static constexpr u64 kReapPeriodNs = 100000000;  ///< how often the runtime looks for dead clients
   static constexpr u32 kUserLinkBase = 1u << 16;   ///< link index of user queue 0 (task cookies)
   static constexpr u64 kClientStackBytes = 64 * 1024;  ///< a client's worker runs no tasks
+  /** The rescue thread's wait between passes over the gpu2cpu queues (a stuck worker's). */
+  static constexpr u64 kRescueNapNs = 50000;
 
   GpuWorker() = default;
   ~GpuWorker() override { Stop(); }
@@ -117,6 +126,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
                                                            nullptr, 0, kClientStackBytes);
       worker_->ReplacePoller(nullptr, this);
       worker_->Start();
+      if (orch != nullptr) rescue_.Start(this, "chi-gpu-rescue");  // it serves gpu2cpu
       // Beside a pure client's transport helper, if any (a process holds up to four).
       helping_ = WaitHelper::Install(&helper_);
     }
@@ -141,6 +151,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
 
   /** Joins the thread, then fails every CPU->GPU task still waiting with kShutdown. */
   void Stop() {
+    rescue_.Stop();  // the kernels are stopped: no request comes that needs rescuing
     closing_.Store(1, MemOrder::kSeqCst);
     stop_.Store(1, MemOrder::kRelease);
     Wake();
@@ -171,6 +182,7 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
    */
   void ForgetAfterFork() {
     KeepInherited(std::move(worker_));
+    rescue_.ForgetAfterFork();
     helping_ = false;
     links_.clear();
     user_.ForgetAfterFork();
@@ -381,10 +393,53 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
       did |= ReapDeadClients() != 0;
       next_reap_ = NowNs() + kReapPeriodNs;
     }
+    polls_.AddOwned(1);  // only this thread writes it: the rescue thread's sign of progress
     did |= TakeAnswers();
+    did |= ServeAll();
+    return did;
+  }
+
+  /**
+   * Takes in the gpu2cpu requests of every link and registered queue, unless another thread
+   * does (the rescue thread while this worker is stuck, or this worker): one reader at a
+   * time, as the queues' served_ words and the user queues' busy flags require.
+   */
+  bool ServeAll() {
+    u32 idle = 0;
+    // acquire: the previous reader's served_ words and slot reads happen before ours.
+    if (!serving_.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+    bool did = false;
     for (u32 i = 0; i < links_.size(); ++i) did |= ServeRequests(*links_[i], i);
     did |= user_.Serve([this](GpuLink &l, u32 i) { return ServeRequests(l, kUserLinkBase + i); });
+    serving_.Store(0, MemOrder::kRelease);  // release: ours happen before the next reader's
     return did;
+  }
+
+  // ---- The rescue thread (RescuablePoller; poller_rescue.h) ----
+
+  /** How many times the worker polled the queues (relaxed: a mark of progress). */
+  u64 WorkerPolls() const override { return polls_.Load(MemOrder::kRelaxed); }
+  /** True while the worker naps (EndPolling), idle rather than stuck. */
+  bool WorkerSleeping() const override { return sleeping_.Load(MemOrder::kRelaxed) != 0; }
+
+  /**
+   * For a worker stuck in a task: completes the CPU->GPU answers that came and takes in the
+   * gpu2cpu requests, whose tasks go to the low-latency workers' lanes (this thread is no
+   * runtime worker, so the dispatcher submits them there).
+   */
+  bool RescuePass() override {
+    TakeAnswers();
+    ServeAll();
+    return false;  // the queues are polled, not signalled: the next pass finds what comes
+  }
+
+  /** GPUs cannot wake a thread: sleeps a short while (bounded by timeout_ms). */
+  void AwaitInput(int timeout_ms) override {
+    const u64 ns = static_cast<u64>(timeout_ms) * 1000000 < kRescueNapNs
+                       ? static_cast<u64>(timeout_ms) * 1000000
+                       : kRescueNapNs;
+    timespec ts{0, static_cast<long>(ns)};
+    nanosleep(&ts, nullptr);
   }
 
   /**
@@ -542,6 +597,9 @@ class GpuWorker : public ClientTransport, private TaskCompleter, private WorkerP
   Atomic<u64> senders_;
   alignas(kCacheLine) Atomic<u32> sleeping_;  ///< futex word: 1 while the thread naps
   alignas(kCacheLine) Atomic<u32> answering_;  ///< 1 while a thread runs CompleteAnswers
+  Atomic<u32> serving_;  ///< 1 while a thread takes in gpu2cpu requests (ServeAll)
+  Atomic<u64> polls_;    ///< the worker's polls (WorkerPolls)
+  PollerRescue rescue_;  ///< serves gpu2cpu while the worker is stuck in a task
   WaitHelper helper_{&GpuWorker::HelpWaiters, this};
   bool helping_ = false;  ///< helper_ is installed
 };

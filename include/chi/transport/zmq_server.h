@@ -8,7 +8,7 @@
 // network worker sleeps in poll() on the sockets' ZMQ_FDs and its doorbell, as a raw
 // ZeroMQ server sleeps in recv: a request costs the wake-up raw ZeroMQ pays, no more.
 // While a task holds the network worker without yielding, a rescue thread serves the
-// sockets (zmq_server_rescue.h). The sockets, the client table and the sending of answers
+// sockets (poller_rescue.h). The sockets, the client table and the sending of answers
 // are zmq_server_sockets.h.
 // Invariants: sockets and the peer table are used only under sock_mu_, and by the
 // ZMQ_FD rule (zmq_common.h): the network worker receives until EAGAIN or passes
@@ -26,10 +26,10 @@
 #include <zmq.hpp>  // cppzmq
 
 #include "chi/core/atomic.h"                   // the wake-up request
+#include "chi/runtime/poller_rescue.h"        // serving the sockets while the worker is stuck
 #include "chi/runtime/work_orchestrator.h"     // NewPollerWorker, Worker, WorkerParker
 #include "chi/transport/request_dispatcher.h"  // Dispatch, EncodeAnswer
 #include "chi/transport/zmq_common.h"          // the doorbell, ZmqReadable
-#include "chi/transport/zmq_server_rescue.h"   // serving the sockets while the worker is stuck
 #include "chi/transport/zmq_server_sockets.h"  // sockets, clients, answers, counters
 
 namespace chi {
@@ -39,7 +39,7 @@ class ZmqServer final : public ZmqServerSockets,
                         public TaskCompleter,
                         public WorkerPoller,
                         public WorkerParker,
-                        public ZmqRescuable {
+                        public RescuablePoller {
  public:
   using Options = ZmqServerOptions;
 
@@ -84,7 +84,7 @@ class ZmqServer final : public ZmqServerSockets,
     worker_->ReplacePoller(nullptr, this);
     worker_->SetParker(this, opt_.spin_ns);
     worker_->Start();
-    rescue_.Start(this);
+    rescue_.Start(this, "chi-zmq-rescue");
   }
 
   /**
@@ -181,12 +181,12 @@ class ZmqServer final : public ZmqServerSockets,
   /** WorkerParker: ends the network worker's sleep (any thread). */
   void Interrupt() override { doorbell_.Signal(); }
 
-  // ---- The rescue thread (ZmqRescuable; zmq_server_rescue.h) ----
+  // ---- The rescue thread (RescuablePoller; poller_rescue.h) ----
 
   /** How many times the network worker polled its sockets (relaxed: a mark of progress). */
-  u64 NetworkPolls() const override { return polls_.Load(MemOrder::kRelaxed); }
+  u64 WorkerPolls() const override { return polls_.Load(MemOrder::kRelaxed); }
   /** True while the network worker sleeps in poll() (Sleep), idle rather than stuck. */
-  bool NetworkSleeping() const override { return doorbell_.Sleeping(); }
+  bool WorkerSleeping() const override { return doorbell_.Sleeping(); }
 
   /**
    * For a network worker stuck in a task: sends the queued answers and hands every request
@@ -195,7 +195,7 @@ class ZmqServer final : public ZmqServerSockets,
    */
   bool RescuePass() override {
     std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
-    if (!lock.owns_lock() || sockets_closed_) return false;
+    if (!lock.owns_lock() || sockets_closed_) return false;  // the worker passes after all
     const SocketsHeld held;  // a task failed at once answers through the queue, not SendNow
     DrainAnswers();
     bool more = false;
@@ -216,7 +216,7 @@ class ZmqServer final : public ZmqServerSockets,
   }
 
   /** Sleeps in poll() on the sockets' fds (not the doorbell: the network worker's). */
-  void AwaitSockets(int timeout_ms) override {
+  void AwaitInput(int timeout_ms) override {
     pollfd items[2];
     nfds_t n = 0;
     for (int i = 0; i < 2; ++i) {
@@ -491,8 +491,8 @@ class ZmqServer final : public ZmqServerSockets,
   bool after_timeout_ = false;      ///< network worker: its last sleep timed out
   u64 next_reap_ = 0;               ///< network worker: when Reap runs next
   std::vector<Pending> pending_;    ///< network worker only: taken, not dispatched
-  Atomic<u64> polls_;               ///< the network worker's polls (NetworkPolls)
-  ZmqRescue rescue_;                ///< serves the sockets while the network worker is stuck
+  Atomic<u64> polls_;               ///< the network worker's polls (WorkerPolls)
+  PollerRescue rescue_;             ///< serves the sockets while the network worker is stuck
   ZmqDoorbell doorbell_;
   Atomic<u32> wake_asked_;  ///< a worker took a socket's wake-up: the network worker must look
 };

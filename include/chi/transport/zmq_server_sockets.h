@@ -49,7 +49,7 @@ struct ZmqServerStats {
   u64 late_wakeups = 0;
   /**
    * Requests taken in by the rescue thread while a task held the network worker without
-   * yielding (zmq_server_rescue.h); they ran on the low-latency workers.
+   * yielding (poller_rescue.h); they ran on the low-latency workers.
    */
   u64 rescued = 0;
 };
