@@ -597,7 +597,9 @@ class GpuWorker : public ClientTransport,
   Atomic<u64> senders_;
   alignas(kCacheLine) Atomic<u32> sleeping_;  ///< futex word: 1 while the thread naps
   alignas(kCacheLine) Atomic<u32> answering_;  ///< 1 while a thread runs CompleteAnswers
-  Atomic<u32> serving_;  ///< 1 while a thread takes in gpu2cpu requests (ServeAll)
+  /// 1 while a thread takes in gpu2cpu requests (ServeAll); off answering_'s line, which
+  /// waiting callers write.
+  alignas(kCacheLine) Atomic<u32> serving_;
   Atomic<u64> polls_;    ///< the worker's polls (WorkerPolls)
   PollerRescue rescue_;  ///< serves gpu2cpu while the worker is stuck in a task
   WaitHelper helper_{&GpuWorker::HelpWaiters, this};
