@@ -17037,7 +17037,7 @@ class ZmqServer final : public ZmqServerSockets,
    */
   bool RescuePass() override {
     std::unique_lock<std::mutex> lock(sock_mu_, std::try_to_lock);
-    if (!lock.owns_lock() || sockets_closed_) return false;  // the worker passes after all
+    if (!lock.owns_lock() || sockets_closed_) return false;  // held: the next pass looks again
     const SocketsHeld held;  // a task failed at once answers through the queue, not SendNow
     DrainAnswers();
     bool more = false;
