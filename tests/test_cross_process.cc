@@ -6,62 +6,21 @@
 // test_cross_process_failures.cc. Ports come from test_ports.h, so parallel test binaries do
 // not collide.
 #include "cross_process_fixture.h"
+#include "spin_probe.h"  // the task that holds the network worker
 
 using namespace xp_test;
 
 namespace {
 
-/**
- * Holds its worker for spin_ns without yielding (a task that should have been
- * TASK_HIGH_LATENCY); reports when it let go and whether it ran on the network worker.
- */
-struct SpinTask : public chi::Task {
-  IN u64 spin_ns_ = 0;
-  OUT u64 end_ns_ = 0;
-  OUT u32 on_network_ = 0;
-
-  template <typename Ar>
-  void SerializeIn(Ar &ar) {
-    ar(spin_ns_);
-  }
-  template <typename Ar>
-  void SerializeOut(Ar &ar) {
-    ar(end_ns_, on_network_);
-  }
-};
-
-/** The runtime side of SpinTask (registered in every process of this binary). */
-class SpinProbe : public chi::ModuleRuntime<SpinProbe> {
- public:
-  static constexpr chi::MethodId kSpin = 10;
-  /** A pool of the probe needs nothing set up. */
-  void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
-  /** Spins, never yielding its worker, for the time asked. */
-  void Spin(SpinTask &t, chi::RunContext &) {
-    const chi::Worker *w = chi::tls_current_worker;
-    t.on_network_ = w != nullptr && w->GetRole() == chi::WorkerRole::kNetwork ? 1 : 0;
-    const u64 end = chi::MonotonicNs() + t.spin_ns_;
-    while (chi::MonotonicNs() < end) chi::CpuRelax();
-    t.end_ns_ = chi::MonotonicNs();
-  }
-  using Methods = chi::MethodList<
-      chi::Method<0, chimaera::admin::CreatePoolTask, &SpinProbe::Create, "Create">,
-      chi::Method<kSpin, SpinTask, &SpinProbe::Spin, "Spin">>;
-};
-const bool kSpinProbeRegistered = chi::ModuleManager::Register<SpinProbe>("xp_spin_probe");
 constexpr chi::PoolId kSpinPool(302, 0);
 
 /** Sends a SpinTask of `spin_ns` to the spin probe's pool (created on first use). */
-chi::Future<SpinTask> SendSpin(u64 spin_ns) {
-  auto made = chimaera::admin::Client().AsyncCreatePool(chi::PoolQuery::Local(), "xp_spin_probe",
-                                                        "xp_spin_probe", kSpinPool);
-  REQUIRE(made.Wait(30));
-  REQUIRE_MESSAGE(made->GetReturnCode() == 0, made->GetMessage());
-  auto *t = chi::NewTask<SpinTask>();
+chi::Future<spin_probe::SpinTask> SendSpin(u64 spin_ns) {
+  spin_probe::CreatePool(kSpinPool);
+  auto *t = chi::NewTask<spin_probe::SpinTask>(spin_ns);
   t->pool_id_ = kSpinPool;
   t->pool_query_ = chi::PoolQuery::Local();
-  t->method_ = SpinProbe::kSpin;
-  t->spin_ns_ = spin_ns;
+  t->method_ = spin_probe::SpinProbe::kSpin;
   return chi::GetIpcManager().Send(t);
 }
 
@@ -332,7 +291,7 @@ TEST_CASE("a task spinning on the network worker does not hold up other ZeroMQ r
     const chi::u64 served = chi::NowNs();
     REQUIRE(spin.Wait(30));
     CHECK(spin->GetReturnCode() == 0);
-    CHECK(spin->on_network_ == 1);  // it ran where it holds up the sockets
+    CHECK(spin->role_ == spin_probe::RoleOf(chi::WorkerRole::kNetwork));  // it holds the sockets
     MESSAGE(mode << ": the first request behind the spin was answered "
                  << static_cast<double>(first_ns - sent) / 1e6 << " ms after it was sent");
     CHECK(served < spin->end_ns_);  // all 22 were answered while the spin went on

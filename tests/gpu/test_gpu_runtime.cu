@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../child_process.h"  // ForkAndExit: a forked child's checks
+#include "../spin_probe.h"     // the GPU->CPU task that holds the GPU worker
 #include "gpu_test_main.h"      // main: GPU check, runtime, demo pool, doctest
 
 CHI_GPU_MODULES(chimaera::demo::GpuRuntime);
@@ -96,66 +97,25 @@ __global__ void DyingKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u32 post) 
   }
 }
 
-/**
- * Holds its worker for spin_ns without yielding (a task that should have been
- * TASK_HIGH_LATENCY); reports when it let go and whether it ran on the GPU worker.
- */
-struct SpinTask : public chi::Task {
-  IN u64 spin_ns_ = 0;
-  OUT u64 end_ns_ = 0;
-  OUT u32 on_gpu_worker_ = 0;
-
-  SpinTask() = default;
-  CHI_CROSS_FUN explicit SpinTask(u64 spin_ns) : spin_ns_(spin_ns) {}
-
-  template <typename Ar>
-  CHI_CROSS_FUN void SerializeIn(Ar &ar) {
-    ar(spin_ns_);
-  }
-  template <typename Ar>
-  CHI_CROSS_FUN void SerializeOut(Ar &ar) {
-    ar(end_ns_, on_gpu_worker_);
-  }
-};
-
-/** The CPU side of SpinTask, reached from kernels through ToLocalCpu(). */
-class SpinProbe : public chi::ModuleRuntime<SpinProbe> {
- public:
-  static constexpr chi::MethodId kSpin = 10;
-  /** A pool of the probe needs nothing set up. */
-  void Create(chimaera::admin::CreatePoolTask &, chi::RunContext &) {}
-  /** Spins, never yielding its worker, for the time asked. */
-  void Spin(SpinTask &t, chi::RunContext &) {
-    const chi::Worker *w = chi::tls_current_worker;
-    t.on_gpu_worker_ = w != nullptr && w->GetRole() == chi::WorkerRole::kGpuPoller ? 1 : 0;
-    const u64 end = chi::MonotonicNs() + t.spin_ns_;
-    while (chi::MonotonicNs() < end) chi::CpuRelax();
-    t.end_ns_ = chi::MonotonicNs();
-  }
-  using Methods = chi::MethodList<
-      chi::Method<0, chimaera::admin::CreatePoolTask, &SpinProbe::Create, "Create">,
-      chi::Method<kSpin, SpinTask, &SpinProbe::Spin, "Spin">>;
-};
-const bool kSpinProbeRegistered = chi::ModuleManager::Register<SpinProbe>("gpu_spin_probe");
 const chi::PoolId kSpinPool(421, 0);
 
 /** What SpinKernel leaves in device memory. */
 struct SpinResult {
   u64 end_ns;  ///< when the CPU task let go of its worker
   u32 rc;      ///< its return code (999: no answer)
-  u32 on_gpu_worker;
+  u32 role;    ///< the worker that ran it (spin_probe::RoleOf)
 };
 
 /** One thread asks the CPU for a SpinTask of spin_ns and waits for it. */
 __global__ void SpinKernel(chi::gpu::GpuInfo info, chi::PoolId pool, u64 spin_ns,
                            SpinResult *out) {
   CHIMAERA_GPU_INIT(info);
-  auto f = chi::gpu::AsyncSubmit<SpinTask>(pool, chi::PoolQuery::ToLocalCpu(), SpinProbe::kSpin,
-                                           spin_ns);
+  auto f = chi::gpu::AsyncSubmit<spin_probe::SpinTask>(pool, chi::PoolQuery::ToLocalCpu(),
+                                                       spin_probe::SpinProbe::kSpin, spin_ns);
   const bool done = f.Wait(4 * kTaskWaitSec);
   out->rc = done ? f->GetReturnCode() : 999;
   out->end_ns = done ? f->end_ns_ : 0;
-  out->on_gpu_worker = done ? f->on_gpu_worker_ : 0;
+  out->role = done ? f->role_ : 0;
 }
 
 /** A user kernel that knows nothing of chi (runs while the orchestrator is paused). */
@@ -396,10 +356,7 @@ TEST_CASE("a GPU->CPU task spinning on the GPU worker does not hold up other GPU
   // for its whole length. Meanwhile its rescue thread takes the other requests in and hands
   // them to the low-latency workers (poller_rescue.h); without it, the 320 requests below
   // would all be answered only after the spin.
-  auto made = chimaera::admin::Client().AsyncCreatePool(chi::PoolQuery::Local(), "gpu_spin_probe",
-                                                        "gpu_spin_probe", kSpinPool);
-  REQUIRE(made.Wait(30));
-  REQUIRE_MESSAGE(made->GetReturnCode() == 0, made->GetMessage());
+  spin_probe::CreatePool(kSpinPool);
   constexpr u64 kSpinNs = 1500000000ull;  // far longer than the round trips below
   const chi::gpu::GpuInfo info = CHI_IPC->GetClientGpuInfo(0);
   REQUIRE(cudaMemsetAsync(g_env.spin, 0, sizeof(SpinResult), g_env.spin_stream) == cudaSuccess);
@@ -415,7 +372,7 @@ TEST_CASE("a GPU->CPU task spinning on the GPU worker does not hold up other GPU
   CHECK(c.correct == 320);
   CHECK(c.wrong == 0);
   CHECK(spin.rc == 0);
-  CHECK(spin.on_gpu_worker == 1);  // it ran where it holds up the gpu2cpu queues
+  CHECK(spin.role == spin_probe::RoleOf(chi::WorkerRole::kGpuPoller));  // it holds gpu2cpu
   MESSAGE("320 GPU->CPU round trips behind the spin took "
           << static_cast<double>(served - sent) / 1e6 << " ms; the spin ended "
           << (static_cast<double>(spin.end_ns) - static_cast<double>(served)) / 1e6
