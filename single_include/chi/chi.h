@@ -6191,7 +6191,6 @@ class Worker {
   void AddPollerLane(TaskLane *lane, TaskOverflow *overflow) {
     AddLane(lane);
     overflow_ = overflow;
-    wakes_helpers_ = true;
   }
   /**
    * Makes this worker sleep through `parker` instead of its futex, after `idle_spin_ns` of
@@ -6318,7 +6317,7 @@ class Worker {
     if (!overflow_->Empty() || lane == nullptr || !lane->TryPush(reinterpret_cast<u64>(t))) {
       overflow_->Push(t, lane);
     }
-    if (wakes_helpers_) WakeHelpers();
+    if (overflow_ != &own_overflow_) WakeHelpers();  // a poller worker's lane (AddPollerLane)
   }
 
   /** Its overflow list, which helping peers feed into its lanes (lane_help.h). */
@@ -6434,8 +6433,8 @@ class Worker {
   std::vector<LaneSlot> active_;
   std::vector<LaneSlot> cold_;
   TaskOverflow own_overflow_;  ///< its tasks' subtasks beyond a full lane (PushLocal)
-  TaskOverflow *overflow_ = &own_overflow_;  ///< own_overflow_, or its lane's (AddLane)
-  bool wakes_helpers_ = false;  ///< a poller worker's lane: PushLocal wakes a helper
+  /// own_overflow_, or the orchestrator's for a poller worker's lane (AddPollerLane)
+  TaskOverflow *overflow_ = &own_overflow_;
   std::vector<Adopted> adopted_;      ///< tasks the external poller took in (Adopt)
   std::vector<RunContext *> timers_;  ///< periodic tasks waiting for their next run
   std::vector<Sleeper> sleepers_;     ///< fibers in SleepInFiber
@@ -16299,8 +16298,9 @@ class ZmqClientTransport final : public ZmqClientConnection {
 // most kPassMs), until the worker polls again.
 // Invariant: a pass and the worker's own polling exclude each other (each poller says how),
 // so the input is never read by two threads at once.
-// Cost to the worker: one relaxed store per poll; to an idle runtime: a wake-up of this
-// thread every kIdleLook.
+// Cost to the worker: one relaxed store per poll, plus the poller's exclusion (ZeroMQ: none,
+// its sockets' lock is taken anyway; GPU: a flag taken per poll); to an idle runtime: a
+// wake-up of this thread every kIdleLook.
 
 #include <pthread.h>  // pthread_setname_np for the thread
 
@@ -18801,6 +18801,7 @@ struct GpuPoolTable {
 #include <time.h>    // nanosleep: the rescue thread's wait between passes
 #include <unistd.h>  // getpid: the claim words hold the claimer's pid
 
+#include <algorithm>  // std::min of the rescue thread's wait
 #include <climits>  // INT_MAX: wake every parked sender
 #include <cstring>  // memcpy of diagnostic and error answers
 #include <memory>   // per-slot arrays
@@ -19462,9 +19463,7 @@ class GpuWorker : public ClientTransport,
 
   /** GPUs cannot wake a thread: sleeps a short while (bounded by timeout_ms). */
   void AwaitInput(int timeout_ms) override {
-    const u64 ns = static_cast<u64>(timeout_ms) * 1000000 < kRescueNapNs
-                       ? static_cast<u64>(timeout_ms) * 1000000
-                       : kRescueNapNs;
+    const u64 ns = std::min<u64>(static_cast<u64>(timeout_ms) * 1000000, kRescueNapNs);
     timespec ts{0, static_cast<long>(ns)};
     nanosleep(&ts, nullptr);
   }

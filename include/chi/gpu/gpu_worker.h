@@ -17,6 +17,7 @@
 #include <time.h>    // nanosleep: the rescue thread's wait between passes
 #include <unistd.h>  // getpid: the claim words hold the claimer's pid
 
+#include <algorithm>  // std::min of the rescue thread's wait
 #include <climits>  // INT_MAX: wake every parked sender
 #include <cstring>  // memcpy of diagnostic and error answers
 #include <memory>   // per-slot arrays
@@ -435,9 +436,7 @@ class GpuWorker : public ClientTransport,
 
   /** GPUs cannot wake a thread: sleeps a short while (bounded by timeout_ms). */
   void AwaitInput(int timeout_ms) override {
-    const u64 ns = static_cast<u64>(timeout_ms) * 1000000 < kRescueNapNs
-                       ? static_cast<u64>(timeout_ms) * 1000000
-                       : kRescueNapNs;
+    const u64 ns = std::min<u64>(static_cast<u64>(timeout_ms) * 1000000, kRescueNapNs);
     timespec ts{0, static_cast<long>(ns)};
     nanosleep(&ts, nullptr);
   }

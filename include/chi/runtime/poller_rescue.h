@@ -10,8 +10,9 @@
 // most kPassMs), until the worker polls again.
 // Invariant: a pass and the worker's own polling exclude each other (each poller says how),
 // so the input is never read by two threads at once.
-// Cost to the worker: one relaxed store per poll; to an idle runtime: a wake-up of this
-// thread every kIdleLook.
+// Cost to the worker: one relaxed store per poll, plus the poller's exclusion (ZeroMQ: none,
+// its sockets' lock is taken anyway; GPU: a flag taken per poll); to an idle runtime: a
+// wake-up of this thread every kIdleLook.
 #pragma once
 
 #include <pthread.h>  // pthread_setname_np for the thread

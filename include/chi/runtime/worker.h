@@ -70,7 +70,6 @@ class Worker {
   void AddPollerLane(TaskLane *lane, TaskOverflow *overflow) {
     AddLane(lane);
     overflow_ = overflow;
-    wakes_helpers_ = true;
   }
   /**
    * Makes this worker sleep through `parker` instead of its futex, after `idle_spin_ns` of
@@ -197,7 +196,7 @@ class Worker {
     if (!overflow_->Empty() || lane == nullptr || !lane->TryPush(reinterpret_cast<u64>(t))) {
       overflow_->Push(t, lane);
     }
-    if (wakes_helpers_) WakeHelpers();
+    if (overflow_ != &own_overflow_) WakeHelpers();  // a poller worker's lane (AddPollerLane)
   }
 
   /** Its overflow list, which helping peers feed into its lanes (lane_help.h). */
@@ -313,8 +312,8 @@ class Worker {
   std::vector<LaneSlot> active_;
   std::vector<LaneSlot> cold_;
   TaskOverflow own_overflow_;  ///< its tasks' subtasks beyond a full lane (PushLocal)
-  TaskOverflow *overflow_ = &own_overflow_;  ///< own_overflow_, or its lane's (AddLane)
-  bool wakes_helpers_ = false;  ///< a poller worker's lane: PushLocal wakes a helper
+  /// own_overflow_, or the orchestrator's for a poller worker's lane (AddPollerLane)
+  TaskOverflow *overflow_ = &own_overflow_;
   std::vector<Adopted> adopted_;      ///< tasks the external poller took in (Adopt)
   std::vector<RunContext *> timers_;  ///< periodic tasks waiting for their next run
   std::vector<Sleeper> sleepers_;     ///< fibers in SleepInFiber
