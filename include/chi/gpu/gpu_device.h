@@ -19,7 +19,7 @@
 #include "chi/core/status.h"          // Status
 #include "chi/gpu/gpu_api.h"          // the CUDA/HIP layer, PinnedShmBackend, GpuDeviceBackend
 #include "chi/gpu/gpu_container.h"    // GpuPoolBinding, GpuPoolTable, kMaxGpuPools
-#include "chi/gpu/gpu_worker.h"       // GpuLink
+#include "chi/gpu/gpu_link.h"         // GpuLink
 #include "chi/gpu/module_registry.h"  // GpuModuleTable: the orchestrator's launcher
 #include "chi/gpu/queue_set.h"        // GpuQueueSet, GpuQueueConfig, GpuControl
 

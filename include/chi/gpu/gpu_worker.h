@@ -20,7 +20,7 @@
 #include <algorithm>  // std::min of the rescue thread's wait
 #include <climits>  // INT_MAX: wake every parked sender
 #include <cstring>  // memcpy of diagnostic and error answers
-#include <memory>   // per-slot arrays
+#include <memory>   // the dispatcher and the worker thread
 #include <string>   // the no-GPU reason
 #include <vector>   // links, error answers, broadcast replicas
 
@@ -29,6 +29,7 @@
 #include "chi/core/futex.h"                    // parking senders and the idle worker
 #include "chi/core/status.h"                   // Status, ErrorCode
 #include "chi/gpu/gpu_ipc_cache.h"             // ClientMemory: dead clients' registrations
+#include "chi/gpu/gpu_link.h"                  // GpuLink, GpuPoolDirectory
 #include "chi/gpu/gpu_wire.h"                  // envelope helpers, EncodeErrorAnswer
 #include "chi/gpu/host_slots.h"                // cpu2gpu claims shared across processes
 #include "chi/gpu/mailbox.h"                   // GpuQueue
@@ -44,40 +45,6 @@
 #include "chi/transport/transport.h"           // ClientTransport
 
 namespace chi::gpu {
-
-/** Which pools a GPU serves (GpuManager registers them lazily; host tests fake it). */
-class GpuPoolDirectory {
- public:
-  /** Ok when GPU gpu_id has a container for `pool` (made now if needed), else why not. */
-  virtual Status EnsurePool(u32 gpu_id, PoolId pool) = 0;
-
- protected:
-  ~GpuPoolDirectory() = default;
-};
-
-/** The CPU's view of one GPU's CPU-facing queues, and its bookkeeping for them. */
-struct GpuLink {
-  u32 gpu_id = 0;
-  GpuQueue<MemScope::kSystem> cpu2gpu;     ///< this process posts; the GPU answers
-  GpuQueue<MemScope::kSystem> gpu2cpu;     ///< GPU threads post; the GpuWorker answers
-  std::unique_ptr<Atomic<u64>[]> pending;  ///< cpu2gpu: the Task* awaiting each slot's answer
-  std::unique_ptr<u32[]> sent;             ///< cpu2gpu: the sequence we posted in each slot
-  Atomic<u32> freed;                       ///< cpu2gpu: bumped whenever a slot frees (futex)
-  Atomic<u32> free_waiters;                ///< senders parked on `freed`
-  Atomic<u32> used_slots;                  ///< cpu2gpu: 1 + the highest slot ever claimed
-  Atomic<u64> cpu2gpu_inflight;
-  Atomic<u64> gpu2cpu_inflight;
-
-  /** Binds the link to a GPU's queue descriptors. */
-  void Init(u32 id, const GpuQueue<MemScope::kSystem> &c2g,
-            const GpuQueue<MemScope::kSystem> &g2c) {
-    gpu_id = id;
-    cpu2gpu = c2g;
-    gpu2cpu = g2c;
-    pending = std::make_unique<Atomic<u64>[]>(c2g.num_slots_);
-    sent = std::make_unique<u32[]>(c2g.num_slots_);
-  }
-};
 
 /** The GPU-worker thread and the CPU->GPU transport. */
 class GpuWorker : public ClientTransport,
