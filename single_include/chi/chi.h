@@ -3116,6 +3116,9 @@ class MemoryBackend {
 
 namespace chi {
 
+/** Where shm_open's names appear as files (glibc on Linux). */
+inline constexpr const char *kShmDir = "/dev/shm";
+
 /** A region of named POSIX shared memory, created by one process and attached by others. */
 class PosixShmBackend : public MemoryBackend {
  public:
@@ -3127,6 +3130,9 @@ class PosixShmBackend : public MemoryBackend {
   static std::string OsName(std::string_view name) {
     return "/chi_" + std::to_string(getuid()) + "_" + std::string(name);
   }
+
+  /** The file that holds segment `name` (under kShmDir). */
+  static std::string FilePath(std::string_view name) { return kShmDir + OsName(name); }
 
   /**
    * Creates segment `name` with at least `data_size` usable bytes and maps it.
@@ -7536,6 +7542,72 @@ inline LargeBlockCache &LargeBlockCache::made_ = LargeBlockCache::Instance();
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_MEMORY_LARGE_BLOCK_CACHE_H
 // ---- end chi/memory/large_block_cache.h ----
+// ---- begin chi/memory/shm_room.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_MEMORY_SHM_ROOM_H
+#define CHI_SINGLE_INCLUDE_CHI_MEMORY_SHM_ROOM_H
+// Room in the shm filesystem for segments already made. tmpfs gives a segment a page only
+// when the page is first written, so a segment larger than the free space is created and
+// mapped without complaint, and whichever process first writes a page that no longer fits
+// dies of SIGBUS: a client or the runtime, in the middle of a message. A runtime measures
+// at start what its message-carrying segments may still take and refuses to serve when
+// that exceeds what is free (Chimaera::CheckShmRoom), instead of crashing later. The
+// measure holds for that moment only: other processes may fill /dev/shm afterwards.
+
+#include <sys/stat.h>     // stat: a segment's size and the pages backing it
+#include <sys/statvfs.h>  // statvfs: what the filesystem has free
+
+#include <cerrno>   // errno
+#include <cstring>  // strerror
+#include <limits>   // an unlimited tmpfs
+#include <string>   // names and paths
+#include <vector>   // the segments measured
+
+namespace chi {
+
+/** What a set of segments may still take from the shm filesystem, and what it has free. */
+struct ShmRoom {
+  u64 unbacked = 0;  ///< bytes of the segments that no page backs yet
+  u64 free = 0;      ///< bytes the filesystem can still hand out (max: no limit)
+
+  /** True when every page of the segments can be backed. */
+  bool Fits() const { return unbacked <= free; }
+};
+
+/**
+ * Measures the room for the segments named `names` (PosixShmBackend names). kNotFound
+ * for a segment that does not exist, kIo when the filesystem cannot be read.
+ */
+inline Status MeasureShmRoom(const std::vector<std::string> &names, ShmRoom *out) {
+  ShmRoom room;
+  for (const std::string &name : names) {
+    const std::string path = PosixShmBackend::FilePath(name);
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0) {
+      const int err = errno;
+      return Status::Errorf(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
+                            "cannot measure segment '%s' (%s): %s", name.c_str(), path.c_str(),
+                            std::strerror(err));
+    }
+    const u64 size = static_cast<u64>(st.st_size);
+    const u64 backed = static_cast<u64>(st.st_blocks) * 512;  // st_blocks counts 512-byte units
+    room.unbacked += size > backed ? size - backed : 0;
+  }
+  struct statvfs vfs {};
+  if (statvfs(kShmDir, &vfs) != 0) {
+    const int err = errno;
+    return Status::Errorf(ErrorCode::kIo, "cannot read the free space of %s: %s", kShmDir,
+                          std::strerror(err));
+  }
+  // A tmpfs mounted with size=0 has no limit and reports no blocks at all.
+  room.free = vfs.f_blocks == 0 ? std::numeric_limits<u64>::max()
+                                : static_cast<u64>(vfs.f_bavail) * vfs.f_frsize;
+  *out = room;
+  return Status::Ok();
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_MEMORY_SHM_ROOM_H
+// ---- end chi/memory/shm_room.h ----
 // ---- begin chi/mods/admin/admin_runtime.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_RUNTIME_H
 #define CHI_SINGLE_INCLUDE_CHI_MODS_ADMIN_ADMIN_RUNTIME_H
@@ -8420,7 +8492,10 @@ gpu:
   # Task slots of each CPU-GPU queue, 1 .. 1048576.
   queue_depth: 256
 
-# Shared-memory segments of a standalone runtime, each 64k .. 1024g.
+# Shared-memory segments of a standalone runtime, each 64k .. 1024g. /dev/shm
+# must have main_size + client_data_size + runtime_data_size free when the
+# runtime starts, or it refuses to (tmpfs takes a page when a message first
+# writes it; a page that does not fit would kill that process with SIGBUS).
 shm:
   # Client processes served over shm at once, 1 .. 1024 (one slot each; a
   # client finding every slot taken fails to connect, saying so). The sizes
@@ -14990,9 +15065,6 @@ struct StaleSweepOptions {
   u32 last_port = 65535;
 };
 
-/** Where shm_open's names appear as files (glibc on Linux). */
-inline constexpr const char *kShmDir = "/dev/shm";
-
 /** What a sweep removed, and what it left because it was too young. */
 struct StaleSweep {
   std::vector<u32> ports;  ///< ports with anything removed, ascending
@@ -18780,295 +18852,16 @@ struct GpuPoolTable {
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONTAINER_H
 // ---- end chi/gpu/gpu_container.h ----
-// ---- begin chi/gpu/gpu_worker.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
-// GpuWorker: the CPU side of every GPU's CPU-facing queues, on one thread (seed 000's
-// GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
-// tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
-// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) that runs on this
-// same thread, a runtime Worker of role kGpuPoller whose external poller this is (no hop to
-// another thread; a task may still wait, in its fiber), and whose TaskCompleter writes the
-// answer back into the slot. It serves the gpu2cpu queues applications register
-// (RegisterQueue, user_queues.h) the same way. High-latency tasks go to those workers.
-// While a task holds the thread without yielding, a rescue thread serves the gpu2cpu
-// queues instead, handing their tasks to the low-latency workers (poller_rescue.h).
-// A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
-// gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
-// Invariant: every task given to Send completes exactly once, with its answer or an error
-// (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
+// ---- begin chi/gpu/gpu_link.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_LINK_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_LINK_H
+// GpuLink: the CPU's view of one GPU's two CPU-facing queues (cpu2gpu, which this process
+// posts into, and gpu2cpu, which GPU threads post into) and the sender-side bookkeeping the
+// GpuWorker keeps for them; GpuPoolDirectory: which pools a GPU serves. Both are shared by
+// the runtime's GPU devices (gpu_device.h) and a pure client's attached queues
+// (gpu_client_queues.h), which hand their links to a GpuWorker.
 
-#include <time.h>    // nanosleep: the rescue thread's wait between passes
-#include <unistd.h>  // getpid: the claim words hold the claimer's pid
-
-#include <algorithm>  // std::min of the rescue thread's wait
-#include <climits>  // INT_MAX: wake every parked sender
-#include <cstring>  // memcpy of diagnostic and error answers
-#include <memory>   // per-slot arrays
-#include <string>   // the no-GPU reason
-#include <vector>   // links, error answers, broadcast replicas
-
-// ---- begin chi/gpu/host_slots.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
-// How CPU processes share one GPU's cpu2gpu queue: the runtime's GpuWorker and every pure
-// client that attached the queue's pinned segment claim slots with a CAS on the slot's
-// claim word (in that shared segment), which holds the claimer's pid while the slot is held.
-// Invariant: the claim word is the only ownership record, so a dead claimer is always
-// identifiable, and its slot is freed only once the request it posted has been answered.
-// Only host code uses these claim words (GPU clients use gpu2gpu/gpu2cpu, see mailbox.h).
-
-namespace chi::gpu {
-
-using HostQueue = GpuQueue<MemScope::kSystem>;
-
-/** Claims a free slot for process `pid`, looking from `start`; kNoSlot when all are held. */
-inline u32 ClaimHostSlot(const HostQueue &q, u32 start, u32 pid) {
-  for (u32 i = 0; i < q.num_slots_; ++i) {
-    const u32 s = (start + i) % q.num_slots_;
-    u32 expected = claim::kFree;
-    // acquire: the previous owner's request word and payload reads come before our use.
-    if (q.claims_[s].CompareExchange(expected, pid, MemOrder::kAcquire)) return s;
-  }
-  return kNoSlot;
-}
-
-/**
- * The sequence number the next request in held slot s must carry: one past the last one
- * any process posted there (a per-process counter would repeat the server's served value).
- */
-inline u32 NextHostSeq(const HostQueue &q, u32 s) {
-  // relaxed: our claim's acquire ordered the previous owner's post (it released the claim
-  // after its post) before this read.
-  return NextSeq(static_cast<u32>(q.request_[s].Load(MemOrder::kRelaxed)));
-}
-
-/** Gives held slot s back (its answer has been read, or it was never posted). */
-inline void ReleaseHostSlot(const HostQueue &q, u32 s) {
-  // release: our reads of the answer happen before the next owner writes the payload.
-  q.claims_[s].Store(claim::kFree, MemOrder::kRelease);
-}
-
-/** The pid holding slot s (0 when free). */
-inline u32 HostSlotOwner(const HostQueue &q, u32 s) {
-  return q.claims_[s].Load(MemOrder::kAcquire);  // acquire: pairs with the claim CAS
-}
-
-/** Slots held right now (by any process). */
-inline u32 CountHeldHostSlots(const HostQueue &q) {
-  u32 n = 0;
-  for (u32 s = 0; s < q.num_slots_; ++s) n += HostSlotOwner(q, s) != 0 ? 1 : 0;
-  return n;
-}
-
-/**
- * Frees the slots held by dead processes (alive(pid) false), skipping `self_pid`, once
- * their last request has been answered: the GPU no longer touches the payload then.
- * Slots still waiting for an answer are left for a later call. Returns how many it freed.
- */
-template <typename Alive>
-u32 ReapDeadHostClaims(const HostQueue &q, u32 self_pid, Alive alive) {
-  u32 freed = 0;
-  for (u32 s = 0; s < q.num_slots_; ++s) {
-    u32 owner = HostSlotOwner(q, s);
-    if (owner == claim::kFree || owner == self_pid || alive(owner)) continue;
-    // acquire: the answer word is read before we hand the payload to another claimer.
-    const u32 answered = static_cast<u32>(q.answer_[s].Load(MemOrder::kAcquire));
-    const u32 posted = static_cast<u32>(q.request_[s].Load(MemOrder::kAcquire));
-    if (answered != posted) continue;  // the GPU has not answered yet
-    // release: a CAS, so a live process cannot lose a slot it claimed meanwhile.
-    if (q.claims_[s].CompareExchange(owner, claim::kFree, MemOrder::kRelease)) ++freed;
-  }
-  return freed;
-}
-
-}  // namespace chi::gpu
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
-// ---- end chi/gpu/host_slots.h ----
-// ---- begin chi/gpu/user_queues.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_USER_QUEUES_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_USER_QUEUES_H
-// UserGpuQueues: gpu2cpu queues applications make in their own pinned memory and register
-// (CHI_IPC->RegisterGpuQueue) so the GpuWorker serves them beside each GPU's own: a fixed
-// table, changed under a mutex, read by the worker's thread with a busy flag per entry.
-// Invariant: once Unregister returns Ok the worker neither polls the queue nor answers into
-// it (the state_/busy_ Dekker pair, then the in-flight count drained): its memory may go.
-
-#include <time.h>  // nanosleep while a removal waits
-
-#include <mutex>  // Register / Unregister are rare and serialised
-#include <new>    // placement new: a forked child's fresh lock
-
-namespace chi::gpu {
-
-/** Most user queues one runtime serves at a time. */
-inline constexpr u32 kMaxUserGpuQueues = 16;
-/** Most slots of one user queue (the worker scans them all every round). */
-inline constexpr u32 kMaxUserGpuQueueSlots = 1u << 16;
-
-/** Why `q` cannot be served as a gpu2cpu queue, or Ok. */
-inline Status CheckUserGpuQueue(const GpuQueue<MemScope::kSystem> &q) {
-  if (q.request_ == nullptr || q.answer_ == nullptr || q.payload_ == nullptr ||
-      q.claims_ == nullptr || q.served_ == nullptr) {
-    return Status::Error(ErrorCode::kInvalidArgument,
-                         "GPU queue has a null array: build it with GpuQueue::Make");
-  }
-  if (q.records_ == nullptr) {
-    return Status::Error(ErrorCode::kInvalidArgument,
-                         "GPU queue has no client records: Make it with gpu_clients = true");
-  }
-  if (q.num_slots_ == 0 || q.num_slots_ > kMaxUserGpuQueueSlots) {
-    return Status::Errorf(ErrorCode::kInvalidArgument, "GPU queue has %u slots (1 to %u allowed)",
-                          q.num_slots_, kMaxUserGpuQueueSlots);
-  }
-  if (q.payload_bytes_ < 64 || q.payload_bytes_ > kGpuPayloadBytes || q.payload_bytes_ % 16 != 0) {
-    return Status::Errorf(ErrorCode::kInvalidArgument,
-                          "GPU queue payload of %u bytes: it must be a multiple of 16 in [64, %u]",
-                          q.payload_bytes_, kGpuPayloadBytes);
-  }
-  if (q.max_wait_ns_ == 0) {
-    return Status::Error(ErrorCode::kInvalidArgument,
-                         "GPU queue max_wait_ns_ is 0: its kernels would give up at once");
-  }
-  return Status::Ok();
-}
-
-/** The registered user queues (see the file comment); LinkT is GpuLink. */
-template <typename LinkT>
-class UserGpuQueues {
- public:
-  /** Adds q (its descriptor is copied); the worker polls it from its next round. */
-  Status Register(const GpuQueue<MemScope::kSystem> &q) {
-    if (Status st = CheckUserGpuQueue(q); !st.ok()) return st;
-    std::lock_guard<std::mutex> g(mu_);
-    Entry *free_entry = nullptr;
-    for (Entry &e : entries_) {
-      const u32 state = e.state_.Load(MemOrder::kAcquire);
-      if (state != kEmpty && e.link.gpu2cpu.request_ == q.request_) {
-        if (state == kActive) {
-          return Status::Error(ErrorCode::kAlreadyExists, "this GPU queue is registered already");
-        }
-        if (e.link.gpu2cpu_inflight.Load(MemOrder::kAcquire) != 0) {
-          return Status::Error(ErrorCode::kAlreadyExists,
-                               "this GPU queue is still draining an earlier registration");
-        }
-      }
-      const bool drained = e.link.gpu2cpu_inflight.Load(MemOrder::kAcquire) == 0;
-      const bool idle = state == kEmpty || (state == kRemoved && drained);
-      if (idle && free_entry == nullptr) free_entry = &e;
-    }
-    if (free_entry == nullptr) {
-      return Status::Errorf(ErrorCode::kOutOfMemory,
-                            "too many GPU queues registered (at most %u): unregister one first",
-                            kMaxUserGpuQueues);
-    }
-    free_entry->link.gpu_id = ~0u;
-    free_entry->link.gpu2cpu = q;
-    const u32 index = static_cast<u32>(free_entry - entries_);
-    if (used_.Load(MemOrder::kRelaxed) < index + 1) used_.Store(index + 1, MemOrder::kRelease);
-    // release: the descriptor above is visible to the worker once it sees kActive.
-    free_entry->state_.Store(kActive, MemOrder::kRelease);
-    return Status::Ok();
-  }
-
-  /**
-   * Stops serving q: after Ok, nothing touches its memory. Waits for the worker to leave the
-   * queue and for tasks it started to answer, up to timeout_ns; kTimeout when some still run
-   * (the queue is no longer polled; call again before freeing its memory).
-   */
-  Status Unregister(const GpuQueue<MemScope::kSystem> &q, u64 timeout_ns) {
-    std::lock_guard<std::mutex> g(mu_);
-    for (Entry &e : entries_) {
-      const u32 state = e.state_.Load(MemOrder::kAcquire);
-      if (state == kEmpty || e.link.gpu2cpu.request_ != q.request_) continue;
-      // seq_cst: pairs with Serve's busy_ store then state_ load (a Dekker pair): either the
-      // worker sees kRemoved, or we see busy_ set and wait for its round on this queue.
-      e.state_.Store(kRemoved, MemOrder::kSeqCst);
-      u64 waited = 0;
-      while (e.busy_.Load(MemOrder::kSeqCst) != 0 ||
-             e.link.gpu2cpu_inflight.Load(MemOrder::kAcquire) != 0) {
-        if (waited >= timeout_ns) {
-          return Status::Errorf(ErrorCode::kTimeout,
-                                "tasks from this GPU queue still run after %llu ms; it is no "
-                                "longer polled: unregister again before freeing its memory",
-                                static_cast<unsigned long long>(timeout_ns / 1000000));
-        }
-        timespec ts{0, 50000};
-        nanosleep(&ts, nullptr);
-        waited += 50000;
-      }
-      e.state_.Store(kEmpty, MemOrder::kRelease);  // release: reusable; nothing refers to it
-      return Status::Ok();
-    }
-    return Status::Error(ErrorCode::kNotFound, "this GPU queue is not registered");
-  }
-
-  /**
-   * The worker's round: serve(link, index) on every active queue; true when any did work.
-   * The index names the queue in Link() while tasks from it run.
-   */
-  template <typename ServeFn>
-  bool Serve(ServeFn &&serve) {
-    bool did = false;
-    const u32 used = used_.Load(MemOrder::kAcquire);  // acquire: entries below it are set up
-    for (u32 i = 0; i < used; ++i) {
-      Entry &e = entries_[i];
-      if (e.state_.Load(MemOrder::kAcquire) != kActive) continue;  // the cheap look
-      e.busy_.Store(1, MemOrder::kSeqCst);  // seq_cst: the Dekker half Unregister reads
-      if (e.state_.Load(MemOrder::kSeqCst) == kActive) did |= serve(e.link, i);
-      e.busy_.Store(0, MemOrder::kRelease);  // release: our slot writes precede the removal
-    }
-    return did;
-  }
-
-  /** Forgets every queue (the worker's thread has stopped and nothing is in flight). */
-  void Clear() {
-    std::lock_guard<std::mutex> g(mu_);
-    for (Entry &e : entries_) e.state_.Store(kEmpty, MemOrder::kRelease);
-  }
-
-  /**
-   * In a forked child: the queues and their tasks are the parent's. A fresh lock (a parent
-   * thread may have held it) and no queue, without touching the parent's queue memory.
-   */
-  void ForgetAfterFork() {
-    new (&mu_) std::mutex();
-    for (Entry &e : entries_) {
-      e.state_.Store(kEmpty, MemOrder::kRelaxed);  // relaxed: the child has one thread here
-      e.link.gpu2cpu_inflight.Store(0, MemOrder::kRelaxed);
-    }
-  }
-
-  /** GPU->CPU tasks from user queues still running. */
-  u64 Inflight() const {
-    u64 n = 0;
-    const u32 used = used_.Load(MemOrder::kAcquire);
-    for (u32 i = 0; i < used; ++i) n += entries_[i].link.gpu2cpu_inflight.Load(MemOrder::kAcquire);
-    return n;
-  }
-
-  /** The link of entry `index` (what Serve passed). */
-  LinkT &Link(u32 index) { return entries_[index].link; }
-
- private:
-  static constexpr u32 kEmpty = 0;
-  static constexpr u32 kActive = 1;
-  static constexpr u32 kRemoved = 2;  ///< no longer polled; tasks from it may still run
-
-  struct Entry {
-    Atomic<u32> state_;
-    Atomic<u32> busy_;  ///< 1 while the worker serves this queue
-    LinkT link;
-  };
-
-  std::mutex mu_;
-  Entry entries_[kMaxUserGpuQueues];
-  Atomic<u32> used_;  ///< 1 + the highest entry ever used
-};
-
-}  // namespace chi::gpu
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_USER_QUEUES_H
-// ---- end chi/gpu/user_queues.h ----
+#include <memory>  // per-slot arrays
 
 namespace chi::gpu {
 
@@ -19106,605 +18899,9 @@ struct GpuLink {
   }
 };
 
-/** The GPU-worker thread and the CPU->GPU transport. */
-class GpuWorker : public ClientTransport,
-                  private TaskCompleter,
-                  private WorkerPoller,
-                  private RescuablePoller {
- public:
-  static constexpr u64 kMinNapNs = 20000;    ///< first idle nap
-  static constexpr u64 kMaxNapNs = 1000000;  ///< longest idle nap (gpu2cpu latency when idle)
-  static constexpr u32 kClaimSpins = 256;    ///< full-queue spins before a sender parks
-  static constexpr u64 kDrainTimeoutNs = 5000000000ull;
-  static constexpr u64 kReapPeriodNs = 100000000;  ///< how often the runtime looks for dead clients
-  static constexpr u32 kUserLinkBase = 1u << 16;   ///< link index of user queue 0 (task cookies)
-  static constexpr u64 kClientStackBytes = 64 * 1024;  ///< a client's worker runs no tasks
-  /** The rescue thread's wait between passes over the gpu2cpu queues (a stuck worker's). */
-  static constexpr u64 kRescueNapNs = 50000;
-
-  GpuWorker() = default;
-  ~GpuWorker() override { Stop(); }
-  GpuWorker(const GpuWorker &) = delete;
-  GpuWorker &operator=(const GpuWorker &) = delete;
-
-  /**
-   * Starts serving `links` (not owned; they outlive Stop). With no links, every send fails
-   * with `no_gpu_reason`. `runtime` = this process runs the orchestrators: it also reaps
-   * the cpu2gpu slots and registrations of dead client processes (a client's worker passes
-   * false, with no gpu2cpu queue in its links and null pools/orch).
-   */
-  void Start(PoolManager *pools, WorkOrchestrator *orch, GpuPoolDirectory *directory,
-             std::vector<GpuLink *> links, std::string no_gpu_reason, bool runtime = true) {
-    runtime_ = runtime;
-    pid_ = static_cast<u32>(getpid());
-    pools_ = pools;
-    orch_ = orch;
-    directory_ = directory;
-    links_ = std::move(links);
-    no_gpu_reason_ = std::move(no_gpu_reason);
-    dispatcher_ = std::make_unique<RequestDispatcher>(pools, orch);
-    closing_.Store(0, MemOrder::kRelease);
-    stop_.Store(0, MemOrder::kRelease);
-    rounds_ = 0;
-    next_reap_ = NowNs() + kReapPeriodNs;
-    if (!links_.empty()) {
-      // A client process has no orchestrator: its thread only takes cpu2gpu answers.
-      worker_ = orch != nullptr ? orch->NewPollerWorker(WorkerRole::kGpuPoller)
-                                : std::make_unique<Worker>(0, WorkerRole::kGpuPoller, nullptr,
-                                                           nullptr, 0, kClientStackBytes);
-      worker_->ReplacePoller(nullptr, this);
-      worker_->Start();
-      if (orch != nullptr) rescue_.Start(this, "chi-gpu-rescue");  // it serves gpu2cpu
-      // Beside a pure client's transport helper, if any (a process holds up to four).
-      helping_ = WaitHelper::Install(&helper_);
-    }
-  }
-
-  /**
-   * Refuses new sends (they fail with kShutdown) and waits, bounded, for GPU->CPU tasks
-   * still running in the workers. False when some are still running (their slots must
-   * then stay mapped).
-   */
-  bool StopIntake() {
-    closing_.Store(1, MemOrder::kSeqCst);  // seq_cst: pairs with Send's senders_ count
-    const u64 deadline = NowNs() + kDrainTimeoutNs;
-    for (;;) {
-      u64 busy = senders_.Load(MemOrder::kSeqCst) + user_.Inflight();
-      for (GpuLink *l : links_) busy += l->gpu2cpu_inflight.Load(MemOrder::kAcquire);
-      if (busy == 0) return true;
-      if (NowNs() > deadline) return false;
-      static_cast<void>(SleepFor(100000));  // cut short by a stop: the deadline still holds
-    }
-  }
-
-  /** Joins the thread, then fails every CPU->GPU task still waiting with kShutdown. */
-  void Stop() {
-    rescue_.Stop();  // the kernels are stopped: no request comes that needs rescuing
-    closing_.Store(1, MemOrder::kSeqCst);
-    stop_.Store(1, MemOrder::kRelease);
-    Wake();
-    if (helping_) WaitHelper::Remove(&helper_);  // returns once no waiter is inside it
-    helping_ = false;
-    if (worker_ != nullptr) {
-      worker_->RequestStop();  // it drains the tasks it runs, then exits
-      worker_->Join();
-      worker_.reset();
-    }
-    if (user_.Inflight() == 0) user_.Clear();  // a restarted worker must not poll them
-    for (GpuLink *l : links_) {
-      for (u32 s = 0; s < l->cpu2gpu.num_slots_; ++s) {
-        const u64 p = l->pending[s].Exchange(0, MemOrder::kAcquire);
-        if (p == 0) continue;
-        l->cpu2gpu_inflight.FetchSub(1, MemOrder::kRelaxed);
-        Fail(reinterpret_cast<Task *>(p), ErrorCode::kShutdown,
-             "the GPU runtime stopped before the GPU answered");
-      }
-    }
-    links_.clear();
-  }
-
-  /**
-   * In a forked child: the thread, links and tasks are the parent's. Keeps the thread's
-   * Worker unjoined (KeepInherited) and forgets the links and queues, so Stop and the
-   * destructor touch nothing of the parent's; sends then fail with kShutdown.
-   */
-  void ForgetAfterFork() {
-    KeepInherited(std::move(worker_));
-    rescue_.ForgetAfterFork();
-    helping_ = false;
-    links_.clear();
-    user_.ForgetAfterFork();
-    // relaxed: the child has one thread here. A parent's sender in flight would hold up
-    // StopIntake's drain; closing_ fails sends until Start.
-    senders_.Store(0, MemOrder::kRelaxed);
-    closing_.Store(1, MemOrder::kRelaxed);
-  }
-
-  /** Routes a LocalGpuBcast / ToLocalGpu task to its GPU(s); always completes it. */
-  bool Send(Task *t) override {
-    senders_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: StopIntake sees us or we see it
-    if (closing_.Load(MemOrder::kSeqCst) != 0) {
-      Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
-    } else if (links_.empty()) {
-      Fail(t, ErrorCode::kUnsupported, no_gpu_reason_.c_str());
-    } else if (t->pool_query_.GetMode() == RoutingMode::kToLocalGpu) {
-      const u32 id = t->pool_query_.GetId();
-      if (id >= links_.size()) {
-        t->SetErrorf(ErrorCode::kInvalidArgument, "ToLocalGpu(%u): this node has %zu GPU(s)", id,
-                     links_.size());
-        CompleteTask(t);
-      } else {
-        SendTo(*links_[id], t);
-      }
-    } else if (links_.size() == 1) {
-      SendTo(*links_[0], t);
-    } else {
-      Broadcast(t);
-    }
-    senders_.FetchSub(1, MemOrder::kSeqCst);
-    return true;
-  }
-
-  /** Fails every outstanding task and stops (ClientTransport). */
-  void Close() override {
-    StopIntake();
-    Stop();
-  }
-  const char *Name() const override { return "gpu"; }
-
-  /**
-   * Diagnostic: posts raw request bytes to GPU `gpu` and copies its raw answer (how tests
-   * check that the orchestrator answers malformed input). On timeout the slot stays held.
-   */
-  Status RawRoundTrip(u32 gpu, const char *bytes, u32 len, std::vector<char> *answer,
-                      u64 timeout_ns) {
-    if (gpu >= links_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
-    GpuLink &l = *links_[gpu];
-    if (len > l.cpu2gpu.payload_bytes_) {
-      return Status::Error(ErrorCode::kTooLarge, "raw request exceeds the copy space");
-    }
-    const u32 s = ClaimSlot(l);
-    if (s == kNoSlot) return Status::Error(ErrorCode::kShutdown, "GPU runtime is stopping");
-    std::memcpy(l.cpu2gpu.Payload(s), bytes, len);
-    const u32 seq = NextHostSeq(l.cpu2gpu, s);
-    l.sent[s] = seq;
-    l.cpu2gpu.Post(s, seq, len);
-    const u64 deadline = NowNs() + timeout_ns;
-    alignas(16) char buf[kGpuPayloadBytes];
-    u32 out = 0;
-    while (!l.cpu2gpu.TakeAnswer(s, seq, buf, &out)) {
-      if (NowNs() > deadline) return Status::Error(ErrorCode::kTimeout, "no answer from the GPU");
-      CpuRelax();
-    }
-    answer->assign(buf, buf + out);
-    FreeHostSlot(l, s);
-    return Status::Ok();
-  }
-
-  /**
-   * Serves `queue`, a gpu2cpu queue in the caller's memory, like every GPU's own: kernels
-   * given a GpuInfo whose gpu2cpu_ is its descriptor submit ToLocalCpu() tasks through it.
-   * Fails (naming why) for a bad queue, too many queues, or no running GPU worker.
-   */
-  Status RegisterQueue(const GpuQueue<MemScope::kSystem> &queue) {
-    if (!runtime_ || worker_ == nullptr || stop_.Load(MemOrder::kAcquire) != 0) {
-      return Status::Error(ErrorCode::kUnsupported,
-                           "no GPU worker serves gpu2cpu queues in this process (no GPU runtime)");
-    }
-    return user_.Register(queue);
-  }
-  /** Stops serving `queue`; after Ok its memory may be freed (see UserGpuQueues::Unregister). */
-  Status UnregisterQueue(const GpuQueue<MemScope::kSystem> &queue) {
-    return user_.Unregister(queue, kDrainTimeoutNs);
-  }
-
-  /** Counters of the worker thread (gpu2cpu tasks run on it); zeros when it is not running. */
-  WorkerStats ThreadStats() const { return worker_ != nullptr ? worker_->Stats() : WorkerStats{}; }
-
-  /** Tasks this worker posted straight into a cpu2gpu queue (no CPU transport on the way). */
-  u64 Posted() const { return posted_.Load(MemOrder::kRelaxed); }  // relaxed: a statistic
-
-  /**
-   * Frees cpu2gpu slots held by dead processes (once answered) and drops dead processes'
-   * memory registrations; the runtime's thread does this every kReapPeriodNs. Returns the
-   * slots freed.
-   */
-  u32 ReapDeadClients() {
-    u32 freed = 0;
-    for (GpuLink *l : links_) {
-      freed += ReapDeadHostClaims(l->cpu2gpu, pid_, [](u32 pid) { return ProcessAlive(pid); });
-    }
-    if (freed != 0) {
-      for (GpuLink *l : links_) {
-        l->freed.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: read against free_waiters
-        if (l->free_waiters.Load(MemOrder::kSeqCst) != 0) FutexWake(l->freed.Raw(), INT_MAX);
-      }
-    }
-    ClientMemory().DropDead([](u32 pid) { return ProcessAlive(pid); });
-    return freed;
-  }
-
- private:
-  friend class GpuBroadcast;
-
-  /** Posts t to one GPU, or completes it with the reason it cannot go. */
-  void SendTo(GpuLink &l, Task *t) {
-    if (Status st = directory_->EnsurePool(l.gpu_id, t->pool_id_); !st.ok()) {
-      return Fail(t, st.code(), st.message());
-    }
-    const u32 s = ClaimSlot(l);
-    if (s == kNoSlot) return Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
-    char *p = l.cpu2gpu.Payload(s);
-    const u32 seq = NextHostSeq(l.cpu2gpu, s);
-    PutRequestId(p, seq);
-    OutputArchive ar(p + kGpuEnvelopeBytes, l.cpu2gpu.payload_bytes_ - kGpuEnvelopeBytes);
-    t->ops_->save_in(*t, ar);
-    if (!ar.ok()) {
-      FreeHostSlot(l, s);
-      t->SetErrorf(ar.code() == ErrorCode::kTooLarge ? ErrorCode::kTooLarge : ar.code(),
-                   "task does not fit the %u-byte GPU copy space", l.cpu2gpu.payload_bytes_);
-      CompleteTask(t);
-      return;
-    }
-    l.sent[s] = seq;
-    l.pending[s].Store(reinterpret_cast<u64>(t), MemOrder::kRelease);  // sent[s] is visible
-    l.cpu2gpu_inflight.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: the Dekker half of Wake
-    l.cpu2gpu.Post(s, seq, kGpuEnvelopeBytes + static_cast<u32>(ar.Size()));
-    posted_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
-    Wake();
-  }
-
-  inline void Broadcast(Task *t);
-
-  /**
-   * Claims a cpu2gpu slot for this process; blocks (spin, then park) while all are taken.
-   * Slots other processes hold come back when they finish (or, dead, when reaped).
-   */
-  u32 ClaimSlot(GpuLink &l) {
-    thread_local u32 hint = 0;
-    for (u32 n = 0;; ++n) {
-      if (stop_.Load(MemOrder::kAcquire) != 0) return kNoSlot;
-      const u32 seen = l.freed.Load(MemOrder::kAcquire);
-      const u32 s = ClaimHostSlot(l.cpu2gpu, hint, pid_);
-      if (s != kNoSlot) {
-        hint = s;  // a thread keeps reusing its slot: the worker scans only [0, used_slots)
-        u32 used = l.used_slots.Load(MemOrder::kRelaxed);
-        // relaxed: pending[s], published later with release, is what the scan relies on.
-        while (used < s + 1 && !l.used_slots.CompareExchange(used, s + 1, MemOrder::kRelaxed)) {
-        }
-        return s;
-      }
-      if (n < kClaimSpins) {
-        CpuRelax();
-      } else if (RunContext *r = CurrentRunContext()) {
-        r->GetWorker()->SleepInFiber(r, kMinNapNs);  // a worker never blocks its thread
-      } else {
-        l.free_waiters.FetchAdd(1, MemOrder::kSeqCst);
-        FutexWait(l.freed.Raw(), seen, kMaxNapNs);  // returns at once if a slot freed since
-        l.free_waiters.FetchSub(1, MemOrder::kRelaxed);
-      }
-    }
-  }
-
-  /** Frees a cpu2gpu slot and wakes a parked sender. */
-  void FreeHostSlot(GpuLink &l, u32 s) {
-    ReleaseHostSlot(l.cpu2gpu, s);
-    l.freed.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: read against free_waiters below
-    if (l.free_waiters.Load(MemOrder::kSeqCst) != 0) FutexWake(l.freed.Raw(), INT_MAX);
-  }
-
-  /** Completes t with an error. */
-  static void Fail(Task *t, ErrorCode code, const char *msg) {
-    t->SetError(code, msg);
-    CompleteTask(t);
-  }
-
-  /** Wakes the thread if it naps (after a CPU->GPU post). */
-  void Wake() {
-    FenceSeqCst();  // our post and inflight count are visible before we read sleeping_
-    if (sleeping_.Load(MemOrder::kRelaxed) != 0 && sleeping_.Exchange(0, MemOrder::kAcqRel) != 0) {
-      FutexWake(sleeping_.Raw(), 1);
-    }
-  }
-
-  /** WorkerPoller: our worker starts polling (nothing to set up). */
-  void BeginPolling(u32) override {}
-
-  /**
-   * WorkerPoller: one pass over every link (answers, then requests) and the registered
-   * queues; now and then, the dead-client reaper. True when it did work.
-   */
-  bool Poll() override {
-    bool did = false;
-    // The clock is read once every 1024 passes (and after each nap): cheap even when busy.
-    if (runtime_ && (++rounds_ & 1023) == 0 && NowNs() > next_reap_) {
-      did |= ReapDeadClients() != 0;
-      next_reap_ = NowNs() + kReapPeriodNs;
-    }
-    polls_.AddOwned(1);  // only this thread writes it: the rescue thread's sign of progress
-    did |= TakeAnswers();
-    did |= ServeAll();
-    return did;
-  }
-
-  /**
-   * Takes in the gpu2cpu requests of every link and registered queue, unless another thread
-   * does (the rescue thread while this worker is stuck, or this worker): one reader at a
-   * time, as the queues' served_ words and the user queues' busy flags require.
-   */
-  bool ServeAll() {
-    u32 idle = 0;
-    // acquire: the previous reader's served_ words and slot reads happen before ours.
-    if (!serving_.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
-    bool did = false;
-    for (u32 i = 0; i < links_.size(); ++i) did |= ServeRequests(*links_[i], i);
-    did |= user_.Serve([this](GpuLink &l, u32 i) { return ServeRequests(l, kUserLinkBase + i); });
-    serving_.Store(0, MemOrder::kRelease);  // release: ours happen before the next reader's
-    return did;
-  }
-
-  // ---- The rescue thread (RescuablePoller; poller_rescue.h) ----
-
-  /** How many times the worker polled the queues (relaxed: a mark of progress). */
-  u64 WorkerPolls() const override { return polls_.Load(MemOrder::kRelaxed); }
-  /** True while the worker naps (EndPolling), idle rather than stuck. */
-  bool WorkerSleeping() const override { return sleeping_.Load(MemOrder::kRelaxed) != 0; }
-
-  /**
-   * For a worker stuck in a task: completes the CPU->GPU answers that came and takes in the
-   * gpu2cpu requests, whose tasks go to the low-latency workers' lanes (this thread is no
-   * runtime worker, so the dispatcher submits them there).
-   */
-  bool RescuePass() override {
-    TakeAnswers();
-    ServeAll();
-    return false;  // the queues are polled, not signalled: the next pass finds what comes
-  }
-
-  /** GPUs cannot wake a thread: sleeps a short while (bounded by timeout_ms). */
-  void AwaitInput(int timeout_ms) override {
-    const u64 ns = std::min<u64>(static_cast<u64>(timeout_ms) * 1000000, kRescueNapNs);
-    timespec ts{0, static_cast<long>(ns)};
-    nanosleep(&ts, nullptr);
-  }
-
-  /**
-   * WorkerPoller: our worker found nothing to do for a while and would park, but GPUs
-   * cannot wake it. So it naps here, bounded (growing up to kMaxNapNs), polling once
-   * between naps, and goes on (true) when a pass finds work. Never while any task is out: a
-   * GPU answer cannot wake us, and a kernel waiting on a GPU->CPU answer usually posts its
-   * next request right after (and the tasks we run are among those counted). False once
-   * stopping: the worker may then park and exit.
-   */
-  bool EndPolling(u32) override {
-    for (u64 nap = kMinNapNs;; nap = nap * 2 < kMaxNapNs ? nap * 2 : kMaxNapNs) {
-      sleeping_.Store(1, MemOrder::kRelaxed);
-      FenceSeqCst();  // sleeping_ is visible before we look for posts (pairs with Wake)
-      u64 inflight = user_.Inflight();
-      for (GpuLink *l : links_) {
-        inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) +
-                    l->gpu2cpu_inflight.Load(MemOrder::kRelaxed);
-      }
-      if (inflight != 0 || stop_.Load(MemOrder::kAcquire) != 0) {
-        sleeping_.Store(0, MemOrder::kRelaxed);
-        return stop_.Load(MemOrder::kAcquire) == 0;
-      }
-      FutexWait(sleeping_.Raw(), 1, nap);
-      sleeping_.Store(0, MemOrder::kRelaxed);
-      rounds_ = 1023;  // the next pass looks at the reaper's clock
-      if (Poll()) return true;
-    }
-  }
-
-  /**
-   * Completes the CPU->GPU tasks whose answers arrived, on every link, unless another
-   * thread is doing it: the worker's loop, or a caller spinning in Future::Wait (through
-   * the wait helper), who so takes its own answer without a hop through this thread.
-   */
-  bool TakeAnswers() {
-    // relaxed: a cheap first look; the CAS below orders the work.
-    if (answering_.Load(MemOrder::kRelaxed) != 0) return false;
-    u32 idle = 0;
-    // acquire: the previous holder's slot frees and task completions happen before ours.
-    if (!answering_.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
-    bool did = false;
-    for (GpuLink *l : links_) did |= CompleteAnswers(*l);
-    answering_.Store(0, MemOrder::kRelease);  // release: our work before the next holder's
-    return did;
-  }
-
-  /**
-   * The wait helper's entry (future.h): a waiting caller's poll. Callers waiting on other
-   * tasks pass through here too, so with nothing out on any GPU it only reads counters.
-   */
-  static void HelpWaiters(void *self) {
-    auto *w = static_cast<GpuWorker *>(self);
-    for (GpuLink *l : w->links_) {
-      // relaxed: a hint; TakeAnswers' CAS and CompleteAnswers' acquire order the real work.
-      if (l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) != 0) {
-        w->TakeAnswers();
-        return;
-      }
-    }
-  }
-
-  /** Completes the CPU->GPU tasks of link l whose answers arrived (TakeAnswers' holder). */
-  bool CompleteAnswers(GpuLink &l) {
-    if (l.cpu2gpu_inflight.Load(MemOrder::kAcquire) == 0) return false;
-    bool did = false;
-    const u32 used = l.used_slots.Load(MemOrder::kAcquire);  // covers every pending slot
-    alignas(16) char buf[kGpuPayloadBytes];
-    for (u32 s = 0; s < used; ++s) {
-      const u64 p = l.pending[s].Load(MemOrder::kAcquire);  // pairs with SendTo's release
-      u32 len = 0;
-      if (p == 0 || !l.cpu2gpu.TakeAnswer(s, l.sent[s], buf, &len)) continue;
-      Task *t = reinterpret_cast<Task *>(p);
-      chi::DecodeAnswer(t, buf, len);
-      l.pending[s].Store(0, MemOrder::kRelaxed);  // only this thread reads it from now on
-      FreeHostSlot(l, s);
-      l.cpu2gpu_inflight.FetchSub(1, MemOrder::kRelease);
-      CompleteTask(t);
-      did = true;
-    }
-    return did;
-  }
-
-  /** Turns new gpu2cpu requests into host tasks (or error answers). */
-  bool ServeRequests(GpuLink &l, u32 index) {
-    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
-    bool did = false;
-    for (u32 s = 0; s < q.num_slots_; ++s) {
-      const u64 w = q.PeekRequest(s);
-      const u32 seq = static_cast<u32>(w);
-      if (seq == q.served_[s]) continue;
-      alignas(16) char buf[kGpuPayloadBytes];
-      u32 len = 0;
-      const char *p = q.TakeRequest(s, w, buf, &len);
-      if (p == nullptr) continue;  // posted inline and still arriving: the next sweep takes it
-      q.served_[s] = seq;
-      did = true;
-      if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
-        q.PutAnswer(s, seq, buf,
-                    EncodeErrorAnswer(seq, ErrorCode::kMalformed,
-                                      "GPU request length is out of range", buf, q.payload_bytes_));
-        continue;
-      }
-      l.gpu2cpu_inflight.FetchAdd(1, MemOrder::kRelaxed);  // before: the task may finish at once
-      const u64 cookie = static_cast<u64>(index) << 32 | s;
-      if (!dispatcher_->Dispatch(p, len, this, cookie, &error_answer_)) {
-        l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelaxed);
-        const u32 n = static_cast<u32>(error_answer_.size()) < q.payload_bytes_
-                          ? static_cast<u32>(error_answer_.size())
-                          : q.payload_bytes_;
-        std::memcpy(buf, error_answer_.data(), n);
-        q.PutAnswer(s, seq, buf, n);
-      }
-    }
-    return did;
-  }
-
-  /** A GPU->CPU task finished on a worker: its answer goes back into its slot. */
-  void OnComplete(Task *t) override {
-    const u32 index = static_cast<u32>(t->transport_cookie_ >> 32);
-    GpuLink &l = index >= kUserLinkBase ? user_.Link(index - kUserLinkBase) : *links_[index];
-    const u32 s = static_cast<u32>(t->transport_cookie_);
-    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
-    alignas(16) char buf[kGpuPayloadBytes];  // staged: PutAnswer picks inline or payload
-    const u64 id = t->request_id_;
-    PutRequestId(buf, id);
-    OutputArchive ar(buf + kGpuEnvelopeBytes, q.payload_bytes_ - kGpuEnvelopeBytes);
-    t->ops_->save_out(*t, ar);
-    const u32 len = ar.ok() ? kGpuEnvelopeBytes + static_cast<u32>(ar.Size())
-                            : EncodeErrorAnswer(id, ErrorCode::kTooLarge,
-                                                "the task's outputs exceed the GPU copy space",
-                                                buf, q.payload_bytes_);
-    t->completer_ = nullptr;
-    DeleteTask(t);
-    q.PutAnswer(s, static_cast<u32>(id), buf, len);
-    l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelease);  // the slot is no longer touched
-  }
-
-  PoolManager *pools_ = nullptr;
-  WorkOrchestrator *orch_ = nullptr;
-  GpuPoolDirectory *directory_ = nullptr;
-  std::vector<GpuLink *> links_;
-  UserGpuQueues<GpuLink> user_;  ///< gpu2cpu queues applications registered
-  std::string no_gpu_reason_;
-  std::unique_ptr<RequestDispatcher> dispatcher_;
-  std::vector<char> error_answer_;  ///< reused by ServeRequests (error answers only)
-  std::unique_ptr<Worker> worker_;  ///< the thread: polls us, runs the tasks we take in
-  u32 rounds_ = 0;                  ///< Poll passes (the reaper's clock is read every 1024)
-  u64 next_reap_ = 0;               ///< when Poll next looks for dead clients
-  bool runtime_ = true;  ///< serves gpu2cpu and reaps dead clients (false: a client's worker)
-  u32 pid_ = 0;          ///< what our claim words hold
-  Atomic<u64> posted_;
-  Atomic<u32> closing_;
-  Atomic<u32> stop_;
-  Atomic<u64> senders_;
-  alignas(kCacheLine) Atomic<u32> sleeping_;  ///< futex word: 1 while the thread naps
-  alignas(kCacheLine) Atomic<u32> answering_;  ///< 1 while a thread runs CompleteAnswers
-  /// 1 while a thread takes in gpu2cpu requests (ServeAll); off answering_'s line, which
-  /// waiting callers write.
-  alignas(kCacheLine) Atomic<u32> serving_;
-  Atomic<u64> polls_;    ///< the worker's polls (WorkerPolls)
-  PollerRescue rescue_;  ///< serves gpu2cpu while the worker is stuck in a task
-  WaitHelper helper_{&GpuWorker::HelpWaiters, this};
-  bool helping_ = false;  ///< helper_ is installed
-};
-
 }  // namespace chi::gpu
-
-// GpuWorker::Broadcast's replicas and their fold: every user of the worker needs them, so
-// they come with this header.
-// ---- begin chi/gpu/gpu_broadcast.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_BROADCAST_H
-#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_BROADCAST_H
-// GpuBroadcast: a LocalGpuBcast task on a node with several GPUs, sent by the GpuWorker
-// (gpu_worker.h) as one replica per GPU and folded back into the original task when the
-// last replica answers. Included by gpu_worker.h after the class; not meant to be included
-// on its own.
-
-#include <vector>  // the replicas
-
-namespace chi::gpu {
-
-/**
- * LocalGpuBcast on a node with several GPUs: one replica per GPU, folded back into the
- * original (TaskOps::aggregate, GPU 0 first) when the last one answers.
- */
-class GpuBroadcast final : public TaskCompleter {
- public:
-  /** Sends t's replicas; t completes when all have. */
-  static void Start(GpuWorker &w, Task *t) {
-    auto *b = new GpuBroadcast();
-    b->orig_ = t;
-    const u32 n = static_cast<u32>(w.links_.size());
-    for (u32 i = 0; i < n; ++i) {
-      Task *rep = t->ops_->clone(*t);
-      if (rep == nullptr) break;
-      rep->pool_query_ = PoolQuery::ToLocalGpu(w.links_[i]->gpu_id);
-      rep->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);
-      rep->completer_ = b;
-      b->replicas_.push_back(rep);
-    }
-    if (b->replicas_.size() != n) {
-      for (Task *rep : b->replicas_) DeleteTask(rep);
-      delete b;
-      return GpuWorker::Fail(t, ErrorCode::kOutOfMemory, "no memory for a GPU broadcast replica");
-    }
-    b->left_.Store(n, MemOrder::kRelease);
-    const std::vector<Task *> reps = b->replicas_;  // b may be gone once the last one answers
-    for (u32 i = 0; i < n; ++i) w.SendTo(*w.links_[i], reps[i]);
-  }
-
-  /** One replica answered; the last one folds them all into the original. */
-  void OnComplete(Task *) override {
-    // acq_rel: the last replica sees every other replica's outputs.
-    if (left_.FetchSub(1, MemOrder::kAcqRel) != 1) return;
-    for (u32 i = 0; i < replicas_.size(); ++i) {
-      replicas_[i]->completer_ = nullptr;
-      orig_->ops_->aggregate(*orig_, *replicas_[i], i);
-      DeleteTask(replicas_[i]);
-    }
-    Task *t = orig_;
-    delete this;
-    CompleteTask(t);
-  }
-
- private:
-  GpuBroadcast() = default;
-  Task *orig_ = nullptr;
-  std::vector<Task *> replicas_;
-  Atomic<u32> left_;
-};
-
-void GpuWorker::Broadcast(Task *t) { GpuBroadcast::Start(*this, t); }
-
-}  // namespace chi::gpu
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_BROADCAST_H
-// ---- end chi/gpu/gpu_broadcast.h ----
-#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
-// ---- end chi/gpu/gpu_worker.h ----
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_LINK_H
+// ---- end chi/gpu/gpu_link.h ----
 // ---- begin chi/gpu/module_registry.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_MODULE_REGISTRY_H
 #define CHI_SINGLE_INCLUDE_CHI_GPU_MODULE_REGISTRY_H
@@ -20988,6 +20185,897 @@ inline Status RebaseCpu2Gpu(const GpuQueueAttachInfo &i, char *data, u64 data_by
 }  // namespace chi::gpu
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_CONNECT_INFO_H
 // ---- end chi/gpu/gpu_connect_info.h ----
+// ---- begin chi/gpu/gpu_worker.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+// GpuWorker: the CPU side of every GPU's CPU-facing queues, on one thread (seed 000's
+// GPU-worker role). It is the ClientTransport IpcManager hands LocalGpuBcast/ToLocalGpu
+// tasks to (posted into cpu2gpu, completed when the GPU's answer lands), and it serves
+// gpu2cpu: each request becomes a host task (the container's LoadTaskIn) that runs on this
+// same thread, a runtime Worker of role kGpuPoller whose external poller this is (no hop to
+// another thread; a task may still wait, in its fiber), and whose TaskCompleter writes the
+// answer back into the slot. It serves the gpu2cpu queues applications register
+// (RegisterQueue, user_queues.h) the same way. High-latency tasks go to those workers.
+// While a task holds the thread without yielding, a rescue thread serves the gpu2cpu
+// queues instead, handing their tasks to the low-latency workers (poller_rescue.h).
+// A pure client process runs one too, over the cpu2gpu queues it attached (client mode: no
+// gpu2cpu serving); cpu2gpu slots are shared by processes through host_slots.h.
+// Invariant: every task given to Send completes exactly once, with its answer or an error
+// (no GPU, bad GPU id, unknown pool, too large, shutdown); nothing is dropped.
+
+#include <time.h>    // nanosleep: the rescue thread's wait between passes
+#include <unistd.h>  // getpid: the claim words hold the claimer's pid
+
+#include <algorithm>  // std::min of the rescue thread's wait
+#include <climits>  // INT_MAX: wake every parked sender
+#include <cstring>  // memcpy of diagnostic and error answers
+#include <memory>   // the dispatcher and the worker thread
+#include <string>   // the no-GPU reason
+#include <vector>   // links, error answers, broadcast replicas
+
+// ---- begin chi/gpu/host_slots.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
+// How CPU processes share one GPU's cpu2gpu queue: the runtime's GpuWorker and every pure
+// client that attached the queue's pinned segment claim slots with a CAS on the slot's
+// claim word (in that shared segment), which holds the claimer's pid while the slot is held.
+// Invariant: the claim word is the only ownership record, so a dead claimer is always
+// identifiable, and its slot is freed only once the request it posted has been answered.
+// Only host code uses these claim words (GPU clients use gpu2gpu/gpu2cpu, see mailbox.h).
+
+namespace chi::gpu {
+
+using HostQueue = GpuQueue<MemScope::kSystem>;
+
+/** Claims a free slot for process `pid`, looking from `start`; kNoSlot when all are held. */
+inline u32 ClaimHostSlot(const HostQueue &q, u32 start, u32 pid) {
+  for (u32 i = 0; i < q.num_slots_; ++i) {
+    const u32 s = (start + i) % q.num_slots_;
+    u32 expected = claim::kFree;
+    // acquire: the previous owner's request word and payload reads come before our use.
+    if (q.claims_[s].CompareExchange(expected, pid, MemOrder::kAcquire)) return s;
+  }
+  return kNoSlot;
+}
+
+/**
+ * The sequence number the next request in held slot s must carry: one past the last one
+ * any process posted there (a per-process counter would repeat the server's served value).
+ */
+inline u32 NextHostSeq(const HostQueue &q, u32 s) {
+  // relaxed: our claim's acquire ordered the previous owner's post (it released the claim
+  // after its post) before this read.
+  return NextSeq(static_cast<u32>(q.request_[s].Load(MemOrder::kRelaxed)));
+}
+
+/** Gives held slot s back (its answer has been read, or it was never posted). */
+inline void ReleaseHostSlot(const HostQueue &q, u32 s) {
+  // release: our reads of the answer happen before the next owner writes the payload.
+  q.claims_[s].Store(claim::kFree, MemOrder::kRelease);
+}
+
+/** The pid holding slot s (0 when free). */
+inline u32 HostSlotOwner(const HostQueue &q, u32 s) {
+  return q.claims_[s].Load(MemOrder::kAcquire);  // acquire: pairs with the claim CAS
+}
+
+/** Slots held right now (by any process). */
+inline u32 CountHeldHostSlots(const HostQueue &q) {
+  u32 n = 0;
+  for (u32 s = 0; s < q.num_slots_; ++s) n += HostSlotOwner(q, s) != 0 ? 1 : 0;
+  return n;
+}
+
+/**
+ * Frees the slots held by dead processes (alive(pid) false), skipping `self_pid`, once
+ * their last request has been answered: the GPU no longer touches the payload then.
+ * Slots still waiting for an answer are left for a later call. Returns how many it freed.
+ */
+template <typename Alive>
+u32 ReapDeadHostClaims(const HostQueue &q, u32 self_pid, Alive alive) {
+  u32 freed = 0;
+  for (u32 s = 0; s < q.num_slots_; ++s) {
+    u32 owner = HostSlotOwner(q, s);
+    if (owner == claim::kFree || owner == self_pid || alive(owner)) continue;
+    // acquire: the answer word is read before we hand the payload to another claimer.
+    const u32 answered = static_cast<u32>(q.answer_[s].Load(MemOrder::kAcquire));
+    const u32 posted = static_cast<u32>(q.request_[s].Load(MemOrder::kAcquire));
+    if (answered != posted) continue;  // the GPU has not answered yet
+    // release: a CAS, so a live process cannot lose a slot it claimed meanwhile.
+    if (q.claims_[s].CompareExchange(owner, claim::kFree, MemOrder::kRelease)) ++freed;
+  }
+  return freed;
+}
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_HOST_SLOTS_H
+// ---- end chi/gpu/host_slots.h ----
+// ---- begin chi/gpu/user_queues.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_USER_QUEUES_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_USER_QUEUES_H
+// UserGpuQueues: gpu2cpu queues applications make in their own pinned memory and register
+// (CHI_IPC->RegisterGpuQueue) so the GpuWorker serves them beside each GPU's own: a fixed
+// table, changed under a mutex, read by the worker's thread with a busy flag per entry.
+// Invariant: once Unregister returns Ok the worker neither polls the queue nor answers into
+// it (the state_/busy_ Dekker pair, then the in-flight count drained): its memory may go.
+
+#include <time.h>  // nanosleep while a removal waits
+
+#include <mutex>  // Register / Unregister are rare and serialised
+#include <new>    // placement new: a forked child's fresh lock
+
+namespace chi::gpu {
+
+/** Most user queues one runtime serves at a time. */
+inline constexpr u32 kMaxUserGpuQueues = 16;
+/** Most slots of one user queue (the worker scans them all every round). */
+inline constexpr u32 kMaxUserGpuQueueSlots = 1u << 16;
+
+/** Why `q` cannot be served as a gpu2cpu queue, or Ok. */
+inline Status CheckUserGpuQueue(const GpuQueue<MemScope::kSystem> &q) {
+  if (q.request_ == nullptr || q.answer_ == nullptr || q.payload_ == nullptr ||
+      q.claims_ == nullptr || q.served_ == nullptr) {
+    return Status::Error(ErrorCode::kInvalidArgument,
+                         "GPU queue has a null array: build it with GpuQueue::Make");
+  }
+  if (q.records_ == nullptr) {
+    return Status::Error(ErrorCode::kInvalidArgument,
+                         "GPU queue has no client records: Make it with gpu_clients = true");
+  }
+  if (q.num_slots_ == 0 || q.num_slots_ > kMaxUserGpuQueueSlots) {
+    return Status::Errorf(ErrorCode::kInvalidArgument, "GPU queue has %u slots (1 to %u allowed)",
+                          q.num_slots_, kMaxUserGpuQueueSlots);
+  }
+  if (q.payload_bytes_ < 64 || q.payload_bytes_ > kGpuPayloadBytes || q.payload_bytes_ % 16 != 0) {
+    return Status::Errorf(ErrorCode::kInvalidArgument,
+                          "GPU queue payload of %u bytes: it must be a multiple of 16 in [64, %u]",
+                          q.payload_bytes_, kGpuPayloadBytes);
+  }
+  if (q.max_wait_ns_ == 0) {
+    return Status::Error(ErrorCode::kInvalidArgument,
+                         "GPU queue max_wait_ns_ is 0: its kernels would give up at once");
+  }
+  return Status::Ok();
+}
+
+/** The registered user queues (see the file comment); LinkT is GpuLink. */
+template <typename LinkT>
+class UserGpuQueues {
+ public:
+  /** Adds q (its descriptor is copied); the worker polls it from its next round. */
+  Status Register(const GpuQueue<MemScope::kSystem> &q) {
+    if (Status st = CheckUserGpuQueue(q); !st.ok()) return st;
+    std::lock_guard<std::mutex> g(mu_);
+    Entry *free_entry = nullptr;
+    for (Entry &e : entries_) {
+      const u32 state = e.state_.Load(MemOrder::kAcquire);
+      if (state != kEmpty && e.link.gpu2cpu.request_ == q.request_) {
+        if (state == kActive) {
+          return Status::Error(ErrorCode::kAlreadyExists, "this GPU queue is registered already");
+        }
+        if (e.link.gpu2cpu_inflight.Load(MemOrder::kAcquire) != 0) {
+          return Status::Error(ErrorCode::kAlreadyExists,
+                               "this GPU queue is still draining an earlier registration");
+        }
+      }
+      const bool drained = e.link.gpu2cpu_inflight.Load(MemOrder::kAcquire) == 0;
+      const bool idle = state == kEmpty || (state == kRemoved && drained);
+      if (idle && free_entry == nullptr) free_entry = &e;
+    }
+    if (free_entry == nullptr) {
+      return Status::Errorf(ErrorCode::kOutOfMemory,
+                            "too many GPU queues registered (at most %u): unregister one first",
+                            kMaxUserGpuQueues);
+    }
+    free_entry->link.gpu_id = ~0u;
+    free_entry->link.gpu2cpu = q;
+    const u32 index = static_cast<u32>(free_entry - entries_);
+    if (used_.Load(MemOrder::kRelaxed) < index + 1) used_.Store(index + 1, MemOrder::kRelease);
+    // release: the descriptor above is visible to the worker once it sees kActive.
+    free_entry->state_.Store(kActive, MemOrder::kRelease);
+    return Status::Ok();
+  }
+
+  /**
+   * Stops serving q: after Ok, nothing touches its memory. Waits for the worker to leave the
+   * queue and for tasks it started to answer, up to timeout_ns; kTimeout when some still run
+   * (the queue is no longer polled; call again before freeing its memory).
+   */
+  Status Unregister(const GpuQueue<MemScope::kSystem> &q, u64 timeout_ns) {
+    std::lock_guard<std::mutex> g(mu_);
+    for (Entry &e : entries_) {
+      const u32 state = e.state_.Load(MemOrder::kAcquire);
+      if (state == kEmpty || e.link.gpu2cpu.request_ != q.request_) continue;
+      // seq_cst: pairs with Serve's busy_ store then state_ load (a Dekker pair): either the
+      // worker sees kRemoved, or we see busy_ set and wait for its round on this queue.
+      e.state_.Store(kRemoved, MemOrder::kSeqCst);
+      u64 waited = 0;
+      while (e.busy_.Load(MemOrder::kSeqCst) != 0 ||
+             e.link.gpu2cpu_inflight.Load(MemOrder::kAcquire) != 0) {
+        if (waited >= timeout_ns) {
+          return Status::Errorf(ErrorCode::kTimeout,
+                                "tasks from this GPU queue still run after %llu ms; it is no "
+                                "longer polled: unregister again before freeing its memory",
+                                static_cast<unsigned long long>(timeout_ns / 1000000));
+        }
+        timespec ts{0, 50000};
+        nanosleep(&ts, nullptr);
+        waited += 50000;
+      }
+      e.state_.Store(kEmpty, MemOrder::kRelease);  // release: reusable; nothing refers to it
+      return Status::Ok();
+    }
+    return Status::Error(ErrorCode::kNotFound, "this GPU queue is not registered");
+  }
+
+  /**
+   * The worker's round: serve(link, index) on every active queue; true when any did work.
+   * The index names the queue in Link() while tasks from it run.
+   */
+  template <typename ServeFn>
+  bool Serve(ServeFn &&serve) {
+    bool did = false;
+    const u32 used = used_.Load(MemOrder::kAcquire);  // acquire: entries below it are set up
+    for (u32 i = 0; i < used; ++i) {
+      Entry &e = entries_[i];
+      if (e.state_.Load(MemOrder::kAcquire) != kActive) continue;  // the cheap look
+      e.busy_.Store(1, MemOrder::kSeqCst);  // seq_cst: the Dekker half Unregister reads
+      if (e.state_.Load(MemOrder::kSeqCst) == kActive) did |= serve(e.link, i);
+      e.busy_.Store(0, MemOrder::kRelease);  // release: our slot writes precede the removal
+    }
+    return did;
+  }
+
+  /** Forgets every queue (the worker's thread has stopped and nothing is in flight). */
+  void Clear() {
+    std::lock_guard<std::mutex> g(mu_);
+    for (Entry &e : entries_) e.state_.Store(kEmpty, MemOrder::kRelease);
+  }
+
+  /**
+   * In a forked child: the queues and their tasks are the parent's. A fresh lock (a parent
+   * thread may have held it) and no queue, without touching the parent's queue memory.
+   */
+  void ForgetAfterFork() {
+    new (&mu_) std::mutex();
+    for (Entry &e : entries_) {
+      e.state_.Store(kEmpty, MemOrder::kRelaxed);  // relaxed: the child has one thread here
+      e.link.gpu2cpu_inflight.Store(0, MemOrder::kRelaxed);
+    }
+  }
+
+  /** GPU->CPU tasks from user queues still running. */
+  u64 Inflight() const {
+    u64 n = 0;
+    const u32 used = used_.Load(MemOrder::kAcquire);
+    for (u32 i = 0; i < used; ++i) n += entries_[i].link.gpu2cpu_inflight.Load(MemOrder::kAcquire);
+    return n;
+  }
+
+  /** The link of entry `index` (what Serve passed). */
+  LinkT &Link(u32 index) { return entries_[index].link; }
+
+ private:
+  static constexpr u32 kEmpty = 0;
+  static constexpr u32 kActive = 1;
+  static constexpr u32 kRemoved = 2;  ///< no longer polled; tasks from it may still run
+
+  struct Entry {
+    Atomic<u32> state_;
+    Atomic<u32> busy_;  ///< 1 while the worker serves this queue
+    LinkT link;
+  };
+
+  std::mutex mu_;
+  Entry entries_[kMaxUserGpuQueues];
+  Atomic<u32> used_;  ///< 1 + the highest entry ever used
+};
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_USER_QUEUES_H
+// ---- end chi/gpu/user_queues.h ----
+
+namespace chi::gpu {
+
+/** The GPU-worker thread and the CPU->GPU transport. */
+class GpuWorker : public ClientTransport,
+                  private TaskCompleter,
+                  private WorkerPoller,
+                  private RescuablePoller {
+ public:
+  static constexpr u64 kMinNapNs = 20000;    ///< first idle nap
+  static constexpr u64 kMaxNapNs = 1000000;  ///< longest idle nap (gpu2cpu latency when idle)
+  static constexpr u32 kClaimSpins = 256;    ///< full-queue spins before a sender parks
+  static constexpr u64 kDrainTimeoutNs = 5000000000ull;
+  static constexpr u64 kReapPeriodNs = 100000000;  ///< how often the runtime looks for dead clients
+  static constexpr u32 kUserLinkBase = 1u << 16;   ///< link index of user queue 0 (task cookies)
+  static constexpr u64 kClientStackBytes = 64 * 1024;  ///< a client's worker runs no tasks
+  /** The rescue thread's wait between passes over the gpu2cpu queues (a stuck worker's). */
+  static constexpr u64 kRescueNapNs = 50000;
+
+  GpuWorker() = default;
+  ~GpuWorker() override { Stop(); }
+  GpuWorker(const GpuWorker &) = delete;
+  GpuWorker &operator=(const GpuWorker &) = delete;
+
+  /**
+   * Starts serving `links` (not owned; they outlive Stop). With no links, every send fails
+   * with `no_gpu_reason`. `runtime` = this process runs the orchestrators: it also reaps
+   * the cpu2gpu slots and registrations of dead client processes (a client's worker passes
+   * false, with no gpu2cpu queue in its links and null pools/orch).
+   */
+  void Start(PoolManager *pools, WorkOrchestrator *orch, GpuPoolDirectory *directory,
+             std::vector<GpuLink *> links, std::string no_gpu_reason, bool runtime = true) {
+    runtime_ = runtime;
+    pid_ = static_cast<u32>(getpid());
+    pools_ = pools;
+    orch_ = orch;
+    directory_ = directory;
+    links_ = std::move(links);
+    no_gpu_reason_ = std::move(no_gpu_reason);
+    dispatcher_ = std::make_unique<RequestDispatcher>(pools, orch);
+    closing_.Store(0, MemOrder::kRelease);
+    stop_.Store(0, MemOrder::kRelease);
+    rounds_ = 0;
+    next_reap_ = NowNs() + kReapPeriodNs;
+    if (!links_.empty()) {
+      // A client process has no orchestrator: its thread only takes cpu2gpu answers.
+      worker_ = orch != nullptr ? orch->NewPollerWorker(WorkerRole::kGpuPoller)
+                                : std::make_unique<Worker>(0, WorkerRole::kGpuPoller, nullptr,
+                                                           nullptr, 0, kClientStackBytes);
+      worker_->ReplacePoller(nullptr, this);
+      worker_->Start();
+      if (orch != nullptr) rescue_.Start(this, "chi-gpu-rescue");  // it serves gpu2cpu
+      // Beside a pure client's transport helper, if any (a process holds up to four).
+      helping_ = WaitHelper::Install(&helper_);
+    }
+  }
+
+  /**
+   * Refuses new sends (they fail with kShutdown) and waits, bounded, for GPU->CPU tasks
+   * still running in the workers. False when some are still running (their slots must
+   * then stay mapped).
+   */
+  bool StopIntake() {
+    closing_.Store(1, MemOrder::kSeqCst);  // seq_cst: pairs with Send's senders_ count
+    const u64 deadline = NowNs() + kDrainTimeoutNs;
+    for (;;) {
+      u64 busy = senders_.Load(MemOrder::kSeqCst) + user_.Inflight();
+      for (GpuLink *l : links_) busy += l->gpu2cpu_inflight.Load(MemOrder::kAcquire);
+      if (busy == 0) return true;
+      if (NowNs() > deadline) return false;
+      static_cast<void>(SleepFor(100000));  // cut short by a stop: the deadline still holds
+    }
+  }
+
+  /** Joins the thread, then fails every CPU->GPU task still waiting with kShutdown. */
+  void Stop() {
+    rescue_.Stop();  // the kernels are stopped: no request comes that needs rescuing
+    closing_.Store(1, MemOrder::kSeqCst);
+    stop_.Store(1, MemOrder::kRelease);
+    Wake();
+    if (helping_) WaitHelper::Remove(&helper_);  // returns once no waiter is inside it
+    helping_ = false;
+    if (worker_ != nullptr) {
+      worker_->RequestStop();  // it drains the tasks it runs, then exits
+      worker_->Join();
+      worker_.reset();
+    }
+    if (user_.Inflight() == 0) user_.Clear();  // a restarted worker must not poll them
+    for (GpuLink *l : links_) {
+      for (u32 s = 0; s < l->cpu2gpu.num_slots_; ++s) {
+        const u64 p = l->pending[s].Exchange(0, MemOrder::kAcquire);
+        if (p == 0) continue;
+        l->cpu2gpu_inflight.FetchSub(1, MemOrder::kRelaxed);
+        Fail(reinterpret_cast<Task *>(p), ErrorCode::kShutdown,
+             "the GPU runtime stopped before the GPU answered");
+      }
+    }
+    links_.clear();
+  }
+
+  /**
+   * In a forked child: the thread, links and tasks are the parent's. Keeps the thread's
+   * Worker unjoined (KeepInherited) and forgets the links and queues, so Stop and the
+   * destructor touch nothing of the parent's; sends then fail with kShutdown.
+   */
+  void ForgetAfterFork() {
+    KeepInherited(std::move(worker_));
+    rescue_.ForgetAfterFork();
+    helping_ = false;
+    links_.clear();
+    user_.ForgetAfterFork();
+    // relaxed: the child has one thread here. A parent's sender in flight would hold up
+    // StopIntake's drain; closing_ fails sends until Start.
+    senders_.Store(0, MemOrder::kRelaxed);
+    closing_.Store(1, MemOrder::kRelaxed);
+  }
+
+  /** Routes a LocalGpuBcast / ToLocalGpu task to its GPU(s); always completes it. */
+  bool Send(Task *t) override {
+    senders_.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: StopIntake sees us or we see it
+    if (closing_.Load(MemOrder::kSeqCst) != 0) {
+      Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
+    } else if (links_.empty()) {
+      Fail(t, ErrorCode::kUnsupported, no_gpu_reason_.c_str());
+    } else if (t->pool_query_.GetMode() == RoutingMode::kToLocalGpu) {
+      const u32 id = t->pool_query_.GetId();
+      if (id >= links_.size()) {
+        t->SetErrorf(ErrorCode::kInvalidArgument, "ToLocalGpu(%u): this node has %zu GPU(s)", id,
+                     links_.size());
+        CompleteTask(t);
+      } else {
+        SendTo(*links_[id], t);
+      }
+    } else if (links_.size() == 1) {
+      SendTo(*links_[0], t);
+    } else {
+      Broadcast(t);
+    }
+    senders_.FetchSub(1, MemOrder::kSeqCst);
+    return true;
+  }
+
+  /** Fails every outstanding task and stops (ClientTransport). */
+  void Close() override {
+    StopIntake();
+    Stop();
+  }
+  const char *Name() const override { return "gpu"; }
+
+  /**
+   * Diagnostic: posts raw request bytes to GPU `gpu` and copies its raw answer (how tests
+   * check that the orchestrator answers malformed input). On timeout the slot stays held.
+   */
+  Status RawRoundTrip(u32 gpu, const char *bytes, u32 len, std::vector<char> *answer,
+                      u64 timeout_ns) {
+    if (gpu >= links_.size()) return Status::Error(ErrorCode::kInvalidArgument, "no such GPU");
+    GpuLink &l = *links_[gpu];
+    if (len > l.cpu2gpu.payload_bytes_) {
+      return Status::Error(ErrorCode::kTooLarge, "raw request exceeds the copy space");
+    }
+    const u32 s = ClaimSlot(l);
+    if (s == kNoSlot) return Status::Error(ErrorCode::kShutdown, "GPU runtime is stopping");
+    std::memcpy(l.cpu2gpu.Payload(s), bytes, len);
+    const u32 seq = NextHostSeq(l.cpu2gpu, s);
+    l.sent[s] = seq;
+    l.cpu2gpu.Post(s, seq, len);
+    const u64 deadline = NowNs() + timeout_ns;
+    alignas(16) char buf[kGpuPayloadBytes];
+    u32 out = 0;
+    while (!l.cpu2gpu.TakeAnswer(s, seq, buf, &out)) {
+      if (NowNs() > deadline) return Status::Error(ErrorCode::kTimeout, "no answer from the GPU");
+      CpuRelax();
+    }
+    answer->assign(buf, buf + out);
+    FreeHostSlot(l, s);
+    return Status::Ok();
+  }
+
+  /**
+   * Serves `queue`, a gpu2cpu queue in the caller's memory, like every GPU's own: kernels
+   * given a GpuInfo whose gpu2cpu_ is its descriptor submit ToLocalCpu() tasks through it.
+   * Fails (naming why) for a bad queue, too many queues, or no running GPU worker.
+   */
+  Status RegisterQueue(const GpuQueue<MemScope::kSystem> &queue) {
+    if (!runtime_ || worker_ == nullptr || stop_.Load(MemOrder::kAcquire) != 0) {
+      return Status::Error(ErrorCode::kUnsupported,
+                           "no GPU worker serves gpu2cpu queues in this process (no GPU runtime)");
+    }
+    return user_.Register(queue);
+  }
+  /** Stops serving `queue`; after Ok its memory may be freed (see UserGpuQueues::Unregister). */
+  Status UnregisterQueue(const GpuQueue<MemScope::kSystem> &queue) {
+    return user_.Unregister(queue, kDrainTimeoutNs);
+  }
+
+  /** Counters of the worker thread (gpu2cpu tasks run on it); zeros when it is not running. */
+  WorkerStats ThreadStats() const { return worker_ != nullptr ? worker_->Stats() : WorkerStats{}; }
+
+  /** Tasks this worker posted straight into a cpu2gpu queue (no CPU transport on the way). */
+  u64 Posted() const { return posted_.Load(MemOrder::kRelaxed); }  // relaxed: a statistic
+
+  /**
+   * Frees cpu2gpu slots held by dead processes (once answered) and drops dead processes'
+   * memory registrations; the runtime's thread does this every kReapPeriodNs. Returns the
+   * slots freed.
+   */
+  u32 ReapDeadClients() {
+    u32 freed = 0;
+    for (GpuLink *l : links_) {
+      freed += ReapDeadHostClaims(l->cpu2gpu, pid_, [](u32 pid) { return ProcessAlive(pid); });
+    }
+    if (freed != 0) {
+      for (GpuLink *l : links_) {
+        l->freed.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: read against free_waiters
+        if (l->free_waiters.Load(MemOrder::kSeqCst) != 0) FutexWake(l->freed.Raw(), INT_MAX);
+      }
+    }
+    ClientMemory().DropDead([](u32 pid) { return ProcessAlive(pid); });
+    return freed;
+  }
+
+ private:
+  friend class GpuBroadcast;
+
+  /** Posts t to one GPU, or completes it with the reason it cannot go. */
+  void SendTo(GpuLink &l, Task *t) {
+    if (Status st = directory_->EnsurePool(l.gpu_id, t->pool_id_); !st.ok()) {
+      return Fail(t, st.code(), st.message());
+    }
+    const u32 s = ClaimSlot(l);
+    if (s == kNoSlot) return Fail(t, ErrorCode::kShutdown, "the GPU runtime is stopping");
+    char *p = l.cpu2gpu.Payload(s);
+    const u32 seq = NextHostSeq(l.cpu2gpu, s);
+    PutRequestId(p, seq);
+    OutputArchive ar(p + kGpuEnvelopeBytes, l.cpu2gpu.payload_bytes_ - kGpuEnvelopeBytes);
+    t->ops_->save_in(*t, ar);
+    if (!ar.ok()) {
+      FreeHostSlot(l, s);
+      t->SetErrorf(ar.code() == ErrorCode::kTooLarge ? ErrorCode::kTooLarge : ar.code(),
+                   "task does not fit the %u-byte GPU copy space", l.cpu2gpu.payload_bytes_);
+      CompleteTask(t);
+      return;
+    }
+    l.sent[s] = seq;
+    l.pending[s].Store(reinterpret_cast<u64>(t), MemOrder::kRelease);  // sent[s] is visible
+    l.cpu2gpu_inflight.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: the Dekker half of Wake
+    l.cpu2gpu.Post(s, seq, kGpuEnvelopeBytes + static_cast<u32>(ar.Size()));
+    posted_.FetchAdd(1, MemOrder::kRelaxed);  // relaxed: a statistic
+    Wake();
+  }
+
+  inline void Broadcast(Task *t);
+
+  /**
+   * Claims a cpu2gpu slot for this process; blocks (spin, then park) while all are taken.
+   * Slots other processes hold come back when they finish (or, dead, when reaped).
+   */
+  u32 ClaimSlot(GpuLink &l) {
+    thread_local u32 hint = 0;
+    for (u32 n = 0;; ++n) {
+      if (stop_.Load(MemOrder::kAcquire) != 0) return kNoSlot;
+      const u32 seen = l.freed.Load(MemOrder::kAcquire);
+      const u32 s = ClaimHostSlot(l.cpu2gpu, hint, pid_);
+      if (s != kNoSlot) {
+        hint = s;  // a thread keeps reusing its slot: the worker scans only [0, used_slots)
+        u32 used = l.used_slots.Load(MemOrder::kRelaxed);
+        // relaxed: pending[s], published later with release, is what the scan relies on.
+        while (used < s + 1 && !l.used_slots.CompareExchange(used, s + 1, MemOrder::kRelaxed)) {
+        }
+        return s;
+      }
+      if (n < kClaimSpins) {
+        CpuRelax();
+      } else if (RunContext *r = CurrentRunContext()) {
+        r->GetWorker()->SleepInFiber(r, kMinNapNs);  // a worker never blocks its thread
+      } else {
+        l.free_waiters.FetchAdd(1, MemOrder::kSeqCst);
+        FutexWait(l.freed.Raw(), seen, kMaxNapNs);  // returns at once if a slot freed since
+        l.free_waiters.FetchSub(1, MemOrder::kRelaxed);
+      }
+    }
+  }
+
+  /** Frees a cpu2gpu slot and wakes a parked sender. */
+  void FreeHostSlot(GpuLink &l, u32 s) {
+    ReleaseHostSlot(l.cpu2gpu, s);
+    l.freed.FetchAdd(1, MemOrder::kSeqCst);  // seq_cst: read against free_waiters below
+    if (l.free_waiters.Load(MemOrder::kSeqCst) != 0) FutexWake(l.freed.Raw(), INT_MAX);
+  }
+
+  /** Completes t with an error. */
+  static void Fail(Task *t, ErrorCode code, const char *msg) {
+    t->SetError(code, msg);
+    CompleteTask(t);
+  }
+
+  /** Wakes the thread if it naps (after a CPU->GPU post). */
+  void Wake() {
+    FenceSeqCst();  // our post and inflight count are visible before we read sleeping_
+    if (sleeping_.Load(MemOrder::kRelaxed) != 0 && sleeping_.Exchange(0, MemOrder::kAcqRel) != 0) {
+      FutexWake(sleeping_.Raw(), 1);
+    }
+  }
+
+  /** WorkerPoller: our worker starts polling (nothing to set up). */
+  void BeginPolling(u32) override {}
+
+  /**
+   * WorkerPoller: one pass over every link (answers, then requests) and the registered
+   * queues; now and then, the dead-client reaper. True when it did work.
+   */
+  bool Poll() override {
+    bool did = false;
+    // The clock is read once every 1024 passes (and after each nap): cheap even when busy.
+    if (runtime_ && (++rounds_ & 1023) == 0 && NowNs() > next_reap_) {
+      did |= ReapDeadClients() != 0;
+      next_reap_ = NowNs() + kReapPeriodNs;
+    }
+    polls_.AddOwned(1);  // only this thread writes it: the rescue thread's sign of progress
+    did |= TakeAnswers();
+    did |= ServeAll();
+    return did;
+  }
+
+  /**
+   * Takes in the gpu2cpu requests of every link and registered queue, unless another thread
+   * does (the rescue thread while this worker is stuck, or this worker): one reader at a
+   * time, as the queues' served_ words and the user queues' busy flags require.
+   */
+  bool ServeAll() {
+    u32 idle = 0;
+    // acquire: the previous reader's served_ words and slot reads happen before ours.
+    if (!serving_.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+    bool did = false;
+    for (u32 i = 0; i < links_.size(); ++i) did |= ServeRequests(*links_[i], i);
+    did |= user_.Serve([this](GpuLink &l, u32 i) { return ServeRequests(l, kUserLinkBase + i); });
+    serving_.Store(0, MemOrder::kRelease);  // release: ours happen before the next reader's
+    return did;
+  }
+
+  // ---- The rescue thread (RescuablePoller; poller_rescue.h) ----
+
+  /** How many times the worker polled the queues (relaxed: a mark of progress). */
+  u64 WorkerPolls() const override { return polls_.Load(MemOrder::kRelaxed); }
+  /** True while the worker naps (EndPolling), idle rather than stuck. */
+  bool WorkerSleeping() const override { return sleeping_.Load(MemOrder::kRelaxed) != 0; }
+
+  /**
+   * For a worker stuck in a task: completes the CPU->GPU answers that came and takes in the
+   * gpu2cpu requests, whose tasks go to the low-latency workers' lanes (this thread is no
+   * runtime worker, so the dispatcher submits them there).
+   */
+  bool RescuePass() override {
+    TakeAnswers();
+    ServeAll();
+    return false;  // the queues are polled, not signalled: the next pass finds what comes
+  }
+
+  /** GPUs cannot wake a thread: sleeps a short while (bounded by timeout_ms). */
+  void AwaitInput(int timeout_ms) override {
+    const u64 ns = std::min<u64>(static_cast<u64>(timeout_ms) * 1000000, kRescueNapNs);
+    timespec ts{0, static_cast<long>(ns)};
+    nanosleep(&ts, nullptr);
+  }
+
+  /**
+   * WorkerPoller: our worker found nothing to do for a while and would park, but GPUs
+   * cannot wake it. So it naps here, bounded (growing up to kMaxNapNs), polling once
+   * between naps, and goes on (true) when a pass finds work. Never while any task is out: a
+   * GPU answer cannot wake us, and a kernel waiting on a GPU->CPU answer usually posts its
+   * next request right after (and the tasks we run are among those counted). False once
+   * stopping: the worker may then park and exit.
+   */
+  bool EndPolling(u32) override {
+    for (u64 nap = kMinNapNs;; nap = nap * 2 < kMaxNapNs ? nap * 2 : kMaxNapNs) {
+      sleeping_.Store(1, MemOrder::kRelaxed);
+      FenceSeqCst();  // sleeping_ is visible before we look for posts (pairs with Wake)
+      u64 inflight = user_.Inflight();
+      for (GpuLink *l : links_) {
+        inflight += l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) +
+                    l->gpu2cpu_inflight.Load(MemOrder::kRelaxed);
+      }
+      if (inflight != 0 || stop_.Load(MemOrder::kAcquire) != 0) {
+        sleeping_.Store(0, MemOrder::kRelaxed);
+        return stop_.Load(MemOrder::kAcquire) == 0;
+      }
+      FutexWait(sleeping_.Raw(), 1, nap);
+      sleeping_.Store(0, MemOrder::kRelaxed);
+      rounds_ = 1023;  // the next pass looks at the reaper's clock
+      if (Poll()) return true;
+    }
+  }
+
+  /**
+   * Completes the CPU->GPU tasks whose answers arrived, on every link, unless another
+   * thread is doing it: the worker's loop, or a caller spinning in Future::Wait (through
+   * the wait helper), who so takes its own answer without a hop through this thread.
+   */
+  bool TakeAnswers() {
+    // relaxed: a cheap first look; the CAS below orders the work.
+    if (answering_.Load(MemOrder::kRelaxed) != 0) return false;
+    u32 idle = 0;
+    // acquire: the previous holder's slot frees and task completions happen before ours.
+    if (!answering_.CompareExchange(idle, 1, MemOrder::kAcquire)) return false;
+    bool did = false;
+    for (GpuLink *l : links_) did |= CompleteAnswers(*l);
+    answering_.Store(0, MemOrder::kRelease);  // release: our work before the next holder's
+    return did;
+  }
+
+  /**
+   * The wait helper's entry (future.h): a waiting caller's poll. Callers waiting on other
+   * tasks pass through here too, so with nothing out on any GPU it only reads counters.
+   */
+  static void HelpWaiters(void *self) {
+    auto *w = static_cast<GpuWorker *>(self);
+    for (GpuLink *l : w->links_) {
+      // relaxed: a hint; TakeAnswers' CAS and CompleteAnswers' acquire order the real work.
+      if (l->cpu2gpu_inflight.Load(MemOrder::kRelaxed) != 0) {
+        w->TakeAnswers();
+        return;
+      }
+    }
+  }
+
+  /** Completes the CPU->GPU tasks of link l whose answers arrived (TakeAnswers' holder). */
+  bool CompleteAnswers(GpuLink &l) {
+    if (l.cpu2gpu_inflight.Load(MemOrder::kAcquire) == 0) return false;
+    bool did = false;
+    const u32 used = l.used_slots.Load(MemOrder::kAcquire);  // covers every pending slot
+    alignas(16) char buf[kGpuPayloadBytes];
+    for (u32 s = 0; s < used; ++s) {
+      const u64 p = l.pending[s].Load(MemOrder::kAcquire);  // pairs with SendTo's release
+      u32 len = 0;
+      if (p == 0 || !l.cpu2gpu.TakeAnswer(s, l.sent[s], buf, &len)) continue;
+      Task *t = reinterpret_cast<Task *>(p);
+      chi::DecodeAnswer(t, buf, len);
+      l.pending[s].Store(0, MemOrder::kRelaxed);  // only this thread reads it from now on
+      FreeHostSlot(l, s);
+      l.cpu2gpu_inflight.FetchSub(1, MemOrder::kRelease);
+      CompleteTask(t);
+      did = true;
+    }
+    return did;
+  }
+
+  /** Turns new gpu2cpu requests into host tasks (or error answers). */
+  bool ServeRequests(GpuLink &l, u32 index) {
+    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
+    bool did = false;
+    for (u32 s = 0; s < q.num_slots_; ++s) {
+      const u64 w = q.PeekRequest(s);
+      const u32 seq = static_cast<u32>(w);
+      if (seq == q.served_[s]) continue;
+      alignas(16) char buf[kGpuPayloadBytes];
+      u32 len = 0;
+      const char *p = q.TakeRequest(s, w, buf, &len);
+      if (p == nullptr) continue;  // posted inline and still arriving: the next sweep takes it
+      q.served_[s] = seq;
+      did = true;
+      if (len < kGpuEnvelopeBytes || len > q.payload_bytes_) {
+        q.PutAnswer(s, seq, buf,
+                    EncodeErrorAnswer(seq, ErrorCode::kMalformed,
+                                      "GPU request length is out of range", buf, q.payload_bytes_));
+        continue;
+      }
+      l.gpu2cpu_inflight.FetchAdd(1, MemOrder::kRelaxed);  // before: the task may finish at once
+      const u64 cookie = static_cast<u64>(index) << 32 | s;
+      if (!dispatcher_->Dispatch(p, len, this, cookie, &error_answer_)) {
+        l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelaxed);
+        const u32 n = static_cast<u32>(error_answer_.size()) < q.payload_bytes_
+                          ? static_cast<u32>(error_answer_.size())
+                          : q.payload_bytes_;
+        std::memcpy(buf, error_answer_.data(), n);
+        q.PutAnswer(s, seq, buf, n);
+      }
+    }
+    return did;
+  }
+
+  /** A GPU->CPU task finished on a worker: its answer goes back into its slot. */
+  void OnComplete(Task *t) override {
+    const u32 index = static_cast<u32>(t->transport_cookie_ >> 32);
+    GpuLink &l = index >= kUserLinkBase ? user_.Link(index - kUserLinkBase) : *links_[index];
+    const u32 s = static_cast<u32>(t->transport_cookie_);
+    const GpuQueue<MemScope::kSystem> &q = l.gpu2cpu;
+    alignas(16) char buf[kGpuPayloadBytes];  // staged: PutAnswer picks inline or payload
+    const u64 id = t->request_id_;
+    PutRequestId(buf, id);
+    OutputArchive ar(buf + kGpuEnvelopeBytes, q.payload_bytes_ - kGpuEnvelopeBytes);
+    t->ops_->save_out(*t, ar);
+    const u32 len = ar.ok() ? kGpuEnvelopeBytes + static_cast<u32>(ar.Size())
+                            : EncodeErrorAnswer(id, ErrorCode::kTooLarge,
+                                                "the task's outputs exceed the GPU copy space",
+                                                buf, q.payload_bytes_);
+    t->completer_ = nullptr;
+    DeleteTask(t);
+    q.PutAnswer(s, static_cast<u32>(id), buf, len);
+    l.gpu2cpu_inflight.FetchSub(1, MemOrder::kRelease);  // the slot is no longer touched
+  }
+
+  PoolManager *pools_ = nullptr;
+  WorkOrchestrator *orch_ = nullptr;
+  GpuPoolDirectory *directory_ = nullptr;
+  std::vector<GpuLink *> links_;
+  UserGpuQueues<GpuLink> user_;  ///< gpu2cpu queues applications registered
+  std::string no_gpu_reason_;
+  std::unique_ptr<RequestDispatcher> dispatcher_;
+  std::vector<char> error_answer_;  ///< reused by ServeRequests (error answers only)
+  std::unique_ptr<Worker> worker_;  ///< the thread: polls us, runs the tasks we take in
+  u32 rounds_ = 0;                  ///< Poll passes (the reaper's clock is read every 1024)
+  u64 next_reap_ = 0;               ///< when Poll next looks for dead clients
+  bool runtime_ = true;  ///< serves gpu2cpu and reaps dead clients (false: a client's worker)
+  u32 pid_ = 0;          ///< what our claim words hold
+  Atomic<u64> posted_;
+  Atomic<u32> closing_;
+  Atomic<u32> stop_;
+  Atomic<u64> senders_;
+  alignas(kCacheLine) Atomic<u32> sleeping_;  ///< futex word: 1 while the thread naps
+  alignas(kCacheLine) Atomic<u32> answering_;  ///< 1 while a thread runs CompleteAnswers
+  /// 1 while a thread takes in gpu2cpu requests (ServeAll); off answering_'s line, which
+  /// waiting callers write.
+  alignas(kCacheLine) Atomic<u32> serving_;
+  Atomic<u64> polls_;    ///< the worker's polls (WorkerPolls)
+  PollerRescue rescue_;  ///< serves gpu2cpu while the worker is stuck in a task
+  WaitHelper helper_{&GpuWorker::HelpWaiters, this};
+  bool helping_ = false;  ///< helper_ is installed
+};
+
+}  // namespace chi::gpu
+
+// GpuWorker::Broadcast's replicas and their fold: every user of the worker needs them, so
+// they come with this header.
+// ---- begin chi/gpu/gpu_broadcast.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_BROADCAST_H
+#define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_BROADCAST_H
+// GpuBroadcast: a LocalGpuBcast task on a node with several GPUs, sent by the GpuWorker
+// (gpu_worker.h) as one replica per GPU and folded back into the original task when the
+// last replica answers. Included by gpu_worker.h after the class; not meant to be included
+// on its own.
+
+#include <vector>  // the replicas
+
+namespace chi::gpu {
+
+/**
+ * LocalGpuBcast on a node with several GPUs: one replica per GPU, folded back into the
+ * original (TaskOps::aggregate, GPU 0 first) when the last one answers.
+ */
+class GpuBroadcast final : public TaskCompleter {
+ public:
+  /** Sends t's replicas; t completes when all have. */
+  static void Start(GpuWorker &w, Task *t) {
+    auto *b = new GpuBroadcast();
+    b->orig_ = t;
+    const u32 n = static_cast<u32>(w.links_.size());
+    for (u32 i = 0; i < n; ++i) {
+      Task *rep = t->ops_->clone(*t);
+      if (rep == nullptr) break;
+      rep->pool_query_ = PoolQuery::ToLocalGpu(w.links_[i]->gpu_id);
+      rep->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);
+      rep->completer_ = b;
+      b->replicas_.push_back(rep);
+    }
+    if (b->replicas_.size() != n) {
+      for (Task *rep : b->replicas_) DeleteTask(rep);
+      delete b;
+      return GpuWorker::Fail(t, ErrorCode::kOutOfMemory, "no memory for a GPU broadcast replica");
+    }
+    b->left_.Store(n, MemOrder::kRelease);
+    const std::vector<Task *> reps = b->replicas_;  // b may be gone once the last one answers
+    for (u32 i = 0; i < n; ++i) w.SendTo(*w.links_[i], reps[i]);
+  }
+
+  /** One replica answered; the last one folds them all into the original. */
+  void OnComplete(Task *) override {
+    // acq_rel: the last replica sees every other replica's outputs.
+    if (left_.FetchSub(1, MemOrder::kAcqRel) != 1) return;
+    for (u32 i = 0; i < replicas_.size(); ++i) {
+      replicas_[i]->completer_ = nullptr;
+      orig_->ops_->aggregate(*orig_, *replicas_[i], i);
+      DeleteTask(replicas_[i]);
+    }
+    Task *t = orig_;
+    delete this;
+    CompleteTask(t);
+  }
+
+ private:
+  GpuBroadcast() = default;
+  Task *orig_ = nullptr;
+  std::vector<Task *> replicas_;
+  Atomic<u32> left_;
+};
+
+void GpuWorker::Broadcast(Task *t) { GpuBroadcast::Start(*this, t); }
+
+}  // namespace chi::gpu
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_BROADCAST_H
+// ---- end chi/gpu/gpu_broadcast.h ----
+#endif  // CHI_SINGLE_INCLUDE_CHI_GPU_GPU_WORKER_H
+// ---- end chi/gpu/gpu_worker.h ----
 
 namespace chi::gpu {
 
@@ -22026,6 +22114,28 @@ class Chimaera {
   }
 
   /**
+   * Refuses to serve when /dev/shm cannot back every page the segments that carry messages
+   * may take (shm_room.h): the transport's rings and the two data segments. The main
+   * segment is left out: only its header, already written, is ever used.
+   */
+  Status CheckShmRoom() const {
+    const u32 port = config_.port;
+    ShmRoom room;
+    Status st = MeasureShmRoom({ShmSegmentName(port), RuntimeSegmentName(port, "cdata"),
+                                RuntimeSegmentName(port, "rdata")},
+                               &room);
+    if (!st.ok() || room.Fits()) return st;
+    constexpr u64 kMiB = 1ull << 20;
+    // Within Status's 160 characters for any sizes the config accepts.
+    return Status::Errorf(ErrorCode::kOutOfMemory,
+                          "%s: %llu MiB free < %llu MiB the segments may fill (else SIGBUS); "
+                          "lower shm.main_size, shm.client_data_size, shm.runtime_data_size "
+                          "or --shm-size",
+                          kShmDir, static_cast<unsigned long long>(room.free / kMiB),
+                          static_cast<unsigned long long>((room.unbacked + kMiB - 1) / kMiB));
+  }
+
+  /**
    * kServer: the segments (a live runtime on the port is an error, a dead one's
    * leftovers are removed), the ZeroMQ endpoints (the handshake), the shm server,
    * then clients are let in with an answer that names all of them.
@@ -22044,6 +22154,7 @@ class Chimaera {
     zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
     auto shm = std::make_unique<ShmServer>();
     if (Status st = shm->Start(dispatcher_.get(), config_, config_.port); !st.ok()) return st;
+    if (Status st = CheckShmRoom(); !st.ok()) return st;  // shm's destructor removes its segment
     ConnectAnswer answer;
     answer.runtime_pid = static_cast<u32>(getpid());
     answer.node_id = 0;

@@ -20,6 +20,9 @@
 
 namespace chi {
 
+/** Where shm_open's names appear as files (glibc on Linux). */
+inline constexpr const char *kShmDir = "/dev/shm";
+
 /** A region of named POSIX shared memory, created by one process and attached by others. */
 class PosixShmBackend : public MemoryBackend {
  public:
@@ -31,6 +34,9 @@ class PosixShmBackend : public MemoryBackend {
   static std::string OsName(std::string_view name) {
     return "/chi_" + std::to_string(getuid()) + "_" + std::string(name);
   }
+
+  /** The file that holds segment `name` (under kShmDir). */
+  static std::string FilePath(std::string_view name) { return kShmDir + OsName(name); }
 
   /**
    * Creates segment `name` with at least `data_size` usable bytes and maps it.

@@ -23,6 +23,7 @@
 #include "chi/core/macros.h"                // CHI_LIKELY
 #include "chi/core/status.h"                // Status
 #include "chi/memory/large_block_cache.h"   // the warm payload limit set from the config
+#include "chi/memory/shm_room.h"            // does /dev/shm have room for our segments
 #include "chi/mods/admin/admin_runtime.h"   // the admin module is always present
 #include "chi/runtime/config.h"             // ServerConfig, LoadServerConfig
 #include "chi/runtime/ipc_manager.h"        // IpcManager
@@ -226,6 +227,28 @@ class Chimaera {
   }
 
   /**
+   * Refuses to serve when /dev/shm cannot back every page the segments that carry messages
+   * may take (shm_room.h): the transport's rings and the two data segments. The main
+   * segment is left out: only its header, already written, is ever used.
+   */
+  Status CheckShmRoom() const {
+    const u32 port = config_.port;
+    ShmRoom room;
+    Status st = MeasureShmRoom({ShmSegmentName(port), RuntimeSegmentName(port, "cdata"),
+                                RuntimeSegmentName(port, "rdata")},
+                               &room);
+    if (!st.ok() || room.Fits()) return st;
+    constexpr u64 kMiB = 1ull << 20;
+    // Within Status's 160 characters for any sizes the config accepts.
+    return Status::Errorf(ErrorCode::kOutOfMemory,
+                          "%s: %llu MiB free < %llu MiB the segments may fill (else SIGBUS); "
+                          "lower shm.main_size, shm.client_data_size, shm.runtime_data_size "
+                          "or --shm-size",
+                          kShmDir, static_cast<unsigned long long>(room.free / kMiB),
+                          static_cast<unsigned long long>((room.unbacked + kMiB - 1) / kMiB));
+  }
+
+  /**
    * kServer: the segments (a live runtime on the port is an error, a dead one's
    * leftovers are removed), the ZeroMQ endpoints (the handshake), the shm server,
    * then clients are let in with an answer that names all of them.
@@ -244,6 +267,7 @@ class Chimaera {
     zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
     auto shm = std::make_unique<ShmServer>();
     if (Status st = shm->Start(dispatcher_.get(), config_, config_.port); !st.ok()) return st;
+    if (Status st = CheckShmRoom(); !st.ok()) return st;  // shm's destructor removes its segment
     ConnectAnswer answer;
     answer.runtime_pid = static_cast<u32>(getpid());
     answer.node_id = 0;

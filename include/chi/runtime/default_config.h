@@ -74,7 +74,10 @@ gpu:
   # Task slots of each CPU-GPU queue, 1 .. 1048576.
   queue_depth: 256
 
-# Shared-memory segments of a standalone runtime, each 64k .. 1024g.
+# Shared-memory segments of a standalone runtime, each 64k .. 1024g. /dev/shm
+# must have main_size + client_data_size + runtime_data_size free when the
+# runtime starts, or it refuses to (tmpfs takes a page when a message first
+# writes it; a page that does not fit would kill that process with SIGBUS).
 shm:
   # Client processes served over shm at once, 1 .. 1024 (one slot each; a
   # client finding every slot taken fails to connect, saying so). The sizes

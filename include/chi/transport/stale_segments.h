@@ -28,7 +28,7 @@
 #include <vector>       // results
 
 #include "chi/core/types.h"                   // u32, u64
-#include "chi/memory/posix_shm_backend.h"     // DestroyByName
+#include "chi/memory/posix_shm_backend.h"     // DestroyByName, kShmDir
 #include "chi/transport/client_connect.h"     // RuntimeSegments::FindOwner
 #include "chi/transport/shm_segment.h"        // ShmSegment::CheckNotServed
 #include "chi/transport/zmq_common.h"         // ZmqEndpoint: the ipc socket path
@@ -45,9 +45,6 @@ struct StaleSweepOptions {
   u32 first_port = 0;                  ///< only ports in [first_port, last_port]
   u32 last_port = 65535;
 };
-
-/** Where shm_open's names appear as files (glibc on Linux). */
-inline constexpr const char *kShmDir = "/dev/shm";
 
 /** What a sweep removed, and what it left because it was too young. */
 struct StaleSweep {
