@@ -250,8 +250,9 @@ class Chimaera {
 
   /**
    * kServer: the segments (a live runtime on the port is an error, a dead one's
-   * leftovers are removed), the ZeroMQ endpoints (the handshake), the shm server,
-   * then clients are let in with an answer that names all of them.
+   * leftovers are removed), the ZeroMQ endpoints (the handshake), the shm server, the
+   * check that /dev/shm can back them, then clients are let in with an answer that names
+   * all of them.
    */
   Status StartServers() {
     if (Status st = segments_.Create(config_, config_.port); !st.ok()) return st;
