@@ -80,9 +80,11 @@ TEST_CASE("demo calls cross the process boundary over every transport") {
     chimaera::demo::Client c = DemoClient();
     CheckDemoCalls(c);
 
-    // Future::Wait(timeout) gives up on a slow remote task, then sees it finish.
+    // Future::Wait(timeout) gives up on a slow remote task, then sees it finish. The task
+    // is far longer than the wait: under ASan on a loaded 2-core machine a 20 ms wait once
+    // returned after a 300 ms task had ended (the waiter was not scheduled in between).
     auto slow = c.AsyncLockHold(chi::PoolQuery::Local(), chimaera::demo::LockMode::kMutex,
-                                300000000ull);
+                                2000000000ull);
     CHECK_FALSE(slow.Wait(0.02f));
     CHECK(slow.Wait(10));
     CHECK(slow->GetReturnCode() == 0);
