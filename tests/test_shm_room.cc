@@ -2,12 +2,13 @@
 // are first written, so segments larger than the free space used to map fine and then kill
 // whoever wrote the page that did not fit (SIGBUS). The start is refused with a message that
 // names the keys and the free space, leaves nothing behind, and the port serves afterwards;
-// in a 16 MiB /dev/shm (a container's) the default sizes are refused and sizes that fit
-// carry large messages.
+// in a 16 MiB /dev/shm (a container's) the default sizes are refused, sizes that fit carry
+// large messages, and a client that finds /dev/shm filled since is refused.
 #include <sched.h>        // unshare: a mount namespace of the test's own
 #include <sys/mount.h>    // a small tmpfs over /dev/shm in that namespace
 #include <sys/statvfs.h>  // the free space the refusal is measured against
 
+#include <cstdio>   // the file that fills /dev/shm
 #include <cstring>  // memset of a segment's pages
 
 #include "cross_process_fixture.h"
@@ -83,10 +84,35 @@ int LargeEchoClientMain() {
 }
 const chi_test::ChildRoutine kLargeEchoClient("room_large_echo_client", LargeEchoClientMain);
 
+/** An shm client of CHI_PORT while /dev/shm is full: its connection is refused, naming why. */
+int FullShmClientMain() {
+  chi_test::ChildChecks c;
+  c.Expect(!chi::CHIMAERA_INIT(chi::ChimaeraMode::kClient, false), "the connection is refused");
+  const chi::Status &st = chi::Chimaera::Get().LastError();
+  c.Expect(st.code() == chi::ErrorCode::kOutOfMemory, "kOutOfMemory, got: " + st.ToString());
+  c.Expect(Contains(st.message(), "/dev/shm") && Contains(st.message(), "rings"),
+           std::string("the message names /dev/shm and the rings: ") + st.message());
+  return c.Result();
+}
+const chi_test::ChildRoutine kFullShmClient("room_full_shm_client", FullShmClientMain);
+
+/** Fills /dev/shm with file `path` until it has no room left; true when it filled. */
+bool FillShm(const std::string &path) {
+  FILE *f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  const std::string chunk(64 * 1024, 'f');
+  while (std::fwrite(chunk.data(), 1, chunk.size(), f) == chunk.size()) {
+  }
+  std::fclose(f);  // the last partial chunk fails here or above: either way nothing is free
+  return ShmFree() < 64 * 1024;
+}
+
 /**
  * In a mount namespace of its own with a 16 MiB tmpfs over /dev/shm: the default sizes
- * are refused, and a runtime sized to fit serves large shm messages. kNoNamespace when
- * this process may not make the namespace (not root).
+ * are refused; a runtime sized to fit refuses no-one, but a client that finds /dev/shm
+ * filled since is refused (its rings could not be backed) and the runtime serves on, and
+ * with the room back its large shm messages travel. kNoNamespace when this process may
+ * not make the namespace (not root).
  */
 int SmallShmMain() {
   if (unshare(CLONE_NEWNS) != 0) return kNoNamespace;
@@ -110,8 +136,13 @@ int SmallShmMain() {
     ServerProcess server(port, {{"CHI_SERVER_CONF", conf}});
     c.Expect(server.ok(), "a runtime sized to fit starts");
     if (server.ok()) {
+      const std::string filler = std::string(chi::kShmDir) + "/room_filler";
+      c.Expect(FillShm(filler), "another process fills /dev/shm");
+      c.Expect(chi_test::RunChild("room_full_shm_client", ClientEnv(port, "shm")) == 0,
+               "a client finding /dev/shm full is refused, naming it");
+      std::remove(filler.c_str());
       c.Expect(chi_test::RunChild("room_large_echo_client", ClientEnv(port, "shm")) == 0,
-               "its shm client's large echoes come back");
+               "with the room back, a client's large echoes come back");
       c.Expect(server.WaitExit() == 0, "the runtime stops cleanly");
     }
   }
@@ -168,7 +199,7 @@ TEST_CASE("a runtime /dev/shm cannot back refuses to start, leaves nothing, and 
   CHECK(server.WaitExit() == 0);
 }
 
-TEST_CASE("in a 16 MiB /dev/shm the default sizes are refused and sizes that fit serve 3 MiB echoes") {
+TEST_CASE("in a 16 MiB /dev/shm: defaults refused, sizes that fit serve 3 MiB echoes, a full one refuses clients") {
   const int rc = chi_test::RunChild("room_small_shm", {{"CHI_PORT", std::to_string(TestPort(1))}});
   if (rc == kNoNamespace) {
     MESSAGE("skipped: this process may not make a mount namespace (needs root); the refusal "

@@ -10082,6 +10082,7 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 #include <sys/mman.h>  // madvise: prefaulting a ring
 
 #include <algorithm>  // std::min for wrapped copies
+#include <cerrno>     // why a prefault failed
 #include <cstring>    // memcpy in and out of the ring
 #include <new>        // placement new into the caller's region
 
@@ -10129,8 +10130,6 @@ class ShmStream {
   static constexpr u64 kRecordHeaderBytes = 16;
   /** The smallest ring accepted; smaller requests are raised to it. */
   static constexpr u32 kMinRingBytes = 256;
-  /** The most of a ring Prefault maps ahead of use (a default ring entirely). */
-  static constexpr u64 kPrefaultBytes = 1u << 20;
   /** Record kinds ("SM" + n), chosen so zeroed or random memory is rarely mistaken for one. */
   static constexpr u32 kBegin = 0x534d0001;
   static constexpr u32 kMore = 0x534d0002;
@@ -10168,20 +10167,26 @@ class ShmStream {
   u32 RingBytes() const { return ring_bytes_; }
 
   /**
-   * Maps the ring's first kPrefaultBytes into the calling process now (best effort), so
-   * that the first records written or read do not each few dozen take a page fault.
+   * Maps the whole ring into the calling process now, so that records written or read
+   * later take no page faults, and has the shm filesystem back every page of it. False
+   * when it cannot (/dev/shm is full): a write to such a ring would die of SIGBUS, so a
+   * client refuses the connection instead. True where the kernel cannot populate ahead
+   * (before Linux 5.14: nothing is checked then).
    */
-  void Prefault() {
+  bool Prefault() {
     constexpr u64 kPage = 4096;
-    const u64 bytes = ring_bytes_ < kPrefaultBytes ? ring_bytes_ : kPrefaultBytes;
     const u64 begin = reinterpret_cast<u64>(Ring()) & ~(kPage - 1);
-    const u64 end = (reinterpret_cast<u64>(Ring()) + bytes + kPage - 1) & ~(kPage - 1);
+    const u64 end = (reinterpret_cast<u64>(Ring()) + ring_bytes_ + kPage - 1) & ~(kPage - 1);
 #ifdef MADV_POPULATE_WRITE
-    madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE);  // may fail: fine
+    // EFAULT: a page could not be backed (the fault would have been a SIGBUS); ENOMEM: no memory.
+    if (madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE) != 0) {
+      return errno != EFAULT && errno != ENOMEM;
+    }
 #else
     (void)begin;
     (void)end;
 #endif
+    return true;
   }
   /** The largest payload one record can carry. */
   u64 MaxPieceBytes() const { return ring_bytes_ - kAlign - kRecordHeaderBytes; }
@@ -12717,18 +12722,20 @@ class ShmClientTransport final : public ShmClientReceiver {
       segment_.Detach();
       return st;
     }
-    if (Status st = data_.Attach(header_->data_, slots); !st.ok()) {
-      // release: hand the slot back untouched (it never became active).
-      slot_->owner_pid_.Store(0, MemOrder::kRelease);
-      segment_.Detach();
-      return st;
-    }
+    if (Status st = data_.Attach(header_->data_, slots); !st.ok()) return GiveBackSlot(st);
     request_region_ = data_.RequestRegion(slot_index_, &slot_->request_data_released_);
     answer_region_ = data_.AnswerRegion(slot_index_, &slot_->answer_data_released_);
     req_ = segment_.RequestStream(slot_index_);
     ans_ = segment_.AnswerStream(slot_index_);
-    req_->Prefault();  // the first requests and answers then take no page faults here
-    ans_->Prefault();
+    // The first requests and answers then take no page faults here, and every page of the
+    // rings is backed: a ring /dev/shm cannot back would kill a later write with SIGBUS.
+    if (!req_->Prefault() || !ans_->Prefault()) {
+      return GiveBackSlot(Status::Errorf(
+          ErrorCode::kOutOfMemory,
+          "shm transport: /dev/shm cannot back this client's rings (2 x %u KiB): free room "
+          "there or connect with CHI_IPC_MODE=ipc",
+          req_->RingBytes() >> 10));
+    }
     max_message_bytes_ = header_->max_message_bytes_;
     table_size_ = header_->max_outstanding_;
     entries_ = std::make_unique<Entry[]>(table_size_);
@@ -12741,6 +12748,18 @@ class ShmClientTransport final : public ShmClientReceiver {
     header_->server_event_.Notify();
     StartReceiving();
     return Status::Ok();
+  }
+
+  /**
+   * Undoes a connection that failed after claiming its slot: hands the slot back untouched
+   * (it never became active) and unmaps everything, so Close has nothing left to do.
+   */
+  Status GiveBackSlot(Status why) {
+    data_.Detach();
+    slot_->owner_pid_.Store(0, MemOrder::kRelease);  // release: our reads of the slot are done
+    slot_ = nullptr;
+    segment_.Detach();
+    return why;
   }
 
   // ---- Sending (any thread; one writer at a time) ----
@@ -13489,8 +13508,10 @@ class ShmReaper {
   /** Starts serving slot i. */
   void Activate(u32 i, const ProcessIdentity &owner) {
     ShmServedSlot &s = slots_[i];
-    segment_->RequestStream(i)->Prefault();  // the first requests then take no page faults
-    segment_->AnswerStream(i)->Prefault();
+    // The first requests then take no page faults. The client backed the pages when it
+    // connected (it refuses rings /dev/shm cannot back), so the result says nothing new.
+    (void)segment_->RequestStream(i)->Prefault();
+    (void)segment_->AnswerStream(i)->Prefault();
     s.phase = Phase::kServing;
     s.owner = owner;
     s.owner_dead = false;

@@ -161,18 +161,20 @@ class ShmClientTransport final : public ShmClientReceiver {
       segment_.Detach();
       return st;
     }
-    if (Status st = data_.Attach(header_->data_, slots); !st.ok()) {
-      // release: hand the slot back untouched (it never became active).
-      slot_->owner_pid_.Store(0, MemOrder::kRelease);
-      segment_.Detach();
-      return st;
-    }
+    if (Status st = data_.Attach(header_->data_, slots); !st.ok()) return GiveBackSlot(st);
     request_region_ = data_.RequestRegion(slot_index_, &slot_->request_data_released_);
     answer_region_ = data_.AnswerRegion(slot_index_, &slot_->answer_data_released_);
     req_ = segment_.RequestStream(slot_index_);
     ans_ = segment_.AnswerStream(slot_index_);
-    req_->Prefault();  // the first requests and answers then take no page faults here
-    ans_->Prefault();
+    // The first requests and answers then take no page faults here, and every page of the
+    // rings is backed: a ring /dev/shm cannot back would kill a later write with SIGBUS.
+    if (!req_->Prefault() || !ans_->Prefault()) {
+      return GiveBackSlot(Status::Errorf(
+          ErrorCode::kOutOfMemory,
+          "shm transport: /dev/shm cannot back this client's rings (2 x %u KiB): free room "
+          "there or connect with CHI_IPC_MODE=ipc",
+          req_->RingBytes() >> 10));
+    }
     max_message_bytes_ = header_->max_message_bytes_;
     table_size_ = header_->max_outstanding_;
     entries_ = std::make_unique<Entry[]>(table_size_);
@@ -185,6 +187,18 @@ class ShmClientTransport final : public ShmClientReceiver {
     header_->server_event_.Notify();
     StartReceiving();
     return Status::Ok();
+  }
+
+  /**
+   * Undoes a connection that failed after claiming its slot: hands the slot back untouched
+   * (it never became active) and unmaps everything, so Close has nothing left to do.
+   */
+  Status GiveBackSlot(Status why) {
+    data_.Detach();
+    slot_->owner_pid_.Store(0, MemOrder::kRelease);  // release: our reads of the slot are done
+    slot_ = nullptr;
+    segment_.Detach();
+    return why;
   }
 
   // ---- Sending (any thread; one writer at a time) ----

@@ -23,6 +23,7 @@
 #include <sys/mman.h>  // madvise: prefaulting a ring
 
 #include <algorithm>  // std::min for wrapped copies
+#include <cerrno>     // why a prefault failed
 #include <cstring>    // memcpy in and out of the ring
 #include <new>        // placement new into the caller's region
 
@@ -41,8 +42,6 @@ class ShmStream {
   static constexpr u64 kRecordHeaderBytes = 16;
   /** The smallest ring accepted; smaller requests are raised to it. */
   static constexpr u32 kMinRingBytes = 256;
-  /** The most of a ring Prefault maps ahead of use (a default ring entirely). */
-  static constexpr u64 kPrefaultBytes = 1u << 20;
   /** Record kinds ("SM" + n), chosen so zeroed or random memory is rarely mistaken for one. */
   static constexpr u32 kBegin = 0x534d0001;
   static constexpr u32 kMore = 0x534d0002;
@@ -80,20 +79,26 @@ class ShmStream {
   u32 RingBytes() const { return ring_bytes_; }
 
   /**
-   * Maps the ring's first kPrefaultBytes into the calling process now (best effort), so
-   * that the first records written or read do not each few dozen take a page fault.
+   * Maps the whole ring into the calling process now, so that records written or read
+   * later take no page faults, and has the shm filesystem back every page of it. False
+   * when it cannot (/dev/shm is full): a write to such a ring would die of SIGBUS, so a
+   * client refuses the connection instead. True where the kernel cannot populate ahead
+   * (before Linux 5.14: nothing is checked then).
    */
-  void Prefault() {
+  bool Prefault() {
     constexpr u64 kPage = 4096;
-    const u64 bytes = ring_bytes_ < kPrefaultBytes ? ring_bytes_ : kPrefaultBytes;
     const u64 begin = reinterpret_cast<u64>(Ring()) & ~(kPage - 1);
-    const u64 end = (reinterpret_cast<u64>(Ring()) + bytes + kPage - 1) & ~(kPage - 1);
+    const u64 end = (reinterpret_cast<u64>(Ring()) + ring_bytes_ + kPage - 1) & ~(kPage - 1);
 #ifdef MADV_POPULATE_WRITE
-    madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE);  // may fail: fine
+    // EFAULT: a page could not be backed (the fault would have been a SIGBUS); ENOMEM: no memory.
+    if (madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE) != 0) {
+      return errno != EFAULT && errno != ENOMEM;
+    }
 #else
     (void)begin;
     (void)end;
 #endif
+    return true;
   }
   /** The largest payload one record can carry. */
   u64 MaxPieceBytes() const { return ring_bytes_ - kAlign - kRecordHeaderBytes; }
