@@ -3,7 +3,8 @@
 // whoever wrote the page that did not fit (SIGBUS). The start is refused with a message that
 // names the keys and the free space, leaves nothing behind, and the port serves afterwards;
 // in a 16 MiB /dev/shm (a container's) the default sizes are refused, sizes that fit carry
-// large messages, and a client that finds /dev/shm filled since is refused.
+// large messages, a client that finds /dev/shm filled since is refused, and one whose
+// /dev/shm fills after it connected gets its large messages through the rings.
 #include <sched.h>        // unshare: a mount namespace of the test's own
 #include <sys/mount.h>    // a small tmpfs over /dev/shm in that namespace
 #include <sys/statvfs.h>  // the free space the refusal is measured against
@@ -63,11 +64,19 @@ int RefusedStartMain() {
 }
 const chi_test::ChildRoutine kRefusedStart("room_refused_start", RefusedStartMain);
 
-/** An shm client of CHI_PORT: 1 MiB and 3 MiB echoes and a GpuSubmit, then stops the runtime. */
-int LargeEchoClientMain() {
-  chi_test::ChildChecks c;
-  chimaera::demo::Client client;
-  if (!ConnectAndCreatePool(&c, &client)) return c.Result();
+/** Fills /dev/shm with file `path` until it has no room left; true when it filled. */
+bool FillShm(const std::string &path) {
+  FILE *f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  const std::string chunk(64 * 1024, 'f');
+  while (std::fwrite(chunk.data(), 1, chunk.size(), f) == chunk.size()) {
+  }
+  std::fclose(f);  // the last partial chunk fails here or above: either way nothing is free
+  return ShmFree() < 64 * 1024;
+}
+
+/** 1 MiB and 3 MiB echoes and a GpuSubmit through `client`, each checked. */
+void LargeEchoes(chi_test::ChildChecks &c, chimaera::demo::Client &client) {
   for (u64 size : {1 * kMiB, 3 * kMiB, 3 * kMiB}) {
     std::string data(size, '\0');
     for (u64 i = 0; i < size; ++i) data[i] = static_cast<char>((i * 131 + size) % 251);
@@ -78,11 +87,38 @@ int LargeEchoClientMain() {
   }
   auto g = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, 42);
   c.Expect(g.Wait(10) && g->result_value_ == 84, "GpuSubmit 42 -> 84");
+}
+
+/** An shm client of CHI_PORT: large echoes (LargeEchoes), then stops the runtime. */
+int LargeEchoClientMain() {
+  chi_test::ChildChecks c;
+  chimaera::demo::Client client;
+  if (!ConnectAndCreatePool(&c, &client)) return c.Result();
+  LargeEchoes(c, client);
   c.Expect(StopThroughSession(), "the runtime answers the stop");
   chi::CHIMAERA_FINALIZE();
   return c.Result();
 }
 const chi_test::ChildRoutine kLargeEchoClient("room_large_echo_client", LargeEchoClientMain);
+
+/**
+ * An shm client of CHI_PORT that connects, then fills /dev/shm (file ROOM_FILLER) before
+ * its first large message: neither its data region nor the runtime's can be backed any
+ * more, so the large echoes travel through the rings, and nobody dies of SIGBUS.
+ */
+int FilledAfterConnectClientMain() {
+  chi_test::ChildChecks c;
+  chimaera::demo::Client client;
+  if (!ConnectAndCreatePool(&c, &client)) return c.Result();
+  const std::string filler = EnvStr("ROOM_FILLER");
+  c.Expect(FillShm(filler), "this client fills /dev/shm after connecting");
+  LargeEchoes(c, client);
+  std::remove(filler.c_str());
+  chi::CHIMAERA_FINALIZE();
+  return c.Result();
+}
+const chi_test::ChildRoutine kFilledAfterConnect("room_filled_after_connect_client",
+                                                 FilledAfterConnectClientMain);
 
 /** An shm client of CHI_PORT while /dev/shm is full: its connection is refused, naming why. */
 int FullShmClientMain() {
@@ -96,16 +132,6 @@ int FullShmClientMain() {
 }
 const chi_test::ChildRoutine kFullShmClient("room_full_shm_client", FullShmClientMain);
 
-/** Fills /dev/shm with file `path` until it has no room left; true when it filled. */
-bool FillShm(const std::string &path) {
-  FILE *f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) return false;
-  const std::string chunk(64 * 1024, 'f');
-  while (std::fwrite(chunk.data(), 1, chunk.size(), f) == chunk.size()) {
-  }
-  std::fclose(f);  // the last partial chunk fails here or above: either way nothing is free
-  return ShmFree() < 64 * 1024;
-}
 
 /**
  * In a mount namespace of its own with a 16 MiB tmpfs over /dev/shm: the default sizes
@@ -141,6 +167,12 @@ int SmallShmMain() {
       c.Expect(chi_test::RunChild("room_full_shm_client", ClientEnv(port, "shm")) == 0,
                "a client finding /dev/shm full is refused, naming it");
       std::remove(filler.c_str());
+      std::vector<std::pair<std::string, std::string>> env = ClientEnv(port, "shm");
+      env.emplace_back("ROOM_FILLER", filler);
+      const int filled_rc = chi_test::RunChild("room_filled_after_connect_client", env);
+      std::remove(filler.c_str());  // a client that died (SIGBUS: exit 135) left it
+      c.Expect(filled_rc == 0, "a client whose /dev/shm filled after it connected still gets "
+                               "large echoes (exit " + std::to_string(filled_rc) + ")");
       c.Expect(chi_test::RunChild("room_large_echo_client", ClientEnv(port, "shm")) == 0,
                "with the room back, a client's large echoes come back");
       c.Expect(server.WaitExit() == 0, "the runtime stops cleanly");

@@ -10055,6 +10055,45 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 #include <cstring>  // memcpy of refs, name copies
 #include <string>   // segment names
 
+// ---- begin chi/memory/back_pages.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_MEMORY_BACK_PAGES_H
+#define CHI_SINGLE_INCLUDE_CHI_MEMORY_BACK_PAGES_H
+// Backing shared pages ahead of use. tmpfs gives a shared segment a page only when the page
+// is first written, and a write that finds /dev/shm full dies of SIGBUS. Populating a range
+// ahead (MADV_POPULATE_WRITE) takes its pages now, or reports that it cannot, so the caller
+// can refuse or take another way while it still has the choice. Pages once backed stay
+// backed: nothing here gives them back.
+
+#include <sys/mman.h>  // madvise
+
+#include <cerrno>  // why a populate failed
+
+namespace chi {
+
+/**
+ * Has every page of [p, p + bytes) backed (and mapped here) now. False when some page
+ * cannot be (a full /dev/shm, or no memory); true where the kernel cannot populate ahead
+ * (before Linux 5.14: nothing is checked then).
+ */
+inline bool BackPages(const void *p, u64 bytes) {
+  constexpr u64 kPage = 4096;
+  const u64 begin = reinterpret_cast<u64>(p) & ~(kPage - 1);
+  const u64 end = (reinterpret_cast<u64>(p) + bytes + kPage - 1) & ~(kPage - 1);
+#ifdef MADV_POPULATE_WRITE
+  // EFAULT: a page could not be backed (touching it would have raised SIGBUS); ENOMEM: no memory.
+  if (madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE) != 0) {
+    return errno != EFAULT && errno != ENOMEM;
+  }
+#else
+  (void)begin;
+  (void)end;
+#endif
+  return true;
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_MEMORY_BACK_PAGES_H
+// ---- end chi/memory/back_pages.h ----
 // ---- begin chi/transport/shm_stream.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
@@ -10079,10 +10118,7 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 // of payload) carries no message but names one kept in a data region (shm_data_region.h).
 // The reader checks every header and reports a corrupt stream instead of trusting it.
 
-#include <sys/mman.h>  // madvise: prefaulting a ring
-
 #include <algorithm>  // std::min for wrapped copies
-#include <cerrno>     // why a prefault failed
 #include <cstring>    // memcpy in and out of the ring
 #include <new>        // placement new into the caller's region
 
@@ -10168,26 +10204,11 @@ class ShmStream {
 
   /**
    * Maps the whole ring into the calling process now, so that records written or read
-   * later take no page faults, and has the shm filesystem back every page of it. False
-   * when it cannot (/dev/shm is full): a write to such a ring would die of SIGBUS, so a
-   * client refuses the connection instead. True where the kernel cannot populate ahead
-   * (before Linux 5.14: nothing is checked then).
+   * later take no page faults, and has the shm filesystem back every page of it
+   * (BackPages). False when it cannot (/dev/shm is full): a write to such a ring would
+   * die of SIGBUS, so a client refuses the connection instead.
    */
-  bool Prefault() {
-    constexpr u64 kPage = 4096;
-    const u64 begin = reinterpret_cast<u64>(Ring()) & ~(kPage - 1);
-    const u64 end = (reinterpret_cast<u64>(Ring()) + ring_bytes_ + kPage - 1) & ~(kPage - 1);
-#ifdef MADV_POPULATE_WRITE
-    // EFAULT: a page could not be backed (the fault would have been a SIGBUS); ENOMEM: no memory.
-    if (madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE) != 0) {
-      return errno != EFAULT && errno != ENOMEM;
-    }
-#else
-    (void)begin;
-    (void)end;
-#endif
-    return true;
-  }
+  bool Prefault() { return BackPages(Ring(), ring_bytes_); }
   /** The largest payload one record can carry. */
   u64 MaxPieceBytes() const { return ring_bytes_ - kAlign - kRecordHeaderBytes; }
 
@@ -10542,6 +10563,13 @@ class ShmDataRegion {
 
   /** False when the runtime shares no data segment (messages then stream in pieces). */
   bool Enabled() const { return bytes_ != 0; }
+
+  /**
+   * Has every page of the region backed now (BackPages); its writer asks once, before its
+   * first block. False when /dev/shm cannot: the writer then leaves the region alone and
+   * streams its messages through the ring, whose pages were backed at connect.
+   */
+  bool Back() const { return !Enabled() || BackPages(base_, bytes_); }
   /** The region's size: the largest message it can carry. */
   u64 Bytes() const { return bytes_; }
 
@@ -12819,6 +12847,7 @@ class ShmClientTransport final : public ShmClientReceiver {
     char small[kSmallEnvelopeBytes];
     const char *msg = small;
     u64 len = EncodeEnvelopeInto(id, t, t->ops_->save_in, small, sizeof(small));
+    if (len == 0 && !request_region_backed_) BackRequestRegion();
     ShmDataRef ref;
     if (len == 0) EncodeInRegion(id, t, &ref);
     if (len == 0 && ref.bytes == 0) {
@@ -12860,6 +12889,16 @@ class ShmClientTransport final : public ShmClientReceiver {
     NoteCpu(slot_->client_cpu_);
     // A runtime worker last seen on our CPU reads the request only once we stop: let it.
     if (ShareCpu(slot_->runtime_cpu_)) sched_yield();
+  }
+
+  /**
+   * Before the first large request: has the request region's pages backed, or stops using
+   * the region when /dev/shm cannot back them (large requests then stream through the ring,
+   * backed at connect) rather than die of SIGBUS writing one.
+   */
+  void BackRequestRegion() {
+    request_region_backed_ = true;
+    if (!request_region_.Back()) request_region_ = ShmDataRegion();
   }
 
   /** Finds a free table entry, waiting while max_outstanding tasks are out. */
@@ -12998,6 +13037,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   u32 cursor_ = 0;        ///< the writer's next entry to try
   u64 released_seen_ = 0; ///< the writer's last view of Released()
   u64 request_data_w_ = 0;  ///< the writer's position in the client data region
+  bool request_region_backed_ = false;  ///< BackRequestRegion has run
   MessageBuffer tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
 };
@@ -13295,6 +13335,11 @@ struct alignas(kCacheLine) ShmServedSlot {
   Atomic<u64> answered;       ///< requests answered or discarded, ever
   /// The writer flag holder's position in the answer data region (read for statistics).
   Atomic<u64> answer_data_w;
+  /// The writer flag holder's: whether the answer region's pages are backed (kBacking*).
+  Atomic<u32> answer_backing;
+  static constexpr u32 kBackingUnknown = 0;  ///< not asked yet (a new client)
+  static constexpr u32 kBacked = 1;          ///< backed: answers may use the region
+  static constexpr u32 kUnbackable = 2;      ///< /dev/shm could not: answers take the ring
 
   // Line 1: read by the workers, written by the poller only on rare events.
   alignas(kCacheLine) Atomic<u32> draining;  ///< 1: answers of this slot are discarded
@@ -13576,6 +13621,7 @@ class ShmReaper {
     slot->request_data_released_.Store(0, MemOrder::kRelaxed);
     slot->answer_data_released_.Store(0, MemOrder::kRelaxed);
     s.answer_data_w.Store(0, MemOrder::kRelaxed);
+    s.answer_backing.Store(ShmServedSlot::kBackingUnknown, MemOrder::kRelaxed);
     new (&slot->answer_ready_) WaitEvent();  // a dead client may have died parked
     new (&slot->request_room_) WaitEvent();
     // relaxed: nobody else uses the slot now; the owner_pid_ release below publishes all.
@@ -13749,7 +13795,7 @@ class ShmAnswerWriter {
     const char *msg = small;
     u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
     thread_local MessageBuffer buf;
-    const bool by_ref = len == 0 && AnswerRegion(i).Enabled();
+    const bool by_ref = len == 0 && AnswerRegion(i, s).Enabled();
     bool fits = by_ref && WriteRef(i, s, 0, 0, true, [&](char *dst, u64 cap) {
       return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap);
     });
@@ -13841,9 +13887,22 @@ class ShmAnswerWriter {
     return false;
   }
 
-  /** Slot i's share of the runtime data segment. */
-  ShmDataRegion AnswerRegion(u32 i) const {
-    return data_->AnswerRegion(i, &segment_->Slot(i)->answer_data_released_);
+  /**
+   * Slot i's share of the runtime data segment (writer flag held). Before the first large
+   * answer to a client its pages are backed; when /dev/shm cannot back them the region is
+   * not used for that client (a disabled region: answers stream through the ring, backed
+   * at connect) rather than a write into it dying of SIGBUS.
+   */
+  ShmDataRegion AnswerRegion(u32 i, ShmServedSlot &s) const {
+    const ShmDataRegion region =
+        data_->AnswerRegion(i, &segment_->Slot(i)->answer_data_released_);
+    // relaxed: the writer flag orders it between writers.
+    u32 backing = s.answer_backing.Load(MemOrder::kRelaxed);
+    if (backing == ShmServedSlot::kBackingUnknown) {
+      backing = region.Back() ? ShmServedSlot::kBacked : ShmServedSlot::kUnbackable;
+      s.answer_backing.Store(backing, MemOrder::kRelaxed);
+    }
+    return backing == ShmServedSlot::kBacked ? region : ShmDataRegion();
   }
 
   /**
@@ -13856,7 +13915,7 @@ class ShmAnswerWriter {
    */
   template <typename Fill>
   bool WriteRef(u32 i, ShmServedSlot &s, u64 want, u64 total, bool last, Fill fill) {
-    const ShmDataRegion region = AnswerRegion(i);
+    const ShmDataRegion region = AnswerRegion(i, s);
     ShmStream *as = segment_->AnswerStream(i);
     if (!region.Enabled() || as->WritableBytes(ShmStream::kRefBytes) < ShmStream::kRefBytes) {
       return false;
@@ -13891,7 +13950,7 @@ class ShmAnswerWriter {
    */
   bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
     const u64 total = s.outgoing.bytes.size();
-    const ShmDataRegion region = AnswerRegion(i);
+    const ShmDataRegion region = AnswerRegion(i, s);
     const bool by_ref = region.Enabled() && total > kSmallEnvelopeBytes;
     const u64 goal = !by_ref ? as->RingBytes() / 4
                              : (total <= region.Bytes() ? total : region.Bytes() / 2);

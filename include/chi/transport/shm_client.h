@@ -258,6 +258,7 @@ class ShmClientTransport final : public ShmClientReceiver {
     char small[kSmallEnvelopeBytes];
     const char *msg = small;
     u64 len = EncodeEnvelopeInto(id, t, t->ops_->save_in, small, sizeof(small));
+    if (len == 0 && !request_region_backed_) BackRequestRegion();
     ShmDataRef ref;
     if (len == 0) EncodeInRegion(id, t, &ref);
     if (len == 0 && ref.bytes == 0) {
@@ -299,6 +300,16 @@ class ShmClientTransport final : public ShmClientReceiver {
     NoteCpu(slot_->client_cpu_);
     // A runtime worker last seen on our CPU reads the request only once we stop: let it.
     if (ShareCpu(slot_->runtime_cpu_)) sched_yield();
+  }
+
+  /**
+   * Before the first large request: has the request region's pages backed, or stops using
+   * the region when /dev/shm cannot back them (large requests then stream through the ring,
+   * backed at connect) rather than die of SIGBUS writing one.
+   */
+  void BackRequestRegion() {
+    request_region_backed_ = true;
+    if (!request_region_.Back()) request_region_ = ShmDataRegion();
   }
 
   /** Finds a free table entry, waiting while max_outstanding tasks are out. */
@@ -437,6 +448,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   u32 cursor_ = 0;        ///< the writer's next entry to try
   u64 released_seen_ = 0; ///< the writer's last view of Released()
   u64 request_data_w_ = 0;  ///< the writer's position in the client data region
+  bool request_region_backed_ = false;  ///< BackRequestRegion has run
   MessageBuffer tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
 };

@@ -44,7 +44,7 @@ class ShmAnswerWriter {
     const char *msg = small;
     u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
     thread_local MessageBuffer buf;
-    const bool by_ref = len == 0 && AnswerRegion(i).Enabled();
+    const bool by_ref = len == 0 && AnswerRegion(i, s).Enabled();
     bool fits = by_ref && WriteRef(i, s, 0, 0, true, [&](char *dst, u64 cap) {
       return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap);
     });
@@ -136,9 +136,22 @@ class ShmAnswerWriter {
     return false;
   }
 
-  /** Slot i's share of the runtime data segment. */
-  ShmDataRegion AnswerRegion(u32 i) const {
-    return data_->AnswerRegion(i, &segment_->Slot(i)->answer_data_released_);
+  /**
+   * Slot i's share of the runtime data segment (writer flag held). Before the first large
+   * answer to a client its pages are backed; when /dev/shm cannot back them the region is
+   * not used for that client (a disabled region: answers stream through the ring, backed
+   * at connect) rather than a write into it dying of SIGBUS.
+   */
+  ShmDataRegion AnswerRegion(u32 i, ShmServedSlot &s) const {
+    const ShmDataRegion region =
+        data_->AnswerRegion(i, &segment_->Slot(i)->answer_data_released_);
+    // relaxed: the writer flag orders it between writers.
+    u32 backing = s.answer_backing.Load(MemOrder::kRelaxed);
+    if (backing == ShmServedSlot::kBackingUnknown) {
+      backing = region.Back() ? ShmServedSlot::kBacked : ShmServedSlot::kUnbackable;
+      s.answer_backing.Store(backing, MemOrder::kRelaxed);
+    }
+    return backing == ShmServedSlot::kBacked ? region : ShmDataRegion();
   }
 
   /**
@@ -151,7 +164,7 @@ class ShmAnswerWriter {
    */
   template <typename Fill>
   bool WriteRef(u32 i, ShmServedSlot &s, u64 want, u64 total, bool last, Fill fill) {
-    const ShmDataRegion region = AnswerRegion(i);
+    const ShmDataRegion region = AnswerRegion(i, s);
     ShmStream *as = segment_->AnswerStream(i);
     if (!region.Enabled() || as->WritableBytes(ShmStream::kRefBytes) < ShmStream::kRefBytes) {
       return false;
@@ -186,7 +199,7 @@ class ShmAnswerWriter {
    */
   bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
     const u64 total = s.outgoing.bytes.size();
-    const ShmDataRegion region = AnswerRegion(i);
+    const ShmDataRegion region = AnswerRegion(i, s);
     const bool by_ref = region.Enabled() && total > kSmallEnvelopeBytes;
     const u64 goal = !by_ref ? as->RingBytes() / 4
                              : (total <= region.Bytes() ? total : region.Bytes() / 2);

@@ -20,10 +20,7 @@
 // The reader checks every header and reports a corrupt stream instead of trusting it.
 #pragma once
 
-#include <sys/mman.h>  // madvise: prefaulting a ring
-
 #include <algorithm>  // std::min for wrapped copies
-#include <cerrno>     // why a prefault failed
 #include <cstring>    // memcpy in and out of the ring
 #include <new>        // placement new into the caller's region
 
@@ -31,6 +28,7 @@
 #include "chi/core/macros.h"        // kCacheLine, CHI_LIKELY
 #include "chi/core/small_copy.h"    // CopySmall: a record's first line
 #include "chi/core/types.h"         // u32, u64
+#include "chi/memory/back_pages.h"  // BackPages: a ring backed before use
 #include "chi/queue/ring_layout.h"  // RoundUpPow2, RoundUpTo, IsRingAligned
 
 namespace chi {
@@ -80,26 +78,11 @@ class ShmStream {
 
   /**
    * Maps the whole ring into the calling process now, so that records written or read
-   * later take no page faults, and has the shm filesystem back every page of it. False
-   * when it cannot (/dev/shm is full): a write to such a ring would die of SIGBUS, so a
-   * client refuses the connection instead. True where the kernel cannot populate ahead
-   * (before Linux 5.14: nothing is checked then).
+   * later take no page faults, and has the shm filesystem back every page of it
+   * (BackPages). False when it cannot (/dev/shm is full): a write to such a ring would
+   * die of SIGBUS, so a client refuses the connection instead.
    */
-  bool Prefault() {
-    constexpr u64 kPage = 4096;
-    const u64 begin = reinterpret_cast<u64>(Ring()) & ~(kPage - 1);
-    const u64 end = (reinterpret_cast<u64>(Ring()) + ring_bytes_ + kPage - 1) & ~(kPage - 1);
-#ifdef MADV_POPULATE_WRITE
-    // EFAULT: a page could not be backed (the fault would have been a SIGBUS); ENOMEM: no memory.
-    if (madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE) != 0) {
-      return errno != EFAULT && errno != ENOMEM;
-    }
-#else
-    (void)begin;
-    (void)end;
-#endif
-    return true;
-  }
+  bool Prefault() { return BackPages(Ring(), ring_bytes_); }
   /** The largest payload one record can carry. */
   u64 MaxPieceBytes() const { return ring_bytes_ - kAlign - kRecordHeaderBytes; }
 
