@@ -162,6 +162,13 @@ int SmallShmMain() {
     ServerProcess server(port, {{"CHI_SERVER_CONF", conf}});
     c.Expect(server.ok(), "a runtime sized to fit starts");
     if (server.ok()) {
+      {
+        // ServerProcess returns once the segments exist; the room check comes after them,
+        // and a /dev/shm filled before it ran refused the start (seen under ASan). A
+        // handshake is answered only once the runtime serves.
+        ClientSession ready(port, "tcp");
+        c.Expect(ready.ok(), "the runtime sized to fit serves");
+      }
       const std::string filler = std::string(chi::kShmDir) + "/room_filler";
       c.Expect(FillShm(filler), "another process fills /dev/shm");
       c.Expect(chi_test::RunChild("room_full_shm_client", ClientEnv(port, "shm")) == 0,
