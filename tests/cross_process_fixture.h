@@ -212,6 +212,23 @@ inline std::string WriteConfigFile(const std::string &tag, const std::string &ya
 /** True when a file exists at `path`. */
 inline bool FileExists(const std::string &path) { return access(path.c_str(), F_OK) == 0; }
 
+/** The /dev/shm files of the segments a runtime on `port` makes: three, then the transport's. */
+inline std::vector<std::string> RuntimeSegmentFiles(u32 port) {
+  std::vector<std::string> files;
+  for (const char *role : chi::RuntimeSegments::kRoles) {
+    files.push_back(chi::PosixShmBackend::FilePath(chi::RuntimeSegmentName(port, role)));
+  }
+  files.push_back(chi::PosixShmBackend::FilePath(chi::ShmSegmentName(port)));
+  return files;
+}
+
+/** How many of `files` exist. */
+inline size_t CountExisting(const std::vector<std::string> &files) {
+  size_t n = 0;
+  for (const std::string &f : files) n += FileExists(f) ? 1 : 0;
+  return n;
+}
+
 /**
  * A client that streams Custom tasks until it is killed (SIGKILL tests): windows of
  * XP_STREAM_WINDOW (128) tasks of XP_STREAM_BYTES (4 KiB) each; it creates XP_READY_FILE

@@ -33,22 +33,6 @@ bool Contains(const std::string &haystack, const std::string &needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-/** The files of the segments a runtime on `port` makes. */
-std::vector<std::string> SegmentFiles(u32 port) {
-  std::vector<std::string> files;
-  for (const char *role : chi::RuntimeSegments::kRoles) {
-    files.push_back(chi::PosixShmBackend::FilePath(chi::RuntimeSegmentName(port, role)));
-  }
-  files.push_back(chi::PosixShmBackend::FilePath(chi::ShmSegmentName(port)));
-  return files;
-}
-
-u32 CountExisting(const std::vector<std::string> &files) {
-  u32 n = 0;
-  for (const std::string &f : files) n += FileExists(f) ? 1 : 0;
-  return n;
-}
-
 /** A runtime start (this process, CHI_PORT and CHI_SERVER_CONF as given) that must be refused. */
 int RefusedStartMain() {
   chi_test::ChildChecks c;
@@ -152,7 +136,7 @@ int SmallShmMain() {
   c.Expect(ShmFree() <= 16 * kMiB, "/dev/shm is the 16 MiB tmpfs");
   c.Expect(chi_test::RunChild("room_refused_start", {{"CHI_PORT", std::to_string(port)}}) == 0,
            "the default sizes (576 MiB of data and rings) are refused");
-  c.Expect(CountExisting(SegmentFiles(port)) == 0, "the refused start left no segment");
+  c.Expect(CountExisting(RuntimeSegmentFiles(port)) == 0, "the refused start left no segment");
   // 2 MiB of rings and 4 + 4 MiB of data segments: 2 MiB per slot each way, so the 3 MiB
   // echoes travel in chunks through every page of the client's shares.
   const std::string conf = WriteConfigFile(
@@ -186,7 +170,7 @@ int SmallShmMain() {
     }
   }
   std::remove(conf.c_str());
-  c.Expect(CountExisting(SegmentFiles(port)) == 0, "the stopped runtime removed its segments");
+  c.Expect(CountExisting(RuntimeSegmentFiles(port)) == 0, "the stopped runtime removed its segments");
   return c.Result();
 }
 const chi_test::ChildRoutine kSmallShm("room_small_shm", SmallShmMain);
@@ -225,7 +209,7 @@ TEST_CASE("a runtime /dev/shm cannot back refuses to start, leaves nothing, and 
   CHECK(chi_test::RunChild("room_refused_start",
                            {{"CHI_PORT", std::to_string(port)}, {"CHI_SERVER_CONF", conf}}) == 0);
   std::remove(conf.c_str());
-  CHECK(CountExisting(SegmentFiles(port)) == 0);
+  CHECK(CountExisting(RuntimeSegmentFiles(port)) == 0);
   ServerProcess server(port);
   REQUIRE(server.ok());
   {

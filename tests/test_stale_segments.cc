@@ -16,18 +16,14 @@ namespace {
 std::string UserPrefix() { return chi::UserSegmentFilePrefix(); }
 
 /** The /dev/shm file of segment `name`. */
-std::string ShmFile(const std::string &name) { return "/dev/shm/" + UserPrefix() + name; }
+std::string ShmFile(const std::string &name) { return chi::PosixShmBackend::FilePath(name); }
 
 /** The ipc socket file of the runtime on `port` (ZmqEndpoint's path). */
 std::string IpcFile(u32 port) { return "/tmp/" + UserPrefix() + std::to_string(port) + ".ipc"; }
 
 /** The files of a whole runtime's leftovers on `port`: three segments, transport, socket. */
 std::vector<std::string> RuntimeFiles(u32 port) {
-  std::vector<std::string> files;
-  for (const char *role : chi::RuntimeSegments::kRoles) {
-    files.push_back(ShmFile(chi::RuntimeSegmentName(port, role)));
-  }
-  files.push_back(ShmFile(chi::ShmSegmentName(port)));
+  std::vector<std::string> files = RuntimeSegmentFiles(port);
   files.push_back(IpcFile(port));
   return files;
 }
@@ -35,13 +31,6 @@ std::vector<std::string> RuntimeFiles(u32 port) {
 bool Exists(const std::string &path) {
   struct stat st {};
   return stat(path.c_str(), &st) == 0;
-}
-
-/** How many of `files` exist. */
-size_t CountExisting(const std::vector<std::string> &files) {
-  size_t n = 0;
-  for (const std::string &f : files) n += Exists(f) ? 1 : 0;
-  return n;
 }
 
 /** Sets `path`'s modification time `age_s` seconds into the past. */

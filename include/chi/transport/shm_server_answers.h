@@ -199,8 +199,10 @@ class ShmAnswerWriter {
    */
   bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
     const u64 total = s.outgoing.bytes.size();
-    const ShmDataRegion region = AnswerRegion(i, s);
-    const bool by_ref = region.Enabled() && total > kSmallEnvelopeBytes;
+    // Only a large answer asks for the region (a first one has its pages backed).
+    const ShmDataRegion region =
+        total > kSmallEnvelopeBytes ? AnswerRegion(i, s) : ShmDataRegion();
+    const bool by_ref = region.Enabled();
     const u64 goal = !by_ref ? as->RingBytes() / 4
                              : (total <= region.Bytes() ? total : region.Bytes() / 2);
     while (by_ref && s.outgoing_sent < total) {
