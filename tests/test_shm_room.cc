@@ -4,13 +4,16 @@
 // names the keys and the free space, leaves nothing behind, and the port serves afterwards;
 // in a 16 MiB /dev/shm (a container's) the default sizes are refused, sizes that fit carry
 // large messages, a client that finds /dev/shm filled since is refused, and one whose
-// /dev/shm fills after it connected gets its large messages through the rings.
+// /dev/shm fills after it connected gets its large messages through the rings. A data
+// region's writer has only the pages its blocks reach backed, a prefix that doubles.
 #include <sched.h>        // unshare: a mount namespace of the test's own
 #include <sys/mount.h>    // a small tmpfs over /dev/shm in that namespace
 #include <sys/statvfs.h>  // the free space the refusal is measured against
 
 #include <cstdio>   // the file that fills /dev/shm
 #include <cstring>  // memset of a segment's pages
+
+#include <chi/transport/shm_region_backing.h>  // the prefix a data region's writer backs
 
 #include "cross_process_fixture.h"
 
@@ -59,18 +62,30 @@ bool FillShm(const std::string &path) {
   return ShmFree() < 64 * 1024;
 }
 
+/** A `size`-byte Custom echo through `client`, checked byte for byte. */
+void Echo(chi_test::ChildChecks &c, chimaera::demo::Client &client, u64 size) {
+  std::string data(size, '\0');
+  for (u64 i = 0; i < size; ++i) data[i] = static_cast<char>((i * 131 + size) % 251);
+  auto f = client.AsyncCustom(chi::PoolQuery::Local(), data);
+  const std::string what = "the " + std::to_string(size) + "-byte echo ";
+  c.Expect(f.Wait(30), what + "is answered");
+  c.Expect(f->GetReturnCode() == 0, what + "succeeds: " + f->GetMessage());
+  c.Expect(f->data_.view() == data, what + "comes back byte for byte");
+}
+
 /** 1 MiB and 3 MiB echoes and a GpuSubmit through `client`, each checked. */
 void LargeEchoes(chi_test::ChildChecks &c, chimaera::demo::Client &client) {
-  for (u64 size : {1 * kMiB, 3 * kMiB, 3 * kMiB}) {
-    std::string data(size, '\0');
-    for (u64 i = 0; i < size; ++i) data[i] = static_cast<char>((i * 131 + size) % 251);
-    auto f = client.AsyncCustom(chi::PoolQuery::Local(), data);
-    c.Expect(f.Wait(30), "the echo is answered");
-    c.Expect(f->GetReturnCode() == 0, std::string("the echo succeeds: ") + f->GetMessage());
-    c.Expect(f->data_.view() == data, "the echo comes back byte for byte");
-  }
+  for (u64 size : {1 * kMiB, 3 * kMiB, 3 * kMiB}) Echo(c, client, size);
   auto g = client.AsyncGpuSubmit(chi::PoolQuery::Local(), 0, 42);
   c.Expect(g.Wait(10) && g->result_value_ == 84, "GpuSubmit 42 -> 84");
+}
+
+/** Bytes of segment `name` that pages back now (0 when it cannot be measured). */
+u64 BackedBytes(const std::string &name) {
+  chi::PosixShmBackend seg;
+  chi::ShmRoom room;
+  if (!chi::MeasureShmRoom({name}, &room).ok() || !seg.Attach(name).ok()) return 0;
+  return seg.Size() - room.unbacked;
 }
 
 /** An shm client of CHI_PORT: large echoes (LargeEchoes), then stops the runtime. */
@@ -104,6 +119,41 @@ int FilledAfterConnectClientMain() {
 const chi_test::ChildRoutine kFilledAfterConnect("room_filled_after_connect_client",
                                                  FilledAfterConnectClientMain);
 
+/**
+ * An shm client of CHI_PORT whose first 64 KiB echo has only the first pages of its shares
+ * of the data segments backed (not the 2 MiB shares), which then fills /dev/shm (file
+ * ROOM_FILLER): a second 64 KiB echo travels in those pages, the larger ones that would
+ * need more go through the rings, and nobody dies of SIGBUS.
+ */
+int PartlyBackedClientMain() {
+  chi_test::ChildChecks c;
+  chimaera::demo::Client client;
+  if (!ConnectAndCreatePool(&c, &client)) return c.Result();
+  const u32 port = static_cast<u32>(EnvU64("CHI_PORT"));
+  const std::string cdata = chi::RuntimeSegmentName(port, "cdata");
+  const std::string rdata = chi::RuntimeSegmentName(port, "rdata");
+  const u64 cdata_before = BackedBytes(cdata);
+  const u64 rdata_before = BackedBytes(rdata);
+  Echo(c, client, 64 << 10);
+  const u64 cdata_grew = BackedBytes(cdata) - cdata_before;
+  const u64 rdata_grew = BackedBytes(rdata) - rdata_before;
+  const std::string grew = " grew by " + std::to_string(cdata_grew >> 10) + " and " +
+                           std::to_string(rdata_grew >> 10) + " KiB";
+  c.Expect(cdata_grew >= 64 << 10 && rdata_grew >= 64 << 10,
+           "the 64 KiB request and answer are backed where they lie:" + grew);
+  c.Expect(cdata_grew <= 2 * chi::ShmRegionBacking::kFirstBytes &&
+               rdata_grew <= 2 * chi::ShmRegionBacking::kFirstBytes,
+           "a 64 KiB echo backs no more than the first prefix of each share:" + grew);
+  const std::string filler = EnvStr("ROOM_FILLER");
+  c.Expect(FillShm(filler), "this client fills /dev/shm after its first echo");
+  Echo(c, client, 64 << 10);
+  LargeEchoes(c, client);
+  std::remove(filler.c_str());
+  chi::CHIMAERA_FINALIZE();
+  return c.Result();
+}
+const chi_test::ChildRoutine kPartlyBacked("room_partly_backed_client", PartlyBackedClientMain);
+
 /** An shm client of CHI_PORT while /dev/shm is full: its connection is refused, naming why. */
 int FullShmClientMain() {
   chi_test::ChildChecks c;
@@ -128,7 +178,8 @@ int SmallShmMain() {
   if (unshare(CLONE_NEWNS) != 0) return kNoNamespace;
   // Private first, so the tmpfs below stays in this namespace.
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-      mount("tmpfs", chi::kShmDir, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777") != 0) {
+      mount("tmpfs", chi::kShmDir, "tmpfs", MS_NOSUID | MS_NODEV,
+            "size=16m,mode=1777,huge=never") != 0) {
     return kNoNamespace;
   }
   chi_test::ChildChecks c;
@@ -164,6 +215,10 @@ int SmallShmMain() {
       std::remove(filler.c_str());  // a client that died (SIGBUS: exit 135) left it
       c.Expect(filled_rc == 0, "a client whose /dev/shm filled after it connected still gets "
                                "large echoes (exit " + std::to_string(filled_rc) + ")");
+      const int partly_rc = chi_test::RunChild("room_partly_backed_client", env);
+      std::remove(filler.c_str());
+      c.Expect(partly_rc == 0, "a client whose /dev/shm filled after its first large echo "
+                               "gets the next ones too (exit " + std::to_string(partly_rc) + ")");
       c.Expect(chi_test::RunChild("room_large_echo_client", ClientEnv(port, "shm")) == 0,
                "with the room back, a client's large echoes come back");
       c.Expect(server.WaitExit() == 0, "the runtime stops cleanly");
@@ -197,6 +252,80 @@ TEST_CASE("MeasureShmRoom counts a segment's unwritten pages and what /dev/shm h
   const chi::Status st = chi::MeasureShmRoom({name}, &gone);
   CHECK(st.code() == chi::ErrorCode::kNotFound);
   CHECK(Contains(st.message(), name));
+}
+
+TEST_CASE("a data region's writer has the pages its blocks reach backed, a prefix that doubles") {
+  const std::string name = "room_prefix_" + std::to_string(getpid());
+  chi::PosixShmBackend seg;
+  REQUIRE(seg.Create(name, 8 * kMiB).ok());
+  chi::Atomic<u64> released;
+  // A 4 MiB share away from the header's page, as every slot's but the first lies.
+  const chi::ShmDataRegion region(seg.Data() + 2 * kMiB, 4 * kMiB, &released);
+  const u64 at_start = BackedBytes(name);
+  // What pages back beyond the start is at least the prefix (plus the page before a share
+  // that does not start on one, or a huge page where tmpfs uses them).
+  auto backs_prefix = [&](u64 prefix) {
+    const u64 grew = BackedBytes(name) - at_start;
+    return grew >= prefix && grew <= prefix + 2 * kMiB;
+  };
+  constexpr u64 kFirst = chi::ShmRegionBacking::kFirstBytes;
+  chi::ShmRegionBacking b;
+  CHECK(b.Backed() == 0);
+  CHECK(b.Covers(region, chi::ShmDataRef{0, 64 << 10, 64 << 10}));
+  CHECK(b.Backed() == kFirst);
+  CHECK(backs_prefix(kFirst));
+  // An encoder at 300 KiB with 3 MiB free gets what lies in backed pages: at least
+  // kFirst of it, the prefix grown just that far since that is more than twice it.
+  CHECK(b.BackedRoom(region, 300 << 10, 3 * kMiB) == kFirst);
+  CHECK(b.Backed() == (300 << 10) + kFirst);
+  // A block on the next lap (1 MiB into the share) that ends short of twice the prefix.
+  CHECK(b.Covers(region, chi::ShmDataRef{4 * kMiB + kMiB, 10 << 10, 10 << 10}));
+  CHECK(b.Backed() == 2 * ((300 << 10) + kFirst));
+  CHECK(backs_prefix(b.Backed()));
+  const u64 before = b.Backed();
+  CHECK(b.Covers(region, chi::ShmDataRef{0, 1000, 1000}));  // inside: nothing more
+  CHECK(b.BackedRoom(region, 100 << 10, 50 << 10) == 50 << 10);
+  CHECK(b.Backed() == before);
+  CHECK(b.Whole(region));
+  CHECK(b.Backed() == 4 * kMiB);
+  CHECK(backs_prefix(4 * kMiB));
+  CHECK_FALSE(b.Refused());
+  CHECK(seg.Destroy().ok());
+}
+
+TEST_CASE("an encode in place gets the backed pages, and once more the pages it said it needs") {
+  const std::string name = "room_encode_" + std::to_string(getpid());
+  chi::PosixShmBackend seg;
+  REQUIRE(seg.Create(name, 4 * kMiB).ok());
+  chi::Atomic<u64> released;
+  const chi::ShmDataRegion region(seg.Data(), 2 * kMiB, &released);
+  // An encoder of a `len`-byte message: writes it when it fits, else says what it needs.
+  int calls = 0;
+  u64 len = 0;
+  auto encode = [&](char *dst, u64 cap, u64 *need) -> u64 {
+    ++calls;
+    if (cap < len) {
+      *need = len;
+      return 0;
+    }
+    std::memset(dst, 7, len);
+    return len;
+  };
+  chi::ShmRegionBacking b;
+  len = 100 << 10;
+  CHECK(b.EncodeIn(region, 0, 2 * kMiB, encode) == len);
+  CHECK(calls == 1);
+  CHECK(b.Backed() == chi::ShmRegionBacking::kFirstBytes);
+  calls = 0;
+  len = 1536 << 10;  // more than is backed: a second try, in pages backed for it
+  CHECK(b.EncodeIn(region, 0, 2 * kMiB, encode) == len);
+  CHECK(calls == 2);
+  CHECK(b.Backed() == len);
+  calls = 0;
+  CHECK(b.EncodeIn(region, 1 * kMiB, 1 * kMiB, encode) == 0);  // more than the room
+  CHECK(calls == 1);
+  CHECK(b.Backed() == len);  // nothing backed for a message that cannot fit
+  CHECK(seg.Destroy().ok());
 }
 
 TEST_CASE("a runtime /dev/shm cannot back refuses to start, leaves nothing, and the port serves after") {

@@ -28,11 +28,6 @@ std::vector<std::string> RuntimeFiles(u32 port) {
   return files;
 }
 
-bool Exists(const std::string &path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0;
-}
-
 /** Sets `path`'s modification time `age_s` seconds into the past. */
 bool Age(const std::string &path, long age_s) {
   timespec now{};
@@ -203,11 +198,11 @@ TEST_CASE("a half-made segment set of a crashed start is swept once old enough")
   REQUIRE(seg.Create(name, 4096).ok());
   seg.Detach();  // its main segment never came: no header names an owner
   CHECK(SweepPort(port, 60).young == 1);
-  CHECK(Exists(ShmFile(name)));
+  CHECK(FileExists(ShmFile(name)));
   CHECK(Age(ShmFile(name), 120));
   const chi::StaleSweep s = SweepPort(port, 60);
   CHECK(s.segments == 1);
-  CHECK_FALSE(Exists(ShmFile(name)));
+  CHECK_FALSE(FileExists(ShmFile(name)));
 }
 
 TEST_CASE("starting a runtime sweeps dead runtimes' leftovers on other ports") {
@@ -281,7 +276,7 @@ TEST_CASE("a segment set of another layout version is kept while its runtime liv
   for (const std::string &f : files) CHECK(Age(f, 120));
   CHECK(SweepPort(port, 60).segments == 0);  // a live runtime's set is kept whole
   for (const char *role : chi::RuntimeSegments::kRoles) {
-    CHECK(Exists(ShmFile(chi::RuntimeSegmentName(port, role))));
+    CHECK(FileExists(ShmFile(chi::RuntimeSegmentName(port, role))));
   }
 
   const pid_t gone = fork();  // a pid that no longer runs

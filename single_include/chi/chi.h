@@ -10055,45 +10055,6 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 #include <cstring>  // memcpy of refs, name copies
 #include <string>   // segment names
 
-// ---- begin chi/memory/back_pages.h ----
-#ifndef CHI_SINGLE_INCLUDE_CHI_MEMORY_BACK_PAGES_H
-#define CHI_SINGLE_INCLUDE_CHI_MEMORY_BACK_PAGES_H
-// Backing shared pages ahead of use. tmpfs gives a shared segment a page only when the page
-// is first written, and a write that finds /dev/shm full dies of SIGBUS. Populating a range
-// ahead (MADV_POPULATE_WRITE) takes its pages now, or reports that it cannot, so the caller
-// can refuse or take another way while it still has the choice. Pages once backed stay
-// backed: nothing here gives them back.
-
-#include <sys/mman.h>  // madvise
-
-#include <cerrno>  // why a populate failed
-
-namespace chi {
-
-/**
- * Has every page of [p, p + bytes) backed (and mapped here) now. False when some page
- * cannot be (a full /dev/shm, or no memory); true where the kernel cannot populate ahead
- * (before Linux 5.14: nothing is checked then).
- */
-inline bool BackPages(const void *p, u64 bytes) {
-  constexpr u64 kPage = 4096;
-  const u64 begin = reinterpret_cast<u64>(p) & ~(kPage - 1);
-  const u64 end = (reinterpret_cast<u64>(p) + bytes + kPage - 1) & ~(kPage - 1);
-#ifdef MADV_POPULATE_WRITE
-  // EFAULT: a page could not be backed (touching it would have raised SIGBUS); ENOMEM: no memory.
-  if (madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE) != 0) {
-    return errno != EFAULT && errno != ENOMEM;
-  }
-#else
-  (void)begin;
-  (void)end;
-#endif
-  return true;
-}
-
-}  // namespace chi
-#endif  // CHI_SINGLE_INCLUDE_CHI_MEMORY_BACK_PAGES_H
-// ---- end chi/memory/back_pages.h ----
 // ---- begin chi/transport/shm_stream.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_STREAM_H
@@ -10156,6 +10117,45 @@ inline void CopySmall(void *dst, const void *src, u64 n) {
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_CORE_SMALL_COPY_H
 // ---- end chi/core/small_copy.h ----
+// ---- begin chi/memory/back_pages.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_MEMORY_BACK_PAGES_H
+#define CHI_SINGLE_INCLUDE_CHI_MEMORY_BACK_PAGES_H
+// Backing shared pages ahead of use. tmpfs gives a shared segment a page only when the page
+// is first written, and a write that finds /dev/shm full dies of SIGBUS. Populating a range
+// ahead (MADV_POPULATE_WRITE) takes its pages now, or reports that it cannot, so the caller
+// can refuse or take another way while it still has the choice. Pages once backed stay
+// backed: nothing here gives them back.
+
+#include <sys/mman.h>  // madvise
+
+#include <cerrno>  // why a populate failed
+
+namespace chi {
+
+/**
+ * Has every page of [p, p + bytes) backed (and mapped here) now. False when some page
+ * cannot be (a full /dev/shm, or no memory); true where the kernel cannot populate ahead
+ * (before Linux 5.14: nothing is checked then).
+ */
+inline bool BackPages(const void *p, u64 bytes) {
+  constexpr u64 kPage = 4096;
+  const u64 begin = reinterpret_cast<u64>(p) & ~(kPage - 1);
+  const u64 end = (reinterpret_cast<u64>(p) + bytes + kPage - 1) & ~(kPage - 1);
+#ifdef MADV_POPULATE_WRITE
+  // EFAULT: a page could not be backed (touching it would have raised SIGBUS); ENOMEM: no memory.
+  if (madvise(reinterpret_cast<void *>(begin), end - begin, MADV_POPULATE_WRITE) != 0) {
+    return errno != EFAULT && errno != ENOMEM;
+  }
+#else
+  (void)begin;
+  (void)end;
+#endif
+  return true;
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_MEMORY_BACK_PAGES_H
+// ---- end chi/memory/back_pages.h ----
 
 namespace chi {
 
@@ -10564,12 +10564,6 @@ class ShmDataRegion {
   /** False when the runtime shares no data segment (messages then stream in pieces). */
   bool Enabled() const { return bytes_ != 0; }
 
-  /**
-   * Has every page of the region backed now (BackPages); its writer asks once, before its
-   * first block. False when /dev/shm cannot: the writer then leaves the region alone and
-   * streams its messages through the ring, whose pages were backed at connect.
-   */
-  bool Back() const { return !Enabled() || BackPages(base_, bytes_); }
   /** The region's size: the largest message it can carry. */
   u64 Bytes() const { return bytes_; }
 
@@ -11227,14 +11221,25 @@ using EnvelopeSaver = void (*)(Task &, OutputArchive &);
 
 /**
  * Encodes an envelope (request id, then what `save` writes) into buf[0, cap) with a
- * fixed archive. Returns the bytes written, or 0 when it does not fit (or fails).
+ * fixed archive. Returns the bytes written, or 0 when it does not fit (or fails); then
+ * *need, when given, is at least the bytes it takes (those up to the item that did not
+ * fit, and that item's), so a caller can make that much room and try again.
  */
-inline u64 EncodeEnvelopeInto(u64 request_id, Task *t, EnvelopeSaver save, char *buf, u64 cap) {
-  if (cap < kEnvelopeHeaderBytes) return 0;
+inline u64 EncodeEnvelopeInto(u64 request_id, Task *t, EnvelopeSaver save, char *buf, u64 cap,
+                              u64 *need = nullptr) {
+  if (cap < kEnvelopeHeaderBytes) {
+    if (need != nullptr) *need = kEnvelopeHeaderBytes;
+    return 0;
+  }
   std::memcpy(buf, &request_id, sizeof(request_id));
   OutputArchive ar(buf + kEnvelopeHeaderBytes, cap - kEnvelopeHeaderBytes);
   save(*t, ar);
-  return CHI_LIKELY(ar.ok()) ? kEnvelopeHeaderBytes + ar.Size() : 0;
+  if (CHI_LIKELY(ar.ok())) return kEnvelopeHeaderBytes + ar.Size();
+  if (need != nullptr) {
+    const detail::ArchiveError &e = ar.ErrorRecord();
+    *need = e.code_ == ErrorCode::kTooLarge ? kEnvelopeHeaderBytes + e.offset_ + e.need_ : 0;
+  }
+  return 0;
 }
 
 /**
@@ -12549,6 +12554,97 @@ bool ShmClientReceiver::PeerHealthy(bool check_process) {
 // ---- end chi/transport/shm_client_wait.h ----
 #endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_CLIENT_RECEIVE_H
 // ---- end chi/transport/shm_client_receive.h ----
+// ---- begin chi/transport/shm_region_backing.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_REGION_BACKING_H
+#define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_REGION_BACKING_H
+// ShmRegionBacking: how much of one data region (shm_data_region.h) its writer has had
+// backed by /dev/shm, so that no write into the region can die of SIGBUS. The backed part
+// is a prefix of the region that grows as blocks reach further, doubling from kFirstBytes:
+// a client of small large messages commits a few hundred KiB rather than its whole share,
+// the first large message waits for the pages it needs (what touching them would cost
+// anyway) rather than for all of them, and a writer whose blocks march through the whole
+// region pays a handful of populate calls. Blocks start at the region's start again
+// whenever it is empty (ShmDataRegion::Place), so a request-then-answer client stays in the
+// prefix it first backed. Once /dev/shm could not back a step the writer is refused for
+// good and sends its large messages through the stream, whose pages were backed at connect.
+// Invariant: every byte of [0, Backed()) of the region is backed.
+
+#include <algorithm>  // std::max, std::min of the next prefix
+
+namespace chi {
+
+/** One writer's backed prefix of its data region (the writer's own: not shared). */
+class ShmRegionBacking {
+ public:
+  /** The first prefix backed: what a first message of up to this many bytes waits for. */
+  static constexpr u64 kFirstBytes = 256u << 10;
+
+  /** True when the block `ref` names lies in backed pages of `r`, backing them now if need be. */
+  bool Covers(const ShmDataRegion &r, const ShmDataRef &ref) {
+    return Through(r, ref.pos % r.Bytes() + ref.bytes);
+  }
+
+  /** True when all of `r` is backed, backing it now if need be (before chunks that cover it). */
+  bool Whole(const ShmDataRegion &r) { return Through(r, r.Bytes()); }
+
+  /**
+   * Of `room` free bytes at position `start` of `r`, how many lie in backed pages (an
+   * encoder's limit), backing at least min(room, max(want, kFirstBytes)) of them now. 0
+   * when /dev/shm cannot back them.
+   */
+  u64 BackedRoom(const ShmDataRegion &r, u64 start, u64 room, u64 want = 0) {
+    if (room == 0) return 0;
+    const u64 off = start % r.Bytes();
+    if (!Through(r, off + std::min(room, std::max(want, kFirstBytes)))) return 0;
+    return std::min(room, backed_ - off);
+  }
+
+  /**
+   * Runs `encode(dst, cap, &need)` (it returns the bytes written, or 0 and sets `need` to
+   * at least the bytes the message takes) at position `start` of `r`, `room` bytes free
+   * there, within backed pages: first in those backed already, then, when the message
+   * said it needs more and that fits the room, once more after backing that much. The
+   * message's length, or 0 when it did not fit (Refused(): /dev/shm could not back it).
+   */
+  template <typename Encode>
+  u64 EncodeIn(const ShmDataRegion &r, u64 start, u64 room, Encode &&encode) {
+    u64 cap = BackedRoom(r, start, room);
+    u64 need = 0;
+    const u64 n = cap == 0 ? 0 : encode(r.At(start), cap, &need);
+    if (n != 0 || need <= cap || need > room) return n;
+    cap = BackedRoom(r, start, room, need);
+    return cap < need ? 0 : encode(r.At(start), cap, &need);
+  }
+
+  /** True once /dev/shm could not back a step: the writer leaves the region alone for good. */
+  bool Refused() const { return refused_; }
+  /** Bytes of the region, from its start, known to be backed. */
+  u64 Backed() const { return backed_; }
+
+ private:
+  static constexpr u64 kPage = 4096;
+
+  /** True when [0, end) of `r` is backed; grows the prefix to at least twice what it was. */
+  bool Through(const ShmDataRegion &r, u64 end) {
+    if (end <= backed_) return true;
+    if (refused_) return false;
+    const u64 target = std::min(RoundUpTo(std::max({end, 2 * backed_, kFirstBytes}), kPage),
+                                r.Bytes());
+    if (!BackPages(r.At(backed_), target - backed_)) {
+      refused_ = true;
+      return false;
+    }
+    backed_ = target;
+    return true;
+  }
+
+  u64 backed_ = 0;
+  bool refused_ = false;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_TRANSPORT_SHM_REGION_BACKING_H
+// ---- end chi/transport/shm_region_backing.h ----
 // ---- begin chi/transport/task_stack.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TRANSPORT_TASK_STACK_H
 #define CHI_SINGLE_INCLUDE_CHI_TRANSPORT_TASK_STACK_H
@@ -12847,7 +12943,6 @@ class ShmClientTransport final : public ShmClientReceiver {
     char small[kSmallEnvelopeBytes];
     const char *msg = small;
     u64 len = EncodeEnvelopeInto(id, t, t->ops_->save_in, small, sizeof(small));
-    if (len == 0 && !request_region_backed_) BackRequestRegion();
     ShmDataRef ref;
     if (len == 0) EncodeInRegion(id, t, &ref);
     if (len == 0 && ref.bytes == 0) {
@@ -12892,13 +12987,13 @@ class ShmClientTransport final : public ShmClientReceiver {
   }
 
   /**
-   * Before the first large request: has the request region's pages backed, or stops using
-   * the region when /dev/shm cannot back them (large requests then stream through the ring,
-   * backed at connect) rather than die of SIGBUS writing one.
+   * True when the request region can be used as far as `backed` says (/dev/shm backed its
+   * pages). Otherwise the region is dropped for good: large requests stream through the
+   * ring (backed at connect) rather than a write into the region dying of SIGBUS.
    */
-  void BackRequestRegion() {
-    request_region_backed_ = true;
-    if (!request_region_.Back()) request_region_ = ShmDataRegion();
+  bool KeepRequestRegion(bool backed) {
+    if (!backed) request_region_ = ShmDataRegion();
+    return backed;
   }
 
   /** Finds a free table entry, waiting while max_outstanding tasks are out. */
@@ -12945,7 +13040,8 @@ class ShmClientTransport final : public ShmClientReceiver {
 
   /**
    * Encodes a request straight into the free room of the client data region; *ref names
-   * it (ref->bytes stays 0 when the region is off or the request does not fit now).
+   * it (ref->bytes stays 0 when the region is off, the request does not fit now, or
+   * /dev/shm cannot back its pages: the region is dropped then).
    */
   void EncodeInRegion(u64 id, Task *t, ShmDataRef *ref) {
     if (!request_region_.Enabled()) return;
@@ -12953,17 +13049,28 @@ class ShmClientTransport final : public ShmClientReceiver {
     u64 room = request_region_.ContiguousRoom(request_data_w_, &start);
     if (room > max_message_bytes_) room = max_message_bytes_;
     if (room <= kSmallEnvelopeBytes) return;
-    const u64 n = EncodeEnvelopeInto(id, t, t->ops_->save_in, request_region_.At(start), room);
+    const u64 n = request_backing_.EncodeIn(
+        request_region_, start, room, [&](char *dst, u64 cap, u64 *need) {
+          return EncodeEnvelopeInto(id, t, t->ops_->save_in, dst, cap, need);
+        });
+    KeepRequestRegion(!request_backing_.Refused());
     *ref = ShmDataRef{start, n, n};
   }
 
   /**
    * Copies an encoded request into the client data region, waiting for room, and sends
    * its ref: whole when it fits the region, else in chunks of half the region (the
-   * runtime assembles them while we write the next).
+   * runtime assembles them while we write the next). Streams it through the ring instead
+   * when /dev/shm cannot back the pages it needs.
    */
   Status CopyToRegion(const char *data, u64 len) {
-    const u64 chunk = len <= request_region_.Bytes() ? len : request_region_.Bytes() / 2;
+    const bool whole = len <= request_region_.Bytes();
+    // Chunks cover the whole region: have it all backed before the first, so that no
+    // later chunk can find its pages unbackable with the message half sent.
+    if (!whole && !KeepRequestRegion(request_backing_.Whole(request_region_))) {
+      return StreamOut(data, len);
+    }
+    const u64 chunk = whole ? len : request_region_.Bytes() / 2;
     for (u64 sent = 0; sent < len;) {
       const u64 n = len - sent < chunk ? len - sent : chunk;
       ShmDataRef ref;
@@ -12973,6 +13080,11 @@ class ShmClientTransport final : public ShmClientReceiver {
           [&] { return (dst = request_region_.Reserve(request_data_w_, n, &ref)) != nullptr; },
           [&] { return request_region_.HasRoomSeqCst(request_data_w_, n); });
       if (!ok) return FailureStatus();
+      // A whole message's block (nothing published yet) may still reach past the backed
+      // pages; a chunk's are all backed already.
+      if (!KeepRequestRegion(request_backing_.Covers(request_region_, ref))) {
+        return StreamOut(data, len);
+      }
       std::memcpy(dst, data + sent, n);
       ref.total = len;
       if (Status st = SendRef(ref); !st.ok()) return st;
@@ -13037,7 +13149,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   u32 cursor_ = 0;        ///< the writer's next entry to try
   u64 released_seen_ = 0; ///< the writer's last view of Released()
   u64 request_data_w_ = 0;  ///< the writer's position in the client data region
-  bool request_region_backed_ = false;  ///< BackRequestRegion has run
+  ShmRegionBacking request_backing_;  ///< how much of the request region /dev/shm backed
   MessageBuffer tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
 };
@@ -13335,11 +13447,8 @@ struct alignas(kCacheLine) ShmServedSlot {
   Atomic<u64> answered;       ///< requests answered or discarded, ever
   /// The writer flag holder's position in the answer data region (read for statistics).
   Atomic<u64> answer_data_w;
-  /// The writer flag holder's: whether the answer region's pages are backed (kBacking*).
-  Atomic<u32> answer_backing;
-  static constexpr u32 kBackingUnknown = 0;  ///< not asked yet (a new client)
-  static constexpr u32 kBacked = 1;          ///< backed: answers may use the region
-  static constexpr u32 kUnbackable = 2;      ///< /dev/shm could not: answers take the ring
+  /// The writer flag holder's: how much of the answer data region /dev/shm backed.
+  ShmRegionBacking answer_backing;
 
   // Line 1: read by the workers, written by the poller only on rare events.
   alignas(kCacheLine) Atomic<u32> draining;  ///< 1: answers of this slot are discarded
@@ -13621,7 +13730,7 @@ class ShmReaper {
     slot->request_data_released_.Store(0, MemOrder::kRelaxed);
     slot->answer_data_released_.Store(0, MemOrder::kRelaxed);
     s.answer_data_w.Store(0, MemOrder::kRelaxed);
-    s.answer_backing.Store(ShmServedSlot::kBackingUnknown, MemOrder::kRelaxed);
+    s.answer_backing = ShmRegionBacking();  // pages stay backed: a new client re-asks cheaply
     new (&slot->answer_ready_) WaitEvent();  // a dead client may have died parked
     new (&slot->request_room_) WaitEvent();
     // relaxed: nobody else uses the slot now; the owner_pid_ release below publishes all.
@@ -13796,8 +13905,8 @@ class ShmAnswerWriter {
     u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
     thread_local MessageBuffer buf;
     const bool by_ref = len == 0 && AnswerRegion(i, s).Enabled();
-    bool fits = by_ref && WriteRef(i, s, 0, 0, true, [&](char *dst, u64 cap) {
-      return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap);
+    bool fits = by_ref && WriteRef(i, s, 0, 0, true, [&](char *dst, u64 cap, u64 *need) {
+      return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap, need);
     });
     if (by_ref && !fits) {
       s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
@@ -13888,30 +13997,24 @@ class ShmAnswerWriter {
   }
 
   /**
-   * Slot i's share of the runtime data segment (writer flag held). Before the first large
-   * answer to a client its pages are backed; when /dev/shm cannot back them the region is
-   * not used for that client (a disabled region: answers stream through the ring, backed
-   * at connect) rather than a write into it dying of SIGBUS.
+   * Slot i's share of the runtime data segment (writer flag held): a disabled region once
+   * /dev/shm could not back a block of it (s.answer_backing), so that answers stream
+   * through the ring (backed at connect) rather than a write into the region dying of SIGBUS.
    */
   ShmDataRegion AnswerRegion(u32 i, ShmServedSlot &s) const {
-    const ShmDataRegion region =
-        data_->AnswerRegion(i, &segment_->Slot(i)->answer_data_released_);
-    // relaxed: the writer flag orders it between writers.
-    u32 backing = s.answer_backing.Load(MemOrder::kRelaxed);
-    if (backing == ShmServedSlot::kBackingUnknown) {
-      backing = region.Back() ? ShmServedSlot::kBacked : ShmServedSlot::kUnbackable;
-      s.answer_backing.Store(backing, MemOrder::kRelaxed);
-    }
-    return backing == ShmServedSlot::kBacked ? region : ShmDataRegion();
+    if (s.answer_backing.Refused()) return ShmDataRegion();
+    return data_->AnswerRegion(i, &segment_->Slot(i)->answer_data_released_);
   }
 
   /**
    * Puts an answer, or a chunk of one `total` bytes long, in slot i's runtime data region
-   * and names it in the answer stream (writer flag held). `fill(dst, cap)` writes it and
-   * returns its length (0: it did not fit); `want` is that length when known, else 0
-   * (fill gets all the room there is, and the block is a whole answer). `last`: the block
-   * ends its answer (counted in data_answers_). False, with nothing published, when the
-   * region or the stream has no room now.
+   * and names it in the answer stream (writer flag held). `fill(dst, cap, &need)` writes
+   * it and returns its length (0: it did not fit, and `need` is at least what it takes);
+   * `want` is that length when known, else 0 (fill gets the free room in backed pages,
+   * ShmRegionBacking::EncodeIn, and the block is a whole answer).
+   * `last`: the block ends its answer (counted in data_answers_). False, with nothing
+   * published, when the region or the stream has no room now, or when /dev/shm cannot
+   * back the block's pages (s.answer_backing refuses from then on).
    */
   template <typename Fill>
   bool WriteRef(u32 i, ShmServedSlot &s, u64 want, u64 total, bool last, Fill fill) {
@@ -13923,16 +14026,17 @@ class ShmAnswerWriter {
     ShmDataRef ref;
     if (want != 0) {
       char *dst = region.Reserve(s.answer_data_w.Load(MemOrder::kRelaxed), want, &ref);
-      if (dst == nullptr) return false;
-      fill(dst, want);
+      if (dst == nullptr || !s.answer_backing.Covers(region, ref)) return false;
+      u64 need = 0;
+      fill(dst, want, &need);
       ref.total = total;
     } else {
       u64 start = 0;
       const u64 room = region.ContiguousRoom(s.answer_data_w.Load(MemOrder::kRelaxed), &start);
-      const u64 cap = room < max_message_bytes_ ? room : max_message_bytes_;
-      const u64 n = fill(region.At(start), cap);
+      const u64 n = s.answer_backing.EncodeIn(
+          region, start, room < max_message_bytes_ ? room : max_message_bytes_, fill);
+      if (n == 0) return false;
       ref = ShmDataRef{start, n, n};
-      if (ref.bytes == 0) return false;
     }
     // Counted before the publish: the client may read the statistics once it has the answer.
     if (last) segment_->Slot(i)->data_answers_.AddOwned(1);  // the writer flag's holder
@@ -13950,20 +14054,27 @@ class ShmAnswerWriter {
    */
   bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
     const u64 total = s.outgoing.bytes.size();
-    // Only a large answer asks for the region (a first one has its pages backed).
-    const ShmDataRegion region =
-        total > kSmallEnvelopeBytes ? AnswerRegion(i, s) : ShmDataRegion();
+    ShmDataRegion region = total > kSmallEnvelopeBytes ? AnswerRegion(i, s) : ShmDataRegion();
+    // Chunks cover the whole region: have it all backed before the first, so that no
+    // later chunk can find its pages unbackable with the answer half sent.
+    if (region.Enabled() && total > region.Bytes() && !s.answer_backing.Whole(region)) {
+      region = ShmDataRegion();
+    }
     const bool by_ref = region.Enabled();
-    const u64 goal = !by_ref ? as->RingBytes() / 4
-                             : (total <= region.Bytes() ? total : region.Bytes() / 2);
+    u64 goal = !by_ref ? as->RingBytes() / 4
+                       : (total <= region.Bytes() ? total : region.Bytes() / 2);
     while (by_ref && s.outgoing_sent < total) {
       const u64 n = total - s.outgoing_sent < goal ? total - s.outgoing_sent : goal;
-      auto copy = [&](char *dst, u64 bytes) {
+      auto copy = [&](char *dst, u64 bytes, u64 *) {
         std::memcpy(dst, s.outgoing.bytes.data() + s.outgoing_sent, bytes);
         return bytes;
       };
       const bool last = s.outgoing_sent + n == total;
       if (!WriteRef(i, s, n, total, last, copy)) {
+        if (s.answer_backing.Refused()) {  // a whole answer's block (nothing sent): the ring
+          goal = as->RingBytes() / 4;
+          break;
+        }
         // seq_cst: announce the wait; the fence orders it before the re-check (the client
         // frees a block, then reads the flag).
         slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);

@@ -31,14 +31,25 @@ using EnvelopeSaver = void (*)(Task &, OutputArchive &);
 
 /**
  * Encodes an envelope (request id, then what `save` writes) into buf[0, cap) with a
- * fixed archive. Returns the bytes written, or 0 when it does not fit (or fails).
+ * fixed archive. Returns the bytes written, or 0 when it does not fit (or fails); then
+ * *need, when given, is at least the bytes it takes (those up to the item that did not
+ * fit, and that item's), so a caller can make that much room and try again.
  */
-inline u64 EncodeEnvelopeInto(u64 request_id, Task *t, EnvelopeSaver save, char *buf, u64 cap) {
-  if (cap < kEnvelopeHeaderBytes) return 0;
+inline u64 EncodeEnvelopeInto(u64 request_id, Task *t, EnvelopeSaver save, char *buf, u64 cap,
+                              u64 *need = nullptr) {
+  if (cap < kEnvelopeHeaderBytes) {
+    if (need != nullptr) *need = kEnvelopeHeaderBytes;
+    return 0;
+  }
   std::memcpy(buf, &request_id, sizeof(request_id));
   OutputArchive ar(buf + kEnvelopeHeaderBytes, cap - kEnvelopeHeaderBytes);
   save(*t, ar);
-  return CHI_LIKELY(ar.ok()) ? kEnvelopeHeaderBytes + ar.Size() : 0;
+  if (CHI_LIKELY(ar.ok())) return kEnvelopeHeaderBytes + ar.Size();
+  if (need != nullptr) {
+    const detail::ArchiveError &e = ar.ErrorRecord();
+    *need = e.code_ == ErrorCode::kTooLarge ? kEnvelopeHeaderBytes + e.offset_ + e.need_ : 0;
+  }
+  return 0;
 }
 
 /**

@@ -18,6 +18,7 @@
 #include "chi/transport/message_buffer.h"      // RecycleBuffer of the request buffer
 #include "chi/transport/request_dispatcher.h"  // EncodeRequest
 #include "chi/transport/shm_client_receive.h"  // ShmClientReceiver: answers, table, liveness
+#include "chi/transport/shm_region_backing.h"  // ShmRegionBacking: the request region's pages
 #include "chi/transport/shm_segment.h"         // segment layout, ShmServerInfo
 #include "chi/transport/shm_stream.h"          // the request stream
 #include "chi/transport/task_stack.h"          // TaskStack: submissions while another writes
@@ -258,7 +259,6 @@ class ShmClientTransport final : public ShmClientReceiver {
     char small[kSmallEnvelopeBytes];
     const char *msg = small;
     u64 len = EncodeEnvelopeInto(id, t, t->ops_->save_in, small, sizeof(small));
-    if (len == 0 && !request_region_backed_) BackRequestRegion();
     ShmDataRef ref;
     if (len == 0) EncodeInRegion(id, t, &ref);
     if (len == 0 && ref.bytes == 0) {
@@ -303,13 +303,13 @@ class ShmClientTransport final : public ShmClientReceiver {
   }
 
   /**
-   * Before the first large request: has the request region's pages backed, or stops using
-   * the region when /dev/shm cannot back them (large requests then stream through the ring,
-   * backed at connect) rather than die of SIGBUS writing one.
+   * True when the request region can be used as far as `backed` says (/dev/shm backed its
+   * pages). Otherwise the region is dropped for good: large requests stream through the
+   * ring (backed at connect) rather than a write into the region dying of SIGBUS.
    */
-  void BackRequestRegion() {
-    request_region_backed_ = true;
-    if (!request_region_.Back()) request_region_ = ShmDataRegion();
+  bool KeepRequestRegion(bool backed) {
+    if (!backed) request_region_ = ShmDataRegion();
+    return backed;
   }
 
   /** Finds a free table entry, waiting while max_outstanding tasks are out. */
@@ -356,7 +356,8 @@ class ShmClientTransport final : public ShmClientReceiver {
 
   /**
    * Encodes a request straight into the free room of the client data region; *ref names
-   * it (ref->bytes stays 0 when the region is off or the request does not fit now).
+   * it (ref->bytes stays 0 when the region is off, the request does not fit now, or
+   * /dev/shm cannot back its pages: the region is dropped then).
    */
   void EncodeInRegion(u64 id, Task *t, ShmDataRef *ref) {
     if (!request_region_.Enabled()) return;
@@ -364,17 +365,28 @@ class ShmClientTransport final : public ShmClientReceiver {
     u64 room = request_region_.ContiguousRoom(request_data_w_, &start);
     if (room > max_message_bytes_) room = max_message_bytes_;
     if (room <= kSmallEnvelopeBytes) return;
-    const u64 n = EncodeEnvelopeInto(id, t, t->ops_->save_in, request_region_.At(start), room);
+    const u64 n = request_backing_.EncodeIn(
+        request_region_, start, room, [&](char *dst, u64 cap, u64 *need) {
+          return EncodeEnvelopeInto(id, t, t->ops_->save_in, dst, cap, need);
+        });
+    KeepRequestRegion(!request_backing_.Refused());
     *ref = ShmDataRef{start, n, n};
   }
 
   /**
    * Copies an encoded request into the client data region, waiting for room, and sends
    * its ref: whole when it fits the region, else in chunks of half the region (the
-   * runtime assembles them while we write the next).
+   * runtime assembles them while we write the next). Streams it through the ring instead
+   * when /dev/shm cannot back the pages it needs.
    */
   Status CopyToRegion(const char *data, u64 len) {
-    const u64 chunk = len <= request_region_.Bytes() ? len : request_region_.Bytes() / 2;
+    const bool whole = len <= request_region_.Bytes();
+    // Chunks cover the whole region: have it all backed before the first, so that no
+    // later chunk can find its pages unbackable with the message half sent.
+    if (!whole && !KeepRequestRegion(request_backing_.Whole(request_region_))) {
+      return StreamOut(data, len);
+    }
+    const u64 chunk = whole ? len : request_region_.Bytes() / 2;
     for (u64 sent = 0; sent < len;) {
       const u64 n = len - sent < chunk ? len - sent : chunk;
       ShmDataRef ref;
@@ -384,6 +396,11 @@ class ShmClientTransport final : public ShmClientReceiver {
           [&] { return (dst = request_region_.Reserve(request_data_w_, n, &ref)) != nullptr; },
           [&] { return request_region_.HasRoomSeqCst(request_data_w_, n); });
       if (!ok) return FailureStatus();
+      // A whole message's block (nothing published yet) may still reach past the backed
+      // pages; a chunk's are all backed already.
+      if (!KeepRequestRegion(request_backing_.Covers(request_region_, ref))) {
+        return StreamOut(data, len);
+      }
       std::memcpy(dst, data + sent, n);
       ref.total = len;
       if (Status st = SendRef(ref); !st.ok()) return st;
@@ -448,7 +465,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   u32 cursor_ = 0;        ///< the writer's next entry to try
   u64 released_seen_ = 0; ///< the writer's last view of Released()
   u64 request_data_w_ = 0;  ///< the writer's position in the client data region
-  bool request_region_backed_ = false;  ///< BackRequestRegion has run
+  ShmRegionBacking request_backing_;  ///< how much of the request region /dev/shm backed
   MessageBuffer tx_;  ///< the writer's request buffer
   WaitStats tx_waits_;    ///< the writer's stalls and parks
 };

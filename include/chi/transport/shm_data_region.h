@@ -17,7 +17,6 @@
 #include "chi/core/atomic.h"               // Atomic, MemOrder
 #include "chi/core/status.h"               // Status, ErrorCode
 #include "chi/core/types.h"                // u64
-#include "chi/memory/back_pages.h"         // BackPages: a region backed before use
 #include "chi/memory/posix_shm_backend.h"  // the data segments, mapped by name
 #include "chi/transport/shm_stream.h"      // kRef records
 
@@ -72,12 +71,6 @@ class ShmDataRegion {
   /** False when the runtime shares no data segment (messages then stream in pieces). */
   bool Enabled() const { return bytes_ != 0; }
 
-  /**
-   * Has every page of the region backed now (BackPages); its writer asks once, before its
-   * first block. False when /dev/shm cannot: the writer then leaves the region alone and
-   * streams its messages through the ring, whose pages were backed at connect.
-   */
-  bool Back() const { return !Enabled() || BackPages(base_, bytes_); }
   /** The region's size: the largest message it can carry. */
   u64 Bytes() const { return bytes_; }
 

@@ -17,6 +17,7 @@
 #include "chi/task/task_ops.h"          // DeleteTask of discarded answers
 #include "chi/transport/message_buffer.h"  // ReleaseBuffer of a reset slot
 #include "chi/transport/shm_process.h"  // IsProcessAlive
+#include "chi/transport/shm_region_backing.h"  // ShmRegionBacking of the answer region
 #include "chi/transport/shm_segment.h"  // the slot table in the segment
 #include "chi/transport/shm_stream.h"   // stream resets
 
@@ -39,11 +40,8 @@ struct alignas(kCacheLine) ShmServedSlot {
   Atomic<u64> answered;       ///< requests answered or discarded, ever
   /// The writer flag holder's position in the answer data region (read for statistics).
   Atomic<u64> answer_data_w;
-  /// The writer flag holder's: whether the answer region's pages are backed (kBacking*).
-  Atomic<u32> answer_backing;
-  static constexpr u32 kBackingUnknown = 0;  ///< not asked yet (a new client)
-  static constexpr u32 kBacked = 1;          ///< backed: answers may use the region
-  static constexpr u32 kUnbackable = 2;      ///< /dev/shm could not: answers take the ring
+  /// The writer flag holder's: how much of the answer data region /dev/shm backed.
+  ShmRegionBacking answer_backing;
 
   // Line 1: read by the workers, written by the poller only on rare events.
   alignas(kCacheLine) Atomic<u32> draining;  ///< 1: answers of this slot are discarded
@@ -325,7 +323,7 @@ class ShmReaper {
     slot->request_data_released_.Store(0, MemOrder::kRelaxed);
     slot->answer_data_released_.Store(0, MemOrder::kRelaxed);
     s.answer_data_w.Store(0, MemOrder::kRelaxed);
-    s.answer_backing.Store(ShmServedSlot::kBackingUnknown, MemOrder::kRelaxed);
+    s.answer_backing = ShmRegionBacking();  // pages stay backed: a new client re-asks cheaply
     new (&slot->answer_ready_) WaitEvent();  // a dead client may have died parked
     new (&slot->request_room_) WaitEvent();
     // relaxed: nobody else uses the slot now; the owner_pid_ release below publishes all.

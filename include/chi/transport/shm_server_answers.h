@@ -45,8 +45,8 @@ class ShmAnswerWriter {
     u64 len = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small, sizeof(small));
     thread_local MessageBuffer buf;
     const bool by_ref = len == 0 && AnswerRegion(i, s).Enabled();
-    bool fits = by_ref && WriteRef(i, s, 0, 0, true, [&](char *dst, u64 cap) {
-      return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap);
+    bool fits = by_ref && WriteRef(i, s, 0, 0, true, [&](char *dst, u64 cap, u64 *need) {
+      return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap, need);
     });
     if (by_ref && !fits) {
       s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
@@ -137,30 +137,24 @@ class ShmAnswerWriter {
   }
 
   /**
-   * Slot i's share of the runtime data segment (writer flag held). Before the first large
-   * answer to a client its pages are backed; when /dev/shm cannot back them the region is
-   * not used for that client (a disabled region: answers stream through the ring, backed
-   * at connect) rather than a write into it dying of SIGBUS.
+   * Slot i's share of the runtime data segment (writer flag held): a disabled region once
+   * /dev/shm could not back a block of it (s.answer_backing), so that answers stream
+   * through the ring (backed at connect) rather than a write into the region dying of SIGBUS.
    */
   ShmDataRegion AnswerRegion(u32 i, ShmServedSlot &s) const {
-    const ShmDataRegion region =
-        data_->AnswerRegion(i, &segment_->Slot(i)->answer_data_released_);
-    // relaxed: the writer flag orders it between writers.
-    u32 backing = s.answer_backing.Load(MemOrder::kRelaxed);
-    if (backing == ShmServedSlot::kBackingUnknown) {
-      backing = region.Back() ? ShmServedSlot::kBacked : ShmServedSlot::kUnbackable;
-      s.answer_backing.Store(backing, MemOrder::kRelaxed);
-    }
-    return backing == ShmServedSlot::kBacked ? region : ShmDataRegion();
+    if (s.answer_backing.Refused()) return ShmDataRegion();
+    return data_->AnswerRegion(i, &segment_->Slot(i)->answer_data_released_);
   }
 
   /**
    * Puts an answer, or a chunk of one `total` bytes long, in slot i's runtime data region
-   * and names it in the answer stream (writer flag held). `fill(dst, cap)` writes it and
-   * returns its length (0: it did not fit); `want` is that length when known, else 0
-   * (fill gets all the room there is, and the block is a whole answer). `last`: the block
-   * ends its answer (counted in data_answers_). False, with nothing published, when the
-   * region or the stream has no room now.
+   * and names it in the answer stream (writer flag held). `fill(dst, cap, &need)` writes
+   * it and returns its length (0: it did not fit, and `need` is at least what it takes);
+   * `want` is that length when known, else 0 (fill gets the free room in backed pages,
+   * ShmRegionBacking::EncodeIn, and the block is a whole answer).
+   * `last`: the block ends its answer (counted in data_answers_). False, with nothing
+   * published, when the region or the stream has no room now, or when /dev/shm cannot
+   * back the block's pages (s.answer_backing refuses from then on).
    */
   template <typename Fill>
   bool WriteRef(u32 i, ShmServedSlot &s, u64 want, u64 total, bool last, Fill fill) {
@@ -172,16 +166,17 @@ class ShmAnswerWriter {
     ShmDataRef ref;
     if (want != 0) {
       char *dst = region.Reserve(s.answer_data_w.Load(MemOrder::kRelaxed), want, &ref);
-      if (dst == nullptr) return false;
-      fill(dst, want);
+      if (dst == nullptr || !s.answer_backing.Covers(region, ref)) return false;
+      u64 need = 0;
+      fill(dst, want, &need);
       ref.total = total;
     } else {
       u64 start = 0;
       const u64 room = region.ContiguousRoom(s.answer_data_w.Load(MemOrder::kRelaxed), &start);
-      const u64 cap = room < max_message_bytes_ ? room : max_message_bytes_;
-      const u64 n = fill(region.At(start), cap);
+      const u64 n = s.answer_backing.EncodeIn(
+          region, start, room < max_message_bytes_ ? room : max_message_bytes_, fill);
+      if (n == 0) return false;
       ref = ShmDataRef{start, n, n};
-      if (ref.bytes == 0) return false;
     }
     // Counted before the publish: the client may read the statistics once it has the answer.
     if (last) segment_->Slot(i)->data_answers_.AddOwned(1);  // the writer flag's holder
@@ -199,20 +194,27 @@ class ShmAnswerWriter {
    */
   bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
     const u64 total = s.outgoing.bytes.size();
-    // Only a large answer asks for the region (a first one has its pages backed).
-    const ShmDataRegion region =
-        total > kSmallEnvelopeBytes ? AnswerRegion(i, s) : ShmDataRegion();
+    ShmDataRegion region = total > kSmallEnvelopeBytes ? AnswerRegion(i, s) : ShmDataRegion();
+    // Chunks cover the whole region: have it all backed before the first, so that no
+    // later chunk can find its pages unbackable with the answer half sent.
+    if (region.Enabled() && total > region.Bytes() && !s.answer_backing.Whole(region)) {
+      region = ShmDataRegion();
+    }
     const bool by_ref = region.Enabled();
-    const u64 goal = !by_ref ? as->RingBytes() / 4
-                             : (total <= region.Bytes() ? total : region.Bytes() / 2);
+    u64 goal = !by_ref ? as->RingBytes() / 4
+                       : (total <= region.Bytes() ? total : region.Bytes() / 2);
     while (by_ref && s.outgoing_sent < total) {
       const u64 n = total - s.outgoing_sent < goal ? total - s.outgoing_sent : goal;
-      auto copy = [&](char *dst, u64 bytes) {
+      auto copy = [&](char *dst, u64 bytes, u64 *) {
         std::memcpy(dst, s.outgoing.bytes.data() + s.outgoing_sent, bytes);
         return bytes;
       };
       const bool last = s.outgoing_sent + n == total;
       if (!WriteRef(i, s, n, total, last, copy)) {
+        if (s.answer_backing.Refused()) {  // a whole answer's block (nothing sent): the ring
+          goal = as->RingBytes() / 4;
+          break;
+        }
         // seq_cst: announce the wait; the fence orders it before the re-check (the client
         // frees a block, then reads the flag).
         slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);
