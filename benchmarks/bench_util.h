@@ -26,6 +26,14 @@ inline double Median(std::vector<double> v) {
   return n == 0 ? 0 : (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
 }
 
+/** The q-quantile (0..1) of a sample set, nearest rank (copies, as Median). */
+inline double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return v[rank < v.size() ? rank : v.size() - 1];
+}
+
 /** Pins the calling thread to `cpu` when the machine has it; returns whether it did. */
 inline bool PinTo(unsigned cpu) {
   if (std::thread::hardware_concurrency() <= cpu) return false;

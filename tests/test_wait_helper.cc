@@ -1,5 +1,6 @@
 // Wait helpers (chi::WaitHelper): a thread spinning in Future::Wait runs every installed
-// helper, up to four at once, and removing one waits for the threads running it. No
+// helper, up to four at once, one that gives up is no spinner by the time its give-up
+// hooks run, and removing a helper waits for the threads running it. No
 // runtime is involved: the tests complete their tasks themselves. How the shm transport
 // uses a helper to deliver answers is checked in test_shm_transport.cc.
 #include <doctest/doctest.h>
@@ -89,6 +90,37 @@ TEST_CASE("a thread spinning in Future::Wait runs every installed wait helper, u
   CHECK(h.Wait(1));
   REQUIRE(chi::WaitHelper::Install(&other));  // the slots are free again
   chi::WaitHelper::Remove(&other);
+}
+
+namespace {
+/** A helper whose gave_up hook records how many threads Spinners() counts as it runs. */
+struct GiveUpProbe {
+  chi::Atomic<u32> gave_up;
+  chi::Atomic<u32> spinners_seen{~0u};
+
+  static void Run(void *) {}
+  static void GaveUp(void *ctx) {
+    auto *p = static_cast<GiveUpProbe *>(ctx);
+    p->spinners_seen.Store(chi::WaitHelper::Spinners(), chi::MemOrder::kSeqCst);
+    p->gave_up.FetchAdd(1, chi::MemOrder::kSeqCst);
+  }
+};
+}  // namespace
+
+TEST_CASE("a caller that gives up spinning no longer counts as a spinner when its hooks run") {
+  // The hook wakes the helper's owner (the shm receiver), which leaves answers to spinning
+  // callers: were the caller that gave up still counted, it would nap while that caller parks.
+  GiveUpProbe probe;
+  chi::WaitHelper helper(&GiveUpProbe::Run, &probe, &GiveUpProbe::GaveUp);
+  REQUIRE(chi::WaitHelper::Install(&helper));
+  auto f = LocalTask();
+  CHECK_FALSE(f.Wait(0.01f));  // nobody completes it: the spin phase ends, then the park
+  CHECK(probe.gave_up.Load() >= 1);
+  CHECK(probe.spinners_seen.Load() == 0);
+  CHECK(chi::WaitHelper::Spinners() == 0);
+  chi::WaitHelper::Remove(&helper);
+  chi::CompleteTask(f.get());
+  CHECK(f.Wait(1));
 }
 
 TEST_CASE("removing a wait helper waits for the threads running it") {

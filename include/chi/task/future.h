@@ -107,17 +107,29 @@ class WaitHelper {
     spinners_.FetchAdd(1, MemOrder::kSeqCst);
     return true;
   }
-  /** Ends what a successful BeginSpin counted; `done`: the caller's task completed. */
+  /**
+   * Ends what a successful BeginSpin counted; `done`: the caller's task completed. A
+   * caller that gave up leaves the spinner count before the gave_up hooks run: an owner
+   * a hook wakes must not see it still spinning and leave the answers to it (the shm
+   * receiver would nap for 10 ms while the caller parks).
+   */
   static void EndSpin(bool done) {
-    if (!done) {
-      for (u32 i = 0; i < kMaxHelpers; ++i) {
-        // seq_cst: as in RunInSpin (still counted).
-        WaitHelper *h = installed_[i].Load(MemOrder::kSeqCst);
-        if (h != nullptr && h->gave_up_ != nullptr) h->gave_up_(h->ctx_);
-      }
+    if (done) {
+      // release: our helper calls happen before Remove sees the count drop.
+      spinners_.FetchSub(1, MemOrder::kRelease);
+      return;
     }
-    // release: our helper calls happen before Remove sees the count drop.
-    spinners_.FetchSub(1, MemOrder::kRelease);
+    // seq_cst: counted as running before no longer as spinning, so Remove, which waits
+    // for both counts to drop, always sees us, or we see its nullptr below (as in Run).
+    running_.FetchAdd(1, MemOrder::kSeqCst);
+    spinners_.FetchSub(1, MemOrder::kRelease);  // release: as above
+    for (u32 i = 0; i < kMaxHelpers; ++i) {
+      // seq_cst: read after our count (Dekker with Remove), as in CallAll.
+      WaitHelper *h = installed_[i].Load(MemOrder::kSeqCst);
+      if (h != nullptr && h->gave_up_ != nullptr) h->gave_up_(h->ctx_);
+    }
+    // release: our hook calls happen before Remove sees the count drop.
+    running_.FetchSub(1, MemOrder::kRelease);
   }
   /** Threads spinning in Future::Wait with a helper installed right now (a hint). */
   static u32 Spinners() { return spinners_.Load(MemOrder::kRelaxed); }  // relaxed: a hint
@@ -164,7 +176,7 @@ class WaitHelper {
   Fn gave_up_;
   static inline Atomic<WaitHelper *> installed_[kMaxHelpers] = {};
   static inline Atomic<u32> count_{0};     ///< slots in use (a hint for BeginSpin and Run)
-  static inline Atomic<u32> running_{0};   ///< threads inside Run's call right now
+  static inline Atomic<u32> running_{0};   ///< threads inside Run's or EndSpin's calls now
   static inline Atomic<u32> spinners_{0};  ///< threads in a counted spin phase
   /** ForgetInherited runs in every forked child (registered before main). */
   static inline const int fork_handler_ = pthread_atfork(nullptr, nullptr, &ForgetInherited);
