@@ -1,10 +1,12 @@
 // The buffers that assemble and encode large messages: emptied between messages, a large
 // one keeps its memory, resident while the process's warm budget has room for it and with
 // its pages lent to the kernel beyond that, and takes the next message intact; a released
-// one gives its memory and its share of the budget back.
+// one gives its memory and its share of the budget back. An encoded message goes to
+// ZeroMQ copied when small and handed over whole when large.
 #include <doctest/doctest.h>
 
 #include <chi/transport/message_buffer.h>
+#include <chi/transport/zmq_common.h>  // MessageOf
 
 #include <algorithm>  // std::all_of
 #include <memory>     // unique_ptr of the buffers
@@ -126,4 +128,37 @@ TEST_CASE("a lowered warm budget lends the pages of buffers that no longer fit i
   CHECK(b.warm == b.bytes.capacity());  // the default budget takes it back in
   chi::ReleaseBuffer(&b);
   CHECK(chi::WarmMessageBytes() == 0);
+}
+
+TEST_CASE("an encoded message goes to ZeroMQ copied when small and handed over whole when large") {
+  std::vector<char> small(100, 's');
+  zmq::message_t a = chi::MessageOf(&small);
+  CHECK(a.size() == 100);
+  CHECK(a.data<char>() != small.data());  // a copy: the buffer keeps its bytes for reuse
+  CHECK(small.size() == 100);
+  CHECK(std::string(a.data<char>(), a.size()) == std::string(100, 's'));
+
+  std::vector<char> large(kMiB);
+  for (u64 i = 0; i < large.size(); ++i) large[i] = static_cast<char>(i * 7 % 251);
+  const std::vector<char> expect = large;
+  const char *where = large.data();
+  zmq::message_t b = chi::MessageOf(&large);
+  CHECK(large.empty());  // handed over
+  CHECK(b.data<char>() == where);  // no copy
+  REQUIRE(b.size() == kMiB);
+  // Through a socket: ZeroMQ frees the buffer once sent (ASan checks it is freed once).
+  zmq::context_t ctx;
+  zmq::socket_t tx(ctx, zmq::socket_type::pair);
+  zmq::socket_t rx(ctx, zmq::socket_type::pair);
+  rx.bind("inproc://message_of");
+  tx.connect("inproc://message_of");
+  REQUIRE(tx.send(std::move(b), zmq::send_flags::none).has_value());
+  zmq::message_t got;
+  REQUIRE(rx.recv(got, zmq::recv_flags::none).has_value());
+  REQUIRE(got.size() == kMiB);
+  CHECK(std::equal(expect.begin(), expect.end(), got.data<char>()));
+  // One never sent is freed with its message.
+  std::vector<char> unsent(2 * kMiB, 'u');
+  { zmq::message_t c = chi::MessageOf(&unsent); }
+  CHECK(unsent.empty());
 }

@@ -191,7 +191,7 @@ class ZmqClientConnection : public ClientTransport {
       std::vector<char>().swap(encode_);  // do not keep the oversized buffer
       return;
     }
-    SendOnSocket(zmq::message_t(encode_.data(), encode_.size()), zmq::send_flags::none);
+    SendOnSocket(MessageOf(&encode_), zmq::send_flags::none);
   }
 
   /**
@@ -426,7 +426,7 @@ class ZmqClientConnection : public ClientTransport {
   u64 monitor_serial_ = 0;
   ZmqRequestTable table_;         ///< tasks on the wire; its slots under sock_mu_
   std::deque<Task *> waiting_;    ///< submitted while not connected
-  std::vector<char> encode_;      ///< reused request buffer
+  std::vector<char> encode_;      ///< request buffer (reused; a large one goes with its message)
   Atomic<Task *> submitted_{nullptr};  ///< newest first, linked through transport_cookie_
   Atomic<u32> stop_;
   Atomic<u32> runtime_pid_;

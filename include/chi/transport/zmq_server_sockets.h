@@ -202,11 +202,15 @@ class ZmqServerSockets {
    * socket due (our send may have taken its fd's signal).
    */
   bool SendTo(const std::string &peer, const void *data, size_t len) {
+    return SendTo(peer, zmq::message_t(data, len));
+  }
+
+  /** SendTo with the payload as a message already (MessageOf: a large answer uncopied). */
+  bool SendTo(const std::string &peer, zmq::message_t &&body) {
     const int i = static_cast<u8>(peer[0]);
     if (OnNetworkWorker()) due_ |= 1u << i;
     zmq::socket_t *s = sockets_[i].get();
     zmq::message_t id(peer.data() + 1, peer.size() - 1);
-    zmq::message_t body(data, len);
     try {
       // No high-water mark (ConfigureZmqSocket): a send never waits, so dontwait never fails.
       return s->send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait) &&
@@ -260,7 +264,7 @@ class ZmqServerSockets {
     auto it = peers_.find(slot->peer);
     if (it != peers_.end()) {
       --it->second.outstanding;
-      if (!SendTo(slot->peer, slot->bytes.data(), slot->bytes.size())) {
+      if (!SendTo(slot->peer, MessageOf(&slot->bytes))) {
         dropped_.FetchAdd(1, MemOrder::kRelaxed);
         Forget(it);  // its connection is gone: a reconnecting client comes with a new id
       }
