@@ -313,6 +313,8 @@ class RawReqRep {
     req_.close();
     ctx_.close();
     if (rep_ > 0) WaitExit(rep_);
+    // ZeroMQ leaves a bound ipc endpoint's socket file behind: one per run piled up in /tmp.
+    if (endpoint_.rfind("ipc://", 0) == 0) std::remove(endpoint_.c_str() + 6);
   }
 
  private:
