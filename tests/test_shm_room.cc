@@ -123,7 +123,8 @@ const chi_test::ChildRoutine kFilledAfterConnect("room_filled_after_connect_clie
  * An shm client of CHI_PORT whose first 64 KiB echo has only the first pages of its shares
  * of the data segments backed (not the 2 MiB shares), which then fills /dev/shm (file
  * ROOM_FILLER): a second 64 KiB echo travels in those pages, the larger ones that would
- * need more go through the rings, and nobody dies of SIGBUS.
+ * need more (a 3 MiB one first: chunks, refused before the first) go through the rings, and
+ * nobody dies of SIGBUS.
  */
 int PartlyBackedClientMain() {
   chi_test::ChildChecks c;
@@ -147,6 +148,7 @@ int PartlyBackedClientMain() {
   const std::string filler = EnvStr("ROOM_FILLER");
   c.Expect(FillShm(filler), "this client fills /dev/shm after its first echo");
   Echo(c, client, 64 << 10);
+  Echo(c, client, 3 * kMiB);  // chunked both ways: refused at its first chunk, then the rings
   LargeEchoes(c, client);
   std::remove(filler.c_str());
   chi::CHIMAERA_FINALIZE();
@@ -286,7 +288,8 @@ TEST_CASE("a data region's writer has the pages its blocks reach backed, a prefi
   CHECK(b.Covers(region, chi::ShmDataRef{0, 1000, 1000}));  // inside: nothing more
   CHECK(b.BackedRoom(region, 100 << 10, 50 << 10) == 50 << 10);
   CHECK(b.Backed() == before);
-  CHECK(b.Whole(region));
+  // A chunk of a message larger than the share: the chunks will cover all of it.
+  CHECK(b.Covers(region, chi::ShmDataRef{4 * kMiB, kMiB, 6 * kMiB}));
   CHECK(b.Backed() == 4 * kMiB);
   CHECK(backs_prefix(4 * kMiB));
   CHECK_FALSE(b.Refused());

@@ -12591,13 +12591,15 @@ class ShmRegionBacking {
   /** The first prefix backed: what a first message of up to this many bytes waits for. */
   static constexpr u64 kFirstBytes = 256u << 10;
 
-  /** True when the block `ref` names lies in backed pages of `r`, backing them now if need be. */
+  /**
+   * True when the block `ref` names lies in backed pages of `r`, backing them now if need
+   * be. A chunk of a message larger than the region (ref.total) backs all of it: the
+   * message's chunks will cover every page, so only its first chunk, before anything of
+   * the message is published, can be refused.
+   */
   bool Covers(const ShmDataRegion &r, const ShmDataRef &ref) {
-    return Through(r, ref.pos % r.Bytes() + ref.bytes);
+    return Through(r, ref.total > r.Bytes() ? r.Bytes() : ref.pos % r.Bytes() + ref.bytes);
   }
-
-  /** True when all of `r` is backed, backing it now if need be (before chunks that cover it). */
-  bool Whole(const ShmDataRegion &r) { return Through(r, r.Bytes()); }
 
   /**
    * Of `room` free bytes at position `start` of `r`, how many lie in backed pages (an
@@ -13076,13 +13078,7 @@ class ShmClientTransport final : public ShmClientReceiver {
    * when /dev/shm cannot back the pages it needs.
    */
   Status CopyToRegion(const char *data, u64 len) {
-    const bool whole = len <= request_region_.Bytes();
-    // Chunks cover the whole region: have it all backed before the first, so that no
-    // later chunk can find its pages unbackable with the message half sent.
-    if (!whole && !KeepRequestRegion(request_backing_.Whole(request_region_))) {
-      return StreamOut(data, len);
-    }
-    const u64 chunk = whole ? len : request_region_.Bytes() / 2;
+    const u64 chunk = len <= request_region_.Bytes() ? len : request_region_.Bytes() / 2;
     for (u64 sent = 0; sent < len;) {
       const u64 n = len - sent < chunk ? len - sent : chunk;
       ShmDataRef ref;
@@ -13092,13 +13088,12 @@ class ShmClientTransport final : public ShmClientReceiver {
           [&] { return (dst = request_region_.Reserve(request_data_w_, n, &ref)) != nullptr; },
           [&] { return request_region_.HasRoomSeqCst(request_data_w_, n); });
       if (!ok) return FailureStatus();
-      // A whole message's block (nothing published yet) may still reach past the backed
-      // pages; a chunk's are all backed already.
+      ref.total = len;
+      // Only the first block can be refused (Covers), so nothing of the message is out yet.
       if (!KeepRequestRegion(request_backing_.Covers(request_region_, ref))) {
         return StreamOut(data, len);
       }
       std::memcpy(dst, data + sent, n);
-      ref.total = len;
       if (Status st = SendRef(ref); !st.ok()) return st;
       sent += n;
     }
@@ -14038,10 +14033,10 @@ class ShmAnswerWriter {
     ShmDataRef ref;
     if (want != 0) {
       char *dst = region.Reserve(s.answer_data_w.Load(MemOrder::kRelaxed), want, &ref);
+      ref.total = total;
       if (dst == nullptr || !s.answer_backing.Covers(region, ref)) return false;
       u64 need = 0;
       fill(dst, want, &need);
-      ref.total = total;
     } else {
       u64 start = 0;
       const u64 room = region.ContiguousRoom(s.answer_data_w.Load(MemOrder::kRelaxed), &start);
@@ -14066,12 +14061,8 @@ class ShmAnswerWriter {
    */
   bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
     const u64 total = s.outgoing.bytes.size();
-    ShmDataRegion region = total > kSmallEnvelopeBytes ? AnswerRegion(i, s) : ShmDataRegion();
-    // Chunks cover the whole region: have it all backed before the first, so that no
-    // later chunk can find its pages unbackable with the answer half sent.
-    if (region.Enabled() && total > region.Bytes() && !s.answer_backing.Whole(region)) {
-      region = ShmDataRegion();
-    }
+    const ShmDataRegion region =
+        total > kSmallEnvelopeBytes ? AnswerRegion(i, s) : ShmDataRegion();
     const bool by_ref = region.Enabled();
     u64 goal = !by_ref ? as->RingBytes() / 4
                        : (total <= region.Bytes() ? total : region.Bytes() / 2);
@@ -14083,7 +14074,7 @@ class ShmAnswerWriter {
       };
       const bool last = s.outgoing_sent + n == total;
       if (!WriteRef(i, s, n, total, last, copy)) {
-        if (s.answer_backing.Refused()) {  // a whole answer's block (nothing sent): the ring
+        if (s.answer_backing.Refused()) {  // only a first block (nothing sent): the ring
           goal = as->RingBytes() / 4;
           break;
         }

@@ -380,13 +380,7 @@ class ShmClientTransport final : public ShmClientReceiver {
    * when /dev/shm cannot back the pages it needs.
    */
   Status CopyToRegion(const char *data, u64 len) {
-    const bool whole = len <= request_region_.Bytes();
-    // Chunks cover the whole region: have it all backed before the first, so that no
-    // later chunk can find its pages unbackable with the message half sent.
-    if (!whole && !KeepRequestRegion(request_backing_.Whole(request_region_))) {
-      return StreamOut(data, len);
-    }
-    const u64 chunk = whole ? len : request_region_.Bytes() / 2;
+    const u64 chunk = len <= request_region_.Bytes() ? len : request_region_.Bytes() / 2;
     for (u64 sent = 0; sent < len;) {
       const u64 n = len - sent < chunk ? len - sent : chunk;
       ShmDataRef ref;
@@ -396,13 +390,12 @@ class ShmClientTransport final : public ShmClientReceiver {
           [&] { return (dst = request_region_.Reserve(request_data_w_, n, &ref)) != nullptr; },
           [&] { return request_region_.HasRoomSeqCst(request_data_w_, n); });
       if (!ok) return FailureStatus();
-      // A whole message's block (nothing published yet) may still reach past the backed
-      // pages; a chunk's are all backed already.
+      ref.total = len;
+      // Only the first block can be refused (Covers), so nothing of the message is out yet.
       if (!KeepRequestRegion(request_backing_.Covers(request_region_, ref))) {
         return StreamOut(data, len);
       }
       std::memcpy(dst, data + sent, n);
-      ref.total = len;
       if (Status st = SendRef(ref); !st.ok()) return st;
       sent += n;
     }

@@ -26,13 +26,15 @@ class ShmRegionBacking {
   /** The first prefix backed: what a first message of up to this many bytes waits for. */
   static constexpr u64 kFirstBytes = 256u << 10;
 
-  /** True when the block `ref` names lies in backed pages of `r`, backing them now if need be. */
+  /**
+   * True when the block `ref` names lies in backed pages of `r`, backing them now if need
+   * be. A chunk of a message larger than the region (ref.total) backs all of it: the
+   * message's chunks will cover every page, so only its first chunk, before anything of
+   * the message is published, can be refused.
+   */
   bool Covers(const ShmDataRegion &r, const ShmDataRef &ref) {
-    return Through(r, ref.pos % r.Bytes() + ref.bytes);
+    return Through(r, ref.total > r.Bytes() ? r.Bytes() : ref.pos % r.Bytes() + ref.bytes);
   }
-
-  /** True when all of `r` is backed, backing it now if need be (before chunks that cover it). */
-  bool Whole(const ShmDataRegion &r) { return Through(r, r.Bytes()); }
 
   /**
    * Of `room` free bytes at position `start` of `r`, how many lie in backed pages (an

@@ -166,10 +166,10 @@ class ShmAnswerWriter {
     ShmDataRef ref;
     if (want != 0) {
       char *dst = region.Reserve(s.answer_data_w.Load(MemOrder::kRelaxed), want, &ref);
+      ref.total = total;
       if (dst == nullptr || !s.answer_backing.Covers(region, ref)) return false;
       u64 need = 0;
       fill(dst, want, &need);
-      ref.total = total;
     } else {
       u64 start = 0;
       const u64 room = region.ContiguousRoom(s.answer_data_w.Load(MemOrder::kRelaxed), &start);
@@ -194,12 +194,8 @@ class ShmAnswerWriter {
    */
   bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
     const u64 total = s.outgoing.bytes.size();
-    ShmDataRegion region = total > kSmallEnvelopeBytes ? AnswerRegion(i, s) : ShmDataRegion();
-    // Chunks cover the whole region: have it all backed before the first, so that no
-    // later chunk can find its pages unbackable with the answer half sent.
-    if (region.Enabled() && total > region.Bytes() && !s.answer_backing.Whole(region)) {
-      region = ShmDataRegion();
-    }
+    const ShmDataRegion region =
+        total > kSmallEnvelopeBytes ? AnswerRegion(i, s) : ShmDataRegion();
     const bool by_ref = region.Enabled();
     u64 goal = !by_ref ? as->RingBytes() / 4
                        : (total <= region.Bytes() ? total : region.Bytes() / 2);
@@ -211,7 +207,7 @@ class ShmAnswerWriter {
       };
       const bool last = s.outgoing_sent + n == total;
       if (!WriteRef(i, s, n, total, last, copy)) {
-        if (s.answer_backing.Refused()) {  // a whole answer's block (nothing sent): the ring
+        if (s.answer_backing.Refused()) {  // only a first block (nothing sent): the ring
           goal = as->RingBytes() / 4;
           break;
         }
