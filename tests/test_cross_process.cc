@@ -219,9 +219,10 @@ TEST_CASE("a ZeroMQ caller's round trips do not wake its network thread; unawait
     CAPTURE(loop_ms);
     CHECK(sleeps <= kRoundTrips / 4 + loop_ms);
     // A task sent right after a round trip whose caller only polls it: nobody watches for
-    // its answer, and the network thread takes it off the socket within its 2 ms blind
-    // sleep. The bound checked is a liveness one, far above that and below the 1 s an
-    // answer nobody looks for would wait if blind sleeps had no bound.
+    // its answer; the polling caller takes it off the socket (else the network thread
+    // would, within its 2 ms blind sleep). The bound checked is a liveness one, far above
+    // that and below the 1 s an answer nobody looks for would wait if blind sleeps had no
+    // bound.
     chi::u64 longest_ms = 0;
     for (u32 i = 0; i < 50; ++i) {
       auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), 2, i);

@@ -1,6 +1,7 @@
 // Wait helpers (chi::WaitHelper): a thread spinning in Future::Wait runs every installed
 // helper, up to four at once, one that gives up is no spinner by the time its give-up
-// hooks run, and removing a helper waits for the threads running it. No
+// hooks run, Future::IsComplete runs the poll hooks, and removing a helper waits for the
+// threads running it. No
 // runtime is involved: the tests complete their tasks themselves. How the shm transport
 // uses a helper to deliver answers is checked in test_shm_transport.cc.
 #include <doctest/doctest.h>
@@ -121,6 +122,40 @@ TEST_CASE("a caller that gives up spinning no longer counts as a spinner when it
   chi::WaitHelper::Remove(&helper);
   chi::CompleteTask(f.get());
   CHECK(f.Wait(1));
+}
+
+TEST_CASE("Future::IsComplete runs the helpers' poll hooks while its task is not complete") {
+  // A thread that polls instead of waiting must deliver ready answers itself, as a spinning
+  // one does: the shm receiver naps while callers deliver, and a polled answer waited for
+  // the end of its nap (about 9 ms late in a throwaway measurement).
+  CountingHelper polled;
+  chi::WaitHelper polling(&CountingHelper::Run, &polled, nullptr, &CountingHelper::Run);
+  REQUIRE(chi::WaitHelper::Install(&polling));
+  // Only the poll hook completes this task, in the same IsComplete call that runs it.
+  auto f = LocalTask();
+  polled.to_complete.Store(reinterpret_cast<u64>(f.get()), chi::MemOrder::kRelease);
+  CHECK(f.IsComplete());
+  CHECK(polled.runs.Load() == 1);
+  // A complete task runs nothing.
+  CHECK(f.IsComplete());
+  CHECK(polled.runs.Load() == 1);
+  // Not complete, nothing to complete it: each poll runs the hook once and says false.
+  auto g = LocalTask();
+  CHECK_FALSE(g.IsComplete());
+  CHECK_FALSE(g.IsComplete());
+  CHECK(polled.runs.Load() == 3);
+  chi::WaitHelper::Remove(&polling);
+  CHECK_FALSE(g.IsComplete());  // a removed helper is not run
+  CHECK(polled.runs.Load() == 3);
+  // A helper without a poll hook is not run by a poll (only by a spin).
+  CountingHelper spun;
+  chi::WaitHelper spin_only(&CountingHelper::Run, &spun);
+  REQUIRE(chi::WaitHelper::Install(&spin_only));
+  CHECK_FALSE(g.IsComplete());
+  CHECK(spun.runs.Load() == 0);
+  chi::WaitHelper::Remove(&spin_only);
+  chi::CompleteTask(g.get());
+  CHECK(g.IsComplete());
 }
 
 TEST_CASE("removing a wait helper waits for the threads running it") {

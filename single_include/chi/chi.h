@@ -6950,14 +6950,15 @@ CHI_CROSS_FUN void ReleaseTask(TaskT *task);
 #endif
 
 /**
- * Per-process hooks that a thread spinning in Future::Wait runs on every poll (only
- * there: never in a runtime fiber, never on a GPU, never once the thread parks). A pure
- * client's transport installs one so that a waiting caller takes ready answers off the
- * wire itself instead of waiting for the transport's receiver thread to wake it; a GPU
- * client's worker installs another, so up to kMaxHelpers live side by side. Plain
- * function pointers, not virtuals: with none installed a poll costs one relaxed load.
- * Inside a spin phase that BeginSpin counted, a poll (RunInSpin) costs a load per slot:
- * the count itself is what keeps Remove waiting.
+ * Per-process hooks that a thread spinning in Future::Wait runs on every poll (never in
+ * a runtime fiber, never on a GPU, never once the thread parks), and whose poll hooks
+ * Future::IsComplete runs on a task not complete yet. A pure client's transport installs
+ * one so that a waiting or polling caller takes ready answers off the wire itself instead
+ * of waiting for the transport's receiver thread to wake it; a GPU client's worker
+ * installs another, so up to kMaxHelpers live side by side. Plain function pointers, not
+ * virtuals: with none installed a poll costs one relaxed load. Inside a spin phase that
+ * BeginSpin counted, a poll (RunInSpin) costs a load per slot: the count itself is what
+ * keeps Remove waiting.
  */
 class WaitHelper {
  public:
@@ -6969,9 +6970,12 @@ class WaitHelper {
    * The helper calls fn(ctx); fn must be cheap when it has nothing to do, and never block.
    * gave_up(ctx), if given, runs when a counted spin phase ends without its task
    * complete (the caller parks next): the helper's owner takes over its answers.
+   * poll(ctx), if given, runs when Future::IsComplete finds its task not complete: it
+   * delivers what is ready now and never waits, so a thread that polls instead of waiting
+   * gets its answer as soon as one that spins would (the owner's thread may be napping).
    */
-  constexpr WaitHelper(Fn fn, void *ctx, Fn gave_up = nullptr)
-      : fn_(fn), ctx_(ctx), gave_up_(gave_up) {}
+  constexpr WaitHelper(Fn fn, void *ctx, Fn gave_up = nullptr, Fn poll = nullptr)
+      : fn_(fn), ctx_(ctx), gave_up_(gave_up), poll_(poll) {}
 
   /** Installs h in a free slot; false when all kMaxHelpers slots are taken. */
   static bool Install(WaitHelper *h) {
@@ -6988,7 +6992,7 @@ class WaitHelper {
 
   /**
    * Uninstalls h (if installed) and returns once no thread is running any helper: no
-   * thread inside Run, and every spin phase counted while it was installed ended (each
+   * thread inside Run or Poll, and every spin phase counted while it was installed ended (each
    * lasts at most Future::kSpinNs; phases that begin afterwards never run it).
    */
   static void Remove(WaitHelper *h) {
@@ -7034,11 +7038,7 @@ class WaitHelper {
     // for both counts to drop, always sees us, or we see its nullptr below (as in Run).
     running_.FetchAdd(1, MemOrder::kSeqCst);
     spinners_.FetchSub(1, MemOrder::kRelease);  // release: as above
-    for (u32 i = 0; i < kMaxHelpers; ++i) {
-      // seq_cst: read after our count (Dekker with Remove), as in CallAll.
-      WaitHelper *h = installed_[i].Load(MemOrder::kSeqCst);
-      if (h != nullptr && h->gave_up_ != nullptr) h->gave_up_(h->ctx_);
-    }
+    CallEach(&WaitHelper::gave_up_);
     // release: our hook calls happen before Remove sees the count drop.
     running_.FetchSub(1, MemOrder::kRelease);
   }
@@ -7046,27 +7046,37 @@ class WaitHelper {
   static u32 Spinners() { return spinners_.Load(MemOrder::kRelaxed); }  // relaxed: a hint
 
   /** Runs the installed helpers inside a spin phase that BeginSpin counted. */
-  static void RunInSpin() { CallAll(); }
+  static void RunInSpin() { CallEach(&WaitHelper::fn_); }
 
   /** Runs the installed helpers from anywhere (counted while they run). */
-  static void Run() {
+  static void Run() { RunCounted(&WaitHelper::fn_); }
+
+  /** Runs the installed helpers' poll hooks (Future::IsComplete on a task not complete). */
+  static void Poll() { RunCounted(&WaitHelper::poll_); }
+
+ private:
+  /**
+   * Calls hook `which` (fn_, gave_up_ or poll_) of every installed helper that has one;
+   * the caller is counted (running_ or spinners_), so Remove waits for it.
+   */
+  static void CallEach(Fn WaitHelper::*which) {
+    for (u32 i = 0; i < kMaxHelpers; ++i) {
+      // seq_cst: read after our count (Dekker with Remove): nullptr once it was removed.
+      WaitHelper *h = installed_[i].Load(MemOrder::kSeqCst);
+      if (h != nullptr && h->*which != nullptr) (h->*which)(h->ctx_);
+    }
+  }
+
+  /** Calls hook `which` of every installed helper, counted in running_ meanwhile. */
+  static void RunCounted(Fn WaitHelper::*which) {
     // relaxed: only a hint; the helpers are re-read below inside the count.
     if (count_.Load(MemOrder::kRelaxed) == 0) return;
     // seq_cst: count, then load the helpers; Remove does the reverse, so it waits for us
     // or we see its nullptr.
     running_.FetchAdd(1, MemOrder::kSeqCst);
-    CallAll();
+    CallEach(which);
     // release: our use of the helpers happens before Remove sees the count drop.
     running_.FetchSub(1, MemOrder::kRelease);
-  }
-
- private:
-  /** Calls every installed helper (the caller is counted: running_ or spinners_). */
-  static void CallAll() {
-    for (u32 i = 0; i < kMaxHelpers; ++i) {
-      // seq_cst: read after our count (Dekker with Remove): nullptr once it was removed.
-      if (WaitHelper *h = installed_[i].Load(MemOrder::kSeqCst)) h->fn_(h->ctx_);
-    }
   }
 
   /**
@@ -7085,9 +7095,10 @@ class WaitHelper {
   Fn fn_;
   void *ctx_;
   Fn gave_up_;
+  Fn poll_;
   static inline Atomic<WaitHelper *> installed_[kMaxHelpers] = {};
   static inline Atomic<u32> count_{0};     ///< slots in use (a hint for BeginSpin and Run)
-  static inline Atomic<u32> running_{0};   ///< threads inside Run's or EndSpin's calls now
+  static inline Atomic<u32> running_{0};   ///< threads inside Run's, Poll's or EndSpin's calls
   static inline Atomic<u32> spinners_{0};  ///< threads in a counted spin phase
   /** ForgetInherited runs in every forked child (registered before main). */
   static inline const int fork_handler_ = pthread_atfork(nullptr, nullptr, &ForgetInherited);
@@ -7140,7 +7151,11 @@ class Future {
 #endif
   }
 
-  /** True once outputs are final. */
+  /**
+   * True once outputs are final. On a host thread a task not complete yet lets the
+   * process's wait helpers deliver ready answers first (WaitHelper::Poll), so polling
+   * finds an answer as soon as waiting would.
+   */
   CHI_CROSS_FUN bool IsComplete() const {
 #if CHI_IS_GPU
     if constexpr (gpu::kGpuTask<TaskT>) {
@@ -7149,7 +7164,10 @@ class Future {
       return false;
     }
 #else
-    return task_ != nullptr && task_->IsComplete();
+    if (task_ == nullptr) return false;
+    if (task_->IsComplete()) return true;
+    WaitHelper::Poll();
+    return task_->IsComplete();
 #endif
   }
   /** False for a default-constructed (empty) future. */
@@ -11441,7 +11459,8 @@ inline void DecodeAnswer(Task *t, const char *data, u64 len) {
 // ShmClientReceiver: the receiving half of a pure client's shm connection (ShmClientTransport
 // in shm_client.h adds the sending half). It owns the table of outstanding tasks and turns
 // answers into completed tasks, either on its receiver thread or on a caller spinning in
-// Future::Wait (through the process's WaitHelper), and watches the runtime's liveness.
+// Future::Wait or polling Future::IsComplete (through the process's WaitHelper), and
+// watches the runtime's liveness.
 // Invariant: only the holder of the receiver role (rx_role_) reads the answer stream, and
 // only whoever clears a task's table entry (answer, failure, close) completes the task.
 
@@ -11949,7 +11968,10 @@ class ShmClientReceiver : public ClientTransport {
   }
   /** Answers that matched no outstanding task (ignored). */
   u64 StrayAnswers() const { return stray_answers_.Load(MemOrder::kRelaxed); }
-  /** Answers delivered by callers waiting in Future::Wait rather than the receiver thread. */
+  /**
+   * Answers delivered by callers waiting in Future::Wait (or polling Future::IsComplete)
+   * rather than the receiver thread.
+   */
   u64 HelpedAnswers() const { return helped_answers_.Load(MemOrder::kRelaxed); }
   /** Times a caller rang the runtime's poller about requests left unread (RingIfUnread). */
   u64 PollerRings() const { return rings_.Load(MemOrder::kRelaxed); }
@@ -12146,8 +12168,9 @@ class ShmClientReceiver : public ClientTransport {
   }
 
   /**
-   * A caller spinning in Future::Wait: delivers the next answer if it is whole and ready
-   * (any caller's, not only its own) unless someone else holds the role. Never waits, and
+   * A caller spinning in Future::Wait, or polling Future::IsComplete: delivers the next
+   * answer if it is whole and ready (any caller's, not only its own) unless someone else
+   * holds the role. Never waits, and
    * leaves split answers, corrupt streams and failures to the receiver thread. One answer
    * per call: the header after it lies in the runtime's cache (its writer cleared it), and
    * reading it now would delay the caller's return by a transfer; the spin calls again.
@@ -12402,12 +12425,12 @@ class ShmClientReceiver : public ClientTransport {
   // The role's: written only by the holder of rx_role_ (the counters read by anyone).
   alignas(kCacheLine) Atomic<u32> rx_role_;  ///< 1 while a thread reads the answer stream
   Atomic<u64> answered_;        ///< entries freed by answers, ever
-  Atomic<u64> helped_answers_;  ///< of those, delivered by callers waiting in Future::Wait
+  Atomic<u64> helped_answers_;  ///< of those, delivered by waiting or polling callers
   MessageBuffer rx_;
   u64 rx_total_ = 0;
   bool rx_assembling_ = false;
   bool rx_by_ref_ = false;  ///< the answer being assembled arrives in data region chunks
-  WaitHelper helper_{&HelpThunk, this, &GaveUpThunk};
+  WaitHelper helper_{&HelpThunk, this, &GaveUpThunk, &HelpThunk};  ///< spinners and pollers deliver
   bool helper_installed_ = false;  ///< set before the receiver starts, then read-only
   std::thread receiver_;
 };
@@ -15465,12 +15488,13 @@ inline StaleSweep SweepStaleSegments(const StaleSweepOptions &o = {}) {
 // (DEALER to the runtime's ROUTER, ipc or tcp; the socket half is in
 // zmq_client_connection.h). A caller sends its request itself when the socket's
 // lock is free (else it queues it for the network thread), and while it waits in
-// Future::Wait it takes answers off the socket itself (through the process's
-// WaitHelper; one waiting caller sleeps on the socket, see zmq_client_watch.h), so
-// a round trip needs no hand-off to another thread. The network thread sleeps in
-// poll() on the socket's ZMQ_FD, without the lock, and handles the rest: streams of
-// tasks, answers nobody waits for, the handshake, reconnection; it does everything
-// when the process's WaitHelper belongs to someone else (a GPU client's GpuWorker).
+// Future::Wait or polls Future::IsComplete it takes answers off the socket itself
+// (through the process's WaitHelper; one waiting caller sleeps on the socket, see
+// zmq_client_watch.h), so a round trip needs no hand-off to another thread. The
+// network thread sleeps in poll() on the socket's ZMQ_FD, without the lock, and
+// handles the rest: streams of tasks, answers nobody looks for, the handshake,
+// reconnection; it does everything when the process's WaitHelper belongs to someone
+// else (a GPU client's GpuWorker).
 // Invariants: every task handed to Send is completed once; the socket is used only
 // under sock_mu_, and by the ZMQ_FD rule (zmq_common.h).
 
@@ -15669,7 +15693,7 @@ struct ZmqClientStats {
   u64 reconnects = 0;    ///< handshakes after the first
   u64 peer_losses = 0;   ///< times the runtime went away
   u64 sent_by_caller = 0;      ///< requests the calling thread sent itself
-  u64 received_by_caller = 0;  ///< answers callers took themselves (waiting, or after a send)
+  u64 received_by_caller = 0;  ///< answers callers took themselves (waiting, polling, sending)
   bool wait_helper = false;    ///< waiting callers take answers (the process's WaitHelper is ours)
   /**
    * Times the network thread slept (each ends in a wake-up: an event, a timer, or the end
@@ -16368,13 +16392,30 @@ class ZmqClientTransport final : public ZmqClientConnection {
         if (!Watch(me.seen)) me.skip = kSkipAfterIdle;
       } else {
         if (me.skip != 0) --me.skip;
-        const u64 before = table_.Completions();
-        int fd = -1;
-        TryReceive(&fd);
-        if (table_.Completions() != before) watch_.Wake();
+        TakeReady();
       }
     }
     me.seen = table_.Completions();  // Future::Wait checks its task after this
+  }
+
+  /** The WaitHelper poll hook: ctx is the connection. */
+  static void PollThunk(void *ctx) { static_cast<ZmqClientTransport *>(ctx)->PollReceive(); }
+
+  /**
+   * A caller polling Future::IsComplete while few tasks are in flight: takes every answer
+   * that is ready, if the socket is free, and never waits. Otherwise a polled answer
+   * waited for the network thread, asleep blind for up to kBlindSleepNs after a watch.
+   */
+  void PollReceive() {
+    if (table_.Outstanding() != 0 && table_.Inflight() <= kDirectMaxInflight) TakeReady();
+  }
+
+  /** Receives what is ready if the socket is free; rings the watcher if tasks completed. */
+  void TakeReady() {
+    const u64 before = table_.Completions();
+    int fd = -1;
+    TryReceive(&fd);
+    if (table_.Completions() != before) watch_.Wake();
   }
 
   /**
@@ -16533,7 +16574,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     return rc != 0;  // a signal's interruption counts as a wake-up: look again
   }
 
-  WaitHelper helper_{&HelpThunk, this};
+  WaitHelper helper_{&HelpThunk, this, nullptr, &PollThunk};  ///< waiters and pollers receive
   ZmqSocketWatch watch_;  ///< which waiting caller, if any, sleeps on the socket's fd
   std::thread thread_;
   Atomic<u32> closed_;

@@ -39,14 +39,15 @@ CHI_CROSS_FUN void ReleaseTask(TaskT *task);
 #endif
 
 /**
- * Per-process hooks that a thread spinning in Future::Wait runs on every poll (only
- * there: never in a runtime fiber, never on a GPU, never once the thread parks). A pure
- * client's transport installs one so that a waiting caller takes ready answers off the
- * wire itself instead of waiting for the transport's receiver thread to wake it; a GPU
- * client's worker installs another, so up to kMaxHelpers live side by side. Plain
- * function pointers, not virtuals: with none installed a poll costs one relaxed load.
- * Inside a spin phase that BeginSpin counted, a poll (RunInSpin) costs a load per slot:
- * the count itself is what keeps Remove waiting.
+ * Per-process hooks that a thread spinning in Future::Wait runs on every poll (never in
+ * a runtime fiber, never on a GPU, never once the thread parks), and whose poll hooks
+ * Future::IsComplete runs on a task not complete yet. A pure client's transport installs
+ * one so that a waiting or polling caller takes ready answers off the wire itself instead
+ * of waiting for the transport's receiver thread to wake it; a GPU client's worker
+ * installs another, so up to kMaxHelpers live side by side. Plain function pointers, not
+ * virtuals: with none installed a poll costs one relaxed load. Inside a spin phase that
+ * BeginSpin counted, a poll (RunInSpin) costs a load per slot: the count itself is what
+ * keeps Remove waiting.
  */
 class WaitHelper {
  public:
@@ -58,9 +59,12 @@ class WaitHelper {
    * The helper calls fn(ctx); fn must be cheap when it has nothing to do, and never block.
    * gave_up(ctx), if given, runs when a counted spin phase ends without its task
    * complete (the caller parks next): the helper's owner takes over its answers.
+   * poll(ctx), if given, runs when Future::IsComplete finds its task not complete: it
+   * delivers what is ready now and never waits, so a thread that polls instead of waiting
+   * gets its answer as soon as one that spins would (the owner's thread may be napping).
    */
-  constexpr WaitHelper(Fn fn, void *ctx, Fn gave_up = nullptr)
-      : fn_(fn), ctx_(ctx), gave_up_(gave_up) {}
+  constexpr WaitHelper(Fn fn, void *ctx, Fn gave_up = nullptr, Fn poll = nullptr)
+      : fn_(fn), ctx_(ctx), gave_up_(gave_up), poll_(poll) {}
 
   /** Installs h in a free slot; false when all kMaxHelpers slots are taken. */
   static bool Install(WaitHelper *h) {
@@ -77,7 +81,7 @@ class WaitHelper {
 
   /**
    * Uninstalls h (if installed) and returns once no thread is running any helper: no
-   * thread inside Run, and every spin phase counted while it was installed ended (each
+   * thread inside Run or Poll, and every spin phase counted while it was installed ended (each
    * lasts at most Future::kSpinNs; phases that begin afterwards never run it).
    */
   static void Remove(WaitHelper *h) {
@@ -123,11 +127,7 @@ class WaitHelper {
     // for both counts to drop, always sees us, or we see its nullptr below (as in Run).
     running_.FetchAdd(1, MemOrder::kSeqCst);
     spinners_.FetchSub(1, MemOrder::kRelease);  // release: as above
-    for (u32 i = 0; i < kMaxHelpers; ++i) {
-      // seq_cst: read after our count (Dekker with Remove), as in CallAll.
-      WaitHelper *h = installed_[i].Load(MemOrder::kSeqCst);
-      if (h != nullptr && h->gave_up_ != nullptr) h->gave_up_(h->ctx_);
-    }
+    CallEach(&WaitHelper::gave_up_);
     // release: our hook calls happen before Remove sees the count drop.
     running_.FetchSub(1, MemOrder::kRelease);
   }
@@ -135,27 +135,37 @@ class WaitHelper {
   static u32 Spinners() { return spinners_.Load(MemOrder::kRelaxed); }  // relaxed: a hint
 
   /** Runs the installed helpers inside a spin phase that BeginSpin counted. */
-  static void RunInSpin() { CallAll(); }
+  static void RunInSpin() { CallEach(&WaitHelper::fn_); }
 
   /** Runs the installed helpers from anywhere (counted while they run). */
-  static void Run() {
+  static void Run() { RunCounted(&WaitHelper::fn_); }
+
+  /** Runs the installed helpers' poll hooks (Future::IsComplete on a task not complete). */
+  static void Poll() { RunCounted(&WaitHelper::poll_); }
+
+ private:
+  /**
+   * Calls hook `which` (fn_, gave_up_ or poll_) of every installed helper that has one;
+   * the caller is counted (running_ or spinners_), so Remove waits for it.
+   */
+  static void CallEach(Fn WaitHelper::*which) {
+    for (u32 i = 0; i < kMaxHelpers; ++i) {
+      // seq_cst: read after our count (Dekker with Remove): nullptr once it was removed.
+      WaitHelper *h = installed_[i].Load(MemOrder::kSeqCst);
+      if (h != nullptr && h->*which != nullptr) (h->*which)(h->ctx_);
+    }
+  }
+
+  /** Calls hook `which` of every installed helper, counted in running_ meanwhile. */
+  static void RunCounted(Fn WaitHelper::*which) {
     // relaxed: only a hint; the helpers are re-read below inside the count.
     if (count_.Load(MemOrder::kRelaxed) == 0) return;
     // seq_cst: count, then load the helpers; Remove does the reverse, so it waits for us
     // or we see its nullptr.
     running_.FetchAdd(1, MemOrder::kSeqCst);
-    CallAll();
+    CallEach(which);
     // release: our use of the helpers happens before Remove sees the count drop.
     running_.FetchSub(1, MemOrder::kRelease);
-  }
-
- private:
-  /** Calls every installed helper (the caller is counted: running_ or spinners_). */
-  static void CallAll() {
-    for (u32 i = 0; i < kMaxHelpers; ++i) {
-      // seq_cst: read after our count (Dekker with Remove): nullptr once it was removed.
-      if (WaitHelper *h = installed_[i].Load(MemOrder::kSeqCst)) h->fn_(h->ctx_);
-    }
   }
 
   /**
@@ -174,9 +184,10 @@ class WaitHelper {
   Fn fn_;
   void *ctx_;
   Fn gave_up_;
+  Fn poll_;
   static inline Atomic<WaitHelper *> installed_[kMaxHelpers] = {};
   static inline Atomic<u32> count_{0};     ///< slots in use (a hint for BeginSpin and Run)
-  static inline Atomic<u32> running_{0};   ///< threads inside Run's or EndSpin's calls now
+  static inline Atomic<u32> running_{0};   ///< threads inside Run's, Poll's or EndSpin's calls
   static inline Atomic<u32> spinners_{0};  ///< threads in a counted spin phase
   /** ForgetInherited runs in every forked child (registered before main). */
   static inline const int fork_handler_ = pthread_atfork(nullptr, nullptr, &ForgetInherited);
@@ -229,7 +240,11 @@ class Future {
 #endif
   }
 
-  /** True once outputs are final. */
+  /**
+   * True once outputs are final. On a host thread a task not complete yet lets the
+   * process's wait helpers deliver ready answers first (WaitHelper::Poll), so polling
+   * finds an answer as soon as waiting would.
+   */
   CHI_CROSS_FUN bool IsComplete() const {
 #if CHI_IS_GPU
     if constexpr (gpu::kGpuTask<TaskT>) {
@@ -238,7 +253,10 @@ class Future {
       return false;
     }
 #else
-    return task_ != nullptr && task_->IsComplete();
+    if (task_ == nullptr) return false;
+    if (task_->IsComplete()) return true;
+    WaitHelper::Poll();
+    return task_->IsComplete();
 #endif
   }
   /** False for a default-constructed (empty) future. */

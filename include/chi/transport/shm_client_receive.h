@@ -1,7 +1,8 @@
 // ShmClientReceiver: the receiving half of a pure client's shm connection (ShmClientTransport
 // in shm_client.h adds the sending half). It owns the table of outstanding tasks and turns
 // answers into completed tasks, either on its receiver thread or on a caller spinning in
-// Future::Wait (through the process's WaitHelper), and watches the runtime's liveness.
+// Future::Wait or polling Future::IsComplete (through the process's WaitHelper), and
+// watches the runtime's liveness.
 // Invariant: only the holder of the receiver role (rx_role_) reads the answer stream, and
 // only whoever clears a task's table entry (answer, failure, close) completes the task.
 #pragma once
@@ -78,7 +79,10 @@ class ShmClientReceiver : public ClientTransport {
   }
   /** Answers that matched no outstanding task (ignored). */
   u64 StrayAnswers() const { return stray_answers_.Load(MemOrder::kRelaxed); }
-  /** Answers delivered by callers waiting in Future::Wait rather than the receiver thread. */
+  /**
+   * Answers delivered by callers waiting in Future::Wait (or polling Future::IsComplete)
+   * rather than the receiver thread.
+   */
   u64 HelpedAnswers() const { return helped_answers_.Load(MemOrder::kRelaxed); }
   /** Times a caller rang the runtime's poller about requests left unread (RingIfUnread). */
   u64 PollerRings() const { return rings_.Load(MemOrder::kRelaxed); }
@@ -275,8 +279,9 @@ class ShmClientReceiver : public ClientTransport {
   }
 
   /**
-   * A caller spinning in Future::Wait: delivers the next answer if it is whole and ready
-   * (any caller's, not only its own) unless someone else holds the role. Never waits, and
+   * A caller spinning in Future::Wait, or polling Future::IsComplete: delivers the next
+   * answer if it is whole and ready (any caller's, not only its own) unless someone else
+   * holds the role. Never waits, and
    * leaves split answers, corrupt streams and failures to the receiver thread. One answer
    * per call: the header after it lies in the runtime's cache (its writer cleared it), and
    * reading it now would delay the caller's return by a transfer; the spin calls again.
@@ -531,12 +536,12 @@ class ShmClientReceiver : public ClientTransport {
   // The role's: written only by the holder of rx_role_ (the counters read by anyone).
   alignas(kCacheLine) Atomic<u32> rx_role_;  ///< 1 while a thread reads the answer stream
   Atomic<u64> answered_;        ///< entries freed by answers, ever
-  Atomic<u64> helped_answers_;  ///< of those, delivered by callers waiting in Future::Wait
+  Atomic<u64> helped_answers_;  ///< of those, delivered by waiting or polling callers
   MessageBuffer rx_;
   u64 rx_total_ = 0;
   bool rx_assembling_ = false;
   bool rx_by_ref_ = false;  ///< the answer being assembled arrives in data region chunks
-  WaitHelper helper_{&HelpThunk, this, &GaveUpThunk};
+  WaitHelper helper_{&HelpThunk, this, &GaveUpThunk, &HelpThunk};  ///< spinners and pollers deliver
   bool helper_installed_ = false;  ///< set before the receiver starts, then read-only
   std::thread receiver_;
 };

@@ -2,12 +2,13 @@
 // (DEALER to the runtime's ROUTER, ipc or tcp; the socket half is in
 // zmq_client_connection.h). A caller sends its request itself when the socket's
 // lock is free (else it queues it for the network thread), and while it waits in
-// Future::Wait it takes answers off the socket itself (through the process's
-// WaitHelper; one waiting caller sleeps on the socket, see zmq_client_watch.h), so
-// a round trip needs no hand-off to another thread. The network thread sleeps in
-// poll() on the socket's ZMQ_FD, without the lock, and handles the rest: streams of
-// tasks, answers nobody waits for, the handshake, reconnection; it does everything
-// when the process's WaitHelper belongs to someone else (a GPU client's GpuWorker).
+// Future::Wait or polls Future::IsComplete it takes answers off the socket itself
+// (through the process's WaitHelper; one waiting caller sleeps on the socket, see
+// zmq_client_watch.h), so a round trip needs no hand-off to another thread. The
+// network thread sleeps in poll() on the socket's ZMQ_FD, without the lock, and
+// handles the rest: streams of tasks, answers nobody looks for, the handshake,
+// reconnection; it does everything when the process's WaitHelper belongs to someone
+// else (a GPU client's GpuWorker).
 // Invariants: every task handed to Send is completed once; the socket is used only
 // under sock_mu_, and by the ZMQ_FD rule (zmq_common.h).
 #pragma once
@@ -247,13 +248,30 @@ class ZmqClientTransport final : public ZmqClientConnection {
         if (!Watch(me.seen)) me.skip = kSkipAfterIdle;
       } else {
         if (me.skip != 0) --me.skip;
-        const u64 before = table_.Completions();
-        int fd = -1;
-        TryReceive(&fd);
-        if (table_.Completions() != before) watch_.Wake();
+        TakeReady();
       }
     }
     me.seen = table_.Completions();  // Future::Wait checks its task after this
+  }
+
+  /** The WaitHelper poll hook: ctx is the connection. */
+  static void PollThunk(void *ctx) { static_cast<ZmqClientTransport *>(ctx)->PollReceive(); }
+
+  /**
+   * A caller polling Future::IsComplete while few tasks are in flight: takes every answer
+   * that is ready, if the socket is free, and never waits. Otherwise a polled answer
+   * waited for the network thread, asleep blind for up to kBlindSleepNs after a watch.
+   */
+  void PollReceive() {
+    if (table_.Outstanding() != 0 && table_.Inflight() <= kDirectMaxInflight) TakeReady();
+  }
+
+  /** Receives what is ready if the socket is free; rings the watcher if tasks completed. */
+  void TakeReady() {
+    const u64 before = table_.Completions();
+    int fd = -1;
+    TryReceive(&fd);
+    if (table_.Completions() != before) watch_.Wake();
   }
 
   /**
@@ -412,7 +430,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     return rc != 0;  // a signal's interruption counts as a wake-up: look again
   }
 
-  WaitHelper helper_{&HelpThunk, this};
+  WaitHelper helper_{&HelpThunk, this, nullptr, &PollThunk};  ///< waiters and pollers receive
   ZmqSocketWatch watch_;  ///< which waiting caller, if any, sleeps on the socket's fd
   std::thread thread_;
   Atomic<u32> closed_;

@@ -49,7 +49,7 @@ struct ZmqClientStats {
   u64 reconnects = 0;    ///< handshakes after the first
   u64 peer_losses = 0;   ///< times the runtime went away
   u64 sent_by_caller = 0;      ///< requests the calling thread sent itself
-  u64 received_by_caller = 0;  ///< answers callers took themselves (waiting, or after a send)
+  u64 received_by_caller = 0;  ///< answers callers took themselves (waiting, polling, sending)
   bool wait_helper = false;    ///< waiting callers take answers (the process's WaitHelper is ours)
   /**
    * Times the network thread slept (each ends in a wake-up: an event, a timer, or the end
