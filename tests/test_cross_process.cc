@@ -89,6 +89,30 @@ TEST_CASE("demo calls cross the process boundary over every transport") {
     CHECK(slow.Wait(10));
     CHECK(slow->GetReturnCode() == 0);
 
+    // Callers that poll Future::IsComplete take answers off the wire themselves beside one
+    // that waits (the wait helper's poll hook), each getting its own answers right.
+    chi::Atomic<u32> wrong;
+    std::vector<std::thread> callers;
+    for (u32 k = 0; k < 3; ++k) {
+      callers.emplace_back([&c, &wrong, k] {
+        for (u32 i = 0; i < 200; ++i) {
+          auto f = c.AsyncGpuSubmit(chi::PoolQuery::Local(), k, i);
+          if (k == 0) {
+            f.Wait(30);
+          } else {
+            const chi::u64 start = chi::MonotonicNs();
+            while (!f.IsComplete() && chi::MonotonicNs() - start < 30000000000ull) {
+            }
+          }
+          if (!f.IsComplete() || f->GetReturnCode() != 0 || f->result_value_ != i * 2 + k) {
+            wrong.FetchAdd(1, chi::MemOrder::kRelaxed);
+          }
+        }
+      });
+    }
+    for (std::thread &t : callers) t.join();
+    CHECK(wrong.Load() == 0);
+
     // Unknown pools and methods are answered with errors over the wire.
     chimaera::demo::Client nowhere(chi::PoolId(999, 9));
     auto lost = nowhere.AsyncCustom(chi::PoolQuery::Local(), "x");
