@@ -12170,10 +12170,10 @@ class ShmClientReceiver : public ClientTransport {
   /**
    * A caller spinning in Future::Wait, or polling Future::IsComplete: delivers the next
    * answer if it is whole and ready (any caller's, not only its own) unless someone else
-   * holds the role. Never waits, and
-   * leaves split answers, corrupt streams and failures to the receiver thread. One answer
-   * per call: the header after it lies in the runtime's cache (its writer cleared it), and
-   * reading it now would delay the caller's return by a transfer; the spin calls again.
+   * holds the role. Never waits, and leaves split answers, corrupt streams and failures to
+   * the receiver thread. One answer per call: the header after it lies in the runtime's
+   * cache (its writer cleared it), and reading it now would delay the caller's return by a
+   * transfer; the spin (or the next poll) calls again.
    */
   void HelpDeliver() {
     if (!ans_->HasData()) {
@@ -12430,7 +12430,8 @@ class ShmClientReceiver : public ClientTransport {
   u64 rx_total_ = 0;
   bool rx_assembling_ = false;
   bool rx_by_ref_ = false;  ///< the answer being assembled arrives in data region chunks
-  WaitHelper helper_{&HelpThunk, this, &GaveUpThunk, &HelpThunk};  ///< spinners and pollers deliver
+  /** Spinning and polling callers deliver answers (HelpDeliver); one giving up wakes us. */
+  WaitHelper helper_{&HelpThunk, this, &GaveUpThunk, &HelpThunk};
   bool helper_installed_ = false;  ///< set before the receiver starts, then read-only
   std::thread receiver_;
 };
@@ -16403,7 +16404,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
 
   /**
    * A caller polling Future::IsComplete while few tasks are in flight: takes every answer
-   * that is ready, if the socket is free, and never waits. Otherwise a polled answer
+   * that is ready, if the socket is free, and never waits. Without it a polled answer
    * waited for the network thread, asleep blind for up to kBlindSleepNs after a watch.
    */
   void PollReceive() {
@@ -16574,7 +16575,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     return rc != 0;  // a signal's interruption counts as a wake-up: look again
   }
 
-  WaitHelper helper_{&HelpThunk, this, nullptr, &PollThunk};  ///< waiters and pollers receive
+  WaitHelper helper_{&HelpThunk, this, nullptr, &PollThunk};  ///< waiting and polling callers
   ZmqSocketWatch watch_;  ///< which waiting caller, if any, sleeps on the socket's fd
   std::thread thread_;
   Atomic<u32> closed_;

@@ -281,10 +281,10 @@ class ShmClientReceiver : public ClientTransport {
   /**
    * A caller spinning in Future::Wait, or polling Future::IsComplete: delivers the next
    * answer if it is whole and ready (any caller's, not only its own) unless someone else
-   * holds the role. Never waits, and
-   * leaves split answers, corrupt streams and failures to the receiver thread. One answer
-   * per call: the header after it lies in the runtime's cache (its writer cleared it), and
-   * reading it now would delay the caller's return by a transfer; the spin calls again.
+   * holds the role. Never waits, and leaves split answers, corrupt streams and failures to
+   * the receiver thread. One answer per call: the header after it lies in the runtime's
+   * cache (its writer cleared it), and reading it now would delay the caller's return by a
+   * transfer; the spin (or the next poll) calls again.
    */
   void HelpDeliver() {
     if (!ans_->HasData()) {
@@ -541,7 +541,8 @@ class ShmClientReceiver : public ClientTransport {
   u64 rx_total_ = 0;
   bool rx_assembling_ = false;
   bool rx_by_ref_ = false;  ///< the answer being assembled arrives in data region chunks
-  WaitHelper helper_{&HelpThunk, this, &GaveUpThunk, &HelpThunk};  ///< spinners and pollers deliver
+  /** Spinning and polling callers deliver answers (HelpDeliver); one giving up wakes us. */
+  WaitHelper helper_{&HelpThunk, this, &GaveUpThunk, &HelpThunk};
   bool helper_installed_ = false;  ///< set before the receiver starts, then read-only
   std::thread receiver_;
 };

@@ -259,7 +259,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
 
   /**
    * A caller polling Future::IsComplete while few tasks are in flight: takes every answer
-   * that is ready, if the socket is free, and never waits. Otherwise a polled answer
+   * that is ready, if the socket is free, and never waits. Without it a polled answer
    * waited for the network thread, asleep blind for up to kBlindSleepNs after a watch.
    */
   void PollReceive() {
@@ -430,7 +430,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
     return rc != 0;  // a signal's interruption counts as a wake-up: look again
   }
 
-  WaitHelper helper_{&HelpThunk, this, nullptr, &PollThunk};  ///< waiters and pollers receive
+  WaitHelper helper_{&HelpThunk, this, nullptr, &PollThunk};  ///< waiting and polling callers
   ZmqSocketWatch watch_;  ///< which waiting caller, if any, sleeps on the socket's fd
   std::thread thread_;
   Atomic<u32> closed_;
