@@ -14059,8 +14059,7 @@ class ShmAnswerWriter {
       char *dst = region.Reserve(s.answer_data_w.Load(MemOrder::kRelaxed), want, &ref);
       ref.total = total;
       if (dst == nullptr || !s.answer_backing.Covers(region, ref)) return false;
-      u64 need = 0;
-      fill(dst, want, &need);
+      fill(dst, want, nullptr);  // exactly `want` bytes: it fits, nothing to learn
     } else {
       u64 start = 0;
       const u64 room = region.ContiguousRoom(s.answer_data_w.Load(MemOrder::kRelaxed), &start);
