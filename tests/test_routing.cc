@@ -125,3 +125,45 @@ TEST_CASE("a pool keeps serving after routing errors") {
   CHECK(good->GetReturnCode() == 0);
   CHECK(good->visited_mask_ == 0x4);
 }
+
+TEST_CASE("the pool table finds each of hundreds of pools by id and forgets destroyed ones") {
+  chi::PoolManager pools;
+  std::vector<chi::PoolId> ids;
+  // Ids that share a major, share a minor, and sit far apart: every probe chain is tried.
+  for (chi::u32 i = 0; i < 100; ++i) ids.push_back(chi::PoolId(500, i));
+  for (chi::u32 i = 0; i < 100; ++i) ids.push_back(chi::PoolId(600 + i, 7));
+  for (chi::u32 i = 0; i < 100; ++i) ids.push_back(chi::PoolId(0xffff0000u + i * 977, i));
+  for (size_t k = 0; k < ids.size(); ++k) {
+    std::unique_ptr<chi::PoolInfo> info;
+    REQUIRE(pools.PreparePool(chimaera::demo::kModuleName, "table" + std::to_string(k), ids[k],
+                              1, &info).ok());
+    REQUIRE(pools.CommitPool(std::move(info)).ok());
+    // Every pool committed so far is found (the index is rebuilt as the table grows).
+    for (size_t j = 0; j <= k; j += 37) CHECK(pools.Contains(ids[j]));
+  }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    chi::PoolInfo *p = pools.Acquire(ids[k]);
+    REQUIRE(p != nullptr);
+    CHECK(p->id_ == ids[k]);
+    pools.Release(p);
+  }
+  CHECK(pools.Acquire(chi::PoolId(500, 100)) == nullptr);
+  CHECK(pools.Acquire(chi::PoolId(777, 777)) == nullptr);
+  for (size_t k = 0; k < ids.size(); k += 2) {  // destroy every other pool
+    chi::Status st;
+    chi::PoolInfo *p = pools.BeginDestroy(ids[k], &st);
+    REQUIRE(p != nullptr);
+    CHECK(pools.Acquire(ids[k]) == nullptr);  // refused while it is destroyed
+    pools.FinishDestroy(p);
+  }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    CAPTURE(k);
+    CHECK(pools.Contains(ids[k]) == (k % 2 == 1));
+    chi::PoolInfo *p = pools.Acquire(ids[k]);
+    CHECK((p != nullptr) == (k % 2 == 1));
+    if (p != nullptr) {
+      CHECK(p->id_ == ids[k]);
+      pools.Release(p);
+    }
+  }
+}

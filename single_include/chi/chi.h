@@ -5311,10 +5311,8 @@ class PoolManager {
    * nullptr when the pool is unknown or being destroyed; pair with Release.
    */
   PoolInfo *Acquire(PoolId id) {
-    const Table *t = Snapshot();
-    auto it = t->by_id.find(id.ToU64());
-    if (it == t->by_id.end()) return nullptr;
-    PoolInfo *info = it->second;
+    PoolInfo *info = Snapshot()->Find(id.ToU64());
+    if (info == nullptr) return nullptr;
     // seq_cst pairs with DestroyPool's seq_cst store of destroying_: either it sees
     // our increment and waits for us, or we see its flag and back off.
     info->inflight_.Add(1, MemOrder::kSeqCst);
@@ -5340,9 +5338,8 @@ class PoolManager {
 
   /** True when a pool with this id is registered (and not being destroyed). */
   bool Contains(PoolId id) const {
-    const Table *t = Snapshot();
-    auto it = t->by_id.find(id.ToU64());
-    return it != t->by_id.end() && it->second->destroying_.Load(MemOrder::kAcquire) == 0;
+    const PoolInfo *info = Snapshot()->Find(id.ToU64());
+    return info != nullptr && info->destroying_.Load(MemOrder::kAcquire) == 0;
   }
 
   /**
@@ -5459,9 +5456,43 @@ class PoolManager {
   static constexpr u32 kMaxContainers = 1u << 16;
 
  private:
+  /**
+   * One published snapshot. by_id is what writers edit; `index` is its read-only copy for
+   * the per-task lookup (Find): open addressing in a power-of-two array at most half full,
+   * so a lookup is a multiply, a shift and usually one probe (the node-based map costs a
+   * division and a chain of dependent loads).
+   */
   struct Table {
+    struct Slot {
+      u64 id = 0;
+      PoolInfo *info = nullptr;  ///< nullptr: empty
+    };
     std::unordered_map<u64, PoolInfo *> by_id;
     std::unordered_map<std::string, PoolId> by_name;
+    std::vector<Slot> index;
+    u32 shift = 63;  ///< 64 - log2(index.size())
+
+    /** Fills `index` from by_id (once, before the table is published). */
+    void BuildIndex() {
+      u32 bits = 1;
+      while ((1ull << bits) < 2 * by_id.size()) ++bits;
+      index.assign(1ull << bits, Slot{});
+      shift = 64 - bits;
+      for (const auto &[id, info] : by_id) {
+        u64 k = Home(id);
+        while (index[k].info != nullptr) k = (k + 1) & (index.size() - 1);
+        index[k] = Slot{id, info};
+      }
+    }
+    /** The pool with this id in the snapshot, or nullptr. */
+    PoolInfo *Find(u64 id) const {
+      for (u64 k = Home(id);; k = (k + 1) & (index.size() - 1)) {
+        const Slot &s = index[k];
+        if (s.info == nullptr || s.id == id) return s.info;
+      }
+    }
+    /** Where id's probe starts (Fibonacci hashing: ids differ mostly in their high word). */
+    u64 Home(u64 id) const { return (id * 0x9e3779b97f4a7c15ull) >> shift; }
   };
 
   const Table *Snapshot() const {
@@ -5469,6 +5500,7 @@ class PoolManager {
     return reinterpret_cast<const Table *>(snapshot_.Load(MemOrder::kAcquire));
   }
   Table *Publish(Table t) {
+    t.BuildIndex();
     tables_.push_back(std::make_unique<Table>(std::move(t)));
     return tables_.back().get();
   }
@@ -6386,6 +6418,7 @@ class Worker {
   inline void StartAcquired(Task *t, PoolInfo *pool);
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
+  inline void AnswerFromShell(RunContext *r);
   inline void OnFiberDone(RunContext *r);
   inline void ShellLoop(FiberShell &shell);
   inline void RunBody(RunContext *r);
@@ -6492,6 +6525,7 @@ void Worker::ShellLoop(FiberShell &shell) {
     starting_ = nullptr;
     if (r == nullptr) return;
     RunBody(r);
+    AnswerFromShell(r);
     r->finished_ = true;
     shell.Suspend();  // SwitchTo sees finished_ and frees the shell before its next task
   }
@@ -6575,13 +6609,29 @@ void Worker::RunBody(RunContext *r) {
   }
 }
 
+/**
+ * A task another process waits for (a transport's completer) is answered from its fiber,
+ * before the switch back to the loop: the switch and the loop's bookkeeping then come
+ * after the answer is out, off the caller's round trip. The completer owns (and frees) the
+ * task from here, so r->task_ is cleared; OnFiberDone does the counting. Periodic tasks
+ * run again instead (none comes from another process: Dispatch refuses them).
+ */
+void Worker::AnswerFromShell(RunContext *r) {
+  Task *t = r->task_;
+  if (t->completer_ == nullptr || t->task_flags_.Any(TASK_PERIODIC)) return;
+  tls_current_rctx = nullptr;  // the completer runs outside any task, as on the loop
+  CompleteTask(t);
+  tls_current_rctx = r;
+  r->task_ = nullptr;
+}
+
 void Worker::OnFiberDone(RunContext *r) {
   --running_;
   shells_.Give(r->shell_);  // its body returned: it waits for the next task
   r->shell_ = nullptr;
-  Task *t = r->task_;
+  Task *t = r->task_;  // nullptr: answered from its shell (AnswerFromShell)
   PoolInfo *pool = r->pool_;
-  if (t->task_flags_.Any(TASK_PERIODIC) && t->rc_ == 0 &&
+  if (t != nullptr && t->task_flags_.Any(TASK_PERIODIC) && t->rc_ == 0 &&
       (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) == 0 &&
       pool->destroying_.Load(MemOrder::kAcquire) == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
     r->next_run_ns_ = NowNs() + static_cast<u64>(t->period_ns_);
@@ -6593,11 +6643,11 @@ void Worker::OnFiberDone(RunContext *r) {
   Container *counted =
       r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun ? r->container_ : nullptr;
   FreeRunContext(r);
-  if (t->completer_ != nullptr) {
-    // A transport answers another process: the answer goes out first and the counting
-    // after it, off the caller's round trip. The pool stays held until then, so its
-    // containers live on; the completer owns (and frees) the task from here.
-    CompleteTask(t);
+  if (t == nullptr || t->completer_ != nullptr) {
+    // A transport answered another process: the answer went out first and the counting
+    // after it, off the caller's round trip. The pool stayed held until then, so its
+    // containers lived on.
+    if (t != nullptr) CompleteTask(t);
     if (counted != nullptr) counted->CountDone();
     pool->tasks_done_.Add(1);
     pools_->Release(pool);

@@ -82,10 +82,8 @@ class PoolManager {
    * nullptr when the pool is unknown or being destroyed; pair with Release.
    */
   PoolInfo *Acquire(PoolId id) {
-    const Table *t = Snapshot();
-    auto it = t->by_id.find(id.ToU64());
-    if (it == t->by_id.end()) return nullptr;
-    PoolInfo *info = it->second;
+    PoolInfo *info = Snapshot()->Find(id.ToU64());
+    if (info == nullptr) return nullptr;
     // seq_cst pairs with DestroyPool's seq_cst store of destroying_: either it sees
     // our increment and waits for us, or we see its flag and back off.
     info->inflight_.Add(1, MemOrder::kSeqCst);
@@ -111,9 +109,8 @@ class PoolManager {
 
   /** True when a pool with this id is registered (and not being destroyed). */
   bool Contains(PoolId id) const {
-    const Table *t = Snapshot();
-    auto it = t->by_id.find(id.ToU64());
-    return it != t->by_id.end() && it->second->destroying_.Load(MemOrder::kAcquire) == 0;
+    const PoolInfo *info = Snapshot()->Find(id.ToU64());
+    return info != nullptr && info->destroying_.Load(MemOrder::kAcquire) == 0;
   }
 
   /**
@@ -230,9 +227,43 @@ class PoolManager {
   static constexpr u32 kMaxContainers = 1u << 16;
 
  private:
+  /**
+   * One published snapshot. by_id is what writers edit; `index` is its read-only copy for
+   * the per-task lookup (Find): open addressing in a power-of-two array at most half full,
+   * so a lookup is a multiply, a shift and usually one probe (the node-based map costs a
+   * division and a chain of dependent loads).
+   */
   struct Table {
+    struct Slot {
+      u64 id = 0;
+      PoolInfo *info = nullptr;  ///< nullptr: empty
+    };
     std::unordered_map<u64, PoolInfo *> by_id;
     std::unordered_map<std::string, PoolId> by_name;
+    std::vector<Slot> index;
+    u32 shift = 63;  ///< 64 - log2(index.size())
+
+    /** Fills `index` from by_id (once, before the table is published). */
+    void BuildIndex() {
+      u32 bits = 1;
+      while ((1ull << bits) < 2 * by_id.size()) ++bits;
+      index.assign(1ull << bits, Slot{});
+      shift = 64 - bits;
+      for (const auto &[id, info] : by_id) {
+        u64 k = Home(id);
+        while (index[k].info != nullptr) k = (k + 1) & (index.size() - 1);
+        index[k] = Slot{id, info};
+      }
+    }
+    /** The pool with this id in the snapshot, or nullptr. */
+    PoolInfo *Find(u64 id) const {
+      for (u64 k = Home(id);; k = (k + 1) & (index.size() - 1)) {
+        const Slot &s = index[k];
+        if (s.info == nullptr || s.id == id) return s.info;
+      }
+    }
+    /** Where id's probe starts (Fibonacci hashing: ids differ mostly in their high word). */
+    u64 Home(u64 id) const { return (id * 0x9e3779b97f4a7c15ull) >> shift; }
   };
 
   const Table *Snapshot() const {
@@ -240,6 +271,7 @@ class PoolManager {
     return reinterpret_cast<const Table *>(snapshot_.Load(MemOrder::kAcquire));
   }
   Table *Publish(Table t) {
+    t.BuildIndex();
     tables_.push_back(std::make_unique<Table>(std::move(t)));
     return tables_.back().get();
   }

@@ -259,6 +259,7 @@ class Worker {
   inline void StartAcquired(Task *t, PoolInfo *pool);
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
+  inline void AnswerFromShell(RunContext *r);
   inline void OnFiberDone(RunContext *r);
   inline void ShellLoop(FiberShell &shell);
   inline void RunBody(RunContext *r);
@@ -365,6 +366,7 @@ void Worker::ShellLoop(FiberShell &shell) {
     starting_ = nullptr;
     if (r == nullptr) return;
     RunBody(r);
+    AnswerFromShell(r);
     r->finished_ = true;
     shell.Suspend();  // SwitchTo sees finished_ and frees the shell before its next task
   }
@@ -448,13 +450,29 @@ void Worker::RunBody(RunContext *r) {
   }
 }
 
+/**
+ * A task another process waits for (a transport's completer) is answered from its fiber,
+ * before the switch back to the loop: the switch and the loop's bookkeeping then come
+ * after the answer is out, off the caller's round trip. The completer owns (and frees) the
+ * task from here, so r->task_ is cleared; OnFiberDone does the counting. Periodic tasks
+ * run again instead (none comes from another process: Dispatch refuses them).
+ */
+void Worker::AnswerFromShell(RunContext *r) {
+  Task *t = r->task_;
+  if (t->completer_ == nullptr || t->task_flags_.Any(TASK_PERIODIC)) return;
+  tls_current_rctx = nullptr;  // the completer runs outside any task, as on the loop
+  CompleteTask(t);
+  tls_current_rctx = r;
+  r->task_ = nullptr;
+}
+
 void Worker::OnFiberDone(RunContext *r) {
   --running_;
   shells_.Give(r->shell_);  // its body returned: it waits for the next task
   r->shell_ = nullptr;
-  Task *t = r->task_;
+  Task *t = r->task_;  // nullptr: answered from its shell (AnswerFromShell)
   PoolInfo *pool = r->pool_;
-  if (t->task_flags_.Any(TASK_PERIODIC) && t->rc_ == 0 &&
+  if (t != nullptr && t->task_flags_.Any(TASK_PERIODIC) && t->rc_ == 0 &&
       (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) == 0 &&
       pool->destroying_.Load(MemOrder::kAcquire) == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
     r->next_run_ns_ = NowNs() + static_cast<u64>(t->period_ns_);
@@ -466,11 +484,11 @@ void Worker::OnFiberDone(RunContext *r) {
   Container *counted =
       r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun ? r->container_ : nullptr;
   FreeRunContext(r);
-  if (t->completer_ != nullptr) {
-    // A transport answers another process: the answer goes out first and the counting
-    // after it, off the caller's round trip. The pool stays held until then, so its
-    // containers live on; the completer owns (and frees) the task from here.
-    CompleteTask(t);
+  if (t == nullptr || t->completer_ != nullptr) {
+    // A transport answered another process: the answer went out first and the counting
+    // after it, off the caller's round trip. The pool stayed held until then, so its
+    // containers lived on.
+    if (t != nullptr) CompleteTask(t);
     if (counted != nullptr) counted->CountDone();
     pool->tasks_done_.Add(1);
     pools_->Release(pool);
