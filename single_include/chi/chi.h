@@ -1001,9 +1001,18 @@ inline bool FutexWait(u32 *addr, u32 expected, u64 timeout_ns = 0) {
   return !(rc == -1 && errno == ETIMEDOUT);
 }
 
+/**
+ * FutexWake calls of this thread that woke someone. A spinning waiter reads it to tell
+ * whether it just woke a thread (which the kernel often places on the waker's CPU).
+ */
+inline thread_local u32 tls_futex_wakes = 0;
+
 /** Wakes up to `count` waiters parked on addr, in any process. Returns how many woke. */
 inline int FutexWake(u32 *addr, int count = 1) {
-  return static_cast<int>(syscall(SYS_futex, addr, FUTEX_WAKE, count, nullptr, nullptr, 0));
+  const int woke =
+      static_cast<int>(syscall(SYS_futex, addr, FUTEX_WAKE, count, nullptr, nullptr, 0));
+  if (woke > 0) ++tls_futex_wakes;
+  return woke;
 }
 
 }  // namespace chi
@@ -6418,7 +6427,8 @@ class Worker {
   inline void StartAcquired(Task *t, PoolInfo *pool);
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
-  inline void AnswerFromShell(RunContext *r);
+  inline bool RunsAgain(const RunContext *r) const;
+  inline void FinishInShell(RunContext *r);
   inline void OnFiberDone(RunContext *r);
   inline void ShellLoop(FiberShell &shell);
   inline void RunBody(RunContext *r);
@@ -6525,7 +6535,7 @@ void Worker::ShellLoop(FiberShell &shell) {
     starting_ = nullptr;
     if (r == nullptr) return;
     RunBody(r);
-    AnswerFromShell(r);
+    FinishInShell(r);
     r->finished_ = true;
     shell.Suspend();  // SwitchTo sees finished_ and frees the shell before its next task
   }
@@ -6609,54 +6619,60 @@ void Worker::RunBody(RunContext *r) {
   }
 }
 
+/** True when r's periodic task runs again after this run (OnFiberDone puts it on the timers). */
+bool Worker::RunsAgain(const RunContext *r) const {
+  const Task *t = r->task_;
+  return t->task_flags_.Any(TASK_PERIODIC) && t->rc_ == 0 &&
+         (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) == 0 &&
+         r->pool_->destroying_.Load(MemOrder::kAcquire) == 0 &&
+         stop_.Load(MemOrder::kAcquire) == 0;
+}
+
 /**
- * A task another process waits for (a transport's completer) is answered from its fiber,
- * before the switch back to the loop: the switch and the loop's bookkeeping then come
- * after the answer is out, off the caller's round trip. The completer owns (and frees) the
- * task from here, so r->task_ is cleared; OnFiberDone does the counting. Periodic tasks
- * run again instead (none comes from another process: Dispatch refuses them).
+ * After its body returned, still on its fiber: a task that is done is counted and
+ * completed here, before the switch back to the loop, so whoever waits (a caller in
+ * another process, a thread, a fiber) does not wait for the switch and the loop's
+ * bookkeeping too. A transport's answer goes out before the counting; a local task is
+ * counted (and its pool released) before its waiter can see it done. r->task_ is cleared:
+ * the task may be freed by then. A periodic task that runs again is left to OnFiberDone.
  */
-void Worker::AnswerFromShell(RunContext *r) {
+void Worker::FinishInShell(RunContext *r) {
+  if (RunsAgain(r)) return;
   Task *t = r->task_;
-  if (t->completer_ == nullptr || t->task_flags_.Any(TASK_PERIODIC)) return;
-  tls_current_rctx = nullptr;  // the completer runs outside any task, as on the loop
-  CompleteTask(t);
-  tls_current_rctx = r;
+  PoolInfo *pool = r->pool_;
+  Container *counted =
+      r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun ? r->container_ : nullptr;
   r->task_ = nullptr;
+  tls_current_rctx = nullptr;  // completion runs outside any task, as it would on the loop
+  if (t->completer_ != nullptr) {
+    // The pool stays held until the answer is out, so its containers live on; the
+    // completer owns (and frees) the task from here.
+    CompleteTask(t);
+    if (counted != nullptr) counted->CountDone();
+    pool->tasks_done_.Add(1);
+    pools_->Release(pool);
+    tasks_done_.AddOwned(1);  // only this thread writes it
+  } else {
+    if (counted != nullptr) counted->CountDone();
+    pool->tasks_done_.Add(1);
+    FinishTask(t, pool);  // releases the pool and publishes the outputs
+  }
+  tls_current_rctx = r;
 }
 
 void Worker::OnFiberDone(RunContext *r) {
   --running_;
   shells_.Give(r->shell_);  // its body returned: it waits for the next task
   r->shell_ = nullptr;
-  Task *t = r->task_;  // nullptr: answered from its shell (AnswerFromShell)
-  PoolInfo *pool = r->pool_;
-  if (t != nullptr && t->task_flags_.Any(TASK_PERIODIC) && t->rc_ == 0 &&
-      (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) == 0 &&
-      pool->destroying_.Load(MemOrder::kAcquire) == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
-    r->next_run_ns_ = NowNs() + static_cast<u64>(t->period_ns_);
-    ++running_;  // still ours until it ends
-    timers_.push_back(r);
-    if (r->container_ != nullptr) r->container_->CountDone();
+  if (r->task_ == nullptr) {  // finished in its shell (FinishInShell)
+    FreeRunContext(r);
     return;
   }
-  Container *counted =
-      r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun ? r->container_ : nullptr;
-  FreeRunContext(r);
-  if (t == nullptr || t->completer_ != nullptr) {
-    // A transport answered another process: the answer went out first and the counting
-    // after it, off the caller's round trip. The pool stayed held until then, so its
-    // containers lived on.
-    if (t != nullptr) CompleteTask(t);
-    if (counted != nullptr) counted->CountDone();
-    pool->tasks_done_.Add(1);
-    pools_->Release(pool);
-    tasks_done_.AddOwned(1);  // only this thread writes it
-    return;
-  }
-  if (counted != nullptr) counted->CountDone();
-  pool->tasks_done_.Add(1);
-  FinishTask(t, pool);  // releases the pool and publishes the outputs
+  // A periodic task that runs again (RunsAgain): still ours until it ends.
+  r->next_run_ns_ = NowNs() + static_cast<u64>(r->task_->period_ns_);
+  ++running_;
+  timers_.push_back(r);
+  if (r->container_ != nullptr) r->container_->CountDone();
 }
 
 /**
@@ -7165,6 +7181,14 @@ class Future {
    * 2-core VM (32, about 260 ns of polls there, often ran out just before the answer came).
    */
   static constexpr u32 kHotPolls = 64;
+  /**
+   * Time a waiting thread spins (counted from its 64th poll) before it starts yielding the
+   * CPU, unless it just woke a thread. A yield is a system call through the scheduler
+   * (0.4-1 us on the 2-core VM): yielding at the 64th poll, as waits did before, cost
+   * nearly every in-process round trip one, since 64 polls of a completion flag take
+   * ~150 ns there (the round trip took 400-650 ns with it, 210-270 ns without).
+   */
+  static constexpr u64 kYieldAfterNs = 5000;
 
   Future() = default;
   /** Takes ownership of a submitted task. */
@@ -7298,8 +7322,14 @@ class Future {
     // Poll for a fixed time (PAUSE costs 10-140 cycles by CPU), counted from the 64th
     // poll, so a short wait reads no clock. The first kHotPolls polls skip the PAUSE: a
     // short task's answer comes within them, and each PAUSE delays noticing it. Every
-    // 64 polls, read the clock and yield the CPU: a worker we just woke is often placed
-    // on this very CPU by the scheduler, and must not wait for our time slice to end.
+    // 64 polls, read the clock and maybe yield the CPU. A thread this one just woke
+    // (FutexWake: say the worker its submit unparked) is often placed on this very CPU by
+    // the scheduler: yield from the first clock read then. Otherwise the answer comes from
+    // a thread running elsewhere and a yield would only delay noticing it: yield only once
+    // the spin has lasted kYieldAfterNs, for whatever other thread may share this CPU.
+    thread_local u32 wakes_seen = 0;
+    const bool woke = tls_futex_wakes != wakes_seen;
+    wakes_seen = tls_futex_wakes;
     u64 spin_start = 0;
     for (u32 i = 1;; ++i) {
       // Wait checked the task just before; the helper may complete it.
@@ -7310,7 +7340,7 @@ class Future {
         const u64 now = NowNs();
         if (spin_start == 0) spin_start = now;
         if (now - spin_start >= kSpinNs) return false;
-        sched_yield();
+        if (woke || now - spin_start >= kYieldAfterNs) sched_yield();
       }
     }
   }

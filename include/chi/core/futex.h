@@ -30,9 +30,18 @@ inline bool FutexWait(u32 *addr, u32 expected, u64 timeout_ns = 0) {
   return !(rc == -1 && errno == ETIMEDOUT);
 }
 
+/**
+ * FutexWake calls of this thread that woke someone. A spinning waiter reads it to tell
+ * whether it just woke a thread (which the kernel often places on the waker's CPU).
+ */
+inline thread_local u32 tls_futex_wakes = 0;
+
 /** Wakes up to `count` waiters parked on addr, in any process. Returns how many woke. */
 inline int FutexWake(u32 *addr, int count = 1) {
-  return static_cast<int>(syscall(SYS_futex, addr, FUTEX_WAKE, count, nullptr, nullptr, 0));
+  const int woke =
+      static_cast<int>(syscall(SYS_futex, addr, FUTEX_WAKE, count, nullptr, nullptr, 0));
+  if (woke > 0) ++tls_futex_wakes;
+  return woke;
 }
 
 }  // namespace chi

@@ -259,7 +259,8 @@ class Worker {
   inline void StartAcquired(Task *t, PoolInfo *pool);
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
-  inline void AnswerFromShell(RunContext *r);
+  inline bool RunsAgain(const RunContext *r) const;
+  inline void FinishInShell(RunContext *r);
   inline void OnFiberDone(RunContext *r);
   inline void ShellLoop(FiberShell &shell);
   inline void RunBody(RunContext *r);
@@ -366,7 +367,7 @@ void Worker::ShellLoop(FiberShell &shell) {
     starting_ = nullptr;
     if (r == nullptr) return;
     RunBody(r);
-    AnswerFromShell(r);
+    FinishInShell(r);
     r->finished_ = true;
     shell.Suspend();  // SwitchTo sees finished_ and frees the shell before its next task
   }
@@ -450,54 +451,60 @@ void Worker::RunBody(RunContext *r) {
   }
 }
 
+/** True when r's periodic task runs again after this run (OnFiberDone puts it on the timers). */
+bool Worker::RunsAgain(const RunContext *r) const {
+  const Task *t = r->task_;
+  return t->task_flags_.Any(TASK_PERIODIC) && t->rc_ == 0 &&
+         (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) == 0 &&
+         r->pool_->destroying_.Load(MemOrder::kAcquire) == 0 &&
+         stop_.Load(MemOrder::kAcquire) == 0;
+}
+
 /**
- * A task another process waits for (a transport's completer) is answered from its fiber,
- * before the switch back to the loop: the switch and the loop's bookkeeping then come
- * after the answer is out, off the caller's round trip. The completer owns (and frees) the
- * task from here, so r->task_ is cleared; OnFiberDone does the counting. Periodic tasks
- * run again instead (none comes from another process: Dispatch refuses them).
+ * After its body returned, still on its fiber: a task that is done is counted and
+ * completed here, before the switch back to the loop, so whoever waits (a caller in
+ * another process, a thread, a fiber) does not wait for the switch and the loop's
+ * bookkeeping too. A transport's answer goes out before the counting; a local task is
+ * counted (and its pool released) before its waiter can see it done. r->task_ is cleared:
+ * the task may be freed by then. A periodic task that runs again is left to OnFiberDone.
  */
-void Worker::AnswerFromShell(RunContext *r) {
+void Worker::FinishInShell(RunContext *r) {
+  if (RunsAgain(r)) return;
   Task *t = r->task_;
-  if (t->completer_ == nullptr || t->task_flags_.Any(TASK_PERIODIC)) return;
-  tls_current_rctx = nullptr;  // the completer runs outside any task, as on the loop
-  CompleteTask(t);
-  tls_current_rctx = r;
+  PoolInfo *pool = r->pool_;
+  Container *counted =
+      r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun ? r->container_ : nullptr;
   r->task_ = nullptr;
+  tls_current_rctx = nullptr;  // completion runs outside any task, as it would on the loop
+  if (t->completer_ != nullptr) {
+    // The pool stays held until the answer is out, so its containers live on; the
+    // completer owns (and frees) the task from here.
+    CompleteTask(t);
+    if (counted != nullptr) counted->CountDone();
+    pool->tasks_done_.Add(1);
+    pools_->Release(pool);
+    tasks_done_.AddOwned(1);  // only this thread writes it
+  } else {
+    if (counted != nullptr) counted->CountDone();
+    pool->tasks_done_.Add(1);
+    FinishTask(t, pool);  // releases the pool and publishes the outputs
+  }
+  tls_current_rctx = r;
 }
 
 void Worker::OnFiberDone(RunContext *r) {
   --running_;
   shells_.Give(r->shell_);  // its body returned: it waits for the next task
   r->shell_ = nullptr;
-  Task *t = r->task_;  // nullptr: answered from its shell (AnswerFromShell)
-  PoolInfo *pool = r->pool_;
-  if (t != nullptr && t->task_flags_.Any(TASK_PERIODIC) && t->rc_ == 0 &&
-      (t->state_.Load(MemOrder::kAcquire) & task_state::kCancelRequested) == 0 &&
-      pool->destroying_.Load(MemOrder::kAcquire) == 0 && stop_.Load(MemOrder::kAcquire) == 0) {
-    r->next_run_ns_ = NowNs() + static_cast<u64>(t->period_ns_);
-    ++running_;  // still ours until it ends
-    timers_.push_back(r);
-    if (r->container_ != nullptr) r->container_->CountDone();
+  if (r->task_ == nullptr) {  // finished in its shell (FinishInShell)
+    FreeRunContext(r);
     return;
   }
-  Container *counted =
-      r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun ? r->container_ : nullptr;
-  FreeRunContext(r);
-  if (t == nullptr || t->completer_ != nullptr) {
-    // A transport answered another process: the answer went out first and the counting
-    // after it, off the caller's round trip. The pool stayed held until then, so its
-    // containers lived on.
-    if (t != nullptr) CompleteTask(t);
-    if (counted != nullptr) counted->CountDone();
-    pool->tasks_done_.Add(1);
-    pools_->Release(pool);
-    tasks_done_.AddOwned(1);  // only this thread writes it
-    return;
-  }
-  if (counted != nullptr) counted->CountDone();
-  pool->tasks_done_.Add(1);
-  FinishTask(t, pool);  // releases the pool and publishes the outputs
+  // A periodic task that runs again (RunsAgain): still ours until it ends.
+  r->next_run_ns_ = NowNs() + static_cast<u64>(r->task_->period_ns_);
+  ++running_;
+  timers_.push_back(r);
+  if (r->container_ != nullptr) r->container_->CountDone();
 }
 
 /**
