@@ -6,6 +6,7 @@
 // uses a helper to deliver answers is checked in test_shm_transport.cc.
 #include <doctest/doctest.h>
 
+#include <atomic>  // the waiter's report
 #include <chrono>  // deadlines and hold times
 #include <thread>  // spinning threads
 #include <vector>  // the spinners
@@ -187,4 +188,36 @@ TEST_CASE("removing a wait helper waits for the threads running it") {
   stop.Store(1, chi::MemOrder::kRelease);
   for (auto &t : spinners) t.join();
   CHECK(counting.inside.Load() == 0);
+}
+
+TEST_CASE("FutexWake counts, per thread, only the calls that woke a waiter") {
+  // Future::Wait yields the CPU early only right after its thread woke another: the count
+  // must not move for a wake that found nobody, nor for wakes issued by other threads.
+  alignas(4) u32 word = 0;
+  const u32 before = chi::tls_futex_wakes;
+  CHECK(chi::FutexWake(&word) == 0);
+  CHECK(chi::tls_futex_wakes == before);
+  std::atomic<u32> other_thread_wakes{~0u};
+  std::thread waiter([&] {
+    // acquire: pairs with the release store that lets it leave.
+    while (__atomic_load_n(&word, __ATOMIC_ACQUIRE) == 0) chi::FutexWait(&word, 0);
+    other_thread_wakes.store(chi::tls_futex_wakes);
+  });
+  int woke = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (woke == 0 && Clock::now() < deadline) {  // until the waiter has parked
+    woke = chi::FutexWake(&word);
+    if (woke == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(woke == 1);
+  CHECK(chi::tls_futex_wakes == before + 1);  // the calls that found nobody did not count
+  __atomic_store_n(&word, 1, __ATOMIC_RELEASE);
+  u32 wakes = 1;
+  while (other_thread_wakes.load() == ~0u) {  // it parked again, or is leaving
+    wakes += chi::FutexWake(&word) > 0 ? 1 : 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  waiter.join();
+  CHECK(chi::tls_futex_wakes == before + wakes);
+  CHECK(other_thread_wakes.load() == 0);  // the waiter woke nobody: its own count stayed 0
 }
