@@ -220,4 +220,9 @@ TEST_CASE("FutexWake counts, per thread, only the calls that woke a waiter") {
   waiter.join();
   CHECK(chi::tls_futex_wakes == before + wakes);
   CHECK(other_thread_wakes.load() == 0);  // the waiter woke nobody: its own count stayed 0
+  // What a spinning waiter asks: true once after wakes, then false until the next one.
+  CHECK(chi::TakeWokeAnother());
+  CHECK_FALSE(chi::TakeWokeAnother());
+  CHECK(chi::FutexWake(&word) == 0);
+  CHECK_FALSE(chi::TakeWokeAnother());
 }

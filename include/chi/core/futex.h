@@ -31,8 +31,8 @@ inline bool FutexWait(u32 *addr, u32 expected, u64 timeout_ns = 0) {
 }
 
 /**
- * FutexWake calls of this thread that woke someone. A spinning waiter reads it to tell
- * whether it just woke a thread (which the kernel often places on the waker's CPU).
+ * FutexWake calls of this thread that woke someone. A spinning waiter asks whether it
+ * just woke a thread (TakeWokeAnother), which the kernel often places on the waker's CPU.
  */
 inline thread_local u32 tls_futex_wakes = 0;
 
@@ -41,6 +41,14 @@ inline int FutexWake(u32 *addr, int count = 1) {
   const int woke =
       static_cast<int>(syscall(SYS_futex, addr, FUTEX_WAKE, count, nullptr, nullptr, 0));
   if (woke > 0) ++tls_futex_wakes;
+  return woke;
+}
+
+/** True when this thread's FutexWake calls woke someone since its previous call of this. */
+inline bool TakeWokeAnother() {
+  thread_local u32 seen = 0;
+  const bool woke = tls_futex_wakes != seen;
+  seen = tls_futex_wakes;
   return woke;
 }
 

@@ -262,7 +262,7 @@ class PoolManager {
         if (s.info == nullptr || s.id == id) return s.info;
       }
     }
-    /** Where id's probe starts (Fibonacci hashing: ids differ mostly in their high word). */
+    /** Where id's probe starts (Fibonacci hashing: the product's top bits mix every id bit). */
     u64 Home(u64 id) const { return (id * 0x9e3779b97f4a7c15ull) >> shift; }
   };
 

@@ -209,7 +209,7 @@ class Future {
    * CPU, unless it just woke a thread. A yield is a system call through the scheduler
    * (0.4-1 us on the 2-core VM): yielding at the 64th poll, as waits did before, cost
    * nearly every in-process round trip one, since 64 polls of a completion flag take
-   * ~150 ns there (the round trip took 400-650 ns with it, 210-270 ns without).
+   * ~150 ns there (bench_embedded's round trip: 624-800 ns with it, 157-267 ns without).
    */
   static constexpr u64 kYieldAfterNs = 5000;
 
@@ -350,9 +350,7 @@ class Future {
     // the scheduler: yield from the first clock read then. Otherwise the answer comes from
     // a thread running elsewhere and a yield would only delay noticing it: yield only once
     // the spin has lasted kYieldAfterNs, for whatever other thread may share this CPU.
-    thread_local u32 wakes_seen = 0;
-    const bool woke = tls_futex_wakes != wakes_seen;
-    wakes_seen = tls_futex_wakes;
+    const bool woke = TakeWokeAnother();
     u64 spin_start = 0;
     for (u32 i = 1;; ++i) {
       // Wait checked the task just before; the helper may complete it.
