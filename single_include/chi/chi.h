@@ -5428,16 +5428,15 @@ class PoolManager {
    */
   PoolInfo *BeginDestroy(PoolId id, Status *st) {
     std::lock_guard<std::mutex> g(mu_);
-    const Table *cur = Snapshot();
-    auto it = cur->by_id.find(id.ToU64());
-    if (it == cur->by_id.end() || it->second->destroying_.Load(MemOrder::kAcquire) != 0) {
+    PoolInfo *info = Snapshot()->Find(id.ToU64());
+    if (info == nullptr || info->destroying_.Load(MemOrder::kAcquire) != 0) {
       *st = Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
                            id.ToString().c_str());
       return nullptr;
     }
-    it->second->destroying_.Store(1, MemOrder::kSeqCst);  // pairs with Acquire's check
+    info->destroying_.Store(1, MemOrder::kSeqCst);  // pairs with Acquire's check
     *st = Status::Ok();
-    return it->second;
+    return info;
   }
 
   /** Unpublishes a drained pool and deletes its containers (the PoolInfo is retired). */
@@ -6652,18 +6651,17 @@ void Worker::FinishInShell(RunContext *r) {
       r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun ? r->container_ : nullptr;
   r->task_ = nullptr;
   tls_current_rctx = nullptr;  // completion runs outside any task, as it would on the loop
-  if (t->completer_ != nullptr) {
-    // The pool stays held until the answer is out, so its containers live on; the
-    // completer owns (and frees) the task from here.
-    CompleteTask(t);
-    if (counted != nullptr) counted->CountDone();
-    pool->tasks_done_.Add(1);
+  // A transport's answer first: the pool stays held until it is out, so its containers
+  // live on; the completer owns (and frees) the task from there.
+  const bool answer_first = t->completer_ != nullptr;
+  if (answer_first) CompleteTask(t);
+  if (counted != nullptr) counted->CountDone();
+  pool->tasks_done_.Add(1);
+  if (answer_first) {
     pools_->Release(pool);
     tasks_done_.AddOwned(1);  // only this thread writes it
   } else {
-    if (counted != nullptr) counted->CountDone();
-    pool->tasks_done_.Add(1);
-    FinishTask(t, pool);  // releases the pool and publishes the outputs
+    FinishTask(t, pool);  // releases the pool, counts, and publishes the outputs
   }
   tls_current_rctx = r;
 }

@@ -182,16 +182,15 @@ class PoolManager {
    */
   PoolInfo *BeginDestroy(PoolId id, Status *st) {
     std::lock_guard<std::mutex> g(mu_);
-    const Table *cur = Snapshot();
-    auto it = cur->by_id.find(id.ToU64());
-    if (it == cur->by_id.end() || it->second->destroying_.Load(MemOrder::kAcquire) != 0) {
+    PoolInfo *info = Snapshot()->Find(id.ToU64());
+    if (info == nullptr || info->destroying_.Load(MemOrder::kAcquire) != 0) {
       *st = Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
                            id.ToString().c_str());
       return nullptr;
     }
-    it->second->destroying_.Store(1, MemOrder::kSeqCst);  // pairs with Acquire's check
+    info->destroying_.Store(1, MemOrder::kSeqCst);  // pairs with Acquire's check
     *st = Status::Ok();
-    return it->second;
+    return info;
   }
 
   /** Unpublishes a drained pool and deletes its containers (the PoolInfo is retired). */

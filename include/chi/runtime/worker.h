@@ -476,18 +476,17 @@ void Worker::FinishInShell(RunContext *r) {
       r->container_ != nullptr && r->kind_ == RunContext::Kind::kRun ? r->container_ : nullptr;
   r->task_ = nullptr;
   tls_current_rctx = nullptr;  // completion runs outside any task, as it would on the loop
-  if (t->completer_ != nullptr) {
-    // The pool stays held until the answer is out, so its containers live on; the
-    // completer owns (and frees) the task from here.
-    CompleteTask(t);
-    if (counted != nullptr) counted->CountDone();
-    pool->tasks_done_.Add(1);
+  // A transport's answer first: the pool stays held until it is out, so its containers
+  // live on; the completer owns (and frees) the task from there.
+  const bool answer_first = t->completer_ != nullptr;
+  if (answer_first) CompleteTask(t);
+  if (counted != nullptr) counted->CountDone();
+  pool->tasks_done_.Add(1);
+  if (answer_first) {
     pools_->Release(pool);
     tasks_done_.AddOwned(1);  // only this thread writes it
   } else {
-    if (counted != nullptr) counted->CountDone();
-    pool->tasks_done_.Add(1);
-    FinishTask(t, pool);  // releases the pool and publishes the outputs
+    FinishTask(t, pool);  // releases the pool, counts, and publishes the outputs
   }
   tls_current_rctx = r;
 }
