@@ -454,3 +454,25 @@ TEST_CASE("a process forked while another thread holds the task memory's pool lo
   CHECK(out.hung == 0);
   CHECK(out.failed == 0);
 }
+
+TEST_CASE("task memory hands out the smallest size class that holds the request") {
+  using chi::TaskMemory;
+  for (chi::u64 bytes = 1; bytes <= TaskMemory::kMaxClassBytes + 256; ++bytes) {
+    const chi::u32 cls = TaskMemory::ClassOf(bytes);
+    if (bytes > TaskMemory::kMaxClassBytes) {
+      REQUIRE(cls == TaskMemory::kNumClasses);  // oversized: malloc'd on its own
+      continue;
+    }
+    REQUIRE(cls < TaskMemory::kNumClasses);
+    REQUIRE((TaskMemory::kMinClassBytes << cls) >= bytes);  // it fits
+    if (cls > 0) REQUIRE((TaskMemory::kMinClassBytes << (cls - 1)) < bytes);  // none smaller
+  }
+  // Blocks of every class and oversized ones are usable to their full requested size.
+  for (chi::u64 bytes : {1ull, 48ull, 49ull, 200ull, 4080ull, 4081ull, 100000ull}) {
+    auto *p = static_cast<unsigned char *>(TaskMemory::Alloc(bytes));
+    REQUIRE(p != nullptr);
+    for (chi::u64 i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i);
+    CHECK(p[bytes - 1] == static_cast<unsigned char>(bytes - 1));
+    TaskMemory::Free(p);
+  }
+}

@@ -5935,6 +5935,19 @@ class TaskMemory {
     return h + 1;
   }
 
+  /** Bytes of the smallest class (class c holds kMinClassBytes << c). */
+  static constexpr u32 kMinClassShift = 6;
+  static constexpr u64 kMinClassBytes = 1ull << kMinClassShift;
+  static_assert(kMinClassBytes << (kNumClasses - 1) == kMaxClassBytes, "classes end at 4 KiB");
+
+  /** The smallest class whose blocks hold `bytes`, header included (kNumClasses: oversized). */
+  static constexpr u32 ClassOf(u64 bytes) {
+    if (bytes <= kMinClassBytes) return 0;
+    if (bytes > kMaxClassBytes) return kNumClasses;
+    // ceil(log2(bytes)) - log2(kMinClassBytes)
+    return static_cast<u32>(64 - __builtin_clzll(bytes - 1)) - kMinClassShift;
+  }
+
   /**
    * Class-sized blocks allocated and not yet freed, summed over every thread
    * (oversized tasks are not counted). A statistic for leak checks: exact once
@@ -5969,8 +5982,6 @@ class TaskMemory {
   }
 
  private:
-  static constexpr u64 kMinClassBytes = 64;
-
   struct Cache;
   /** Precedes every block; `next` links free blocks. */
   struct alignas(16) Header {
@@ -6026,15 +6037,7 @@ class TaskMemory {
     }
   };
 
-  static u32 ClassOf(u64 bytes) {
-    u32 cls = 0;
-    u64 size = kMinClassBytes;
-    while (size < bytes && cls < kNumClasses) {
-      size <<= 1;
-      ++cls;
-    }
-    return cls;
-  }
+
 
   /** Hands caches of exited threads to new threads (caches are never freed). */
   struct CachePool {
@@ -6078,10 +6081,21 @@ class TaskMemory {
     }
   };
 
+  /**
+   * The calling thread's cache. The plain pointer is read on every call (a trivial
+   * thread_local costs no initialisation check); the handle that returns the cache at
+   * thread exit is made on the thread's first call.
+   */
   static Cache &Local() {
+    Cache *c = tls_cache_;
+    return CHI_LIKELY(c != nullptr) ? *c : BindLocal();
+  }
+  static Cache &BindLocal() {
     thread_local CacheHandle handle;
+    tls_cache_ = handle.cache;
     return *handle.cache;
   }
+  static inline thread_local Cache *tls_cache_ = nullptr;
 
   /** The pool, made before main (HoldAcrossFork says why). */
   static inline CachePool &made_pool_ = Pool();
@@ -11824,6 +11838,7 @@ class ShmSegment {
     header_->slots_offset_ = SlotsOffset();
     header_->slot_bytes_ = SlotBytes(g.ring_bytes);
     header_->data_ = g.data;
+    NoteGeometry();
     for (u32 i = 0; i < g.num_slots; ++i) {
       new (Slot(i)) ShmClientSlot();
       ShmStream::Create(RequestStream(i), header_->ring_bytes_);
@@ -11869,18 +11884,21 @@ class ShmSegment {
       return st;
     }
     header_ = reinterpret_cast<ShmSegmentHeader *>(backend_.Data());
+    NoteGeometry();
     return Status::Ok();
   }
 
   /** Unmaps the segment here (others keep it). Idempotent. */
   void Detach() {
     header_ = nullptr;
+    slots_ = nullptr;
     backend_.Detach();
   }
 
   /** Unmaps and removes the segment's name (the runtime, on Stop). */
   void Destroy() {
     header_ = nullptr;
+    slots_ = nullptr;
     if (backend_.IsAttached()) backend_.Destroy();
   }
 
@@ -11890,7 +11908,9 @@ class ShmSegment {
   const char *Name() const { return backend_.Name(); }
 
   /** Slot i (i < num_slots_). */
-  ShmClientSlot *Slot(u32 i) const { return SlotOf(header_, i); }
+  ShmClientSlot *Slot(u32 i) const {
+    return reinterpret_cast<ShmClientSlot *>(slots_ + i * slot_bytes_);
+  }
 
   /** Slot i of the segment whose (validated) header is h. */
   static ShmClientSlot *SlotOf(const ShmSegmentHeader *h, u32 i) {
@@ -11904,7 +11924,7 @@ class ShmSegment {
   /** Slot i's runtime -> client stream. */
   ShmStream *AnswerStream(u32 i) const {
     return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot) +
-                             ShmStream::BytesFor(header_->ring_bytes_));
+                             stream_bytes_);
   }
 
   /**
@@ -11994,8 +12014,21 @@ class ShmSegment {
     return Status::Ok();
   }
 
+  /**
+   * Keeps the validated geometry in this process: the slot and stream addresses that
+   * every request and answer looks up then cost no reads of the shared header.
+   */
+  void NoteGeometry() {
+    slots_ = reinterpret_cast<char *>(header_) + header_->slots_offset_;
+    slot_bytes_ = header_->slot_bytes_;
+    stream_bytes_ = ShmStream::BytesFor(header_->ring_bytes_);
+  }
+
   PosixShmBackend backend_;
   ShmSegmentHeader *header_ = nullptr;
+  char *slots_ = nullptr;  ///< slot 0 (NoteGeometry)
+  u64 slot_bytes_ = 0;     ///< the slot table's stride
+  u64 stream_bytes_ = 0;   ///< one stream's header and ring
 };
 
 }  // namespace chi

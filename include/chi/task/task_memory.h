@@ -14,6 +14,7 @@
 
 #include "chi/core/atomic.h"     // remote-free stack head
 #include "chi/core/fork_lock.h"  // HoldAcrossFork for the pool's lock
+#include "chi/core/macros.h"     // CHI_LIKELY
 #include "chi/core/types.h"   // u32, u64
 
 namespace chi {
@@ -54,6 +55,19 @@ class TaskMemory {
     return h + 1;
   }
 
+  /** Bytes of the smallest class (class c holds kMinClassBytes << c). */
+  static constexpr u32 kMinClassShift = 6;
+  static constexpr u64 kMinClassBytes = 1ull << kMinClassShift;
+  static_assert(kMinClassBytes << (kNumClasses - 1) == kMaxClassBytes, "classes end at 4 KiB");
+
+  /** The smallest class whose blocks hold `bytes`, header included (kNumClasses: oversized). */
+  static constexpr u32 ClassOf(u64 bytes) {
+    if (bytes <= kMinClassBytes) return 0;
+    if (bytes > kMaxClassBytes) return kNumClasses;
+    // ceil(log2(bytes)) - log2(kMinClassBytes)
+    return static_cast<u32>(64 - __builtin_clzll(bytes - 1)) - kMinClassShift;
+  }
+
   /**
    * Class-sized blocks allocated and not yet freed, summed over every thread
    * (oversized tasks are not counted). A statistic for leak checks: exact once
@@ -88,8 +102,6 @@ class TaskMemory {
   }
 
  private:
-  static constexpr u64 kMinClassBytes = 64;
-
   struct Cache;
   /** Precedes every block; `next` links free blocks. */
   struct alignas(16) Header {
@@ -145,15 +157,7 @@ class TaskMemory {
     }
   };
 
-  static u32 ClassOf(u64 bytes) {
-    u32 cls = 0;
-    u64 size = kMinClassBytes;
-    while (size < bytes && cls < kNumClasses) {
-      size <<= 1;
-      ++cls;
-    }
-    return cls;
-  }
+
 
   /** Hands caches of exited threads to new threads (caches are never freed). */
   struct CachePool {
@@ -197,10 +201,21 @@ class TaskMemory {
     }
   };
 
+  /**
+   * The calling thread's cache. The plain pointer is read on every call (a trivial
+   * thread_local costs no initialisation check); the handle that returns the cache at
+   * thread exit is made on the thread's first call.
+   */
   static Cache &Local() {
+    Cache *c = tls_cache_;
+    return CHI_LIKELY(c != nullptr) ? *c : BindLocal();
+  }
+  static Cache &BindLocal() {
     thread_local CacheHandle handle;
+    tls_cache_ = handle.cache;
     return *handle.cache;
   }
+  static inline thread_local Cache *tls_cache_ = nullptr;
 
   /** The pool, made before main (HoldAcrossFork says why). */
   static inline CachePool &made_pool_ = Pool();

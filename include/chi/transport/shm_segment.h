@@ -180,6 +180,7 @@ class ShmSegment {
     header_->slots_offset_ = SlotsOffset();
     header_->slot_bytes_ = SlotBytes(g.ring_bytes);
     header_->data_ = g.data;
+    NoteGeometry();
     for (u32 i = 0; i < g.num_slots; ++i) {
       new (Slot(i)) ShmClientSlot();
       ShmStream::Create(RequestStream(i), header_->ring_bytes_);
@@ -225,18 +226,21 @@ class ShmSegment {
       return st;
     }
     header_ = reinterpret_cast<ShmSegmentHeader *>(backend_.Data());
+    NoteGeometry();
     return Status::Ok();
   }
 
   /** Unmaps the segment here (others keep it). Idempotent. */
   void Detach() {
     header_ = nullptr;
+    slots_ = nullptr;
     backend_.Detach();
   }
 
   /** Unmaps and removes the segment's name (the runtime, on Stop). */
   void Destroy() {
     header_ = nullptr;
+    slots_ = nullptr;
     if (backend_.IsAttached()) backend_.Destroy();
   }
 
@@ -246,7 +250,9 @@ class ShmSegment {
   const char *Name() const { return backend_.Name(); }
 
   /** Slot i (i < num_slots_). */
-  ShmClientSlot *Slot(u32 i) const { return SlotOf(header_, i); }
+  ShmClientSlot *Slot(u32 i) const {
+    return reinterpret_cast<ShmClientSlot *>(slots_ + i * slot_bytes_);
+  }
 
   /** Slot i of the segment whose (validated) header is h. */
   static ShmClientSlot *SlotOf(const ShmSegmentHeader *h, u32 i) {
@@ -260,7 +266,7 @@ class ShmSegment {
   /** Slot i's runtime -> client stream. */
   ShmStream *AnswerStream(u32 i) const {
     return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot) +
-                             ShmStream::BytesFor(header_->ring_bytes_));
+                             stream_bytes_);
   }
 
   /**
@@ -350,8 +356,21 @@ class ShmSegment {
     return Status::Ok();
   }
 
+  /**
+   * Keeps the validated geometry in this process: the slot and stream addresses that
+   * every request and answer looks up then cost no reads of the shared header.
+   */
+  void NoteGeometry() {
+    slots_ = reinterpret_cast<char *>(header_) + header_->slots_offset_;
+    slot_bytes_ = header_->slot_bytes_;
+    stream_bytes_ = ShmStream::BytesFor(header_->ring_bytes_);
+  }
+
   PosixShmBackend backend_;
   ShmSegmentHeader *header_ = nullptr;
+  char *slots_ = nullptr;  ///< slot 0 (NoteGeometry)
+  u64 slot_bytes_ = 0;     ///< the slot table's stride
+  u64 stream_bytes_ = 0;   ///< one stream's header and ring
 };
 
 }  // namespace chi
