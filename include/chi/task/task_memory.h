@@ -55,7 +55,7 @@ class TaskMemory {
     return h + 1;
   }
 
-  /** Bytes of the smallest class (class c holds kMinClassBytes << c). */
+  /** Class c's blocks are kMinClassBytes << c bytes, header included (64 B .. 4 KiB). */
   static constexpr u32 kMinClassShift = 6;
   static constexpr u64 kMinClassBytes = 1ull << kMinClassShift;
   static_assert(kMinClassBytes << (kNumClasses - 1) == kMaxClassBytes, "classes end at 4 KiB");
@@ -156,8 +156,6 @@ class TaskMemory {
       }
     }
   };
-
-
 
   /** Hands caches of exited threads to new threads (caches are never freed). */
   struct CachePool {
