@@ -213,3 +213,45 @@ TEST_CASE("the routing header's fixed block has one layout, and a short one deco
   CHECK(back.method_ == 77);
   CHECK(back.task_id_ == chi::TaskId{1, 2, 3});
 }
+
+TEST_CASE("the answer header is the code, the message's length and its text, and refuses too long a message") {
+  chi::Task sent;
+  sent.SetError(chi::ErrorCode::kMalformed, "boom");
+  std::vector<char> buf;
+  chi::OutputArchive out(buf);
+  sent.SerializeBaseOut(out);
+  REQUIRE(out.ok());
+  // The layout of ar(rc_, msg_): u32 code, u32 length, then the bytes.
+  REQUIRE(buf.size() == 8 + 4);
+  chi::u32 words[2];
+  std::memcpy(words, buf.data(), sizeof(words));
+  CHECK(words[0] == static_cast<chi::u32>(chi::ErrorCode::kMalformed));
+  CHECK(words[1] == 4);
+  CHECK(std::string(buf.data() + 8, 4) == "boom");
+
+  chi::Task got;
+  chi::InputArchive in(buf.data(), buf.size());
+  got.SerializeBaseOut(in);
+  REQUIRE(in.ok());
+  CHECK(got.GetReturnCode() == static_cast<chi::u32>(chi::ErrorCode::kMalformed));
+  CHECK(got.msg_.view() == "boom");
+
+  // A length above the message's capacity is malformed, and nothing is taken from it.
+  words[1] = chi::kTaskMessageSize + 10;
+  std::vector<char> bad(8 + chi::kTaskMessageSize + 10, 'x');
+  std::memcpy(bad.data(), words, sizeof(words));
+  chi::Task refused;
+  chi::InputArchive bad_in(bad.data(), bad.size());
+  refused.SerializeBaseOut(bad_in);
+  CHECK(bad_in.status().code() == chi::ErrorCode::kMalformed);
+  CHECK(bad_in.status().ToString().find("longer than its capacity") != std::string::npos);
+  CHECK(refused.msg_.empty());
+
+  // A header cut short leaves the task as it was.
+  chi::Task cut;
+  chi::InputArchive short_in(buf.data(), 6);
+  cut.SerializeBaseOut(short_in);
+  CHECK(!short_in.ok());
+  CHECK(cut.GetReturnCode() == 0);
+  CHECK(cut.msg_.empty());
+}

@@ -816,15 +816,33 @@ class FixedString {
   /** Length then bytes; a decoded length above the capacity is malformed input. */
   template <typename Ar>
   CHI_CROSS_FUN void serialize(Ar &ar) {
-    ar(size_);
-    if (size_ > kCapacity) {  // only reachable while decoding bad bytes
-      size_ = 0;
-      ar.Fail(ErrorCode::kMalformed, "fixed string longer than its capacity");
-      data_[0] = '\0';
-      return;
+    u32 size = size_;
+    ar(size);
+    SerializeText(ar, size);
+  }
+
+  /**
+   * The bytes alone, for a caller that carries the length `size` itself (writing, it is
+   * size()); a decoded length above the capacity is malformed input.
+   */
+  template <typename Ar>
+  CHI_CROSS_FUN void SerializeText(Ar &ar, u32 size) {
+    if constexpr (Ar::kIsOutput) {
+      ar.Bytes(data_, size_);
+    } else {
+      if (!ar.ok()) return;
+      if (size > kCapacity) {  // only reachable while decoding bad bytes
+        size_ = 0;
+        ar.Fail(ErrorCode::kMalformed, "fixed string longer than its capacity");
+        data_[0] = '\0';
+        return;
+      }
+      ar.Bytes(data_, size);
+      if (!ar.ok()) return;
+      size_ = size;
+      truncated_ = false;
+      data_[size_] = '\0';
     }
-    ar.Bytes(data_, size_);
-    data_[size_] = '\0';
   }
 
  private:
@@ -2776,11 +2794,22 @@ struct Task {
   /** The answer every transport sends back before the task's own outputs. */
   template <typename Ar>
   CHI_CROSS_FUN void SerializeBaseOut(Ar &ar) {
-    ar(rc_, msg_);
+    // The code and the message's length travel as one 8-byte block (one bounds check),
+    // the bytes ar(rc_, msg_) would write; the message's text follows.
+    u32 head[2] = {rc_, msg_.size()};
+    ar.Bytes(head, sizeof(head));
+    if constexpr (!Ar::kIsOutput) {
+      if (!ar.ok()) return;  // truncated: the task's fields stay as they were
+      rc_ = head[0];
+    }
+    msg_.SerializeText(ar, head[1]);
   }
 
-  /** Copies the routing header (not the TEMP state) from another task. */
-  CHI_CROSS_FUN void CopyBase(const Task &o) {
+  /**
+   * Copies the routing header from another task: what SerializeBaseIn decodes, so a task
+   * built from a decoded header (whose rc_ and msg_ are never set) copies no message.
+   */
+  CHI_CROSS_FUN void CopyRouting(const Task &o) {
     pool_id_ = o.pool_id_;
     task_node_ = o.task_node_;
     pool_query_ = o.pool_query_;
@@ -2788,6 +2817,11 @@ struct Task {
     task_flags_ = o.task_flags_;
     period_ns_ = o.period_ns_;
     task_id_ = o.task_id_;
+  }
+
+  /** Copies the routing header and the result (not the TEMP state) from another task. */
+  CHI_CROSS_FUN void CopyBase(const Task &o) {
+    CopyRouting(o);
     rc_ = o.rc_;
     msg_ = o.msg_;
   }
@@ -8488,7 +8522,7 @@ template <typename T>
 Task *LoadAs(const Task &base, InputArchive &ar) {
   T *t = NewTask<T>();
   if (t == nullptr) return nullptr;
-  t->CopyBase(base);
+  t->CopyRouting(base);
   t->SerializeIn(ar);
   if (!ar.ok()) {
     DeleteTask(t);
@@ -19059,7 +19093,7 @@ CHI_GPU_FUN u32 RunGpuMethod(Runtime &rt, const Task &base, InputArchive &in, u6
                              char (&buf)[kGpuPayloadBytes],
                              u32 cap, GpuRunContext &rctx) {
   typename MethodT::TaskType task;
-  task.CopyBase(base);
+  task.CopyRouting(base);
   task.SerializeIn(in);
   if (!in.ok()) {
     return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU task inputs are malformed", buf, cap);

@@ -46,15 +46,33 @@ class FixedString {
   /** Length then bytes; a decoded length above the capacity is malformed input. */
   template <typename Ar>
   CHI_CROSS_FUN void serialize(Ar &ar) {
-    ar(size_);
-    if (size_ > kCapacity) {  // only reachable while decoding bad bytes
-      size_ = 0;
-      ar.Fail(ErrorCode::kMalformed, "fixed string longer than its capacity");
-      data_[0] = '\0';
-      return;
+    u32 size = size_;
+    ar(size);
+    SerializeText(ar, size);
+  }
+
+  /**
+   * The bytes alone, for a caller that carries the length `size` itself (writing, it is
+   * size()); a decoded length above the capacity is malformed input.
+   */
+  template <typename Ar>
+  CHI_CROSS_FUN void SerializeText(Ar &ar, u32 size) {
+    if constexpr (Ar::kIsOutput) {
+      ar.Bytes(data_, size_);
+    } else {
+      if (!ar.ok()) return;
+      if (size > kCapacity) {  // only reachable while decoding bad bytes
+        size_ = 0;
+        ar.Fail(ErrorCode::kMalformed, "fixed string longer than its capacity");
+        data_[0] = '\0';
+        return;
+      }
+      ar.Bytes(data_, size);
+      if (!ar.ok()) return;
+      size_ = size;
+      truncated_ = false;
+      data_[size_] = '\0';
     }
-    ar.Bytes(data_, size_);
-    data_[size_] = '\0';
   }
 
  private:

@@ -52,7 +52,7 @@ CHI_GPU_FUN u32 RunGpuMethod(Runtime &rt, const Task &base, InputArchive &in, u6
                              char (&buf)[kGpuPayloadBytes],
                              u32 cap, GpuRunContext &rctx) {
   typename MethodT::TaskType task;
-  task.CopyBase(base);
+  task.CopyRouting(base);
   task.SerializeIn(in);
   if (!in.ok()) {
     return EncodeErrorAnswer(id, ErrorCode::kMalformed, "GPU task inputs are malformed", buf, cap);

@@ -75,7 +75,7 @@ template <typename T>
 Task *LoadAs(const Task &base, InputArchive &ar) {
   T *t = NewTask<T>();
   if (t == nullptr) return nullptr;
-  t->CopyBase(base);
+  t->CopyRouting(base);
   t->SerializeIn(ar);
   if (!ar.ok()) {
     DeleteTask(t);

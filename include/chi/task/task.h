@@ -167,11 +167,22 @@ struct Task {
   /** The answer every transport sends back before the task's own outputs. */
   template <typename Ar>
   CHI_CROSS_FUN void SerializeBaseOut(Ar &ar) {
-    ar(rc_, msg_);
+    // The code and the message's length travel as one 8-byte block (one bounds check),
+    // the bytes ar(rc_, msg_) would write; the message's text follows.
+    u32 head[2] = {rc_, msg_.size()};
+    ar.Bytes(head, sizeof(head));
+    if constexpr (!Ar::kIsOutput) {
+      if (!ar.ok()) return;  // truncated: the task's fields stay as they were
+      rc_ = head[0];
+    }
+    msg_.SerializeText(ar, head[1]);
   }
 
-  /** Copies the routing header (not the TEMP state) from another task. */
-  CHI_CROSS_FUN void CopyBase(const Task &o) {
+  /**
+   * Copies the routing header from another task: what SerializeBaseIn decodes, so a task
+   * built from a decoded header (whose rc_ and msg_ are never set) copies no message.
+   */
+  CHI_CROSS_FUN void CopyRouting(const Task &o) {
     pool_id_ = o.pool_id_;
     task_node_ = o.task_node_;
     pool_query_ = o.pool_query_;
@@ -179,6 +190,11 @@ struct Task {
     task_flags_ = o.task_flags_;
     period_ns_ = o.period_ns_;
     task_id_ = o.task_id_;
+  }
+
+  /** Copies the routing header and the result (not the TEMP state) from another task. */
+  CHI_CROSS_FUN void CopyBase(const Task &o) {
+    CopyRouting(o);
     rc_ = o.rc_;
     msg_ = o.msg_;
   }
