@@ -13210,19 +13210,15 @@ class ShmClientTransport final : public ShmClientReceiver {
 
   /** Streams one message into the request ring, in pieces when it is larger than the room. */
   Status StreamOut(const char *data, u64 len) {
-    // The usual request: one record, room for it now.
-    if (req_->WritableBytes(len) >= len) {
-      req_->WritePieceRelease(true, len, data, len);
-      Published();
-      return Status::Ok();
-    }
-    const u64 goal = req_->RingBytes() / 4;
-    u64 sent = 0;
-    while (sent < len) {
+    for (u64 sent = 0; sent < len;) {
       const u64 left = len - sent;
-      const u64 want = left < goal ? left : goal;
-      u64 room = 0;
-      if (Status st = AwaitRingRoom(want, &room); !st.ok()) return st;
+      // The usual request fits whole now: one record, no wait. Otherwise wait for room
+      // for a piece of a quarter ring (or the rest), so pieces do not shrink to slivers.
+      u64 room = req_->WritableBytes(left);
+      if (room < left) {
+        const u64 goal = req_->RingBytes() / 4;
+        if (Status st = AwaitRingRoom(left < goal ? left : goal, &room); !st.ok()) return st;
+      }
       const u64 n = left < room ? left : room;
       req_->WritePieceRelease(sent == 0, len, data + sent, n);
       sent += n;
