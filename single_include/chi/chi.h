@@ -4513,14 +4513,15 @@ void KeepInherited(std::unique_ptr<T> inherited) {
 // and parks when there is nothing to do (on a futex, or through its parker; the
 // loop is worker_loop.h).
 //
-// Hot path: lane pop -> PoolManager::Acquire -> ResolveQuery -> shell switch ->
-// Container::Run -> CompleteTask (flag + wake). Waits inside a task yield the
-// fiber (WaitInFiber); the completer pushes the waiter onto its worker's
-// resume stack, and only that worker ever resumes it. A shell goes back to the
+// Hot path: lane pop -> PoolManager::Acquire -> ResolveQuery -> shell switch (none for a
+// RunOn::kWorkerStack method) -> Container::Run -> CompleteTask (flag + wake). Waits
+// inside a task yield the fiber (WaitInFiber); the completer pushes the waiter onto its
+// worker's resume stack, and only that worker ever resumes it. A shell goes back to the
 // idle list only when its task's body has returned, never while it is suspended.
 
 #include <time.h>   // clock_gettime for timers
 
+#include <cstdio>     // snprintf of a wait-without-fiber message
 #include <exception>  // std::exception thrown by a task handler
 #include <memory>     // unique_ptr for run contexts
 #include <thread>     // the worker thread
@@ -5173,6 +5174,18 @@ enum class MonitorMode : u32 {
   kGlobalSchedule = 1,  ///< resolve PoolQuery::Dynamic() into a concrete query
 };
 
+/**
+ * Where a method's handler runs (the last argument of chi::Method). A fiber costs a switch
+ * in and out per task (two context jumps, and the return predictions they break); a
+ * handler that never waits can skip it, as HPX's stackless threads and Argobots'
+ * tasklets do.
+ */
+enum class RunOn : u32 {
+  kUnknown = 0,      ///< no such method (Container::RunsOn only)
+  kFiber = 1,        ///< on a fiber of its own: it may wait (subtasks, SleepFor, co-locks)
+  kWorkerStack = 2,  ///< on the worker's own stack: no switch, and it may never wait
+};
+
 /** Base of every runtime container; type-erased entry points used by workers. */
 class Container {
  public:
@@ -5187,7 +5200,7 @@ class Container {
     num_containers_ = num_containers;
   }
 
-  /** Runs `method` on `task` inside a task fiber. */
+  /** Runs `method` on `task` (inside a task fiber, or on the worker's stack: RunsOn). */
   virtual void Run(MethodId method, Task *task, RunContext &rctx) = 0;
   /** Scheduling hook; the default keeps the task where it is and leaves Dynamic as Local. */
   virtual void Monitor(MonitorMode mode, MethodId method, Task *task, RunContext &rctx) {
@@ -5198,6 +5211,8 @@ class Container {
   }
   /** True when this module implements `method`. */
   virtual bool HasMethod(MethodId method) const = 0;
+  /** Where `method`'s handler runs; kUnknown when this module has no such method. */
+  virtual RunOn RunsOn(MethodId method) const = 0;
   /** A readable method name for messages ("Custom"), or "?" when unknown. */
   virtual const char *MethodName(MethodId method) const = 0;
   /**
@@ -5678,16 +5693,32 @@ inline Status ResolveQuery(const PoolInfo &pool, const PoolQuery &q, NodeId this
 // running it, the worker that owns that shell, its container and pool. Never in
 // shared memory; the task struct itself stays plain data. Also the thread-locals
 // that tell Future::Wait whether it runs inside a task fiber (yield) or on a
-// plain thread (park).
+// plain thread (park), and the error a task that has no fiber gets when it tries to wait.
 
-#include <utility>  // std::move
-#include <vector>   // fan-out targets
+#include <exception>  // WaitWithoutFiber
+#include <string>     // its message
+#include <utility>    // std::move
+#include <vector>     // fan-out targets
 
 namespace chi {
 
 class Worker;
 class Container;
 struct PoolInfo;
+
+/**
+ * Thrown when a task running on its worker's stack (RunOn::kWorkerStack) tries to wait:
+ * it has no fiber to suspend. The worker answers the task with kUnsupported and this
+ * message (which names the method), and goes on serving.
+ */
+class WaitWithoutFiber : public std::exception {
+ public:
+  explicit WaitWithoutFiber(std::string message) : message_(std::move(message)) {}
+  const char *what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
 
 /**
  * Everything a worker tracks for one task between start and completion. A task
@@ -5706,6 +5737,7 @@ class RunContext {
   Kind kind_ = Kind::kRun;
   FiberShell *shell_ = nullptr;     ///< the fiber running the task, from start to finish
   bool finished_ = false;           ///< the task's body returned (its shell is free again)
+  bool on_worker_stack_ = false;    ///< runs on the worker's stack (RunOn::kWorkerStack)
   u32 next_minor_ = 1;              ///< TaskNode minor for the next subtask
   u64 next_run_ns_ = 0;             ///< periodic tasks: when to run again
   RunContext *next_ = nullptr;      ///< intrusive link (resume stack, free list)
@@ -5714,10 +5746,23 @@ class RunContext {
   /** Task side: switch back to the worker until someone resumes this fiber. */
   void Yield() { shell_->Suspend(); }
 
+  /**
+   * Task side, before anything that may suspend (`op` names it for the message): throws
+   * WaitWithoutFiber when the task runs on its worker's stack. Checked before the wait
+   * registers anywhere, so nothing is left pointing at a context that cannot resume.
+   */
+  void RequireFiber(const char *op) const {
+    if (CHI_UNLIKELY(on_worker_stack_)) ThrowNoFiber(op);
+  }
+
   /** The TaskNode for a subtask spawned by this task (same major, fresh minor). */
   TaskNode NextChildNode() { return task_->task_node_.Child(next_minor_++); }
   Worker *GetWorker() const { return worker_; }
   Container *GetContainer() const { return container_; }
+
+ private:
+  /** Throws RequireFiber's error, naming the method and its pool (worker.h defines it). */
+  [[noreturn]] void ThrowNoFiber(const char *op) const;
 };
 
 /** The task fiber running on this thread, or nullptr on a plain thread. */
@@ -6377,6 +6422,7 @@ class Worker {
 
   /** Task side: suspends the running fiber until `t` completes. */
   void WaitInFiber(Task *t, RunContext *r) {
+    r->RequireFiber("wait for another task");
     if (t->IsComplete()) return;
     t->waiter_ = r;
     // acq_rel: publishes waiter_ to the completer; sees its kComplete if it came first.
@@ -6389,6 +6435,7 @@ class Worker {
 
   /** Task side: gives other tasks a turn, then continues (timed waits poll with this). */
   void YieldInFiber(RunContext *r) {
+    r->RequireFiber("yield");
     Resume(r);
     r->Yield();
   }
@@ -6398,6 +6445,7 @@ class Worker {
    * woke it early because it stops (the task should say it was cut short).
    */
   bool SleepInFiber(RunContext *r, u64 ns) {
+    r->RequireFiber("sleep");
     const u64 wake_ns = NowNs() + ns;
     sleepers_.push_back(Sleeper{wake_ns, r});
     ++blocked_;
@@ -6478,6 +6526,8 @@ class Worker {
   inline void Park();
   inline void StartTask(Task *t);
   inline void StartAcquired(Task *t, PoolInfo *pool);
+  inline void Launch(RunContext *r);
+  inline void RunOnStack(RunContext *r);
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
   inline bool RunsAgain(const RunContext *r) const;
@@ -6563,7 +6613,43 @@ class Worker {
 /** Resumes a fiber on the worker that owns it (used by CompleteTask). */
 inline void ResumeWaiter(RunContext *r) { r->worker_->Resume(r); }
 
+inline void RunContext::ThrowNoFiber(const char *op) const {
+  // Short enough for the task's message: it names the method, the pool and the wait.
+  const MethodId method = task_ != nullptr ? task_->method_ : 0;
+  const char *name = container_ != nullptr ? container_->MethodName(method) : "?";
+  char text[256];
+  const std::string pool = task_ != nullptr ? task_->pool_id_.ToString() : "?";
+  std::snprintf(text, sizeof(text),
+                "method %s of pool %s runs on the worker's stack and cannot %s", name,
+                pool.c_str(), op);
+  throw WaitWithoutFiber(text);
+}
+
 // ---- Fiber shells -----------------------------------------------------------
+
+/** Runs r's task where its method runs: on a fiber shell, or on this stack. */
+void Worker::Launch(RunContext *r) {
+  if (r->on_worker_stack_) {
+    RunOnStack(r);
+  } else {
+    StartFiber(r);
+  }
+}
+
+/**
+ * Runs a RunOn::kWorkerStack task to its end right here, on the loop's stack: the same
+ * steps as a shell's pass (ShellLoop, then OnFiberDone), without the two switches.
+ */
+void Worker::RunOnStack(RunContext *r) {
+  ++running_;
+  external_.Unpin();  // as SwitchTo: the task may run long
+  tls_current_rctx = r;
+  RunBody(r);
+  FinishInShell(r);
+  tls_current_rctx = nullptr;
+  r->finished_ = true;
+  OnFiberDone(r);
+}
 
 void Worker::StartFiber(RunContext *r) {
   ++running_;
@@ -6633,7 +6719,9 @@ void Worker::StartAcquired(Task *t, PoolInfo *pool) {
   Status st = ResolveQuery(*pool, t->pool_query_, node_, &targets_);
   if (st.ok() && !targets_.fan_out_) {
     r->container_ = pool->GetContainer(targets_.single_);
-    if (!r->container_->HasMethod(t->method_)) {
+    const RunOn where = r->container_->RunsOn(t->method_);
+    r->on_worker_stack_ = where == RunOn::kWorkerStack;
+    if (where == RunOn::kUnknown) {
       st = Status::Errorf(ErrorCode::kUnknownMethod, "pool %s (module %s) has no method %u",
                           pool->id_.ToString().c_str(), pool->module_name_.c_str(), t->method_);
     }
@@ -6650,7 +6738,7 @@ void Worker::StartAcquired(Task *t, PoolInfo *pool) {
   } else {
     r->container_->Monitor(MonitorMode::kLocalSchedule, t->method_, t, *r);
   }
-  StartFiber(r);
+  Launch(r);
 }
 
 /** Runs the task's handler (or its fan-out); an exception it throws becomes its error answer. */
@@ -6665,6 +6753,8 @@ void Worker::RunBody(RunContext *r) {
     throw;  // EndShells abandons this fiber: not the task's failure
   } catch (const ctx::detail::forced_unwind &) {
     throw;  // Boost destroys this fiber
+  } catch (const WaitWithoutFiber &e) {
+    r->task_->SetError(ErrorCode::kUnsupported, e.what());
   } catch (const std::exception &e) {
     r->task_->SetErrorf(ErrorCode::kInternal, "task threw: %s", e.what());
   } catch (...) {
@@ -6714,7 +6804,8 @@ void Worker::FinishInShell(RunContext *r) {
 
 void Worker::OnFiberDone(RunContext *r) {
   --running_;
-  shells_.Give(r->shell_);  // its body returned: it waits for the next task
+  // Its body returned: its shell (none on the worker's stack) waits for the next task.
+  if (r->shell_ != nullptr) shells_.Give(r->shell_);
   r->shell_ = nullptr;
   if (r->task_ == nullptr) {  // finished in its shell (FinishInShell)
     FreeRunContext(r);
@@ -6927,7 +7018,7 @@ bool Worker::RunDueTimers(bool stopping) {
       FreeRunContext(r);
       FinishTask(t, pool);
     } else {
-      StartFiber(r);
+      Launch(r);
     }
   }
   return did;
@@ -8454,14 +8545,17 @@ struct MonitorTask : public chi::Task {
 #define CHI_SINGLE_INCLUDE_CHI_MODULE_MODULE_RUNTIME_H
 // Compile-time method tables for module runtimes. A module lists its methods
 // once (id, task type, handler, name) and ModuleRuntime generates Run,
-// HasMethod and MethodName by folding over that list: no switch per module,
-// no generated code.
+// HasMethod, RunsOn and MethodName by folding over that list: no switch per module,
+// no generated code. A handler that never waits may say so (RunOn::kWorkerStack) and
+// runs without a fiber.
 //
 //   class Runtime : public chi::ModuleRuntime<Runtime> {
 //    public:
 //     void Custom(CustomTask &task, chi::RunContext &rctx);
+//     void Add(AddTask &task, chi::RunContext &rctx);
 //     using Methods = chi::MethodList<
-//         chi::Method<Method::kCustom, CustomTask, &Runtime::Custom, "Custom">>;
+//         chi::Method<Method::kCustom, CustomTask, &Runtime::Custom, "Custom">,
+//         chi::Method<Method::kAdd, AddTask, &Runtime::Add, "Add", chi::RunOn::kWorkerStack>>;
 //   };
 
 #include <algorithm>  // std::copy_n for the name literal
@@ -8476,10 +8570,17 @@ struct MethodLabel {
   constexpr MethodLabel(const char (&s)[N]) { std::copy_n(s, N, text); }
 };
 
-/** One entry of a module's method table. */
-template <MethodId kId, typename TaskT, auto kHandler, MethodLabel kName>
+/**
+ * One entry of a module's method table. `kWhere`: RunOn::kWorkerStack for a handler that
+ * never waits (no subtask Wait, SleepFor, co-lock or yield; one that tries fails its task
+ * with kUnsupported), which then runs without a fiber switch.
+ */
+template <MethodId kId, typename TaskT, auto kHandler, MethodLabel kName,
+          RunOn kWhere = RunOn::kFiber>
 struct Method {
+  static_assert(kWhere != RunOn::kUnknown, "a method runs on a fiber or on the worker's stack");
   static constexpr MethodId kMethodId = kId;
+  static constexpr RunOn kRunOn = kWhere;
   using TaskType = TaskT;
   static constexpr auto kRun = kHandler;
   static constexpr const char *Name() { return kName.text; }
@@ -8498,6 +8599,12 @@ struct MethodList {
             ...);
   }
   static constexpr bool Has(MethodId method) { return ((method == Methods::kMethodId) || ...); }
+  /** Where `method` runs; kUnknown when it is not in the table. */
+  static constexpr RunOn Where(MethodId method) {
+    RunOn where = RunOn::kUnknown;
+    (void)((method == Methods::kMethodId ? (where = Methods::kRunOn, true) : false) || ...);
+    return where;
+  }
 
   /**
    * Builds the task for `method` from its inputs (routing header already read
@@ -8540,6 +8647,7 @@ class ModuleRuntime : public Container {
     }
   }
   bool HasMethod(MethodId method) const override { return Derived::Methods::Has(method); }
+  RunOn RunsOn(MethodId method) const override { return Derived::Methods::Where(method); }
   const char *MethodName(MethodId method) const override { return Derived::Methods::Name(method); }
   Task *LoadTaskIn(MethodId method, const Task &base, InputArchive &ar) override {
     return Derived::Methods::LoadIn(method, base, ar);
@@ -22915,6 +23023,7 @@ class CoMutex {
   /** Takes the lock for the calling task's group, suspending the task while another group holds it. */
   void Lock() {
     RunContext *r = CurrentRunContext();
+    if (r != nullptr) r->RequireFiber("lock a CoMutex (TryLock can)");
     const u64 major = r != nullptr ? r->task_->task_node_.major_ : kThreadGroup;
     {
       std::lock_guard<SpinLock> g(mu_);
@@ -23071,6 +23180,7 @@ class CoRwLock {
 
   void Acquire(bool write) {
     RunContext *r = CurrentRunContext();
+    if (r != nullptr) r->RequireFiber("lock a CoRwLock");
     const u64 major = MajorOf(r);
     {
       std::lock_guard<SpinLock> g(mu_);

@@ -23,6 +23,18 @@ enum class MonitorMode : u32 {
   kGlobalSchedule = 1,  ///< resolve PoolQuery::Dynamic() into a concrete query
 };
 
+/**
+ * Where a method's handler runs (the last argument of chi::Method). A fiber costs a switch
+ * in and out per task (two context jumps, and the return predictions they break); a
+ * handler that never waits can skip it, as HPX's stackless threads and Argobots'
+ * tasklets do.
+ */
+enum class RunOn : u32 {
+  kUnknown = 0,      ///< no such method (Container::RunsOn only)
+  kFiber = 1,        ///< on a fiber of its own: it may wait (subtasks, SleepFor, co-locks)
+  kWorkerStack = 2,  ///< on the worker's own stack: no switch, and it may never wait
+};
+
 /** Base of every runtime container; type-erased entry points used by workers. */
 class Container {
  public:
@@ -37,7 +49,7 @@ class Container {
     num_containers_ = num_containers;
   }
 
-  /** Runs `method` on `task` inside a task fiber. */
+  /** Runs `method` on `task` (inside a task fiber, or on the worker's stack: RunsOn). */
   virtual void Run(MethodId method, Task *task, RunContext &rctx) = 0;
   /** Scheduling hook; the default keeps the task where it is and leaves Dynamic as Local. */
   virtual void Monitor(MonitorMode mode, MethodId method, Task *task, RunContext &rctx) {
@@ -48,6 +60,8 @@ class Container {
   }
   /** True when this module implements `method`. */
   virtual bool HasMethod(MethodId method) const = 0;
+  /** Where `method`'s handler runs; kUnknown when this module has no such method. */
+  virtual RunOn RunsOn(MethodId method) const = 0;
   /** A readable method name for messages ("Custom"), or "?" when unknown. */
   virtual const char *MethodName(MethodId method) const = 0;
   /**

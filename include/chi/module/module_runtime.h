@@ -1,13 +1,16 @@
 // Compile-time method tables for module runtimes. A module lists its methods
 // once (id, task type, handler, name) and ModuleRuntime generates Run,
-// HasMethod and MethodName by folding over that list: no switch per module,
-// no generated code.
+// HasMethod, RunsOn and MethodName by folding over that list: no switch per module,
+// no generated code. A handler that never waits may say so (RunOn::kWorkerStack) and
+// runs without a fiber.
 //
 //   class Runtime : public chi::ModuleRuntime<Runtime> {
 //    public:
 //     void Custom(CustomTask &task, chi::RunContext &rctx);
+//     void Add(AddTask &task, chi::RunContext &rctx);
 //     using Methods = chi::MethodList<
-//         chi::Method<Method::kCustom, CustomTask, &Runtime::Custom, "Custom">>;
+//         chi::Method<Method::kCustom, CustomTask, &Runtime::Custom, "Custom">,
+//         chi::Method<Method::kAdd, AddTask, &Runtime::Add, "Add", chi::RunOn::kWorkerStack>>;
 //   };
 #pragma once
 
@@ -29,10 +32,17 @@ struct MethodLabel {
   constexpr MethodLabel(const char (&s)[N]) { std::copy_n(s, N, text); }
 };
 
-/** One entry of a module's method table. */
-template <MethodId kId, typename TaskT, auto kHandler, MethodLabel kName>
+/**
+ * One entry of a module's method table. `kWhere`: RunOn::kWorkerStack for a handler that
+ * never waits (no subtask Wait, SleepFor, co-lock or yield; one that tries fails its task
+ * with kUnsupported), which then runs without a fiber switch.
+ */
+template <MethodId kId, typename TaskT, auto kHandler, MethodLabel kName,
+          RunOn kWhere = RunOn::kFiber>
 struct Method {
+  static_assert(kWhere != RunOn::kUnknown, "a method runs on a fiber or on the worker's stack");
   static constexpr MethodId kMethodId = kId;
+  static constexpr RunOn kRunOn = kWhere;
   using TaskType = TaskT;
   static constexpr auto kRun = kHandler;
   static constexpr const char *Name() { return kName.text; }
@@ -51,6 +61,12 @@ struct MethodList {
             ...);
   }
   static constexpr bool Has(MethodId method) { return ((method == Methods::kMethodId) || ...); }
+  /** Where `method` runs; kUnknown when it is not in the table. */
+  static constexpr RunOn Where(MethodId method) {
+    RunOn where = RunOn::kUnknown;
+    (void)((method == Methods::kMethodId ? (where = Methods::kRunOn, true) : false) || ...);
+    return where;
+  }
 
   /**
    * Builds the task for `method` from its inputs (routing header already read
@@ -93,6 +109,7 @@ class ModuleRuntime : public Container {
     }
   }
   bool HasMethod(MethodId method) const override { return Derived::Methods::Has(method); }
+  RunOn RunsOn(MethodId method) const override { return Derived::Methods::Where(method); }
   const char *MethodName(MethodId method) const override { return Derived::Methods::Name(method); }
   Task *LoadTaskIn(MethodId method, const Task &base, InputArchive &ar) override {
     return Derived::Methods::LoadIn(method, base, ar);

@@ -24,6 +24,7 @@ class CoMutex {
   /** Takes the lock for the calling task's group, suspending the task while another group holds it. */
   void Lock() {
     RunContext *r = CurrentRunContext();
+    if (r != nullptr) r->RequireFiber("lock a CoMutex (TryLock can)");
     const u64 major = r != nullptr ? r->task_->task_node_.major_ : kThreadGroup;
     {
       std::lock_guard<SpinLock> g(mu_);

@@ -65,6 +65,7 @@ class CoRwLock {
 
   void Acquire(bool write) {
     RunContext *r = CurrentRunContext();
+    if (r != nullptr) r->RequireFiber("lock a CoRwLock");
     const u64 major = MajorOf(r);
     {
       std::lock_guard<SpinLock> g(mu_);

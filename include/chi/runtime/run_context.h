@@ -2,11 +2,13 @@
 // running it, the worker that owns that shell, its container and pool. Never in
 // shared memory; the task struct itself stays plain data. Also the thread-locals
 // that tell Future::Wait whether it runs inside a task fiber (yield) or on a
-// plain thread (park).
+// plain thread (park), and the error a task that has no fiber gets when it tries to wait.
 #pragma once
 
-#include <utility>  // std::move
-#include <vector>   // fan-out targets
+#include <exception>  // WaitWithoutFiber
+#include <string>     // its message
+#include <utility>    // std::move
+#include <vector>     // fan-out targets
 
 #include "chi/core/types.h"        // u32, u64
 #include "chi/runtime/fiber.h"     // FiberShell
@@ -17,6 +19,20 @@ namespace chi {
 class Worker;
 class Container;
 struct PoolInfo;
+
+/**
+ * Thrown when a task running on its worker's stack (RunOn::kWorkerStack) tries to wait:
+ * it has no fiber to suspend. The worker answers the task with kUnsupported and this
+ * message (which names the method), and goes on serving.
+ */
+class WaitWithoutFiber : public std::exception {
+ public:
+  explicit WaitWithoutFiber(std::string message) : message_(std::move(message)) {}
+  const char *what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
 
 /**
  * Everything a worker tracks for one task between start and completion. A task
@@ -35,6 +51,7 @@ class RunContext {
   Kind kind_ = Kind::kRun;
   FiberShell *shell_ = nullptr;     ///< the fiber running the task, from start to finish
   bool finished_ = false;           ///< the task's body returned (its shell is free again)
+  bool on_worker_stack_ = false;    ///< runs on the worker's stack (RunOn::kWorkerStack)
   u32 next_minor_ = 1;              ///< TaskNode minor for the next subtask
   u64 next_run_ns_ = 0;             ///< periodic tasks: when to run again
   RunContext *next_ = nullptr;      ///< intrusive link (resume stack, free list)
@@ -43,10 +60,23 @@ class RunContext {
   /** Task side: switch back to the worker until someone resumes this fiber. */
   void Yield() { shell_->Suspend(); }
 
+  /**
+   * Task side, before anything that may suspend (`op` names it for the message): throws
+   * WaitWithoutFiber when the task runs on its worker's stack. Checked before the wait
+   * registers anywhere, so nothing is left pointing at a context that cannot resume.
+   */
+  void RequireFiber(const char *op) const {
+    if (CHI_UNLIKELY(on_worker_stack_)) ThrowNoFiber(op);
+  }
+
   /** The TaskNode for a subtask spawned by this task (same major, fresh minor). */
   TaskNode NextChildNode() { return task_->task_node_.Child(next_minor_++); }
   Worker *GetWorker() const { return worker_; }
   Container *GetContainer() const { return container_; }
+
+ private:
+  /** Throws RequireFiber's error, naming the method and its pool (worker.h defines it). */
+  [[noreturn]] void ThrowNoFiber(const char *op) const;
 };
 
 /** The task fiber running on this thread, or nullptr on a plain thread. */

@@ -4,15 +4,16 @@
 // and parks when there is nothing to do (on a futex, or through its parker; the
 // loop is worker_loop.h).
 //
-// Hot path: lane pop -> PoolManager::Acquire -> ResolveQuery -> shell switch ->
-// Container::Run -> CompleteTask (flag + wake). Waits inside a task yield the
-// fiber (WaitInFiber); the completer pushes the waiter onto its worker's
-// resume stack, and only that worker ever resumes it. A shell goes back to the
+// Hot path: lane pop -> PoolManager::Acquire -> ResolveQuery -> shell switch (none for a
+// RunOn::kWorkerStack method) -> Container::Run -> CompleteTask (flag + wake). Waits
+// inside a task yield the fiber (WaitInFiber); the completer pushes the waiter onto its
+// worker's resume stack, and only that worker ever resumes it. A shell goes back to the
 // idle list only when its task's body has returned, never while it is suspended.
 #pragma once
 
 #include <time.h>   // clock_gettime for timers
 
+#include <cstdio>     // snprintf of a wait-without-fiber message
 #include <exception>  // std::exception thrown by a task handler
 #include <memory>     // unique_ptr for run contexts
 #include <thread>     // the worker thread
@@ -156,6 +157,7 @@ class Worker {
 
   /** Task side: suspends the running fiber until `t` completes. */
   void WaitInFiber(Task *t, RunContext *r) {
+    r->RequireFiber("wait for another task");
     if (t->IsComplete()) return;
     t->waiter_ = r;
     // acq_rel: publishes waiter_ to the completer; sees its kComplete if it came first.
@@ -168,6 +170,7 @@ class Worker {
 
   /** Task side: gives other tasks a turn, then continues (timed waits poll with this). */
   void YieldInFiber(RunContext *r) {
+    r->RequireFiber("yield");
     Resume(r);
     r->Yield();
   }
@@ -177,6 +180,7 @@ class Worker {
    * woke it early because it stops (the task should say it was cut short).
    */
   bool SleepInFiber(RunContext *r, u64 ns) {
+    r->RequireFiber("sleep");
     const u64 wake_ns = NowNs() + ns;
     sleepers_.push_back(Sleeper{wake_ns, r});
     ++blocked_;
@@ -257,6 +261,8 @@ class Worker {
   inline void Park();
   inline void StartTask(Task *t);
   inline void StartAcquired(Task *t, PoolInfo *pool);
+  inline void Launch(RunContext *r);
+  inline void RunOnStack(RunContext *r);
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
   inline bool RunsAgain(const RunContext *r) const;
@@ -342,7 +348,43 @@ class Worker {
 /** Resumes a fiber on the worker that owns it (used by CompleteTask). */
 inline void ResumeWaiter(RunContext *r) { r->worker_->Resume(r); }
 
+inline void RunContext::ThrowNoFiber(const char *op) const {
+  // Short enough for the task's message: it names the method, the pool and the wait.
+  const MethodId method = task_ != nullptr ? task_->method_ : 0;
+  const char *name = container_ != nullptr ? container_->MethodName(method) : "?";
+  char text[256];
+  const std::string pool = task_ != nullptr ? task_->pool_id_.ToString() : "?";
+  std::snprintf(text, sizeof(text),
+                "method %s of pool %s runs on the worker's stack and cannot %s", name,
+                pool.c_str(), op);
+  throw WaitWithoutFiber(text);
+}
+
 // ---- Fiber shells -----------------------------------------------------------
+
+/** Runs r's task where its method runs: on a fiber shell, or on this stack. */
+void Worker::Launch(RunContext *r) {
+  if (r->on_worker_stack_) {
+    RunOnStack(r);
+  } else {
+    StartFiber(r);
+  }
+}
+
+/**
+ * Runs a RunOn::kWorkerStack task to its end right here, on the loop's stack: the same
+ * steps as a shell's pass (ShellLoop, then OnFiberDone), without the two switches.
+ */
+void Worker::RunOnStack(RunContext *r) {
+  ++running_;
+  external_.Unpin();  // as SwitchTo: the task may run long
+  tls_current_rctx = r;
+  RunBody(r);
+  FinishInShell(r);
+  tls_current_rctx = nullptr;
+  r->finished_ = true;
+  OnFiberDone(r);
+}
 
 void Worker::StartFiber(RunContext *r) {
   ++running_;
@@ -412,7 +454,9 @@ void Worker::StartAcquired(Task *t, PoolInfo *pool) {
   Status st = ResolveQuery(*pool, t->pool_query_, node_, &targets_);
   if (st.ok() && !targets_.fan_out_) {
     r->container_ = pool->GetContainer(targets_.single_);
-    if (!r->container_->HasMethod(t->method_)) {
+    const RunOn where = r->container_->RunsOn(t->method_);
+    r->on_worker_stack_ = where == RunOn::kWorkerStack;
+    if (where == RunOn::kUnknown) {
       st = Status::Errorf(ErrorCode::kUnknownMethod, "pool %s (module %s) has no method %u",
                           pool->id_.ToString().c_str(), pool->module_name_.c_str(), t->method_);
     }
@@ -429,7 +473,7 @@ void Worker::StartAcquired(Task *t, PoolInfo *pool) {
   } else {
     r->container_->Monitor(MonitorMode::kLocalSchedule, t->method_, t, *r);
   }
-  StartFiber(r);
+  Launch(r);
 }
 
 /** Runs the task's handler (or its fan-out); an exception it throws becomes its error answer. */
@@ -444,6 +488,8 @@ void Worker::RunBody(RunContext *r) {
     throw;  // EndShells abandons this fiber: not the task's failure
   } catch (const ctx::detail::forced_unwind &) {
     throw;  // Boost destroys this fiber
+  } catch (const WaitWithoutFiber &e) {
+    r->task_->SetError(ErrorCode::kUnsupported, e.what());
   } catch (const std::exception &e) {
     r->task_->SetErrorf(ErrorCode::kInternal, "task threw: %s", e.what());
   } catch (...) {
@@ -493,7 +539,8 @@ void Worker::FinishInShell(RunContext *r) {
 
 void Worker::OnFiberDone(RunContext *r) {
   --running_;
-  shells_.Give(r->shell_);  // its body returned: it waits for the next task
+  // Its body returned: its shell (none on the worker's stack) waits for the next task.
+  if (r->shell_ != nullptr) shells_.Give(r->shell_);
   r->shell_ = nullptr;
   if (r->task_ == nullptr) {  // finished in its shell (FinishInShell)
     FreeRunContext(r);

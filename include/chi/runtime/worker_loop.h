@@ -181,7 +181,7 @@ bool Worker::RunDueTimers(bool stopping) {
       FreeRunContext(r);
       FinishTask(t, pool);
     } else {
-      StartFiber(r);
+      Launch(r);
     }
   }
   return did;

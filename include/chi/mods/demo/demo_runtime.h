@@ -101,14 +101,17 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     if (method == Method::kCustom) static_cast<CustomTask *>(task)->via_monitor_ = 1;
   }
 
+  /** The handlers that never wait run on the worker's stack, without a fiber switch. */
+  static constexpr chi::RunOn kNoWait = chi::RunOn::kWorkerStack;
   using Methods = chi::MethodList<
       chi::Method<Method::kCreate, CreateTask, &Runtime::Create, "Create">,
-      chi::Method<Method::kCustom, CustomTask, &Runtime::Custom, "Custom">,
-      chi::Method<Method::kGpuSubmit, GpuSubmitTask, &Runtime::GpuSubmit, "GpuSubmit">,
+      chi::Method<Method::kCustom, CustomTask, &Runtime::Custom, "Custom", kNoWait>,
+      chi::Method<Method::kGpuSubmit, GpuSubmitTask, &Runtime::GpuSubmit, "GpuSubmit", kNoWait>,
       chi::Method<Method::kWaitTest, WaitTestTask, &Runtime::WaitTest, "WaitTest">,
-      chi::Method<Method::kLargeOutput, LargeOutputTask, &Runtime::LargeOutput, "LargeOutput">,
+      chi::Method<Method::kLargeOutput, LargeOutputTask, &Runtime::LargeOutput, "LargeOutput",
+                  kNoWait>,
       chi::Method<Method::kLockHold, LockHoldTask, &Runtime::LockHold, "LockHold">,
-      chi::Method<Method::kCount, CountTask, &Runtime::Count, "Count">,
+      chi::Method<Method::kCount, CountTask, &Runtime::Count, "Count", kNoWait>,
       chi::Method<Method::kReadRegistered, ReadRegisteredTask, &Runtime::ReadRegistered,
                   "ReadRegistered">>;
 
