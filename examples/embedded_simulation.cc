@@ -72,7 +72,9 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
 
   using Methods = chi::MethodList<
       chi::Method<Method::kCreate, chimaera::admin::CreatePoolTask, &Runtime::Create, "Create">,
-      chi::Method<Method::kAnalyze, AnalyzeTask, &Runtime::Analyze, "Analyze">,
+      // Analyze never waits: it runs on the worker's stack, without a fiber switch.
+      chi::Method<Method::kAnalyze, AnalyzeTask, &Runtime::Analyze, "Analyze",
+                  chi::RunOn::kWorkerStack>,
       chi::Method<Method::kCheckpoint, CheckpointTask, &Runtime::Checkpoint, "Checkpoint">>;
 };
 
