@@ -73,7 +73,6 @@ struct Task {
   IN double period_ns_ = 0;    ///< period of a TASK_PERIODIC task
   IN TaskId task_id_;          ///< unique id of this submission
   OUT u32 rc_ = 0;             ///< ErrorCode; 0 = success
-  OUT FixedString<kTaskMessageSize> msg_;  ///< why it failed (empty on success)
   TEMP Atomic<u32> state_;     ///< task_state bits: complete, parked, waiter, orphaned
   TEMP RunContext *waiter_ = nullptr;  ///< fiber waiting on this task (same process)
   TEMP const TaskOps *ops_ = nullptr;  ///< set by the allocator that made the task
@@ -81,6 +80,10 @@ struct Task {
   TEMP TaskCompleter *completer_ = nullptr;  ///< set by transports for remote callers
   TEMP u64 transport_cookie_ = 0;            ///< the transport's note of where to answer
   TEMP u64 request_id_ = 0;                  ///< the remote caller's id for this task
+  /// Why it failed (empty on success). Last: the fields above fill the task's first two
+  /// cache lines, and a task handed between threads moves only those and the line of its
+  /// own fields, not the message's, which a success never touches after construction.
+  OUT FixedString<kTaskMessageSize> msg_;
 
   /** Why the task failed (0 = success). */
   CHI_CROSS_FUN u32 GetReturnCode() const { return rc_; }
