@@ -4,17 +4,21 @@
 // temporary CHI_SERVER_CONF file.
 //
 // Prints: the fiber a task runs on, a reused shell vs a new Boost fiber per task;
-// synchronous task round trip vs two-thread atomic ping-pong; async throughput
+// synchronous task round trip vs two-thread atomic ping-pong (on CPUs 0 and 1, and again
+// on the CPUs the caller and the worker ran on); async throughput
 // of empty tasks with 1 and 2 workers; subtask spawn+wait inside a task; wake
 // latency of a parked worker vs a raw futex wake; stamping task ids on two threads at once
 // vs a shared counter; the round trip of a task queued behind a worker stuck in a long
 // task (two workers: the idle one takes it after the 100 us lane help wait, lane_help.h).
+#include <dirent.h>  // /proc/self/task: where the worker thread runs
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,18 +68,21 @@ class SpinModule : public chi::ModuleRuntime<SpinModule> {
 };
 const bool kSpinRegistered = chi::ModuleManager::Register<SpinModule>("bench_spin");
 
-/** Two threads bouncing one atomic flag: the floor for a cross-core round trip. */
-double AtomicPingPongNs(int iters) {
+/**
+ * Two threads bouncing one atomic flag: the floor for a cross-core round trip. They run
+ * pinned to CPUs `here` (the caller) and `there`.
+ */
+double AtomicPingPongNs(int iters, unsigned here = 0, unsigned there = 1) {
   alignas(64) std::atomic<int> flag{0};
   std::thread other([&] {
-    chi_bench::PinTo(1);
+    chi_bench::PinTo(there);
     for (int i = 0; i < iters; ++i) {
       while (flag.load(std::memory_order_acquire) != 1) {
       }
       flag.store(0, std::memory_order_release);
     }
   });
-  chi_bench::PinTo(0);
+  chi_bench::PinTo(here);
   const double t0 = NowNs();
   for (int i = 0; i < iters; ++i) {
     flag.store(1, std::memory_order_release);
@@ -86,6 +93,35 @@ double AtomicPingPongNs(int iters) {
   other.join();
   chi_bench::Unpin();  // runtime threads made later must not inherit the pin
   return (t1 - t0) / iters;
+}
+
+/**
+ * The CPU a thread of this process named `name` last ran on (field 39 of its
+ * /proc/self/task/<tid>/stat), or -1 when there is none.
+ */
+int ThreadCpu(const char *name) {
+  DIR *dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  int cpu = -1;
+  while (dirent *e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string base = std::string("/proc/self/task/") + e->d_name;
+    std::ifstream comm(base + "/comm");
+    std::string got;
+    if (!std::getline(comm, got) || got != name) continue;
+    std::ifstream stat(base + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');  // the name may hold spaces; fields follow it
+    if (close == std::string::npos) break;
+    std::istringstream fields(text.substr(close + 2));
+    std::string field;
+    for (int k = 3; k <= 39 && fields >> field; ++k) {
+      if (k == 39) cpu = std::atoi(field.c_str());
+    }
+    break;
+  }
+  closedir(dir);
+  return cpu;
 }
 
 /** Mean ns per call of op() when `threads` threads each make `iters` calls side by side. */
@@ -264,6 +300,23 @@ int main() {
     });
     chi_bench::ReportLatency("sync task round trip (1 worker)", rt, "atomic ping-pong (2 threads)",
                              floor_rt);
+    // The floor above runs on CPUs 0 and 1, the round trip wherever the scheduler put the
+    // caller and the worker: on a many-core host their distance can differ by several x.
+    const int caller_cpu = sched_getcpu();
+    const int worker_cpu = ThreadCpu("chi-worker-0");
+    if (caller_cpu >= 0 && worker_cpu >= 0 && caller_cpu != worker_cpu) {
+      const double here = MedianOf(kReps, [&] {
+        return AtomicPingPongNs(200000, static_cast<unsigned>(caller_cpu),
+                                static_cast<unsigned>(worker_cpu));
+      });
+      char label[96];
+      std::snprintf(label, sizeof(label), "atomic ping-pong, CPUs %d and %d", caller_cpu,
+                    worker_cpu);
+      chi_bench::ReportLatency("sync task round trip, its own CPUs", rt, label, here);
+    } else {
+      std::printf("sync task round trip: caller on CPU %d, worker on CPU %d (not compared)\n",
+                  caller_cpu, worker_cpu);
+    }
 
     const double per_level = MedianOf(kReps, [&] {
       const chi::u32 depth = 200;

@@ -6850,14 +6850,19 @@ void Worker::OnFiberDone(RunContext *r) {
 // watches its peers' lanes and takes the tasks of one stuck in a long task (lane_help.h).
 // Included by worker.h after the class; not meant to be included on its own.
 
-#include <sched.h>  // sched_yield while idle
+#include <pthread.h>  // pthread_setname_np: workers are named in ps, top and debuggers
+#include <sched.h>    // sched_yield while idle
 
 #include <algorithm>  // min of the park's deadlines
+#include <cstdio>     // snprintf of the thread's name
 
 namespace chi {
 
 void Worker::Loop() {
   tls_current_worker = this;
+  char name[16];  // the kernel keeps 15 characters
+  std::snprintf(name, sizeof(name), "chi-worker-%u", id_);
+  pthread_setname_np(pthread_self(), name);
   san_.AdoptCurrentThread();  // before any shell: they switch back to this stack
   u32 idle = 0;
   u64 idle_since = 0;

@@ -6,9 +6,11 @@
 // Included by worker.h after the class; not meant to be included on its own.
 #pragma once
 
-#include <sched.h>  // sched_yield while idle
+#include <pthread.h>  // pthread_setname_np: workers are named in ps, top and debuggers
+#include <sched.h>    // sched_yield while idle
 
 #include <algorithm>  // min of the park's deadlines
+#include <cstdio>     // snprintf of the thread's name
 
 #include "chi/core/atomic.h"      // the parked word and its fence
 #include "chi/core/futex.h"       // parking
@@ -18,6 +20,9 @@ namespace chi {
 
 void Worker::Loop() {
   tls_current_worker = this;
+  char name[16];  // the kernel keeps 15 characters
+  std::snprintf(name, sizeof(name), "chi-worker-%u", id_);
+  pthread_setname_np(pthread_self(), name);
   san_.AdoptCurrentThread();  // before any shell: they switch back to this stack
   u32 idle = 0;
   u64 idle_since = 0;
