@@ -4524,7 +4524,6 @@ void KeepInherited(std::unique_ptr<T> inherited) {
 
 #include <time.h>   // clock_gettime for timers
 
-#include <cstdio>     // snprintf of a wait-without-fiber message
 #include <exception>  // std::exception thrown by a task handler
 #include <memory>     // unique_ptr for run contexts
 #include <thread>     // the worker thread
@@ -5212,10 +5211,10 @@ class Container {
     (void)task;
     (void)rctx;
   }
-  /** True when this module implements `method`. */
-  virtual bool HasMethod(MethodId method) const = 0;
   /** Where `method`'s handler runs; kUnknown when this module has no such method. */
   virtual RunOn RunsOn(MethodId method) const = 0;
+  /** True when this module implements `method`. */
+  bool HasMethod(MethodId method) const { return RunsOn(method) != RunOn::kUnknown; }
   /** A readable method name for messages ("Custom"), or "?" when unknown. */
   virtual const char *MethodName(MethodId method) const = 0;
   /**
@@ -5699,7 +5698,6 @@ inline Status ResolveQuery(const PoolInfo &pool, const PoolQuery &q, NodeId this
 // plain thread (park), and the error a task that has no fiber gets when it tries to wait.
 
 #include <exception>  // WaitWithoutFiber
-#include <string>     // its message
 #include <utility>    // std::move
 #include <vector>     // fan-out targets
 
@@ -5716,11 +5714,13 @@ struct PoolInfo;
  */
 class WaitWithoutFiber : public std::exception {
  public:
-  explicit WaitWithoutFiber(std::string message) : message_(std::move(message)) {}
-  const char *what() const noexcept override { return message_.c_str(); }
+  explicit WaitWithoutFiber(const Status &status) : status_(status) {}
+  const char *what() const noexcept override { return status_.message(); }
+  /** kUnsupported and the message the task is answered with. */
+  const Status &status() const { return status_; }
 
  private:
-  std::string message_;
+  Status status_;
 };
 
 /**
@@ -6531,6 +6531,7 @@ class Worker {
   inline void StartAcquired(Task *t, PoolInfo *pool);
   inline void Launch(RunContext *r);
   inline void RunOnStack(RunContext *r);
+  inline void RunToEnd(RunContext *r);
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
   inline bool RunsAgain(const RunContext *r) const;
@@ -6620,12 +6621,11 @@ inline void RunContext::ThrowNoFiber(const char *op) const {
   // Short enough for the task's message: it names the method, the pool and the wait.
   const MethodId method = task_ != nullptr ? task_->method_ : 0;
   const char *name = container_ != nullptr ? container_->MethodName(method) : "?";
-  char text[256];
   const std::string pool = task_ != nullptr ? task_->pool_id_.ToString() : "?";
-  std::snprintf(text, sizeof(text),
-                "method %s of pool %s runs on the worker's stack and cannot %s", name,
-                pool.c_str(), op);
-  throw WaitWithoutFiber(text);
+  throw WaitWithoutFiber(
+      Status::Errorf(ErrorCode::kUnsupported,
+                     "method %s of pool %s runs on the worker's stack and cannot %s", name,
+                     pool.c_str(), op));
 }
 
 // ---- Fiber shells -----------------------------------------------------------
@@ -6647,11 +6647,16 @@ void Worker::RunOnStack(RunContext *r) {
   ++running_;
   external_.Unpin();  // as SwitchTo: the task may run long
   tls_current_rctx = r;
+  RunToEnd(r);
+  tls_current_rctx = nullptr;
+  OnFiberDone(r);
+}
+
+/** One task's run where it stands (a shell, or the worker's stack): body, then its end. */
+void Worker::RunToEnd(RunContext *r) {
   RunBody(r);
   FinishInShell(r);
-  tls_current_rctx = nullptr;
   r->finished_ = true;
-  OnFiberDone(r);
 }
 
 void Worker::StartFiber(RunContext *r) {
@@ -6676,9 +6681,7 @@ void Worker::ShellLoop(FiberShell &shell) {
     RunContext *r = starting_;
     starting_ = nullptr;
     if (r == nullptr) return;
-    RunBody(r);
-    FinishInShell(r);
-    r->finished_ = true;
+    RunToEnd(r);
     shell.Suspend();  // SwitchTo sees finished_ and frees the shell before its next task
   }
 }
@@ -6757,7 +6760,7 @@ void Worker::RunBody(RunContext *r) {
   } catch (const ctx::detail::forced_unwind &) {
     throw;  // Boost destroys this fiber
   } catch (const WaitWithoutFiber &e) {
-    r->task_->SetError(ErrorCode::kUnsupported, e.what());
+    r->task_->SetError(e.status().code(), e.status().message());
   } catch (const std::exception &e) {
     r->task_->SetErrorf(ErrorCode::kInternal, "task threw: %s", e.what());
   } catch (...) {
@@ -8553,7 +8556,7 @@ struct MonitorTask : public chi::Task {
 #define CHI_SINGLE_INCLUDE_CHI_MODULE_MODULE_RUNTIME_H
 // Compile-time method tables for module runtimes. A module lists its methods
 // once (id, task type, handler, name) and ModuleRuntime generates Run,
-// HasMethod, RunsOn and MethodName by folding over that list: no switch per module,
+// RunsOn and MethodName by folding over that list: no switch per module,
 // no generated code. A handler that never waits may say so (RunOn::kWorkerStack) and
 // runs without a fiber.
 //
@@ -8606,7 +8609,6 @@ struct MethodList {
                  : false) ||
             ...);
   }
-  static constexpr bool Has(MethodId method) { return ((method == Methods::kMethodId) || ...); }
   /** Where `method` runs; kUnknown when it is not in the table. */
   static constexpr RunOn Where(MethodId method) {
     RunOn where = RunOn::kUnknown;
@@ -8654,7 +8656,6 @@ class ModuleRuntime : public Container {
       task->SetError(ErrorCode::kUnknownMethod, "the module has no handler for this method");
     }
   }
-  bool HasMethod(MethodId method) const override { return Derived::Methods::Has(method); }
   RunOn RunsOn(MethodId method) const override { return Derived::Methods::Where(method); }
   const char *MethodName(MethodId method) const override { return Derived::Methods::Name(method); }
   Task *LoadTaskIn(MethodId method, const Task &base, InputArchive &ar) override {

@@ -58,10 +58,10 @@ class Container {
     (void)task;
     (void)rctx;
   }
-  /** True when this module implements `method`. */
-  virtual bool HasMethod(MethodId method) const = 0;
   /** Where `method`'s handler runs; kUnknown when this module has no such method. */
   virtual RunOn RunsOn(MethodId method) const = 0;
+  /** True when this module implements `method`. */
+  bool HasMethod(MethodId method) const { return RunsOn(method) != RunOn::kUnknown; }
   /** A readable method name for messages ("Custom"), or "?" when unknown. */
   virtual const char *MethodName(MethodId method) const = 0;
   /**

@@ -1,6 +1,6 @@
 // Compile-time method tables for module runtimes. A module lists its methods
 // once (id, task type, handler, name) and ModuleRuntime generates Run,
-// HasMethod, RunsOn and MethodName by folding over that list: no switch per module,
+// RunsOn and MethodName by folding over that list: no switch per module,
 // no generated code. A handler that never waits may say so (RunOn::kWorkerStack) and
 // runs without a fiber.
 //
@@ -60,7 +60,6 @@ struct MethodList {
                  : false) ||
             ...);
   }
-  static constexpr bool Has(MethodId method) { return ((method == Methods::kMethodId) || ...); }
   /** Where `method` runs; kUnknown when it is not in the table. */
   static constexpr RunOn Where(MethodId method) {
     RunOn where = RunOn::kUnknown;
@@ -108,7 +107,6 @@ class ModuleRuntime : public Container {
       task->SetError(ErrorCode::kUnknownMethod, "the module has no handler for this method");
     }
   }
-  bool HasMethod(MethodId method) const override { return Derived::Methods::Has(method); }
   RunOn RunsOn(MethodId method) const override { return Derived::Methods::Where(method); }
   const char *MethodName(MethodId method) const override { return Derived::Methods::Name(method); }
   Task *LoadTaskIn(MethodId method, const Task &base, InputArchive &ar) override {

@@ -6,10 +6,10 @@
 #pragma once
 
 #include <exception>  // WaitWithoutFiber
-#include <string>     // its message
 #include <utility>    // std::move
 #include <vector>     // fan-out targets
 
+#include "chi/core/status.h"       // WaitWithoutFiber's code and message
 #include "chi/core/types.h"        // u32, u64
 #include "chi/runtime/fiber.h"     // FiberShell
 #include "chi/task/task.h"         // Task
@@ -27,11 +27,13 @@ struct PoolInfo;
  */
 class WaitWithoutFiber : public std::exception {
  public:
-  explicit WaitWithoutFiber(std::string message) : message_(std::move(message)) {}
-  const char *what() const noexcept override { return message_.c_str(); }
+  explicit WaitWithoutFiber(const Status &status) : status_(status) {}
+  const char *what() const noexcept override { return status_.message(); }
+  /** kUnsupported and the message the task is answered with. */
+  const Status &status() const { return status_; }
 
  private:
-  std::string message_;
+  Status status_;
 };
 
 /**

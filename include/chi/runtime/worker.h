@@ -13,7 +13,6 @@
 
 #include <time.h>   // clock_gettime for timers
 
-#include <cstdio>     // snprintf of a wait-without-fiber message
 #include <exception>  // std::exception thrown by a task handler
 #include <memory>     // unique_ptr for run contexts
 #include <thread>     // the worker thread
@@ -263,6 +262,7 @@ class Worker {
   inline void StartAcquired(Task *t, PoolInfo *pool);
   inline void Launch(RunContext *r);
   inline void RunOnStack(RunContext *r);
+  inline void RunToEnd(RunContext *r);
   inline void StartFiber(RunContext *r);
   inline void SwitchTo(RunContext *r);
   inline bool RunsAgain(const RunContext *r) const;
@@ -352,12 +352,11 @@ inline void RunContext::ThrowNoFiber(const char *op) const {
   // Short enough for the task's message: it names the method, the pool and the wait.
   const MethodId method = task_ != nullptr ? task_->method_ : 0;
   const char *name = container_ != nullptr ? container_->MethodName(method) : "?";
-  char text[256];
   const std::string pool = task_ != nullptr ? task_->pool_id_.ToString() : "?";
-  std::snprintf(text, sizeof(text),
-                "method %s of pool %s runs on the worker's stack and cannot %s", name,
-                pool.c_str(), op);
-  throw WaitWithoutFiber(text);
+  throw WaitWithoutFiber(
+      Status::Errorf(ErrorCode::kUnsupported,
+                     "method %s of pool %s runs on the worker's stack and cannot %s", name,
+                     pool.c_str(), op));
 }
 
 // ---- Fiber shells -----------------------------------------------------------
@@ -379,11 +378,16 @@ void Worker::RunOnStack(RunContext *r) {
   ++running_;
   external_.Unpin();  // as SwitchTo: the task may run long
   tls_current_rctx = r;
+  RunToEnd(r);
+  tls_current_rctx = nullptr;
+  OnFiberDone(r);
+}
+
+/** One task's run where it stands (a shell, or the worker's stack): body, then its end. */
+void Worker::RunToEnd(RunContext *r) {
   RunBody(r);
   FinishInShell(r);
-  tls_current_rctx = nullptr;
   r->finished_ = true;
-  OnFiberDone(r);
 }
 
 void Worker::StartFiber(RunContext *r) {
@@ -408,9 +412,7 @@ void Worker::ShellLoop(FiberShell &shell) {
     RunContext *r = starting_;
     starting_ = nullptr;
     if (r == nullptr) return;
-    RunBody(r);
-    FinishInShell(r);
-    r->finished_ = true;
+    RunToEnd(r);
     shell.Suspend();  // SwitchTo sees finished_ and frees the shell before its next task
   }
 }
@@ -489,7 +491,7 @@ void Worker::RunBody(RunContext *r) {
   } catch (const ctx::detail::forced_unwind &) {
     throw;  // Boost destroys this fiber
   } catch (const WaitWithoutFiber &e) {
-    r->task_->SetError(ErrorCode::kUnsupported, e.what());
+    r->task_->SetError(e.status().code(), e.status().message());
   } catch (const std::exception &e) {
     r->task_->SetErrorf(ErrorCode::kInternal, "task threw: %s", e.what());
   } catch (...) {
