@@ -6,6 +6,8 @@
 
 #include <sched.h>
 
+#include <thread>
+
 #include "chi/core/cpu_share.h"
 
 namespace {
@@ -67,6 +69,31 @@ bool MayMove(const AffinityGuard &guard) {
 constexpr u64 kT0 = 1000000000ull;
 
 }  // namespace
+
+TEST_CASE("CpuTag names the CPU the thread is on, on every CPU it may run on, in any thread") {
+  AffinityGuard guard;
+  if (!CanPin(guard)) return;
+  auto check_every_cpu = [&] {
+    int checked = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &guard.Saved())) continue;
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      if (sched_setaffinity(0, sizeof(one), &one) != 0) continue;  // offline meanwhile
+      REQUIRE(sched_getcpu() == cpu);
+      CHECK(chi::CpuTag() == static_cast<u32>(cpu) + 1);  // the move is seen at once
+      ++checked;
+    }
+    sched_setaffinity(0, sizeof(cpu_set_t), &guard.Saved());
+    return checked;
+  };
+  CHECK(check_every_cpu() >= 1);
+  int in_thread = 0;  // a new thread has its own rseq area (or none: the fallback)
+  std::thread t([&] { in_thread = check_every_cpu(); });
+  t.join();
+  CHECK(in_thread >= 1);
+}
 
 TEST_CASE("NoteCpu records the CPU and ShareCpu sees the other end there") {
   AffinityGuard guard;

@@ -8,13 +8,36 @@
 
 #include <sched.h>  // sched_getcpu, sched_{get,set}affinity
 
+#if defined(__GLIBC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && \
+    __has_include(<sys/rseq.h>)
+#include <sys/rseq.h>  // __rseq_offset, __rseq_size: the kernel's per-thread CPU word
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_thread_pointer) && defined(RSEQ_SIG)
+#define CHI_HAVE_RSEQ_CPU 1
+#endif
+#endif
+#endif
+
 #include "chi/core/atomic.h"  // Atomic, MemOrder
 #include "chi/core/types.h"   // u32, u64
 
 namespace chi {
 
-/** The CPU the calling thread runs on, plus one (0: unknown). Costs a few ns (rseq). */
+/**
+ * The CPU the calling thread runs on, plus one (0: unknown). Read straight from the
+ * rseq area glibc registered for the thread (one load, ~1 ns): the waits that ask this
+ * on every poll then poll faster than through sched_getcpu's call (~3 ns), which stays
+ * the fallback where rseq is not registered (old kernels, valgrind).
+ */
 inline u32 CpuTag() {
+#ifdef CHI_HAVE_RSEQ_CPU
+  if (__rseq_size != 0) {
+    const auto *area = reinterpret_cast<const volatile struct rseq *>(
+        static_cast<const char *>(__builtin_thread_pointer()) + __rseq_offset);
+    const int cpu = static_cast<int>(area->cpu_id);
+    if (cpu >= 0) return static_cast<u32>(cpu) + 1;
+  }
+#endif
   const int cpu = sched_getcpu();
   return cpu < 0 ? 0 : static_cast<u32>(cpu) + 1;
 }
