@@ -18,7 +18,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -109,15 +108,9 @@ int ThreadCpu(const char *name) {
     std::ifstream comm(base + "/comm");
     std::string got;
     if (!std::getline(comm, got) || got != name) continue;
-    std::ifstream stat(base + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const size_t close = text.rfind(')');  // the name may hold spaces; fields follow it
-    if (close == std::string::npos) break;
-    std::istringstream fields(text.substr(close + 2));
-    std::string field;
-    for (int k = 3; k <= 39 && fields >> field; ++k) {
-      if (k == 39) cpu = std::atoi(field.c_str());
-    }
+    chi::detail::ForEachStatField((base + "/stat").c_str(), 39, [&](int field, const char *text) {
+      if (field == 39) cpu = std::atoi(text);
+    });
     break;
   }
   closedir(dir);

@@ -38,14 +38,19 @@ class AffinityGuard {
   cpu_set_t saved_;
 };
 
+/** Pins the calling thread to `cpu`; false when it may not run there (offline, not allowed). */
+bool PinTo(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  return sched_setaffinity(0, sizeof(one), &one) == 0;
+}
+
 /** Pins the calling thread to the CPU it runs on now; returns that CPU. */
 int PinHere() {
   const int cpu = sched_getcpu();
   REQUIRE(cpu >= 0);
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  REQUIRE(sched_setaffinity(0, sizeof(one), &one) == 0);
+  REQUIRE(PinTo(cpu));
   REQUIRE(sched_getcpu() == cpu);
   return cpu;
 }
@@ -77,10 +82,7 @@ TEST_CASE("CpuTag names the CPU the thread is on, on every CPU it may run on, in
     int checked = 0;
     for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
       if (!CPU_ISSET(cpu, &guard.Saved())) continue;
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpu, &one);
-      if (sched_setaffinity(0, sizeof(one), &one) != 0) continue;  // offline meanwhile
+      if (!PinTo(cpu)) continue;  // offline meanwhile
       // CHECK, not REQUIRE: this also runs on a second thread, where a throw would abort.
       CHECK(sched_getcpu() == cpu);
       CHECK(chi::CpuTag() == static_cast<u32>(cpu) + 1);  // the move is seen at once

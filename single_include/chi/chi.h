@@ -11107,41 +11107,51 @@ struct ProcStat {
   u64 start_ticks = 0;  ///< field 22, starttime
 };
 
-/** Reads state and start time of `pid` from /proc (host only; a slow path). */
-inline ProcStat ReadProcStat(u32 pid) {
-  ProcStat out;
-  char path[48];
-  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+/**
+ * Reads the /proc stat file at `path` (a process's or a thread's) and calls
+ * on_field(k, text) for its fields 3 up to `last`, text pointing at the field's first
+ * character (fields end at a space). The command name (field 2) may hold spaces and
+ * parentheses, so fields are counted from the last ')'. False when the file cannot be
+ * read or names no command. Host only; a slow path.
+ */
+template <typename OnField>
+bool ForEachStatField(const char *path, int last, OnField on_field) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
+  if (fd < 0) return false;
   char buf[1024];
   ssize_t n = read(fd, buf, sizeof(buf) - 1);
   close(fd);
-  if (n <= 0) return out;
+  if (n <= 0) return false;
   buf[n] = '\0';
-  // The command name (field 2) may hold spaces and parentheses: parse after the last ')'.
-  char *p = nullptr;
+  const char *p = nullptr;
   for (ssize_t i = n - 1; i >= 0; --i) {
     if (buf[i] == ')') {
       p = buf + i + 1;
       break;
     }
   }
-  if (p == nullptr) return out;
-  int field = 2;  // the ')' ends field 2
-  while (*p != '\0' && field < 22) {
+  if (p == nullptr) return false;
+  for (int field = 3; field <= last && *p != '\0'; ++field) {
     while (*p == ' ') ++p;
-    ++field;
-    if (field == 3) out.state = *p;
-    if (field == 22) {
-      u64 v = 0;
-      while (*p >= '0' && *p <= '9') v = v * 10 + static_cast<u64>(*p++ - '0');
-      out.start_ticks = v;
-      out.found = true;
-      break;
-    }
+    on_field(field, p);
     while (*p != ' ' && *p != '\0') ++p;
   }
+  return true;
+}
+
+/** Reads state and start time of `pid` from /proc (host only; a slow path). */
+inline ProcStat ReadProcStat(u32 pid) {
+  ProcStat out;
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+  ForEachStatField(path, 22, [&](int field, const char *text) {
+    if (field == 3) out.state = *text;
+    if (field != 22) return;
+    u64 v = 0;
+    while (*text >= '0' && *text <= '9') v = v * 10 + static_cast<u64>(*text++ - '0');
+    out.start_ticks = v;
+    out.found = true;
+  });
   return out;
 }
 
