@@ -408,14 +408,17 @@ TEST_CASE("a request reaching an idle slot starts before the worker reads the on
   // retried. A worker that did not get the CPU for another look before the three arrived
   // (a loaded machine, a sanitizer) reads them as a queue: at least one of the worker's
   // rounds must show the first one starting alone, which a worker that always reads the
-  // next record first never does.
+  // next record first never does. Rounds go on until one does (up to 40 by workers, 400
+  // in all): with other tests running beside it on two CPUs, 40 rounds sometimes all
+  // went through the poller, and 5 by workers sometimes all read the three as a queue.
   const u32 port = TestPort(0);
   RuntimeProcess runtime(port);
   AttachedClient attached(runtime.Info());
   CreateProbePool();
   u32 rounds_by_workers = 0;
   u32 started_alone = 0;
-  for (u32 round = 0; round < 40 && rounds_by_workers < 5; ++round) {
+  u64 most_taken_first = 0;  // the most requests taken in before a first task started
+  for (u32 round = 0; round < 400 && rounds_by_workers < 40 && started_alone == 0; ++round) {
     chi::ShmServer::Stats before;
     REQUIRE(chi::ShmServer::ProbeStats(port, &before).ok());
     auto warm = Observe();
@@ -440,14 +443,16 @@ TEST_CASE("a request reaching an idle slot starts before the worker reads the on
     if (f[0]->served_at_start_ == before.tasks_served + 2) {
       ++started_alone;
     } else {
-      MESSAGE("round " << round << ": the first task started with "
-                       << f[0]->served_at_start_ - before.tasks_served - 1
-                       << " requests of the three taken in");
+      const u64 taken = f[0]->served_at_start_ - before.tasks_served - 1;
+      if (taken > most_taken_first) most_taken_first = taken;
     }
   }
   CHECK(rounds_by_workers > 0);
   CHECK_MESSAGE(started_alone > 0, "in none of " << rounds_by_workers
-                                                 << " rounds did the first task start alone");
+                                                 << " rounds did the first task start alone "
+                                                    "(up to "
+                                                 << most_taken_first
+                                                 << " of the three were taken in first)");
 }
 
 TEST_CASE("round trip of a 16 B task over shm, printed next to a two-process shm ping-pong") {
