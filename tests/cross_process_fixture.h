@@ -421,6 +421,17 @@ inline bool AwaitFile(const std::string &path, double sec = 20) {
   return chi_test::PollUntil([&] { return FileExists(path); }, sec, 2);
 }
 
+/** Minor page faults of process `pid` so far (/proc stat field 10); 0 when unreadable. */
+inline u64 MinorFaults(pid_t pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  u64 faults = 0;
+  chi::detail::ForEachStatField(path.c_str(), 10, [&](int field, const char *text) {
+    if (field != 10) return;
+    while (*text >= '0' && *text <= '9') faults = faults * 10 + static_cast<u64>(*text++ - '0');
+  });
+  return faults;
+}
+
 /** Asks the runtime of the current session to stop; true when it answered. */
 inline bool StopThroughSession() {
   auto f = chimaera::admin::Client().AsyncStopRuntime(chi::PoolQuery::Local());

@@ -153,7 +153,7 @@ TEST_CASE("a kept block far larger than the allocation does not serve it") {
 TEST_CASE("the kept blocks stay within their count and byte limits") {
   Cache().Trim();
   std::vector<void *> blocks;
-  for (int i = 0; i < 8; ++i) {
+  for (u32 i = 0; i < LargeBlockCache::kMaxKeptBlocks + 4; ++i) {
     blocks.push_back(Cache().Allocate(24 * kMiB));
     REQUIRE(blocks.back() != nullptr);
   }

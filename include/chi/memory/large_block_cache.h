@@ -5,7 +5,12 @@
 // Why: glibc maps every allocation above its largest mmap threshold (32 MiB) afresh and
 // unmaps it on free. A stream of large payloads (each a TaskBuffer decoded on the runtime
 // and again on the client) then faulted in, zeroed and unmapped every page of every buffer:
-// a 32 MiB echo over shm took 4.5x as long as a 16 MiB one on the 2-core machine. A freed
+// a 32 MiB echo over shm took 4.5x as long as a 16 MiB one on the 2-core machine. Smaller
+// ones (from glibc's first mmap threshold, 128 KiB) fare no better on a thread whose buffers
+// come and go out of step: glibc trims its main heap whenever more than twice its threshold
+// lies free at the top, so a ZeroMQ client's echo (the payload, the encoded request that
+// ZeroMQ frees once sent, the decoded answer) faulted in 480 fresh pages per 1 MiB round trip
+// and 62 per 192 KiB one; with the payloads here, 2-7. A freed
 // block here keeps its mapping and serves the next allocation it fits; up to WarmLimit()
 // bytes of kept blocks stay resident (memory.warm_payload_bytes, default kDefaultWarmBytes),
 // and the pages of the rest are lent to the kernel (LendPagesToKernel: reclaimed without
@@ -29,12 +34,12 @@ namespace chi {
 /** A process-wide cache of large, page-mapped blocks for task payloads. */
 class LargeBlockCache {
  public:
-  /** Smallest block served here; smaller ones are malloc's (it reuses them well). */
-  static constexpr u64 kMinBytes = 4ull << 20;
+  /** Smallest block served here; smaller ones are malloc's (below this it reuses them well). */
+  static constexpr u64 kMinBytes = 128ull << 10;
   /** Mappings are whole multiples of this (a huge page), so near sizes share blocks. */
   static constexpr u64 kGranuleBytes = 2ull << 20;
-  /** Blocks kept at once. */
-  static constexpr u32 kMaxKeptBlocks = 4;
+  /** Blocks kept at once: enough for the payloads of several threads at a time. */
+  static constexpr u32 kMaxKeptBlocks = 16;
   /** Mapped bytes kept at once (lent pages cost address space only). */
   static constexpr u64 kMaxKeptBytes = 1ull << 30;
   /**
