@@ -2,9 +2,9 @@
 // ClientConnect handshake, demo calls over every transport, concurrency (many
 // processes, threads of one process, a process whose wait helpers are all taken, a
 // task sleeping or spinning on the network worker while others are served), large echoes
-// that reuse warm pages on both ends, and two runtimes side by side. Failures (killed clients and runtimes, restarts, bad bytes) are in
-// test_cross_process_failures.cc. Ports come from test_ports.h, so parallel test binaries do
-// not collide.
+// that reuse warm pages on both ends, and two runtimes side by side. Failures (killed
+// clients and runtimes, restarts, bad bytes) are in test_cross_process_failures.cc. Ports
+// come from test_ports.h, so parallel test binaries do not collide.
 #include "cross_process_fixture.h"
 #include "spin_probe.h"  // the task that holds the network worker
 
