@@ -151,18 +151,55 @@ TEST_CASE("a kept block far larger than the allocation does not serve it") {
 }
 
 TEST_CASE("the kept blocks stay within their count and byte limits") {
+  // Each batch is allocated whole, then freed: the ones past the limits are unmapped.
+  auto allocate_then_free = [](u32 count, u64 bytes) {
+    std::vector<void *> blocks;
+    for (u32 i = 0; i < count; ++i) {
+      blocks.push_back(Cache().Allocate(bytes));
+      REQUIRE(blocks.back() != nullptr);
+    }
+    for (void *p : blocks) Cache().Free(p);
+  };
   Cache().Trim();
-  std::vector<void *> blocks;
-  for (u32 i = 0; i < LargeBlockCache::kMaxKeptBlocks + 4; ++i) {
-    blocks.push_back(Cache().Allocate(24 * kMiB));
-    REQUIRE(blocks.back() != nullptr);
-  }
-  for (void *p : blocks) Cache().Free(p);  // the ones past the limits are unmapped
+  allocate_then_free(LargeBlockCache::kMaxKeptBlocks + 4, 4 * kMiB);  // 272 MiB: the count binds
   CHECK(Cache().Kept().blocks == LargeBlockCache::kMaxKeptBlocks);
+  CHECK(Cache().Kept().warm_bytes <= Cache().WarmLimit());
+  Cache().Trim();
+  allocate_then_free(48, 24 * kMiB);  // 1152 MiB: the bytes bind
+  CHECK(Cache().Kept().blocks < 48);
   CHECK(Cache().Kept().bytes <= LargeBlockCache::kMaxKeptBytes);
+  CHECK(Cache().Kept().bytes + 24 * kMiB > LargeBlockCache::kMaxKeptBytes);
   CHECK(Cache().Kept().warm_bytes <= Cache().WarmLimit());
   Cache().Trim();
   CHECK(Cache().Kept().blocks == 0);
+}
+
+TEST_CASE("a window of small large payloads keeps its blocks resident and reuses them all") {
+  // 64 payloads of 256 KiB in flight at once (a client's outstanding tasks): each block is
+  // a 512 KiB mapping, not a 2 MiB one, so all of them fit the warm budget and come back.
+  Cache().Trim();
+  constexpr u64 kBytes = 256 << 10;
+  std::set<char *> first;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<char *> blocks;
+    for (u32 i = 0; i < LargeBlockCache::kMaxKeptBlocks; ++i) {
+      blocks.push_back(static_cast<char *>(Cache().Allocate(kBytes)));
+      REQUIRE(blocks.back() != nullptr);
+      Fill(blocks.back(), kBytes, i);
+    }
+    for (u32 i = 0; i < blocks.size(); ++i) CHECK(Holds(blocks[i], kBytes, i));
+    if (round == 0) {
+      first.insert(blocks.begin(), blocks.end());
+    } else {
+      CHECK(std::set<char *>(blocks.begin(), blocks.end()) == first);  // every one reused
+      CHECK(Cache().Kept().blocks == 0);
+    }
+    for (char *p : blocks) Cache().Free(p);
+    CHECK(Cache().Kept().blocks == LargeBlockCache::kMaxKeptBlocks);
+    CHECK(Cache().Kept().warm_bytes == Cache().Kept().bytes);  // none lent
+    CHECK(Cache().Kept().bytes == LargeBlockCache::kMaxKeptBlocks * (512 << 10));
+  }
+  Cache().Trim();
 }
 
 TEST_CASE("an allocation beyond any machine fails cleanly") {

@@ -7624,10 +7624,17 @@ class LargeBlockCache {
  public:
   /** Smallest block served here; smaller ones are malloc's (below this it reuses them well). */
   static constexpr u64 kMinBytes = 128ull << 10;
-  /** Mappings are whole multiples of this (a huge page), so near sizes share blocks. */
+  /**
+   * Mappings of this size (a huge page) and more are whole multiples of it, smaller ones a
+   * power of two, so near sizes share blocks and a small payload's block counts little
+   * against the warm budget.
+   */
   static constexpr u64 kGranuleBytes = 2ull << 20;
-  /** Blocks kept at once: enough for the payloads of several threads at a time. */
-  static constexpr u32 kMaxKeptBlocks = 16;
+  /**
+   * Blocks kept at once: a window of 64 payloads in flight (a client's outstanding tasks,
+   * or the runtime's copies of them) finds its blocks again.
+   */
+  static constexpr u32 kMaxKeptBlocks = 64;
   /** Mapped bytes kept at once (lent pages cost address space only). */
   static constexpr u64 kMaxKeptBytes = 1ull << 30;
   /**
@@ -7650,7 +7657,7 @@ class LargeBlockCache {
    */
   void *Allocate(u64 bytes) {
     if (bytes > kMaxBlockBytes) return nullptr;
-    const u64 need = (bytes + kHeaderBytes + kGranuleBytes - 1) & ~(kGranuleBytes - 1);
+    const u64 need = MappingFor(bytes + kHeaderBytes);
     Block block = TakeKept(need);
     if (block.base == nullptr) block = Map(need);
     if (block.base == nullptr) {
@@ -7751,6 +7758,14 @@ class LargeBlockCache {
   LargeBlockCache() { HoldAcrossFork<&Lock>(); }
   /** The cache's lock (the fork handlers' way to it). */
   static std::mutex &Lock() { return Instance().mu_; }
+
+  /** The mapping size for `bytes` (see kGranuleBytes). */
+  static u64 MappingFor(u64 bytes) {
+    if (bytes >= kGranuleBytes) return (bytes + kGranuleBytes - 1) & ~(kGranuleBytes - 1);
+    u64 m = kMinBytes;
+    while (m < bytes) m <<= 1;
+    return m;
+  }
 
   /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (or none). */
   Block TakeKept(u64 need) {
@@ -8800,7 +8815,7 @@ memory:
   # Emptied buffers of messages past a data region's share (assembled or
   # encoded in pieces): 128m keeps the two buffers of a 64 MiB message.
   warm_message_bytes: 128m
-  # Freed task payload blocks of 128 KiB and more (at most 16 blocks are kept).
+  # Freed task payload blocks of 128 KiB and more (at most 64 blocks are kept).
   warm_payload_bytes: 64m
 
 # Pools created at start, in this order, after the admin pool. Each entry:

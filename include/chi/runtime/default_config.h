@@ -100,7 +100,7 @@ memory:
   # Emptied buffers of messages past a data region's share (assembled or
   # encoded in pieces): 128m keeps the two buffers of a 64 MiB message.
   warm_message_bytes: 128m
-  # Freed task payload blocks of 128 KiB and more (at most 16 blocks are kept).
+  # Freed task payload blocks of 128 KiB and more (at most 64 blocks are kept).
   warm_payload_bytes: 64m
 
 # Pools created at start, in this order, after the admin pool. Each entry:
