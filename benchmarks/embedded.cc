@@ -109,7 +109,7 @@ int ThreadCpu(const char *name) {
     std::string got;
     if (!std::getline(comm, got) || got != name) continue;
     chi::detail::ForEachStatField((base + "/stat").c_str(), 39, [&](int field, const char *text) {
-      if (field == 39) cpu = std::atoi(text);
+      if (field == 39) cpu = static_cast<int>(chi::detail::StatNumber(text));
     });
     break;
   }

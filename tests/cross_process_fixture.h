@@ -426,8 +426,7 @@ inline u64 MinorFaults(pid_t pid) {
   const std::string path = "/proc/" + std::to_string(pid) + "/stat";
   u64 faults = 0;
   chi::detail::ForEachStatField(path.c_str(), 10, [&](int field, const char *text) {
-    if (field != 10) return;
-    while (*text >= '0' && *text <= '9') faults = faults * 10 + static_cast<u64>(*text++ - '0');
+    if (field == 10) faults = chi::detail::StatNumber(text);
   });
   return faults;
 }

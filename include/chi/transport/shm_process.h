@@ -62,6 +62,13 @@ bool ForEachStatField(const char *path, int last, OnField on_field) {
   return true;
 }
 
+/** The unsigned decimal number a stat field (ForEachStatField's `text`) starts with. */
+inline u64 StatNumber(const char *text) {
+  u64 v = 0;
+  while (*text >= '0' && *text <= '9') v = v * 10 + static_cast<u64>(*text++ - '0');
+  return v;
+}
+
 /** Reads state and start time of `pid` from /proc (host only; a slow path). */
 inline ProcStat ReadProcStat(u32 pid) {
   ProcStat out;
@@ -70,9 +77,7 @@ inline ProcStat ReadProcStat(u32 pid) {
   ForEachStatField(path, 22, [&](int field, const char *text) {
     if (field == 3) out.state = *text;
     if (field != 22) return;
-    u64 v = 0;
-    while (*text >= '0' && *text <= '9') v = v * 10 + static_cast<u64>(*text++ - '0');
-    out.start_ticks = v;
+    out.start_ticks = StatNumber(text);
     out.found = true;
   });
   return out;
