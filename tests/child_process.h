@@ -50,9 +50,8 @@ class ChildChecks {
  public:
   /**
    * Records a failed expectation with its description. A literal description allocates
-   * nothing: in an ASan build a forked child's first malloc can wait forever on an
-   * allocator lock that another of the parent's threads held at the fork (a runtime's
-   * forked child hung so for its whole 60 s timeout in one ASan run of the suite).
+   * nothing: in an ASan build a forked child's malloc can wait forever on an allocator
+   * lock that another of the parent's threads held at the fork.
    */
   void Expect(bool ok, const char *what) {
     if (!ok) {

@@ -2,13 +2,53 @@
 // or connection. Its tasks fail naming the fork until it calls CHIMAERA_INIT for its own,
 // a task the parent submitted before the fork fails in the child instead of waiting
 // forever, and nothing the child does or leaves behind at exit disturbs the parent: the
-// task it had in flight is answered and its next ones too. Children leave with exit(), not
+// task it had in flight is answered and its next ones too. The fork handlers that bring this
+// about allocate and free nothing in the child. Children leave with exit(), not
 // _exit, so static destructors and atexit handlers run as in a real program's child (not in
 // ASan builds: chi_test::ForkAndExit says why).
+#include <cstdlib>  // the counting operator new's malloc
+#include <new>      // std::bad_alloc
+
 #include "cross_process_fixture.h"
 #include "fork_while_busy.h"
 
 using namespace xp_test;
+
+/**
+ * This thread's operator new and delete calls. The fork handlers must make none in the
+ * child: an allocator lock that another of the parent's threads held at the fork stays held
+ * there (with ASan's allocator, a runtime's forked child hung so for its whole timeout).
+ */
+thread_local chi::u64 tls_heap_calls = 0;
+
+namespace {
+
+/** Every non-aligned operator new: counted, from malloc (so any delete form frees it). */
+void *CountedNew(std::size_t n) noexcept {
+  ++tls_heap_calls;
+  return std::malloc(n != 0 ? n : 1);
+}
+void *ThrowingCountedNew(std::size_t n) {
+  if (void *p = CountedNew(n)) return p;
+  throw std::bad_alloc();
+}
+void CountedDelete(void *p) noexcept {
+  if (p != nullptr) ++tls_heap_calls;
+  std::free(p);
+}
+
+}  // namespace
+
+void *operator new(std::size_t n) { return ThrowingCountedNew(n); }
+void *operator new[](std::size_t n) { return ThrowingCountedNew(n); }
+void *operator new(std::size_t n, const std::nothrow_t &) noexcept { return CountedNew(n); }
+void *operator new[](std::size_t n, const std::nothrow_t &) noexcept { return CountedNew(n); }
+void operator delete(void *p) noexcept { CountedDelete(p); }
+void operator delete[](void *p) noexcept { CountedDelete(p); }
+void operator delete(void *p, std::size_t) noexcept { CountedDelete(p); }
+void operator delete[](void *p, std::size_t) noexcept { CountedDelete(p); }
+void operator delete(void *p, const std::nothrow_t &) noexcept { CountedDelete(p); }
+void operator delete[](void *p, const std::nothrow_t &) noexcept { CountedDelete(p); }
 
 namespace {
 
@@ -16,6 +56,20 @@ using chimaera::demo::GpuSubmitTask;
 using chimaera::demo::LockHoldTask;
 
 constexpr u64 kHoldNs = 300ull * 1000 * 1000;  ///< the parent's task in flight across the fork
+
+/**
+ * The child's first check: the fork's handlers (this thread's only code since the parent
+ * read `before`) allocated and freed nothing, and kept what the parent left (`kept`: at
+ * least one object). Allocates nothing itself.
+ */
+void ExpectNoHeapCallsInForkHandlers(chi_test::ChildChecks &checks, chi::u64 before, bool kept) {
+  const chi::u64 calls = tls_heap_calls - before;
+  char msg[128];
+  std::snprintf(msg, sizeof(msg), "the fork handlers made %llu operator new/delete calls",
+                static_cast<unsigned long long>(calls));
+  checks.Expect(calls == 0, msg);
+  if (kept) checks.Expect(chi::InheritedKept() != 0, "the child keeps the parent's runtime objects");
+}
 
 /** True when `text` contains `part`. */
 bool Contains(const char *text, const std::string &part) {
@@ -28,7 +82,8 @@ bool Contains(const char *text, const std::string &part) {
  * runtime of its own when with_runtime) then serves it right.
  */
 void ChildOfInitializedParent(chi_test::ChildChecks &checks, chi::Future<LockHoldTask> &inherited,
-                              bool with_runtime) {
+                              bool with_runtime, chi::u64 heap_calls_before) {
+  ExpectNoHeapCallsInForkHandlers(checks, heap_calls_before, true);
   const std::string parent = std::to_string(getppid());
   checks.Expect(!chi::Chimaera::Get().IsInitialized(), "the child starts uninitialized");
   // The parent's wait helper would take the parent's answers off its transport here.
@@ -88,9 +143,11 @@ void ForkAroundTaskInFlight(chimaera::demo::Client &c, bool child_with_runtime) 
   SequentialGpuSubmits(c, 0, 3);
   auto in_flight = c.AsyncLockHold(chi::PoolQuery::Local(), chimaera::demo::LockMode::kMutex,
                                    kHoldNs);
-  CHECK(chi_test::ForkAndExit([&](chi_test::ChildChecks &checks) {
-          ChildOfInitializedParent(checks, in_flight, child_with_runtime);
-        }) == 0);
+  const chi::u64 heap_calls = tls_heap_calls;
+  const int child = chi_test::ForkAndExit([&](chi_test::ChildChecks &checks) {
+    ChildOfInitializedParent(checks, in_flight, child_with_runtime, heap_calls);
+  });
+  CHECK(child == 0);
   REQUIRE(in_flight.Wait(30));
   CHECK_MESSAGE(in_flight->GetReturnCode() == 0, in_flight->GetMessage());
   CHECK(in_flight->end_ns_ - in_flight->start_ns_ >= kHoldNs);
@@ -135,9 +192,12 @@ TEST_CASE("a runtime's forked child leaves its segments and clients alone when i
   setenv("CHI_PORT", std::to_string(port).c_str(), 1);
   REQUIRE(chi::CHIMAERA_INIT(chi::ChimaeraMode::kServer, true));
   // The child exits at once: before the fix, its static destructors removed the segments.
-  CHECK(chi_test::ForkAndExit([](chi_test::ChildChecks &checks) {
-          checks.Expect(!chi::Chimaera::Get().IsInitialized(), "the child starts uninitialized");
-        }) == 0);
+  const chi::u64 heap_calls = tls_heap_calls;
+  const int child = chi_test::ForkAndExit([&](chi_test::ChildChecks &checks) {
+    ExpectNoHeapCallsInForkHandlers(checks, heap_calls, true);
+    checks.Expect(!chi::Chimaera::Get().IsInitialized(), "the child starts uninitialized");
+  });
+  CHECK(child == 0);
   bool stale = true;
   CHECK(chi::RuntimeSegments::FindOwner(port, &stale) == static_cast<u32>(getpid()));
   CHECK_FALSE(stale);

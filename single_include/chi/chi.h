@@ -4458,7 +4458,6 @@ class CopySpace {
 #include <unistd.h>   // getpid
 
 #include <memory>  // unique_ptr
-#include <vector>  // what KeepInherited keeps
 
 namespace chi {
 
@@ -4491,18 +4490,45 @@ inline u32 ThisPid() { return detail::ForkEpoch::fork_epoch.pid; }
 /** Forks between the first process of this program and this one (0: never forked). */
 inline u32 ForkGeneration() { return detail::ForkEpoch::fork_epoch.generation; }
 
+namespace detail {
+
+/**
+ * What forked children keep (KeepInherited), in static storage: a child handler may not
+ * allocate. Until exec, a forked child of a threaded process may call only
+ * async-signal-safe functions, and malloc is not one: an allocator lock that another of
+ * the parent's threads held at the fork stays held in the child (ASan's allocator, seen
+ * hanging a runtime's forked child). Static storage is also where leak checkers look.
+ */
+struct InheritedKeep {
+  static constexpr u32 kMaxKept = 256;  ///< about a dozen generations of full runtimes
+  void *kept[kMaxKept] = {};
+  u32 count = 0;
+
+  static InheritedKeep keep;
+};
+
+inline InheritedKeep InheritedKeep::keep;
+
+}  // namespace detail
+
 /**
  * Keeps an object a forked child inherited from its parent for the rest of the process,
  * never destroyed (its destructor would stop the parent's threads or remove what the
  * parent still serves through) and still reachable, so leak checkers do not report it.
- * For fork child handlers only (the child has one thread while they run).
+ * Allocates nothing (see InheritedKeep); past kMaxKept objects in one process, later ones
+ * are still never destroyed, only no longer listed. For fork child handlers only (the
+ * child has one thread while they run).
  */
 template <typename T>
 void KeepInherited(std::unique_ptr<T> inherited) {
   if (inherited == nullptr) return;
-  static auto *kept = new std::vector<void *>();
-  kept->push_back(inherited.release());
+  detail::InheritedKeep &k = detail::InheritedKeep::keep;
+  T *p = inherited.release();
+  if (k.count < detail::InheritedKeep::kMaxKept) k.kept[k.count++] = p;
 }
+
+/** Objects this process keeps for its parent (KeepInherited): a test's view. */
+inline u32 InheritedKept() { return detail::InheritedKeep::keep.count; }
 
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_CORE_FORK_EPOCH_H
@@ -22585,7 +22611,8 @@ class Chimaera {
   ConnectAnswer GetConnectAnswer() const {
     ConnectAnswer answer;
     if (transport_ != nullptr && transport_->CopyConnectAnswer(&answer)) return answer;
-    return connect_answer_;
+    if (connect_answer_ != nullptr) answer = *connect_answer_;
+    return answer;
   }
   /** A pure client's transport (nullptr otherwise). */
   ClientTransport *GetTransport() { return transport_.get(); }
@@ -22620,7 +22647,8 @@ class Chimaera {
    * destroyed (KeepInherited): no shm slot is given back, no segment removed, no thread
    * joined, no socket closed, so the parent serves on as before. The child may call
    * CHIMAERA_INIT for a runtime or connection of its own; until then its tasks fail
-   * naming the fork.
+   * naming the fork. Allocates and frees nothing: an allocator lock that a parent's
+   * thread held at the fork stays held here (a test counts this thread's allocations).
    */
   void ForgetParentState() {
     new (&mu_) std::mutex();  // a parent thread may have held it; none of them runs here
@@ -22639,7 +22667,7 @@ class Chimaera {
 #if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
     gpu::GpuManager::Get().ForgetAfterFork();  // its threads and CUDA/HIP state too
 #endif
-    connect_answer_ = ConnectAnswer();
+    KeepInherited(std::move(connect_answer_));
     initialized_ = false;
   }
 
@@ -22824,7 +22852,7 @@ class Chimaera {
     ConnectAnswer answer;
     if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
     if (Status st = AttachRuntimeSegments(answer, &client_segments_); !st.ok()) return st;
-    connect_answer_ = answer;
+    connect_answer_ = std::make_unique<ConnectAnswer>(answer);
 #if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
     if (Status st = gpu::GpuManager::Get().AttachClientQueues(answer.gpu_info, &ipc_); !st.ok()) {
       std::fprintf(stderr, "chi: GPU tasks go through the runtime: %s\n", st.ToString().c_str());
@@ -22905,7 +22933,7 @@ class Chimaera {
     if (transport_ != nullptr) transport_->Close();
     transport_.reset();
     client_segments_.clear();
-    connect_answer_ = ConnectAnswer();
+    connect_answer_.reset();
   }
 
   std::mutex mu_;
@@ -22926,7 +22954,8 @@ class Chimaera {
   // pure client
   std::unique_ptr<ClientTransport> transport_;
   std::vector<std::unique_ptr<PosixShmBackend>> client_segments_;
-  ConnectAnswer connect_answer_;
+  /** The handshake's answer; behind a pointer so a forked child keeps it (KeepInherited). */
+  std::unique_ptr<ConnectAnswer> connect_answer_;
   ZmqClientOptions handshake_opt_;  ///< read by the shm reconnect thread (ShmHandshake)
 };
 

@@ -9,7 +9,6 @@
 #include <unistd.h>   // getpid
 
 #include <memory>  // unique_ptr
-#include <vector>  // what KeepInherited keeps
 
 #include "chi/core/types.h"  // u32
 
@@ -44,17 +43,44 @@ inline u32 ThisPid() { return detail::ForkEpoch::fork_epoch.pid; }
 /** Forks between the first process of this program and this one (0: never forked). */
 inline u32 ForkGeneration() { return detail::ForkEpoch::fork_epoch.generation; }
 
+namespace detail {
+
+/**
+ * What forked children keep (KeepInherited), in static storage: a child handler may not
+ * allocate. Until exec, a forked child of a threaded process may call only
+ * async-signal-safe functions, and malloc is not one: an allocator lock that another of
+ * the parent's threads held at the fork stays held in the child (ASan's allocator, seen
+ * hanging a runtime's forked child). Static storage is also where leak checkers look.
+ */
+struct InheritedKeep {
+  static constexpr u32 kMaxKept = 256;  ///< about a dozen generations of full runtimes
+  void *kept[kMaxKept] = {};
+  u32 count = 0;
+
+  static InheritedKeep keep;
+};
+
+inline InheritedKeep InheritedKeep::keep;
+
+}  // namespace detail
+
 /**
  * Keeps an object a forked child inherited from its parent for the rest of the process,
  * never destroyed (its destructor would stop the parent's threads or remove what the
  * parent still serves through) and still reachable, so leak checkers do not report it.
- * For fork child handlers only (the child has one thread while they run).
+ * Allocates nothing (see InheritedKeep); past kMaxKept objects in one process, later ones
+ * are still never destroyed, only no longer listed. For fork child handlers only (the
+ * child has one thread while they run).
  */
 template <typename T>
 void KeepInherited(std::unique_ptr<T> inherited) {
   if (inherited == nullptr) return;
-  static auto *kept = new std::vector<void *>();
-  kept->push_back(inherited.release());
+  detail::InheritedKeep &k = detail::InheritedKeep::keep;
+  T *p = inherited.release();
+  if (k.count < detail::InheritedKeep::kMaxKept) k.kept[k.count++] = p;
 }
+
+/** Objects this process keeps for its parent (KeepInherited): a test's view. */
+inline u32 InheritedKept() { return detail::InheritedKeep::keep.count; }
 
 }  // namespace chi

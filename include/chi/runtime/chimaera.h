@@ -107,7 +107,8 @@ class Chimaera {
   ConnectAnswer GetConnectAnswer() const {
     ConnectAnswer answer;
     if (transport_ != nullptr && transport_->CopyConnectAnswer(&answer)) return answer;
-    return connect_answer_;
+    if (connect_answer_ != nullptr) answer = *connect_answer_;
+    return answer;
   }
   /** A pure client's transport (nullptr otherwise). */
   ClientTransport *GetTransport() { return transport_.get(); }
@@ -142,7 +143,8 @@ class Chimaera {
    * destroyed (KeepInherited): no shm slot is given back, no segment removed, no thread
    * joined, no socket closed, so the parent serves on as before. The child may call
    * CHIMAERA_INIT for a runtime or connection of its own; until then its tasks fail
-   * naming the fork.
+   * naming the fork. Allocates and frees nothing: an allocator lock that a parent's
+   * thread held at the fork stays held here (a test counts this thread's allocations).
    */
   void ForgetParentState() {
     new (&mu_) std::mutex();  // a parent thread may have held it; none of them runs here
@@ -161,7 +163,7 @@ class Chimaera {
 #if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
     gpu::GpuManager::Get().ForgetAfterFork();  // its threads and CUDA/HIP state too
 #endif
-    connect_answer_ = ConnectAnswer();
+    KeepInherited(std::move(connect_answer_));
     initialized_ = false;
   }
 
@@ -346,7 +348,7 @@ class Chimaera {
     ConnectAnswer answer;
     if (Status st = ZmqClientTransport::Connect(opt, &zmq, &answer); !st.ok()) return st;
     if (Status st = AttachRuntimeSegments(answer, &client_segments_); !st.ok()) return st;
-    connect_answer_ = answer;
+    connect_answer_ = std::make_unique<ConnectAnswer>(answer);
 #if defined(CHIMAERA_ENABLE_CUDA) || defined(CHIMAERA_ENABLE_ROCM)
     if (Status st = gpu::GpuManager::Get().AttachClientQueues(answer.gpu_info, &ipc_); !st.ok()) {
       std::fprintf(stderr, "chi: GPU tasks go through the runtime: %s\n", st.ToString().c_str());
@@ -427,7 +429,7 @@ class Chimaera {
     if (transport_ != nullptr) transport_->Close();
     transport_.reset();
     client_segments_.clear();
-    connect_answer_ = ConnectAnswer();
+    connect_answer_.reset();
   }
 
   std::mutex mu_;
@@ -448,7 +450,8 @@ class Chimaera {
   // pure client
   std::unique_ptr<ClientTransport> transport_;
   std::vector<std::unique_ptr<PosixShmBackend>> client_segments_;
-  ConnectAnswer connect_answer_;
+  /** The handshake's answer; behind a pointer so a forked child keeps it (KeepInherited). */
+  std::unique_ptr<ConnectAnswer> connect_answer_;
   ZmqClientOptions handshake_opt_;  ///< read by the shm reconnect thread (ShmHandshake)
 };
 
