@@ -299,6 +299,68 @@ TEST_CASE("three workers reading the rings serve four clients' 10^4 tasks each, 
   CHECK(stats.worker_taken > 0);
 }
 
+namespace {
+
+/** What one round of the hog test saw. */
+struct HogRound {
+  bool by_worker = false;  ///< a worker took the hog in (not the poller, through a lane)
+  u64 rings = 0;           ///< times the client rang the poller for the requests behind it
+};
+
+/**
+ * Sends a 1.5 s hog and then 200 tasks behind it; checks that they are answered right and
+ * the first of them before the hog ends. Round 0 sends the hog at once after 200 echoes,
+ * so the slot's home worker takes it in; round 1 first lets both workers park.
+ */
+HogRound RunHogRound(AttachedClient &attached, chimaera::demo::Client &client, u32 round) {
+  constexpr u64 kHogNs = 1500000000ull;
+  constexpr u32 kTasks = 200;
+  for (u32 i = 0; i < 200; ++i) CheckEcho(client, 16, i);  // the slot gets a home
+  // The second round lets both workers park first: the poller then takes the hog in.
+  if (round == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // The counters are read through our own mapping: probing the runtime afresh maps its
+  // segment, which takes long enough (under a sanitizer) for the workers to park.
+  const chi::ShmSegmentHeader *header = attached.Transport().Segment().Header();
+  const chi::ShmServerStats before = chi::shm_server::ReadShmServerStats(header);
+  auto hog = Hog(kHogNs);
+  chi::ShmServerStats now = before;
+  for (const auto t0 = Clock::now();
+       now.tasks_served == before.tasks_served && SecondsSince(t0) < 1;) {
+    now = chi::shm_server::ReadShmServerStats(header);  // until the hog is taken in
+  }
+  HogRound seen;
+  seen.by_worker = now.worker_taken == before.worker_taken + 1;
+  // Round 0: the other worker parks meanwhile, so the first request behind the hog is
+  // read by nobody until the client, done spinning for it, rings the runtime's poller.
+  if (round == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const u64 rings_before = attached.Transport().PollerRings();
+  const u64 taken_in_ns = chi::MonotonicNs();
+  u32 right = 0;
+  u64 first_ns = 0;  // when the first request behind the hog was answered
+  for (u32 i = 0; i < kTasks; ++i) {
+    auto g = client.AsyncGpuSubmit(PoolQuery::Local(), i % 4, i);
+    if (g.Wait(30) && g->GetReturnCode() == 0 && g->result_value_ == i * 2 + i % 4) ++right;
+    if (i == 0) first_ns = chi::MonotonicNs();
+  }
+  CHECK(right == kTasks);
+  REQUIRE(hog.Wait(30));
+  REQUIRE_MESSAGE(hog->GetReturnCode() == 0, hog->GetMessage());
+  const std::string path = seen.by_worker ? "a worker" : "the poller (through a lane)";
+  seen.rings = attached.Transport().PollerRings() - rings_before;
+  MESSAGE("round " << round << ": " << path << " took the hog in; the first task behind it "
+                   << "was answered " << static_cast<double>(first_ns - taken_in_ns) / 1e6
+                   << " ms after it was sent; the client rang the poller " << seen.rings
+                   << " times");
+  // Once the slot moved, the rest follow at the machine's pace (slow when it is loaded).
+  CHECK_MESSAGE(first_ns < hog->end_ns_,
+                "the first task behind the hog was answered "
+                    << (static_cast<double>(first_ns) - static_cast<double>(hog->end_ns_)) / 1e6
+                    << " ms after it (" << path << " took it in)");
+  return seen;
+}
+
+}  // namespace
+
 TEST_CASE("a worker stuck in a long task loses its client's slot to another worker, however the hog came in") {
   // The slot's home takes the hog in from the ring and spins in it; the client's next
   // requests wait in the slot until the poller wakes the parked second worker, which takes
@@ -309,54 +371,28 @@ TEST_CASE("a worker stuck in a long task loses its client's slot to another work
   // left the slot with its home would answer it only after the hog.
   const u32 port = TestPort(4);
   chi_test::TempFile conf("workers:\n  low_latency: 2\n  high_latency: 1\n");
-  RuntimeProcess runtime(port, 256u << 10, 0, 8, conf.path());
-  AttachedClient attached(runtime.Info());
-  auto client = CreateDemoPool();
-  CreateProbePool();
-  constexpr u64 kHogNs = 1500000000ull;
-  constexpr u32 kTasks = 200;
-  for (u32 round = 0; round < 2; ++round) {
-    for (u32 i = 0; i < 200; ++i) CheckEcho(client, 16, i);  // the slot gets a home
-    // The second round lets both workers park first: the poller then takes the hog in.
-    if (round == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    // The counters are read through our own mapping: probing the runtime afresh maps its
-    // segment, which takes long enough (under a sanitizer) for the workers to park.
-    const chi::ShmSegmentHeader *header = attached.Transport().Segment().Header();
-    const chi::ShmServerStats before = chi::shm_server::ReadShmServerStats(header);
-    auto hog = Hog(kHogNs);
-    chi::ShmServerStats now = before;
-    for (const auto t0 = Clock::now();
-         now.tasks_served == before.tasks_served && SecondsSince(t0) < 1;) {
-      now = chi::shm_server::ReadShmServerStats(header);  // until the hog is taken in
+  // Round 0 runs on a fresh runtime again (after a hog the slot no longer starts out with
+  // a worker) when the client did not ring: it rings only after spinning 50 us for an
+  // answer, and the poller's own look at stalled streams (every 10-20 ms) moves the slot
+  // too. That look wins when the client does not get to spin first (once in a full
+  // parallel ctest on 2 cores: answered after 14.5 ms, no ring), and a loaded machine may
+  // let the workers park before the hog comes. A client that never rings fails every try.
+  constexpr u32 kTries = 3;
+  for (u32 attempt = 1;; ++attempt) {
+    RuntimeProcess runtime(port, 256u << 10, 0, 8, conf.path());
+    AttachedClient attached(runtime.Info());
+    auto client = CreateDemoPool();
+    CreateProbePool();
+    const HogRound first = RunHogRound(attached, client, 0);
+    const bool rang_while_stuck = first.by_worker && first.rings > 0;
+    if (!rang_while_stuck && attempt < kTries) {
+      MESSAGE("round 0 again on a fresh runtime: the poller took the hog in, or no ring");
+      continue;
     }
-    const bool by_worker = now.worker_taken == before.worker_taken + 1;
-    // Round 0: the other worker parks meanwhile, so the first request behind the hog is
-    // read by nobody until the client, done spinning for it, rings the runtime's poller.
-    if (round == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    const u64 rings_before = attached.Transport().PollerRings();
-    const u64 taken_in_ns = chi::MonotonicNs();
-    u32 right = 0;
-    u64 first_ns = 0;  // when the first request behind the hog was answered
-    for (u32 i = 0; i < kTasks; ++i) {
-      auto g = client.AsyncGpuSubmit(PoolQuery::Local(), i % 4, i);
-      if (g.Wait(30) && g->GetReturnCode() == 0 && g->result_value_ == i * 2 + i % 4) ++right;
-      if (i == 0) first_ns = chi::MonotonicNs();
-    }
-    CHECK(right == kTasks);
-    REQUIRE(hog.Wait(30));
-    REQUIRE_MESSAGE(hog->GetReturnCode() == 0, hog->GetMessage());
-    const std::string path = by_worker ? "a worker" : "the poller (through a lane)";
-    const u64 rings = attached.Transport().PollerRings() - rings_before;
-    MESSAGE("round " << round << ": " << path << " took the hog in; the first task behind it "
-                     << "was answered " << static_cast<double>(first_ns - taken_in_ns) / 1e6
-                     << " ms after it was sent; the client rang the poller " << rings
-                     << " times");
-    if (round == 0 && by_worker) CHECK(rings > 0);
-    // Once the slot moved, the rest follow at the machine's pace (slow when it is loaded).
-    CHECK_MESSAGE(first_ns < hog->end_ns_,
-                  "the first task behind the hog was answered "
-                      << (static_cast<double>(first_ns) - static_cast<double>(hog->end_ns_)) / 1e6
-                      << " ms after it (" << path << " took it in)");
+    CHECK_MESSAGE(rang_while_stuck, "in " << kTries << " tries the client never rang the "
+                                          << "poller while a worker was stuck in the hog");
+    RunHogRound(attached, client, 1);
+    break;
   }
 }
 
