@@ -28,10 +28,12 @@ void *CountedNew(std::size_t n) noexcept {
   ++tls_heap_calls;
   return std::malloc(n != 0 ? n : 1);
 }
+/** CountedNew for the throwing forms. */
 void *ThrowingCountedNew(std::size_t n) {
   if (void *p = CountedNew(n)) return p;
   throw std::bad_alloc();
 }
+/** Every non-aligned operator delete: counted (unless null), to free. */
 void CountedDelete(void *p) noexcept {
   if (p != nullptr) ++tls_heap_calls;
   std::free(p);
@@ -39,6 +41,8 @@ void CountedDelete(void *p) noexcept {
 
 }  // namespace
 
+// The replaceable non-aligned forms, all of them: one left to the library (or ASan) would
+// pair its allocation with our free (libzmq's nothrow new, seen as an ASan mismatch).
 void *operator new(std::size_t n) { return ThrowingCountedNew(n); }
 void *operator new[](std::size_t n) { return ThrowingCountedNew(n); }
 void *operator new(std::size_t n, const std::nothrow_t &) noexcept { return CountedNew(n); }
