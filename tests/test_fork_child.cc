@@ -63,16 +63,16 @@ constexpr u64 kHoldNs = 300ull * 1000 * 1000;  ///< the parent's task in flight 
 
 /**
  * The child's first check: the fork's handlers (this thread's only code since the parent
- * read `before`) allocated and freed nothing, and kept what the parent left (`kept`: at
- * least one object). Allocates nothing itself.
+ * read `before`) allocated and freed nothing, and kept what the parent left (at least
+ * one object). Allocates nothing itself.
  */
-void ExpectNoHeapCallsInForkHandlers(chi_test::ChildChecks &checks, chi::u64 before, bool kept) {
+void ExpectNoHeapCallsInForkHandlers(chi_test::ChildChecks &checks, chi::u64 before) {
   const chi::u64 calls = tls_heap_calls - before;
   char msg[128];
   std::snprintf(msg, sizeof(msg), "the fork handlers made %llu operator new/delete calls",
                 static_cast<unsigned long long>(calls));
   checks.Expect(calls == 0, msg);
-  if (kept) checks.Expect(chi::InheritedKept() != 0, "the child keeps the parent's runtime objects");
+  checks.Expect(chi::InheritedKept() != 0, "the child keeps the parent's runtime objects");
 }
 
 /** True when `text` contains `part`. */
@@ -87,7 +87,7 @@ bool Contains(const char *text, const std::string &part) {
  */
 void ChildOfInitializedParent(chi_test::ChildChecks &checks, chi::Future<LockHoldTask> &inherited,
                               bool with_runtime, chi::u64 heap_calls_before) {
-  ExpectNoHeapCallsInForkHandlers(checks, heap_calls_before, true);
+  ExpectNoHeapCallsInForkHandlers(checks, heap_calls_before);
   const std::string parent = std::to_string(getppid());
   checks.Expect(!chi::Chimaera::Get().IsInitialized(), "the child starts uninitialized");
   // The parent's wait helper would take the parent's answers off its transport here.
@@ -198,7 +198,7 @@ TEST_CASE("a runtime's forked child leaves its segments and clients alone when i
   // The child exits at once: before the fix, its static destructors removed the segments.
   const chi::u64 heap_calls = tls_heap_calls;
   const int child = chi_test::ForkAndExit([&](chi_test::ChildChecks &checks) {
-    ExpectNoHeapCallsInForkHandlers(checks, heap_calls, true);
+    ExpectNoHeapCallsInForkHandlers(checks, heap_calls);
     checks.Expect(!chi::Chimaera::Get().IsInitialized(), "the child starts uninitialized");
   });
   CHECK(child == 0);

@@ -7607,7 +7607,8 @@ bool WaitAll(std::vector<Future<TaskT>> &futures, float max_sec = 0) {
 
 #include <sys/mman.h>  // mmap, munmap
 
-#include <mutex>  // guards the kept blocks (large allocations only: never contended long)
+#include <algorithm>  // max: the smallest mapping
+#include <mutex>      // guards the kept blocks (large allocations only: never contended long)
 
 // ---- begin chi/core/lend_pages.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_CORE_LEND_PAGES_H
@@ -7787,10 +7788,8 @@ class LargeBlockCache {
 
   /** The mapping size for `bytes` (see kGranuleBytes). */
   static u64 MappingFor(u64 bytes) {
-    if (bytes >= kGranuleBytes) return (bytes + kGranuleBytes - 1) & ~(kGranuleBytes - 1);
-    u64 m = kMinBytes;
-    while (m < bytes) m <<= 1;
-    return m;
+    if (bytes >= kGranuleBytes) return RoundUpTo(bytes, kGranuleBytes);
+    return std::max<u64>(kMinBytes, RoundUpPow2(static_cast<u32>(bytes)));  // < 2 MiB here
   }
 
   /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (or none). */

@@ -23,11 +23,13 @@
 
 #include <sys/mman.h>  // mmap, munmap
 
-#include <mutex>  // guards the kept blocks (large allocations only: never contended long)
+#include <algorithm>  // max: the smallest mapping
+#include <mutex>      // guards the kept blocks (large allocations only: never contended long)
 
-#include "chi/core/fork_lock.h"   // HoldAcrossFork
-#include "chi/core/lend_pages.h"  // LendPagesToKernel
-#include "chi/core/types.h"       // u32, u64
+#include "chi/core/fork_lock.h"     // HoldAcrossFork
+#include "chi/core/lend_pages.h"    // LendPagesToKernel
+#include "chi/core/types.h"         // u32, u64
+#include "chi/queue/ring_layout.h"  // RoundUpPow2, RoundUpTo: mapping sizes
 
 namespace chi {
 
@@ -173,10 +175,8 @@ class LargeBlockCache {
 
   /** The mapping size for `bytes` (see kGranuleBytes). */
   static u64 MappingFor(u64 bytes) {
-    if (bytes >= kGranuleBytes) return (bytes + kGranuleBytes - 1) & ~(kGranuleBytes - 1);
-    u64 m = kMinBytes;
-    while (m < bytes) m <<= 1;
-    return m;
+    if (bytes >= kGranuleBytes) return RoundUpTo(bytes, kGranuleBytes);
+    return std::max<u64>(kMinBytes, RoundUpPow2(static_cast<u32>(bytes)));  // < 2 MiB here
   }
 
   /** Removes and returns the smallest kept block of `need` to 2 * `need` bytes (or none). */
