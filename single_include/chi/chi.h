@@ -333,6 +333,8 @@ enum class ErrorCode : u32 {
   kUnsupported = 18,
   kBadConfig = 19,
   kInternal = 20,
+  kPermissionDenied = 21,  ///< the caller may not do this (another user, or unverified)
+  kTooDeep = 22,           ///< subtasks nested past the runtime's bound
 };
 
 /** Short stable name of a code, for messages and logs. */
@@ -359,6 +361,8 @@ CHI_CROSS_FUN inline const char *ErrorName(ErrorCode c) {
     case ErrorCode::kUnsupported: return "unsupported";
     case ErrorCode::kBadConfig: return "bad configuration";
     case ErrorCode::kInternal: return "internal error";
+    case ErrorCode::kPermissionDenied: return "permission denied";
+    case ErrorCode::kTooDeep: return "too deep";
   }
   return "unknown error";
 }
@@ -2612,6 +2616,65 @@ class BatchReader {
 #include <cstdio>   // vsnprintf
 #include <cstring>  // memcpy of the routing header block
 
+// ---- begin chi/core/caller.h ----
+// Caller: who submitted a task, as the transport that carried it vouches for it. Handlers
+// that act on a client's behalf (admin RegisterMemory, StopRuntime, DestroyPool) decide
+// with it, never with ids read from the request bytes. Invariant: a pid or uid is set only
+// when the kernel told the runtime (SO_PEERCRED on ipc, /proc for an shm slot's owner, the
+// runtime's own process) or the peer proved it (a tcp client that read the runtime's key).
+
+#include <unistd.h>  // getpid, getuid
+
+namespace chi {
+
+/** Who sent a task (chi::CallerOf). Plain data: transports keep one per client. */
+struct Caller {
+  /** How the task reached this runtime. */
+  enum class Via : u32 {
+    kThisProcess = 0,  ///< submitted here: the application or a handler's subtask
+    kShm = 1,          ///< an shm client slot
+    kIpc = 2,          ///< ZeroMQ over the ipc socket
+    kTcp = 3,          ///< ZeroMQ over tcp
+    kGpu = 4,          ///< a GPU kernel of this runtime's process
+    kUnknown = 5,      ///< a transport that vouches for nobody
+  };
+  static constexpr u32 kNoUid = ~0u;  ///< the uid is not known
+
+  Via via = Via::kUnknown;
+  u32 pid = 0;         ///< the sending process, or 0 when the runtime cannot verify it
+  u32 uid = kNoUid;    ///< its user, or kNoUid when the runtime cannot verify it
+
+  /** This process (the runtime itself, or the application that embeds it). */
+  static Caller ThisProcess() {
+    return Caller{Via::kThisProcess, static_cast<u32>(getpid()), static_cast<u32>(getuid())};
+  }
+
+  /** True for tasks this process submitted itself (GPU kernels of this process included). */
+  bool IsThisProcess() const { return via == Via::kThisProcess || via == Via::kGpu; }
+
+  /**
+   * True when the caller runs as the runtime's user (or as root, who may stop any process
+   * anyway): what StopRuntime and DestroyPool require.
+   */
+  bool IsRuntimeUser() const {
+    return IsThisProcess() || (uid != kNoUid && (uid == static_cast<u32>(getuid()) || uid == 0));
+  }
+
+  /** "shm", "ipc", "tcp", ...: for messages. */
+  const char *ViaName() const {
+    switch (via) {
+      case Via::kThisProcess: return "in-process";
+      case Via::kShm: return "shm";
+      case Via::kIpc: return "ipc";
+      case Via::kTcp: return "tcp";
+      case Via::kGpu: return "gpu";
+      default: return "unknown";
+    }
+  }
+};
+
+}  // namespace chi
+// ---- end chi/core/caller.h ----
 // ---- begin chi/task/task_flags.h ----
 // Task flags (seed 004) and the per-task completion word shared by submitter,
 // worker and waiters. Flag values travel with tasks: keep them stable.
@@ -2668,6 +2731,14 @@ struct TaskOps {
 class TaskCompleter {
  public:
   virtual void OnComplete(Task *task) = 0;
+  /**
+   * Who sent `task`, as this transport knows its client (never from the request's bytes).
+   * The default vouches for nobody: handlers then refuse what needs an identity.
+   */
+  virtual Caller CallerOf(const Task &task) const {
+    (void)task;
+    return Caller{};
+  }
 
  protected:
   ~TaskCompleter() = default;
@@ -6295,6 +6366,17 @@ Task *detail::TaskOpsFor<T>::Clone(const Task &src) {
   copy->SerializeIn(in);
   copy->CopyBase(src);
   return copy;
+}
+
+/**
+ * Who sent t: the transport that delivered it (or delivered the task t replicates) vouches
+ * for its client; a task with none was submitted in this process. Handlers that act for a
+ * client (memory registration, stopping the runtime) decide with this.
+ */
+inline Caller CallerOf(const Task &t) {
+  const Task *root = &t;
+  while (root->parent_ != nullptr) root = root->parent_;
+  return root->completer_ != nullptr ? root->completer_->CallerOf(*root) : Caller::ThisProcess();
 }
 
 /**
@@ -11623,46 +11705,11 @@ class RequestDispatcher {
   bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
                 std::vector<char> *error_answer, bool here = true) {
     u64 request_id = 0;
-    if (len < kEnvelopeHeaderBytes) {
-      EncodeError(0, ErrorCode::kTruncated, "request shorter than its 8-byte header",
-                  error_answer);
-      return false;
-    }
-    std::memcpy(&request_id, data, sizeof(request_id));
-    InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
-    // Reused per thread: a fresh Task costs a 96-byte message clear per request. A
-    // decode that succeeds overwrites every routing field; rc_ and msg_ are never set.
-    thread_local Task base;
-    base.SerializeBaseIn(ar);
-    if (!ar.ok()) {  // truncated bytes, or an invalid pool query (SerializeBaseIn)
-      EncodeError(request_id, ErrorCode::kMalformed, ar.status().message(), error_answer);
-      return false;
-    }
-    if (base.task_flags_.Any(TASK_PERIODIC)) {  // nobody could cancel it from afar
-      EncodeError(request_id, ErrorCode::kUnsupported,
-                  "periodic tasks cannot be submitted from another process", error_answer);
-      return false;
-    }
-    PoolInfo *pool = pools_->Acquire(base.pool_id_);
-    if (pool == nullptr) {
-      Status st = Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
-                                 base.pool_id_.ToString().c_str());
-      EncodeError(request_id, st.code(), st.message(), error_answer);
-      return false;
-    }
-    Container *c = pool->FirstLocal();
-    Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
+    PoolInfo *pool = nullptr;
+    Status why;
+    Task *t = Decode(data, len, &request_id, &pool, &why);
     if (t == nullptr) {
-      // Asked only on failure: the virtual call is not free on the hot path.
-      const bool has_method = c != nullptr && c->HasMethod(base.method_);
-      pools_->Release(pool);
-      Status st = has_method ? Status::Errorf(ErrorCode::kMalformed,
-                                              "inputs of method %u are malformed: %s",
-                                              base.method_, ar.status().message())
-                             : Status::Errorf(ErrorCode::kUnknownMethod,
-                                              "pool %s has no method %u",
-                                              base.pool_id_.ToString().c_str(), base.method_);
-      EncodeError(request_id, st.code(), st.message(), error_answer);
+      EncodeError(request_id, why.code(), why.message(), error_answer);
       return false;
     }
     t->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);  // the completer owns and frees it
@@ -11689,6 +11736,58 @@ class RequestDispatcher {
       return false;
     }
     return true;
+  }
+
+  /**
+   * Decodes one request envelope into a new task of this runtime's pools: the routing
+   * header, then the inputs of the method it names. Returns the task with *pool acquired
+   * (the caller releases it once the task is queued, or with the task), or nullptr with
+   * *why naming the problem: kTruncated, kMalformed, kUnsupported (a periodic task),
+   * kUnknownPool or kUnknownMethod. *request_id is the envelope's id once it has one.
+   * Every byte is untrusted: nothing here reads outside [data, data + len).
+   */
+  Task *Decode(const char *data, u64 len, u64 *request_id, PoolInfo **pool, Status *why) {
+    *request_id = 0;
+    if (len < kEnvelopeHeaderBytes) {
+      *why = Status::Error(ErrorCode::kTruncated, "request shorter than its 8-byte header");
+      return nullptr;
+    }
+    std::memcpy(request_id, data, sizeof(*request_id));
+    InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+    // Reused per thread: a fresh Task costs a 96-byte message clear per request. A
+    // decode that succeeds overwrites every routing field; rc_ and msg_ are never set.
+    thread_local Task base;
+    base.SerializeBaseIn(ar);
+    if (!ar.ok()) {  // truncated bytes, or an invalid pool query (SerializeBaseIn)
+      *why = Status::Error(ErrorCode::kMalformed, ar.status().message());
+      return nullptr;
+    }
+    if (base.task_flags_.Any(TASK_PERIODIC)) {  // nobody could cancel it from afar
+      *why = Status::Error(ErrorCode::kUnsupported,
+                           "periodic tasks cannot be submitted from another process");
+      return nullptr;
+    }
+    PoolInfo *p = pools_->Acquire(base.pool_id_);
+    if (p == nullptr) {
+      *why = Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
+                            base.pool_id_.ToString().c_str());
+      return nullptr;
+    }
+    Container *c = p->FirstLocal();
+    Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
+    if (t == nullptr) {
+      // Asked only on failure: the virtual call is not free on the hot path.
+      const bool has_method = c != nullptr && c->HasMethod(base.method_);
+      pools_->Release(p);
+      *why = has_method ? Status::Errorf(ErrorCode::kMalformed,
+                                         "inputs of method %u are malformed: %s", base.method_,
+                                         ar.status().message())
+                        : Status::Errorf(ErrorCode::kUnknownMethod, "pool %s has no method %u",
+                                         base.pool_id_.ToString().c_str(), base.method_);
+      return nullptr;
+    }
+    *pool = p;
+    return t;
   }
 
   /** The orchestrator requests are submitted to (transports install worker pollers there). */

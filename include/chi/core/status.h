@@ -37,6 +37,8 @@ enum class ErrorCode : u32 {
   kUnsupported = 18,
   kBadConfig = 19,
   kInternal = 20,
+  kPermissionDenied = 21,  ///< the caller may not do this (another user, or unverified)
+  kTooDeep = 22,           ///< subtasks nested past the runtime's bound
 };
 
 /** Short stable name of a code, for messages and logs. */
@@ -63,6 +65,8 @@ CHI_CROSS_FUN inline const char *ErrorName(ErrorCode c) {
     case ErrorCode::kUnsupported: return "unsupported";
     case ErrorCode::kBadConfig: return "bad configuration";
     case ErrorCode::kInternal: return "internal error";
+    case ErrorCode::kPermissionDenied: return "permission denied";
+    case ErrorCode::kTooDeep: return "too deep";
   }
   return "unknown error";
 }

@@ -9,6 +9,7 @@
 
 #include "chi/core/atomic.h"        // Atomic state word
 #include "chi/core/bitfield.h"      // task flags
+#include "chi/core/caller.h"        // Caller: who a transport's task came from
 #include "chi/core/fixed_string.h"  // inline error message
 #include "chi/core/ids.h"           // PoolId, TaskNode, TaskId, MethodId
 #include "chi/core/macros.h"        // IN/OUT/TEMP, CHI_CROSS_FUN
@@ -41,6 +42,14 @@ struct TaskOps {
 class TaskCompleter {
  public:
   virtual void OnComplete(Task *task) = 0;
+  /**
+   * Who sent `task`, as this transport knows its client (never from the request's bytes).
+   * The default vouches for nobody: handlers then refuse what needs an identity.
+   */
+  virtual Caller CallerOf(const Task &task) const {
+    (void)task;
+    return Caller{};
+  }
 
  protected:
   ~TaskCompleter() = default;

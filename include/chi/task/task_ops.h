@@ -101,6 +101,17 @@ Task *detail::TaskOpsFor<T>::Clone(const Task &src) {
 }
 
 /**
+ * Who sent t: the transport that delivered it (or delivered the task t replicates) vouches
+ * for its client; a task with none was submitted in this process. Handlers that act for a
+ * client (memory registration, stopping the runtime) decide with this.
+ */
+inline Caller CallerOf(const Task &t) {
+  const Task *root = &t;
+  while (root->parent_ != nullptr) root = root->parent_;
+  return root->completer_ != nullptr ? root->completer_->CallerOf(*root) : Caller::ThisProcess();
+}
+
+/**
  * Publishes a finished task: frees it (fire-and-forget or orphaned), or marks it
  * complete and wakes its waiter. The caller must not touch `t` afterwards.
  */

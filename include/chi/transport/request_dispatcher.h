@@ -96,46 +96,11 @@ class RequestDispatcher {
   bool Dispatch(const char *data, u64 len, TaskCompleter *completer, u64 cookie,
                 std::vector<char> *error_answer, bool here = true) {
     u64 request_id = 0;
-    if (len < kEnvelopeHeaderBytes) {
-      EncodeError(0, ErrorCode::kTruncated, "request shorter than its 8-byte header",
-                  error_answer);
-      return false;
-    }
-    std::memcpy(&request_id, data, sizeof(request_id));
-    InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
-    // Reused per thread: a fresh Task costs a 96-byte message clear per request. A
-    // decode that succeeds overwrites every routing field; rc_ and msg_ are never set.
-    thread_local Task base;
-    base.SerializeBaseIn(ar);
-    if (!ar.ok()) {  // truncated bytes, or an invalid pool query (SerializeBaseIn)
-      EncodeError(request_id, ErrorCode::kMalformed, ar.status().message(), error_answer);
-      return false;
-    }
-    if (base.task_flags_.Any(TASK_PERIODIC)) {  // nobody could cancel it from afar
-      EncodeError(request_id, ErrorCode::kUnsupported,
-                  "periodic tasks cannot be submitted from another process", error_answer);
-      return false;
-    }
-    PoolInfo *pool = pools_->Acquire(base.pool_id_);
-    if (pool == nullptr) {
-      Status st = Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
-                                 base.pool_id_.ToString().c_str());
-      EncodeError(request_id, st.code(), st.message(), error_answer);
-      return false;
-    }
-    Container *c = pool->FirstLocal();
-    Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
+    PoolInfo *pool = nullptr;
+    Status why;
+    Task *t = Decode(data, len, &request_id, &pool, &why);
     if (t == nullptr) {
-      // Asked only on failure: the virtual call is not free on the hot path.
-      const bool has_method = c != nullptr && c->HasMethod(base.method_);
-      pools_->Release(pool);
-      Status st = has_method ? Status::Errorf(ErrorCode::kMalformed,
-                                              "inputs of method %u are malformed: %s",
-                                              base.method_, ar.status().message())
-                             : Status::Errorf(ErrorCode::kUnknownMethod,
-                                              "pool %s has no method %u",
-                                              base.pool_id_.ToString().c_str(), base.method_);
-      EncodeError(request_id, st.code(), st.message(), error_answer);
+      EncodeError(request_id, why.code(), why.message(), error_answer);
       return false;
     }
     t->task_flags_.UnsetBits(TASK_FIRE_AND_FORGET);  // the completer owns and frees it
@@ -162,6 +127,58 @@ class RequestDispatcher {
       return false;
     }
     return true;
+  }
+
+  /**
+   * Decodes one request envelope into a new task of this runtime's pools: the routing
+   * header, then the inputs of the method it names. Returns the task with *pool acquired
+   * (the caller releases it once the task is queued, or with the task), or nullptr with
+   * *why naming the problem: kTruncated, kMalformed, kUnsupported (a periodic task),
+   * kUnknownPool or kUnknownMethod. *request_id is the envelope's id once it has one.
+   * Every byte is untrusted: nothing here reads outside [data, data + len).
+   */
+  Task *Decode(const char *data, u64 len, u64 *request_id, PoolInfo **pool, Status *why) {
+    *request_id = 0;
+    if (len < kEnvelopeHeaderBytes) {
+      *why = Status::Error(ErrorCode::kTruncated, "request shorter than its 8-byte header");
+      return nullptr;
+    }
+    std::memcpy(request_id, data, sizeof(*request_id));
+    InputArchive ar(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
+    // Reused per thread: a fresh Task costs a 96-byte message clear per request. A
+    // decode that succeeds overwrites every routing field; rc_ and msg_ are never set.
+    thread_local Task base;
+    base.SerializeBaseIn(ar);
+    if (!ar.ok()) {  // truncated bytes, or an invalid pool query (SerializeBaseIn)
+      *why = Status::Error(ErrorCode::kMalformed, ar.status().message());
+      return nullptr;
+    }
+    if (base.task_flags_.Any(TASK_PERIODIC)) {  // nobody could cancel it from afar
+      *why = Status::Error(ErrorCode::kUnsupported,
+                           "periodic tasks cannot be submitted from another process");
+      return nullptr;
+    }
+    PoolInfo *p = pools_->Acquire(base.pool_id_);
+    if (p == nullptr) {
+      *why = Status::Errorf(ErrorCode::kUnknownPool, "pool %s does not exist",
+                            base.pool_id_.ToString().c_str());
+      return nullptr;
+    }
+    Container *c = p->FirstLocal();
+    Task *t = c != nullptr ? c->LoadTaskIn(base.method_, base, ar) : nullptr;
+    if (t == nullptr) {
+      // Asked only on failure: the virtual call is not free on the hot path.
+      const bool has_method = c != nullptr && c->HasMethod(base.method_);
+      pools_->Release(p);
+      *why = has_method ? Status::Errorf(ErrorCode::kMalformed,
+                                         "inputs of method %u are malformed: %s", base.method_,
+                                         ar.status().message())
+                        : Status::Errorf(ErrorCode::kUnknownMethod, "pool %s has no method %u",
+                                         base.pool_id_.ToString().c_str(), base.method_);
+      return nullptr;
+    }
+    *pool = p;
+    return t;
   }
 
   /** The orchestrator requests are submitted to (transports install worker pollers there). */
