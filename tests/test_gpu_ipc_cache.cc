@@ -178,7 +178,10 @@ TEST_CASE("bad registrations and translations get clear errors") {
         chi::ErrorCode::kInvalidArgument);
   MemoryRegistration host = DeviceReg(kClientPid, 0x1000, 16, 0);
   host.type = MemoryType::kCpuMemory;
-  CHECK(cache.Register(host).code() == chi::ErrorCode::kUnsupported);  // another process's heap
+  REQUIRE(cache.Register(host).ok());  // another process's heap: recorded, only ever copied
+  void *mapped = &host;
+  CHECK(cache.Translate(kClientPid, 0x1000, 16, &mapped).code() == chi::ErrorCode::kUnsupported);
+  CHECK(mapped == nullptr);  // no pointer of the runtime's reaches another process's heap
   REQUIRE(cache.Register(DeviceReg(kClientPid, 0x1000, 16, 9)).ok());
   void *p = nullptr;
   CHECK(cache.Translate(kClientPid, 0x1000, 17, &p).code() == chi::ErrorCode::kNotFound);
@@ -200,6 +203,49 @@ TEST_CASE("the runtime's own host memory translates to itself and reads back") {
   REQUIRE(cache.Read(kRuntimePid, r.address + 8, 8, &out).ok());
   CHECK(std::string(out.begin(), out.end()) == "xxxxxxxx");
   CHECK(d.opens == 0);
+}
+
+TEST_CASE("another process's host memory is copied by the kernel, only inside its range") {
+  // The buffer has the same address in the forked child, which fills it with its own bytes.
+  std::vector<char> buf(8192, 'p');
+  int ready[2], done[2];
+  REQUIRE(pipe(ready) == 0);
+  REQUIRE(pipe(done) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::memset(buf.data(), 'c', buf.size());
+    char b = 1;
+    if (write(ready[1], &b, 1) != 1) _exit(1);
+    if (read(done[0], &b, 1) != 1) _exit(1);  // keep the memory until the parent has read it
+    _exit(0);
+  }
+  char b = 0;
+  REQUIRE(read(ready[0], &b, 1) == 1);
+  FakeDriver d;
+  chi::gpu::GpuIpcCache<FakeOpener> cache(FakeOpener{&d}, static_cast<u32>(getpid()));
+  MemoryRegistration r;
+  r.pid = static_cast<u32>(child);
+  r.type = MemoryType::kCpuMemory;
+  r.address = reinterpret_cast<u64>(buf.data()) + 4096;
+  r.bytes = 1024;
+  REQUIRE(cache.Register(r).ok());
+  std::vector<char> out;
+  REQUIRE(cache.Read(r.pid, r.address + 16, 64, &out).ok());
+  CHECK(std::string(out.begin(), out.end()) == std::string(64, 'c'));  // the child's, not ours
+  CHECK(cache.Read(r.pid, r.address - 1, 8, &out).code() == chi::ErrorCode::kNotFound);
+  CHECK(cache.Read(r.pid, r.address + 1000, 64, &out).code() == chi::ErrorCode::kNotFound);
+  CHECK(cache.Read(r.pid + 1, r.address, 8, &out).code() == chi::ErrorCode::kNotFound);
+  b = 1;
+  REQUIRE(write(done[1], &b, 1) == 1);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WEXITSTATUS(status) == 0);
+  // Gone: the kernel refuses, and the error names the process.
+  const chi::Status gone = cache.Read(r.pid, r.address, 8, &out);
+  CHECK(gone.code() == chi::ErrorCode::kPermissionDenied);
+  CHECK(std::string(gone.message()).find(std::to_string(child)) != std::string::npos);
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
 }
 
 namespace {

@@ -41,6 +41,9 @@ class GpuBroadcast final : public TaskCompleter {
     for (u32 i = 0; i < n; ++i) w.SendTo(*w.links_[i], reps[i]);
   }
 
+  /** A replica's sender is the original task's. */
+  Caller CallerOf(const Task &) const override { return chi::CallerOf(*orig_); }
+
   /** One replica answered; the last one folds them all into the original. */
   void OnComplete(Task *) override {
     // acq_rel: the last replica sees every other replica's outputs.

@@ -1,13 +1,18 @@
 // Client memory the runtime may read: what RegisterMemory records, and the runtime's cache
-// of opened CUDA/HIP IPC handles (seed 002: open lazily, once, and keep it). Compiles without
-// CUDA: the GPU calls come through GpuIpcOps, which GpuManager installs; host tests use a fake.
+// of opened CUDA/HIP IPC handles (opened lazily, once, and kept). Compiles without CUDA: the
+// GPU calls come through GpuIpcOps, which GpuManager installs; host tests use a fake.
+// Host memory of another process is never dereferenced: Read copies it with
+// process_vm_readv, inside the registered range.
 // Invariant: one open per (pid, device, handle bytes); an entry goes when its client registers
 // a different handle at an overlapping address (address reuse) or when its process is dead.
 #pragma once
 
-#include <unistd.h>  // getpid: the runtime's own registrations need no IPC open
+#include <sys/uio.h>  // process_vm_readv: a client's host memory, read by the kernel
+#include <unistd.h>   // getpid: the runtime's own registrations need no IPC open
 
-#include <cstring>  // memcmp of handle bytes, memcpy of host reads
+#include <cerrno>   // errno of a failed process_vm_readv
+
+#include <cstring>  // memcmp of handle bytes, memcpy of host reads, strerror
 #include <mutex>    // registration is a control path (an open takes 45 us - 1.2 ms)
 #include <new>      // placement new: a forked child's fresh lock
 #include <vector>   // regions, mappings, read buffers
@@ -120,11 +125,6 @@ class GpuIpcCache {
       return Status::Errorf(ErrorCode::kInvalidArgument, "RegisterMemory: unknown memory type %u",
                             static_cast<u32>(r.type));
     }
-    if (r.type != MemoryType::kGpuDeviceMemory && r.pid != self_pid_) {
-      return Status::Error(ErrorCode::kUnsupported,
-                           "RegisterMemory: host memory of another process is not visible to "
-                           "the runtime; register device memory (kGpuDeviceMemory) instead");
-    }
     std::lock_guard<std::mutex> g(mu_);
     for (size_t i = 0; i < regions_.size();) {
       const MemoryRegistration &o = regions_[i];
@@ -152,17 +152,36 @@ class GpuIpcCache {
   Status Translate(u32 pid, u64 address, u64 bytes, void **out, MemoryType *type = nullptr,
                    u32 *device = nullptr) {
     std::lock_guard<std::mutex> g(mu_);
-    return TranslateLocked(pid, address, bytes, out, type, device);
+    bool remote = false;
+    if (Status st = TranslateLocked(pid, address, bytes, out, type, device, &remote); !st.ok()) {
+      return st;
+    }
+    if (remote) {
+      *out = nullptr;
+      return Status::Errorf(ErrorCode::kUnsupported,
+                            "host memory of process %u can be read (Read), not mapped into the "
+                            "runtime",
+                            pid);
+    }
+    return Status::Ok();
   }
 
-  /** Copies client `pid`'s range into *out (device memory through the opener). */
+  /**
+   * Copies client `pid`'s range into *out: the runtime's own memory directly, device
+   * memory through the opener, another process's host memory with process_vm_readv (the
+   * kernel checks the runtime may read it; nothing outside the registered range is asked).
+   */
   Status Read(u32 pid, u64 address, u64 bytes, std::vector<char> *out) {
     std::lock_guard<std::mutex> g(mu_);  // held while copying: no close can race the copy
     void *p = nullptr;
     MemoryType type = MemoryType::kCpuMemory;
     u32 device = 0;
-    if (Status st = TranslateLocked(pid, address, bytes, &p, &type, &device); !st.ok()) return st;
+    bool remote = false;
+    if (Status st = TranslateLocked(pid, address, bytes, &p, &type, &device, &remote); !st.ok()) {
+      return st;
+    }
     out->resize(bytes);
+    if (remote) return ReadProcessMemory(pid, address, bytes, out->data());
     if (type != MemoryType::kGpuDeviceMemory) {
       std::memcpy(out->data(), p, bytes);
       return Status::Ok();
@@ -271,8 +290,34 @@ class GpuIpcCache {
     }
   }
 
+  /** Reads [address, address + bytes) of process pid's memory into dst (process_vm_readv). */
+  static Status ReadProcessMemory(u32 pid, u64 address, u64 bytes, char *dst) {
+    u64 done = 0;
+    while (done < bytes) {
+      iovec local{dst + done, bytes - done};
+      iovec remote{reinterpret_cast<void *>(address + done), bytes - done};
+      const ssize_t n = process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+      if (n <= 0) {
+        const int err = n < 0 ? errno : EFAULT;
+        return Status::Errorf(err == EPERM || err == ESRCH ? ErrorCode::kPermissionDenied
+                                                           : ErrorCode::kIo,
+                              "reading %llu bytes of process %u at 0x%llx: %s",
+                              static_cast<unsigned long long>(bytes), pid,
+                              static_cast<unsigned long long>(address + done),
+                              std::strerror(err));
+      }
+      done += static_cast<u64>(n);
+    }
+    return Status::Ok();
+  }
+
+  /**
+   * Finds the registration covering client pid's range. *remote: it is host memory of
+   * another process, which only Read may copy (no pointer of ours reaches it).
+   */
   Status TranslateLocked(u32 pid, u64 address, u64 bytes, void **out, MemoryType *type,
-                         u32 *device) {
+                         u32 *device, bool *remote) {
+    *remote = false;
     for (const MemoryRegistration &r : regions_) {
       if (r.pid != pid || address < r.address || address - r.address > r.bytes ||
           bytes > r.bytes - (address - r.address)) {
@@ -281,8 +326,12 @@ class GpuIpcCache {
       if (type != nullptr) *type = r.type;
       if (device != nullptr) *device = r.device;
       const u64 into = address - r.address;
-      if (r.type != MemoryType::kGpuDeviceMemory || r.pid == self_pid_) {
+      if (r.pid == self_pid_) {
         *out = reinterpret_cast<void *>(address);  // our own memory: the address is ours
+        return Status::Ok();
+      }
+      if (r.type != MemoryType::kGpuDeviceMemory) {
+        *remote = true;
         return Status::Ok();
       }
       void *base = nullptr;

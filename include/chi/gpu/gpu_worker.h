@@ -523,6 +523,16 @@ class GpuWorker : public ClientTransport,
     return did;
   }
 
+  /**
+   * Who sent a GPU->CPU task: a kernel of this process (the runtime's orchestrators, or the
+   * queues this process's application registered), so this process.
+   */
+  Caller CallerOf(const Task &) const override {
+    Caller c = Caller::ThisProcess();
+    c.via = Caller::Via::kGpu;
+    return c;
+  }
+
   /** A GPU->CPU task finished on a worker: its answer goes back into its slot. */
   void OnComplete(Task *t) override {
     const u32 index = static_cast<u32>(t->transport_cookie_ >> 32);

@@ -266,6 +266,7 @@ class Chimaera {
     opt.port = config_.port;
     opt.spin_ns = static_cast<u64>(config_.zmq_worker_spin_us) * 1000;
     opt.max_request_bytes = config_.client_data_bytes;  // one message's bound, as for shm
+    opt.client_key = segments_.Key();  // tcp clients of this user prove themselves with it
     if (Status st = zmq->Start(dispatcher_.get(), opt); !st.ok()) return st;
     zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
     auto shm = std::make_unique<ShmServer>();

@@ -99,10 +99,13 @@ class IpcManager {
    * (chi::gpu::ClientMemory().Translate/Read with this process's pid). kGpuDeviceMemory:
    * the allocation's CUDA/HIP IPC handle travels in an admin RegisterMemory task; the
    * runtime opens it on first use and caches it (re-registering the address with another
-   * allocation replaces it; a dead client's entries are dropped). Host memory is only
-   * visible to an embedded runtime (same process); a pure client gets kUnsupported.
+   * allocation replaces it; a dead client's entries are dropped). Host memory of a pure
+   * client is copied by the runtime with process_vm_readv, which the kernel allows when
+   * the runtime may trace this process (the same user, and ptrace_scope permitting).
+   * The runtime registers memory for the process its transport identifies: over tcp it
+   * cannot, and answers kPermissionDenied (use shm or ipc).
    * Errors: kInvalidArgument (null, zero size, not device memory, past the allocation's
-   * end), kUnsupported (no GPU layer here or in the runtime), kTimeout.
+   * end), kUnsupported (no GPU layer here or in the runtime), kPermissionDenied, kTimeout.
    */
   Status RegisterMemory(void *ptr, u64 bytes, gpu::MemoryType type, float timeout_sec = 30) {
     if (ptr == nullptr || bytes == 0) {
@@ -125,10 +128,6 @@ class IpcManager {
                              "CUDA/HIP (CHIMAERA_ENABLE_CUDA / CHIMAERA_ENABLE_ROCM)");
       }
       if (Status st = describe(ptr, bytes, &reg); !st.ok()) return st;
-    } else if (orch_.Load(MemOrder::kAcquire) == nullptr) {
-      return Status::Error(ErrorCode::kUnsupported,
-                           "RegisterMemory: host memory of a client process is not visible to a "
-                           "runtime in another process; register device memory instead");
     }
     auto *t = NewTask<chimaera::admin::RegisterMemoryTask>(reg);
     if (t == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "RegisterMemory task");

@@ -7,8 +7,9 @@
 // whose owner is dead is stale and is removed by the next runtime.
 #pragma once
 
-#include <time.h>    // clock_gettime for the start time
-#include <unistd.h>  // getpid, getuid
+#include <sys/random.h>  // getrandom: the runtime's client key
+#include <time.h>        // clock_gettime for the start time
+#include <unistd.h>      // getpid, getuid
 
 #include <memory>   // unique_ptr<PosixShmBackend>
 #include <string>   // names
@@ -26,9 +27,11 @@
 namespace chi {
 
 /** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
-inline constexpr u32 kConnectProtocolVersion = 4;  // 4: the answer names max_request_bytes
+inline constexpr u32 kConnectProtocolVersion = 5;  // 5: the request carries the client key
 /** Bumped whenever RuntimeHeader (the start of the main segment) changes. */
-inline constexpr u32 kRuntimeHeaderVersion = 2;  // 2: the owner's start time (start_ticks_)
+inline constexpr u32 kRuntimeHeaderVersion = 3;  // 3: the client key
+/** Bytes of the runtime's client key (RuntimeHeader::key_). */
+inline constexpr u32 kRuntimeKeyBytes = 32;
 inline constexpr u64 kRuntimeHeaderMagic = 0x5254494843ull;  // "CHITR"
 
 /** One shared segment as the runtime describes it to clients. */
@@ -49,10 +52,16 @@ struct ConnectRequest {
   u32 pid = 0;        ///< the client's process id (the runtime reaps it when it dies)
   u32 uid = 0;        ///< the client's user id (segments are per user)
   std::string mode;   ///< transport the client will use: "shm", "ipc" or "tcp"
+  /**
+   * The runtime's client key as read from its main segment (ReadRuntimeKey), or empty. The
+   * segment is readable by the runtime's user alone, so a tcp client that presents the key
+   * proves it runs as that user; the pid and uid above are the client's word only.
+   */
+  std::string key;
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(protocol_version, pid, uid, mode);
+    ar(protocol_version, pid, uid, mode, key);
   }
 };
 
@@ -100,6 +109,9 @@ struct RuntimeHeader {
   u32 reserved_;
   u64 start_ns_;       ///< CLOCK_REALTIME at start, for `chimaera runtime status`
   u64 start_ticks_;    ///< with pid_, the runtime's identity: a reused pid is not the owner
+  /// Random bytes a tcp client presents to prove it runs as the runtime's user (the segment
+  /// is mode 0600): ConnectRequest::key.
+  char key_[kRuntimeKeyBytes];
 };
 
 /**
@@ -209,6 +221,11 @@ class RuntimeSegments {
     clock_gettime(CLOCK_REALTIME, &ts);
     h->start_ns_ = static_cast<u64>(ts.tv_sec) * 1000000000ull + static_cast<u64>(ts.tv_nsec);
     h->start_ticks_ = SelfIdentity().start_ticks;
+    if (getrandom(h->key_, sizeof(h->key_), 0) != static_cast<ssize_t>(sizeof(h->key_))) {
+      Destroy();
+      return Status::Error(ErrorCode::kIo, "cannot draw the runtime's client key (getrandom)");
+    }
+    key_.assign(h->key_, sizeof(h->key_));
     h->magic_.Store(kRuntimeHeaderMagic, MemOrder::kRelease);  // publishes the fields above
     return Status::Ok();
   }
@@ -232,9 +249,39 @@ class RuntimeSegments {
 
   bool IsCreated() const { return !segments_.empty(); }
 
+  /** The client key tcp clients of this user present (empty before Create). */
+  const std::string &Key() const { return key_; }
+
  private:
   std::vector<std::unique_ptr<PosixShmBackend>> segments_;
+  std::string key_;
 };
+
+/**
+ * The client key of the runtime serving `port` on this machine for this user, read from
+ * its main segment; empty when there is none or it is not ours to read (another user's
+ * runtime, another node's, or another layout version).
+ */
+inline std::string ReadRuntimeKey(u32 port) {
+  PosixShmBackend main;
+  if (!main.Attach(RuntimeSegments::SegmentName(port, RuntimeSegments::kRoles[0])).ok()) return {};
+  const auto *h = reinterpret_cast<const RuntimeHeader *>(main.Data());
+  // acquire: pairs with Create's release, so the key is complete once the magic reads right.
+  if (main.DataSize() < sizeof(RuntimeHeader) ||
+      h->magic_.Load(MemOrder::kAcquire) != kRuntimeHeaderMagic ||
+      h->version_ != kRuntimeHeaderVersion) {
+    return {};
+  }
+  return std::string(h->key_, sizeof(h->key_));
+}
+
+/** Compares two keys in time that does not depend on where they differ. */
+inline bool KeysMatch(const std::string &a, const std::string &b) {
+  if (a.size() != b.size() || a.empty()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
 
 /**
  * Client side: attaches the segments an answer names and checks that each has

@@ -117,10 +117,17 @@ bool ShmClientReceiver::PeerHealthy(bool check_process) {
   if (state == static_cast<u32>(ShmSlotState::kBroken)) {
     u32 why = slot_->broken_code_.Load(MemOrder::kRelaxed);  // relaxed: set before the state
     code = why != 0 ? static_cast<ErrorCode>(why) : ErrorCode::kMalformed;
-    std::snprintf(msg, sizeof(msg),
-                  "shm transport: runtime pid %u reset this connection: it received a bad "
-                  "request stream (%s)",
-                  runtime_.pid, ErrorName(code));
+    if (code == ErrorCode::kPermissionDenied) {
+      std::snprintf(msg, sizeof(msg),
+                    "shm transport: runtime pid %u refused this connection: the slot's owner "
+                    "is not a live process of its user",
+                    runtime_.pid);
+    } else {
+      std::snprintf(msg, sizeof(msg),
+                    "shm transport: runtime pid %u reset this connection: it received a bad "
+                    "request stream (%s)",
+                    runtime_.pid, ErrorName(code));
+    }
   } else if (slot_->owner_pid_.Load(MemOrder::kAcquire) != self_.pid ||  // acquire: reclaim
              slot_->generation_.Load(MemOrder::kAcquire) != generation_ ||
              state != static_cast<u32>(ShmSlotState::kActive)) {

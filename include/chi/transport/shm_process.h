@@ -6,12 +6,15 @@
 
 #include <fcntl.h>   // open
 #include <signal.h>  // kill(pid, 0)
+#include <stdlib.h>  // strtoul of the status file's Uid line
 #include <unistd.h>  // read, close, getpid
 
 #include <cerrno>  // ESRCH
-#include <cstdio>  // snprintf for the /proc path
+#include <cstdio>   // snprintf for the /proc path
+#include <cstring>  // strstr in the status file
 
-#include "chi/core/types.h"  // u32, u64
+#include "chi/core/caller.h"  // Caller::kNoUid
+#include "chi/core/types.h"   // u32, u64
 
 namespace chi {
 
@@ -84,6 +87,29 @@ inline ProcStat ReadProcStat(u32 pid) {
 }
 
 }  // namespace detail
+
+/**
+ * The effective user id of process `pid` from /proc/<pid>/status (the kernel's word, not
+ * the process's), or Caller::kNoUid when the process or the file is gone.
+ */
+inline u32 ProcessUid(u32 pid) {
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%u/status", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Caller::kNoUid;
+  char buf[2048];
+  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return Caller::kNoUid;
+  buf[n] = '\0';
+  const char *line = std::strstr(buf, "\nUid:");
+  if (line == nullptr) return Caller::kNoUid;
+  char *end = nullptr;
+  (void)strtoul(line + 5, &end, 10);  // the real uid; the effective one follows
+  const unsigned long effective = strtoul(end, &end, 10);
+  return end != nullptr && effective <= 0xfffffffful ? static_cast<u32>(effective)
+                                                      : Caller::kNoUid;
+}
 
 /** The identity of process `pid` now (start_ticks 0 when /proc is unavailable). */
 inline ProcessIdentity IdentityOf(u32 pid) {

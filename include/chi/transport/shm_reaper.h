@@ -11,6 +11,7 @@
 #include <vector>  // assembly and answer buffers, slot lists
 
 #include "chi/core/atomic.h"            // Atomic, CpuRelax
+#include "chi/core/caller.h"            // Caller: the verified owner of a slot
 #include "chi/core/status.h"            // ErrorCode
 #include "chi/queue/mpsc_ring.h"        // finished tasks handed from workers to the poller
 #include "chi/runtime/spin_lock.h"      // error answers queued by workers and the poller
@@ -62,6 +63,7 @@ struct alignas(kCacheLine) ShmServedSlot {
   bool assembly_by_ref = false;              ///< its pieces are chunks in the data region
   Phase phase = Phase::kIdle;
   ProcessIdentity owner;
+  Caller caller;  ///< the owner as Activate verified it (CallerOf this slot's tasks)
   bool owner_dead = false;
   bool counts_as_reclaimed = false;
   MessageBuffer assembly;  ///< a request arriving in pieces
@@ -252,9 +254,49 @@ class ShmReaper {
   }
 
  private:
-  /** Starts serving slot i. */
+  /**
+   * Who may own a slot: a live process (pid and start time as the slot records them), of
+   * the runtime's user or root by the kernel's word, and never the runtime itself. The pid
+   * a client writes into its slot is only its claim; this is what the runtime checks of it.
+   */
+  static Status VerifyOwner(const ProcessIdentity &owner, Caller *out) {
+    if (owner.pid == 0 || owner.pid == static_cast<u32>(getpid())) {
+      return Status::Errorf(ErrorCode::kPermissionDenied,
+                            "shm slot claimed for pid %u, which is no client process",
+                            owner.pid);
+    }
+    const detail::ProcStat st = detail::ReadProcStat(owner.pid);
+    const u32 uid = ProcessUid(owner.pid);
+    if (!st.found || st.state == 'Z' || st.state == 'X' || st.start_ticks != owner.start_ticks ||
+        uid == Caller::kNoUid) {
+      return Status::Errorf(ErrorCode::kPermissionDenied,
+                            "shm slot claimed for pid %u with a start time that process does "
+                            "not have",
+                            owner.pid);
+    }
+    if (uid != static_cast<u32>(getuid()) && uid != 0) {
+      return Status::Errorf(ErrorCode::kPermissionDenied,
+                            "shm slot claimed for pid %u, which runs as uid %u (the runtime "
+                            "serves uid %u)",
+                            owner.pid, uid, static_cast<u32>(getuid()));
+    }
+    *out = Caller{Caller::Via::kShm, owner.pid, uid};
+    return Status::Ok();
+  }
+
+  /** Starts serving slot i, or breaks it when its claimed owner fails VerifyOwner. */
   void Activate(u32 i, const ProcessIdentity &owner) {
     ShmServedSlot &s = slots_[i];
+    Caller caller;
+    if (!VerifyOwner(owner, &caller).ok()) {
+      s.phase = Phase::kServing;  // never readable: its serving bit stays clear
+      s.owner = owner;
+      s.caller = Caller{};
+      serving_.push_back(i);
+      Break(i, ErrorCode::kPermissionDenied);
+      return;
+    }
+    s.caller = caller;
     // The first requests then take no page faults. The client backed the pages when it
     // connected (it refuses rings /dev/shm cannot back), so the result says nothing new.
     (void)segment_->RequestStream(i)->Prefault();
@@ -335,6 +377,7 @@ class ShmReaper {
     const bool reclaimed_one = s.phase != Phase::kIdle && s.counts_as_reclaimed;
     s.phase = Phase::kIdle;
     s.owner = ProcessIdentity{};
+    s.caller = Caller{};
     s.owner_dead = false;
     s.counts_as_reclaimed = false;
     s.assembling = false;

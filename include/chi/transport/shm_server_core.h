@@ -160,6 +160,11 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     s.completing.FetchSub(1, MemOrder::kRelease);
   }
 
+  /** Who sent t: the owner of its slot, as the reaper verified it when it began serving. */
+  Caller CallerOf(const Task &t) const override {
+    return slots_[static_cast<u32>(t.transport_cookie_)].caller;
+  }
+
   /** A worker starts reading requests: clients need not wake the poller any more. */
   void BeginPolling(u32 worker_id) override {
     // seq_cst: clients read the mask after publishing a request (Dekker with EndPolling).

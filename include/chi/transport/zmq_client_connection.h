@@ -114,6 +114,9 @@ class ZmqClientConnection : public ClientTransport {
     req.pid = static_cast<u32>(getpid());
     req.uid = static_cast<u32>(getuid());
     req.mode = opt_.mode;
+    // Over tcp the runtime cannot ask the kernel who we are: the key of a runtime of this
+    // user on this machine says it (ipc clients are known by their socket's credentials).
+    if (opt_.mode == "tcp") req.key = ReadRuntimeKey(opt_.port);
     SendOnSocket(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
   }
 

@@ -133,6 +133,11 @@ class ZmqServer final : public ZmqServerSockets,
     if (!SendNow(slot)) QueueAnswer(slot);
   }
 
+  /** Who sent t: its client as the handshake identified it (the answer slot keeps it). */
+  Caller CallerOf(const Task &t) const override {
+    return reinterpret_cast<const ZmqAnswerSlot *>(t.transport_cookie_)->caller;
+  }
+
   // ---- The network worker (WorkerPoller, WorkerParker) ----
 
   /** WorkerPoller: nothing to set up. */
@@ -468,6 +473,7 @@ class ZmqServer final : public ZmqServerSockets,
     }
     ZmqAnswerSlot *slot = pool_.Take();
     slot->peer = peer;
+    slot->caller = it->second.caller;
     // relaxed: raised under sock_mu_; workers read it as a hint.
     const u64 outstanding = outstanding_.FetchAdd(1, MemOrder::kRelaxed) + 1;  // Monitor counts it
     ++it->second.outstanding;  // DeliverAnswer takes both back, answer or error

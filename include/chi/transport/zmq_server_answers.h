@@ -9,6 +9,7 @@
 #include <vector>  // encoded answers, the pool
 
 #include "chi/core/atomic.h"  // the list head, the held-bytes counter
+#include "chi/core/caller.h"  // Caller: who sent the request
 #include "chi/core/types.h"   // u64
 
 namespace chi {
@@ -17,6 +18,7 @@ namespace chi {
 struct ZmqAnswerSlot {
   ZmqAnswerSlot *next = nullptr;  ///< the next slot on ZmqAnswerQueue's list
   std::string peer;               ///< socket index byte + routing id
+  Caller caller;                  ///< who sent the request (the peer's verified identity)
   std::vector<char> bytes;        ///< the encoded answer (capacity reused)
 };
 

@@ -17,12 +17,15 @@
 #include <memory>         // the sockets
 #include <mutex>          // the sockets' lock
 #include <string>         // peer keys
+#include <string_view>    // Peer-Address fields
 #include <unordered_map>  // peers by routing id
 #include <vector>         // the scratch error answer
 
 #include <zmq.hpp>  // cppzmq
 
 #include "chi/core/atomic.h"                   // counters
+#include "chi/core/caller.h"                   // Caller: who each client is
+#include "chi/core/parse.h"                    // ParseUnsigned of peer credentials
 #include "chi/runtime/worker.h"                // tls_current_worker: is this the network worker
 #include "chi/transport/client_connect.h"      // ConnectRequest/Answer, ProcessAlive
 #include "chi/transport/request_dispatcher.h"  // EncodeError
@@ -66,6 +69,9 @@ struct ZmqServerOptions {
   /// of connections closed without a goodbye (by a live process) do not pile up.
   u64 probe_interval_ns = 5000000000ull;
   u64 spin_ns = 0;  ///< the network worker's idle polling before it sleeps (zmq_worker_spin_us)
+  /// The runtime's client key (RuntimeSegments::Key): a tcp client that presents it runs as
+  /// the runtime's user. Empty: no tcp client is known as anyone.
+  std::string client_key;
 };
 
 /** The sockets, clients and answers of a ZeroMQ server (see the file comment). */
@@ -91,6 +97,7 @@ class ZmqServerSockets {
   /** A registered client. */
   struct Peer {
     ProcessIdentity who;  ///< pid and start time: a reused pid is not taken for the client
+    Caller caller;        ///< who the transport says the client is (CallerOf its tasks)
     u64 client_id = 0;
     u64 outstanding = 0;
     bool active = true;  ///< sent something since the last probe round (ForgetUnreachable)
@@ -169,10 +176,14 @@ class ZmqServerSockets {
                             opt_.max_clients);
       }
     }
+    Caller caller;
+    if (st.ok()) st = IdentifyPeer(peer, msg, req, &caller);
     if (st.ok()) {
       Peer &p = peers_[peer];
+      p.caller = caller;
       // Its start time, read now while it waits for our answer (0 where /proc is missing).
-      p.who = IdentityOf(req.pid);
+      // Over ipc the kernel's pid; over tcp the client's word (used only to forget it).
+      p.who = IdentityOf(caller.pid != 0 ? caller.pid : req.pid);
       p.active = true;
       p.client_id = ++next_client_id_;
       answer.client_id = p.client_id;
@@ -187,6 +198,55 @@ class ZmqServerSockets {
     if (!SendTo(peer, reply.data(), reply.size()) && st.ok()) {
       Forget(peers_.find(peer));  // its connection closed before the answer could go out
     }
+  }
+
+  /**
+   * Who the client of a handshake is, from the transport, never from the request's ids:
+   * over ipc the socket's credentials (SO_PEERCRED, which ZeroMQ reports in the message's
+   * Peer-Address as "...:uid:gid:pid"), refused unless the runtime's user or root; over tcp
+   * the runtime's user when the client presents the client key, else nobody it can name.
+   */
+  Status IdentifyPeer(const std::string &peer, const zmq::message_t &msg,
+                      const ConnectRequest &req, Caller *out) const {
+    if (static_cast<u8>(peer[0]) == 1) {  // tcp
+      *out = Caller{Caller::Via::kTcp, 0,
+                    KeysMatch(req.key, opt_.client_key) ? static_cast<u32>(getuid())
+                                                        : Caller::kNoUid};
+      return Status::Ok();
+    }
+    *out = Caller{Caller::Via::kIpc, 0, Caller::kNoUid};
+    const char *address = zmq_msg_gets(msg.handle(), "Peer-Address");  // null: none
+    if (!ParsePeerCredentials(address, &out->uid, &out->pid)) {
+      return Status::Error(ErrorCode::kPermissionDenied,
+                           "ipc handshake: the socket's peer credentials are unavailable");
+    }
+    if (out->uid != static_cast<u32>(getuid()) && out->uid != 0) {
+      return Status::Errorf(ErrorCode::kPermissionDenied,
+                            "ipc client pid %u runs as uid %u; this runtime serves uid %u",
+                            out->pid, out->uid, static_cast<u32>(getuid()));
+    }
+    return Status::Ok();
+  }
+
+  /** Reads uid and pid from the end of an ipc Peer-Address ("host:uid:gid:pid"). */
+  static bool ParsePeerCredentials(const char *address, u32 *uid, u32 *pid) {
+    if (address == nullptr) return false;
+    const std::string_view a(address);
+    u64 fields[3] = {0, 0, 0};  // uid, gid, pid
+    size_t end = a.size();
+    for (int k = 2; k >= 0; --k) {
+      const size_t colon = a.rfind(':', end == 0 ? 0 : end - 1);
+      if (colon == std::string_view::npos || colon + 1 > end ||
+          !detail::ParseUnsigned(a.substr(colon + 1, end - colon - 1), 0xffffffffull,
+                                 &fields[k])) {
+        return false;
+      }
+      end = colon;
+    }
+    if (fields[2] == 0) return false;
+    *uid = static_cast<u32>(fields[0]);
+    *pid = static_cast<u32>(fields[2]);
+    return true;
   }
 
   /** Answers request `id` with an error (id 0 when the request had none). */

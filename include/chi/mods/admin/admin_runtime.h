@@ -4,7 +4,7 @@
 // Always registered: the runtime creates the admin pool (kAdminPoolId) at start.
 #pragma once
 
-#include <unistd.h>  // getpid: the runtime's own memory needs no IPC handle
+#include <unistd.h>  // getpid, getuid: the runtime's own process and user
 
 #include <memory>  // unique_ptr<PoolInfo>
 
@@ -17,6 +17,7 @@
 #include "chi/runtime/ipc_manager.h"        // ComposePool submits through it
 #include "chi/runtime/pool_manager.h"       // PoolManager
 #include "chi/runtime/work_orchestrator.h"  // WakeAll, Stats
+#include "chi/task/task_ops.h"              // CallerOf: who sent a task
 #include "chi/transport/message_buffer.h"   // WarmMessageBytes for Monitor
 
 namespace chimaera::admin {
@@ -81,6 +82,7 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
 
   /** Refuses new tasks for the pool, waits for in-flight ones, then frees it. */
   void DestroyPool(DestroyPoolTask &task, chi::RunContext &rctx) {
+    if (!MayControl(task, "DestroyPool")) return;
     if (task.target_ == chi::kAdminPoolId) {
       task.SetError(chi::ErrorCode::kInvalidArgument, "the admin pool cannot be destroyed");
       return;
@@ -99,23 +101,37 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
   }
 
   /** Stops taking tasks; the process's owner finalizes. */
-  void StopRuntime(StopRuntimeTask &, chi::RunContext &) {
+  void StopRuntime(StopRuntimeTask &task, chi::RunContext &) {
+    if (!MayControl(task, "StopRuntime")) return;
     if (on_stop_ != nullptr) on_stop_();
   }
 
   /**
-   * Records a client's memory (chi::gpu::ClientMemory). Device memory of another process
-   * needs this runtime's GPU layer; its IPC handle is opened on first use, not here.
+   * Records a client's memory (chi::gpu::ClientMemory) for the process that sent the task,
+   * as its transport identifies it: a client registers only its own memory, and the
+   * runtime's own pid is never a client's. Device memory of another process needs this
+   * runtime's GPU layer; its IPC handle is opened on first use, not here.
    */
   void RegisterMemory(RegisterMemoryTask &task, chi::RunContext &) {
     chi::gpu::MemoryRegistration reg = task.reg_;
-    if (reg.pid != task.task_id_.pid_) {
-      return task.SetErrorf(chi::ErrorCode::kInvalidArgument,
-                            "RegisterMemory: registration names pid %u but came from pid %u",
-                            reg.pid, task.task_id_.pid_);
+    const chi::Caller caller = chi::CallerOf(task);
+    const chi::u32 self = static_cast<chi::u32>(getpid());
+    if (caller.pid == 0) {
+      return task.SetErrorf(chi::ErrorCode::kPermissionDenied,
+                            "RegisterMemory: the runtime cannot verify which process a %s "
+                            "client is; register over shm or ipc",
+                            caller.ViaName());
     }
-    if (reg.type == chi::gpu::MemoryType::kGpuDeviceMemory &&
-        reg.pid != static_cast<chi::u32>(getpid()) &&
+    if (!caller.IsThisProcess() && caller.pid == self) {
+      return task.SetError(chi::ErrorCode::kPermissionDenied,
+                           "RegisterMemory: the runtime's own process is never a client");
+    }
+    if (reg.pid != caller.pid) {
+      return task.SetErrorf(chi::ErrorCode::kPermissionDenied,
+                            "RegisterMemory: registration names pid %u but came from pid %u",
+                            reg.pid, caller.pid);
+    }
+    if (reg.type == chi::gpu::MemoryType::kGpuDeviceMemory && reg.pid != self &&
         chi::gpu::GpuHooks::Get().runtime_ops.Load(chi::MemOrder::kAcquire) == nullptr) {
       const chi::Status st = chi::gpu::HookedIpcOpener::NoGpu();
       return task.SetError(st.code(), st.message());
@@ -165,6 +181,25 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
                   "GpuAttachPool">>;
 
  private:
+  /**
+   * True when task's sender may stop the runtime or destroy pools: the runtime's own user
+   * (or root), as its transport identifies it. Otherwise fails the task and returns false.
+   */
+  static bool MayControl(chi::Task &task, const char *what) {
+    const chi::Caller caller = chi::CallerOf(task);
+    if (caller.IsRuntimeUser()) return true;
+    if (caller.uid == chi::Caller::kNoUid) {
+      task.SetErrorf(chi::ErrorCode::kPermissionDenied,
+                     "%s: refused: the runtime cannot verify the user of a %s client", what,
+                     caller.ViaName());
+    } else {
+      task.SetErrorf(chi::ErrorCode::kPermissionDenied,
+                     "%s: refused for uid %u: only the runtime's user (uid %u) may", what,
+                     caller.uid, static_cast<chi::u32>(getuid()));
+    }
+    return false;
+  }
+
   chi::PoolManager *pools_ = nullptr;
   chi::WorkOrchestrator *orch_ = nullptr;
   void (*on_stop_)() = nullptr;

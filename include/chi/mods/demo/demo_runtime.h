@@ -82,11 +82,25 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
 
   void Count(CountTask &task, chi::RunContext &) { ++task.runs_; }
 
-  /** Reads the caller's registered memory (a test of the runtime's view of it). */
+  /**
+   * Reads memory the sender registered (a test of the runtime's view of it): the sender as
+   * its transport identifies it, never a pid from the request.
+   */
   void ReadRegistered(ReadRegisteredTask &task, chi::RunContext &) {
+    const chi::Caller caller = chi::CallerOf(task);
+    if (caller.pid == 0) {
+      return task.SetErrorf(chi::ErrorCode::kPermissionDenied,
+                            "ReadRegistered: the runtime cannot verify which process a %s "
+                            "client is",
+                            caller.ViaName());
+    }
+    if (task.bytes_ > kMaxReadBytes) {
+      return task.SetErrorf(chi::ErrorCode::kTooLarge,
+                            "ReadRegistered reads at most %llu bytes at once",
+                            static_cast<unsigned long long>(kMaxReadBytes));
+    }
     std::vector<char> bytes;
-    chi::Status st =
-        chi::gpu::ClientMemory().Read(task.task_id_.pid_, task.address_, task.bytes_, &bytes);
+    chi::Status st = chi::gpu::ClientMemory().Read(caller.pid, task.address_, task.bytes_, &bytes);
     if (!st.ok()) return task.SetError(st.code(), st.message());
     task.checksum_ = Checksum(bytes.data(), bytes.size());
     task.first_ = 0;
@@ -116,6 +130,9 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
                   "ReadRegistered">>;
 
  private:
+  /** The most ReadRegistered copies for one task (it answers with a checksum only). */
+  static constexpr chi::u64 kMaxReadBytes = 64ull << 20;
+
   void Take(LockMode m) {
     if (m == LockMode::kMutex) mutex_.Lock();
     if (m == LockMode::kRead) rw_.ReadLock();
