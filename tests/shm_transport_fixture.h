@@ -45,6 +45,12 @@ inline u32 EnvU32(const char *name, u32 fallback) {
   return v == nullptr ? fallback : static_cast<u32>(std::strtoul(v, nullptr, 10));
 }
 
+/** Reads a 64-bit integer environment variable of a child routine. */
+inline u64 EnvU64(const char *name, u64 fallback) {
+  const char *v = std::getenv(name);
+  return v == nullptr ? fallback : std::strtoull(v, nullptr, 10);
+}
+
 /** Port k (< 8) of this test process, so parallel runs never share a segment (test_ports.h). */
 inline u32 TestPort(u32 k) { return chi_test::kShmTransportPorts.Port(k); }
 
@@ -108,7 +114,7 @@ inline int RuntimeMain() {
   chi::ShmServer::Options o;
   o.num_slots = EnvU32("CHI_TEST_SHM_SLOTS", 8);
   o.ring_bytes = EnvU32("CHI_TEST_SHM_RING", 256u << 10);
-  o.max_message_bytes = 64ull << 20;
+  o.max_message_bytes = EnvU64("CHI_TEST_SHM_MAX_MESSAGE", 64ull << 20);
   chi::PosixShmBackend data[2];
   if (const u32 data_bytes = EnvU32("CHI_TEST_SHM_DATA", 0); data_bytes != 0) {
     const char *roles[2] = {"cdata", "rdata"};
@@ -160,16 +166,19 @@ class RuntimeProcess {
   /**
    * data_bytes: the size of each data segment (0: none; large messages then stream);
    * slots: the client slots it serves; server_conf: a configuration file for the runtime
-   * (CHI_SERVER_CONF; "" for the defaults).
+   * (CHI_SERVER_CONF; "" for the defaults); max_message: the largest message it takes.
    */
   explicit RuntimeProcess(u32 port, u32 ring_bytes = 256u << 10, u32 data_bytes = 0,
-                          u32 slots = 8, const std::string &server_conf = "")
+                          u32 slots = 8, const std::string &server_conf = "",
+                          u64 max_message = 64ull << 20)
       : port_(port), data_bytes_(data_bytes) {
-    pid_ = chi_test::SpawnChild("shm_runtime", {{"CHI_TEST_SHM_PORT", std::to_string(port)},
-                                                {"CHI_TEST_SHM_RING", std::to_string(ring_bytes)},
-                                                {"CHI_TEST_SHM_DATA", std::to_string(data_bytes)},
-                                                {"CHI_TEST_SHM_SLOTS", std::to_string(slots)},
-                                                {"CHI_SERVER_CONF", server_conf}});
+    pid_ = chi_test::SpawnChild("shm_runtime",
+                                {{"CHI_TEST_SHM_PORT", std::to_string(port)},
+                                 {"CHI_TEST_SHM_RING", std::to_string(ring_bytes)},
+                                 {"CHI_TEST_SHM_DATA", std::to_string(data_bytes)},
+                                 {"CHI_TEST_SHM_SLOTS", std::to_string(slots)},
+                                 {"CHI_TEST_SHM_MAX_MESSAGE", std::to_string(max_message)},
+                                 {"CHI_SERVER_CONF", server_conf}});
     REQUIRE(pid_ > 0);
     REQUIRE_MESSAGE(AwaitRuntime(port, 30, &info_, pid_), "runtime child did not come up");
   }

@@ -141,13 +141,13 @@ TEST_CASE("kRef records carry a ref; a kRef record of another length is a corrup
   const size_t bytes = ShmStream::BytesFor(kRing);
   std::unique_ptr<char, decltype(&std::free)> mem(
       static_cast<char *>(std::aligned_alloc(64, bytes)), &std::free);
-  ShmStream *s = ShmStream::Create(mem.get(), kRing);
-  REQUIRE(s != nullptr);
+  const ShmStream s = ShmStream::Create(mem.get(), kRing);
+  REQUIRE(s.Valid());
   const ShmDataRef sent{123456, 789, 5000};
-  REQUIRE(s->WritableBytes(ShmStream::kRefBytes) >= ShmStream::kRefBytes);
-  s->WriteRef(&sent, MemOrder::kSeqCst);
+  REQUIRE(s.WritableBytes(ShmStream::kRefBytes) >= ShmStream::kRefBytes);
+  s.WriteRef(&sent, MemOrder::kSeqCst);
   ShmStream::Piece p;
-  REQUIRE(s->Peek(&p) == ShmStream::PeekResult::kReady);
+  REQUIRE(s.Peek(&p) == ShmStream::PeekResult::kReady);
   CHECK(p.kind == ShmStream::kRef);
   CHECK(p.bytes == ShmStream::kRefBytes);
   const ShmDataRef got = chi::RefOf(p);
@@ -155,15 +155,15 @@ TEST_CASE("kRef records carry a ref; a kRef record of another length is a corrup
   CHECK(got.bytes == sent.bytes);
   CHECK(got.total == sent.total);
   CHECK_FALSE(got.Whole());
-  s->Consume(p);
-  CHECK(s->Peek(&p) == ShmStream::PeekResult::kEmpty);
+  s.Consume(p);
+  CHECK(s.Peek(&p) == ShmStream::PeekResult::kEmpty);
 
   // A header claiming kRef with 32 payload bytes: the reader must not trust the stream.
-  ShmStream *bad = ShmStream::Create(mem.get(), kRing);
-  REQUIRE(bad != nullptr);
+  const ShmStream bad = ShmStream::Create(mem.get(), kRing);
+  REQUIRE(bad.Valid());
   char payload[32] = {};
-  bad->WritePiece(true, sizeof(payload), payload, sizeof(payload));  // a kWhole record
-  auto *word = reinterpret_cast<Atomic<u64> *>(mem.get() + sizeof(ShmStream));
+  bad.WritePiece(true, sizeof(payload), payload, sizeof(payload));  // a kWhole record
+  auto *word = reinterpret_cast<Atomic<u64> *>(mem.get() + ShmStream::BytesFor(kRing) - kRing);
   word->Store(static_cast<u64>(ShmStream::kRef) | (u64{32} << 32), MemOrder::kRelease);
-  CHECK(bad->Peek(&p) == ShmStream::PeekResult::kCorrupt);
+  CHECK(bad.Peek(&p) == ShmStream::PeekResult::kCorrupt);
 }

@@ -140,10 +140,10 @@ TEST_CASE("a bad ref resets only the slot that sent it; a bad ref in an answer f
   };
   // Writes kRef records into a connection's request ring and wakes the runtime.
   auto send_refs = [](chi::ShmClientTransport &tr, std::vector<chi::ShmDataRef> refs) {
-    chi::ShmStream *rs = tr.Segment().RequestStream(tr.SlotIndex());
+    const chi::ShmStream rs = tr.Segment().RequestStream(tr.SlotIndex());
     for (const chi::ShmDataRef &ref : refs) {
-      REQUIRE(rs->WritableBytes(chi::ShmStream::kRefBytes) >= chi::ShmStream::kRefBytes);
-      rs->WriteRef(&ref, chi::MemOrder::kSeqCst);
+      REQUIRE(rs.WritableBytes(chi::ShmStream::kRefBytes) >= chi::ShmStream::kRefBytes);
+      rs.WriteRef(&ref, chi::MemOrder::kSeqCst);
     }
     tr.Segment().Header()->server_event_.Notify();
   };
@@ -191,9 +191,9 @@ TEST_CASE("a bad ref resets only the slot that sent it; a bad ref in an answer f
 
   // The runtime's side: an answer ref outside the client's region fails that client.
   auto victim = connect();
-  chi::ShmStream *as = victim->Segment().AnswerStream(victim->SlotIndex());
+  const chi::ShmStream as = victim->Segment().AnswerStream(victim->SlotIndex());
   const chi::ShmDataRef wild{kRegion - 16, 4096, 4096};
-  as->WriteRef(&wild, chi::MemOrder::kSeqCst);
+  as.WriteRef(&wild, chi::MemOrder::kSeqCst);
   victim->Segment().Slot(victim->SlotIndex())->answer_ready_.Notify();
   const auto t1 = Clock::now();
   while (victim->Failure() == ErrorCode::kOk && SecondsSince(t1) < 10) {

@@ -16,22 +16,22 @@ namespace {
 struct Stream {
   explicit Stream(chi::u32 ring) : mem(chi::ShmStream::BytesFor(ring) / 64 + 1) {
     s = chi::ShmStream::Create(mem.data(), ring);
-    REQUIRE(s != nullptr);
+    REQUIRE(s.Valid());
   }
   /** 64-byte aligned storage. */
   struct alignas(64) Line {
     char bytes[64];
   };
   std::vector<Line> mem;
-  chi::ShmStream *s = nullptr;
+  chi::ShmStream s;
 };
 
 /** Reads the next record; returns its payload and stores what Peek said. */
-std::string TakeRecord(chi::ShmStream *s, chi::ShmStream::Piece *p) {
-  REQUIRE(s->Peek(p) == chi::ShmStream::PeekResult::kReady);
+std::string TakeRecord(const chi::ShmStream &s, chi::ShmStream::Piece *p) {
+  REQUIRE(s.Peek(p) == chi::ShmStream::PeekResult::kReady);
   std::string out(p->bytes, '\0');
   p->CopyTo(out.data());
-  s->Consume(*p);
+  s.Consume(*p);
   return out;
 }
 
@@ -41,14 +41,14 @@ TEST_CASE("a message that fits one record takes one cache line up to 56 bytes") 
   Stream st(4096);
   for (chi::u64 n : {0ull, 1ull, 55ull, 56ull, 57ull, 120ull, 121ull}) {
     const std::string msg(n, static_cast<char>('a' + n % 26));
-    st.s->WritePiece(true, n, msg.data(), n);
+    st.s.WritePiece(true, n, msg.data(), n);
     chi::ShmStream::Piece p;
     CHECK(TakeRecord(st.s, &p) == msg);
     CHECK(p.kind == chi::ShmStream::kBegin);  // whole records read as a message's start
     CHECK(p.message_bytes == n);
     CHECK(p.footprint == (n <= 56 ? 64u : (n <= 120 ? 128u : 192u)));
   }
-  CHECK_FALSE(st.s->HasData());
+  CHECK_FALSE(st.s.HasData());
 }
 
 TEST_CASE("every message length from 0 to 130 bytes arrives byte-exact") {
@@ -56,7 +56,7 @@ TEST_CASE("every message length from 0 to 130 bytes arrives byte-exact") {
   for (chi::u64 n = 0; n <= 130; ++n) {
     std::string msg(n, '\0');
     for (chi::u64 i = 0; i < n; ++i) msg[i] = static_cast<char>(n * 7 + i * 13 + 1);
-    st.s->WritePiece(true, n, msg.data(), n);
+    st.s.WritePiece(true, n, msg.data(), n);
     chi::ShmStream::Piece p;
     CHECK(TakeRecord(st.s, &p) == msg);
   }
@@ -85,10 +85,10 @@ TEST_CASE("a message in pieces arrives as kBegin then kMore, across the ring's e
   chi::u64 sent = 0;
   bool first = true;
   while (got.size() < msg.size()) {
-    const chi::u64 room = st.s->WritableBytes(msg.size() - sent);
+    const chi::u64 room = st.s.WritableBytes(msg.size() - sent);
     if (sent < msg.size() && room > 0) {
       const chi::u64 n = room < msg.size() - sent ? room : msg.size() - sent;
-      st.s->WritePiece(sent == 0, msg.size(), msg.data() + sent, n);
+      st.s.WritePiece(sent == 0, msg.size(), msg.data() + sent, n);
       sent += n;
     }
     chi::ShmStream::Piece p;
@@ -105,32 +105,32 @@ TEST_CASE("corrupt record headers and unframed bytes are reported, not trusted")
   {
     Stream st(4096);
     const char junk[24] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-    st.s->PublishUnframed(junk, sizeof(junk));  // a header word of no known kind
+    st.s.PublishUnframed(junk, sizeof(junk));  // a header word of no known kind
     chi::ShmStream::Piece p;
-    CHECK(st.s->Peek(&p) == chi::ShmStream::PeekResult::kCorrupt);
+    CHECK(st.s.Peek(&p) == chi::ShmStream::PeekResult::kCorrupt);
   }
   {
     Stream st(4096);
     const char zeros[16] = {};
-    st.s->PublishUnframed(zeros, sizeof(zeros));  // bytes with no header at all
+    st.s.PublishUnframed(zeros, sizeof(zeros));  // bytes with no header at all
     chi::ShmStream::Piece p;
-    CHECK(st.s->Peek(&p) == chi::ShmStream::PeekResult::kEmpty);
-    CHECK(st.s->Unframed());
+    CHECK(st.s.Peek(&p) == chi::ShmStream::PeekResult::kEmpty);
+    CHECK(st.s.Unframed());
   }
   {
     Stream st(4096);
     // A kWhole header claiming more bytes than the ring holds.
     const chi::u64 word = chi::u64{chi::ShmStream::kWhole} | (chi::u64{0xfffffff0} << 32);
-    st.s->PublishUnframed(&word, sizeof(word));
+    st.s.PublishUnframed(&word, sizeof(word));
     chi::ShmStream::Piece p;
-    CHECK(st.s->Peek(&p) == chi::ShmStream::PeekResult::kCorrupt);
+    CHECK(st.s.Peek(&p) == chi::ShmStream::PeekResult::kCorrupt);
   }
   {
     Stream st(4096);
     // A kBegin whose first piece is longer than the message it announces.
     const chi::u64 header[2] = {chi::u64{chi::ShmStream::kBegin} | (chi::u64{32} << 32), 16};
-    st.s->PublishUnframed(header, sizeof(header));
+    st.s.PublishUnframed(header, sizeof(header));
     chi::ShmStream::Piece p;
-    CHECK(st.s->Peek(&p) == chi::ShmStream::PeekResult::kCorrupt);
+    CHECK(st.s.Peek(&p) == chi::ShmStream::PeekResult::kCorrupt);
   }
 }

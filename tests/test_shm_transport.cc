@@ -320,13 +320,13 @@ HogRound RunHogRound(AttachedClient &attached, chimaera::demo::Client &client, u
   if (round == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   // The counters are read through our own mapping: probing the runtime afresh maps its
   // segment, which takes long enough (under a sanitizer) for the workers to park.
-  const chi::ShmSegmentHeader *header = attached.Transport().Segment().Header();
-  const chi::ShmServerStats before = chi::shm_server::ReadShmServerStats(header);
+  const chi::ShmSegment &segment = attached.Transport().Segment();
+  const chi::ShmServerStats before = chi::shm_server::ReadShmServerStats(segment);
   auto hog = Hog(kHogNs);
   chi::ShmServerStats now = before;
   for (const auto t0 = Clock::now();
        now.tasks_served == before.tasks_served && SecondsSince(t0) < 1;) {
-    now = chi::shm_server::ReadShmServerStats(header);  // until the hog is taken in
+    now = chi::shm_server::ReadShmServerStats(segment);  // until the hog is taken in
   }
   HogRound seen;
   seen.by_worker = now.worker_taken == before.worker_taken + 1;

@@ -1,10 +1,13 @@
 // The shared-memory transport when things go wrong: a client SIGKILLed mid-stream is
 // reclaimed by the runtime's reaper while others keep being served, a dead runtime fails
 // pending waits with kPeerDead and a new one takes its port, bad bytes in a request ring
-// reset only that client's slot, and Connect, Start and Close fail with clear errors.
+// reset only that client's slot, as do forged ring geometry, forged positions and a message
+// total beyond memory, a slot claimed in another process's name is never served, and
+// Connect, Start and Close fail with clear errors.
 // The shared runtime child and fixtures are in shm_transport_fixture.h.
 #include "shm_transport_fixture.h"
 
+#include <grp.h>       // setgroups: a child of another user
 #include <signal.h>    // SIGKILL
 #include <sys/stat.h>  // segment permissions
 #include <unistd.h>    // getpid
@@ -35,12 +38,12 @@ int DyingClientMain() {
   chimaera::demo::Client client(kPool);
   auto held = client.AsyncLockHold(PoolQuery::Local(), chimaera::demo::LockMode::kRead,
                                    300000000ull);
-  chi::ShmStream *rs = tr->Segment().RequestStream(tr->SlotIndex());
+  const chi::ShmStream rs = tr->Segment().RequestStream(tr->SlotIndex());
   std::vector<char> piece(64u << 10, 'x');
   const u64 id = 0x5151;
   std::memcpy(piece.data(), &id, sizeof(id));
-  checks.Expect(rs->WritableBytes(piece.size()) >= piece.size(), "room for the first piece");
-  rs->WritePiece(true, 4u << 20, piece.data(), piece.size());
+  checks.Expect(rs.WritableBytes(piece.size()) >= piece.size(), "room for the first piece");
+  rs.WritePiece(true, 4u << 20, piece.data(), piece.size());
   tr->Segment().Header()->server_event_.Notify();
   SignalReady();
   for (int i = 0; i < 600; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -202,7 +205,7 @@ TEST_CASE("bad bytes in a request ring reset only that client's slot") {
   // A message that announces 1 GiB, beyond the runtime's 64 MiB limit.
   auto huge = connect();
   char head[16] = {};
-  request_ring(*huge)->WritePiece(true, 1ull << 30, head, sizeof(head));
+  request_ring(*huge).WritePiece(true, 1ull << 30, head, sizeof(head));
   wake_runtime(*huge);
   auto after_huge = EchoVia(*huge, "after the huge prefix");
   REQUIRE(after_huge.Wait(10));
@@ -213,7 +216,7 @@ TEST_CASE("bad bytes in a request ring reset only that client's slot") {
   // Bytes that are no record at all.
   auto garbage = connect();
   std::vector<char> junk(96, static_cast<char>(0xAB));
-  request_ring(*garbage)->PublishUnframed(junk.data(), junk.size());
+  request_ring(*garbage).PublishUnframed(junk.data(), junk.size());
   wake_runtime(*garbage);
   auto after_junk = EchoVia(*garbage, "after the junk");
   REQUIRE(after_junk.Wait(10));
@@ -223,7 +226,7 @@ TEST_CASE("bad bytes in a request ring reset only that client's slot") {
   // A well-framed message whose content is garbage: an error answer, and the slot lives on.
   auto framed = connect();
   std::vector<char> nonsense(200, static_cast<char>(0x5A));
-  request_ring(*framed)->WritePiece(true, nonsense.size(), nonsense.data(), nonsense.size());
+  request_ring(*framed).WritePiece(true, nonsense.size(), nonsense.data(), nonsense.size());
   wake_runtime(*framed);
   const auto t0 = Clock::now();
   while (framed->StrayAnswers() == 0 && SecondsSince(t0) < 10) {
@@ -244,6 +247,195 @@ TEST_CASE("bad bytes in a request ring reset only that client's slot") {
   CHECK(AwaitStats(port, [](const auto &s) { return s.reclaimed_clients == 2 && s.clients == 1; },
                    10, &stats));
   CheckEcho(client, 1u << 20, 12);
+}
+
+namespace {
+
+/** Connects one more client to `runtime` (not attached to the IpcManager). */
+std::unique_ptr<chi::ShmClientTransport> ConnectClient(const RuntimeProcess &runtime) {
+  std::unique_ptr<chi::ShmClientTransport> tr;
+  chi::Status st = chi::ShmClientTransport::Connect(runtime.Info(), &tr);
+  REQUIRE_MESSAGE(st.ok(), st.ToString());
+  return tr;
+}
+
+/** True once the runtime has failed tr's connection with `code` (within 10 s). */
+bool AwaitFailure(chi::ShmClientTransport &tr, ErrorCode code) {
+  const auto t0 = Clock::now();
+  while (tr.Failure() != code && SecondsSince(t0) < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return tr.Failure() == code;
+}
+
+}  // namespace
+
+TEST_CASE("forged ring geometry and forged positions reset only the forger's slot") {
+  const u32 port = TestPort(7);
+  // Small rings and no data segments: answers larger than a ring stream through it.
+  RuntimeProcess runtime(port, 16u << 10);
+  AttachedClient good(runtime.Info());
+  auto client = CreateDemoPool();
+
+  // The segment header's geometry and the forger's streams' recorded sizes rewritten: the
+  // runtime keeps the sizes it made, so a 60 KB echo that wraps both rings comes back
+  // exact, and its statistics walk only the slots there are.
+  {
+    auto shaper = ConnectClient(runtime);
+    chi::ShmSegmentHeader *h = shaper->Segment().Header();
+    const chi::ShmSegmentHeader saved_geometry = [&] {
+      chi::ShmSegmentHeader g;
+      g.ring_bytes_ = h->ring_bytes_;
+      g.num_slots_ = h->num_slots_;
+      g.slot_bytes_ = h->slot_bytes_;
+      return g;
+    }();
+    h->ring_bytes_ = 1u << 30;
+    h->num_slots_ = 1u << 20;
+    h->slot_bytes_ = 1ull << 30;
+    const u32 i = shaper->SlotIndex();
+    shaper->Segment().RequestStream(i).ForgeShared(0, 0, 1u << 30);
+    shaper->Segment().AnswerStream(i).ForgeShared(0, 0, 1u << 30);
+    const std::string data = Pattern(60000, 1);
+    auto echo = EchoVia(*shaper, data);
+    REQUIRE(echo.Wait(20));
+    CHECK(echo->GetReturnCode() == 0);
+    CHECK(echo->data_.view() == data);
+    auto monitor = chimaera::admin::Client().AsyncMonitor(PoolQuery::Local());
+    REQUIRE(monitor.Wait(20));
+    CHECK(monitor->GetReturnCode() == 0);
+    CheckEcho(client, 5000, 20);
+    h->ring_bytes_ = saved_geometry.ring_bytes_;  // for the clients that connect next
+    h->num_slots_ = saved_geometry.num_slots_;
+    h->slot_bytes_ = saved_geometry.slot_bytes_;
+    shaper->Close();
+  }
+
+  // A read position off a record's start: the next header would be read misaligned.
+  {
+    auto odd = ConnectClient(runtime);
+    auto first = EchoVia(*odd, "first");
+    REQUIRE(first.Wait(20));
+    REQUIRE(first->GetReturnCode() == 0);
+    odd->Segment().RequestStream(odd->SlotIndex()).ForgeShared(128, 64 + 13, 16u << 10);
+    odd->Segment().Header()->server_event_.Notify();
+    CHECK(AwaitFailure(*odd, ErrorCode::kMalformed));
+    CheckEcho(client, 5000, 21);
+    odd->Close();
+  }
+
+  // An answer stream whose reader claims to be far ahead of the runtime's writes: room
+  // without bound, if the runtime believed it (a 60 KB answer into a 16 KB ring).
+  {
+    auto ahead = ConnectClient(runtime);
+    ahead->Segment().AnswerStream(ahead->SlotIndex()).ForgeShared(0, 1ull << 40, 16u << 10);
+    auto echo = EchoVia(*ahead, Pattern(60000, 2));
+    CHECK(AwaitFailure(*ahead, ErrorCode::kMalformed));
+    REQUIRE(echo.Wait(20));
+    CHECK(echo->GetReturnCode() != 0);
+    CheckEcho(client, 60000, 22);
+    ahead->Close();
+  }
+  chi::ShmServer::Stats stats;
+  CHECK(AwaitStats(port, [](const auto &s) { return s.broken_streams == 2 && s.clients == 1; },
+                   10, &stats));
+  CheckEcho(client, 1u << 20, 23);
+}
+
+TEST_CASE("a chunk that names a message beyond memory is assembled in steps; only its slot resets") {
+  const u32 port = TestPort(2);
+  // The runtime takes messages up to 1 TiB: more than it can reserve at once.
+  RuntimeProcess runtime(port, 256u << 10, 1u << 20, 8, "", 1ull << 40);
+  AttachedClient good(runtime.Info());
+  auto client = CreateDemoPool();
+  auto tr = ConnectClient(runtime);
+  const chi::ShmStream rs = tr->Segment().RequestStream(tr->SlotIndex());
+  // A first 4 KiB chunk of a 1 TiB message, then a chunk of another message: out of step.
+  for (const chi::ShmDataRef &ref :
+       {chi::ShmDataRef{0, 4096, 1ull << 40}, chi::ShmDataRef{4096, 4096, 1ull << 39}}) {
+    REQUIRE(rs.WritableBytes(chi::ShmStream::kRefBytes) >= chi::ShmStream::kRefBytes);
+    rs.WriteRef(&ref, chi::MemOrder::kSeqCst);
+  }
+  tr->Segment().Header()->server_event_.Notify();
+  CHECK(AwaitFailure(*tr, ErrorCode::kMalformed));
+  CheckEcho(client, 1u << 20, 30);  // the runtime lives, and serves the others
+  tr->Close();
+  chi::ShmServer::Stats stats;
+  CHECK(AwaitStats(port, [](const auto &s) { return s.broken_streams == 1 && s.clients == 1; },
+                   10, &stats));
+}
+
+TEST_CASE("a slot claimed in another process's name is refused and never served") {
+  const u32 port = TestPort(0);
+  RuntimeProcess runtime(port);
+  AttachedClient good(runtime.Info());
+  auto client = CreateDemoPool();
+  chi::ShmSegment seg;
+  REQUIRE(seg.Attach(runtime.Info()).ok());
+  chi::ShmSegmentHeader *h = seg.Header();
+  // Claims a free slot for (pid, start ticks) the way a client does, then waits for the
+  // runtime's verdict: the code it broke the slot with (0 when it served it).
+  auto claim = [&](u32 pid, u64 ticks) {
+    u32 i = 0;
+    for (; i < seg.NumSlots(); ++i) {
+      u32 expected = 0;
+      if (seg.Slot(i)->owner_pid_.CompareExchange(expected, pid, chi::MemOrder::kAcqRel)) break;
+    }
+    REQUIRE(i < seg.NumSlots());
+    chi::ShmClientSlot *slot = seg.Slot(i);
+    slot->owner_start_ticks_.Store(ticks, chi::MemOrder::kRelaxed);
+    slot->state_.Store(static_cast<u32>(chi::ShmSlotState::kActive), chi::MemOrder::kRelease);
+    // A request waits in it: a slot the runtime served would answer it.
+    const std::string request(64, 'r');
+    seg.RequestStream(i).WritePiece(true, request.size(), request.data(), request.size());
+    h->membership_seq_.FetchAdd(1, chi::MemOrder::kSeqCst);
+    h->server_event_.Notify();
+    const auto t0 = Clock::now();
+    while (slot->state_.Load(chi::MemOrder::kAcquire) !=
+               static_cast<u32>(chi::ShmSlotState::kBroken) &&
+           SecondsSince(t0) < 10) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    const u32 code = slot->broken_code_.Load(chi::MemOrder::kRelaxed);
+    CHECK(seg.AnswerStream(i).UsedBytes() == 0);  // nothing was answered there
+    // Leave as a client leaves; the runtime reclaims the slot.
+    slot->state_.Store(static_cast<u32>(chi::ShmSlotState::kClosed), chi::MemOrder::kRelease);
+    h->membership_seq_.FetchAdd(1, chi::MemOrder::kSeqCst);
+    h->server_event_.Notify();
+    return code;
+  };
+  const chi::ProcessIdentity runtime_id{static_cast<u32>(runtime.Pid()),
+                                        h->runtime_start_ticks_};
+  CHECK(claim(runtime_id.pid, runtime_id.start_ticks) == Code(ErrorCode::kPermissionDenied));
+  const chi::ProcessIdentity self = chi::SelfIdentity();
+  CHECK(claim(self.pid, self.start_ticks + 1) == Code(ErrorCode::kPermissionDenied));
+  if (getuid() == 0) {  // a live process of another user (CI runs as root)
+    int ready[2];
+    REQUIRE(pipe(ready) == 0);
+    const pid_t other = fork();
+    if (other == 0) {
+      const bool dropped = setgroups(0, nullptr) == 0 && setgid(65534) == 0 && setuid(65534) == 0;
+      char b = dropped ? 1 : 0;
+      if (write(ready[1], &b, 1) != 1) _exit(1);
+      pause();  // until the test kills it
+      _exit(0);
+    }
+    char b = 0;
+    REQUIRE(read(ready[0], &b, 1) == 1);
+    REQUIRE(b == 1);
+    CHECK(claim(static_cast<u32>(other), chi::IdentityOf(static_cast<u32>(other)).start_ticks) ==
+          Code(ErrorCode::kPermissionDenied));
+    kill(other, SIGKILL);
+    waitpid(other, nullptr, 0);
+    close(ready[0]);
+    close(ready[1]);
+  } else {
+    WARN_MESSAGE(false, "not root: no process of another user to claim a slot for");
+  }
+  seg.Detach();
+  CheckEcho(client, 5000, 31);
+  chi::ShmServer::Stats stats;
+  CHECK(AwaitStats(port, [](const auto &s) { return s.clients == 1; }, 10, &stats));
 }
 
 TEST_CASE("Connect, Start and Close fail with clear errors and free what they hold") {

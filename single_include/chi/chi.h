@@ -8005,7 +8005,7 @@ inline Status MeasureShmRoom(const std::vector<std::string> &names, ShmRoom *out
 // records client memory registrations and sets up GPU containers on request.
 // Always registered: the runtime creates the admin pool (kAdminPoolId) at start.
 
-#include <unistd.h>  // getpid: the runtime's own memory needs no IPC handle
+#include <unistd.h>  // getpid, getuid: the runtime's own process and user
 
 #include <memory>  // unique_ptr<PoolInfo>
 
@@ -8013,14 +8013,19 @@ inline Status MeasureShmRoom(const std::vector<std::string> &names, ShmRoom *out
 #ifndef CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_CACHE_H
 #define CHI_SINGLE_INCLUDE_CHI_GPU_GPU_IPC_CACHE_H
 // Client memory the runtime may read: what RegisterMemory records, and the runtime's cache
-// of opened CUDA/HIP IPC handles (seed 002: open lazily, once, and keep it). Compiles without
-// CUDA: the GPU calls come through GpuIpcOps, which GpuManager installs; host tests use a fake.
+// of opened CUDA/HIP IPC handles (opened lazily, once, and kept). Compiles without CUDA: the
+// GPU calls come through GpuIpcOps, which GpuManager installs; host tests use a fake.
+// Host memory of another process is never dereferenced: Read copies it with
+// process_vm_readv, inside the registered range.
 // Invariant: one open per (pid, device, handle bytes); an entry goes when its client registers
 // a different handle at an overlapping address (address reuse) or when its process is dead.
 
-#include <unistd.h>  // getpid: the runtime's own registrations need no IPC open
+#include <sys/uio.h>  // process_vm_readv: a client's host memory, read by the kernel
+#include <unistd.h>   // getpid: the runtime's own registrations need no IPC open
 
-#include <cstring>  // memcmp of handle bytes, memcpy of host reads
+#include <cerrno>   // errno of a failed process_vm_readv
+
+#include <cstring>  // memcmp of handle bytes, memcpy of host reads, strerror
 #include <mutex>    // registration is a control path (an open takes 45 us - 1.2 ms)
 #include <new>      // placement new: a forked child's fresh lock
 #include <vector>   // regions, mappings, read buffers
@@ -8128,11 +8133,6 @@ class GpuIpcCache {
       return Status::Errorf(ErrorCode::kInvalidArgument, "RegisterMemory: unknown memory type %u",
                             static_cast<u32>(r.type));
     }
-    if (r.type != MemoryType::kGpuDeviceMemory && r.pid != self_pid_) {
-      return Status::Error(ErrorCode::kUnsupported,
-                           "RegisterMemory: host memory of another process is not visible to "
-                           "the runtime; register device memory (kGpuDeviceMemory) instead");
-    }
     std::lock_guard<std::mutex> g(mu_);
     for (size_t i = 0; i < regions_.size();) {
       const MemoryRegistration &o = regions_[i];
@@ -8160,17 +8160,36 @@ class GpuIpcCache {
   Status Translate(u32 pid, u64 address, u64 bytes, void **out, MemoryType *type = nullptr,
                    u32 *device = nullptr) {
     std::lock_guard<std::mutex> g(mu_);
-    return TranslateLocked(pid, address, bytes, out, type, device);
+    bool remote = false;
+    if (Status st = TranslateLocked(pid, address, bytes, out, type, device, &remote); !st.ok()) {
+      return st;
+    }
+    if (remote) {
+      *out = nullptr;
+      return Status::Errorf(ErrorCode::kUnsupported,
+                            "host memory of process %u can be read (Read), not mapped into the "
+                            "runtime",
+                            pid);
+    }
+    return Status::Ok();
   }
 
-  /** Copies client `pid`'s range into *out (device memory through the opener). */
+  /**
+   * Copies client `pid`'s range into *out: the runtime's own memory directly, device
+   * memory through the opener, another process's host memory with process_vm_readv (the
+   * kernel checks the runtime may read it; nothing outside the registered range is asked).
+   */
   Status Read(u32 pid, u64 address, u64 bytes, std::vector<char> *out) {
     std::lock_guard<std::mutex> g(mu_);  // held while copying: no close can race the copy
     void *p = nullptr;
     MemoryType type = MemoryType::kCpuMemory;
     u32 device = 0;
-    if (Status st = TranslateLocked(pid, address, bytes, &p, &type, &device); !st.ok()) return st;
+    bool remote = false;
+    if (Status st = TranslateLocked(pid, address, bytes, &p, &type, &device, &remote); !st.ok()) {
+      return st;
+    }
     out->resize(bytes);
+    if (remote) return ReadProcessMemory(pid, address, bytes, out->data());
     if (type != MemoryType::kGpuDeviceMemory) {
       std::memcpy(out->data(), p, bytes);
       return Status::Ok();
@@ -8279,8 +8298,34 @@ class GpuIpcCache {
     }
   }
 
+  /** Reads [address, address + bytes) of process pid's memory into dst (process_vm_readv). */
+  static Status ReadProcessMemory(u32 pid, u64 address, u64 bytes, char *dst) {
+    u64 done = 0;
+    while (done < bytes) {
+      iovec local{dst + done, bytes - done};
+      iovec remote{reinterpret_cast<void *>(address + done), bytes - done};
+      const ssize_t n = process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+      if (n <= 0) {
+        const int err = n < 0 ? errno : EFAULT;
+        return Status::Errorf(err == EPERM || err == ESRCH ? ErrorCode::kPermissionDenied
+                                                           : ErrorCode::kIo,
+                              "reading %llu bytes of process %u at 0x%llx: %s",
+                              static_cast<unsigned long long>(bytes), pid,
+                              static_cast<unsigned long long>(address + done),
+                              std::strerror(err));
+      }
+      done += static_cast<u64>(n);
+    }
+    return Status::Ok();
+  }
+
+  /**
+   * Finds the registration covering client pid's range. *remote: it is host memory of
+   * another process, which only Read may copy (no pointer of ours reaches it).
+   */
   Status TranslateLocked(u32 pid, u64 address, u64 bytes, void **out, MemoryType *type,
-                         u32 *device) {
+                         u32 *device, bool *remote) {
+    *remote = false;
     for (const MemoryRegistration &r : regions_) {
       if (r.pid != pid || address < r.address || address - r.address > r.bytes ||
           bytes > r.bytes - (address - r.address)) {
@@ -8289,8 +8334,12 @@ class GpuIpcCache {
       if (type != nullptr) *type = r.type;
       if (device != nullptr) *device = r.device;
       const u64 into = address - r.address;
-      if (r.type != MemoryType::kGpuDeviceMemory || r.pid == self_pid_) {
+      if (r.pid == self_pid_) {
         *out = reinterpret_cast<void *>(address);  // our own memory: the address is ours
+        return Status::Ok();
+      }
+      if (r.type != MemoryType::kGpuDeviceMemory) {
+        *remote = true;
         return Status::Ok();
       }
       void *base = nullptr;
@@ -9512,7 +9561,8 @@ inline Status LoadServerConfig(ServerConfig *out) {
 // submitted still yields a completed Future carrying the error. RegisterMemory tells the
 // runtime about memory its handlers may read (admin RegisterMemory).
 
-#include <unistd.h>  // getpid
+#include <sys/prctl.h>  // PR_SET_PTRACER: the runtime may read registered host memory
+#include <unistd.h>     // getpid
 
 // ---- begin chi/runtime/work_orchestrator.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_WORK_ORCHESTRATOR_H
@@ -9892,6 +9942,8 @@ class ClientTransport {
   virtual void Close() = 0;
   /** "shm", "ipc" or "tcp". */
   virtual const char *Name() const = 0;
+  /** The pid of the runtime this transport talks to now; 0 while it knows none. */
+  virtual u32 RuntimePid() const { return 0; }
   /**
    * Copies the handshake answer of the runtime this transport talks to now (after a
    * reconnect, the restarted one's) into *out; false when it keeps none.
@@ -9987,10 +10039,13 @@ class IpcManager {
    * (chi::gpu::ClientMemory().Translate/Read with this process's pid). kGpuDeviceMemory:
    * the allocation's CUDA/HIP IPC handle travels in an admin RegisterMemory task; the
    * runtime opens it on first use and caches it (re-registering the address with another
-   * allocation replaces it; a dead client's entries are dropped). Host memory is only
-   * visible to an embedded runtime (same process); a pure client gets kUnsupported.
+   * allocation replaces it; a dead client's entries are dropped). Host memory of a pure
+   * client is copied by the runtime with process_vm_readv, which the kernel allows when
+   * the runtime may trace this process (the same user, and ptrace_scope permitting).
+   * The runtime registers memory for the process its transport identifies: over tcp it
+   * cannot, and answers kPermissionDenied (use shm or ipc).
    * Errors: kInvalidArgument (null, zero size, not device memory, past the allocation's
-   * end), kUnsupported (no GPU layer here or in the runtime), kTimeout.
+   * end), kUnsupported (no GPU layer here or in the runtime), kPermissionDenied, kTimeout.
    */
   Status RegisterMemory(void *ptr, u64 bytes, gpu::MemoryType type, float timeout_sec = 30) {
     if (ptr == nullptr || bytes == 0) {
@@ -10013,10 +10068,8 @@ class IpcManager {
                              "CUDA/HIP (CHIMAERA_ENABLE_CUDA / CHIMAERA_ENABLE_ROCM)");
       }
       if (Status st = describe(ptr, bytes, &reg); !st.ok()) return st;
-    } else if (orch_.Load(MemOrder::kAcquire) == nullptr) {
-      return Status::Error(ErrorCode::kUnsupported,
-                           "RegisterMemory: host memory of a client process is not visible to a "
-                           "runtime in another process; register device memory instead");
+    } else {
+      AllowRuntimeToRead();
     }
     auto *t = NewTask<chimaera::admin::RegisterMemoryTask>(reg);
     if (t == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "RegisterMemory task");
@@ -10031,6 +10084,20 @@ class IpcManager {
       return Status::Error(static_cast<ErrorCode>(f->GetReturnCode()), f->GetMessage());
     }
     return Status::Ok();
+  }
+
+  /**
+   * Lets the runtime this pure client talks to copy its memory where the kernel restricts
+   * that to a process's ancestors (Yama's ptrace_scope 1): registering host memory asks the
+   * runtime to read it. Nothing to do for an embedded runtime (the same process).
+   */
+  void AllowRuntimeToRead() const {
+    ClientTransport *tr = transport_.Load(MemOrder::kAcquire);
+    const u32 runtime = orch_.Load(MemOrder::kAcquire) == nullptr && tr != nullptr
+                            ? tr->RuntimePid()
+                            : 0;
+    // Fails harmlessly (EINVAL) where the kernel has no Yama: any process of ours may.
+    if (runtime != 0) (void)prctl(PR_SET_PTRACER, static_cast<unsigned long>(runtime), 0, 0, 0);
   }
 
   /** Requests a periodic task to stop after its current run. */
@@ -10299,6 +10366,7 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
 
   /** Refuses new tasks for the pool, waits for in-flight ones, then frees it. */
   void DestroyPool(DestroyPoolTask &task, chi::RunContext &rctx) {
+    if (!MayControl(task, "DestroyPool")) return;
     if (task.target_ == chi::kAdminPoolId) {
       task.SetError(chi::ErrorCode::kInvalidArgument, "the admin pool cannot be destroyed");
       return;
@@ -10317,23 +10385,37 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
   }
 
   /** Stops taking tasks; the process's owner finalizes. */
-  void StopRuntime(StopRuntimeTask &, chi::RunContext &) {
+  void StopRuntime(StopRuntimeTask &task, chi::RunContext &) {
+    if (!MayControl(task, "StopRuntime")) return;
     if (on_stop_ != nullptr) on_stop_();
   }
 
   /**
-   * Records a client's memory (chi::gpu::ClientMemory). Device memory of another process
-   * needs this runtime's GPU layer; its IPC handle is opened on first use, not here.
+   * Records a client's memory (chi::gpu::ClientMemory) for the process that sent the task,
+   * as its transport identifies it: a client registers only its own memory, and the
+   * runtime's own pid is never a client's. Device memory of another process needs this
+   * runtime's GPU layer; its IPC handle is opened on first use, not here.
    */
   void RegisterMemory(RegisterMemoryTask &task, chi::RunContext &) {
     chi::gpu::MemoryRegistration reg = task.reg_;
-    if (reg.pid != task.task_id_.pid_) {
-      return task.SetErrorf(chi::ErrorCode::kInvalidArgument,
-                            "RegisterMemory: registration names pid %u but came from pid %u",
-                            reg.pid, task.task_id_.pid_);
+    const chi::Caller caller = chi::CallerOf(task);
+    const chi::u32 self = static_cast<chi::u32>(getpid());
+    if (caller.pid == 0) {
+      return task.SetErrorf(chi::ErrorCode::kPermissionDenied,
+                            "RegisterMemory: the runtime cannot verify which process a %s "
+                            "client is; register over shm or ipc",
+                            caller.ViaName());
     }
-    if (reg.type == chi::gpu::MemoryType::kGpuDeviceMemory &&
-        reg.pid != static_cast<chi::u32>(getpid()) &&
+    if (!caller.IsThisProcess() && caller.pid == self) {
+      return task.SetError(chi::ErrorCode::kPermissionDenied,
+                           "RegisterMemory: the runtime's own process is never a client");
+    }
+    if (reg.pid != caller.pid) {
+      return task.SetErrorf(chi::ErrorCode::kPermissionDenied,
+                            "RegisterMemory: registration names pid %u but came from pid %u",
+                            reg.pid, caller.pid);
+    }
+    if (reg.type == chi::gpu::MemoryType::kGpuDeviceMemory && reg.pid != self &&
         chi::gpu::GpuHooks::Get().runtime_ops.Load(chi::MemOrder::kAcquire) == nullptr) {
       const chi::Status st = chi::gpu::HookedIpcOpener::NoGpu();
       return task.SetError(st.code(), st.message());
@@ -10383,6 +10465,25 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
                   "GpuAttachPool">>;
 
  private:
+  /**
+   * True when task's sender may stop the runtime or destroy pools: the runtime's own user
+   * (or root), as its transport identifies it. Otherwise fails the task and returns false.
+   */
+  static bool MayControl(chi::Task &task, const char *what) {
+    const chi::Caller caller = chi::CallerOf(task);
+    if (caller.IsRuntimeUser()) return true;
+    if (caller.uid == chi::Caller::kNoUid) {
+      task.SetErrorf(chi::ErrorCode::kPermissionDenied,
+                     "%s: refused: the runtime cannot verify the user of a %s client", what,
+                     caller.ViaName());
+    } else {
+      task.SetErrorf(chi::ErrorCode::kPermissionDenied,
+                     "%s: refused for uid %u: only the runtime's user (uid %u) may", what,
+                     caller.uid, static_cast<chi::u32>(getuid()));
+    }
+    return false;
+  }
+
   chi::PoolManager *pools_ = nullptr;
   chi::WorkOrchestrator *orch_ = nullptr;
   void (*on_stop_)() = nullptr;
@@ -10434,8 +10535,9 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 // start time: a dead runtime's pid taken by another process is not its owner); a set
 // whose owner is dead is stale and is removed by the next runtime.
 
-#include <time.h>    // clock_gettime for the start time
-#include <unistd.h>  // getpid, getuid
+#include <sys/random.h>  // getrandom: the runtime's client key
+#include <time.h>        // clock_gettime for the start time
+#include <unistd.h>      // getpid, getuid
 
 #include <memory>   // unique_ptr<PosixShmBackend>
 #include <string>   // names
@@ -10482,6 +10584,12 @@ inline chi::Status ComposePool(chi::IpcManager &ipc, const chi::ComposeEntry &e)
 // kMore records (8-byte headers) with the rest. A kRef record (8-byte header and kRefBytes
 // of payload) carries no message but names one kept in a data region (shm_data_region.h).
 // The reader checks every header and reports a corrupt stream instead of trusting it.
+//
+// Trust: the other end may be hostile and can write every shared byte. A ShmStream is
+// therefore a view that keeps the ring's geometry in the viewing process (fixed when the
+// view is made; the size recorded in shared memory is for information only), and every
+// position read from a shared word is checked (a record starts on a line; a writer never
+// has more than the ring's bytes outstanding) before it decides where bytes go.
 
 #include <algorithm>  // std::min for wrapped copies
 #include <cstring>    // memcpy in and out of the ring
@@ -10563,7 +10671,10 @@ inline bool BackPages(const void *p, u64 bytes) {
 
 namespace chi {
 
-/** A single-writer, single-reader message stream through a fixed byte ring (host only). */
+/**
+ * A view of a single-writer, single-reader message stream through a fixed byte ring (host
+ * only). Cheap to copy: a pointer to the shared words and the ring, and the geometry.
+ */
 class ShmStream {
  public:
   /** The most bytes a record header takes (kBegin's; kWhole and kMore take 8). */
@@ -10581,25 +10692,45 @@ class ShmStream {
   static constexpr u64 kRefBytes = 24;
 
   /** Region bytes for a ring of `ring_bytes` (raised to >= kMinRingBytes, a power of two). */
-  static size_t BytesFor(u32 ring_bytes) { return sizeof(ShmStream) + RingSize(ring_bytes); }
+  static size_t BytesFor(u32 ring_bytes) { return sizeof(Shared) + RingSize(ring_bytes); }
 
-  /** Builds an empty stream at `mem` (BytesFor bytes, 64-byte aligned); nullptr if misaligned. */
-  static ShmStream *Create(void *mem, u32 ring_bytes) {
-    if (!IsRingAligned(mem)) return nullptr;
-    ShmStream *s = new (mem) ShmStream(RingSize(ring_bytes));
-    s->ClearHeader(0);  // the region may hold old bytes: nothing is published at 0
+  /**
+   * Builds an empty stream at `mem` (BytesFor(ring_bytes) bytes, 64-byte aligned) and
+   * returns a view of it; an invalid view (Valid() false) when `mem` is misaligned.
+   */
+  static ShmStream Create(void *mem, u32 ring_bytes) {
+    if (!IsRingAligned(mem)) return ShmStream();
+    auto *shared = new (mem) Shared();
+    shared->ring_bytes_ = RingSize(ring_bytes);
+    ShmStream s(mem, ring_bytes);
+    s.ClearHeader(0);  // the region may hold old bytes: nothing is published at 0
     return s;
   }
 
-  /** Views a stream that another process (or an earlier Create) built at `mem`. */
-  static ShmStream *Attach(void *mem) { return static_cast<ShmStream *>(mem); }
+  /** No stream. */
+  ShmStream() = default;
+
+  /**
+   * Views the stream at `mem` (built by Create, maybe in another process) as a ring of
+   * `ring_bytes` (rounded as Create rounds them): the caller's own record of the size,
+   * never the one in shared memory.
+   */
+  ShmStream(void *mem, u32 ring_bytes)
+      : shared_(static_cast<Shared *>(mem)),
+        ring_(static_cast<char *>(mem) + sizeof(Shared)),
+        ring_bytes_(RingSize(ring_bytes)),
+        mask_(ring_bytes_ - 1) {}
+
+  /** True for a view of a stream (not the default or a failed Create). */
+  bool Valid() const { return shared_ != nullptr; }
 
   /** Empties the stream. Only while neither end uses it (the runtime reclaiming a slot). */
-  void Reset() {
+  void Reset() const {
     // relaxed: nobody else touches the stream now; the caller publishes the reset slot.
-    write_pos_.Store(0, MemOrder::kRelaxed);
-    read_pos_.Store(0, MemOrder::kRelaxed);
-    cached_read_ = 0;
+    shared_->write_pos_.Store(0, MemOrder::kRelaxed);
+    shared_->read_pos_.Store(0, MemOrder::kRelaxed);
+    shared_->cached_read_ = 0;
+    shared_->ring_bytes_ = ring_bytes_;  // what a previous client wrote there is undone
     ClearHeader(0);  // old records at offset 0 must not look published
   }
 
@@ -10607,12 +10738,25 @@ class ShmStream {
   u32 RingBytes() const { return ring_bytes_; }
 
   /**
+   * True when the shared positions are ones an honest peer could have left: the write
+   * position on a record boundary, no more than the ring's bytes written and unread, and
+   * the read position on a record boundary. A writer waiting for room that finds this
+   * false waits for a peer that broke the stream (the runtime resets such a slot).
+   */
+  bool PositionsValid() const {
+    // acquire: a snapshot of both ends; a live honest peer only ever makes it truer.
+    const u64 r = shared_->read_pos_.Load(MemOrder::kAcquire);
+    const u64 w = shared_->write_pos_.Load(MemOrder::kAcquire);
+    return (r | w) % kAlign == 0 && w - r <= ring_bytes_;
+  }
+
+  /**
    * Maps the whole ring into the calling process now, so that records written or read
    * later take no page faults, and has the shm filesystem back every page of it
    * (BackPages). False when it cannot (/dev/shm is full): a write to such a ring would
    * die of SIGBUS, so a client refuses the connection instead.
    */
-  bool Prefault() { return BackPages(Ring(), ring_bytes_); }
+  bool Prefault() const { return BackPages(Ring(), ring_bytes_); }
   /** The largest payload one record can carry. */
   u64 MaxPieceBytes() const { return ring_bytes_ - kAlign - kRecordHeaderBytes; }
 
@@ -10623,19 +10767,21 @@ class ShmStream {
    * the reader's position only when the cached one leaves fewer than `want` bytes, so
    * a writer with room never touches the reader's cache line.
    */
-  u64 WritableBytes(u64 want) {
-    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    u64 room = Room(w, cached_read_);
+  u64 WritableBytes(u64 want) const {
+    // relaxed: only the writer moves it (a hostile reader may, too: Room bounds the answer).
+    const u64 w = shared_->write_pos_.Load(MemOrder::kRelaxed);
+    u64 room = Room(w, shared_->cached_read_);
     if (room >= want) return room;
     // acquire: the reader is done with the bytes before read_pos_, so we may overwrite them.
-    cached_read_ = read_pos_.Load(MemOrder::kAcquire);
-    return Room(w, cached_read_);
+    shared_->cached_read_ = shared_->read_pos_.Load(MemOrder::kAcquire);
+    return Room(w, shared_->cached_read_);
   }
 
   /** True when a record of `want` payload bytes fits (seq_cst: a waiter's re-check). */
   bool HasRoomSeqCst(u64 want) const {
     // seq_cst: the Dekker re-check against the reader's seq_cst read_pos_ store.
-    return Room(write_pos_.Load(MemOrder::kRelaxed), read_pos_.Load(MemOrder::kSeqCst)) >= want;
+    return Room(shared_->write_pos_.Load(MemOrder::kRelaxed),
+                shared_->read_pos_.Load(MemOrder::kSeqCst)) >= want;
   }
 
   /**
@@ -10644,7 +10790,7 @@ class ShmStream {
    * The caller made sure `bytes` <= WritableBytes(bytes). Publishes with seq_cst so a
    * parked reader is never missed (the caller notifies it afterwards).
    */
-  void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) {
+  void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) const {
     // seq_cst: the write position's store is ordered before the notifier's read of the
     // reader's waiter count (WaitEvent's Dekker pair).
     Append(KindOf(begin, message_bytes, bytes), message_bytes, data, bytes, MemOrder::kSeqCst);
@@ -10654,7 +10800,7 @@ class ShmStream {
    * WritePiece with a release publish only: the caller issues FenceSeqCst before it
    * reads any waiter flag, so one fence covers this publish and the stores before it.
    */
-  void WritePieceRelease(bool begin, u64 message_bytes, const void *data, u64 bytes) {
+  void WritePieceRelease(bool begin, u64 message_bytes, const void *data, u64 bytes) const {
     // release: the caller's fence orders the publish before its Dekker reads.
     Append(KindOf(begin, message_bytes, bytes), message_bytes, data, bytes, MemOrder::kRelease);
   }
@@ -10664,7 +10810,7 @@ class ShmStream {
    * for the write position (as WritePiece or WritePieceRelease). The caller made sure
    * WritableBytes(kRefBytes) >= kRefBytes.
    */
-  void WriteRef(const void *ref, MemOrder publish) {
+  void WriteRef(const void *ref, MemOrder publish) const {
     Append(kRef, kRefBytes, ref, kRefBytes, publish);
   }
 
@@ -10673,11 +10819,23 @@ class ShmStream {
    * moves, no header is written. Fault injection for tests of a reader's defences only;
    * the caller made sure they fit.
    */
-  void PublishUnframed(const void *data, u64 bytes) {
-    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+  void PublishUnframed(const void *data, u64 bytes) const {
+    u64 w = shared_->write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
     CopyIn(w, data, bytes);
     // seq_cst: as in WritePiece.
-    write_pos_.Store(w + RoundUpTo(bytes, kAlign), MemOrder::kSeqCst);
+    shared_->write_pos_.Store(w + RoundUpTo(bytes, kAlign), MemOrder::kSeqCst);
+  }
+
+  /**
+   * Stores raw values into the shared words, as a hostile or broken peer could: fault
+   * injection for tests of the other end's defences only.
+   */
+  void ForgeShared(u64 write_pos, u64 read_pos, u32 ring_bytes) const {
+    // relaxed: the tests that forge publish by other means (the stream's next record).
+    shared_->write_pos_.Store(write_pos, MemOrder::kRelaxed);
+    shared_->read_pos_.Store(read_pos, MemOrder::kRelaxed);
+    shared_->cached_read_ = read_pos;
+    shared_->ring_bytes_ = ring_bytes;
   }
 
   // ---- Reader side ----
@@ -10711,8 +10869,9 @@ class ShmStream {
    * ring cannot hold); the stream cannot be trusted any more. Bytes published with no
    * header at all read as kEmpty here; Unframed tells them apart.
    */
-  PeekResult Peek(Piece *p) {
-    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+  PeekResult Peek(Piece *p) const {
+    const u64 r = shared_->read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    if (CHI_UNLIKELY(r % kAlign != 0)) return PeekResult::kCorrupt;  // not a record's start
     // acquire: pairs with the writer's release of the header word; the record's other
     // header bytes and its payload are visible once we see it.
     const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
@@ -10741,11 +10900,11 @@ class ShmStream {
   }
 
   /** Frees the record that Peek described (the reader is done with its bytes). */
-  void Consume(const Piece &p) {
-    u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+  void Consume(const Piece &p) const {
+    u64 r = shared_->read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
     // seq_cst: release hands the space back after our reads; seq_cst orders it before
     // the notifier's read of a parked writer's waiter count.
-    read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
+    shared_->read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
   }
 
   /**
@@ -10756,7 +10915,8 @@ class ShmStream {
    * writer's cache) overlaps with its work on this record.
    */
   bool HasData() const {
-    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    const u64 r = shared_->read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    if (CHI_UNLIKELY(r % kAlign != 0)) return true;  // a broken position: Peek reports it
     // acquire: a record seen here is readable by the Peek that follows.
     const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
     if (word == 0) return false;
@@ -10771,8 +10931,8 @@ class ShmStream {
    */
   bool HasDataSeqCst() const {
     // seq_cst: pairs with the writer's seq_cst (or release + fence) write_pos_ store.
-    const u64 w = write_pos_.Load(MemOrder::kSeqCst);
-    return static_cast<i64>(w - read_pos_.Load(MemOrder::kRelaxed)) > 0;
+    const u64 w = shared_->write_pos_.Load(MemOrder::kSeqCst);
+    return static_cast<i64>(w - shared_->read_pos_.Load(MemOrder::kRelaxed)) > 0;
   }
 
   /**
@@ -10781,21 +10941,22 @@ class ShmStream {
    * are not on the hot path). Reads the shared write position.
    */
   bool Unframed() const {
-    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    const u64 r = shared_->read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    if (r % kAlign != 0) return true;  // a broken position: Peek reports it
     // acquire: the writer stores the header before the position, so once the position
     // is past r, the header at r is visible to the load below.
-    if (static_cast<i64>(write_pos_.Load(MemOrder::kAcquire) - r) <= 0) return false;
+    if (static_cast<i64>(shared_->write_pos_.Load(MemOrder::kAcquire) - r) <= 0) return false;
     return HeaderWord(r)->Load(MemOrder::kAcquire) == 0;
   }
 
   /** The reader's position (any thread; a mark of progress for those watching it). */
-  u64 ReadPosition() const { return read_pos_.Load(MemOrder::kRelaxed); }  // relaxed: a mark
+  u64 ReadPosition() const { return shared_->read_pos_.Load(MemOrder::kRelaxed); }  // relaxed: a mark
 
   /** Published bytes not yet consumed (a statistic: read from any process). */
   u64 UsedBytes() const {
     // acquire: a snapshot; clamped because the two loads are not atomic together.
-    u64 r = read_pos_.Load(MemOrder::kAcquire);
-    u64 w = write_pos_.Load(MemOrder::kAcquire);
+    u64 r = shared_->read_pos_.Load(MemOrder::kAcquire);
+    u64 w = shared_->write_pos_.Load(MemOrder::kAcquire);
     return w > r ? (w - r > ring_bytes_ ? ring_bytes_ : w - r) : 0;
   }
 
@@ -10831,20 +10992,31 @@ class ShmStream {
     return RoundUpPow2(ring_bytes < kMinRingBytes ? kMinRingBytes : ring_bytes);
   }
 
-  /** Records the geometry; positions start at zero. */
-  explicit ShmStream(u32 ring_bytes) : ring_bytes_(ring_bytes), mask_(ring_bytes - 1) {}
+  /** The shared part of a stream, at the start of its region; the ring follows it. */
+  struct Shared {
+    // Line 0: the size Create gave the ring, for information only (views keep their own).
+    alignas(kCacheLine) u32 ring_bytes_ = 0;
+    // Line 1: the writer's.
+    alignas(kCacheLine) Atomic<u64> write_pos_;
+    u64 cached_read_ = 0;  ///< the writer's last view of read_pos_
+    // Line 2: the reader's.
+    alignas(kCacheLine) Atomic<u64> read_pos_;
+  };
 
-  /** The byte ring trailing the header in the same region. */
-  char *Ring() { return reinterpret_cast<char *>(this) + sizeof(ShmStream); }
-  const char *Ring() const { return reinterpret_cast<const char *>(this) + sizeof(ShmStream); }
+  /** The byte ring trailing the shared words in the same region. */
+  char *Ring() const { return ring_; }
 
-  /** The first 8 bytes of the record header at position pos: kind (low) and bytes (high). */
+  /**
+   * The first 8 bytes of the record header at position pos: kind (low) and bytes (high).
+   * pos is a multiple of kAlign (the writer aligns, the reader checks), so the word lies
+   * inside the ring and is aligned.
+   */
   Atomic<u64> *HeaderWord(u64 pos) const {
-    return reinterpret_cast<Atomic<u64> *>(const_cast<char *>(Ring()) + (pos & mask_));
+    return reinterpret_cast<Atomic<u64> *>(ring_ + (pos & mask_));
   }
 
   /** Marks position pos as "nothing published here" (the writer, or an idle stream). */
-  void ClearHeader(u64 pos) {
+  void ClearHeader(u64 pos) const {
     // relaxed: the reader reaches pos only through the acquire of an earlier header whose
     // release follows this store.
     HeaderWord(pos)->Store(0, MemOrder::kRelaxed);
@@ -10855,8 +11027,12 @@ class ShmStream {
    * after the record stays free so the writer can clear the next header (see Append).
    */
   u64 Room(u64 w, u64 r) const {
-    const u64 free_bytes = ring_bytes_ - (w - r);
+    const u64 used = w - r;
     const u64 reserved = kAlign + kRecordHeaderBytes;
+    // A reader position ahead of the writer, or further behind than the ring, is forged:
+    // no room (PositionsValid then tells the writer why).
+    if (used > ring_bytes_) return 0;
+    const u64 free_bytes = ring_bytes_ - used;
     return free_bytes > reserved ? free_bytes - reserved : 0;
   }
 
@@ -10867,8 +11043,10 @@ class ShmStream {
    * reader polls changes hands once; then the write position with `publish` order
    * (park re-checks and statistics).
    */
-  void Append(u32 kind, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
-    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+  void Append(u32 kind, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) const {
+    // relaxed: only the writer moves it. Rounded down to a line: a forged position moves
+    // where the record lands (in the ring), never lets its first line cross the ring's end.
+    const u64 w = shared_->write_pos_.Load(MemOrder::kRelaxed) & ~(kAlign - 1);
     const u64 header = HeaderBytes(kind);
     const u64 next = w + RoundUpTo(header + bytes, kAlign);
     const u64 head = bytes < kAlign - header ? bytes : kAlign - header;
@@ -10881,11 +11059,11 @@ class ShmStream {
     const u64 word = static_cast<u64>(kind) | (bytes << 32);
     // release: the payload, the length and the cleared next header precede the record.
     HeaderWord(w)->Store(word, MemOrder::kRelease);
-    write_pos_.Store(next, publish);
+    shared_->write_pos_.Store(next, publish);
   }
 
   /** Copies n bytes into the ring at position pos, wrapping at its end. */
-  void CopyIn(u64 pos, const void *src, u64 n) {
+  void CopyIn(u64 pos, const void *src, u64 n) const {
     if (n == 0) return;
     const char *s = static_cast<const char *>(src);
     u64 off = pos & mask_;
@@ -10903,14 +11081,10 @@ class ShmStream {
     if (first < n) std::memcpy(d + first, Ring(), n - first);
   }
 
-  // Line 0: written once by the constructor, then only read.
-  alignas(kCacheLine) u32 ring_bytes_;
-  u32 mask_;
-  // Line 1: the writer's.
-  alignas(kCacheLine) Atomic<u64> write_pos_;
-  u64 cached_read_ = 0;  ///< the writer's last view of read_pos_
-  // Line 2: the reader's.
-  alignas(kCacheLine) Atomic<u64> read_pos_;
+  Shared *shared_ = nullptr;
+  char *ring_ = nullptr;
+  u32 ring_bytes_ = 0;  ///< the viewer's record of the ring's size (a power of two)
+  u32 mask_ = 0;
 };
 
 }  // namespace chi
@@ -11212,10 +11386,12 @@ class ShmDataSegments {
 
 #include <fcntl.h>   // open
 #include <signal.h>  // kill(pid, 0)
+#include <stdlib.h>  // strtoul of the status file's Uid line
 #include <unistd.h>  // read, close, getpid
 
 #include <cerrno>  // ESRCH
-#include <cstdio>  // snprintf for the /proc path
+#include <cstdio>   // snprintf for the /proc path
+#include <cstring>  // strstr in the status file
 
 namespace chi {
 
@@ -11289,6 +11465,29 @@ inline ProcStat ReadProcStat(u32 pid) {
 
 }  // namespace detail
 
+/**
+ * The effective user id of process `pid` from /proc/<pid>/status (the kernel's word, not
+ * the process's), or Caller::kNoUid when the process or the file is gone.
+ */
+inline u32 ProcessUid(u32 pid) {
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%u/status", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Caller::kNoUid;
+  char buf[2048];
+  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return Caller::kNoUid;
+  buf[n] = '\0';
+  const char *line = std::strstr(buf, "\nUid:");
+  if (line == nullptr) return Caller::kNoUid;
+  char *end = nullptr;
+  (void)strtoul(line + 5, &end, 10);  // the real uid; the effective one follows
+  const unsigned long effective = strtoul(end, &end, 10);
+  return end != nullptr && effective <= 0xfffffffful ? static_cast<u32>(effective)
+                                                      : Caller::kNoUid;
+}
+
 /** The identity of process `pid` now (start_ticks 0 when /proc is unavailable). */
 inline ProcessIdentity IdentityOf(u32 pid) {
   detail::ProcStat st = detail::ReadProcStat(pid);
@@ -11320,9 +11519,11 @@ inline bool IsProcessAlive(const ProcessIdentity &who) {
 namespace chi {
 
 /** Bumped whenever ConnectRequest/ConnectAnswer or the envelope changes. */
-inline constexpr u32 kConnectProtocolVersion = 4;  // 4: the answer names max_request_bytes
+inline constexpr u32 kConnectProtocolVersion = 5;  // 5: the request carries the client key
 /** Bumped whenever RuntimeHeader (the start of the main segment) changes. */
-inline constexpr u32 kRuntimeHeaderVersion = 2;  // 2: the owner's start time (start_ticks_)
+inline constexpr u32 kRuntimeHeaderVersion = 3;  // 3: the client key
+/** Bytes of the runtime's client key (RuntimeHeader::key_). */
+inline constexpr u32 kRuntimeKeyBytes = 32;
 inline constexpr u64 kRuntimeHeaderMagic = 0x5254494843ull;  // "CHITR"
 
 /** One shared segment as the runtime describes it to clients. */
@@ -11343,10 +11544,16 @@ struct ConnectRequest {
   u32 pid = 0;        ///< the client's process id (the runtime reaps it when it dies)
   u32 uid = 0;        ///< the client's user id (segments are per user)
   std::string mode;   ///< transport the client will use: "shm", "ipc" or "tcp"
+  /**
+   * The runtime's client key as read from its main segment (ReadRuntimeKey), or empty. The
+   * segment is readable by the runtime's user alone, so a tcp client that presents the key
+   * proves it runs as that user; the pid and uid above are the client's word only.
+   */
+  std::string key;
 
   template <typename Ar>
   void serialize(Ar &ar) {
-    ar(protocol_version, pid, uid, mode);
+    ar(protocol_version, pid, uid, mode, key);
   }
 };
 
@@ -11394,6 +11601,9 @@ struct RuntimeHeader {
   u32 reserved_;
   u64 start_ns_;       ///< CLOCK_REALTIME at start, for `chimaera runtime status`
   u64 start_ticks_;    ///< with pid_, the runtime's identity: a reused pid is not the owner
+  /// Random bytes a tcp client presents to prove it runs as the runtime's user (the segment
+  /// is mode 0600): ConnectRequest::key.
+  char key_[kRuntimeKeyBytes];
 };
 
 /**
@@ -11503,6 +11713,11 @@ class RuntimeSegments {
     clock_gettime(CLOCK_REALTIME, &ts);
     h->start_ns_ = static_cast<u64>(ts.tv_sec) * 1000000000ull + static_cast<u64>(ts.tv_nsec);
     h->start_ticks_ = SelfIdentity().start_ticks;
+    if (getrandom(h->key_, sizeof(h->key_), 0) != static_cast<ssize_t>(sizeof(h->key_))) {
+      Destroy();
+      return Status::Error(ErrorCode::kIo, "cannot draw the runtime's client key (getrandom)");
+    }
+    key_.assign(h->key_, sizeof(h->key_));
     h->magic_.Store(kRuntimeHeaderMagic, MemOrder::kRelease);  // publishes the fields above
     return Status::Ok();
   }
@@ -11526,9 +11741,39 @@ class RuntimeSegments {
 
   bool IsCreated() const { return !segments_.empty(); }
 
+  /** The client key tcp clients of this user present (empty before Create). */
+  const std::string &Key() const { return key_; }
+
  private:
   std::vector<std::unique_ptr<PosixShmBackend>> segments_;
+  std::string key_;
 };
+
+/**
+ * The client key of the runtime serving `port` on this machine for this user, read from
+ * its main segment; empty when there is none or it is not ours to read (another user's
+ * runtime, another node's, or another layout version).
+ */
+inline std::string ReadRuntimeKey(u32 port) {
+  PosixShmBackend main;
+  if (!main.Attach(RuntimeSegments::SegmentName(port, RuntimeSegments::kRoles[0])).ok()) return {};
+  const auto *h = reinterpret_cast<const RuntimeHeader *>(main.Data());
+  // acquire: pairs with Create's release, so the key is complete once the magic reads right.
+  if (main.DataSize() < sizeof(RuntimeHeader) ||
+      h->magic_.Load(MemOrder::kAcquire) != kRuntimeHeaderMagic ||
+      h->version_ != kRuntimeHeaderVersion) {
+    return {};
+  }
+  return std::string(h->key_, sizeof(h->key_));
+}
+
+/** Compares two keys in time that does not depend on where they differ. */
+inline bool KeysMatch(const std::string &a, const std::string &b) {
+  if (a.size() != b.size() || a.empty()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
 
 /**
  * Client side: attaches the segments an answer names and checks that each has
@@ -12171,9 +12416,9 @@ class ShmSegment {
     header_->data_ = g.data;
     NoteGeometry();
     for (u32 i = 0; i < g.num_slots; ++i) {
-      new (Slot(i)) ShmClientSlot();
-      ShmStream::Create(RequestStream(i), header_->ring_bytes_);
-      ShmStream::Create(AnswerStream(i), header_->ring_bytes_);
+      char *slot = reinterpret_cast<char *>(new (Slot(i)) ShmClientSlot());
+      ShmStream::Create(slot + sizeof(ShmClientSlot), ring_bytes_);
+      ShmStream::Create(slot + sizeof(ShmClientSlot) + stream_bytes_, ring_bytes_);
     }
     // release: attachers that read the magic see the geometry and the slots above.
     header_->magic_.Store(kShmTransportMagic, MemOrder::kRelease);
@@ -12238,7 +12483,10 @@ class ShmSegment {
   u64 Size() const { return backend_.Size(); }
   const char *Name() const { return backend_.Name(); }
 
-  /** Slot i (i < num_slots_). */
+  /** Slots in the table, as this process noted them at create or attach. */
+  u32 NumSlots() const { return num_slots_; }
+
+  /** Slot i (i < NumSlots()). */
   ShmClientSlot *Slot(u32 i) const {
     return reinterpret_cast<ShmClientSlot *>(slots_ + i * slot_bytes_);
   }
@@ -12248,14 +12496,14 @@ class ShmSegment {
     char *base = reinterpret_cast<char *>(const_cast<ShmSegmentHeader *>(h));
     return reinterpret_cast<ShmClientSlot *>(base + h->slots_offset_ + i * h->slot_bytes_);
   }
-  /** Slot i's client -> runtime stream. */
-  ShmStream *RequestStream(u32 i) const {
-    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot));
+  /** Slot i's client -> runtime stream, viewed with this process's record of its geometry. */
+  ShmStream RequestStream(u32 i) const {
+    return ShmStream(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot), ring_bytes_);
   }
   /** Slot i's runtime -> client stream. */
-  ShmStream *AnswerStream(u32 i) const {
-    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot) +
-                             stream_bytes_);
+  ShmStream AnswerStream(u32 i) const {
+    return ShmStream(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot) + stream_bytes_,
+                     ring_bytes_);
   }
 
   /**
@@ -12347,18 +12595,24 @@ class ShmSegment {
 
   /**
    * Keeps the validated geometry in this process: the slot and stream addresses that
-   * every request and answer looks up then cost no reads of the shared header.
+   * every request and answer looks up then cost no reads of the shared header, and a
+   * client that rewrites the header cannot move them for the runtime (which notes them
+   * before any client attaches).
    */
   void NoteGeometry() {
     slots_ = reinterpret_cast<char *>(header_) + header_->slots_offset_;
     slot_bytes_ = header_->slot_bytes_;
-    stream_bytes_ = ShmStream::BytesFor(header_->ring_bytes_);
+    ring_bytes_ = header_->ring_bytes_;
+    stream_bytes_ = ShmStream::BytesFor(ring_bytes_);
+    num_slots_ = header_->num_slots_;
   }
 
   PosixShmBackend backend_;
   ShmSegmentHeader *header_ = nullptr;
   char *slots_ = nullptr;  ///< slot 0 (NoteGeometry)
   u64 slot_bytes_ = 0;     ///< the slot table's stride
+  u32 ring_bytes_ = 0;     ///< each stream's ring
+  u32 num_slots_ = 0;      ///< slots in the table
   u64 stream_bytes_ = 0;   ///< one stream's header and ring
 };
 
@@ -12424,7 +12678,7 @@ class ShmClientReceiver : public ClientTransport {
   /** Times a caller rang the runtime's poller about requests left unread (RingIfUnread). */
   u64 PollerRings() const { return rings_.Load(MemOrder::kRelaxed); }
   /** The runtime process this connection serves with. */
-  u32 RuntimePid() const { return runtime_.pid; }
+  u32 RuntimePid() const override { return runtime_.pid; }
 
  protected:
   /** One outstanding task: word = its request id (0 = free), task = the Task*. */
@@ -12545,8 +12799,8 @@ class ShmClientReceiver : public ClientTransport {
   ShmSegment segment_;
   ShmSegmentHeader *header_ = nullptr;
   ShmClientSlot *slot_ = nullptr;
-  ShmStream *req_ = nullptr;
-  ShmStream *ans_ = nullptr;
+  ShmStream req_;  ///< our request stream (a view with the runtime's geometry)
+  ShmStream ans_;  ///< our answer stream
   u32 slot_index_ = 0;
   u32 generation_ = 0;
   ProcessIdentity self_;
@@ -12591,7 +12845,7 @@ class ShmClientReceiver : public ClientTransport {
    */
   void RingIfUnread() {
     // relaxed: hints; the poller's looks decide.
-    if (!req_->HasData() || header_->worker_readers_.Load(MemOrder::kRelaxed) == 0) return;
+    if (!req_.HasData() || header_->worker_readers_.Load(MemOrder::kRelaxed) == 0) return;
     const u64 now = MonotonicNs();
     u64 next = next_ring_ns_.Load(MemOrder::kRelaxed);
     if (now < next || !next_ring_ns_.CompareExchange(next, now + kRingEveryNs,
@@ -12624,7 +12878,7 @@ class ShmClientReceiver : public ClientTransport {
    * transfer; the spin (or the next poll) calls again.
    */
   void HelpDeliver() {
-    if (!ans_->HasData()) {
+    if (!ans_.HasData()) {
       // The runtime worker last seen on our CPU answers only while we do not run.
       if (ShareCpu(slot_->runtime_cpu_)) sched_yield();
       return;
@@ -12637,7 +12891,7 @@ class ShmClientReceiver : public ClientTransport {
     // An answer in pieces (or a bad one) is the receiver's.
     bool left = rx_assembling_;
     ShmStream::Piece p;
-    if (!left && ans_->Peek(&p) == ShmStream::PeekResult::kReady) {
+    if (!left && ans_.Peek(&p) == ShmStream::PeekResult::kReady) {
       if (p.kind == ShmStream::kRef) {
         // Chunks of a larger answer, and bad refs (the receiver fails the connection),
         // are the receiver's.
@@ -12648,7 +12902,7 @@ class ShmClientReceiver : public ClientTransport {
         left = true;
       }
       if (!left) {
-        ans_->Consume(p);
+        ans_.Consume(p);
         NotifyRuntimeRoom();
         helped_answers_.AddOwned(1);  // the role's
       }
@@ -12662,7 +12916,7 @@ class ShmClientReceiver : public ClientTransport {
     pthread_setname_np(pthread_self(), "chi-shm-client");
     bool deferred = false;
     for (;;) {
-      if (!ans_->HasData()) {
+      if (!ans_.HasData()) {
         deferred = false;
         if (!AwaitAnswer()) return;
         continue;
@@ -12685,7 +12939,7 @@ class ShmClientReceiver : public ClientTransport {
       bool go_on = true;
       for (u32 n = 0; go_on && n < kAnswersPerTurn; ++n) {
         ShmStream::Piece p;
-        const ShmStream::PeekResult r = ans_->Peek(&p);
+        const ShmStream::PeekResult r = ans_.Peek(&p);
         if (r == ShmStream::PeekResult::kEmpty) break;
         if (r == ShmStream::PeekResult::kCorrupt) {
           Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
@@ -12708,7 +12962,7 @@ class ShmClientReceiver : public ClientTransport {
              "or a chunk out of step");
         return false;
       }
-      ans_->Consume(p);
+      ans_.Consume(p);
       NotifyRuntimeRoom();
       return true;
     }
@@ -12719,7 +12973,7 @@ class ShmClientReceiver : public ClientTransport {
       }
       if (p.bytes == p.message_bytes && p.Contiguous()) {
         Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
-        ans_->Consume(p);
+        ans_.Consume(p);
         NotifyRuntimeRoom();
         return true;
       }
@@ -12733,7 +12987,7 @@ class ShmClientReceiver : public ClientTransport {
     }
     rx_.bytes.insert(rx_.bytes.end(), p.first, p.first + p.first_bytes);
     rx_.bytes.insert(rx_.bytes.end(), p.second, p.second + p.second_bytes);
-    ans_->Consume(p);
+    ans_.Consume(p);
     NotifyRuntimeRoom();
     if (rx_.bytes.size() == rx_total_) {
       rx_assembling_ = false;
@@ -12906,7 +13160,7 @@ namespace chi {
 ShmClientReceiver::SpinResult ShmClientReceiver::SpinForAnswer() {
   u64 start = MonotonicNs();
   for (u32 i = 1;; ++i) {
-    if (ans_->HasData()) return SpinResult::kData;
+    if (ans_.HasData()) return SpinResult::kData;
     // relaxed: AwaitAnswer re-reads it with acquire.
     if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return SpinResult::kStop;
     if (CallersDeliver()) {
@@ -12938,7 +13192,7 @@ bool ShmClientReceiver::AwaitAnswer() {
       WaitResult r = slot_->answer_ready_.Wait(
           [&] {
             // seq_cst: re-checks against the runtime's publishes and Close's stop flag.
-            return ans_->HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
+            return ans_.HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
                    slot_->state_.Load(MemOrder::kSeqCst) !=
                        static_cast<u32>(ShmSlotState::kActive) ||
                    header_->runtime_state_.Load(MemOrder::kSeqCst) ==
@@ -12946,12 +13200,12 @@ bool ShmClientReceiver::AwaitAnswer() {
           },
           DeadlineAfter(period), rx_waits_);
       if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
-      if (ans_->HasData()) return true;
-      if (ans_->Unframed()) {  // published bytes with no record: nothing will frame them
+      if (ans_.HasData()) return true;
+      if (ans_.Unframed()) {  // published bytes with no record: nothing will frame them
         Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
         return false;
       }
-      if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
+      if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_.HasData();
     }
   }
 }
@@ -13003,10 +13257,17 @@ bool ShmClientReceiver::PeerHealthy(bool check_process) {
   if (state == static_cast<u32>(ShmSlotState::kBroken)) {
     u32 why = slot_->broken_code_.Load(MemOrder::kRelaxed);  // relaxed: set before the state
     code = why != 0 ? static_cast<ErrorCode>(why) : ErrorCode::kMalformed;
-    std::snprintf(msg, sizeof(msg),
-                  "shm transport: runtime pid %u reset this connection: it received a bad "
-                  "request stream (%s)",
-                  runtime_.pid, ErrorName(code));
+    if (code == ErrorCode::kPermissionDenied) {
+      std::snprintf(msg, sizeof(msg),
+                    "shm transport: runtime pid %u refused this connection: the slot's owner "
+                    "is not a live process of its user",
+                    runtime_.pid);
+    } else {
+      std::snprintf(msg, sizeof(msg),
+                    "shm transport: runtime pid %u reset this connection: it received a bad "
+                    "request stream (%s)",
+                    runtime_.pid, ErrorName(code));
+    }
   } else if (slot_->owner_pid_.Load(MemOrder::kAcquire) != self_.pid ||  // acquire: reclaim
              slot_->generation_.Load(MemOrder::kAcquire) != generation_ ||
              state != static_cast<u32>(ShmSlotState::kActive)) {
@@ -13028,7 +13289,7 @@ bool ShmClientReceiver::PeerHealthy(bool check_process) {
                   runtime_.pid, static_cast<double>(hang_timeout_ns_) / 1e9);
   }
   if (code == ErrorCode::kOk) return true;
-  if (ans_->HasData()) return false;  // deliver what arrived before the end first
+  if (ans_.HasData()) return false;  // deliver what arrived before the end first
   Fail(code, msg);
   return false;
 }
@@ -13339,12 +13600,12 @@ class ShmClientTransport final : public ShmClientReceiver {
     ans_ = segment_.AnswerStream(slot_index_);
     // The first requests and answers then take no page faults here, and every page of the
     // rings is backed: a ring /dev/shm cannot back would kill a later write with SIGBUS.
-    if (!req_->Prefault() || !ans_->Prefault()) {
+    if (!req_.Prefault() || !ans_.Prefault()) {
       return GiveBackSlot(Status::Errorf(
           ErrorCode::kOutOfMemory,
           "shm transport: /dev/shm cannot back this client's rings (2 x %u KiB): free room "
           "there or connect with CHI_IPC_MODE=ipc",
-          req_->RingBytes() >> 10));
+          req_.RingBytes() >> 10));
     }
     max_message_bytes_ = header_->max_message_bytes_;
     table_size_ = header_->max_outstanding_;
@@ -13513,13 +13774,13 @@ class ShmClientTransport final : public ShmClientReceiver {
       const u64 left = len - sent;
       // The usual request fits whole now: one record, no wait. Otherwise wait for room
       // for a piece of a quarter ring (or the rest), so pieces do not shrink to slivers.
-      u64 room = req_->WritableBytes(left);
+      u64 room = req_.WritableBytes(left);
       if (room < left) {
-        const u64 goal = req_->RingBytes() / 4;
+        const u64 goal = req_.RingBytes() / 4;
         if (Status st = AwaitRingRoom(left < goal ? left : goal, &room); !st.ok()) return st;
       }
       const u64 n = left < room ? left : room;
-      req_->WritePieceRelease(sent == 0, len, data + sent, n);
+      req_.WritePieceRelease(sent == 0, len, data + sent, n);
       sent += n;
       Published();
     }
@@ -13578,7 +13839,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   Status SendRef(const ShmDataRef &ref) {
     u64 room = 0;
     if (Status st = AwaitRingRoom(ShmStream::kRefBytes, &room); !st.ok()) return st;
-    req_->WriteRef(&ref, MemOrder::kRelease);  // release: the caller's fence follows (Published)
+    req_.WriteRef(&ref, MemOrder::kRelease);  // release: the caller's fence follows (Published)
     request_data_w_ = ShmDataRegion::Commit(ref);
     Published();
     return Status::Ok();
@@ -13586,13 +13847,13 @@ class ShmClientTransport final : public ShmClientReceiver {
 
   /** Waits until a record of `want` payload bytes fits the request ring; *room: what fits now. */
   Status AwaitRingRoom(u64 want, u64 *room) {
-    *room = req_->WritableBytes(want);
+    *room = req_.WritableBytes(want);
     if (*room >= want) return Status::Ok();
     bool ok = AwaitWhileHealthy(
-        slot_->request_room_, tx_waits_, [&] { return req_->WritableBytes(want) >= want; },
-        [&] { return req_->HasRoomSeqCst(want); });
+        slot_->request_room_, tx_waits_, [&] { return req_.WritableBytes(want) >= want; },
+        [&] { return req_.HasRoomSeqCst(want); });
     if (!ok) return FailureStatus();
-    *room = req_->WritableBytes(want);
+    *room = req_.WritableBytes(want);
     return Status::Ok();
   }
 
@@ -13738,9 +13999,9 @@ class ShmReconnectingTransport final : public ClientTransport {
   const char *Name() const override { return "shm"; }
 
   /** The connection in use (tests and diagnostics). */
-  ShmClientTransport *Current() { return current_.Load(MemOrder::kAcquire); }
+  ShmClientTransport *Current() const { return current_.Load(MemOrder::kAcquire); }
   /** The runtime process of the connection in use. */
-  u32 RuntimePid() { return Current()->RuntimePid(); }
+  u32 RuntimePid() const override { return Current()->RuntimePid(); }
   /** Successful reconnections so far. */
   u64 Reconnects() const { return reconnects_.Load(MemOrder::kRelaxed); }
 
@@ -13891,6 +14152,7 @@ class ShmReconnectingTransport final : public ClientTransport {
 #include <cstdlib>  // aligned_alloc / free for the pending-answer rings
 #include <cstring>  // memcpy of request ids
 #include <memory>   // unique_ptr
+#include <new>      // bad_alloc of an assembly
 #include <thread>   // the poller thread
 #include <utility>  // std::move, std::exchange
 #include <vector>   // answer buffers
@@ -13950,6 +14212,7 @@ struct alignas(kCacheLine) ShmServedSlot {
   bool assembly_by_ref = false;              ///< its pieces are chunks in the data region
   Phase phase = Phase::kIdle;
   ProcessIdentity owner;
+  Caller caller;  ///< the owner as Activate verified it (CallerOf this slot's tasks)
   bool owner_dead = false;
   bool counts_as_reclaimed = false;
   MessageBuffer assembly;  ///< a request arriving in pieces
@@ -14124,7 +14387,7 @@ class ShmReaper {
     auto count = [&](u32 i) {
       const ShmServedSlot &s = slots_[i];
       const u64 outgoing = s.outgoing_open ? s.outgoing.bytes.size() - s.outgoing_sent : 0;
-      bytes += segment_->RequestStream(i)->UsedBytes() + segment_->AnswerStream(i)->UsedBytes() +
+      bytes += segment_->RequestStream(i).UsedBytes() + segment_->AnswerStream(i).UsedBytes() +
                s.assembly.bytes.size() + outgoing;
       // Answers in the runtime data region the client has not freed yet. relaxed: statistics.
       const u64 w = s.answer_data_w.Load(MemOrder::kRelaxed);
@@ -14140,13 +14403,53 @@ class ShmReaper {
   }
 
  private:
-  /** Starts serving slot i. */
+  /**
+   * Who may own a slot: a live process (pid and start time as the slot records them), of
+   * the runtime's user or root by the kernel's word, and never the runtime itself. The pid
+   * a client writes into its slot is only its claim; this is what the runtime checks of it.
+   */
+  static Status VerifyOwner(const ProcessIdentity &owner, Caller *out) {
+    if (owner.pid == 0 || owner.pid == static_cast<u32>(getpid())) {
+      return Status::Errorf(ErrorCode::kPermissionDenied,
+                            "shm slot claimed for pid %u, which is no client process",
+                            owner.pid);
+    }
+    const detail::ProcStat st = detail::ReadProcStat(owner.pid);
+    const u32 uid = ProcessUid(owner.pid);
+    if (!st.found || st.state == 'Z' || st.state == 'X' || st.start_ticks != owner.start_ticks ||
+        uid == Caller::kNoUid) {
+      return Status::Errorf(ErrorCode::kPermissionDenied,
+                            "shm slot claimed for pid %u with a start time that process does "
+                            "not have",
+                            owner.pid);
+    }
+    if (uid != static_cast<u32>(getuid()) && uid != 0) {
+      return Status::Errorf(ErrorCode::kPermissionDenied,
+                            "shm slot claimed for pid %u, which runs as uid %u (the runtime "
+                            "serves uid %u)",
+                            owner.pid, uid, static_cast<u32>(getuid()));
+    }
+    *out = Caller{Caller::Via::kShm, owner.pid, uid};
+    return Status::Ok();
+  }
+
+  /** Starts serving slot i, or breaks it when its claimed owner fails VerifyOwner. */
   void Activate(u32 i, const ProcessIdentity &owner) {
     ShmServedSlot &s = slots_[i];
+    Caller caller;
+    if (!VerifyOwner(owner, &caller).ok()) {
+      s.phase = Phase::kServing;  // never readable: its serving bit stays clear
+      s.owner = owner;
+      s.caller = Caller{};
+      serving_.push_back(i);
+      Break(i, ErrorCode::kPermissionDenied);
+      return;
+    }
+    s.caller = caller;
     // The first requests then take no page faults. The client backed the pages when it
     // connected (it refuses rings /dev/shm cannot back), so the result says nothing new.
-    (void)segment_->RequestStream(i)->Prefault();
-    (void)segment_->AnswerStream(i)->Prefault();
+    (void)segment_->RequestStream(i).Prefault();
+    (void)segment_->AnswerStream(i).Prefault();
     s.phase = Phase::kServing;
     s.owner = owner;
     s.owner_dead = false;
@@ -14205,8 +14508,8 @@ class ShmReaper {
       CpuRelax();
     }
     s.LockReader();  // a worker that glanced at the stream is gone from it
-    segment_->RequestStream(i)->Reset();
-    segment_->AnswerStream(i)->Reset();
+    segment_->RequestStream(i).Reset();
+    segment_->AnswerStream(i).Reset();
     // relaxed: as below. The data regions start over with the streams that name them.
     slot->request_data_released_.Store(0, MemOrder::kRelaxed);
     slot->answer_data_released_.Store(0, MemOrder::kRelaxed);
@@ -14223,6 +14526,7 @@ class ShmReaper {
     const bool reclaimed_one = s.phase != Phase::kIdle && s.counts_as_reclaimed;
     s.phase = Phase::kIdle;
     s.owner = ProcessIdentity{};
+    s.caller = Caller{};
     s.owner_dead = false;
     s.counts_as_reclaimed = false;
     s.assembling = false;
@@ -14322,19 +14626,24 @@ inline constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is 
 inline constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
 inline constexpr u64 kStopGraceNs = 5000000000ull;  ///< Stop waits this long for running tasks
 
-/** Reads the counters from a segment header (from the runtime or any process mapping it). */
-inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
+/**
+ * Reads the counters of a mapped segment (in the runtime or any process mapping it), over
+ * the slots this process noted for it: a client that rewrites the shared slot count cannot
+ * make the runtime read past its table.
+ */
+inline ShmServerStats ReadShmServerStats(const ShmSegment &seg) {
+  const ShmSegmentHeader *h = seg.Header();
   // relaxed: statistics; each counter is read on its own.
   ShmServerStats s;
   s.clients = h->stats_.clients.Load(MemOrder::kRelaxed);
-  s.slots = h->num_slots_;  // fixed when the segment was made
+  s.slots = seg.NumSlots();  // fixed when the segment was made
   // acquire: a reclaimed client's slot is free once it is counted (ShmReaper::Reset).
   s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kAcquire);
   s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
   s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
   s.cpu_moves = h->stats_.cpu_moves.Load(MemOrder::kRelaxed);
-  for (u32 i = 0; i < h->num_slots_; ++i) {
-    const ShmClientSlot *slot = ShmSegment::SlotOf(h, i);
+  for (u32 i = 0; i < seg.NumSlots(); ++i) {
+    const ShmClientSlot *slot = seg.Slot(i);
     s.tasks_served += slot->tasks_served_.Load(MemOrder::kRelaxed);
     s.worker_taken += slot->worker_taken_.Load(MemOrder::kRelaxed);
     s.data_requests += slot->data_requests_.Load(MemOrder::kRelaxed);
@@ -14398,10 +14707,10 @@ class ShmAnswerWriter {
       msg = buf.bytes.data();
       len = buf.bytes.size();
     }
-    ShmStream *as = segment_->AnswerStream(i);
-    if (!fits && len <= as->WritableBytes(len)) {
+    const ShmStream as = segment_->AnswerStream(i);
+    if (!fits && len <= as.WritableBytes(len)) {
       fits = true;
-      as->WritePiece(true, len, msg, len);
+      as.WritePiece(true, len, msg, len);
       // Still the writer: the reaper's Reset rebuilds this event once it holds the writer.
       segment_->Slot(i)->answer_ready_.Notify();
     }
@@ -14416,7 +14725,7 @@ class ShmAnswerWriter {
    */
   bool Pump(u32 i, ShmServedSlot &s) {
     ShmClientSlot *slot = segment_->Slot(i);
-    ShmStream *as = segment_->AnswerStream(i);
+    const ShmStream as = segment_->AnswerStream(i);
     bool worked = false;
     for (;;) {
       if (!s.outgoing_open) {
@@ -14500,8 +14809,8 @@ class ShmAnswerWriter {
   template <typename Fill>
   bool WriteRef(u32 i, ShmServedSlot &s, u64 want, u64 total, bool last, Fill fill) {
     const ShmDataRegion region = AnswerRegion(i, s);
-    ShmStream *as = segment_->AnswerStream(i);
-    if (!region.Enabled() || as->WritableBytes(ShmStream::kRefBytes) < ShmStream::kRefBytes) {
+    const ShmStream as = segment_->AnswerStream(i);
+    if (!region.Enabled() || as.WritableBytes(ShmStream::kRefBytes) < ShmStream::kRefBytes) {
       return false;
     }
     ShmDataRef ref;
@@ -14520,7 +14829,7 @@ class ShmAnswerWriter {
     }
     // Counted before the publish: the client may read the statistics once it has the answer.
     if (last) segment_->Slot(i)->data_answers_.AddOwned(1);  // the writer flag's holder
-    as->WriteRef(&ref, MemOrder::kSeqCst);  // seq_cst: as WritePiece (the Notify below)
+    as.WriteRef(&ref, MemOrder::kSeqCst);  // seq_cst: as WritePiece (the Notify below)
     // relaxed: the writer flag orders it for the next writer; others read a statistic.
     s.answer_data_w.Store(ShmDataRegion::Commit(ref), MemOrder::kRelaxed);
     segment_->Slot(i)->answer_ready_.Notify();
@@ -14532,12 +14841,12 @@ class ShmAnswerWriter {
    * one (whole, or in chunks of half the region when larger), else through the ring.
    * True once it is all out (writer released).
    */
-  bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
+  bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, const ShmStream &as) {
     const u64 total = s.outgoing.bytes.size();
     const ShmDataRegion region =
         total > kSmallEnvelopeBytes ? AnswerRegion(i, s) : ShmDataRegion();
     const bool by_ref = region.Enabled();
-    u64 goal = !by_ref ? as->RingBytes() / 4
+    u64 goal = !by_ref ? as.RingBytes() / 4
                        : (total <= region.Bytes() ? total : region.Bytes() / 2);
     while (by_ref && s.outgoing_sent < total) {
       const u64 n = total - s.outgoing_sent < goal ? total - s.outgoing_sent : goal;
@@ -14548,7 +14857,7 @@ class ShmAnswerWriter {
       const bool last = s.outgoing_sent + n == total;
       if (!WriteRef(i, s, n, total, last, copy)) {
         if (s.answer_backing.Refused()) {  // only a first block (nothing sent): the ring
-          goal = as->RingBytes() / 4;
+          goal = as.RingBytes() / 4;
           break;
         }
         // seq_cst: announce the wait; the fence orders it before the re-check (the client
@@ -14562,15 +14871,15 @@ class ShmAnswerWriter {
     while (s.outgoing_sent < total) {
       const u64 left = total - s.outgoing_sent;
       const u64 want = left < goal ? left : goal;
-      u64 room = as->WritableBytes(want);
+      u64 room = as.WritableBytes(want);
       if (room < want) {
         // seq_cst: announce the wait, then re-check (the client reads it after consuming).
         slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);
-        room = as->WritableBytes(want);
+        room = as.WritableBytes(want);
         if (room < want) return false;
       }
       const u64 n = left < room ? left : room;
-      as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.bytes.data() + s.outgoing_sent, n);
+      as.WritePiece(s.outgoing_sent == 0, total, s.outgoing.bytes.data() + s.outgoing_sent, n);
       s.outgoing_sent += n;
       slot->answer_ready_.Notify();
     }
@@ -14807,6 +15116,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
                          self_.pid};
   }
   const ShmSegmentHeader *Header() const { return header_; }
+  /** The segment as this process mapped it (its geometry noted at create). */
+  const ShmSegment &Segment() const { return segment_; }
 
   /**
    * Requests taken in and not yet answered or discarded, over every slot (any thread;
@@ -14838,6 +15149,11 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     s.completing.FetchSub(1, MemOrder::kRelease);
   }
 
+  /** Who sent t: the owner of its slot, as the reaper verified it when it began serving. */
+  Caller CallerOf(const Task &t) const override {
+    return slots_[static_cast<u32>(t.transport_cookie_)].caller;
+  }
+
   /** A worker starts reading requests: clients need not wake the poller any more. */
   void BeginPolling(u32 worker_id) override {
     // seq_cst: clients read the mask after publishing a request (Dekker with EndPolling).
@@ -14866,7 +15182,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     const u64 readers = abroad ? header_->worker_readers_.Load(MemOrder::kRelaxed) : 0;
     if (abroad) {
       affinity_.Survey(v, [this](auto visit) { ForEachServed(visit); },
-                       [this](u32 i) { return segment_.RequestStream(i)->HasData(); });
+                       [this](u32 i) { return segment_.RequestStream(i).HasData(); });
     }
     const u32 start = v.next_slot < serving_words_ * 64 ? v.next_slot : 0;
     const u32 start_word = start / 64;
@@ -14882,8 +15198,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       while (bits != 0) {
         const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
         bits &= bits - 1;
-        const ShmStream *rs = segment_.RequestStream(i);
-        auto position = [rs] { return rs->HasData() ? rs->ReadPosition() + 1 : 0; };
+        const ShmStream rs = segment_.RequestStream(i);
+        auto position = [&rs] { return rs.HasData() ? rs.ReadPosition() + 1 : 0; };
         if (!affinity_.ShouldRead(v, me, i, abroad, readers, position)) continue;
         const u64 bit = 1ull << (i % 64);
         const bool first = (v.busy & bit) == 0;
@@ -14922,7 +15238,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     // seq_cst: clear, then re-check the streams (clients publish, then read the mask).
     header_->worker_readers_.FetchAnd(~(1ull << (worker_id % 64)), MemOrder::kSeqCst);
     bool waiting = false;
-    ForEachServed([&](u32 i) { waiting = waiting || segment_.RequestStream(i)->HasDataSeqCst(); });
+    ForEachServed([&](u32 i) { waiting = waiting || segment_.RequestStream(i).HasDataSeqCst(); });
     if (waiting) header_->server_event_.Notify();
     return false;
   }
@@ -14939,9 +15255,9 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
    */
   u32 TakeRequests(u32 i, const Worker *stop_for) {
     ShmServedSlot &s = slots_[i];
-    ShmStream *rs = segment_.RequestStream(i);
+    const ShmStream rs = segment_.RequestStream(i);
     // Cheap tests first: an idle or busy slot costs no write of the flag's line.
-    if (!rs->HasData() || s.reader.Load(MemOrder::kRelaxed) != 0) return 0;
+    if (!rs.HasData() || s.reader.Load(MemOrder::kRelaxed) != 0) return 0;
     u32 idle = 0;
     // acquire: the previous reader's reads and counts are complete before ours.
     if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return 0;
@@ -14950,11 +15266,11 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     bool leave = false;
     // relaxed: BeginDrain clears the bit before the reaper takes the flag we hold.
     const bool serving = (serving_bits_[i / 64].Load(MemOrder::kRelaxed) >> (i % 64)) & 1;
-    if (serving && s.assembling) leave = rs->HasData();
+    if (serving && s.assembling) leave = rs.HasData();
     while (serving && !leave && taken < shm_server::kRecordsPerPass) {
       if (!HasCredit(s)) break;  // the credit's release wakes the poller
       ShmStream::Piece p;
-      ShmStream::PeekResult r = rs->Peek(&p);
+      ShmStream::PeekResult r = rs.Peek(&p);
       if (r == ShmStream::PeekResult::kEmpty) break;
       if (r == ShmStream::PeekResult::kReady && p.kind == ShmStream::kRef) {
         // Chunks, and bad refs (the poller breaks the slot), are the poller's.
@@ -14970,7 +15286,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       } else {
         Dispatch(i, p.first, p.bytes);  // decoded in place, as in PumpRequests
       }
-      rs->Consume(p);
+      rs.Consume(p);
       ++taken;
       // Counted before the task starts: the client may read it once it has the answer.
       slot->worker_taken_.AddOwned(1);  // the reader flag's holder
@@ -15108,13 +15424,14 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       Dispatch(i, data, ref.bytes);      // decoded in place: the client cannot reuse it yet
     } else {
       if (!s.assembling) {
+        // Nothing reserved for the total the client names: the assembly grows with the
+        // bytes it really sends (and never past max_message_bytes, checked above).
         s.assembly.bytes.clear();
-        s.assembly.bytes.reserve(ref.total);  // bounded by the message limit checked above
         s.assembly_total = ref.total;
         s.assembling = true;
         s.assembly_by_ref = true;
       }
-      s.assembly.bytes.insert(s.assembly.bytes.end(), data, data + ref.bytes);
+      if (!AppendToAssembly(s, data, ref.bytes)) return ErrorCode::kOutOfMemory;
       if (s.assembly.bytes.size() == s.assembly_total) {
         s.assembling = false;
         slot->data_requests_.AddOwned(1);
@@ -15124,6 +15441,19 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     }
     region.Release(ref);
     return ErrorCode::kOk;
+  }
+
+  /**
+   * Appends n bytes to slot s's assembly; false when memory runs out (the caller breaks the
+   * slot: one client's huge message must not end the poller).
+   */
+  static bool AppendToAssembly(ShmServedSlot &s, const char *data, u64 n) {
+    try {
+      s.assembly.bytes.insert(s.assembly.bytes.end(), data, data + n);
+      return true;
+    } catch (const std::bad_alloc &) {
+      return false;
+    }
   }
 
   /** Slot i's share of the client data segment (disabled when the runtime has none). */
@@ -15206,7 +15536,14 @@ void ShmServerCore::Run() {
     for (size_t k = 0; k < serving.size(); ++k) {
       const u32 i = serving[k];
       if (reading && PollerMayRead(i, workers_read, look)) worked |= PumpRequests(i);
-      if (slots_[i].phase == Phase::kServing) worked |= answers_.Pump(i, slots_[i]);
+      if (slots_[i].phase != Phase::kServing) continue;
+      worked |= answers_.Pump(i, slots_[i]);
+      // An answer that waits for room in a stream whose positions its client forged would
+      // wait forever: the slot is reset instead.
+      if (slots_[i].outgoing_open && !segment_.AnswerStream(i).PositionsValid()) {
+        reaper_->Break(i, ErrorCode::kMalformed);
+        worked = true;
+      }
     }
     if (wake_parked_) {
       // A look found requests stalled or piling up while workers read: wake a parked
@@ -15262,12 +15599,12 @@ bool ShmServerCore::PollerMayRead(u32 i, bool workers_read, bool look) {
   if (slot->client_rang_.Load(MemOrder::kRelaxed) != 0) {
     slot->client_rang_.Store(0, MemOrder::kRelaxed);
   }
-  ShmStream *rs = segment_.RequestStream(i);
-  if (rs->Unframed()) return true;  // bytes with no record: the poller breaks the slot
+  const ShmStream rs = segment_.RequestStream(i);
+  if (rs.Unframed()) return true;  // bytes with no record: the poller breaks the slot
   // Stalled (the same request waited at two looks: its home is busy) or piling up (more
   // than one request waited at both): a parked worker should join the readers.
-  const u64 seen = rs->HasData() ? rs->ReadPosition() + 1 : 0;
-  const bool queue = rs->UsedBytes() > 2 * kCacheLine;
+  const u64 seen = rs.HasData() ? rs.ReadPosition() + 1 : 0;
+  const bool queue = rs.UsedBytes() > 2 * kCacheLine;
   wake_parked_ |= (seen != 0 && seen == s.poller_seen) || (queue && s.poller_queue);
   s.poller_seen = seen;
   s.poller_queue = queue;
@@ -15276,7 +15613,7 @@ bool ShmServerCore::PollerMayRead(u32 i, bool workers_read, bool look) {
 
 bool ShmServerCore::RequestsWaiting() const {
   for (u32 i : reaper_->Serving()) {
-    if (segment_.RequestStream(i)->HasData()) return true;
+    if (segment_.RequestStream(i).HasData()) return true;
   }
   return false;
 }
@@ -15300,12 +15637,12 @@ bool ShmServerCore::ReadyToRun() {
     }
     // seq_cst: a worker stores the hand-over before its Notify.
     const bool ours = !workers_read || s.handoff.Load(MemOrder::kSeqCst) != 0;
-    if (reading && ours && segment_.RequestStream(i)->HasDataSeqCst() &&
+    if (reading && ours && segment_.RequestStream(i).HasDataSeqCst() &&
         s.accepted.Load(MemOrder::kRelaxed) - s.answered.Load(MemOrder::kSeqCst) <
             options_.max_outstanding) {
       return true;
     }
-    if (s.outgoing_open && segment_.AnswerStream(i)->HasRoomSeqCst(1)) return true;
+    if (s.outgoing_open && segment_.AnswerStream(i).HasRoomSeqCst(1)) return true;
   }
   return reaper_->DrainingHasWork();
 }
@@ -15319,10 +15656,10 @@ bool ShmServerCore::Quiet() const {
 
 bool ShmServerCore::PumpRequests(u32 i) {
   ShmServedSlot &s = slots_[i];
-  ShmStream *rs = segment_.RequestStream(i);
+  const ShmStream rs = segment_.RequestStream(i);
   // An empty stream costs no write of the flag's line (workers write it as they answer).
   // Unframed: bytes published with no record, which only this slow check sees.
-  if (!rs->HasData() && !rs->Unframed()) {
+  if (!rs.HasData() && !rs.Unframed()) {
     // relaxed: what a worker handed over is gone (a worker took it after all).
     if (s.handoff.Load(MemOrder::kRelaxed) != 0) s.handoff.Store(0, MemOrder::kRelaxed);
     return false;
@@ -15341,13 +15678,13 @@ bool ShmServerCore::PumpRequests(u32 i) {
 }
 
 bool ShmServerCore::PumpRequestsLocked(u32 i, ShmServedSlot &s) {
-  ShmStream *rs = segment_.RequestStream(i);
+  const ShmStream rs = segment_.RequestStream(i);
   bool worked = false;
   for (u32 n = 0; n < shm_server::kRecordsPerPass; ++n) {
     if (!HasCredit(s)) break;
     ShmStream::Piece p;
-    ShmStream::PeekResult r = rs->Peek(&p);
-    if (r == ShmStream::PeekResult::kEmpty && !rs->Unframed()) break;
+    ShmStream::PeekResult r = rs.Peek(&p);
+    if (r == ShmStream::PeekResult::kEmpty && !rs.Unframed()) break;
     worked = true;
     if (r != ShmStream::PeekResult::kReady) {
       reaper_->Break(i, ErrorCode::kMalformed);
@@ -15358,7 +15695,7 @@ bool ShmServerCore::PumpRequestsLocked(u32 i, ShmServedSlot &s) {
         reaper_->Break(i, bad);
         return true;
       }
-      rs->Consume(p);
+      rs.Consume(p);
       continue;
     }
     if (!s.assembling) {
@@ -15373,7 +15710,7 @@ bool ShmServerCore::PumpRequestsLocked(u32 i, ShmServedSlot &s) {
       if (p.bytes == p.message_bytes && p.Contiguous()) {
         // The record stays unconsumed while decoding, so the client cannot reuse it.
         Dispatch(i, p.first, p.bytes);
-        rs->Consume(p);
+        rs.Consume(p);
         continue;
       }
       s.assembly.bytes.clear();
@@ -15385,9 +15722,12 @@ bool ShmServerCore::PumpRequestsLocked(u32 i, ShmServedSlot &s) {
       reaper_->Break(i, ErrorCode::kMalformed);
       return true;
     }
-    s.assembly.bytes.insert(s.assembly.bytes.end(), p.first, p.first + p.first_bytes);
-    s.assembly.bytes.insert(s.assembly.bytes.end(), p.second, p.second + p.second_bytes);
-    rs->Consume(p);
+    if (!AppendToAssembly(s, p.first, p.first_bytes) ||
+        !AppendToAssembly(s, p.second, p.second_bytes)) {
+      reaper_->Break(i, ErrorCode::kOutOfMemory);
+      return true;
+    }
+    rs.Consume(p);
     if (s.assembly.bytes.size() == s.assembly_total) {
       s.assembling = false;
       Dispatch(i, s.assembly.bytes.data(), s.assembly.bytes.size());
@@ -15480,7 +15820,9 @@ class ShmServer {
   ShmServerInfo Info() const { return core_ == nullptr ? ShmServerInfo{} : core_->Info(); }
 
   /** Current counters. */
-  Stats GetStats() const { return core_ == nullptr ? Stats{} : shm_server::ReadShmServerStats(core_->Header()); }
+  Stats GetStats() const {
+    return core_ == nullptr ? Stats{} : shm_server::ReadShmServerStats(core_->Segment());
+  }
 
   /**
    * Requests taken in and not yet answered, over every client. Not in Stats: the counts
@@ -15509,7 +15851,7 @@ class ShmServer {
   static Status ProbeStats(u32 port, Stats *out) {
     ShmSegment seg;
     if (Status st = seg.AttachByName(ShmSegmentName(port)); !st.ok()) return st;
-    *out = shm_server::ReadShmServerStats(seg.Header());
+    *out = shm_server::ReadShmServerStats(seg);
     seg.Detach();
     return Status::Ok();
   }
@@ -16199,7 +16541,10 @@ class ZmqClientConnection : public ClientTransport {
     monitor_->connect(mon);
     socket_->connect(endpoint_);
     socket_fd_ = socket_->get(zmq::sockopt::fd);
-    SendHandshake();
+    // Over tcp the handshake carries the client key, which a runtime (re)starting now may
+    // not have written yet: it is sent once the connection stands (ReadMonitor), when the
+    // runtime has bound its port and so has made its segments.
+    if (opt_.mode != "tcp") SendHandshake();
   }
 
   /** Queues the ClientConnect handshake on the socket. */
@@ -16208,6 +16553,9 @@ class ZmqClientConnection : public ClientTransport {
     req.pid = static_cast<u32>(getpid());
     req.uid = static_cast<u32>(getuid());
     req.mode = opt_.mode;
+    // Over tcp the runtime cannot ask the kernel who we are: the key of a runtime of this
+    // user on this machine says it (ipc clients are known by their socket's credentials).
+    if (opt_.mode == "tcp") req.key = ReadRuntimeKey(opt_.port);
     SendOnSocket(MakeControl(zmq_control::kConnect, req), zmq::send_flags::none);
   }
 
@@ -16402,6 +16750,11 @@ class ZmqClientConnection : public ClientTransport {
       if (event.more()) (void)monitor_->recv(address, zmq::recv_flags::none);
       u16 kind = 0;
       if (event.size() >= sizeof(kind)) std::memcpy(&kind, event.data(), sizeof(kind));
+      if (kind == ZMQ_EVENT_CONNECTED && opt_.mode == "tcp" && state_ != State::kReady) {
+        SendHandshake();
+        AskForPass();  // the ZMQ_FD rule: our send may have taken the fd's signal
+        continue;
+      }
       if (kind == ZMQ_EVENT_DISCONNECTED) {
         if (state_ != State::kReady) {  // lost mid-handshake: start over, sending it again
           CloseSocket();
@@ -16697,7 +17050,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
   const char *Name() const override { return opt_.mode == "ipc" ? "ipc" : "tcp"; }
 
   /** The runtime process currently connected (changes after a reconnect; 0 while down). */
-  u32 RuntimePid() const { return runtime_pid_.Load(MemOrder::kAcquire); }
+  u32 RuntimePid() const override { return runtime_pid_.Load(MemOrder::kAcquire); }
 
   /** The handshake answer of the runtime last connected (replaced by every reconnect). */
   bool CopyConnectAnswer(ConnectAnswer *out) const override {
@@ -17222,6 +17575,7 @@ class PollerRescue {
 #include <memory>         // the sockets
 #include <mutex>          // the sockets' lock
 #include <string>         // peer keys
+#include <string_view>    // Peer-Address fields
 #include <unordered_map>  // peers by routing id
 #include <vector>         // the scratch error answer
 
@@ -17245,6 +17599,7 @@ namespace chi {
 struct ZmqAnswerSlot {
   ZmqAnswerSlot *next = nullptr;  ///< the next slot on ZmqAnswerQueue's list
   std::string peer;               ///< socket index byte + routing id
+  Caller caller;                  ///< who sent the request (the peer's verified identity)
   std::vector<char> bytes;        ///< the encoded answer (capacity reused)
 };
 
@@ -17380,6 +17735,9 @@ struct ZmqServerOptions {
   /// of connections closed without a goodbye (by a live process) do not pile up.
   u64 probe_interval_ns = 5000000000ull;
   u64 spin_ns = 0;  ///< the network worker's idle polling before it sleeps (zmq_worker_spin_us)
+  /// The runtime's client key (RuntimeSegments::Key): a tcp client that presents it runs as
+  /// the runtime's user. Empty: no tcp client is known as anyone.
+  std::string client_key;
 };
 
 /** The sockets, clients and answers of a ZeroMQ server (see the file comment). */
@@ -17405,6 +17763,7 @@ class ZmqServerSockets {
   /** A registered client. */
   struct Peer {
     ProcessIdentity who;  ///< pid and start time: a reused pid is not taken for the client
+    Caller caller;        ///< who the transport says the client is (CallerOf its tasks)
     u64 client_id = 0;
     u64 outstanding = 0;
     bool active = true;  ///< sent something since the last probe round (ForgetUnreachable)
@@ -17483,10 +17842,14 @@ class ZmqServerSockets {
                             opt_.max_clients);
       }
     }
+    Caller caller;
+    if (st.ok()) st = IdentifyPeer(peer, msg, req, &caller);
     if (st.ok()) {
       Peer &p = peers_[peer];
+      p.caller = caller;
       // Its start time, read now while it waits for our answer (0 where /proc is missing).
-      p.who = IdentityOf(req.pid);
+      // Over ipc the kernel's pid; over tcp the client's word (used only to forget it).
+      p.who = IdentityOf(caller.pid != 0 ? caller.pid : req.pid);
       p.active = true;
       p.client_id = ++next_client_id_;
       answer.client_id = p.client_id;
@@ -17501,6 +17864,55 @@ class ZmqServerSockets {
     if (!SendTo(peer, reply.data(), reply.size()) && st.ok()) {
       Forget(peers_.find(peer));  // its connection closed before the answer could go out
     }
+  }
+
+  /**
+   * Who the client of a handshake is, from the transport, never from the request's ids:
+   * over ipc the socket's credentials (SO_PEERCRED, which ZeroMQ reports in the message's
+   * Peer-Address as "...:uid:gid:pid"), refused unless the runtime's user or root; over tcp
+   * the runtime's user when the client presents the client key, else nobody it can name.
+   */
+  Status IdentifyPeer(const std::string &peer, const zmq::message_t &msg,
+                      const ConnectRequest &req, Caller *out) const {
+    if (static_cast<u8>(peer[0]) == 1) {  // tcp
+      *out = Caller{Caller::Via::kTcp, 0,
+                    KeysMatch(req.key, opt_.client_key) ? static_cast<u32>(getuid())
+                                                        : Caller::kNoUid};
+      return Status::Ok();
+    }
+    *out = Caller{Caller::Via::kIpc, 0, Caller::kNoUid};
+    const char *address = zmq_msg_gets(msg.handle(), "Peer-Address");  // null: none
+    if (!ParsePeerCredentials(address, &out->uid, &out->pid)) {
+      return Status::Error(ErrorCode::kPermissionDenied,
+                           "ipc handshake: the socket's peer credentials are unavailable");
+    }
+    if (out->uid != static_cast<u32>(getuid()) && out->uid != 0) {
+      return Status::Errorf(ErrorCode::kPermissionDenied,
+                            "ipc client pid %u runs as uid %u; this runtime serves uid %u",
+                            out->pid, out->uid, static_cast<u32>(getuid()));
+    }
+    return Status::Ok();
+  }
+
+  /** Reads uid and pid from the end of an ipc Peer-Address ("host:uid:gid:pid"). */
+  static bool ParsePeerCredentials(const char *address, u32 *uid, u32 *pid) {
+    if (address == nullptr) return false;
+    const std::string_view a(address);
+    u64 fields[3] = {0, 0, 0};  // uid, gid, pid
+    size_t end = a.size();
+    for (int k = 2; k >= 0; --k) {
+      const size_t colon = a.rfind(':', end == 0 ? 0 : end - 1);
+      if (colon == std::string_view::npos || colon + 1 > end ||
+          !detail::ParseUnsigned(a.substr(colon + 1, end - colon - 1), 0xffffffffull,
+                                 &fields[k])) {
+        return false;
+      }
+      end = colon;
+    }
+    if (fields[2] == 0) return false;
+    *uid = static_cast<u32>(fields[0]);
+    *pid = static_cast<u32>(fields[2]);
+    return true;
   }
 
   /** Answers request `id` with an error (id 0 when the request had none). */
@@ -17760,6 +18172,11 @@ class ZmqServer final : public ZmqServerSockets,
     auto *slot = reinterpret_cast<ZmqAnswerSlot *>(t->transport_cookie_);
     RequestDispatcher::EncodeAnswer(t, &slot->bytes);
     if (!SendNow(slot)) QueueAnswer(slot);
+  }
+
+  /** Who sent t: its client as the handshake identified it (the answer slot keeps it). */
+  Caller CallerOf(const Task &t) const override {
+    return reinterpret_cast<const ZmqAnswerSlot *>(t.transport_cookie_)->caller;
   }
 
   // ---- The network worker (WorkerPoller, WorkerParker) ----
@@ -18097,6 +18514,7 @@ class ZmqServer final : public ZmqServerSockets,
     }
     ZmqAnswerSlot *slot = pool_.Take();
     slot->peer = peer;
+    slot->caller = it->second.caller;
     // relaxed: raised under sock_mu_; workers read it as a hint.
     const u64 outstanding = outstanding_.FetchAdd(1, MemOrder::kRelaxed) + 1;  // Monitor counts it
     ++it->second.outstanding;  // DeliverAnswer takes both back, answer or error
@@ -21669,6 +22087,16 @@ class GpuWorker : public ClientTransport,
     return did;
   }
 
+  /**
+   * Who sent a GPU->CPU task: a kernel of this process (the runtime's orchestrators, or the
+   * queues this process's application registered), so this process.
+   */
+  Caller CallerOf(const Task &) const override {
+    Caller c = Caller::ThisProcess();
+    c.via = Caller::Via::kGpu;
+    return c;
+  }
+
   /** A GPU->CPU task finished on a worker: its answer goes back into its slot. */
   void OnComplete(Task *t) override {
     const u32 index = static_cast<u32>(t->transport_cookie_ >> 32);
@@ -21762,6 +22190,9 @@ class GpuBroadcast final : public TaskCompleter {
     const std::vector<Task *> reps = b->replicas_;  // b may be gone once the last one answers
     for (u32 i = 0; i < n; ++i) w.SendTo(*w.links_[i], reps[i]);
   }
+
+  /** A replica's sender is the original task's. */
+  Caller CallerOf(const Task &) const override { return chi::CallerOf(*orig_); }
 
   /** One replica answered; the last one folds them all into the original. */
   void OnComplete(Task *) override {
@@ -22868,6 +23299,7 @@ class Chimaera {
     opt.port = config_.port;
     opt.spin_ns = static_cast<u64>(config_.zmq_worker_spin_us) * 1000;
     opt.max_request_bytes = config_.client_data_bytes;  // one message's bound, as for shm
+    opt.client_key = segments_.Key();  // tcp clients of this user prove themselves with it
     if (Status st = zmq->Start(dispatcher_.get(), opt); !st.ok()) return st;
     zmq_server_.Store(zmq.release(), MemOrder::kRelease);  // release: Monitor reads it
     auto shm = std::make_unique<ShmServer>();

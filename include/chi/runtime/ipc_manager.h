@@ -6,7 +6,8 @@
 // runtime about memory its handlers may read (admin RegisterMemory).
 #pragma once
 
-#include <unistd.h>  // getpid
+#include <sys/prctl.h>  // PR_SET_PTRACER: the runtime may read registered host memory
+#include <unistd.h>     // getpid
 
 #include "chi/core/atomic.h"                // id counters
 #include "chi/core/status.h"                // ErrorCode
@@ -128,6 +129,8 @@ class IpcManager {
                              "CUDA/HIP (CHIMAERA_ENABLE_CUDA / CHIMAERA_ENABLE_ROCM)");
       }
       if (Status st = describe(ptr, bytes, &reg); !st.ok()) return st;
+    } else {
+      AllowRuntimeToRead();
     }
     auto *t = NewTask<chimaera::admin::RegisterMemoryTask>(reg);
     if (t == nullptr) return Status::Error(ErrorCode::kOutOfMemory, "RegisterMemory task");
@@ -142,6 +145,20 @@ class IpcManager {
       return Status::Error(static_cast<ErrorCode>(f->GetReturnCode()), f->GetMessage());
     }
     return Status::Ok();
+  }
+
+  /**
+   * Lets the runtime this pure client talks to copy its memory where the kernel restricts
+   * that to a process's ancestors (Yama's ptrace_scope 1): registering host memory asks the
+   * runtime to read it. Nothing to do for an embedded runtime (the same process).
+   */
+  void AllowRuntimeToRead() const {
+    ClientTransport *tr = transport_.Load(MemOrder::kAcquire);
+    const u32 runtime = orch_.Load(MemOrder::kAcquire) == nullptr && tr != nullptr
+                            ? tr->RuntimePid()
+                            : 0;
+    // Fails harmlessly (EINVAL) where the kernel has no Yama: any process of ours may.
+    if (runtime != 0) (void)prctl(PR_SET_PTRACER, static_cast<unsigned long>(runtime), 0, 0, 0);
   }
 
   /** Requests a periodic task to stop after its current run. */

@@ -169,12 +169,12 @@ class ShmClientTransport final : public ShmClientReceiver {
     ans_ = segment_.AnswerStream(slot_index_);
     // The first requests and answers then take no page faults here, and every page of the
     // rings is backed: a ring /dev/shm cannot back would kill a later write with SIGBUS.
-    if (!req_->Prefault() || !ans_->Prefault()) {
+    if (!req_.Prefault() || !ans_.Prefault()) {
       return GiveBackSlot(Status::Errorf(
           ErrorCode::kOutOfMemory,
           "shm transport: /dev/shm cannot back this client's rings (2 x %u KiB): free room "
           "there or connect with CHI_IPC_MODE=ipc",
-          req_->RingBytes() >> 10));
+          req_.RingBytes() >> 10));
     }
     max_message_bytes_ = header_->max_message_bytes_;
     table_size_ = header_->max_outstanding_;
@@ -343,13 +343,13 @@ class ShmClientTransport final : public ShmClientReceiver {
       const u64 left = len - sent;
       // The usual request fits whole now: one record, no wait. Otherwise wait for room
       // for a piece of a quarter ring (or the rest), so pieces do not shrink to slivers.
-      u64 room = req_->WritableBytes(left);
+      u64 room = req_.WritableBytes(left);
       if (room < left) {
-        const u64 goal = req_->RingBytes() / 4;
+        const u64 goal = req_.RingBytes() / 4;
         if (Status st = AwaitRingRoom(left < goal ? left : goal, &room); !st.ok()) return st;
       }
       const u64 n = left < room ? left : room;
-      req_->WritePieceRelease(sent == 0, len, data + sent, n);
+      req_.WritePieceRelease(sent == 0, len, data + sent, n);
       sent += n;
       Published();
     }
@@ -408,7 +408,7 @@ class ShmClientTransport final : public ShmClientReceiver {
   Status SendRef(const ShmDataRef &ref) {
     u64 room = 0;
     if (Status st = AwaitRingRoom(ShmStream::kRefBytes, &room); !st.ok()) return st;
-    req_->WriteRef(&ref, MemOrder::kRelease);  // release: the caller's fence follows (Published)
+    req_.WriteRef(&ref, MemOrder::kRelease);  // release: the caller's fence follows (Published)
     request_data_w_ = ShmDataRegion::Commit(ref);
     Published();
     return Status::Ok();
@@ -416,13 +416,13 @@ class ShmClientTransport final : public ShmClientReceiver {
 
   /** Waits until a record of `want` payload bytes fits the request ring; *room: what fits now. */
   Status AwaitRingRoom(u64 want, u64 *room) {
-    *room = req_->WritableBytes(want);
+    *room = req_.WritableBytes(want);
     if (*room >= want) return Status::Ok();
     bool ok = AwaitWhileHealthy(
-        slot_->request_room_, tx_waits_, [&] { return req_->WritableBytes(want) >= want; },
-        [&] { return req_->HasRoomSeqCst(want); });
+        slot_->request_room_, tx_waits_, [&] { return req_.WritableBytes(want) >= want; },
+        [&] { return req_.HasRoomSeqCst(want); });
     if (!ok) return FailureStatus();
-    *room = req_->WritableBytes(want);
+    *room = req_.WritableBytes(want);
     return Status::Ok();
   }
 

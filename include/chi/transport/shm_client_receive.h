@@ -87,7 +87,7 @@ class ShmClientReceiver : public ClientTransport {
   /** Times a caller rang the runtime's poller about requests left unread (RingIfUnread). */
   u64 PollerRings() const { return rings_.Load(MemOrder::kRelaxed); }
   /** The runtime process this connection serves with. */
-  u32 RuntimePid() const { return runtime_.pid; }
+  u32 RuntimePid() const override { return runtime_.pid; }
 
  protected:
   /** One outstanding task: word = its request id (0 = free), task = the Task*. */
@@ -208,8 +208,8 @@ class ShmClientReceiver : public ClientTransport {
   ShmSegment segment_;
   ShmSegmentHeader *header_ = nullptr;
   ShmClientSlot *slot_ = nullptr;
-  ShmStream *req_ = nullptr;
-  ShmStream *ans_ = nullptr;
+  ShmStream req_;  ///< our request stream (a view with the runtime's geometry)
+  ShmStream ans_;  ///< our answer stream
   u32 slot_index_ = 0;
   u32 generation_ = 0;
   ProcessIdentity self_;
@@ -254,7 +254,7 @@ class ShmClientReceiver : public ClientTransport {
    */
   void RingIfUnread() {
     // relaxed: hints; the poller's looks decide.
-    if (!req_->HasData() || header_->worker_readers_.Load(MemOrder::kRelaxed) == 0) return;
+    if (!req_.HasData() || header_->worker_readers_.Load(MemOrder::kRelaxed) == 0) return;
     const u64 now = MonotonicNs();
     u64 next = next_ring_ns_.Load(MemOrder::kRelaxed);
     if (now < next || !next_ring_ns_.CompareExchange(next, now + kRingEveryNs,
@@ -287,7 +287,7 @@ class ShmClientReceiver : public ClientTransport {
    * transfer; the spin (or the next poll) calls again.
    */
   void HelpDeliver() {
-    if (!ans_->HasData()) {
+    if (!ans_.HasData()) {
       // The runtime worker last seen on our CPU answers only while we do not run.
       if (ShareCpu(slot_->runtime_cpu_)) sched_yield();
       return;
@@ -300,7 +300,7 @@ class ShmClientReceiver : public ClientTransport {
     // An answer in pieces (or a bad one) is the receiver's.
     bool left = rx_assembling_;
     ShmStream::Piece p;
-    if (!left && ans_->Peek(&p) == ShmStream::PeekResult::kReady) {
+    if (!left && ans_.Peek(&p) == ShmStream::PeekResult::kReady) {
       if (p.kind == ShmStream::kRef) {
         // Chunks of a larger answer, and bad refs (the receiver fails the connection),
         // are the receiver's.
@@ -311,7 +311,7 @@ class ShmClientReceiver : public ClientTransport {
         left = true;
       }
       if (!left) {
-        ans_->Consume(p);
+        ans_.Consume(p);
         NotifyRuntimeRoom();
         helped_answers_.AddOwned(1);  // the role's
       }
@@ -325,7 +325,7 @@ class ShmClientReceiver : public ClientTransport {
     pthread_setname_np(pthread_self(), "chi-shm-client");
     bool deferred = false;
     for (;;) {
-      if (!ans_->HasData()) {
+      if (!ans_.HasData()) {
         deferred = false;
         if (!AwaitAnswer()) return;
         continue;
@@ -348,7 +348,7 @@ class ShmClientReceiver : public ClientTransport {
       bool go_on = true;
       for (u32 n = 0; go_on && n < kAnswersPerTurn; ++n) {
         ShmStream::Piece p;
-        const ShmStream::PeekResult r = ans_->Peek(&p);
+        const ShmStream::PeekResult r = ans_.Peek(&p);
         if (r == ShmStream::PeekResult::kEmpty) break;
         if (r == ShmStream::PeekResult::kCorrupt) {
           Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
@@ -371,7 +371,7 @@ class ShmClientReceiver : public ClientTransport {
              "or a chunk out of step");
         return false;
       }
-      ans_->Consume(p);
+      ans_.Consume(p);
       NotifyRuntimeRoom();
       return true;
     }
@@ -382,7 +382,7 @@ class ShmClientReceiver : public ClientTransport {
       }
       if (p.bytes == p.message_bytes && p.Contiguous()) {
         Deliver(p.first, p.bytes);  // decoded in place: the runtime cannot reuse it yet
-        ans_->Consume(p);
+        ans_.Consume(p);
         NotifyRuntimeRoom();
         return true;
       }
@@ -396,7 +396,7 @@ class ShmClientReceiver : public ClientTransport {
     }
     rx_.bytes.insert(rx_.bytes.end(), p.first, p.first + p.first_bytes);
     rx_.bytes.insert(rx_.bytes.end(), p.second, p.second + p.second_bytes);
-    ans_->Consume(p);
+    ans_.Consume(p);
     NotifyRuntimeRoom();
     if (rx_.bytes.size() == rx_total_) {
       rx_assembling_ = false;

@@ -20,7 +20,7 @@ namespace chi {
 ShmClientReceiver::SpinResult ShmClientReceiver::SpinForAnswer() {
   u64 start = MonotonicNs();
   for (u32 i = 1;; ++i) {
-    if (ans_->HasData()) return SpinResult::kData;
+    if (ans_.HasData()) return SpinResult::kData;
     // relaxed: AwaitAnswer re-reads it with acquire.
     if (rx_stop_.Load(MemOrder::kRelaxed) != 0) return SpinResult::kStop;
     if (CallersDeliver()) {
@@ -52,7 +52,7 @@ bool ShmClientReceiver::AwaitAnswer() {
       WaitResult r = slot_->answer_ready_.Wait(
           [&] {
             // seq_cst: re-checks against the runtime's publishes and Close's stop flag.
-            return ans_->HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
+            return ans_.HasDataSeqCst() || rx_stop_.Load(MemOrder::kSeqCst) != 0 ||
                    slot_->state_.Load(MemOrder::kSeqCst) !=
                        static_cast<u32>(ShmSlotState::kActive) ||
                    header_->runtime_state_.Load(MemOrder::kSeqCst) ==
@@ -60,12 +60,12 @@ bool ShmClientReceiver::AwaitAnswer() {
           },
           DeadlineAfter(period), rx_waits_);
       if (rx_stop_.Load(MemOrder::kAcquire) != 0) return false;  // acquire: Close's stop
-      if (ans_->HasData()) return true;
-      if (ans_->Unframed()) {  // published bytes with no record: nothing will frame them
+      if (ans_.HasData()) return true;
+      if (ans_.Unframed()) {  // published bytes with no record: nothing will frame them
         Fail(ErrorCode::kMalformed, "shm transport: the runtime's answer stream is corrupt");
         return false;
       }
-      if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_->HasData();
+      if (!PeerHealthy(r == WaitResult::kTimedOut)) return ans_.HasData();
     }
   }
 }
@@ -149,7 +149,7 @@ bool ShmClientReceiver::PeerHealthy(bool check_process) {
                   runtime_.pid, static_cast<double>(hang_timeout_ns_) / 1e9);
   }
   if (code == ErrorCode::kOk) return true;
-  if (ans_->HasData()) return false;  // deliver what arrived before the end first
+  if (ans_.HasData()) return false;  // deliver what arrived before the end first
   Fail(code, msg);
   return false;
 }

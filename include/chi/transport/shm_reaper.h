@@ -238,7 +238,7 @@ class ShmReaper {
     auto count = [&](u32 i) {
       const ShmServedSlot &s = slots_[i];
       const u64 outgoing = s.outgoing_open ? s.outgoing.bytes.size() - s.outgoing_sent : 0;
-      bytes += segment_->RequestStream(i)->UsedBytes() + segment_->AnswerStream(i)->UsedBytes() +
+      bytes += segment_->RequestStream(i).UsedBytes() + segment_->AnswerStream(i).UsedBytes() +
                s.assembly.bytes.size() + outgoing;
       // Answers in the runtime data region the client has not freed yet. relaxed: statistics.
       const u64 w = s.answer_data_w.Load(MemOrder::kRelaxed);
@@ -299,8 +299,8 @@ class ShmReaper {
     s.caller = caller;
     // The first requests then take no page faults. The client backed the pages when it
     // connected (it refuses rings /dev/shm cannot back), so the result says nothing new.
-    (void)segment_->RequestStream(i)->Prefault();
-    (void)segment_->AnswerStream(i)->Prefault();
+    (void)segment_->RequestStream(i).Prefault();
+    (void)segment_->AnswerStream(i).Prefault();
     s.phase = Phase::kServing;
     s.owner = owner;
     s.owner_dead = false;
@@ -359,8 +359,8 @@ class ShmReaper {
       CpuRelax();
     }
     s.LockReader();  // a worker that glanced at the stream is gone from it
-    segment_->RequestStream(i)->Reset();
-    segment_->AnswerStream(i)->Reset();
+    segment_->RequestStream(i).Reset();
+    segment_->AnswerStream(i).Reset();
     // relaxed: as below. The data regions start over with the streams that name them.
     slot->request_data_released_.Store(0, MemOrder::kRelaxed);
     slot->answer_data_released_.Store(0, MemOrder::kRelaxed);

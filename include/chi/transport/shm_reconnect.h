@@ -108,9 +108,9 @@ class ShmReconnectingTransport final : public ClientTransport {
   const char *Name() const override { return "shm"; }
 
   /** The connection in use (tests and diagnostics). */
-  ShmClientTransport *Current() { return current_.Load(MemOrder::kAcquire); }
+  ShmClientTransport *Current() const { return current_.Load(MemOrder::kAcquire); }
   /** The runtime process of the connection in use. */
-  u32 RuntimePid() { return Current()->RuntimePid(); }
+  u32 RuntimePid() const override { return Current()->RuntimePid(); }
   /** Successful reconnections so far. */
   u64 Reconnects() const { return reconnects_.Load(MemOrder::kRelaxed); }
 

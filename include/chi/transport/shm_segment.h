@@ -182,9 +182,9 @@ class ShmSegment {
     header_->data_ = g.data;
     NoteGeometry();
     for (u32 i = 0; i < g.num_slots; ++i) {
-      new (Slot(i)) ShmClientSlot();
-      ShmStream::Create(RequestStream(i), header_->ring_bytes_);
-      ShmStream::Create(AnswerStream(i), header_->ring_bytes_);
+      char *slot = reinterpret_cast<char *>(new (Slot(i)) ShmClientSlot());
+      ShmStream::Create(slot + sizeof(ShmClientSlot), ring_bytes_);
+      ShmStream::Create(slot + sizeof(ShmClientSlot) + stream_bytes_, ring_bytes_);
     }
     // release: attachers that read the magic see the geometry and the slots above.
     header_->magic_.Store(kShmTransportMagic, MemOrder::kRelease);
@@ -249,7 +249,10 @@ class ShmSegment {
   u64 Size() const { return backend_.Size(); }
   const char *Name() const { return backend_.Name(); }
 
-  /** Slot i (i < num_slots_). */
+  /** Slots in the table, as this process noted them at create or attach. */
+  u32 NumSlots() const { return num_slots_; }
+
+  /** Slot i (i < NumSlots()). */
   ShmClientSlot *Slot(u32 i) const {
     return reinterpret_cast<ShmClientSlot *>(slots_ + i * slot_bytes_);
   }
@@ -259,14 +262,14 @@ class ShmSegment {
     char *base = reinterpret_cast<char *>(const_cast<ShmSegmentHeader *>(h));
     return reinterpret_cast<ShmClientSlot *>(base + h->slots_offset_ + i * h->slot_bytes_);
   }
-  /** Slot i's client -> runtime stream. */
-  ShmStream *RequestStream(u32 i) const {
-    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot));
+  /** Slot i's client -> runtime stream, viewed with this process's record of its geometry. */
+  ShmStream RequestStream(u32 i) const {
+    return ShmStream(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot), ring_bytes_);
   }
   /** Slot i's runtime -> client stream. */
-  ShmStream *AnswerStream(u32 i) const {
-    return ShmStream::Attach(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot) +
-                             stream_bytes_);
+  ShmStream AnswerStream(u32 i) const {
+    return ShmStream(reinterpret_cast<char *>(Slot(i)) + sizeof(ShmClientSlot) + stream_bytes_,
+                     ring_bytes_);
   }
 
   /**
@@ -358,18 +361,24 @@ class ShmSegment {
 
   /**
    * Keeps the validated geometry in this process: the slot and stream addresses that
-   * every request and answer looks up then cost no reads of the shared header.
+   * every request and answer looks up then cost no reads of the shared header, and a
+   * client that rewrites the header cannot move them for the runtime (which notes them
+   * before any client attaches).
    */
   void NoteGeometry() {
     slots_ = reinterpret_cast<char *>(header_) + header_->slots_offset_;
     slot_bytes_ = header_->slot_bytes_;
-    stream_bytes_ = ShmStream::BytesFor(header_->ring_bytes_);
+    ring_bytes_ = header_->ring_bytes_;
+    stream_bytes_ = ShmStream::BytesFor(ring_bytes_);
+    num_slots_ = header_->num_slots_;
   }
 
   PosixShmBackend backend_;
   ShmSegmentHeader *header_ = nullptr;
   char *slots_ = nullptr;  ///< slot 0 (NoteGeometry)
   u64 slot_bytes_ = 0;     ///< the slot table's stride
+  u32 ring_bytes_ = 0;     ///< each stream's ring
+  u32 num_slots_ = 0;      ///< slots in the table
   u64 stream_bytes_ = 0;   ///< one stream's header and ring
 };
 

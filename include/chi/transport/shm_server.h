@@ -91,7 +91,9 @@ class ShmServer {
   ShmServerInfo Info() const { return core_ == nullptr ? ShmServerInfo{} : core_->Info(); }
 
   /** Current counters. */
-  Stats GetStats() const { return core_ == nullptr ? Stats{} : shm_server::ReadShmServerStats(core_->Header()); }
+  Stats GetStats() const {
+    return core_ == nullptr ? Stats{} : shm_server::ReadShmServerStats(core_->Segment());
+  }
 
   /**
    * Requests taken in and not yet answered, over every client. Not in Stats: the counts
@@ -120,7 +122,7 @@ class ShmServer {
   static Status ProbeStats(u32 port, Stats *out) {
     ShmSegment seg;
     if (Status st = seg.AttachByName(ShmSegmentName(port)); !st.ok()) return st;
-    *out = shm_server::ReadShmServerStats(seg.Header());
+    *out = shm_server::ReadShmServerStats(seg);
     seg.Detach();
     return Status::Ok();
   }

@@ -57,10 +57,10 @@ class ShmAnswerWriter {
       msg = buf.bytes.data();
       len = buf.bytes.size();
     }
-    ShmStream *as = segment_->AnswerStream(i);
-    if (!fits && len <= as->WritableBytes(len)) {
+    const ShmStream as = segment_->AnswerStream(i);
+    if (!fits && len <= as.WritableBytes(len)) {
       fits = true;
-      as->WritePiece(true, len, msg, len);
+      as.WritePiece(true, len, msg, len);
       // Still the writer: the reaper's Reset rebuilds this event once it holds the writer.
       segment_->Slot(i)->answer_ready_.Notify();
     }
@@ -75,7 +75,7 @@ class ShmAnswerWriter {
    */
   bool Pump(u32 i, ShmServedSlot &s) {
     ShmClientSlot *slot = segment_->Slot(i);
-    ShmStream *as = segment_->AnswerStream(i);
+    const ShmStream as = segment_->AnswerStream(i);
     bool worked = false;
     for (;;) {
       if (!s.outgoing_open) {
@@ -159,8 +159,8 @@ class ShmAnswerWriter {
   template <typename Fill>
   bool WriteRef(u32 i, ShmServedSlot &s, u64 want, u64 total, bool last, Fill fill) {
     const ShmDataRegion region = AnswerRegion(i, s);
-    ShmStream *as = segment_->AnswerStream(i);
-    if (!region.Enabled() || as->WritableBytes(ShmStream::kRefBytes) < ShmStream::kRefBytes) {
+    const ShmStream as = segment_->AnswerStream(i);
+    if (!region.Enabled() || as.WritableBytes(ShmStream::kRefBytes) < ShmStream::kRefBytes) {
       return false;
     }
     ShmDataRef ref;
@@ -179,7 +179,7 @@ class ShmAnswerWriter {
     }
     // Counted before the publish: the client may read the statistics once it has the answer.
     if (last) segment_->Slot(i)->data_answers_.AddOwned(1);  // the writer flag's holder
-    as->WriteRef(&ref, MemOrder::kSeqCst);  // seq_cst: as WritePiece (the Notify below)
+    as.WriteRef(&ref, MemOrder::kSeqCst);  // seq_cst: as WritePiece (the Notify below)
     // relaxed: the writer flag orders it for the next writer; others read a statistic.
     s.answer_data_w.Store(ShmDataRegion::Commit(ref), MemOrder::kRelaxed);
     segment_->Slot(i)->answer_ready_.Notify();
@@ -191,12 +191,12 @@ class ShmAnswerWriter {
    * one (whole, or in chunks of half the region when larger), else through the ring.
    * True once it is all out (writer released).
    */
-  bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, ShmStream *as) {
+  bool StreamOutgoing(u32 i, ShmServedSlot &s, ShmClientSlot *slot, const ShmStream &as) {
     const u64 total = s.outgoing.bytes.size();
     const ShmDataRegion region =
         total > kSmallEnvelopeBytes ? AnswerRegion(i, s) : ShmDataRegion();
     const bool by_ref = region.Enabled();
-    u64 goal = !by_ref ? as->RingBytes() / 4
+    u64 goal = !by_ref ? as.RingBytes() / 4
                        : (total <= region.Bytes() ? total : region.Bytes() / 2);
     while (by_ref && s.outgoing_sent < total) {
       const u64 n = total - s.outgoing_sent < goal ? total - s.outgoing_sent : goal;
@@ -207,7 +207,7 @@ class ShmAnswerWriter {
       const bool last = s.outgoing_sent + n == total;
       if (!WriteRef(i, s, n, total, last, copy)) {
         if (s.answer_backing.Refused()) {  // only a first block (nothing sent): the ring
-          goal = as->RingBytes() / 4;
+          goal = as.RingBytes() / 4;
           break;
         }
         // seq_cst: announce the wait; the fence orders it before the re-check (the client
@@ -221,15 +221,15 @@ class ShmAnswerWriter {
     while (s.outgoing_sent < total) {
       const u64 left = total - s.outgoing_sent;
       const u64 want = left < goal ? left : goal;
-      u64 room = as->WritableBytes(want);
+      u64 room = as.WritableBytes(want);
       if (room < want) {
         // seq_cst: announce the wait, then re-check (the client reads it after consuming).
         slot->runtime_needs_room_.Store(1, MemOrder::kSeqCst);
-        room = as->WritableBytes(want);
+        room = as.WritableBytes(want);
         if (room < want) return false;
       }
       const u64 n = left < room ? left : room;
-      as->WritePiece(s.outgoing_sent == 0, total, s.outgoing.bytes.data() + s.outgoing_sent, n);
+      as.WritePiece(s.outgoing_sent == 0, total, s.outgoing.bytes.data() + s.outgoing_sent, n);
       s.outgoing_sent += n;
       slot->answer_ready_.Notify();
     }

@@ -11,6 +11,7 @@
 #include <cstdlib>  // aligned_alloc / free for the pending-answer rings
 #include <cstring>  // memcpy of request ids
 #include <memory>   // unique_ptr
+#include <new>      // bad_alloc of an assembly
 #include <thread>   // the poller thread
 #include <utility>  // std::move, std::exchange
 #include <vector>   // answer buffers
@@ -129,6 +130,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
                          self_.pid};
   }
   const ShmSegmentHeader *Header() const { return header_; }
+  /** The segment as this process mapped it (its geometry noted at create). */
+  const ShmSegment &Segment() const { return segment_; }
 
   /**
    * Requests taken in and not yet answered or discarded, over every slot (any thread;
@@ -193,7 +196,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     const u64 readers = abroad ? header_->worker_readers_.Load(MemOrder::kRelaxed) : 0;
     if (abroad) {
       affinity_.Survey(v, [this](auto visit) { ForEachServed(visit); },
-                       [this](u32 i) { return segment_.RequestStream(i)->HasData(); });
+                       [this](u32 i) { return segment_.RequestStream(i).HasData(); });
     }
     const u32 start = v.next_slot < serving_words_ * 64 ? v.next_slot : 0;
     const u32 start_word = start / 64;
@@ -209,8 +212,8 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       while (bits != 0) {
         const u32 i = w * 64 + static_cast<u32>(__builtin_ctzll(bits));
         bits &= bits - 1;
-        const ShmStream *rs = segment_.RequestStream(i);
-        auto position = [rs] { return rs->HasData() ? rs->ReadPosition() + 1 : 0; };
+        const ShmStream rs = segment_.RequestStream(i);
+        auto position = [&rs] { return rs.HasData() ? rs.ReadPosition() + 1 : 0; };
         if (!affinity_.ShouldRead(v, me, i, abroad, readers, position)) continue;
         const u64 bit = 1ull << (i % 64);
         const bool first = (v.busy & bit) == 0;
@@ -249,7 +252,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     // seq_cst: clear, then re-check the streams (clients publish, then read the mask).
     header_->worker_readers_.FetchAnd(~(1ull << (worker_id % 64)), MemOrder::kSeqCst);
     bool waiting = false;
-    ForEachServed([&](u32 i) { waiting = waiting || segment_.RequestStream(i)->HasDataSeqCst(); });
+    ForEachServed([&](u32 i) { waiting = waiting || segment_.RequestStream(i).HasDataSeqCst(); });
     if (waiting) header_->server_event_.Notify();
     return false;
   }
@@ -266,9 +269,9 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
    */
   u32 TakeRequests(u32 i, const Worker *stop_for) {
     ShmServedSlot &s = slots_[i];
-    ShmStream *rs = segment_.RequestStream(i);
+    const ShmStream rs = segment_.RequestStream(i);
     // Cheap tests first: an idle or busy slot costs no write of the flag's line.
-    if (!rs->HasData() || s.reader.Load(MemOrder::kRelaxed) != 0) return 0;
+    if (!rs.HasData() || s.reader.Load(MemOrder::kRelaxed) != 0) return 0;
     u32 idle = 0;
     // acquire: the previous reader's reads and counts are complete before ours.
     if (!s.reader.CompareExchange(idle, 1, MemOrder::kAcquire)) return 0;
@@ -277,11 +280,11 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     bool leave = false;
     // relaxed: BeginDrain clears the bit before the reaper takes the flag we hold.
     const bool serving = (serving_bits_[i / 64].Load(MemOrder::kRelaxed) >> (i % 64)) & 1;
-    if (serving && s.assembling) leave = rs->HasData();
+    if (serving && s.assembling) leave = rs.HasData();
     while (serving && !leave && taken < shm_server::kRecordsPerPass) {
       if (!HasCredit(s)) break;  // the credit's release wakes the poller
       ShmStream::Piece p;
-      ShmStream::PeekResult r = rs->Peek(&p);
+      ShmStream::PeekResult r = rs.Peek(&p);
       if (r == ShmStream::PeekResult::kEmpty) break;
       if (r == ShmStream::PeekResult::kReady && p.kind == ShmStream::kRef) {
         // Chunks, and bad refs (the poller breaks the slot), are the poller's.
@@ -297,7 +300,7 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       } else {
         Dispatch(i, p.first, p.bytes);  // decoded in place, as in PumpRequests
       }
-      rs->Consume(p);
+      rs.Consume(p);
       ++taken;
       // Counted before the task starts: the client may read it once it has the answer.
       slot->worker_taken_.AddOwned(1);  // the reader flag's holder
@@ -435,13 +438,14 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
       Dispatch(i, data, ref.bytes);      // decoded in place: the client cannot reuse it yet
     } else {
       if (!s.assembling) {
+        // Nothing reserved for the total the client names: the assembly grows with the
+        // bytes it really sends (and never past max_message_bytes, checked above).
         s.assembly.bytes.clear();
-        s.assembly.bytes.reserve(ref.total);  // bounded by the message limit checked above
         s.assembly_total = ref.total;
         s.assembling = true;
         s.assembly_by_ref = true;
       }
-      s.assembly.bytes.insert(s.assembly.bytes.end(), data, data + ref.bytes);
+      if (!AppendToAssembly(s, data, ref.bytes)) return ErrorCode::kOutOfMemory;
       if (s.assembly.bytes.size() == s.assembly_total) {
         s.assembling = false;
         slot->data_requests_.AddOwned(1);
@@ -451,6 +455,19 @@ class ShmServerCore final : public TaskCompleter, public WorkerPoller {
     }
     region.Release(ref);
     return ErrorCode::kOk;
+  }
+
+  /**
+   * Appends n bytes to slot s's assembly; false when memory runs out (the caller breaks the
+   * slot: one client's huge message must not end the poller).
+   */
+  static bool AppendToAssembly(ShmServedSlot &s, const char *data, u64 n) {
+    try {
+      s.assembly.bytes.insert(s.assembly.bytes.end(), data, data + n);
+      return true;
+    } catch (const std::bad_alloc &) {
+      return false;
+    }
   }
 
   /** Slot i's share of the client data segment (disabled when the runtime has none). */

@@ -45,7 +45,14 @@ void ShmServerCore::Run() {
     for (size_t k = 0; k < serving.size(); ++k) {
       const u32 i = serving[k];
       if (reading && PollerMayRead(i, workers_read, look)) worked |= PumpRequests(i);
-      if (slots_[i].phase == Phase::kServing) worked |= answers_.Pump(i, slots_[i]);
+      if (slots_[i].phase != Phase::kServing) continue;
+      worked |= answers_.Pump(i, slots_[i]);
+      // An answer that waits for room in a stream whose positions its client forged would
+      // wait forever: the slot is reset instead.
+      if (slots_[i].outgoing_open && !segment_.AnswerStream(i).PositionsValid()) {
+        reaper_->Break(i, ErrorCode::kMalformed);
+        worked = true;
+      }
     }
     if (wake_parked_) {
       // A look found requests stalled or piling up while workers read: wake a parked
@@ -101,12 +108,12 @@ bool ShmServerCore::PollerMayRead(u32 i, bool workers_read, bool look) {
   if (slot->client_rang_.Load(MemOrder::kRelaxed) != 0) {
     slot->client_rang_.Store(0, MemOrder::kRelaxed);
   }
-  ShmStream *rs = segment_.RequestStream(i);
-  if (rs->Unframed()) return true;  // bytes with no record: the poller breaks the slot
+  const ShmStream rs = segment_.RequestStream(i);
+  if (rs.Unframed()) return true;  // bytes with no record: the poller breaks the slot
   // Stalled (the same request waited at two looks: its home is busy) or piling up (more
   // than one request waited at both): a parked worker should join the readers.
-  const u64 seen = rs->HasData() ? rs->ReadPosition() + 1 : 0;
-  const bool queue = rs->UsedBytes() > 2 * kCacheLine;
+  const u64 seen = rs.HasData() ? rs.ReadPosition() + 1 : 0;
+  const bool queue = rs.UsedBytes() > 2 * kCacheLine;
   wake_parked_ |= (seen != 0 && seen == s.poller_seen) || (queue && s.poller_queue);
   s.poller_seen = seen;
   s.poller_queue = queue;
@@ -115,7 +122,7 @@ bool ShmServerCore::PollerMayRead(u32 i, bool workers_read, bool look) {
 
 bool ShmServerCore::RequestsWaiting() const {
   for (u32 i : reaper_->Serving()) {
-    if (segment_.RequestStream(i)->HasData()) return true;
+    if (segment_.RequestStream(i).HasData()) return true;
   }
   return false;
 }
@@ -139,12 +146,12 @@ bool ShmServerCore::ReadyToRun() {
     }
     // seq_cst: a worker stores the hand-over before its Notify.
     const bool ours = !workers_read || s.handoff.Load(MemOrder::kSeqCst) != 0;
-    if (reading && ours && segment_.RequestStream(i)->HasDataSeqCst() &&
+    if (reading && ours && segment_.RequestStream(i).HasDataSeqCst() &&
         s.accepted.Load(MemOrder::kRelaxed) - s.answered.Load(MemOrder::kSeqCst) <
             options_.max_outstanding) {
       return true;
     }
-    if (s.outgoing_open && segment_.AnswerStream(i)->HasRoomSeqCst(1)) return true;
+    if (s.outgoing_open && segment_.AnswerStream(i).HasRoomSeqCst(1)) return true;
   }
   return reaper_->DrainingHasWork();
 }
@@ -158,10 +165,10 @@ bool ShmServerCore::Quiet() const {
 
 bool ShmServerCore::PumpRequests(u32 i) {
   ShmServedSlot &s = slots_[i];
-  ShmStream *rs = segment_.RequestStream(i);
+  const ShmStream rs = segment_.RequestStream(i);
   // An empty stream costs no write of the flag's line (workers write it as they answer).
   // Unframed: bytes published with no record, which only this slow check sees.
-  if (!rs->HasData() && !rs->Unframed()) {
+  if (!rs.HasData() && !rs.Unframed()) {
     // relaxed: what a worker handed over is gone (a worker took it after all).
     if (s.handoff.Load(MemOrder::kRelaxed) != 0) s.handoff.Store(0, MemOrder::kRelaxed);
     return false;
@@ -180,13 +187,13 @@ bool ShmServerCore::PumpRequests(u32 i) {
 }
 
 bool ShmServerCore::PumpRequestsLocked(u32 i, ShmServedSlot &s) {
-  ShmStream *rs = segment_.RequestStream(i);
+  const ShmStream rs = segment_.RequestStream(i);
   bool worked = false;
   for (u32 n = 0; n < shm_server::kRecordsPerPass; ++n) {
     if (!HasCredit(s)) break;
     ShmStream::Piece p;
-    ShmStream::PeekResult r = rs->Peek(&p);
-    if (r == ShmStream::PeekResult::kEmpty && !rs->Unframed()) break;
+    ShmStream::PeekResult r = rs.Peek(&p);
+    if (r == ShmStream::PeekResult::kEmpty && !rs.Unframed()) break;
     worked = true;
     if (r != ShmStream::PeekResult::kReady) {
       reaper_->Break(i, ErrorCode::kMalformed);
@@ -197,7 +204,7 @@ bool ShmServerCore::PumpRequestsLocked(u32 i, ShmServedSlot &s) {
         reaper_->Break(i, bad);
         return true;
       }
-      rs->Consume(p);
+      rs.Consume(p);
       continue;
     }
     if (!s.assembling) {
@@ -212,7 +219,7 @@ bool ShmServerCore::PumpRequestsLocked(u32 i, ShmServedSlot &s) {
       if (p.bytes == p.message_bytes && p.Contiguous()) {
         // The record stays unconsumed while decoding, so the client cannot reuse it.
         Dispatch(i, p.first, p.bytes);
-        rs->Consume(p);
+        rs.Consume(p);
         continue;
       }
       s.assembly.bytes.clear();
@@ -224,9 +231,12 @@ bool ShmServerCore::PumpRequestsLocked(u32 i, ShmServedSlot &s) {
       reaper_->Break(i, ErrorCode::kMalformed);
       return true;
     }
-    s.assembly.bytes.insert(s.assembly.bytes.end(), p.first, p.first + p.first_bytes);
-    s.assembly.bytes.insert(s.assembly.bytes.end(), p.second, p.second + p.second_bytes);
-    rs->Consume(p);
+    if (!AppendToAssembly(s, p.first, p.first_bytes) ||
+        !AppendToAssembly(s, p.second, p.second_bytes)) {
+      reaper_->Break(i, ErrorCode::kOutOfMemory);
+      return true;
+    }
+    rs.Consume(p);
     if (s.assembly.bytes.size() == s.assembly_total) {
       s.assembling = false;
       Dispatch(i, s.assembly.bytes.data(), s.assembly.bytes.size());

@@ -56,19 +56,24 @@ inline constexpr u64 kIdleScanNs = 1000000000;  ///< table scans when nobody is 
 inline constexpr u32 kRecordsPerPass = 64;       ///< fairness between clients
 inline constexpr u64 kStopGraceNs = 5000000000ull;  ///< Stop waits this long for running tasks
 
-/** Reads the counters from a segment header (from the runtime or any process mapping it). */
-inline ShmServerStats ReadShmServerStats(const ShmSegmentHeader *h) {
+/**
+ * Reads the counters of a mapped segment (in the runtime or any process mapping it), over
+ * the slots this process noted for it: a client that rewrites the shared slot count cannot
+ * make the runtime read past its table.
+ */
+inline ShmServerStats ReadShmServerStats(const ShmSegment &seg) {
+  const ShmSegmentHeader *h = seg.Header();
   // relaxed: statistics; each counter is read on its own.
   ShmServerStats s;
   s.clients = h->stats_.clients.Load(MemOrder::kRelaxed);
-  s.slots = h->num_slots_;  // fixed when the segment was made
+  s.slots = seg.NumSlots();  // fixed when the segment was made
   // acquire: a reclaimed client's slot is free once it is counted (ShmReaper::Reset).
   s.reclaimed_clients = h->stats_.reclaimed_clients.Load(MemOrder::kAcquire);
   s.bytes_in_use = h->stats_.bytes_in_use.Load(MemOrder::kRelaxed);
   s.broken_streams = h->stats_.broken_streams.Load(MemOrder::kRelaxed);
   s.cpu_moves = h->stats_.cpu_moves.Load(MemOrder::kRelaxed);
-  for (u32 i = 0; i < h->num_slots_; ++i) {
-    const ShmClientSlot *slot = ShmSegment::SlotOf(h, i);
+  for (u32 i = 0; i < seg.NumSlots(); ++i) {
+    const ShmClientSlot *slot = seg.Slot(i);
     s.tasks_served += slot->tasks_served_.Load(MemOrder::kRelaxed);
     s.worker_taken += slot->worker_taken_.Load(MemOrder::kRelaxed);
     s.data_requests += slot->data_requests_.Load(MemOrder::kRelaxed);

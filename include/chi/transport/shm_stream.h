@@ -18,6 +18,12 @@
 // kMore records (8-byte headers) with the rest. A kRef record (8-byte header and kRefBytes
 // of payload) carries no message but names one kept in a data region (shm_data_region.h).
 // The reader checks every header and reports a corrupt stream instead of trusting it.
+//
+// Trust: the other end may be hostile and can write every shared byte. A ShmStream is
+// therefore a view that keeps the ring's geometry in the viewing process (fixed when the
+// view is made; the size recorded in shared memory is for information only), and every
+// position read from a shared word is checked (a record starts on a line; a writer never
+// has more than the ring's bytes outstanding) before it decides where bytes go.
 #pragma once
 
 #include <algorithm>  // std::min for wrapped copies
@@ -33,7 +39,10 @@
 
 namespace chi {
 
-/** A single-writer, single-reader message stream through a fixed byte ring (host only). */
+/**
+ * A view of a single-writer, single-reader message stream through a fixed byte ring (host
+ * only). Cheap to copy: a pointer to the shared words and the ring, and the geometry.
+ */
 class ShmStream {
  public:
   /** The most bytes a record header takes (kBegin's; kWhole and kMore take 8). */
@@ -51,25 +60,45 @@ class ShmStream {
   static constexpr u64 kRefBytes = 24;
 
   /** Region bytes for a ring of `ring_bytes` (raised to >= kMinRingBytes, a power of two). */
-  static size_t BytesFor(u32 ring_bytes) { return sizeof(ShmStream) + RingSize(ring_bytes); }
+  static size_t BytesFor(u32 ring_bytes) { return sizeof(Shared) + RingSize(ring_bytes); }
 
-  /** Builds an empty stream at `mem` (BytesFor bytes, 64-byte aligned); nullptr if misaligned. */
-  static ShmStream *Create(void *mem, u32 ring_bytes) {
-    if (!IsRingAligned(mem)) return nullptr;
-    ShmStream *s = new (mem) ShmStream(RingSize(ring_bytes));
-    s->ClearHeader(0);  // the region may hold old bytes: nothing is published at 0
+  /**
+   * Builds an empty stream at `mem` (BytesFor(ring_bytes) bytes, 64-byte aligned) and
+   * returns a view of it; an invalid view (Valid() false) when `mem` is misaligned.
+   */
+  static ShmStream Create(void *mem, u32 ring_bytes) {
+    if (!IsRingAligned(mem)) return ShmStream();
+    auto *shared = new (mem) Shared();
+    shared->ring_bytes_ = RingSize(ring_bytes);
+    ShmStream s(mem, ring_bytes);
+    s.ClearHeader(0);  // the region may hold old bytes: nothing is published at 0
     return s;
   }
 
-  /** Views a stream that another process (or an earlier Create) built at `mem`. */
-  static ShmStream *Attach(void *mem) { return static_cast<ShmStream *>(mem); }
+  /** No stream. */
+  ShmStream() = default;
+
+  /**
+   * Views the stream at `mem` (built by Create, maybe in another process) as a ring of
+   * `ring_bytes` (rounded as Create rounds them): the caller's own record of the size,
+   * never the one in shared memory.
+   */
+  ShmStream(void *mem, u32 ring_bytes)
+      : shared_(static_cast<Shared *>(mem)),
+        ring_(static_cast<char *>(mem) + sizeof(Shared)),
+        ring_bytes_(RingSize(ring_bytes)),
+        mask_(ring_bytes_ - 1) {}
+
+  /** True for a view of a stream (not the default or a failed Create). */
+  bool Valid() const { return shared_ != nullptr; }
 
   /** Empties the stream. Only while neither end uses it (the runtime reclaiming a slot). */
-  void Reset() {
+  void Reset() const {
     // relaxed: nobody else touches the stream now; the caller publishes the reset slot.
-    write_pos_.Store(0, MemOrder::kRelaxed);
-    read_pos_.Store(0, MemOrder::kRelaxed);
-    cached_read_ = 0;
+    shared_->write_pos_.Store(0, MemOrder::kRelaxed);
+    shared_->read_pos_.Store(0, MemOrder::kRelaxed);
+    shared_->cached_read_ = 0;
+    shared_->ring_bytes_ = ring_bytes_;  // what a previous client wrote there is undone
     ClearHeader(0);  // old records at offset 0 must not look published
   }
 
@@ -77,12 +106,25 @@ class ShmStream {
   u32 RingBytes() const { return ring_bytes_; }
 
   /**
+   * True when the shared positions are ones an honest peer could have left: the write
+   * position on a record boundary, no more than the ring's bytes written and unread, and
+   * the read position on a record boundary. A writer waiting for room that finds this
+   * false waits for a peer that broke the stream (the runtime resets such a slot).
+   */
+  bool PositionsValid() const {
+    // acquire: a snapshot of both ends; a live honest peer only ever makes it truer.
+    const u64 r = shared_->read_pos_.Load(MemOrder::kAcquire);
+    const u64 w = shared_->write_pos_.Load(MemOrder::kAcquire);
+    return (r | w) % kAlign == 0 && w - r <= ring_bytes_;
+  }
+
+  /**
    * Maps the whole ring into the calling process now, so that records written or read
    * later take no page faults, and has the shm filesystem back every page of it
    * (BackPages). False when it cannot (/dev/shm is full): a write to such a ring would
    * die of SIGBUS, so a client refuses the connection instead.
    */
-  bool Prefault() { return BackPages(Ring(), ring_bytes_); }
+  bool Prefault() const { return BackPages(Ring(), ring_bytes_); }
   /** The largest payload one record can carry. */
   u64 MaxPieceBytes() const { return ring_bytes_ - kAlign - kRecordHeaderBytes; }
 
@@ -93,19 +135,21 @@ class ShmStream {
    * the reader's position only when the cached one leaves fewer than `want` bytes, so
    * a writer with room never touches the reader's cache line.
    */
-  u64 WritableBytes(u64 want) {
-    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
-    u64 room = Room(w, cached_read_);
+  u64 WritableBytes(u64 want) const {
+    // relaxed: only the writer moves it (a hostile reader may, too: Room bounds the answer).
+    const u64 w = shared_->write_pos_.Load(MemOrder::kRelaxed);
+    u64 room = Room(w, shared_->cached_read_);
     if (room >= want) return room;
     // acquire: the reader is done with the bytes before read_pos_, so we may overwrite them.
-    cached_read_ = read_pos_.Load(MemOrder::kAcquire);
-    return Room(w, cached_read_);
+    shared_->cached_read_ = shared_->read_pos_.Load(MemOrder::kAcquire);
+    return Room(w, shared_->cached_read_);
   }
 
   /** True when a record of `want` payload bytes fits (seq_cst: a waiter's re-check). */
   bool HasRoomSeqCst(u64 want) const {
     // seq_cst: the Dekker re-check against the reader's seq_cst read_pos_ store.
-    return Room(write_pos_.Load(MemOrder::kRelaxed), read_pos_.Load(MemOrder::kSeqCst)) >= want;
+    return Room(shared_->write_pos_.Load(MemOrder::kRelaxed),
+                shared_->read_pos_.Load(MemOrder::kSeqCst)) >= want;
   }
 
   /**
@@ -114,7 +158,7 @@ class ShmStream {
    * The caller made sure `bytes` <= WritableBytes(bytes). Publishes with seq_cst so a
    * parked reader is never missed (the caller notifies it afterwards).
    */
-  void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) {
+  void WritePiece(bool begin, u64 message_bytes, const void *data, u64 bytes) const {
     // seq_cst: the write position's store is ordered before the notifier's read of the
     // reader's waiter count (WaitEvent's Dekker pair).
     Append(KindOf(begin, message_bytes, bytes), message_bytes, data, bytes, MemOrder::kSeqCst);
@@ -124,7 +168,7 @@ class ShmStream {
    * WritePiece with a release publish only: the caller issues FenceSeqCst before it
    * reads any waiter flag, so one fence covers this publish and the stores before it.
    */
-  void WritePieceRelease(bool begin, u64 message_bytes, const void *data, u64 bytes) {
+  void WritePieceRelease(bool begin, u64 message_bytes, const void *data, u64 bytes) const {
     // release: the caller's fence orders the publish before its Dekker reads.
     Append(KindOf(begin, message_bytes, bytes), message_bytes, data, bytes, MemOrder::kRelease);
   }
@@ -134,7 +178,7 @@ class ShmStream {
    * for the write position (as WritePiece or WritePieceRelease). The caller made sure
    * WritableBytes(kRefBytes) >= kRefBytes.
    */
-  void WriteRef(const void *ref, MemOrder publish) {
+  void WriteRef(const void *ref, MemOrder publish) const {
     Append(kRef, kRefBytes, ref, kRefBytes, publish);
   }
 
@@ -143,11 +187,23 @@ class ShmStream {
    * moves, no header is written. Fault injection for tests of a reader's defences only;
    * the caller made sure they fit.
    */
-  void PublishUnframed(const void *data, u64 bytes) {
-    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+  void PublishUnframed(const void *data, u64 bytes) const {
+    u64 w = shared_->write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
     CopyIn(w, data, bytes);
     // seq_cst: as in WritePiece.
-    write_pos_.Store(w + RoundUpTo(bytes, kAlign), MemOrder::kSeqCst);
+    shared_->write_pos_.Store(w + RoundUpTo(bytes, kAlign), MemOrder::kSeqCst);
+  }
+
+  /**
+   * Stores raw values into the shared words, as a hostile or broken peer could: fault
+   * injection for tests of the other end's defences only.
+   */
+  void ForgeShared(u64 write_pos, u64 read_pos, u32 ring_bytes) const {
+    // relaxed: the tests that forge publish by other means (the stream's next record).
+    shared_->write_pos_.Store(write_pos, MemOrder::kRelaxed);
+    shared_->read_pos_.Store(read_pos, MemOrder::kRelaxed);
+    shared_->cached_read_ = read_pos;
+    shared_->ring_bytes_ = ring_bytes;
   }
 
   // ---- Reader side ----
@@ -181,8 +237,9 @@ class ShmStream {
    * ring cannot hold); the stream cannot be trusted any more. Bytes published with no
    * header at all read as kEmpty here; Unframed tells them apart.
    */
-  PeekResult Peek(Piece *p) {
-    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+  PeekResult Peek(Piece *p) const {
+    const u64 r = shared_->read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    if (CHI_UNLIKELY(r % kAlign != 0)) return PeekResult::kCorrupt;  // not a record's start
     // acquire: pairs with the writer's release of the header word; the record's other
     // header bytes and its payload are visible once we see it.
     const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
@@ -211,11 +268,11 @@ class ShmStream {
   }
 
   /** Frees the record that Peek described (the reader is done with its bytes). */
-  void Consume(const Piece &p) {
-    u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+  void Consume(const Piece &p) const {
+    u64 r = shared_->read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
     // seq_cst: release hands the space back after our reads; seq_cst orders it before
     // the notifier's read of a parked writer's waiter count.
-    read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
+    shared_->read_pos_.Store(r + p.footprint, MemOrder::kSeqCst);
   }
 
   /**
@@ -226,7 +283,8 @@ class ShmStream {
    * writer's cache) overlaps with its work on this record.
    */
   bool HasData() const {
-    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    const u64 r = shared_->read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    if (CHI_UNLIKELY(r % kAlign != 0)) return true;  // a broken position: Peek reports it
     // acquire: a record seen here is readable by the Peek that follows.
     const u64 word = HeaderWord(r)->Load(MemOrder::kAcquire);
     if (word == 0) return false;
@@ -241,8 +299,8 @@ class ShmStream {
    */
   bool HasDataSeqCst() const {
     // seq_cst: pairs with the writer's seq_cst (or release + fence) write_pos_ store.
-    const u64 w = write_pos_.Load(MemOrder::kSeqCst);
-    return static_cast<i64>(w - read_pos_.Load(MemOrder::kRelaxed)) > 0;
+    const u64 w = shared_->write_pos_.Load(MemOrder::kSeqCst);
+    return static_cast<i64>(w - shared_->read_pos_.Load(MemOrder::kRelaxed)) > 0;
   }
 
   /**
@@ -251,21 +309,22 @@ class ShmStream {
    * are not on the hot path). Reads the shared write position.
    */
   bool Unframed() const {
-    const u64 r = read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    const u64 r = shared_->read_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the reader moves it
+    if (r % kAlign != 0) return true;  // a broken position: Peek reports it
     // acquire: the writer stores the header before the position, so once the position
     // is past r, the header at r is visible to the load below.
-    if (static_cast<i64>(write_pos_.Load(MemOrder::kAcquire) - r) <= 0) return false;
+    if (static_cast<i64>(shared_->write_pos_.Load(MemOrder::kAcquire) - r) <= 0) return false;
     return HeaderWord(r)->Load(MemOrder::kAcquire) == 0;
   }
 
   /** The reader's position (any thread; a mark of progress for those watching it). */
-  u64 ReadPosition() const { return read_pos_.Load(MemOrder::kRelaxed); }  // relaxed: a mark
+  u64 ReadPosition() const { return shared_->read_pos_.Load(MemOrder::kRelaxed); }  // relaxed: a mark
 
   /** Published bytes not yet consumed (a statistic: read from any process). */
   u64 UsedBytes() const {
     // acquire: a snapshot; clamped because the two loads are not atomic together.
-    u64 r = read_pos_.Load(MemOrder::kAcquire);
-    u64 w = write_pos_.Load(MemOrder::kAcquire);
+    u64 r = shared_->read_pos_.Load(MemOrder::kAcquire);
+    u64 w = shared_->write_pos_.Load(MemOrder::kAcquire);
     return w > r ? (w - r > ring_bytes_ ? ring_bytes_ : w - r) : 0;
   }
 
@@ -301,20 +360,31 @@ class ShmStream {
     return RoundUpPow2(ring_bytes < kMinRingBytes ? kMinRingBytes : ring_bytes);
   }
 
-  /** Records the geometry; positions start at zero. */
-  explicit ShmStream(u32 ring_bytes) : ring_bytes_(ring_bytes), mask_(ring_bytes - 1) {}
+  /** The shared part of a stream, at the start of its region; the ring follows it. */
+  struct Shared {
+    // Line 0: the size Create gave the ring, for information only (views keep their own).
+    alignas(kCacheLine) u32 ring_bytes_ = 0;
+    // Line 1: the writer's.
+    alignas(kCacheLine) Atomic<u64> write_pos_;
+    u64 cached_read_ = 0;  ///< the writer's last view of read_pos_
+    // Line 2: the reader's.
+    alignas(kCacheLine) Atomic<u64> read_pos_;
+  };
 
-  /** The byte ring trailing the header in the same region. */
-  char *Ring() { return reinterpret_cast<char *>(this) + sizeof(ShmStream); }
-  const char *Ring() const { return reinterpret_cast<const char *>(this) + sizeof(ShmStream); }
+  /** The byte ring trailing the shared words in the same region. */
+  char *Ring() const { return ring_; }
 
-  /** The first 8 bytes of the record header at position pos: kind (low) and bytes (high). */
+  /**
+   * The first 8 bytes of the record header at position pos: kind (low) and bytes (high).
+   * pos is a multiple of kAlign (the writer aligns, the reader checks), so the word lies
+   * inside the ring and is aligned.
+   */
   Atomic<u64> *HeaderWord(u64 pos) const {
-    return reinterpret_cast<Atomic<u64> *>(const_cast<char *>(Ring()) + (pos & mask_));
+    return reinterpret_cast<Atomic<u64> *>(ring_ + (pos & mask_));
   }
 
   /** Marks position pos as "nothing published here" (the writer, or an idle stream). */
-  void ClearHeader(u64 pos) {
+  void ClearHeader(u64 pos) const {
     // relaxed: the reader reaches pos only through the acquire of an earlier header whose
     // release follows this store.
     HeaderWord(pos)->Store(0, MemOrder::kRelaxed);
@@ -325,8 +395,12 @@ class ShmStream {
    * after the record stays free so the writer can clear the next header (see Append).
    */
   u64 Room(u64 w, u64 r) const {
-    const u64 free_bytes = ring_bytes_ - (w - r);
+    const u64 used = w - r;
     const u64 reserved = kAlign + kRecordHeaderBytes;
+    // A reader position ahead of the writer, or further behind than the ring, is forged:
+    // no room (PositionsValid then tells the writer why).
+    if (used > ring_bytes_) return 0;
+    const u64 free_bytes = ring_bytes_ - used;
     return free_bytes > reserved ? free_bytes - reserved : 0;
   }
 
@@ -337,8 +411,10 @@ class ShmStream {
    * reader polls changes hands once; then the write position with `publish` order
    * (park re-checks and statistics).
    */
-  void Append(u32 kind, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) {
-    u64 w = write_pos_.Load(MemOrder::kRelaxed);  // relaxed: only the writer moves it
+  void Append(u32 kind, u64 message_bytes, const void *data, u64 bytes, MemOrder publish) const {
+    // relaxed: only the writer moves it. Rounded down to a line: a forged position moves
+    // where the record lands (in the ring), never lets its first line cross the ring's end.
+    const u64 w = shared_->write_pos_.Load(MemOrder::kRelaxed) & ~(kAlign - 1);
     const u64 header = HeaderBytes(kind);
     const u64 next = w + RoundUpTo(header + bytes, kAlign);
     const u64 head = bytes < kAlign - header ? bytes : kAlign - header;
@@ -351,11 +427,11 @@ class ShmStream {
     const u64 word = static_cast<u64>(kind) | (bytes << 32);
     // release: the payload, the length and the cleared next header precede the record.
     HeaderWord(w)->Store(word, MemOrder::kRelease);
-    write_pos_.Store(next, publish);
+    shared_->write_pos_.Store(next, publish);
   }
 
   /** Copies n bytes into the ring at position pos, wrapping at its end. */
-  void CopyIn(u64 pos, const void *src, u64 n) {
+  void CopyIn(u64 pos, const void *src, u64 n) const {
     if (n == 0) return;
     const char *s = static_cast<const char *>(src);
     u64 off = pos & mask_;
@@ -373,14 +449,10 @@ class ShmStream {
     if (first < n) std::memcpy(d + first, Ring(), n - first);
   }
 
-  // Line 0: written once by the constructor, then only read.
-  alignas(kCacheLine) u32 ring_bytes_;
-  u32 mask_;
-  // Line 1: the writer's.
-  alignas(kCacheLine) Atomic<u64> write_pos_;
-  u64 cached_read_ = 0;  ///< the writer's last view of read_pos_
-  // Line 2: the reader's.
-  alignas(kCacheLine) Atomic<u64> read_pos_;
+  Shared *shared_ = nullptr;
+  char *ring_ = nullptr;
+  u32 ring_bytes_ = 0;  ///< the viewer's record of the ring's size (a power of two)
+  u32 mask_ = 0;
 };
 
 }  // namespace chi

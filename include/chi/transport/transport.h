@@ -31,6 +31,8 @@ class ClientTransport {
   virtual void Close() = 0;
   /** "shm", "ipc" or "tcp". */
   virtual const char *Name() const = 0;
+  /** The pid of the runtime this transport talks to now; 0 while it knows none. */
+  virtual u32 RuntimePid() const { return 0; }
   /**
    * Copies the handshake answer of the runtime this transport talks to now (after a
    * reconnect, the restarted one's) into *out; false when it keeps none.

@@ -103,7 +103,7 @@ class ZmqClientTransport final : public ZmqClientConnection {
   const char *Name() const override { return opt_.mode == "ipc" ? "ipc" : "tcp"; }
 
   /** The runtime process currently connected (changes after a reconnect; 0 while down). */
-  u32 RuntimePid() const { return runtime_pid_.Load(MemOrder::kAcquire); }
+  u32 RuntimePid() const override { return runtime_pid_.Load(MemOrder::kAcquire); }
 
   /** The handshake answer of the runtime last connected (replaced by every reconnect). */
   bool CopyConnectAnswer(ConnectAnswer *out) const override {

@@ -105,7 +105,10 @@ class ZmqClientConnection : public ClientTransport {
     monitor_->connect(mon);
     socket_->connect(endpoint_);
     socket_fd_ = socket_->get(zmq::sockopt::fd);
-    SendHandshake();
+    // Over tcp the handshake carries the client key, which a runtime (re)starting now may
+    // not have written yet: it is sent once the connection stands (ReadMonitor), when the
+    // runtime has bound its port and so has made its segments.
+    if (opt_.mode != "tcp") SendHandshake();
   }
 
   /** Queues the ClientConnect handshake on the socket. */
@@ -311,6 +314,11 @@ class ZmqClientConnection : public ClientTransport {
       if (event.more()) (void)monitor_->recv(address, zmq::recv_flags::none);
       u16 kind = 0;
       if (event.size() >= sizeof(kind)) std::memcpy(&kind, event.data(), sizeof(kind));
+      if (kind == ZMQ_EVENT_CONNECTED && opt_.mode == "tcp" && state_ != State::kReady) {
+        SendHandshake();
+        AskForPass();  // the ZMQ_FD rule: our send may have taken the fd's signal
+        continue;
+      }
       if (kind == ZMQ_EVENT_DISCONNECTED) {
         if (state_ != State::kReady) {  // lost mid-handshake: start over, sending it again
           CloseSocket();
