@@ -343,6 +343,51 @@ TEST_CASE("the GPU connect blob round-trips and is refused in another version") 
         chi::ErrorCode::kMalformed);  // arrays past a too-small segment
 }
 
+TEST_CASE("a GPU connect blob with sizes past this build's maxima is refused before any use") {
+  PlainQueue pq;
+  const chi::gpu::GpuQueueAttachInfo good =
+      chi::gpu::DescribeCpu2Gpu(0, pq.Q(), PlainQueue::Align(pq.pinned.data()));
+  auto decode = [](const chi::gpu::GpuQueueAttachInfo &g) {
+    chi::gpu::GpuConnectInfo info;
+    info.gpus.push_back(g);
+    chi::gpu::GpuConnectInfo back;
+    const chi::Status st = chi::gpu::DecodeGpuConnectInfo(chi::gpu::EncodeGpuConnectInfo(info), &back);
+    if (!st.ok()) CHECK(back.gpus.empty());  // nothing half-decoded is handed on
+    return st;
+  };
+  REQUIRE(decode(good).ok());
+  struct Case {
+    const char *what;
+    u32 slots;
+    u32 payload;
+  };
+  const Case cases[] = {
+      {"payloads larger than the client's answer buffers", good.cpu2gpu_slots,
+       chi::gpu::kGpuPayloadBytes + 16},
+      // 4294967281 slots of 4294967232 bytes: their region's size wraps past 2^64.
+      {"a slot count and payload whose region size wraps", 4294967281u, 4294967232u},
+      {"more slots than a queue can have", chi::gpu::kMaxGpuQueueSlots + 1, 64},
+      {"no slots", 0, 64},
+      {"a payload that is no multiple of 16", good.cpu2gpu_slots, 100},
+  };
+  for (const Case &c : cases) {
+    CAPTURE(c.what);
+    chi::gpu::GpuQueueAttachInfo bad = good;
+    bad.cpu2gpu_slots = c.slots;
+    bad.payload_bytes = c.payload;
+    const chi::Status st = decode(bad);
+    CHECK(st.code() == chi::ErrorCode::kMalformed);
+    CHECK(std::string(st.message()).find("GPU 0") != std::string::npos);
+    chi::gpu::GpuQueue<chi::MemScope::kSystem> q;
+    // Rebasing checks the same, whoever decoded the description.
+    CHECK(chi::gpu::RebaseCpu2Gpu(bad, pq.pinned.data(), pq.pinned.size(), &q).code() ==
+          chi::ErrorCode::kMalformed);
+  }
+  chi::gpu::GpuQueueAttachInfo counts = good;
+  counts.gpu2cpu_slots = ~0u;  // informational fields are bounded too
+  CHECK(decode(counts).code() == chi::ErrorCode::kMalformed);
+}
+
 TEST_CASE("a client process killed holding cpu2gpu slots loses them to the reaper") {
   const std::string name = "gpux_test_" + std::to_string(getpid());
   chi::PosixShmBackend runtime_seg;

@@ -365,6 +365,29 @@ TEST_CASE("a chunk that names a message beyond memory is assembled in steps; onl
                    10, &stats));
 }
 
+TEST_CASE("a client that forges how far it freed its answer region has its slot reset") {
+  const u32 port = TestPort(1);
+  RuntimeProcess runtime(port, 256u << 10, 1u << 20);  // 128 KiB answer regions per slot
+  AttachedClient good(runtime.Info());
+  auto client = CreateDemoPool();
+  auto tr = ConnectClient(runtime);
+  for (u32 k = 0; k < 4; ++k) {  // answers by ref move the runtime's writer past a region
+    const std::string data = Pattern(100000, 40 + k);
+    auto echo = EchoVia(*tr, data);
+    REQUIRE(echo.Wait(20));
+    REQUIRE(echo->GetReturnCode() == 0);
+    CHECK(echo->data_.view() == data);
+  }
+  // "Freed up to 0": more than a region behind the writer, as no reader can be.
+  tr->Segment().Slot(tr->SlotIndex())->answer_data_released_.Store(0, chi::MemOrder::kSeqCst);
+  auto stuck = EchoVia(*tr, Pattern(100000, 50));
+  CHECK(AwaitFailure(*tr, ErrorCode::kMalformed));
+  REQUIRE(stuck.Wait(20));
+  CHECK(stuck->GetReturnCode() != 0);
+  CheckEcho(client, 100000, 51);
+  tr->Close();
+}
+
 TEST_CASE("a slot claimed in another process's name is refused and never served") {
   const u32 port = TestPort(0);
   RuntimeProcess runtime(port);

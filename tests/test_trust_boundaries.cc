@@ -4,12 +4,14 @@
 // it registered, and only the runtime's user may stop it or destroy pools. A tcp client is
 // that user only when it presents the key from the runtime's 0600 segment; a process of
 // another user (the test drops to nobody when it runs as root) is refused over tcp and ipc.
+// The standalone runtime tool serves the demo (test) module only when asked to.
 #include <doctest/doctest.h>
 
 #include <grp.h>       // setgroups: the nobody child drops root's groups
 #include <sys/stat.h>  // chmod of the ipc socket
 
 #include "cross_process_fixture.h"
+#include "temp_file.h"
 
 using namespace xp_test;
 
@@ -145,7 +147,76 @@ int NobodyClientMain() {
 }
 chi_test::ChildRoutine kNobodyClientRoutine("tb_nobody_client", NobodyClientMain);
 
+/**
+ * Starts the chimaera_start_runtime tool on `port` with `args` and configuration file
+ * `conf` ("" for none); returns its pid once it serves, -1 when it did not come up.
+ */
+pid_t StartTool(u32 port, const std::vector<std::string> &args, const std::string &conf) {
+  const char *dir = std::getenv("CHI_TEST_TOOLS_DIR");
+  REQUIRE_MESSAGE(dir != nullptr, "CHI_TEST_TOOLS_DIR names the built tools (tests/CMakeLists.txt)");
+  const std::string exe = std::string(dir) + "/chimaera_start_runtime";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    DieWithParent();
+    setenv("CHI_PORT", std::to_string(port).c_str(), 1);
+    setenv("CHI_SERVER_CONF", conf.c_str(), 1);
+    std::vector<char *> argv{const_cast<char *>(exe.c_str())};
+    for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(exe.c_str(), argv.data());
+    _exit(127);
+  }
+  const bool up = chi_test::PollUntil(
+      [&] {
+        bool stale = false;
+        return chi::RuntimeSegments::FindOwner(port, &stale) == static_cast<u32>(pid);
+      },
+      20);
+  if (!up) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  return pid;
+}
+
 }  // namespace
+
+TEST_CASE("the standalone runtime serves the demo module only with --with-demo or a compose") {
+  const u32 port = TestPort(8);
+  auto create = [&] {
+    ClientSession session(port, "ipc");
+    REQUIRE(session.ok());
+    auto f = chimaera::demo::Client().AsyncCreate(chi::PoolQuery::Dynamic(), "tb_demo", kDemoPool);
+    REQUIRE(f.Wait(20));
+    const u32 rc = f->GetReturnCode();
+    if (rc != 0) CHECK(std::string(f->GetMessage()).find("chimaera_demo") != std::string::npos);
+    CHECK(StopThroughSession());
+    return rc;
+  };
+  pid_t pid = StartTool(port, {}, "");
+  REQUIRE(pid > 0);
+  CHECK(create() == Code(ErrorCode::kUnknownModule));
+  CHECK(chi_test::WaitChild(pid, 30) == 0);
+
+  pid = StartTool(port, {"--with-demo"}, "");
+  REQUIRE(pid > 0);
+  CHECK(create() == 0);
+  CHECK(chi_test::WaitChild(pid, 30) == 0);
+
+  chi_test::TempFile conf(
+      "compose:\n"
+      "  - mod_name: chimaera_demo\n"
+      "    pool_name: tb_demo\n"
+      "    pool_id: " + kDemoPool.ToString() + "\n");
+  pid = StartTool(port, {}, conf.path());
+  REQUIRE(pid > 0);
+  CHECK(create() == 0);  // the composed pool, found by name
+  CHECK(chi_test::WaitChild(pid, 30) == 0);
+
+  pid = StartTool(port, {"--with-dmeo"}, "");  // a typo is refused, not ignored
+  CHECK(pid == -1);
+}
 
 TEST_CASE("RegisterMemory for another pid or the runtime's own is refused, over every transport") {
   for (const std::string &mode : Transports()) {

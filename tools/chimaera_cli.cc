@@ -1,5 +1,5 @@
 // chimaera: the runtime's command line.
-//   chimaera runtime start [--log FILE]   start a runtime in the background
+//   chimaera runtime start [--log FILE] [--with-demo]   start a runtime in the background
 //   chimaera runtime stop                 stop it (drains tasks, removes segments)
 //   chimaera runtime status               is one serving CHI_PORT?
 //   chimaera runtime clean [--min-age SEC]  remove dead runtimes' segments and ipc socket
@@ -30,7 +30,8 @@ constexpr chi::u64 kMaxCleanAgeSec = 86400;
 /** Prints the usage text; returns the usage exit code 2. */
 int Usage() {
   std::fprintf(stderr,
-               "usage: chimaera runtime start [--log FILE] | runtime stop | runtime status\n"
+               "usage: chimaera runtime start [--log FILE] [--with-demo]\n"
+               "       chimaera runtime stop | runtime status\n"
                "       chimaera runtime clean [--min-age SECONDS]\n"
                "       chimaera monitor [--every SECONDS] [--count N]\n"
                "The port is CHI_PORT (or networking.port of CHI_SERVER_CONF).\n");
@@ -54,18 +55,26 @@ const char *OptionValue(int argc, char **argv, int *i) {
   return argv[++*i];
 }
 
-/** `runtime start [--log FILE]`: the log defaults to one per user and port under /tmp. */
+/**
+ * `runtime start [--log FILE] [--with-demo]`: the log defaults to one per user and port
+ * under /tmp; --with-demo serves the demo (test) module.
+ */
 int StartCommand(int argc, char **argv) {
   std::string log = "/tmp/chimaera_runtime_" + std::to_string(getuid()) + "_" +
                     std::to_string(chi_tools::ConfiguredPort()) + ".log";
+  bool with_demo = false;
   for (int i = 3; i < argc; ++i) {
     const std::string opt = argv[i];
+    if (opt == "--with-demo") {
+      with_demo = true;
+      continue;
+    }
     if (opt != "--log") return UsageError("unknown option '" + opt + "' for runtime start");
     const char *value = OptionValue(argc, argv, &i);
     if (value == nullptr) return UsageError("--log needs a FILE");
     log = value;
   }
-  return chi_tools::StartRuntimeDetached(log, 30);
+  return chi_tools::StartRuntimeDetached(log, 30, with_demo);
 }
 
 /** `runtime clean [--min-age SEC]`: SEC whole seconds from 1 to a day (default 60). */

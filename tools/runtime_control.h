@@ -14,6 +14,7 @@
 #include <cstdio>   // printf
 #include <cstdlib>  // setenv
 #include <string>   // paths
+#include <string_view>  // module names
 #include <thread>   // sleep_for between Monitor reports
 
 #include <chi/chi.h>                      // CHIMAERA_INIT, Chimaera
@@ -30,6 +31,36 @@ inline int RefuseArguments(int argc, char **argv) {
   std::fprintf(stderr, "%s: unexpected argument '%s'; it takes none (CHI_PORT, CHI_SERVER_CONF)\n",
                argv[0], argv[1]);
   return 2;
+}
+
+/**
+ * chimaera_start_runtime's command line: nothing, or --with-demo (serve the demo module,
+ * a test module). Returns 0, or the usage exit code 2 after saying what is wrong.
+ */
+inline int ParseStartArguments(int argc, char **argv, bool *with_demo) {
+  *with_demo = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--with-demo") {
+      *with_demo = true;
+      continue;
+    }
+    std::fprintf(stderr,
+                 "%s: unexpected argument '%s'; it takes only --with-demo (CHI_PORT and "
+                 "CHI_SERVER_CONF configure it)\n",
+                 argv[0], argv[i]);
+    return 2;
+  }
+  return 0;
+}
+
+/** True when the runtime's configuration creates a pool of module `name` at start. */
+inline bool ConfigComposes(std::string_view name) {
+  chi::ServerConfig cfg;
+  if (!chi::LoadServerConfig(&cfg).ok()) return false;  // CHIMAERA_INIT reports the error
+  for (const chi::ComposeEntry &e : cfg.compose) {
+    if (e.mod_name == name) return true;
+  }
+  return false;
 }
 
 /** SIGTERM / SIGINT: ask the runtime to drain and stop (async-signal-safe: a store and a futex wake). */
@@ -155,8 +186,11 @@ inline std::string SiblingPath(const char *name) {
   return dir + "/" + name;
 }
 
-/** Starts chimaera_start_runtime detached (own session, output to `log`), waits until it serves. */
-inline int StartRuntimeDetached(const std::string &log, double timeout_sec) {
+/**
+ * Starts chimaera_start_runtime detached (own session, output to `log`; with --with-demo
+ * when `with_demo`), waits until it serves.
+ */
+inline int StartRuntimeDetached(const std::string &log, double timeout_sec, bool with_demo) {
   const std::string exe = SiblingPath("chimaera_start_runtime");
   const pid_t pid = fork();
   if (pid < 0) {
@@ -171,7 +205,8 @@ inline int StartRuntimeDetached(const std::string &log, double timeout_sec) {
       dup2(fd, STDERR_FILENO);
       close(fd);
     }
-    execl(exe.c_str(), exe.c_str(), static_cast<char *>(nullptr));
+    execl(exe.c_str(), exe.c_str(), with_demo ? "--with-demo" : static_cast<char *>(nullptr),
+          static_cast<char *>(nullptr));
     _exit(127);
   }
   const auto deadline = std::chrono::steady_clock::now() +

@@ -5380,6 +5380,15 @@ class ModuleManager {
     return Get().Register(name, []() -> Container * { return new RuntimeT(); });
   }
 
+  /**
+   * Forgets module `name` (false when it was not registered): a program that links a
+   * module's runtime but must not serve it (the standalone runtime and its test module).
+   */
+  bool Remove(std::string_view name) {
+    std::lock_guard<std::mutex> g(mu_);
+    return factories_.erase(std::string(name)) != 0;
+  }
+
   /** The factory for `name`, or nullptr when no such module was registered. */
   ContainerFactory Find(std::string_view name) const {
     std::lock_guard<std::mutex> g(mu_);
@@ -11221,6 +11230,17 @@ class ShmDataRegion {
    */
   void Release(const ShmDataRef &ref) const { released_->Store(ref.pos + ref.bytes, MemOrder::kSeqCst); }
 
+  /**
+   * True when the reader's `released` is one an honest reader could have left, given the
+   * writer's position `w`: at most a region's bytes behind it (ahead only moves the writer
+   * on, see Place). A writer waiting for room that finds this false waits for a reader
+   * that broke the region.
+   */
+  bool ReleasedValid(u64 w) const {
+    const u64 released = Released(MemOrder::kAcquire);  // acquire: as in Reserve
+    return released >= w || w - released <= bytes_;
+  }
+
   /** Bytes written and not yet freed, given the writer's position (a statistic). */
   u64 HeldBytes(u64 w) const {
     const u64 released = Released(MemOrder::kRelaxed);
@@ -14758,6 +14778,16 @@ class ShmAnswerWriter {
     return worked;
   }
 
+  /**
+   * True when slot i's answer stream and answer data region hold positions its client could
+   * honestly have left (ShmStream::PositionsValid, ShmDataRegion::ReleasedValid); the poller
+   * resets a slot whose answer waits on forged ones.
+   */
+  bool PositionsValid(u32 i, ShmServedSlot &s) const {
+    const ShmDataRegion region = AnswerRegion(i, s);
+    return segment_->AnswerStream(i).PositionsValid() &&
+           (!region.Enabled() || region.ReleasedValid(s.answer_data_w.Load(MemOrder::kRelaxed)));
+  }
 
  private:
   /** Polls of a worker-held writer flag before a worker's answer goes to the poller. */
@@ -15538,9 +15568,9 @@ void ShmServerCore::Run() {
       if (reading && PollerMayRead(i, workers_read, look)) worked |= PumpRequests(i);
       if (slots_[i].phase != Phase::kServing) continue;
       worked |= answers_.Pump(i, slots_[i]);
-      // An answer that waits for room in a stream whose positions its client forged would
-      // wait forever: the slot is reset instead.
-      if (slots_[i].outgoing_open && !segment_.AnswerStream(i).PositionsValid()) {
+      // An answer that waits for room in a stream or region whose positions its client
+      // forged would wait forever: the slot is reset instead.
+      if (slots_[i].outgoing_open && !answers_.PositionsValid(i, slots_[i])) {
         reaper_->Break(i, ErrorCode::kMalformed);
         worked = true;
       }
@@ -21194,8 +21224,9 @@ inline Status FormatGpuHeap(void *region, u64 bytes, u32 partitions = 0,
 // blob): per GPU, the runtime's pinned queue segment (name, size, version) and where the
 // cpu2gpu queue's arrays sit inside it. The runtime describes; a pure client built with
 // CUDA/HIP attaches the segment and rebases the queue onto its own mapping (gpu_client_queues.h).
-// Invariant: only offsets cross processes, never pointers; every offset is checked against
-// the segment's size before the client touches the memory.
+// Invariant: only offsets cross processes, never pointers; every size is checked against
+// this build's maxima and every offset against the segment's size before the client
+// touches the memory.
 
 #include <string>  // segment names
 #include <vector>  // the blob, per-GPU entries
@@ -21227,6 +21258,39 @@ struct GpuQueueAttachInfo {
        gpu2gpu_slots, payload_bytes, max_wait_ns, shared_off, claims_off);
   }
 };
+
+/**
+ * The most slots a described queue may have: what GpuQueueSet::Geometry can make. With
+ * payloads of at most kGpuPayloadBytes every region size of such a queue fits in 41 bits,
+ * so no size computed from a description can wrap.
+ */
+inline constexpr u32 kMaxGpuQueueSlots = 1u << 30;
+
+/**
+ * Checks one GPU's description against what this build can hold: slot counts within
+ * kMaxGpuQueueSlots, a payload of 16..kGpuPayloadBytes bytes in 16-byte steps (the client
+ * copies answers into kGpuPayloadBytes buffers). kMalformed names the field.
+ */
+inline Status CheckGpuQueueAttachInfo(const GpuQueueAttachInfo &i) {
+  const u32 counts[3] = {i.cpu2gpu_slots, i.gpu2cpu_slots, i.gpu2gpu_slots};
+  for (u32 n : counts) {
+    if (n > kMaxGpuQueueSlots) {
+      return Status::Errorf(ErrorCode::kMalformed,
+                            "GPU %u queue description has %u slots (at most %u)", i.gpu_id, n,
+                            kMaxGpuQueueSlots);
+    }
+  }
+  if (i.cpu2gpu_slots == 0) {
+    return Status::Errorf(ErrorCode::kMalformed, "GPU %u queue description has no slots",
+                          i.gpu_id);
+  }
+  if (i.payload_bytes == 0 || i.payload_bytes % 16 != 0 || i.payload_bytes > kGpuPayloadBytes) {
+    return Status::Errorf(ErrorCode::kMalformed,
+                          "GPU %u queue description has %u-byte payloads (16..%u, in steps of 16)",
+                          i.gpu_id, i.payload_bytes, kGpuPayloadBytes);
+  }
+  return Status::Ok();
+}
 
 /** The whole blob: every GPU a client may submit to directly. */
 struct GpuConnectInfo {
@@ -21265,6 +21329,12 @@ inline Status DecodeGpuConnectInfo(const std::vector<char> &blob, GpuConnectInfo
   InputArchive ar(blob.data(), blob.size());
   ar(*out);
   if (!ar.ok()) return Status::Error(ErrorCode::kMalformed, "malformed GPU queue description");
+  for (const GpuQueueAttachInfo &i : out->gpus) {
+    if (Status st = CheckGpuQueueAttachInfo(i); !st.ok()) {
+      *out = GpuConnectInfo();
+      return st;
+    }
+  }
   return Status::Ok();
 }
 
@@ -21291,9 +21361,7 @@ inline Status RebaseCpu2Gpu(const GpuQueueAttachInfo &i, char *data, u64 data_by
                             GpuQueue<MemScope::kSystem> *out) {
   using Queue = GpuQueue<MemScope::kSystem>;
   const u32 n = i.cpu2gpu_slots;
-  if (n == 0 || i.payload_bytes == 0 || i.payload_bytes % 16 != 0) {
-    return Status::Error(ErrorCode::kMalformed, "GPU queue description has no slots");
-  }
+  if (Status st = CheckGpuQueueAttachInfo(i); !st.ok()) return st;
   struct Span {
     u64 off;
     u64 bytes;

@@ -2,8 +2,9 @@
 // blob): per GPU, the runtime's pinned queue segment (name, size, version) and where the
 // cpu2gpu queue's arrays sit inside it. The runtime describes; a pure client built with
 // CUDA/HIP attaches the segment and rebases the queue onto its own mapping (gpu_client_queues.h).
-// Invariant: only offsets cross processes, never pointers; every offset is checked against
-// the segment's size before the client touches the memory.
+// Invariant: only offsets cross processes, never pointers; every size is checked against
+// this build's maxima and every offset against the segment's size before the client
+// touches the memory.
 #pragma once
 
 #include <string>  // segment names
@@ -42,6 +43,39 @@ struct GpuQueueAttachInfo {
   }
 };
 
+/**
+ * The most slots a described queue may have: what GpuQueueSet::Geometry can make. With
+ * payloads of at most kGpuPayloadBytes every region size of such a queue fits in 41 bits,
+ * so no size computed from a description can wrap.
+ */
+inline constexpr u32 kMaxGpuQueueSlots = 1u << 30;
+
+/**
+ * Checks one GPU's description against what this build can hold: slot counts within
+ * kMaxGpuQueueSlots, a payload of 16..kGpuPayloadBytes bytes in 16-byte steps (the client
+ * copies answers into kGpuPayloadBytes buffers). kMalformed names the field.
+ */
+inline Status CheckGpuQueueAttachInfo(const GpuQueueAttachInfo &i) {
+  const u32 counts[3] = {i.cpu2gpu_slots, i.gpu2cpu_slots, i.gpu2gpu_slots};
+  for (u32 n : counts) {
+    if (n > kMaxGpuQueueSlots) {
+      return Status::Errorf(ErrorCode::kMalformed,
+                            "GPU %u queue description has %u slots (at most %u)", i.gpu_id, n,
+                            kMaxGpuQueueSlots);
+    }
+  }
+  if (i.cpu2gpu_slots == 0) {
+    return Status::Errorf(ErrorCode::kMalformed, "GPU %u queue description has no slots",
+                          i.gpu_id);
+  }
+  if (i.payload_bytes == 0 || i.payload_bytes % 16 != 0 || i.payload_bytes > kGpuPayloadBytes) {
+    return Status::Errorf(ErrorCode::kMalformed,
+                          "GPU %u queue description has %u-byte payloads (16..%u, in steps of 16)",
+                          i.gpu_id, i.payload_bytes, kGpuPayloadBytes);
+  }
+  return Status::Ok();
+}
+
 /** The whole blob: every GPU a client may submit to directly. */
 struct GpuConnectInfo {
   u32 version = kGpuConnectInfoVersion;
@@ -79,6 +113,12 @@ inline Status DecodeGpuConnectInfo(const std::vector<char> &blob, GpuConnectInfo
   InputArchive ar(blob.data(), blob.size());
   ar(*out);
   if (!ar.ok()) return Status::Error(ErrorCode::kMalformed, "malformed GPU queue description");
+  for (const GpuQueueAttachInfo &i : out->gpus) {
+    if (Status st = CheckGpuQueueAttachInfo(i); !st.ok()) {
+      *out = GpuConnectInfo();
+      return st;
+    }
+  }
   return Status::Ok();
 }
 
@@ -105,9 +145,7 @@ inline Status RebaseCpu2Gpu(const GpuQueueAttachInfo &i, char *data, u64 data_by
                             GpuQueue<MemScope::kSystem> *out) {
   using Queue = GpuQueue<MemScope::kSystem>;
   const u32 n = i.cpu2gpu_slots;
-  if (n == 0 || i.payload_bytes == 0 || i.payload_bytes % 16 != 0) {
-    return Status::Error(ErrorCode::kMalformed, "GPU queue description has no slots");
-  }
+  if (Status st = CheckGpuQueueAttachInfo(i); !st.ok()) return st;
   struct Span {
     u64 off;
     u64 bytes;

@@ -38,6 +38,15 @@ class ModuleManager {
     return Get().Register(name, []() -> Container * { return new RuntimeT(); });
   }
 
+  /**
+   * Forgets module `name` (false when it was not registered): a program that links a
+   * module's runtime but must not serve it (the standalone runtime and its test module).
+   */
+  bool Remove(std::string_view name) {
+    std::lock_guard<std::mutex> g(mu_);
+    return factories_.erase(std::string(name)) != 0;
+  }
+
   /** The factory for `name`, or nullptr when no such module was registered. */
   ContainerFactory Find(std::string_view name) const {
     std::lock_guard<std::mutex> g(mu_);

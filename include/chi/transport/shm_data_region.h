@@ -150,6 +150,17 @@ class ShmDataRegion {
    */
   void Release(const ShmDataRef &ref) const { released_->Store(ref.pos + ref.bytes, MemOrder::kSeqCst); }
 
+  /**
+   * True when the reader's `released` is one an honest reader could have left, given the
+   * writer's position `w`: at most a region's bytes behind it (ahead only moves the writer
+   * on, see Place). A writer waiting for room that finds this false waits for a reader
+   * that broke the region.
+   */
+  bool ReleasedValid(u64 w) const {
+    const u64 released = Released(MemOrder::kAcquire);  // acquire: as in Reserve
+    return released >= w || w - released <= bytes_;
+  }
+
   /** Bytes written and not yet freed, given the writer's position (a statistic). */
   u64 HeldBytes(u64 w) const {
     const u64 released = Released(MemOrder::kRelaxed);

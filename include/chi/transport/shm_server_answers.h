@@ -108,6 +108,16 @@ class ShmAnswerWriter {
     return worked;
   }
 
+  /**
+   * True when slot i's answer stream and answer data region hold positions its client could
+   * honestly have left (ShmStream::PositionsValid, ShmDataRegion::ReleasedValid); the poller
+   * resets a slot whose answer waits on forged ones.
+   */
+  bool PositionsValid(u32 i, ShmServedSlot &s) const {
+    const ShmDataRegion region = AnswerRegion(i, s);
+    return segment_->AnswerStream(i).PositionsValid() &&
+           (!region.Enabled() || region.ReleasedValid(s.answer_data_w.Load(MemOrder::kRelaxed)));
+  }
 
  private:
   /** Polls of a worker-held writer flag before a worker's answer goes to the poller. */

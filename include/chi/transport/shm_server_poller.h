@@ -47,9 +47,9 @@ void ShmServerCore::Run() {
       if (reading && PollerMayRead(i, workers_read, look)) worked |= PumpRequests(i);
       if (slots_[i].phase != Phase::kServing) continue;
       worked |= answers_.Pump(i, slots_[i]);
-      // An answer that waits for room in a stream whose positions its client forged would
-      // wait forever: the slot is reset instead.
-      if (slots_[i].outgoing_open && !segment_.AnswerStream(i).PositionsValid()) {
+      // An answer that waits for room in a stream or region whose positions its client
+      // forged would wait forever: the slot is reset instead.
+      if (slots_[i].outgoing_open && !answers_.PositionsValid(i, slots_[i])) {
         reaper_->Break(i, ErrorCode::kMalformed);
         worked = true;
       }
