@@ -8925,6 +8925,27 @@ memory:
   # Freed task payload blocks of 128 KiB and more (at most 64 blocks are kept).
   warm_payload_bytes: 64m
 
+# Bounds on what requests may cost the runtime. Every byte a client sends is
+# untrusted: these keep one request from taking unbounded memory or time.
+limits:
+  # Largest output a task may produce for its caller, 4k .. 1t. Handlers that
+  # allocate output on request refuse more with kTooLarge, and an answer to a
+  # caller in another process that takes more than this (plus 1k for its
+  # headers) is replaced by a kTooLarge error. Such a caller decodes at most
+  # 1g per buffer, and one message is at most shm.client_data_size.
+  max_output_size: 1g
+  # How deeply subtasks may nest, 1 .. 65536. A task an application or a
+  # client submits is at depth 0, a subtask one deeper than the task that
+  # submits it (a broadcast's replicas stay at their task's depth). A subtask
+  # past the bound fails at once with kTooDeep. Each level that waits holds a
+  # suspended fiber: 256 levels of 64k stacks take 16m.
+  max_subtask_depth: 256
+  # Largest hostfile, 1 .. 64m: as written, and as it would be written with
+  # every range expanded, one host per line.
+  max_hostfile_size: 1m
+  # Most hosts a hostfile may name once its ranges are expanded, 1 .. 1048576.
+  max_hosts: 65536
+
 # Pools created at start, in this order, after the admin pool. Each entry:
 #   mod_name:       module that implements the pool (required)
 #   pool_name:      unique name of the pool (required)
@@ -8945,6 +8966,41 @@ compose: []
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_DEFAULT_CONFIG_H
 // ---- end chi/runtime/default_config.h ----
+// ---- begin chi/runtime/runtime_limits.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_RUNTIME_LIMITS_H
+#define CHI_SINGLE_INCLUDE_CHI_RUNTIME_RUNTIME_LIMITS_H
+// RuntimeLimits: the bounds a runtime holds everything that crosses into it to (the
+// config's `limits:` section) and their defaults. Every byte a client sends is
+// untrusted: these bounds keep one request from costing the runtime unbounded memory or time.
+
+namespace chi {
+
+/** Default of limits.max_output_size: the largest buffer a client decodes (1 GiB). */
+inline constexpr u64 kDefaultMaxOutputSize = 1ull << 30;
+/**
+ * Default of limits.max_subtask_depth. Each level of a chain of waiting subtasks holds a
+ * suspended fiber: 256 levels of the default 64 KiB stacks take 16 MiB, while the deepest
+ * chains the project's own code builds (WaitTest benchmarks) are 200 levels.
+ */
+inline constexpr u32 kDefaultMaxSubtaskDepth = 256;
+/** Default of limits.max_hostfile_size: a hostfile, as written or expanded (1 MiB). */
+inline constexpr u64 kDefaultMaxHostfileSize = 1ull << 20;
+/** Default of limits.max_hosts: hosts a hostfile may name once its ranges are expanded. */
+inline constexpr u32 kDefaultMaxHosts = 65536;
+
+/** The bounds of the config's `limits:` section; the defaults are the default file's. */
+struct RuntimeLimits {
+  u64 max_output_size = kDefaultMaxOutputSize;      ///< yaml: limits.max_output_size
+  u32 max_subtask_depth = kDefaultMaxSubtaskDepth;  ///< yaml: limits.max_subtask_depth
+  u32 max_hosts = kDefaultMaxHosts;                 ///< yaml: limits.max_hosts
+  u64 max_hostfile_size = kDefaultMaxHostfileSize;  ///< yaml: limits.max_hostfile_size
+
+  bool operator==(const RuntimeLimits &) const = default;
+};
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_RUNTIME_LIMITS_H
+// ---- end chi/runtime/runtime_limits.h ----
 
 namespace chi {
 
@@ -8988,6 +9044,8 @@ struct ServerConfig {
   // memory every process keeps between large messages
   u64 warm_message_bytes = 128ull << 20;  ///< yaml: memory.warm_message_bytes
   u64 warm_payload_bytes = 64ull << 20;   ///< yaml: memory.warm_payload_bytes
+  // bounds on what requests may cost the runtime
+  RuntimeLimits limits;                   ///< yaml: limits (each key: see RuntimeLimits)
   std::vector<ComposeEntry> compose;      ///< yaml: compose
 
   bool operator==(const ServerConfig &) const = default;
@@ -9010,6 +9068,11 @@ inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_cont
 inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
 inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
 inline constexpr u64 kMaxZmqSpinUs = 1000000;  ///< networking.zmq_spin_us, zmq_worker_spin_us
+inline constexpr u64 kMinOutputBound = 4ull << 10;      ///< limits.max_output_size
+inline constexpr u64 kMaxOutputBound = 1ull << 40;      ///< limits.max_output_size
+inline constexpr u64 kMaxDepthBound = 65536;            ///< limits.max_subtask_depth (>= 1)
+inline constexpr u64 kMaxHostfileBound = 64ull << 20;   ///< limits.max_hostfile_size (>= 1)
+inline constexpr u64 kMaxHostsBound = 1ull << 20;       ///< limits.max_hosts (>= 1)
 
 /** A client timeout in seconds: its networking key, the variable that overrides it, its field. */
 struct TimeoutKey {
@@ -9109,9 +9172,9 @@ class ConfigReader {
 
   /** Fills *cfg (which starts at its defaults) from the document root. */
   Status Read(const YAML::Node &root, ServerConfig *cfg) {
-    static constexpr std::array<std::string_view, 9> kTop = {
-        "workers", "queue_depth", "lanes_per_worker", "fiber_stack_size",
-        "networking", "gpu", "shm", "memory", "compose"};
+    static constexpr std::array<std::string_view, 10> kTop = {
+        "workers", "queue_depth", "lanes_per_worker", "fiber_stack_size", "networking",
+        "gpu", "shm", "memory", "limits", "compose"};
     Status st = ForEachKey(root, "", kTop, [&](std::string_view key, const YAML::Node &v,
                                                const std::string &path) {
       if (key == "workers") return ReadWorkers(v, path, cfg);
@@ -9131,6 +9194,7 @@ class ConfigReader {
       if (key == "gpu") return ReadGpu(v, path, cfg);
       if (key == "shm") return ReadShm(v, path, cfg);
       if (key == "memory") return ReadMemory(v, path, cfg);
+      if (key == "limits") return ReadLimits(v, path, &cfg->limits);
       return ReadCompose(v, path, &cfg->compose);
     });
     if (!st.ok()) return st;
@@ -9310,6 +9374,25 @@ class ConfigReader {
       u64 *field = key == "warm_message_bytes" ? &cfg->warm_message_bytes
                                                : &cfg->warm_payload_bytes;
       return ReadSize(v, p, 0, kMaxWarmBytes, field);
+    });
+  }
+
+  /** Reads the `limits:` section: the bounds on what requests may cost the runtime. */
+  Status ReadLimits(const YAML::Node &n, const std::string &path, RuntimeLimits *lim) const {
+    static constexpr std::array<std::string_view, 4> kKeys = {
+        "max_output_size", "max_subtask_depth", "max_hostfile_size", "max_hosts"};
+    return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
+                                          const std::string &p) {
+      if (key == "max_output_size") {
+        return ReadSize(v, p, kMinOutputBound, kMaxOutputBound, &lim->max_output_size);
+      }
+      if (key == "max_subtask_depth") {
+        return ReadU32(v, p, 1, kMaxDepthBound, &lim->max_subtask_depth);
+      }
+      if (key == "max_hostfile_size") {
+        return ReadSize(v, p, 1, kMaxHostfileBound, &lim->max_hostfile_size);
+      }
+      return ReadU32(v, p, 1, kMaxHostsBound, &lim->max_hosts);
     });
   }
 

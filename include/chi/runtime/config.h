@@ -26,6 +26,7 @@
 #include "chi/core/status.h"              // Status, ErrorCode::kBadConfig
 #include "chi/core/types.h"               // u32, u64
 #include "chi/runtime/default_config.h"  // kDefaultConfigYaml
+#include "chi/runtime/runtime_limits.h"  // RuntimeLimits: the limits section
 
 namespace chi {
 
@@ -69,6 +70,8 @@ struct ServerConfig {
   // memory every process keeps between large messages
   u64 warm_message_bytes = 128ull << 20;  ///< yaml: memory.warm_message_bytes
   u64 warm_payload_bytes = 64ull << 20;   ///< yaml: memory.warm_payload_bytes
+  // bounds on what requests may cost the runtime
+  RuntimeLimits limits;                   ///< yaml: limits (each key: see RuntimeLimits)
   std::vector<ComposeEntry> compose;      ///< yaml: compose
 
   bool operator==(const ServerConfig &) const = default;
@@ -91,6 +94,11 @@ inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_cont
 inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
 inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
 inline constexpr u64 kMaxZmqSpinUs = 1000000;  ///< networking.zmq_spin_us, zmq_worker_spin_us
+inline constexpr u64 kMinOutputBound = 4ull << 10;      ///< limits.max_output_size
+inline constexpr u64 kMaxOutputBound = 1ull << 40;      ///< limits.max_output_size
+inline constexpr u64 kMaxDepthBound = 65536;            ///< limits.max_subtask_depth (>= 1)
+inline constexpr u64 kMaxHostfileBound = 64ull << 20;   ///< limits.max_hostfile_size (>= 1)
+inline constexpr u64 kMaxHostsBound = 1ull << 20;       ///< limits.max_hosts (>= 1)
 
 /** A client timeout in seconds: its networking key, the variable that overrides it, its field. */
 struct TimeoutKey {
@@ -190,9 +198,9 @@ class ConfigReader {
 
   /** Fills *cfg (which starts at its defaults) from the document root. */
   Status Read(const YAML::Node &root, ServerConfig *cfg) {
-    static constexpr std::array<std::string_view, 9> kTop = {
-        "workers", "queue_depth", "lanes_per_worker", "fiber_stack_size",
-        "networking", "gpu", "shm", "memory", "compose"};
+    static constexpr std::array<std::string_view, 10> kTop = {
+        "workers", "queue_depth", "lanes_per_worker", "fiber_stack_size", "networking",
+        "gpu", "shm", "memory", "limits", "compose"};
     Status st = ForEachKey(root, "", kTop, [&](std::string_view key, const YAML::Node &v,
                                                const std::string &path) {
       if (key == "workers") return ReadWorkers(v, path, cfg);
@@ -212,6 +220,7 @@ class ConfigReader {
       if (key == "gpu") return ReadGpu(v, path, cfg);
       if (key == "shm") return ReadShm(v, path, cfg);
       if (key == "memory") return ReadMemory(v, path, cfg);
+      if (key == "limits") return ReadLimits(v, path, &cfg->limits);
       return ReadCompose(v, path, &cfg->compose);
     });
     if (!st.ok()) return st;
@@ -391,6 +400,25 @@ class ConfigReader {
       u64 *field = key == "warm_message_bytes" ? &cfg->warm_message_bytes
                                                : &cfg->warm_payload_bytes;
       return ReadSize(v, p, 0, kMaxWarmBytes, field);
+    });
+  }
+
+  /** Reads the `limits:` section: the bounds on what requests may cost the runtime. */
+  Status ReadLimits(const YAML::Node &n, const std::string &path, RuntimeLimits *lim) const {
+    static constexpr std::array<std::string_view, 4> kKeys = {
+        "max_output_size", "max_subtask_depth", "max_hostfile_size", "max_hosts"};
+    return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
+                                          const std::string &p) {
+      if (key == "max_output_size") {
+        return ReadSize(v, p, kMinOutputBound, kMaxOutputBound, &lim->max_output_size);
+      }
+      if (key == "max_subtask_depth") {
+        return ReadU32(v, p, 1, kMaxDepthBound, &lim->max_subtask_depth);
+      }
+      if (key == "max_hostfile_size") {
+        return ReadSize(v, p, 1, kMaxHostfileBound, &lim->max_hostfile_size);
+      }
+      return ReadU32(v, p, 1, kMaxHostsBound, &lim->max_hosts);
     });
   }
 
