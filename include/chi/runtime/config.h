@@ -91,7 +91,7 @@ inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
 inline constexpr u64 kMaxShmClientSlots = 1024;         ///< shm.client_slots
 inline constexpr u64 kMaxWarmBytes = 1ull << 40;        ///< each memory.warm_*_bytes
 inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
-inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
+inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config files are refused
 inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
 inline constexpr u64 kMaxZmqSpinUs = 1000000;  ///< networking.zmq_spin_us, zmq_worker_spin_us
 inline constexpr u64 kMinOutputBound = 4ull << 10;      ///< limits.max_output_size
@@ -490,8 +490,14 @@ class ConfigReader {
   std::string source_;
 };
 
-/** Reads a whole (small) file; the error names `what` and the path. */
-inline Status ReadSmallFile(const std::string &path, const char *what, std::string *out) {
+/**
+ * Reads a whole (small) file of at most max_bytes; the error names `what` and the path, and
+ * for a file that is too large the bound, as `bound_key` when the config sets it (reading
+ * stops just past max_bytes: a huge file costs no more than that).
+ */
+inline Status ReadSmallFile(const std::string &path, const char *what, std::string *out,
+                            u64 max_bytes = kMaxConfigFileBytes,
+                            const char *bound_key = nullptr) {
   std::FILE *f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
     int err = errno;
@@ -501,7 +507,7 @@ inline Status ReadSmallFile(const std::string &path, const char *what, std::stri
   std::string text;
   char buf[4096];
   size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0 && text.size() <= kMaxConfigFileBytes) {
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0 && text.size() <= max_bytes) {
     text.append(buf, n);
   }
   const int err = std::ferror(f) ? (errno != 0 ? errno : EIO) : 0;
@@ -510,9 +516,14 @@ inline Status ReadSmallFile(const std::string &path, const char *what, std::stri
     return Status::Errorf(ErrorCode::kBadConfig, "%s: cannot read '%s': %s", what, path.c_str(),
                           std::strerror(err));
   }
-  if (text.size() > kMaxConfigFileBytes) {
+  if (text.size() > max_bytes && bound_key != nullptr) {
+    // The bound before the path: a long path may be cut short, the bound must not be.
+    return Status::Errorf(ErrorCode::kBadConfig, "%s: larger than %s = %llu bytes: '%s'", what,
+                          bound_key, static_cast<unsigned long long>(max_bytes), path.c_str());
+  }
+  if (text.size() > max_bytes) {
     return Status::Errorf(ErrorCode::kBadConfig, "%s: '%s' is larger than %llu bytes", what,
-                          path.c_str(), static_cast<unsigned long long>(kMaxConfigFileBytes));
+                          path.c_str(), static_cast<unsigned long long>(max_bytes));
   }
   *out = std::move(text);
   return Status::Ok();

@@ -1,9 +1,12 @@
 // RuntimeLimits: the bounds a runtime holds everything that crosses into it to (the
-// config's `limits:` section) and their defaults. Every byte a client sends is
-// untrusted: these bounds keep one request from costing the runtime unbounded memory or time.
+// config's `limits:` section), and the process-wide live copy that handlers and the
+// answer encoders read. Every byte a client sends is untrusted: these bounds keep one
+// request from costing the runtime unbounded memory or time. Chimaera::Init applies the
+// configured values when a runtime starts; until then the defaults hold.
 #pragma once
 
-#include "chi/core/types.h"  // u32, u64
+#include "chi/core/atomic.h"  // the live values, read from any thread
+#include "chi/core/types.h"   // u32, u64
 
 namespace chi {
 
@@ -29,5 +32,31 @@ struct RuntimeLimits {
 
   bool operator==(const RuntimeLimits &) const = default;
 };
+
+namespace detail {
+
+/** The live output bound (see MaxOutputSize); written only while a runtime starts. */
+inline Atomic<u64> live_max_output_size{kDefaultMaxOutputSize};
+
+}  // namespace detail
+
+/**
+ * Makes `limits` the bounds of this process's runtime: called by Chimaera::Init before its
+ * workers take tasks. The subtask depth bound goes to the IpcManager (AttachRuntime),
+ * which checks it where it stamps a subtask.
+ */
+inline void ApplyRuntimeLimits(const RuntimeLimits &limits) {
+  // relaxed: workers and servers that read it are started (or handed tasks) afterwards.
+  detail::live_max_output_size.Store(limits.max_output_size, MemOrder::kRelaxed);
+}
+
+/**
+ * The largest output a task may produce for its caller (limits.max_output_size of the
+ * running runtime): handlers that allocate output on request check it first, and answers
+ * encoded for callers in other processes are held to it.
+ */
+inline u64 MaxOutputSize() {
+  return detail::live_max_output_size.Load(MemOrder::kRelaxed);  // relaxed: see Apply
+}
 
 }  // namespace chi
