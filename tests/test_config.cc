@@ -89,11 +89,16 @@ TEST_CASE("the default config parses to the ServerConfig defaults") {
   CHECK(cfg.main_segment_bytes == (64ull << 20));
   CHECK(cfg.client_data_bytes == (256ull << 20));
   CHECK(cfg.runtime_data_bytes == (256ull << 20));
+  CHECK(cfg.limits.max_output_size == (1ull << 30));
+  CHECK(cfg.limits.max_subtask_depth == 256);
+  CHECK(cfg.limits.max_hostfile_size == (1ull << 20));
+  CHECK(cfg.limits.max_hosts == 65536);
   CHECK(cfg.compose.empty());
 }
 
 TEST_CASE("an empty document or empty sections keep every default") {
-  for (const char *yaml : {"", "# only a comment\n", "workers:\ngpu:\nshm:\nmemory:\ncompose:\n"}) {
+  for (const char *yaml :
+       {"", "# only a comment\n", "workers:\ngpu:\nshm:\nmemory:\nlimits:\ncompose:\n"}) {
     CAPTURE(yaml);
     ServerConfig cfg;
     cfg.port = 1;
@@ -131,6 +136,11 @@ shm:
 memory:
   warm_message_bytes: 0
   warm_payload_bytes: 256m
+limits:
+  max_output_size: 64m
+  max_subtask_depth: 32
+  max_hostfile_size: 4k
+  max_hosts: 100
 compose:
   - mod_name: chimaera_demo
     pool_name: demo_pool
@@ -166,6 +176,10 @@ compose:
   CHECK(cfg.runtime_data_bytes == (1ull << 20));
   CHECK(cfg.warm_message_bytes == 0);
   CHECK(cfg.warm_payload_bytes == (256ull << 20));
+  CHECK(cfg.limits.max_output_size == (64ull << 20));
+  CHECK(cfg.limits.max_subtask_depth == 32);
+  CHECK(cfg.limits.max_hostfile_size == 4096);
+  CHECK(cfg.limits.max_hosts == 100);
   REQUIRE(cfg.compose.size() == 2);
   CHECK(cfg.compose[0] == ComposeEntry{"chimaera_demo", "demo_pool", PoolId(200, 0),
                                        PoolQuery::Local(), 4});
@@ -247,6 +261,12 @@ TEST_CASE("a value of the wrong type is an error naming its key") {
       {"memory:\n  warm_message_bytes: lots\n", "memory.warm_message_bytes: expected a size"},
       {"memory:\n  warm_payload_bytes: -64m\n", "memory.warm_payload_bytes: expected a size"},
       {"memory: 64m\n", "memory: expected a mapping, got '64m'"},
+      {"limits:\n  max_output_size: lots\n", "limits.max_output_size: expected a size"},
+      {"limits:\n  max_subtask_depth: deep\n",
+       "limits.max_subtask_depth: expected an unsigned integer, got 'deep'"},
+      {"limits:\n  max_hostfile_size: [1]\n", "limits.max_hostfile_size: expected a size"},
+      {"limits:\n  max_hosts: -1\n", "limits.max_hosts: expected an unsigned integer"},
+      {"limits: 5\n", "limits: expected a mapping, got '5'"},
       {"compose: {a: 1}\n", "compose: expected a list, got a mapping"},
       {"compose:\n  - just_a_name\n", "compose[0]: expected a mapping, got 'just_a_name'"},
       {"compose:\n  - {mod_name: [x], pool_name: p, pool_id: '2.0'}\n",
@@ -284,6 +304,16 @@ TEST_CASE("an out-of-range value is an error naming its key and the range") {
       {"memory:\n  warm_message_bytes: 2t\n",
        "memory.warm_message_bytes: 2t is out of range 0..1t"},
       {"memory:\n  warm_payload_bytes: 1025g\n", "memory.warm_payload_bytes: 1025g is out of range"},
+      {"limits:\n  max_output_size: 1k\n", "limits.max_output_size: 1k is out of range 4k..1t"},
+      {"limits:\n  max_output_size: 2t\n", "limits.max_output_size: 2t is out of range"},
+      {"limits:\n  max_subtask_depth: 0\n",
+       "limits.max_subtask_depth: 0 is out of range 1..65536"},
+      {"limits:\n  max_subtask_depth: 65537\n", "limits.max_subtask_depth: 65537 is out of range"},
+      {"limits:\n  max_hostfile_size: 0\n",
+       "limits.max_hostfile_size: 0 is out of range 1..64m"},
+      {"limits:\n  max_hostfile_size: 65m\n", "limits.max_hostfile_size: 65m is out of range"},
+      {"limits:\n  max_hosts: 0\n", "limits.max_hosts: 0 is out of range 1..1048576"},
+      {"limits:\n  max_hosts: 1048577\n", "limits.max_hosts: 1048577 is out of range"},
       {"compose:\n  - {mod_name: m, pool_name: p, pool_id: '2.0', num_containers: 0}\n",
        "compose[0].num_containers: 0 is out of range"},
   };
@@ -300,6 +330,11 @@ TEST_CASE("an unknown key is an error naming it, at the top level and nested") {
   ExpectBadConfig("shm:\n  data_size: 1m\n", {"unknown key 'shm.data_size'", "main_size"});
   ExpectBadConfig("memory:\n  warm_bytes: 1m\n",
                   {"unknown key 'memory.warm_bytes'", "warm_message_bytes, warm_payload_bytes"});
+  ExpectBadConfig("limits:\n  max_depth: 8\n",
+                  {"unknown key 'limits.max_depth'", "known in limits: max_output_size, "
+                                                      "max_subtask_depth, max_hostfile_size, "
+                                                      "max_hosts"});
+  ExpectBadConfig("limit:\n  max_hosts: 8\n", {"unknown key 'limit'", "memory, limits, compose"});
   ExpectBadConfig("compose:\n  - {mod_name: m, pool_name: p, pool_id: '2.0', pool_qery: local}\n",
                   {"unknown key 'compose[0].pool_qery'", "pool_query"});
 }
@@ -415,4 +450,31 @@ TEST_CASE("a bad client timeout or ZeroMQ spin is an error naming its key") {
                   {"networking.zmq_worker_spin_us", "out of range 0..1000000"});
   ExpectBadConfig("networking:\n  zmq_worker_spin_us: -3\n",
                   {"networking.zmq_worker_spin_us", "unsigned integer"});
+}
+
+TEST_CASE("each limits key parses on its own, keeps the others' defaults, and takes its bounds") {
+  const chi::RuntimeLimits defaults;
+  ServerConfig cfg;
+  REQUIRE(chi::ParseServerConfig("limits:\n  max_output_size: 4k\n", &cfg).ok());
+  CHECK(cfg.limits.max_output_size == 4096);
+  CHECK(cfg.limits.max_subtask_depth == defaults.max_subtask_depth);
+  REQUIRE(chi::ParseServerConfig("limits:\n  max_output_size: 1t\n", &cfg).ok());
+  CHECK(cfg.limits.max_output_size == (1ull << 40));
+  REQUIRE(chi::ParseServerConfig("limits:\n  max_subtask_depth: 1\n", &cfg).ok());
+  CHECK(cfg.limits.max_subtask_depth == 1);
+  CHECK(cfg.limits.max_output_size == defaults.max_output_size);
+  REQUIRE(chi::ParseServerConfig("limits:\n  max_subtask_depth: 65536\n", &cfg).ok());
+  CHECK(cfg.limits.max_subtask_depth == 65536);
+  REQUIRE(chi::ParseServerConfig("limits:\n  max_hostfile_size: 1\n", &cfg).ok());
+  CHECK(cfg.limits.max_hostfile_size == 1);
+  CHECK(cfg.limits.max_hosts == defaults.max_hosts);
+  REQUIRE(chi::ParseServerConfig("limits:\n  max_hostfile_size: 64m\n", &cfg).ok());
+  CHECK(cfg.limits.max_hostfile_size == (64ull << 20));
+  REQUIRE(chi::ParseServerConfig("limits:\n  max_hosts: 1\n", &cfg).ok());
+  CHECK(cfg.limits.max_hosts == 1);
+  CHECK(cfg.limits.max_hostfile_size == defaults.max_hostfile_size);
+  REQUIRE(chi::ParseServerConfig("limits:\n  max_hosts: 1048576\n", &cfg).ok());
+  CHECK(cfg.limits.max_hosts == 1048576);
+  ExpectBadConfig("limits:\n  max_hosts: 4\n  max_hosts: 5\n",
+                  {"duplicate key 'limits.max_hosts'"});
 }

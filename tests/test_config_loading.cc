@@ -89,6 +89,28 @@ TEST_CASE("LoadServerConfig reads the file named by CHI_SERVER_CONF") {
   CHECK(cfg.compose[0].pool_id == PoolId(9, 1));
 }
 
+TEST_CASE("LoadServerConfig reads the limits section of the CHI_SERVER_CONF file") {
+  EnvGuard env;
+  TempFile file("limits:\n  max_output_size: 8m\n  max_subtask_depth: 12\n"
+                "  max_hostfile_size: 2k\n  max_hosts: 9\n");
+  env.Set("CHI_SERVER_CONF", file.path());
+  ServerConfig cfg;
+  Status st = chi::LoadServerConfig(&cfg);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  CHECK(cfg.limits.max_output_size == (8ull << 20));
+  CHECK(cfg.limits.max_subtask_depth == 12);
+  CHECK(cfg.limits.max_hostfile_size == 2048);
+  CHECK(cfg.limits.max_hosts == 9);
+  TempFile bad("limits:\n  max_output_size: 8m\n  max_subtask_depth: 0\n");
+  env.Set("CHI_SERVER_CONF", bad.path());
+  st = chi::LoadServerConfig(&cfg);
+  const std::string msg = st.message();
+  CAPTURE(msg);
+  REQUIRE_FALSE(st.ok());
+  CHECK(Contains(st, bad.path() + ":3: limits.max_subtask_depth: 0 is out of range 1..65536"));
+  CHECK(cfg.limits.max_subtask_depth == 12);  // a failed load changes nothing
+}
+
 TEST_CASE("a missing or unreadable CHI_SERVER_CONF file is an error naming the path") {
   EnvGuard env;
   const std::string missing = "/tmp/chi_cfg_does_not_exist_" + std::to_string(getpid()) + ".yaml";

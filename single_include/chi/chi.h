@@ -571,17 +571,27 @@ struct TaskId {
 
 /**
  * A task's place in a task graph. A subtask keeps its parent's major and takes a
- * new minor, which is how CoMutex recognises re-entry by the same group.
+ * new minor, which is how CoMutex recognises re-entry by the same group. depth_ counts
+ * how deeply it nests (limits.max_subtask_depth bounds it); it stays in this process:
+ * the wire carries major and minor only, so a task decoded from a request starts at 0.
  */
 struct TaskNode {
   u64 major_ = 0;
   u32 minor_ = 0;
+  u32 depth_ = 0;  ///< 0: a root task; a subtask is one deeper than its parent
 
   constexpr TaskNode() = default;
-  CHI_CROSS_FUN constexpr TaskNode(u64 major, u32 minor) : major_(major), minor_(minor) {}
-  /** The node of a subtask spawned by this one (same major, given minor). */
-  CHI_CROSS_FUN constexpr TaskNode Child(u32 minor) const { return TaskNode(major_, minor); }
+  CHI_CROSS_FUN constexpr TaskNode(u64 major, u32 minor, u32 depth = 0)
+      : major_(major), minor_(minor), depth_(depth) {}
+  /**
+   * A node of this one's group at its depth (same major, given minor): a fan-out's
+   * replica as is, a subtask once IpcManager::Stamp puts it one level deeper.
+   */
+  CHI_CROSS_FUN constexpr TaskNode Child(u32 minor) const {
+    return TaskNode(major_, minor, depth_);
+  }
   CHI_CROSS_FUN constexpr bool SameGroup(const TaskNode &o) const { return major_ == o.major_; }
+  /** Same place in the graph: major and minor (the depth is bookkeeping, not compared). */
   CHI_CROSS_FUN constexpr bool operator==(const TaskNode &o) const {
     return major_ == o.major_ && minor_ == o.minor_;
   }
@@ -590,6 +600,8 @@ struct TaskNode {
     ar(major_, minor_);
   }
 };
+// depth_ fills what was padding after minor_: a Task keeps its size and layout.
+static_assert(sizeof(TaskNode) == 16, "TaskNode must stay 16 bytes");
 
 }  // namespace chi
 // ---- end chi/core/ids.h ----
@@ -5864,7 +5876,10 @@ class RunContext {
     if (CHI_UNLIKELY(on_worker_stack_)) ThrowNoFiber(op);
   }
 
-  /** The TaskNode for a subtask spawned by this task (same major, fresh minor). */
+  /**
+   * The TaskNode for a task spawned by this one: same major, fresh minor, this task's
+   * depth (IpcManager::Stamp puts a subtask one deeper; a fan-out replica stays).
+   */
   TaskNode NextChildNode() { return task_->task_node_.Child(next_minor_++); }
   Worker *GetWorker() const { return worker_; }
   Container *GetContainer() const { return container_; }
@@ -8983,6 +8998,27 @@ memory:
   # Freed task payload blocks of 128 KiB and more (at most 64 blocks are kept).
   warm_payload_bytes: 64m
 
+# Bounds on what requests may cost the runtime. Every byte a client sends is
+# untrusted: these keep one request from taking unbounded memory or time.
+limits:
+  # Largest output a task may produce for its caller, 4k .. 1t. Handlers that
+  # allocate output on request refuse more with kTooLarge, and an answer to a
+  # caller in another process that takes more than this (plus 1k for its
+  # headers) is replaced by a kTooLarge error. Such a caller decodes at most
+  # 1g per buffer, and one message is at most shm.client_data_size.
+  max_output_size: 1g
+  # How deeply subtasks may nest, 1 .. 65536. A task an application or a
+  # client submits is at depth 0, a subtask one deeper than the task that
+  # submits it (a broadcast's replicas stay at their task's depth). A subtask
+  # past the bound fails at once with kTooDeep. Each level that waits holds a
+  # suspended fiber: 256 levels of 64k stacks take 16m.
+  max_subtask_depth: 256
+  # Largest hostfile, 1 .. 64m: as written, and as it would be written with
+  # every range expanded, one host per line.
+  max_hostfile_size: 1m
+  # Most hosts a hostfile may name once its ranges are expanded, 1 .. 1048576.
+  max_hosts: 65536
+
 # Pools created at start, in this order, after the admin pool. Each entry:
 #   mod_name:       module that implements the pool (required)
 #   pool_name:      unique name of the pool (required)
@@ -9003,6 +9039,69 @@ compose: []
 }  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_DEFAULT_CONFIG_H
 // ---- end chi/runtime/default_config.h ----
+// ---- begin chi/runtime/runtime_limits.h ----
+#ifndef CHI_SINGLE_INCLUDE_CHI_RUNTIME_RUNTIME_LIMITS_H
+#define CHI_SINGLE_INCLUDE_CHI_RUNTIME_RUNTIME_LIMITS_H
+// RuntimeLimits: the bounds a runtime holds everything that crosses into it to (the
+// config's `limits:` section), and the process-wide live copy that handlers and the
+// answer encoders read. Every byte a client sends is untrusted: these bounds keep one
+// request from costing the runtime unbounded memory or time. Chimaera::Init applies the
+// configured values when a runtime starts; until then the defaults hold.
+
+namespace chi {
+
+/** Default of limits.max_output_size: the largest buffer a client decodes (1 GiB). */
+inline constexpr u64 kDefaultMaxOutputSize = 1ull << 30;
+/**
+ * Default of limits.max_subtask_depth. Each level of a chain of waiting subtasks holds a
+ * suspended fiber: 256 levels of the default 64 KiB stacks take 16 MiB, while the deepest
+ * chains the project's own code builds (WaitTest benchmarks) are 200 levels.
+ */
+inline constexpr u32 kDefaultMaxSubtaskDepth = 256;
+/** Default of limits.max_hostfile_size: a hostfile, as written or expanded (1 MiB). */
+inline constexpr u64 kDefaultMaxHostfileSize = 1ull << 20;
+/** Default of limits.max_hosts: hosts a hostfile may name once its ranges are expanded. */
+inline constexpr u32 kDefaultMaxHosts = 65536;
+
+/** The bounds of the config's `limits:` section; the defaults are the default file's. */
+struct RuntimeLimits {
+  u64 max_output_size = kDefaultMaxOutputSize;      ///< yaml: limits.max_output_size
+  u32 max_subtask_depth = kDefaultMaxSubtaskDepth;  ///< yaml: limits.max_subtask_depth
+  u32 max_hosts = kDefaultMaxHosts;                 ///< yaml: limits.max_hosts
+  u64 max_hostfile_size = kDefaultMaxHostfileSize;  ///< yaml: limits.max_hostfile_size
+
+  bool operator==(const RuntimeLimits &) const = default;
+};
+
+namespace detail {
+
+/** The live output bound (see MaxOutputSize); written only while a runtime starts. */
+inline Atomic<u64> live_max_output_size{kDefaultMaxOutputSize};
+
+}  // namespace detail
+
+/**
+ * Makes `limits` the bounds of this process's runtime: called by Chimaera::Init before its
+ * workers take tasks. The subtask depth bound goes to the IpcManager (AttachRuntime),
+ * which checks it where it stamps a subtask.
+ */
+inline void ApplyRuntimeLimits(const RuntimeLimits &limits) {
+  // relaxed: workers and servers that read it are started (or handed tasks) afterwards.
+  detail::live_max_output_size.Store(limits.max_output_size, MemOrder::kRelaxed);
+}
+
+/**
+ * The largest output a task may produce for its caller (limits.max_output_size of the
+ * running runtime): handlers that allocate output on request check it first, and answers
+ * encoded for callers in other processes are held to it.
+ */
+inline u64 MaxOutputSize() {
+  return detail::live_max_output_size.Load(MemOrder::kRelaxed);  // relaxed: see Apply
+}
+
+}  // namespace chi
+#endif  // CHI_SINGLE_INCLUDE_CHI_RUNTIME_RUNTIME_LIMITS_H
+// ---- end chi/runtime/runtime_limits.h ----
 
 namespace chi {
 
@@ -9046,6 +9145,8 @@ struct ServerConfig {
   // memory every process keeps between large messages
   u64 warm_message_bytes = 128ull << 20;  ///< yaml: memory.warm_message_bytes
   u64 warm_payload_bytes = 64ull << 20;   ///< yaml: memory.warm_payload_bytes
+  // bounds on what requests may cost the runtime
+  RuntimeLimits limits;                   ///< yaml: limits (each key: see RuntimeLimits)
   std::vector<ComposeEntry> compose;      ///< yaml: compose
 
   bool operator==(const ServerConfig &) const = default;
@@ -9065,9 +9166,14 @@ inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
 inline constexpr u64 kMaxShmClientSlots = 1024;         ///< shm.client_slots
 inline constexpr u64 kMaxWarmBytes = 1ull << 40;        ///< each memory.warm_*_bytes
 inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
-inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
+inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config files are refused
 inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
 inline constexpr u64 kMaxZmqSpinUs = 1000000;  ///< networking.zmq_spin_us, zmq_worker_spin_us
+inline constexpr u64 kMinOutputBound = 4ull << 10;      ///< limits.max_output_size
+inline constexpr u64 kMaxOutputBound = 1ull << 40;      ///< limits.max_output_size
+inline constexpr u64 kMaxDepthBound = 65536;            ///< limits.max_subtask_depth (>= 1)
+inline constexpr u64 kMaxHostfileBound = 64ull << 20;   ///< limits.max_hostfile_size (>= 1)
+inline constexpr u64 kMaxHostsBound = 1ull << 20;       ///< limits.max_hosts (>= 1)
 
 /** A client timeout in seconds: its networking key, the variable that overrides it, its field. */
 struct TimeoutKey {
@@ -9167,9 +9273,9 @@ class ConfigReader {
 
   /** Fills *cfg (which starts at its defaults) from the document root. */
   Status Read(const YAML::Node &root, ServerConfig *cfg) {
-    static constexpr std::array<std::string_view, 9> kTop = {
-        "workers", "queue_depth", "lanes_per_worker", "fiber_stack_size",
-        "networking", "gpu", "shm", "memory", "compose"};
+    static constexpr std::array<std::string_view, 10> kTop = {
+        "workers", "queue_depth", "lanes_per_worker", "fiber_stack_size", "networking",
+        "gpu", "shm", "memory", "limits", "compose"};
     Status st = ForEachKey(root, "", kTop, [&](std::string_view key, const YAML::Node &v,
                                                const std::string &path) {
       if (key == "workers") return ReadWorkers(v, path, cfg);
@@ -9189,6 +9295,7 @@ class ConfigReader {
       if (key == "gpu") return ReadGpu(v, path, cfg);
       if (key == "shm") return ReadShm(v, path, cfg);
       if (key == "memory") return ReadMemory(v, path, cfg);
+      if (key == "limits") return ReadLimits(v, path, &cfg->limits);
       return ReadCompose(v, path, &cfg->compose);
     });
     if (!st.ok()) return st;
@@ -9371,6 +9478,25 @@ class ConfigReader {
     });
   }
 
+  /** Reads the `limits:` section: the bounds on what requests may cost the runtime. */
+  Status ReadLimits(const YAML::Node &n, const std::string &path, RuntimeLimits *lim) const {
+    static constexpr std::array<std::string_view, 4> kKeys = {
+        "max_output_size", "max_subtask_depth", "max_hostfile_size", "max_hosts"};
+    return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
+                                          const std::string &p) {
+      if (key == "max_output_size") {
+        return ReadSize(v, p, kMinOutputBound, kMaxOutputBound, &lim->max_output_size);
+      }
+      if (key == "max_subtask_depth") {
+        return ReadU32(v, p, 1, kMaxDepthBound, &lim->max_subtask_depth);
+      }
+      if (key == "max_hostfile_size") {
+        return ReadSize(v, p, 1, kMaxHostfileBound, &lim->max_hostfile_size);
+      }
+      return ReadU32(v, p, 1, kMaxHostsBound, &lim->max_hosts);
+    });
+  }
+
   /** Reads the `compose:` list; names and ids must be unique across entries. */
   Status ReadCompose(const YAML::Node &n, const std::string &path,
                      std::vector<ComposeEntry> *out) const {
@@ -9439,8 +9565,14 @@ class ConfigReader {
   std::string source_;
 };
 
-/** Reads a whole (small) file; the error names `what` and the path. */
-inline Status ReadSmallFile(const std::string &path, const char *what, std::string *out) {
+/**
+ * Reads a whole (small) file of at most max_bytes; the error names `what` and the path, and
+ * for a file that is too large the bound, as `bound_key` when the config sets it (reading
+ * stops just past max_bytes: a huge file costs no more than that).
+ */
+inline Status ReadSmallFile(const std::string &path, const char *what, std::string *out,
+                            u64 max_bytes = kMaxConfigFileBytes,
+                            const char *bound_key = nullptr) {
   std::FILE *f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
     int err = errno;
@@ -9450,7 +9582,7 @@ inline Status ReadSmallFile(const std::string &path, const char *what, std::stri
   std::string text;
   char buf[4096];
   size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0 && text.size() <= kMaxConfigFileBytes) {
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0 && text.size() <= max_bytes) {
     text.append(buf, n);
   }
   const int err = std::ferror(f) ? (errno != 0 ? errno : EIO) : 0;
@@ -9459,9 +9591,14 @@ inline Status ReadSmallFile(const std::string &path, const char *what, std::stri
     return Status::Errorf(ErrorCode::kBadConfig, "%s: cannot read '%s': %s", what, path.c_str(),
                           std::strerror(err));
   }
-  if (text.size() > kMaxConfigFileBytes) {
+  if (text.size() > max_bytes && bound_key != nullptr) {
+    // The bound before the path: a long path may be cut short, the bound must not be.
+    return Status::Errorf(ErrorCode::kBadConfig, "%s: larger than %s = %llu bytes: '%s'", what,
+                          bound_key, static_cast<unsigned long long>(max_bytes), path.c_str());
+  }
+  if (text.size() > max_bytes) {
     return Status::Errorf(ErrorCode::kBadConfig, "%s: '%s' is larger than %llu bytes", what,
-                          path.c_str(), static_cast<unsigned long long>(kMaxConfigFileBytes));
+                          path.c_str(), static_cast<unsigned long long>(max_bytes));
   }
   *out = std::move(text);
   return Status::Ok();
@@ -9972,11 +10109,16 @@ namespace chi {
 /** The process's entry point for submitting tasks. */
 class IpcManager {
  public:
-  /** Connects the manager to an embedded runtime (nullptr detaches it). */
-  void AttachRuntime(WorkOrchestrator *orch, NodeId node) {
+  /**
+   * Connects the manager to an embedded runtime (nullptr detaches it) whose subtasks may
+   * nest max_subtask_depth deep (limits.max_subtask_depth).
+   */
+  void AttachRuntime(WorkOrchestrator *orch, NodeId node,
+                     u32 max_subtask_depth = kDefaultMaxSubtaskDepth) {
     node_ = node;
     pid_ = static_cast<u32>(getpid());
     forked_from_ = 0;
+    max_subtask_depth_ = max_subtask_depth;
     orch_.Store(orch, MemOrder::kRelease);  // release: node_/pid_ are set before use
   }
   /** Routes every task through a transport to a runtime in another process (nullptr detaches). */
@@ -10018,16 +10160,21 @@ class IpcManager {
 
   /**
    * Stamps identity fields on a task before it is sent. A root task's node is (its
-   * unique id, 0), which the compact routing header then leaves out.
+   * unique id, 0) at depth 0, which the compact routing header then leaves out; a
+   * subtask's is in its parent's group, one level deeper. False when that passes
+   * max_subtask_depth: the task then carries kTooDeep, and must be completed, not sent.
    */
-  void Stamp(Task *t) {
+  bool Stamp(Task *t) {
     const u64 unique = NextUnique();
     t->task_id_ = TaskId{node_, pid_, unique};
     if (RunContext *parent = CurrentRunContext()) {
       t->task_node_ = parent->NextChildNode();  // same major: CoMutex re-entry
+      // The parent's node was just read, and the bound lies beside node_ and pid_.
+      if (CHI_UNLIKELY(++t->task_node_.depth_ > max_subtask_depth_)) return RefuseTooDeep(t);
     } else {
       t->task_node_ = TaskNode(unique, 0);
     }
+    return true;
   }
 
   /** Submits a task and returns the future that owns it. */
@@ -10116,7 +10263,10 @@ class IpcManager {
 
  private:
   void SendRaw(Task *t) {
-    Stamp(t);
+    if (CHI_UNLIKELY(!Stamp(t))) {
+      CompleteTask(t);  // its parent sees kTooDeep, as from a handler
+      return;
+    }
     if (t->pool_query_.IsGpuRoute()) {
       ClientTransport *gpu = gpu_transport_.Load(MemOrder::kAcquire);
       if (gpu != nullptr && gpu->Send(t)) return;  // CPU -> GPU: the GPU manager answers
@@ -10142,12 +10292,20 @@ class IpcManager {
     }
   }
 
+  /** Stamp's refusal of a subtask past max_subtask_depth_: sets kTooDeep, returns false. */
+  CHI_NOINLINE bool RefuseTooDeep(Task *t) const {
+    t->SetErrorf(ErrorCode::kTooDeep, "subtask at depth %u exceeds limits.max_subtask_depth = %u",
+                 t->task_node_.depth_, max_subtask_depth_);
+    return false;
+  }
+
   Atomic<WorkOrchestrator *> orch_{nullptr};  ///< null when no runtime is attached
   Atomic<ClientTransport *> transport_{nullptr};  ///< pure clients: the way to the runtime
   Atomic<ClientTransport *> gpu_transport_{nullptr};  ///< CPU -> GPU routes (GPU builds)
   NodeId node_ = 0;
   u32 pid_ = 0;
   u32 forked_from_ = 0;  ///< the parent's pid in a forked child until it attaches its own
+  u32 max_subtask_depth_ = kDefaultMaxSubtaskDepth;  ///< limits.max_subtask_depth
   /**
    * Task ids a thread takes from the shared counter at once: a submit then costs no
    * shared read-modify-write, and threads submitting side by side do not pass the
@@ -11941,9 +12099,73 @@ inline void EncodeEnvelope(u64 request_id, Task *t, EnvelopeSaver save, std::vec
   save(*t, ar);
 }
 
-/** Encodes a finished task's answer envelope into *out; the task stays alive. */
+/**
+ * Bytes an encoded answer may take beyond limits.max_output_size: the envelope and answer
+ * headers, the error message and the outputs' length and scalar fields. An output of
+ * exactly the bound then still reaches its caller.
+ */
+inline constexpr u64 kAnswerFramingBytes = 1024;
+
+/** The largest answer envelope the runtime sends a caller in another process. */
+inline u64 MaxAnswerBytes() { return MaxOutputSize() + kAnswerFramingBytes; }
+
+/** Writes an answer's header alone (an error answer: code and message, no outputs). */
+inline void SaveAnswerHeader(Task &t, OutputArchive &ar) { t.SerializeBaseOut(ar); }
+
+/** Makes *err the kTooLarge error that replaces an answer of at least `bytes` bytes. */
+inline void SetAnswerTooLarge(u64 bytes, Task *err) {
+  err->SetErrorf(ErrorCode::kTooLarge,
+                 "answer of at least %llu bytes exceeds limits.max_output_size = %llu",
+                 static_cast<unsigned long long>(bytes),
+                 static_cast<unsigned long long>(MaxOutputSize()));
+}
+
+/**
+ * Encodes a finished task's answer envelope into *out; the task stays alive. An answer
+ * past MaxAnswerBytes is replaced by a kTooLarge error answer naming the bound: refused
+ * without a copy when the item that overflows the stack buffer alone passes the bound
+ * (one large buffer), else measured by encoding it.
+ */
 inline void EncodeAnswerKeep(Task *t, std::vector<char> *out) {
-  EncodeEnvelope(t->request_id_, t, t->ops_->save_out, out);
+  const u64 bound = MaxAnswerBytes();
+  char small[kSmallEnvelopeBytes];
+  u64 need = 0;
+  if (const u64 n = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small,
+                                       sizeof(small), &need);
+      CHI_LIKELY(n != 0)) {
+    out->assign(small, small + n);
+    return;
+  }
+  if (need <= bound) {
+    OutputArchive ar = BeginEnvelope(t->request_id_, out);
+    t->ops_->save_out(*t, ar);
+    if (CHI_LIKELY(out->size() <= bound)) return;
+    need = out->size();
+    std::vector<char>().swap(*out);  // the refused bytes were only measured: free them
+  }
+  Task err;
+  SetAnswerTooLarge(need, &err);
+  EncodeEnvelope(t->request_id_, &err, &SaveAnswerHeader, out);
+}
+
+/**
+ * Encodes a finished task's answer envelope into buf[0, cap) as EncodeEnvelopeInto does,
+ * held to MaxAnswerBytes as EncodeAnswerKeep is: an answer found to pass it is replaced
+ * by its kTooLarge error answer. Returns the bytes written, or 0 with *need (when given)
+ * at least the bytes it takes.
+ */
+inline u64 EncodeAnswerInto(Task *t, char *buf, u64 cap, u64 *need = nullptr) {
+  const u64 bound = MaxAnswerBytes();
+  u64 want = 0;
+  const u64 n = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, buf,
+                                   cap < bound ? cap : bound, &want);
+  if (CHI_LIKELY(n != 0) || want <= bound) {
+    if (need != nullptr) *need = want;
+    return n;
+  }
+  Task err;
+  SetAnswerTooLarge(want, &err);
+  return EncodeEnvelopeInto(t->request_id_, &err, &SaveAnswerHeader, buf, cap, need);
 }
 
 /** Decodes requests for one runtime and encodes the answers. */
@@ -14716,7 +14938,7 @@ class ShmAnswerWriter {
     thread_local MessageBuffer buf;
     const bool by_ref = len == 0 && AnswerRegion(i, s).Enabled();
     bool fits = by_ref && WriteRef(i, s, 0, 0, true, [&](char *dst, u64 cap, u64 *need) {
-      return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap, need);
+      return EncodeAnswerInto(t, dst, cap, need);  // held to limits.max_output_size
     });
     if (by_ref && !fits) {
       s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back
@@ -23291,8 +23513,9 @@ class Chimaera {
     wc.queue_depth = config_.queue_depth;
     wc.lanes_per_worker = config_.lanes_per_worker;
     wc.stack_bytes = config_.fiber_stack_bytes;
+    ApplyRuntimeLimits(config_.limits);  // before any handler or answer encoder reads them
     if (Status st = orch_->Start(wc, pools_.get(), 0); !st.ok()) return st;
-    ipc_.AttachRuntime(orch_.get(), 0);
+    ipc_.AttachRuntime(orch_.get(), 0, config_.limits.max_subtask_depth);
     if (Status st = chimaera::admin::CreateAdminPool(
             *pools_, *orch_, [] { Chimaera::Get().RequestStop(); },
             [] { return Chimaera::Get().CollectTransportStats(); });
@@ -23581,6 +23804,10 @@ inline IpcManager &GetIpcManager() { return Chimaera::Get().Ipc(); }
 // Hostfiles: the node list of a multi-node runtime (networking.hostfile), one host per
 // line, '#' comments, and bracket ranges ("node[01-04]", "rack[1-2]-gpu[0,3]") expanded in
 // order. Split out of config.h, which reads the file's path; errors name file and line.
+// A hostfile is untrusted input: limits.max_hostfile_size bounds the file's bytes and those
+// of its host names once expanded, limits.max_hosts the hosts. Each line's hosts and bytes
+// are counted from its ranges before any is made, so the work done and the memory taken
+// stay proportional to those bounds, however short the line.
 
 #include <string>       // host names
 #include <string_view>  // patterns
@@ -23590,53 +23817,170 @@ namespace chi {
 
 namespace detail {
 
+/** One item of a bracket: the numbers lo..hi, each written at least `width` digits wide. */
+struct HostRange {
+  u64 lo = 0;
+  u64 hi = 0;
+  u64 width = 0;  ///< the digits of lo as written (zero padding)
+};
+
+/** A hostfile line split at its brackets: texts[0] groups[0] texts[1] ... texts[n]. */
+struct HostPattern {
+  std::vector<std::string_view> texts;           ///< one more than groups
+  std::vector<std::vector<HostRange>> groups;    ///< a bracket's items, in order
+};
+
+/** a + b, or ~0 when that overflows (counts compared against bounds only). */
+inline u64 SaturatingAdd(u64 a, u64 b) {
+  u64 r = 0;
+  return __builtin_add_overflow(a, b, &r) ? ~0ull : r;
+}
+
+/** a * b, or ~0 when that overflows. */
+inline u64 SaturatingMul(u64 a, u64 b) {
+  u64 r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? ~0ull : r;
+}
+
 /**
- * Appends the hosts named by one hostfile pattern: "node[01-04,7]-ib" gives
- * node01-ib .. node04-ib and node7-ib; a range keeps the width of its first
- * number (zero padding). Returns false with *why set on a malformed pattern.
+ * Splits a hostfile pattern ("node[01-04,7]-ib") into texts and bracket groups, checking
+ * every bracket from the left. Returns false with *why set on the first malformed one.
  */
-inline bool ExpandHostPattern(std::string_view pattern, const std::string &prefix,
-                              std::vector<std::string> *out, std::string *why) {
-  constexpr size_t kMaxHosts = 1u << 20;
+inline bool ParseHostPattern(std::string_view pattern, HostPattern *out, std::string *why) {
   auto fail = [why](std::string reason) {
     *why = std::move(reason);
     return false;
   };
-  const size_t open = pattern.find('[');
-  const size_t stray = pattern.find(']');
-  if (open == std::string_view::npos) {
-    if (stray != std::string_view::npos) return fail("']' without '['");
-    if (out->size() >= kMaxHosts) return fail("more than 1048576 hosts");
-    out->push_back(prefix + std::string(pattern));
-    return true;
-  }
-  if (stray < open) return fail("']' without '['");
-  const size_t close = pattern.find(']', open);
-  if (close == std::string_view::npos) return fail("'[' without ']'");
-  const std::string head = prefix + std::string(pattern.substr(0, open));
-  const std::string_view rest = pattern.substr(close + 1);
-  std::string_view items = pattern.substr(open + 1, close - open - 1);
-  while (true) {
-    const size_t comma = items.find(',');
-    const std::string_view item = items.substr(0, comma);
-    const size_t dash = item.find('-');
-    const std::string_view lo_text = item.substr(0, dash);
-    const std::string_view hi_text =
-        dash == std::string_view::npos ? lo_text : item.substr(dash + 1);
-    u64 lo = 0, hi = 0;
-    if (!ParseUnsigned(lo_text, 0xffffffffull, &lo) ||
-        !ParseUnsigned(hi_text, 0xffffffffull, &hi) || hi < lo) {
-      return fail("bad range '" + std::string(item) + "' (expected N or LO-HI, LO <= HI)");
+  out->texts.clear();
+  out->groups.clear();
+  for (;;) {
+    const size_t open = pattern.find('[');
+    const size_t stray = pattern.find(']');
+    if (open == std::string_view::npos) {
+      if (stray != std::string_view::npos) return fail("']' without '['");
+      out->texts.push_back(pattern);
+      return true;
     }
-    for (u64 v = lo; v <= hi; ++v) {
-      std::string num = std::to_string(v);
-      if (num.size() < lo_text.size()) num.insert(0, lo_text.size() - num.size(), '0');
-      if (!ExpandHostPattern(rest, head + num, out, why)) return false;
+    if (stray < open) return fail("']' without '['");
+    const size_t close = pattern.find(']', open);
+    if (close == std::string_view::npos) return fail("'[' without ']'");
+    out->texts.push_back(pattern.substr(0, open));
+    std::vector<HostRange> &group = out->groups.emplace_back();
+    std::string_view items = pattern.substr(open + 1, close - open - 1);
+    for (;;) {
+      const size_t comma = items.find(',');
+      const std::string_view item = items.substr(0, comma);
+      const size_t dash = item.find('-');
+      const std::string_view lo_text = item.substr(0, dash);
+      const std::string_view hi_text =
+          dash == std::string_view::npos ? lo_text : item.substr(dash + 1);
+      HostRange r;
+      if (!ParseUnsigned(lo_text, 0xffffffffull, &r.lo) ||
+          !ParseUnsigned(hi_text, 0xffffffffull, &r.hi) || r.hi < r.lo) {
+        return fail("bad range '" + std::string(item) + "' (expected N or LO-HI, LO <= HI)");
+      }
+      r.width = lo_text.size();
+      group.push_back(r);
+      if (comma == std::string_view::npos) break;
+      items = items.substr(comma + 1);
     }
-    if (comma == std::string_view::npos) break;
-    items = items.substr(comma + 1);
+    pattern = pattern.substr(close + 1);
   }
-  return true;
+}
+
+/** Decimal digits of v (1 for 0). */
+inline u64 DecimalDigits(u64 v) {
+  u64 d = 1;
+  while (v >= 10) {
+    v /= 10;
+    ++d;
+  }
+  return d;
+}
+
+/** Bytes the numbers of one range take once written: each at least r.width digits. */
+inline u64 RangeTextBytes(const HostRange &r) {
+  u64 total = 0;
+  u64 first = 0;  // the smallest number of d digits
+  for (u64 d = 1; d <= 10 && first <= r.hi; ++d) {
+    const u64 last = first == 0 ? 9 : first * 10 - 1;  // the largest number of d digits
+    const u64 lo = r.lo > first ? r.lo : first;
+    const u64 hi = r.hi < last ? r.hi : last;
+    if (lo <= hi) {
+      total = SaturatingAdd(total, SaturatingMul(hi - lo + 1, d > r.width ? d : r.width));
+    }
+    first = first == 0 ? 10 : first * 10;
+  }
+  return total;
+}
+
+/**
+ * What a pattern expands to, counted without expanding it: *hosts hosts whose names take
+ * *bytes in all. Either saturates at ~0 past what a u64 holds.
+ */
+inline void CountHostPattern(const HostPattern &p, u64 *hosts, u64 *bytes) {
+  u64 count = 1;
+  u64 text = 0;  // the bytes every name has outside the brackets
+  for (std::string_view t : p.texts) text += t.size();
+  std::vector<u64> sizes;
+  std::vector<u64> digits;
+  for (const std::vector<HostRange> &group : p.groups) {
+    u64 n = 0, d = 0;
+    for (const HostRange &r : group) {
+      n = SaturatingAdd(n, r.hi - r.lo + 1);
+      d = SaturatingAdd(d, RangeTextBytes(r));
+    }
+    sizes.push_back(n);
+    digits.push_back(d);
+    count = SaturatingMul(count, n);
+  }
+  *hosts = count;
+  if (count == ~0ull) {
+    *bytes = ~0ull;
+    return;
+  }
+  // Every host writes the texts; group g's numbers are each written count / size_g times.
+  u64 total = SaturatingMul(count, text);
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    total = SaturatingAdd(total, SaturatingMul(digits[g], count / sizes[g]));
+  }
+  *bytes = total;
+}
+
+/** Appends every host of a pattern, the last bracket varying fastest. */
+inline void ExpandHostPattern(const HostPattern &p, std::vector<std::string> *out) {
+  const size_t n = p.groups.size();
+  std::vector<size_t> item(n, 0);  // per group: the item, and the number within it
+  std::vector<u64> value(n);
+  for (size_t g = 0; g < n; ++g) value[g] = p.groups[g][0].lo;
+  std::string name;
+  for (;;) {
+    name.assign(p.texts[0]);
+    for (size_t g = 0; g < n; ++g) {
+      const std::string num = std::to_string(value[g]);
+      const u64 width = p.groups[g][item[g]].width;
+      if (num.size() < width) name.append(width - num.size(), '0');
+      name += num;
+      name += p.texts[g + 1];
+    }
+    out->push_back(name);
+    size_t g = n;
+    while (g > 0) {  // the next combination, as an odometer turns
+      --g;
+      if (value[g] < p.groups[g][item[g]].hi) {
+        ++value[g];
+        break;
+      }
+      if (item[g] + 1 < p.groups[g].size()) {
+        value[g] = p.groups[g][++item[g]].lo;
+        break;
+      }
+      item[g] = 0;
+      value[g] = p.groups[g][0].lo;
+      if (g == 0) return;
+    }
+    if (n == 0) return;
+  }
 }
 
 }  // namespace detail
@@ -23644,11 +23988,23 @@ inline bool ExpandHostPattern(std::string_view pattern, const std::string &prefi
 /**
  * Reads the hosts of a hostfile given as text: one host per line, blank lines and
  * '#' comments skipped, ranges such as "node[01-04]" expanded. Replaces *hosts on success.
+ * Text past limits.max_hostfile_size is refused unread; a line whose expansion would take
+ * the hosts past limits.max_hosts, or their names past limits.max_hostfile_size bytes, is
+ * refused before it is expanded.
  */
 inline Status ParseHostfileText(std::string_view text, std::vector<std::string> *hosts,
-                                std::string_view source_name = "<string>") {
+                                std::string_view source_name = "<string>",
+                                const RuntimeLimits &limits = RuntimeLimits()) {
   try {
+    if (text.size() > limits.max_hostfile_size) {
+      return detail::ConfigError(source_name, -1,
+                                 std::to_string(text.size()) + " bytes, more than "
+                                 "limits.max_hostfile_size = " +
+                                     std::to_string(limits.max_hostfile_size));
+    }
     std::vector<std::string> found;
+    u64 bytes = 0;  // of the names of the hosts found so far
+    detail::HostPattern pattern;
     size_t line_no = 0;
     while (!text.empty()) {
       const size_t nl = text.find('\n');
@@ -23663,8 +24019,26 @@ inline Status ParseHostfileText(std::string_view text, std::vector<std::string> 
       std::string why;
       if (std::any_of(line.begin(), line.end(), is_space)) {
         why = "expected one host per line, got '" + std::string(line) + "'";
-      } else if (detail::ExpandHostPattern(line, "", &found, &why)) {
-        continue;
+      } else if (detail::ParseHostPattern(line, &pattern, &why)) {
+        u64 more_hosts = 0, more_bytes = 0;
+        detail::CountHostPattern(pattern, &more_hosts, &more_bytes);
+        const auto count = [](u64 n) {
+          return n == ~0ull ? std::string("2^64 - 1 or more") : std::to_string(n);
+        };
+        if (more_hosts > limits.max_hosts - found.size()) {
+          why = "more hosts than limits.max_hosts = " + std::to_string(limits.max_hosts) +
+                ": this line would add " + count(more_hosts) + " to the " +
+                std::to_string(found.size()) + " before it (not expanded)";
+        } else if (more_bytes > limits.max_hostfile_size - bytes) {
+          why = "host names past limits.max_hostfile_size = " +
+                std::to_string(limits.max_hostfile_size) + " bytes: this line would add " +
+                count(more_bytes) + " to the " + std::to_string(bytes) +
+                " before it (not expanded)";
+        } else {
+          detail::ExpandHostPattern(pattern, &found);
+          bytes += more_bytes;
+          continue;
+        }
       }
       return detail::ConfigError(source_name, static_cast<int>(line_no) - 1, why);
     }
@@ -23677,12 +24051,20 @@ inline Status ParseHostfileText(std::string_view text, std::vector<std::string> 
   }
 }
 
-/** Reads a hostfile (see ParseHostfileText); a missing or unreadable file names the path. */
-inline Status ParseHostfile(const std::string &path, std::vector<std::string> *hosts) {
+/**
+ * Reads a hostfile (see ParseHostfileText); a missing or unreadable file names the path,
+ * and one larger than limits.max_hostfile_size is refused after reading just past it.
+ */
+inline Status ParseHostfile(const std::string &path, std::vector<std::string> *hosts,
+                            const RuntimeLimits &limits = RuntimeLimits()) {
   try {
     std::string text;
-    if (Status st = detail::ReadSmallFile(path, "hostfile", &text); !st.ok()) return st;
-    return ParseHostfileText(text, hosts, path);
+    if (Status st = detail::ReadSmallFile(path, "hostfile", &text, limits.max_hostfile_size,
+                                          "limits.max_hostfile_size");
+        !st.ok()) {
+      return st;
+    }
+    return ParseHostfileText(text, hosts, path, limits);
   } catch (const std::exception &e) {
     return detail::ConfigError(path, -1, std::string("cannot read hostfile: ") + e.what());
   } catch (...) {

@@ -88,17 +88,27 @@ struct TaskId {
 
 /**
  * A task's place in a task graph. A subtask keeps its parent's major and takes a
- * new minor, which is how CoMutex recognises re-entry by the same group.
+ * new minor, which is how CoMutex recognises re-entry by the same group. depth_ counts
+ * how deeply it nests (limits.max_subtask_depth bounds it); it stays in this process:
+ * the wire carries major and minor only, so a task decoded from a request starts at 0.
  */
 struct TaskNode {
   u64 major_ = 0;
   u32 minor_ = 0;
+  u32 depth_ = 0;  ///< 0: a root task; a subtask is one deeper than its parent
 
   constexpr TaskNode() = default;
-  CHI_CROSS_FUN constexpr TaskNode(u64 major, u32 minor) : major_(major), minor_(minor) {}
-  /** The node of a subtask spawned by this one (same major, given minor). */
-  CHI_CROSS_FUN constexpr TaskNode Child(u32 minor) const { return TaskNode(major_, minor); }
+  CHI_CROSS_FUN constexpr TaskNode(u64 major, u32 minor, u32 depth = 0)
+      : major_(major), minor_(minor), depth_(depth) {}
+  /**
+   * A node of this one's group at its depth (same major, given minor): a fan-out's
+   * replica as is, a subtask once IpcManager::Stamp puts it one level deeper.
+   */
+  CHI_CROSS_FUN constexpr TaskNode Child(u32 minor) const {
+    return TaskNode(major_, minor, depth_);
+  }
   CHI_CROSS_FUN constexpr bool SameGroup(const TaskNode &o) const { return major_ == o.major_; }
+  /** Same place in the graph: major and minor (the depth is bookkeeping, not compared). */
   CHI_CROSS_FUN constexpr bool operator==(const TaskNode &o) const {
     return major_ == o.major_ && minor_ == o.minor_;
   }
@@ -107,5 +117,7 @@ struct TaskNode {
     ar(major_, minor_);
   }
 };
+// depth_ fills what was padding after minor_: a Task keeps its size and layout.
+static_assert(sizeof(TaskNode) == 16, "TaskNode must stay 16 bytes");
 
 }  // namespace chi

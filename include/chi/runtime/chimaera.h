@@ -28,6 +28,7 @@
 #include "chi/runtime/config.h"             // ServerConfig, LoadServerConfig
 #include "chi/runtime/ipc_manager.h"        // IpcManager
 #include "chi/runtime/pool_manager.h"       // PoolManager
+#include "chi/runtime/runtime_limits.h"     // ApplyRuntimeLimits: the config's limits
 #include "chi/runtime/work_orchestrator.h"  // WorkOrchestrator
 #include "chi/transport/client_connect.h"   // RuntimeSegments, ConnectAnswer
 #include "chi/transport/message_buffer.h"   // the warm message budget set from the config
@@ -190,8 +191,9 @@ class Chimaera {
     wc.queue_depth = config_.queue_depth;
     wc.lanes_per_worker = config_.lanes_per_worker;
     wc.stack_bytes = config_.fiber_stack_bytes;
+    ApplyRuntimeLimits(config_.limits);  // before any handler or answer encoder reads them
     if (Status st = orch_->Start(wc, pools_.get(), 0); !st.ok()) return st;
-    ipc_.AttachRuntime(orch_.get(), 0);
+    ipc_.AttachRuntime(orch_.get(), 0, config_.limits.max_subtask_depth);
     if (Status st = chimaera::admin::CreateAdminPool(
             *pools_, *orch_, [] { Chimaera::Get().RequestStop(); },
             [] { return Chimaera::Get().CollectTransportStats(); });

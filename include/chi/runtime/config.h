@@ -26,6 +26,7 @@
 #include "chi/core/status.h"              // Status, ErrorCode::kBadConfig
 #include "chi/core/types.h"               // u32, u64
 #include "chi/runtime/default_config.h"  // kDefaultConfigYaml
+#include "chi/runtime/runtime_limits.h"  // RuntimeLimits: the limits section
 
 namespace chi {
 
@@ -69,6 +70,8 @@ struct ServerConfig {
   // memory every process keeps between large messages
   u64 warm_message_bytes = 128ull << 20;  ///< yaml: memory.warm_message_bytes
   u64 warm_payload_bytes = 64ull << 20;   ///< yaml: memory.warm_payload_bytes
+  // bounds on what requests may cost the runtime
+  RuntimeLimits limits;                   ///< yaml: limits (each key: see RuntimeLimits)
   std::vector<ComposeEntry> compose;      ///< yaml: compose
 
   bool operator==(const ServerConfig &) const = default;
@@ -88,9 +91,14 @@ inline constexpr u64 kMaxShmSegment = 1ull << 40;       ///< each shm.*_size
 inline constexpr u64 kMaxShmClientSlots = 1024;         ///< shm.client_slots
 inline constexpr u64 kMaxWarmBytes = 1ull << 40;        ///< each memory.warm_*_bytes
 inline constexpr u64 kMaxContainers = 65536;            ///< compose[i].num_containers
-inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config/host files are refused
+inline constexpr u64 kMaxConfigFileBytes = 4ull << 20;  ///< larger config files are refused
 inline constexpr double kMaxTimeoutSec = 86400;         ///< networking.*_timeout_s
 inline constexpr u64 kMaxZmqSpinUs = 1000000;  ///< networking.zmq_spin_us, zmq_worker_spin_us
+inline constexpr u64 kMinOutputBound = 4ull << 10;      ///< limits.max_output_size
+inline constexpr u64 kMaxOutputBound = 1ull << 40;      ///< limits.max_output_size
+inline constexpr u64 kMaxDepthBound = 65536;            ///< limits.max_subtask_depth (>= 1)
+inline constexpr u64 kMaxHostfileBound = 64ull << 20;   ///< limits.max_hostfile_size (>= 1)
+inline constexpr u64 kMaxHostsBound = 1ull << 20;       ///< limits.max_hosts (>= 1)
 
 /** A client timeout in seconds: its networking key, the variable that overrides it, its field. */
 struct TimeoutKey {
@@ -190,9 +198,9 @@ class ConfigReader {
 
   /** Fills *cfg (which starts at its defaults) from the document root. */
   Status Read(const YAML::Node &root, ServerConfig *cfg) {
-    static constexpr std::array<std::string_view, 9> kTop = {
-        "workers", "queue_depth", "lanes_per_worker", "fiber_stack_size",
-        "networking", "gpu", "shm", "memory", "compose"};
+    static constexpr std::array<std::string_view, 10> kTop = {
+        "workers", "queue_depth", "lanes_per_worker", "fiber_stack_size", "networking",
+        "gpu", "shm", "memory", "limits", "compose"};
     Status st = ForEachKey(root, "", kTop, [&](std::string_view key, const YAML::Node &v,
                                                const std::string &path) {
       if (key == "workers") return ReadWorkers(v, path, cfg);
@@ -212,6 +220,7 @@ class ConfigReader {
       if (key == "gpu") return ReadGpu(v, path, cfg);
       if (key == "shm") return ReadShm(v, path, cfg);
       if (key == "memory") return ReadMemory(v, path, cfg);
+      if (key == "limits") return ReadLimits(v, path, &cfg->limits);
       return ReadCompose(v, path, &cfg->compose);
     });
     if (!st.ok()) return st;
@@ -394,6 +403,25 @@ class ConfigReader {
     });
   }
 
+  /** Reads the `limits:` section: the bounds on what requests may cost the runtime. */
+  Status ReadLimits(const YAML::Node &n, const std::string &path, RuntimeLimits *lim) const {
+    static constexpr std::array<std::string_view, 4> kKeys = {
+        "max_output_size", "max_subtask_depth", "max_hostfile_size", "max_hosts"};
+    return ForEachKey(n, path, kKeys, [&](std::string_view key, const YAML::Node &v,
+                                          const std::string &p) {
+      if (key == "max_output_size") {
+        return ReadSize(v, p, kMinOutputBound, kMaxOutputBound, &lim->max_output_size);
+      }
+      if (key == "max_subtask_depth") {
+        return ReadU32(v, p, 1, kMaxDepthBound, &lim->max_subtask_depth);
+      }
+      if (key == "max_hostfile_size") {
+        return ReadSize(v, p, 1, kMaxHostfileBound, &lim->max_hostfile_size);
+      }
+      return ReadU32(v, p, 1, kMaxHostsBound, &lim->max_hosts);
+    });
+  }
+
   /** Reads the `compose:` list; names and ids must be unique across entries. */
   Status ReadCompose(const YAML::Node &n, const std::string &path,
                      std::vector<ComposeEntry> *out) const {
@@ -462,8 +490,14 @@ class ConfigReader {
   std::string source_;
 };
 
-/** Reads a whole (small) file; the error names `what` and the path. */
-inline Status ReadSmallFile(const std::string &path, const char *what, std::string *out) {
+/**
+ * Reads a whole (small) file of at most max_bytes; the error names `what` and the path, and
+ * for a file that is too large the bound, as `bound_key` when the config sets it (reading
+ * stops just past max_bytes: a huge file costs no more than that).
+ */
+inline Status ReadSmallFile(const std::string &path, const char *what, std::string *out,
+                            u64 max_bytes = kMaxConfigFileBytes,
+                            const char *bound_key = nullptr) {
   std::FILE *f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
     int err = errno;
@@ -473,7 +507,7 @@ inline Status ReadSmallFile(const std::string &path, const char *what, std::stri
   std::string text;
   char buf[4096];
   size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0 && text.size() <= kMaxConfigFileBytes) {
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0 && text.size() <= max_bytes) {
     text.append(buf, n);
   }
   const int err = std::ferror(f) ? (errno != 0 ? errno : EIO) : 0;
@@ -482,9 +516,14 @@ inline Status ReadSmallFile(const std::string &path, const char *what, std::stri
     return Status::Errorf(ErrorCode::kBadConfig, "%s: cannot read '%s': %s", what, path.c_str(),
                           std::strerror(err));
   }
-  if (text.size() > kMaxConfigFileBytes) {
+  if (text.size() > max_bytes && bound_key != nullptr) {
+    // The bound before the path: a long path may be cut short, the bound must not be.
+    return Status::Errorf(ErrorCode::kBadConfig, "%s: larger than %s = %llu bytes: '%s'", what,
+                          bound_key, static_cast<unsigned long long>(max_bytes), path.c_str());
+  }
+  if (text.size() > max_bytes) {
     return Status::Errorf(ErrorCode::kBadConfig, "%s: '%s' is larger than %llu bytes", what,
-                          path.c_str(), static_cast<unsigned long long>(kMaxConfigFileBytes));
+                          path.c_str(), static_cast<unsigned long long>(max_bytes));
   }
   *out = std::move(text);
   return Status::Ok();

@@ -103,6 +103,27 @@ memory:
   # Freed task payload blocks of 128 KiB and more (at most 64 blocks are kept).
   warm_payload_bytes: 64m
 
+# Bounds on what requests may cost the runtime. Every byte a client sends is
+# untrusted: these keep one request from taking unbounded memory or time.
+limits:
+  # Largest output a task may produce for its caller, 4k .. 1t. Handlers that
+  # allocate output on request refuse more with kTooLarge, and an answer to a
+  # caller in another process that takes more than this (plus 1k for its
+  # headers) is replaced by a kTooLarge error. Such a caller decodes at most
+  # 1g per buffer, and one message is at most shm.client_data_size.
+  max_output_size: 1g
+  # How deeply subtasks may nest, 1 .. 65536. A task an application or a
+  # client submits is at depth 0, a subtask one deeper than the task that
+  # submits it (a broadcast's replicas stay at their task's depth). A subtask
+  # past the bound fails at once with kTooDeep. Each level that waits holds a
+  # suspended fiber: 256 levels of 64k stacks take 16m.
+  max_subtask_depth: 256
+  # Largest hostfile, 1 .. 64m: as written, and as it would be written with
+  # every range expanded, one host per line.
+  max_hostfile_size: 1m
+  # Most hosts a hostfile may name once its ranges are expanded, 1 .. 1048576.
+  max_hosts: 65536
+
 # Pools created at start, in this order, after the admin pool. Each entry:
 #   mod_name:       module that implements the pool (required)
 #   pool_name:      unique name of the pool (required)

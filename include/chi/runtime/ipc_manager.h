@@ -14,6 +14,7 @@
 #include "chi/gpu/gpu_ipc_cache.h"          // MemoryType, MemoryRegistration, GpuHooks
 #include "chi/mods/admin/admin_tasks.h"     // RegisterMemoryTask
 #include "chi/runtime/run_context.h"        // CurrentRunContext
+#include "chi/runtime/runtime_limits.h"     // kDefaultMaxSubtaskDepth
 #include "chi/runtime/work_orchestrator.h"  // WorkOrchestrator
 #include "chi/task/future.h"                // Future
 #include "chi/task/task_ops.h"              // NewTask, CompleteTask
@@ -24,11 +25,16 @@ namespace chi {
 /** The process's entry point for submitting tasks. */
 class IpcManager {
  public:
-  /** Connects the manager to an embedded runtime (nullptr detaches it). */
-  void AttachRuntime(WorkOrchestrator *orch, NodeId node) {
+  /**
+   * Connects the manager to an embedded runtime (nullptr detaches it) whose subtasks may
+   * nest max_subtask_depth deep (limits.max_subtask_depth).
+   */
+  void AttachRuntime(WorkOrchestrator *orch, NodeId node,
+                     u32 max_subtask_depth = kDefaultMaxSubtaskDepth) {
     node_ = node;
     pid_ = static_cast<u32>(getpid());
     forked_from_ = 0;
+    max_subtask_depth_ = max_subtask_depth;
     orch_.Store(orch, MemOrder::kRelease);  // release: node_/pid_ are set before use
   }
   /** Routes every task through a transport to a runtime in another process (nullptr detaches). */
@@ -70,16 +76,21 @@ class IpcManager {
 
   /**
    * Stamps identity fields on a task before it is sent. A root task's node is (its
-   * unique id, 0), which the compact routing header then leaves out.
+   * unique id, 0) at depth 0, which the compact routing header then leaves out; a
+   * subtask's is in its parent's group, one level deeper. False when that passes
+   * max_subtask_depth: the task then carries kTooDeep, and must be completed, not sent.
    */
-  void Stamp(Task *t) {
+  bool Stamp(Task *t) {
     const u64 unique = NextUnique();
     t->task_id_ = TaskId{node_, pid_, unique};
     if (RunContext *parent = CurrentRunContext()) {
       t->task_node_ = parent->NextChildNode();  // same major: CoMutex re-entry
+      // The parent's node was just read, and the bound lies beside node_ and pid_.
+      if (CHI_UNLIKELY(++t->task_node_.depth_ > max_subtask_depth_)) return RefuseTooDeep(t);
     } else {
       t->task_node_ = TaskNode(unique, 0);
     }
+    return true;
   }
 
   /** Submits a task and returns the future that owns it. */
@@ -168,7 +179,10 @@ class IpcManager {
 
  private:
   void SendRaw(Task *t) {
-    Stamp(t);
+    if (CHI_UNLIKELY(!Stamp(t))) {
+      CompleteTask(t);  // its parent sees kTooDeep, as from a handler
+      return;
+    }
     if (t->pool_query_.IsGpuRoute()) {
       ClientTransport *gpu = gpu_transport_.Load(MemOrder::kAcquire);
       if (gpu != nullptr && gpu->Send(t)) return;  // CPU -> GPU: the GPU manager answers
@@ -194,12 +208,20 @@ class IpcManager {
     }
   }
 
+  /** Stamp's refusal of a subtask past max_subtask_depth_: sets kTooDeep, returns false. */
+  CHI_NOINLINE bool RefuseTooDeep(Task *t) const {
+    t->SetErrorf(ErrorCode::kTooDeep, "subtask at depth %u exceeds limits.max_subtask_depth = %u",
+                 t->task_node_.depth_, max_subtask_depth_);
+    return false;
+  }
+
   Atomic<WorkOrchestrator *> orch_{nullptr};  ///< null when no runtime is attached
   Atomic<ClientTransport *> transport_{nullptr};  ///< pure clients: the way to the runtime
   Atomic<ClientTransport *> gpu_transport_{nullptr};  ///< CPU -> GPU routes (GPU builds)
   NodeId node_ = 0;
   u32 pid_ = 0;
   u32 forked_from_ = 0;  ///< the parent's pid in a forked child until it attaches its own
+  u32 max_subtask_depth_ = kDefaultMaxSubtaskDepth;  ///< limits.max_subtask_depth
   /**
    * Task ids a thread takes from the shared counter at once: a submit then costs no
    * shared read-modify-write, and threads submitting side by side do not pass the

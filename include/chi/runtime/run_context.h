@@ -71,7 +71,10 @@ class RunContext {
     if (CHI_UNLIKELY(on_worker_stack_)) ThrowNoFiber(op);
   }
 
-  /** The TaskNode for a subtask spawned by this task (same major, fresh minor). */
+  /**
+   * The TaskNode for a task spawned by this one: same major, fresh minor, this task's
+   * depth (IpcManager::Stamp puts a subtask one deeper; a fan-out replica stays).
+   */
   TaskNode NextChildNode() { return task_->task_node_.Child(next_minor_++); }
   Worker *GetWorker() const { return worker_; }
   Container *GetContainer() const { return container_; }

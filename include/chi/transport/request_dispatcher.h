@@ -7,6 +7,7 @@
 #include <vector>   // answer buffers
 
 #include "chi/runtime/pool_manager.h"       // pool -> container
+#include "chi/runtime/runtime_limits.h"     // MaxOutputSize: the bound on answers
 #include "chi/runtime/work_orchestrator.h"  // Submit
 #include "chi/serialize/archive.h"          // wire format
 #include "chi/transport/transport.h"        // envelope layout
@@ -67,9 +68,73 @@ inline void EncodeEnvelope(u64 request_id, Task *t, EnvelopeSaver save, std::vec
   save(*t, ar);
 }
 
-/** Encodes a finished task's answer envelope into *out; the task stays alive. */
+/**
+ * Bytes an encoded answer may take beyond limits.max_output_size: the envelope and answer
+ * headers, the error message and the outputs' length and scalar fields. An output of
+ * exactly the bound then still reaches its caller.
+ */
+inline constexpr u64 kAnswerFramingBytes = 1024;
+
+/** The largest answer envelope the runtime sends a caller in another process. */
+inline u64 MaxAnswerBytes() { return MaxOutputSize() + kAnswerFramingBytes; }
+
+/** Writes an answer's header alone (an error answer: code and message, no outputs). */
+inline void SaveAnswerHeader(Task &t, OutputArchive &ar) { t.SerializeBaseOut(ar); }
+
+/** Makes *err the kTooLarge error that replaces an answer of at least `bytes` bytes. */
+inline void SetAnswerTooLarge(u64 bytes, Task *err) {
+  err->SetErrorf(ErrorCode::kTooLarge,
+                 "answer of at least %llu bytes exceeds limits.max_output_size = %llu",
+                 static_cast<unsigned long long>(bytes),
+                 static_cast<unsigned long long>(MaxOutputSize()));
+}
+
+/**
+ * Encodes a finished task's answer envelope into *out; the task stays alive. An answer
+ * past MaxAnswerBytes is replaced by a kTooLarge error answer naming the bound: refused
+ * without a copy when the item that overflows the stack buffer alone passes the bound
+ * (one large buffer), else measured by encoding it.
+ */
 inline void EncodeAnswerKeep(Task *t, std::vector<char> *out) {
-  EncodeEnvelope(t->request_id_, t, t->ops_->save_out, out);
+  const u64 bound = MaxAnswerBytes();
+  char small[kSmallEnvelopeBytes];
+  u64 need = 0;
+  if (const u64 n = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, small,
+                                       sizeof(small), &need);
+      CHI_LIKELY(n != 0)) {
+    out->assign(small, small + n);
+    return;
+  }
+  if (need <= bound) {
+    OutputArchive ar = BeginEnvelope(t->request_id_, out);
+    t->ops_->save_out(*t, ar);
+    if (CHI_LIKELY(out->size() <= bound)) return;
+    need = out->size();
+    std::vector<char>().swap(*out);  // the refused bytes were only measured: free them
+  }
+  Task err;
+  SetAnswerTooLarge(need, &err);
+  EncodeEnvelope(t->request_id_, &err, &SaveAnswerHeader, out);
+}
+
+/**
+ * Encodes a finished task's answer envelope into buf[0, cap) as EncodeEnvelopeInto does,
+ * held to MaxAnswerBytes as EncodeAnswerKeep is: an answer found to pass it is replaced
+ * by its kTooLarge error answer. Returns the bytes written, or 0 with *need (when given)
+ * at least the bytes it takes.
+ */
+inline u64 EncodeAnswerInto(Task *t, char *buf, u64 cap, u64 *need = nullptr) {
+  const u64 bound = MaxAnswerBytes();
+  u64 want = 0;
+  const u64 n = EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, buf,
+                                   cap < bound ? cap : bound, &want);
+  if (CHI_LIKELY(n != 0) || want <= bound) {
+    if (need != nullptr) *need = want;
+    return n;
+  }
+  Task err;
+  SetAnswerTooLarge(want, &err);
+  return EncodeEnvelopeInto(t->request_id_, &err, &SaveAnswerHeader, buf, cap, need);
 }
 
 /** Decodes requests for one runtime and encodes the answers. */

@@ -46,7 +46,7 @@ class ShmAnswerWriter {
     thread_local MessageBuffer buf;
     const bool by_ref = len == 0 && AnswerRegion(i, s).Enabled();
     bool fits = by_ref && WriteRef(i, s, 0, 0, true, [&](char *dst, u64 cap, u64 *need) {
-      return EncodeEnvelopeInto(t->request_id_, t, t->ops_->save_out, dst, cap, need);
+      return EncodeAnswerInto(t, dst, cap, need);  // held to limits.max_output_size
     });
     if (by_ref && !fits) {
       s.writer.Store(0, MemOrder::kRelease);  // release: nothing appended, hand back

@@ -12,6 +12,7 @@
 #include "chi/module/module_runtime.h"      // ModuleRuntime
 #include "chi/runtime/co_mutex.h"           // CoMutex
 #include "chi/runtime/co_rw_lock.h"         // CoRwLock
+#include "chi/runtime/runtime_limits.h"     // MaxOutputSize: LargeOutput's bound
 #include "chi/runtime/worker.h"             // SleepFor, NowNs
 
 namespace chimaera::demo {
@@ -31,6 +32,10 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     task.result_value_ = task.test_value_ * 2 + task.gpu_id_;
   }
 
+  /**
+   * Nests depth_ levels of subtasks, each waiting on the next; a subtask's error (kTooDeep
+   * past limits.max_subtask_depth) becomes this task's.
+   */
   void WaitTest(WaitTestTask &task, chi::RunContext &) {
     if (task.depth_ <= 1) {
       task.current_depth_ = 1;
@@ -46,10 +51,13 @@ class Runtime : public chi::ModuleRuntime<Runtime> {
     task.current_depth_ = sub->current_depth_ + 1;
   }
 
+  /** Produces the size_ bytes asked for, refusing more than limits.max_output_size first. */
   void LargeOutput(LargeOutputTask &task, chi::RunContext &) {
-    if (task.size_ > chi::TaskBuffer::kMaxDecodeBytes) {
-      task.SetErrorf(chi::ErrorCode::kTooLarge, "LargeOutput of %llu bytes exceeds 1 GiB",
-                     static_cast<unsigned long long>(task.size_));
+    if (const chi::u64 bound = chi::MaxOutputSize(); task.size_ > bound) {
+      task.SetErrorf(chi::ErrorCode::kTooLarge,
+                     "LargeOutput of %llu bytes exceeds limits.max_output_size = %llu",
+                     static_cast<unsigned long long>(task.size_),
+                     static_cast<unsigned long long>(bound));
       return;
     }
     if (!task.data_.Resize(task.size_)) {
