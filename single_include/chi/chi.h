@@ -10869,7 +10869,7 @@ class ShmStream {
     if (!IsRingAligned(mem)) return ShmStream();
     auto *shared = new (mem) Shared();
     shared->ring_bytes_ = RingSize(ring_bytes);
-    ShmStream s(mem, ring_bytes);
+    ShmStream s(mem, shared->ring_bytes_);
     s.ClearHeader(0);  // the region may hold old bytes: nothing is published at 0
     return s;
   }
@@ -10879,14 +10879,14 @@ class ShmStream {
 
   /**
    * Views the stream at `mem` (built by Create, maybe in another process) as a ring of
-   * `ring_bytes` (rounded as Create rounds them): the caller's own record of the size,
-   * never the one in shared memory.
+   * `ring_bytes`, the size Create gave it (a power of two): the caller's own record of
+   * the size, never the one in shared memory. Cheap enough to make for every use.
    */
   ShmStream(void *mem, u32 ring_bytes)
       : shared_(static_cast<Shared *>(mem)),
         ring_(static_cast<char *>(mem) + sizeof(Shared)),
-        ring_bytes_(RingSize(ring_bytes)),
-        mask_(ring_bytes_ - 1) {}
+        ring_bytes_(ring_bytes),
+        mask_(ring_bytes - 1) {}
 
   /** True for a view of a stream (not the default or a failed Create). */
   bool Valid() const { return shared_ != nullptr; }
