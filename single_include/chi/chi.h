@@ -11390,13 +11390,14 @@ class ShmDataRegion {
 
   /**
    * True when the reader's `released` is one an honest reader could have left, given the
-   * writer's position `w`: at most a region's bytes behind it (ahead only moves the writer
-   * on, see Place). A writer waiting for room that finds this false waits for a reader
-   * that broke the region.
+   * writer's position `w`: less than two regions behind it (a block may start at the next
+   * lap, up to a region past `released`, and is at most a region long; ahead only moves
+   * the writer on, see Place). A writer waiting for room that finds this false waits for
+   * a reader that broke the region.
    */
   bool ReleasedValid(u64 w) const {
     const u64 released = Released(MemOrder::kAcquire);  // acquire: as in Reserve
-    return released >= w || w - released <= bytes_;
+    return released >= w || w - released <= 2 * bytes_;
   }
 
   /** Bytes written and not yet freed, given the writer's position (a statistic). */

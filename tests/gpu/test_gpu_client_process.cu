@@ -2,7 +2,7 @@
 // runtime with a GPU in a child process (fork + exec of this binary with --server): Local()
 // through the CPU transport, the handshake's GPU queue attachment, LocalGpuBcast/ToLocalGpu
 // straight into the attached cpu2gpu queue (no CPU transport hop), RegisterMemory of device
-// memory read back by the runtime, bad input, a client killed holding cpu2gpu slots, a forked
+// memory (and of host memory, copied by the kernel) read back by the runtime, bad input, a client killed holding cpu2gpu slots, a forked
 // child, and GPU-route tasks sent through the CPU transport once the direct route is detached.
 // Label gpu; without a GPU it prints "skipped: no GPU" and exits 77.
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -184,9 +184,14 @@ TEST_CASE("client process: bad RegisterMemory and ReadRegistered input gets clea
       CHI_IPC->RegisterMemory(heap.data(), heap.size(), MemoryType::kGpuDeviceMemory);
   CHECK(not_device.code() == chi::ErrorCode::kInvalidArgument);
   CHECK(std::string(not_device.message()).find("not device memory") != std::string::npos);
-  CHECK(CHI_IPC->RegisterMemory(heap.data(), heap.size(), MemoryType::kCpuMemory).code() ==
-        chi::ErrorCode::kUnsupported);  // a pure client's heap is not the runtime's
+  // A pure client's heap is copied by the kernel (process_vm_readv), never mapped.
+  for (size_t i = 0; i < heap.size(); ++i) heap[i] = static_cast<char>(i + 1);
+  REQUIRE(CHI_IPC->RegisterMemory(heap.data(), heap.size(), MemoryType::kCpuMemory).ok());
   chimaera::demo::Client client(kPool);
+  auto mine = client.AsyncReadRegistered(chi::PoolQuery::Local(), heap.data(), heap.size());
+  REQUIRE(mine.Wait(kWaitSec));
+  REQUIRE_MESSAGE(mine->GetReturnCode() == 0, mine->GetMessage());
+  CHECK(mine->checksum_ == chimaera::demo::Checksum(heap.data(), heap.size()));
   auto f = client.AsyncReadRegistered(chi::PoolQuery::Local(), dev, 16);  // never registered
   REQUIRE(f.Wait(kWaitSec));
   CHECK(f->GetReturnCode() == static_cast<u32>(chi::ErrorCode::kNotFound));
