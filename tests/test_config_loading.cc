@@ -311,3 +311,16 @@ TEST_CASE("ParseHostfileText reads hosts from memory like ParseHostfile") {
   REQUIRE_MESSAGE(st.ok(), st.message());
   CHECK(hosts == std::vector<std::string>{"a", "b09", "b10", "b11"});
 }
+
+TEST_CASE("a host name with a control byte is refused, naming the line and the byte") {
+  for (const std::string &text : {std::string("a\nb\vc\n"), std::string("a\nb") + '\0' + "c\n",
+                                  std::string("a\nb\x7f\n")}) {
+    std::vector<std::string> hosts{"kept"};
+    const Status st = chi::ParseHostfileText(text, &hosts, "hosts.txt");
+    CAPTURE(st.message());
+    CHECK(st.code() == ErrorCode::kBadConfig);
+    CHECK(Contains(st, "hosts.txt:2: "));
+    CHECK(Contains(st, "control byte 0x"));
+    CHECK(hosts == std::vector<std::string>{"kept"});
+  }
+}

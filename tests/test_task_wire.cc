@@ -255,3 +255,28 @@ TEST_CASE("the answer header is the code, the message's length and its text, and
   CHECK(cut.GetReturnCode() == 0);
   CHECK(cut.msg_.empty());
 }
+
+TEST_CASE("an error answered with no message still says what failed") {
+  // The runtime's answer: an error code and an empty message, with and without outputs.
+  for (bool with_outputs : {false, true}) {
+    CAPTURE(with_outputs);
+    chimaera::demo::GpuSubmitTask answered;
+    answered.rc_ = static_cast<chi::u32>(chi::ErrorCode::kUnknownPool);
+    std::vector<char> bytes;
+    chi::OutputArchive out = chi::BeginEnvelope(7, &bytes);
+    if (with_outputs) {
+      answered.SerializeBaseOut(out);
+      answered.SerializeOut(out);
+    } else {
+      answered.SerializeBaseOut(out);
+    }
+    REQUIRE(out.ok());
+    auto *t = chi::NewTask<chimaera::demo::GpuSubmitTask>();
+    chi::DecodeAnswer(t, bytes.data(), bytes.size());
+    CHECK(t->GetReturnCode() == static_cast<chi::u32>(chi::ErrorCode::kUnknownPool));
+    const std::string msg = t->GetMessage();
+    CHECK(msg.find("unknown pool") != std::string::npos);
+    CHECK(msg.find("no message") != std::string::npos);
+    chi::DeleteTask(t);
+  }
+}

@@ -12309,6 +12309,18 @@ inline void EncodeRequest(Task *t, u64 request_id, std::vector<char> *out) {
 }
 
 /**
+ * A failure answered with no message (a runtime of another build, or a hostile one) still
+ * says what failed: the code's name, and that the runtime gave no reason.
+ */
+inline void ExplainBareError(Task *t) {
+  if (t->rc_ == 0 || t->msg_.size() != 0) return;
+  const u32 rc = t->rc_;
+  t->rc_ = 0;  // SetErrorf keeps the first failure: this one, with a message
+  t->SetErrorf(static_cast<ErrorCode>(rc), "the runtime answered %s (code %u) with no message",
+               ErrorName(static_cast<ErrorCode>(rc)), rc);
+}
+
+/**
  * Client side: reads an answer into the task (outputs, or just the error when
  * the runtime refused the request). Malformed answers set kMalformed on the task.
  */
@@ -12337,11 +12349,13 @@ inline void DecodeAnswer(Task *t, const char *data, u64 len) {
   if (header.rc_ != 0 && ar.Remaining() == 0) {  // an error-only answer
     t->rc_ = header.rc_;
     t->msg_ = header.msg_;
+    ExplainBareError(t);
     return;
   }
   InputArchive full(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
   t->ops_->load_out(*t, full);
   if (!full.ok()) t->SetError(ErrorCode::kMalformed, "answer outputs are malformed");
+  ExplainBareError(t);
 }
 
 }  // namespace chi
@@ -23810,6 +23824,8 @@ inline IpcManager &GetIpcManager() { return Chimaera::Get().Ipc(); }
 // are counted from its ranges before any is made, so the work done and the memory taken
 // stay proportional to those bounds, however short the line.
 
+#include <algorithm>    // any_of, find_if over a line
+#include <cstdio>       // snprintf of a bad byte
 #include <string>       // host names
 #include <string_view>  // patterns
 #include <vector>       // the host list
@@ -24018,8 +24034,17 @@ inline Status ParseHostfileText(std::string_view text, std::vector<std::string> 
       while (!line.empty() && is_space(line.back())) line.remove_suffix(1);
       if (line.empty()) continue;
       std::string why;
+      // Control bytes (a vertical tab, a NUL, ...) are no part of a host name or address.
+      const auto is_control = [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) == 0x7f;
+      };
       if (std::any_of(line.begin(), line.end(), is_space)) {
         why = "expected one host per line, got '" + std::string(line) + "'";
+      } else if (const auto bad = std::find_if(line.begin(), line.end(), is_control);
+                 bad != line.end()) {
+        char hex[8];
+        std::snprintf(hex, sizeof(hex), "0x%02x", static_cast<unsigned char>(*bad));
+        why = std::string("a host name may not hold the control byte ") + hex;
       } else if (detail::ParseHostPattern(line, &pattern, &why)) {
         u64 more_hosts = 0, more_bytes = 0;
         detail::CountHostPattern(pattern, &more_hosts, &more_bytes);

@@ -7,6 +7,8 @@
 // stay proportional to those bounds, however short the line.
 #pragma once
 
+#include <algorithm>    // any_of, find_if over a line
+#include <cstdio>       // snprintf of a bad byte
 #include <string>       // host names
 #include <string_view>  // patterns
 #include <vector>       // the host list
@@ -218,8 +220,17 @@ inline Status ParseHostfileText(std::string_view text, std::vector<std::string> 
       while (!line.empty() && is_space(line.back())) line.remove_suffix(1);
       if (line.empty()) continue;
       std::string why;
+      // Control bytes (a vertical tab, a NUL, ...) are no part of a host name or address.
+      const auto is_control = [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) == 0x7f;
+      };
       if (std::any_of(line.begin(), line.end(), is_space)) {
         why = "expected one host per line, got '" + std::string(line) + "'";
+      } else if (const auto bad = std::find_if(line.begin(), line.end(), is_control);
+                 bad != line.end()) {
+        char hex[8];
+        std::snprintf(hex, sizeof(hex), "0x%02x", static_cast<unsigned char>(*bad));
+        why = std::string("a host name may not hold the control byte ") + hex;
       } else if (detail::ParseHostPattern(line, &pattern, &why)) {
         u64 more_hosts = 0, more_bytes = 0;
         detail::CountHostPattern(pattern, &more_hosts, &more_bytes);

@@ -277,6 +277,18 @@ inline void EncodeRequest(Task *t, u64 request_id, std::vector<char> *out) {
 }
 
 /**
+ * A failure answered with no message (a runtime of another build, or a hostile one) still
+ * says what failed: the code's name, and that the runtime gave no reason.
+ */
+inline void ExplainBareError(Task *t) {
+  if (t->rc_ == 0 || t->msg_.size() != 0) return;
+  const u32 rc = t->rc_;
+  t->rc_ = 0;  // SetErrorf keeps the first failure: this one, with a message
+  t->SetErrorf(static_cast<ErrorCode>(rc), "the runtime answered %s (code %u) with no message",
+               ErrorName(static_cast<ErrorCode>(rc)), rc);
+}
+
+/**
  * Client side: reads an answer into the task (outputs, or just the error when
  * the runtime refused the request). Malformed answers set kMalformed on the task.
  */
@@ -305,11 +317,13 @@ inline void DecodeAnswer(Task *t, const char *data, u64 len) {
   if (header.rc_ != 0 && ar.Remaining() == 0) {  // an error-only answer
     t->rc_ = header.rc_;
     t->msg_ = header.msg_;
+    ExplainBareError(t);
     return;
   }
   InputArchive full(data + kEnvelopeHeaderBytes, len - kEnvelopeHeaderBytes);
   t->ops_->load_out(*t, full);
   if (!full.ok()) t->SetError(ErrorCode::kMalformed, "answer outputs are malformed");
+  ExplainBareError(t);
 }
 
 }  // namespace chi
