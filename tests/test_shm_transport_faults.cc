@@ -311,15 +311,32 @@ TEST_CASE("forged ring geometry and forged positions reset only the forger's slo
     shaper->Close();
   }
 
-  // A read position off a record's start: the next header would be read misaligned.
-  {
+  // Read positions off a record's start (a line): one 8 bytes in, where a well-formed
+  // record waits (read there, it would be answered), and one 13 bytes in, whose header
+  // word would be read misaligned.
+  for (const u64 into : {u64{8}, u64{13}}) {
+    CAPTURE(into);
     auto odd = ConnectClient(runtime);
-    auto first = EchoVia(*odd, "first");
-    REQUIRE(first.Wait(20));
-    REQUIRE(first->GetReturnCode() == 0);
-    odd->Segment().RequestStream(odd->SlotIndex()).ForgeShared(128, 64 + 13, 16u << 10);
+    auto *t = chi::NewTask<chimaera::demo::CustomTask>(chi::TaskBuffer("x", 1));
+    t->pool_id_ = kPool;
+    t->pool_query_ = PoolQuery::Local();
+    t->method_ = chimaera::demo::Method::kCustom;
+    chi::GetIpcManager().Stamp(t);
+    std::vector<char> request;
+    chi::EncodeRequest(t, 0x77, &request);
+    chi::DeleteTask(t);
+    REQUIRE(request.size() <= 100);
+    // The ring follows the stream's shared words (three lines) after the slot.
+    char *ring = reinterpret_cast<char *>(odd->Segment().Slot(odd->SlotIndex())) +
+                 sizeof(chi::ShmClientSlot) + 3 * chi::kCacheLine;
+    const u64 word = static_cast<u64>(chi::ShmStream::kWhole) |
+                     static_cast<u64>(request.size()) << 32;
+    std::memcpy(ring + 64 + into + 8, request.data(), request.size());
+    std::memcpy(ring + 64 + into, &word, sizeof(word));
+    odd->Segment().RequestStream(odd->SlotIndex()).ForgeShared(256, 64 + into, 16u << 10);
     odd->Segment().Header()->server_event_.Notify();
     CHECK(AwaitFailure(*odd, ErrorCode::kMalformed));
+    CHECK(odd->StrayAnswers() == 0);  // nothing was read there, so nothing was answered
     CheckEcho(client, 5000, 21);
     odd->Close();
   }
@@ -337,7 +354,7 @@ TEST_CASE("forged ring geometry and forged positions reset only the forger's slo
     ahead->Close();
   }
   chi::ShmServer::Stats stats;
-  CHECK(AwaitStats(port, [](const auto &s) { return s.broken_streams == 2 && s.clients == 1; },
+  CHECK(AwaitStats(port, [](const auto &s) { return s.broken_streams == 3 && s.clients == 1; },
                    10, &stats));
   CheckEcho(client, 1u << 20, 23);
 }
@@ -378,8 +395,16 @@ TEST_CASE("a client that forges how far it freed its answer region has its slot 
     REQUIRE(echo->GetReturnCode() == 0);
     CHECK(echo->data_.view() == data);
   }
-  // "Freed up to 0": more than a region behind the writer, as no reader can be.
-  tr->Segment().Slot(tr->SlotIndex())->answer_data_released_.Store(0, chi::MemOrder::kSeqCst);
+  // "Freed up to 0": more than two regions behind the writer, as no reader can be. The
+  // client frees the last answer's block once it has decoded it, maybe after Wait
+  // returned; it touches the word no more until its next answer.
+  chi::Atomic<u64> &released = tr->Segment().Slot(tr->SlotIndex())->answer_data_released_;
+  const auto t0 = Clock::now();
+  while (released.Load(chi::MemOrder::kSeqCst) < 3 * (128u << 10) && SecondsSince(t0) < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(released.Load(chi::MemOrder::kSeqCst) >= 3 * (128u << 10));
+  released.Store(0, chi::MemOrder::kSeqCst);
   auto stuck = EchoVia(*tr, Pattern(100000, 50));
   CHECK(AwaitFailure(*tr, ErrorCode::kMalformed));
   REQUIRE(stuck.Wait(20));
