@@ -26,8 +26,11 @@ namespace {
 
 /** Segments up to this size are heap buffers of their exact size. */
 constexpr u64 kMaxHeapSegmentBytes = 1ull << 20;
-/** The largest segment tried: big enough for slot counts near 2^32 (their claim words). */
-constexpr u64 kMaxSegmentBytes = 64ull << 30;
+/**
+ * The largest segment tried: room for slot counts near 2^32 (their claim words alone take
+ * 16 GiB) and for the sizes such counts add up to.
+ */
+constexpr u64 kMaxSegmentBytes = 256ull << 30;
 constexpr u64 kPageBytes = 4096;
 
 /**
