@@ -119,7 +119,8 @@ void CheckLimits(const ServerConfig &c) {
               "shm sizes in [kMinShmSegment, kMaxShmSegment]");
   }
   FuzzCheck(In(c.shm_client_slots, 1, chi::kMaxShmClientSlots), "shm.client_slots in range");
-  FuzzCheck(c.warm_message_bytes <= chi::kMaxWarmBytes && c.warm_payload_bytes <= chi::kMaxWarmBytes,
+  FuzzCheck(c.warm_message_bytes <= chi::kMaxWarmBytes &&
+                c.warm_payload_bytes <= chi::kMaxWarmBytes,
             "memory warm budgets <= kMaxWarmBytes");
   for (size_t i = 0; i < c.compose.size(); ++i) {
     const chi::ComposeEntry &e = c.compose[i];
@@ -174,7 +175,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const std::string written = WriteYaml(cfg);
   ServerConfig back;
   const Status again = Parse(written, &back);
-  if (!again.ok()) std::fprintf(stderr, "written back:\n%s\n=> %s\n", written.c_str(), again.message());
+  if (!again.ok()) {
+    std::fprintf(stderr, "written back:\n%s\n=> %s\n", written.c_str(), again.message());
+  }
   FuzzCheck(again.ok(), "a parsed configuration written back as YAML parses");
   FuzzCheck(back == cfg, "a parsed configuration written back parses to the same configuration");
   return 0;

@@ -83,7 +83,8 @@ void CheckClientView(const ConnectAnswer &answer) {
     CheckCanonicalValue(info, "a decoded shm server description encodes canonically");
   } else {
     FuzzCheckRefusal(shm, "a refused shm description has a code and a message");
-    FuzzCheck(shm.code() == chi::ErrorCode::kUnsupported, "a refused shm description is kUnsupported");
+    FuzzCheck(shm.code() == chi::ErrorCode::kUnsupported,
+              "a refused shm description is kUnsupported");
   }
   chi::gpu::GpuConnectInfo gpu;
   const Status g = chi::gpu::DecodeGpuConnectInfo(answer.gpu_info, &gpu);

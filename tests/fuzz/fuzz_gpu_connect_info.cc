@@ -130,7 +130,9 @@ void CheckQueue(const GpuQueueAttachInfo &g, const Queue &q, char *base, u64 siz
 }
 
 /** Encodes a decoded blob again (EncodeGpuConnectInfo: empty when it names no GPU). */
-std::vector<char> Encode(const GpuConnectInfo &info) { return chi::gpu::EncodeGpuConnectInfo(info); }
+std::vector<char> Encode(const GpuConnectInfo &info) {
+  return chi::gpu::EncodeGpuConnectInfo(info);
+}
 
 }  // namespace
 

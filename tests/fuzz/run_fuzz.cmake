@@ -24,7 +24,9 @@ execute_process(
 if(NOT _rc EQUAL 0)
   file(GLOB _found ${WORK_DIR}/crash-* ${WORK_DIR}/timeout-* ${WORK_DIR}/oom-*
        ${WORK_DIR}/leak-*)
-  message(FATAL_ERROR "${HARNESS} failed (${_rc}); its input: ${_found}\n"
-                      "Minimize it (${HARNESS} -minimize_crash=1 -runs=10000 FILE), then keep "
-                      "it in tests/fuzz/regressions/<name>/ named by what it found.")
+  message(FATAL_ERROR "${HARNESS} failed (${_rc}) on the input saved as: ${_found}\n"
+                      "The same bytes as a file of the seed directories mean that file's bug is "
+                      "back (or not fixed yet). Otherwise minimize it (${HARNESS} "
+                      "-minimize_crash=1 -runs=100000 FILE) and keep it in "
+                      "tests/fuzz/regressions/<name>/, named by what it found.")
 endif()
