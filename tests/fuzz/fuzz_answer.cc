@@ -1,9 +1,8 @@
-// libFuzzer harness for the client's answer decoder, DecodeAnswer (request_dispatcher.h),
-// which reads a runtime's answer envelope into the task the client waits on. Byte 0 picks
-// the task type (every task of the admin and demo modules); the rest is the envelope. An
-// answer read as a success encodes canonically (save_out through EncodeAnswerKeep, decoded
-// into a fresh task of the type, encoded again: the same bytes); a failure has a message.
-// A Monitor answer's report is decoded too, and must encode canonically when it decodes.
+// libFuzzer harness for the client's answer decoder, DecodeAnswer (request_dispatcher.h).
+// Byte 0 picks the task type (every task of the admin and demo modules); the rest is the
+// answer envelope. An answer read as a success encodes canonically (save_out through
+// EncodeAnswerKeep, decoded into a fresh task, encoded again: the same bytes); a failure has
+// a message. A Monitor answer's report must also encode canonically when it decodes.
 #include <cstdint>      // uint8_t
 #include <cstring>      // strlen
 #include <type_traits>  // is_same_v for the Monitor report

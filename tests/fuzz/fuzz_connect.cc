@@ -1,11 +1,10 @@
-// libFuzzer harness for the ClientConnect handshake as it crosses a ZeroMQ connection. Byte
-// 0 picks the side; the rest is one whole control message ([u64 id][archive], as
-// MakeControl frames it). Runtime side: ParseControl into a ConnectRequest and
-// CheckConnectRequest, then the answer the runtime would send, read back by the client
-// side. Client side: ParseControl into a ConnectAnswer, its Status, ShmInfoFromAnswer and
+// libFuzzer harness for the ClientConnect handshake: byte 0 picks the side, the rest is one
+// control message ([u64 id][archive], as MakeControl frames it). Runtime side: ParseControl
+// into a ConnectRequest, CheckConnectRequest, and the answer it leads to read back by the
+// client. Client side: ParseControl into a ConnectAnswer, its Status, ShmInfoFromAnswer and
 // DecodeGpuConnectInfo of its gpu_info. What decodes must encode canonically.
 #include <cstdint>  // uint8_t
-#include <cstring>  // strlen, memcmp
+#include <cstring>  // strlen, strcmp
 #include <string>   // messages
 #include <vector>   // encoded bytes
 

@@ -1,9 +1,8 @@
-// libFuzzer harness for the runtime's request decoder, RequestDispatcher::Decode
-// (request_dispatcher.h), over a PoolManager holding the admin pool (1.0) and a demo pool
-// (kDemoPool) as a runtime has them; no workers, since Decode submits nothing. The input is
-// one request envelope. A request that decodes encodes canonically (EncodeRequest, decoded
-// again, encoded again: the same bytes) and holds its pool until released; a refusal has
-// one of Decode's documented codes and a message, and holds no pool.
+// libFuzzer harness for the runtime's request decoder, RequestDispatcher::Decode, over a
+// PoolManager holding the admin pool and a demo pool (no workers: Decode submits nothing).
+// The input is one request envelope. A request that decodes encodes canonically
+// (EncodeRequest, decoded and encoded again: the same bytes) and holds its pool until
+// released; a refusal has one of Decode's documented codes and a message, and holds none.
 #include <cstdint>  // uint8_t
 #include <cstdio>   // fprintf of a re-encoded request refused
 #include <memory>   // unique_ptr<PoolInfo>

@@ -1,9 +1,8 @@
-# Builds the libFuzzer harnesses, included from tests/CMakeLists.txt: each
-# tests/fuzz/fuzz_<name>.cc becomes <build>/tests/fuzz/fuzz_<name>, compiled by a clang++
-# directly (the project compiler is g++; libFuzzer needs clang), part of the default build.
-# The targets are declared in tests/ rather than tests/fuzz/: there, a custom target's
-# directory alias (tests/fuzz/fuzz_<name>) would be the path of its own binary.
-# Sets CHI_FUZZ_HARNESSES (every harness) and CHI_FUZZ_BUILT (ON when they are built).
+# Included from tests/CMakeLists.txt: builds each tests/fuzz/fuzz_<name>.cc as
+# <build>/tests/fuzz/fuzz_<name> with a clang++ directly (the project compiler is g++), in
+# the default build. Declared from tests/, not tests/fuzz/, where a custom target's alias
+# (tests/fuzz/fuzz_<name>) would be the path of its own binary. Sets CHI_FUZZ_HARNESSES
+# (every harness) and CHI_FUZZ_BUILT (ON when the harnesses are built).
 
 set(CHI_FUZZ_HARNESSES config_yaml hostfile pool_query connect gpu_connect_info answer request)
 set(CHI_FUZZ_BUILT OFF)
