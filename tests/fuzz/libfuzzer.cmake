@@ -4,7 +4,8 @@
 # (tests/fuzz/fuzz_<name>) would be the path of its own binary. Sets CHI_FUZZ_HARNESSES
 # (every harness) and CHI_FUZZ_BUILT (ON when the harnesses are built).
 
-set(CHI_FUZZ_HARNESSES config_yaml hostfile pool_query connect gpu_connect_info answer request)
+set(CHI_FUZZ_HARNESSES config_yaml hostfile pool_query connect gpu_connect_info answer request
+    shm_stream)
 set(CHI_FUZZ_BUILT OFF)
 
 find_program(CHIMAERA_FUZZ_CXX NAMES clang++-15 clang++

@@ -277,11 +277,12 @@ inline void EncodeRequest(Task *t, u64 request_id, std::vector<char> *out) {
 }
 
 /**
- * A failure answered with no message (a runtime of another build, or a hostile one) still
- * says what failed: the code's name, and that the runtime gave no reason.
+ * A failure answered with no message, or one that reads as empty (a runtime of another
+ * build, or a hostile one), still says what failed: the code's name, and that the runtime
+ * gave no reason.
  */
 inline void ExplainBareError(Task *t) {
-  if (t->rc_ == 0 || t->msg_.size() != 0) return;
+  if (t->rc_ == 0 || t->msg_.c_str()[0] != '\0') return;  // a leading NUL reads as empty
   const u32 rc = t->rc_;
   t->rc_ = 0;  // SetErrorf keeps the first failure: this one, with a message
   t->SetErrorf(static_cast<ErrorCode>(rc), "the runtime answered %s (code %u) with no message",
