@@ -202,7 +202,7 @@ TEST_CASE("a hostfile naming more than limits.max_hosts hosts is refused before 
 }
 
 TEST_CASE("a 383-byte hostfile whose ranges would expand past either bound is refused unexpanded") {
-  // Six one-digit ranges after a long name: a million hosts of 358 bytes (358 MB) from a
+  // Six one-digit ranges after a long name: a million hosts of 358 bytes (359 MB one per line) from a
   // 383-byte file. The count, not the hosts, is what the refusal reports.
   const std::string line = std::string(352, 'a') + "[0-9][0-9][0-9][0-9][0-9][0-9]\n";
   REQUIRE(line.size() == 383);
@@ -210,20 +210,20 @@ TEST_CASE("a 383-byte hostfile whose ranges would expand past either bound is re
   ExpectRefused(file.path(), RuntimeLimits(),
                 {file.path() + ":1: ", "limits.max_hosts = 65536",
                  "would add 1000000 to the 0 before it (not expanded)"});
-  // With room for the hosts, their names are what passes the bound.
+  // With room for the hosts, their bytes are what passes the bound.
   RuntimeLimits many;
   many.max_hosts = 1u << 20;
   ExpectRefused(file.path(), many,
                 {file.path() + ":1: ", "limits.max_hostfile_size = 1048576 bytes",
-                 "would add 358000000 to the 0 before it (not expanded)"});
+                 "would add 359000000 to the 0 before it (not expanded)"});
 
-  // 10000 hosts (within max_hosts) of 375 to 378 bytes: 3778890 bytes of names.
+  // 10000 hosts (within max_hosts) of 375 to 378 bytes: 3788890 bytes one per line.
   const std::string wide = std::string(374, 'b') + "[0-9999]\n";
   REQUIRE(wide.size() == 383);
   TempFile wide_file(wide);
   ExpectRefused(wide_file.path(), RuntimeLimits(),
                 {"limits.max_hostfile_size = 1048576 bytes",
-                 "would add 3778890 to the 0 before it (not expanded)"});
+                 "would add 3788890 to the 0 before it (not expanded)"});
 
   // Ranges whose product passes what 64 bits count.
   TempFile huge("n[0-4294967295][0-4294967295][0-4294967295]\n");
@@ -234,19 +234,19 @@ TEST_CASE("a 383-byte hostfile whose ranges would expand past either bound is re
 TEST_CASE("hosts within both bounds expand in order, with their zero padding") {
   RuntimeLimits tight;
   tight.max_hosts = 6;
-  tight.max_hostfile_size = 40;  // the text is 15 bytes; its 6 names take 30
+  tight.max_hostfile_size = 40;  // the text is 15 bytes; its 6 hosts take 36, one per line
   std::vector<std::string> hosts;
   const Status st = chi::ParseHostfileText("r[1-2]n[08-10]\n", &hosts, "<string>", tight);
   REQUIRE_MESSAGE(st.ok(), st.message());
   CHECK(hosts ==
         std::vector<std::string>{"r1n08", "r1n09", "r1n10", "r2n08", "r2n09", "r2n10"});
-  tight.max_hostfile_size = 29;  // one byte short of the names
+  tight.max_hostfile_size = 35;  // one byte short of the hosts one per line
   hosts.clear();
   const Status over = chi::ParseHostfileText("r[1-2]n[08-10]\n", &hosts, "<string>", tight);
   const std::string msg = over.message();
   CAPTURE(msg);
   CHECK(over.code() == ErrorCode::kBadConfig);
-  CHECK(Contains(over, "limits.max_hostfile_size = 29 bytes: this line would add 30"));
+  CHECK(Contains(over, "limits.max_hostfile_size = 35 bytes: this line would add 36"));
   CHECK(hosts.empty());
 }
 

@@ -23933,8 +23933,9 @@ inline u64 RangeTextBytes(const HostRange &r) {
 }
 
 /**
- * What a pattern expands to, counted without expanding it: *hosts hosts whose names take
- * *bytes in all. Either saturates at ~0 past what a u64 holds.
+ * What a pattern expands to, counted without expanding it: *hosts hosts that take *bytes
+ * written one per line (each name and its newline), the form limits.max_hostfile_size
+ * bounds. Either saturates at ~0 past what a u64 holds.
  */
 inline void CountHostPattern(const HostPattern &p, u64 *hosts, u64 *bytes) {
   u64 count = 1;
@@ -23962,7 +23963,7 @@ inline void CountHostPattern(const HostPattern &p, u64 *hosts, u64 *bytes) {
   for (size_t g = 0; g < sizes.size(); ++g) {
     total = SaturatingAdd(total, SaturatingMul(digits[g], count / sizes[g]));
   }
-  *bytes = total;
+  *bytes = SaturatingAdd(total, count);  // a newline after each host
 }
 
 /** Appends every host of a pattern, the last bracket varying fastest. */
@@ -24007,7 +24008,7 @@ inline void ExpandHostPattern(const HostPattern &p, std::vector<std::string> *ou
  * Reads the hosts of a hostfile given as text: one host per line, blank lines and
  * '#' comments skipped, ranges such as "node[01-04]" expanded. Replaces *hosts on success.
  * Text past limits.max_hostfile_size is refused unread; a line whose expansion would take
- * the hosts past limits.max_hosts, or their names past limits.max_hostfile_size bytes, is
+ * the hosts past limits.max_hosts, or their lines past limits.max_hostfile_size bytes, is
  * refused before it is expanded.
  */
 inline Status ParseHostfileText(std::string_view text, std::vector<std::string> *hosts,
@@ -24021,7 +24022,7 @@ inline Status ParseHostfileText(std::string_view text, std::vector<std::string> 
                                      std::to_string(limits.max_hostfile_size));
     }
     std::vector<std::string> found;
-    u64 bytes = 0;  // of the names of the hosts found so far
+    u64 bytes = 0;  // of the hosts found so far, written one per line
     detail::HostPattern pattern;
     size_t line_no = 0;
     while (!text.empty()) {
@@ -24057,7 +24058,7 @@ inline Status ParseHostfileText(std::string_view text, std::vector<std::string> 
                 ": this line would add " + count(more_hosts) + " to the " +
                 std::to_string(found.size()) + " before it (not expanded)";
         } else if (more_bytes > limits.max_hostfile_size - bytes) {
-          why = "host names past limits.max_hostfile_size = " +
+          why = "host lines past limits.max_hostfile_size = " +
                 std::to_string(limits.max_hostfile_size) + " bytes: this line would add " +
                 count(more_bytes) + " to the " + std::to_string(bytes) +
                 " before it (not expanded)";
