@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing chi needs on a fresh Debian 12, and nothing else:
-# the toolchain, the library's dependencies, doctest, and the HIP packages for the
-# hipcc compile check. Idempotent: when everything is present it changes nothing and
-# needs no network. Run as root, or as a user who may sudo.
+# the toolchain, the library's dependencies, doctest, clang for the fuzz harnesses, and the
+# HIP packages for the hipcc compile check. Idempotent: when everything is present it changes
+# nothing and needs no network. Run as root, or as a user who may sudo.
 set -euo pipefail
 
 packages=(
@@ -11,6 +11,7 @@ packages=(
   libzmq3-dev cppzmq-dev                                 # ZeroMQ transport
   libyaml-cpp-dev                                        # runtime configuration
   doctest-dev                                            # unit tests
+  clang-15                                               # libFuzzer harnesses (tests/fuzz)
   hipcc libamdhip64-dev rocm-device-libs                 # hip_compile_check
 )
 
