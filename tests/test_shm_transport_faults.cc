@@ -333,7 +333,9 @@ TEST_CASE("forged ring geometry and forged positions reset only the forger's slo
                      static_cast<u64>(request.size()) << 32;
     std::memcpy(ring + 64 + into + 8, request.data(), request.size());
     std::memcpy(ring + 64 + into, &word, sizeof(word));
-    odd->Segment().RequestStream(odd->SlotIndex()).ForgeShared(256, 64 + into, 16u << 10);
+    // Written up to the record's end: read at that position, it is all there is.
+    odd->Segment().RequestStream(odd->SlotIndex()).ForgeShared(64 + into + 64, 64 + into,
+                                                               16u << 10);
     odd->Segment().Header()->server_event_.Notify();
     CHECK(AwaitFailure(*odd, ErrorCode::kMalformed));
     CHECK(odd->StrayAnswers() == 0);  // nothing was read there, so nothing was answered
