@@ -37,7 +37,7 @@ constexpr int kReps = 7;
 
 /** Spins its worker for spin_ns without yielding: the stuck worker of the lane help figure. */
 struct SpinTask : public chi::Task {
-  IN chi::u64 spin_ns_ = 0;
+  CHI_IN chi::u64 spin_ns_ = 0;
 
   template <typename Ar>
   void SerializeIn(Ar &ar) {

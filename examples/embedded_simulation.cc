@@ -24,9 +24,9 @@ struct Method {
 
 /** Statistics of one snapshot of the grid. */
 struct AnalyzeTask : public chi::Task {
-  IN chi::u32 step_ = 0;
-  IN chi::TaskBuffer grid_;  ///< n*n doubles
-  OUT double min_ = 0, max_ = 0, total_ = 0;
+  CHI_IN chi::u32 step_ = 0;
+  CHI_IN chi::TaskBuffer grid_;  ///< n*n doubles
+  CHI_OUT double min_ = 0, max_ = 0, total_ = 0;
 
   template <typename Ar> void SerializeIn(Ar &ar) { ar(step_, grid_); }
   template <typename Ar> void SerializeOut(Ar &ar) { ar(min_, max_, total_); }
@@ -34,10 +34,10 @@ struct AnalyzeTask : public chi::Task {
 
 /** Writes one snapshot to a file. */
 struct CheckpointTask : public chi::Task {
-  IN chi::u32 step_ = 0;
-  IN chi::FixedString<128> path_;
-  IN chi::TaskBuffer grid_;
-  OUT chi::u64 bytes_written_ = 0;
+  CHI_IN chi::u32 step_ = 0;
+  CHI_IN chi::FixedString<128> path_;
+  CHI_IN chi::TaskBuffer grid_;
+  CHI_OUT chi::u64 bytes_written_ = 0;
 
   template <typename Ar> void SerializeIn(Ar &ar) { ar(step_, path_, grid_); }
   template <typename Ar> void SerializeOut(Ar &ar) { ar(bytes_written_); }

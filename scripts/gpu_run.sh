@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repository root: builds every GPU test and the GPU benchmark
-# (CUDA on, sm_90, dependencies from the carried .debs), runs them with time limits, keeps
-# the logs under $OUT (or ./gpu_out), and prints a short summary last.
+# On the GPU machine, from the repository root: builds every GPU test, the GPU example and the
+# GPU benchmark (CUDA on, sm_90, dependencies from the carried .debs), runs them with time
+# limits, keeps the logs under $OUT (or ./gpu_out), and prints a short summary last.
 # Usage: bash scripts/gpu_run.sh [--no-bench | --short] [--host-bench]
 #   --short: one benchmark run (the default orchestrator) and no ctest re-run, to save
 #   device time when the tests and figures are all that is needed.
@@ -42,7 +42,7 @@ export CUDA_MODULE_LOADING=EAGER
 start=$(date +%s)
 if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHIMAERA_ENABLE_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
-     -DCHIMAERA_BUILD_EXAMPLES=OFF > "$out/configure.log" 2>&1; then
+     > "$out/configure.log" 2>&1; then
   tail -30 "$out/configure.log"
   note "configure: FAILED (see configure.log)"
   cat "$summary"
@@ -75,6 +75,8 @@ run test_gpu_queue_inline 60 "$build/tests/gpu/test_gpu_queue_inline"
 run test_gpu_runtime 180 "$build/tests/gpu/test_gpu_runtime"
 run test_gpu_client_process 180 "$build/tests/gpu/test_gpu_client_process"
 run test_gpu_memory 180 "$build/tests/gpu/test_gpu_memory"
+run example_gpu_kernel 120 "$build/examples/gpu_kernel"
+tail -1 "$out/example_gpu_kernel.log" | tee -a "$summary"
 grep -E "test cases|assertions|ERROR|FAILED|skipped" "$out/test_gpu_protocol.log" \
   "$out/test_gpu_queue_inline.log" "$out/test_gpu_runtime.log" \
   "$out/test_gpu_client_process.log" "$out/test_gpu_memory.log" \

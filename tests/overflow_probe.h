@@ -22,11 +22,11 @@ inline constexpr u32 kQueueDepth = 16;  ///< the tests' lanes (their configs say
 
 /** A subtask (Work) or a parent spawning `count_` of them (FanOut). */
 struct OverflowTask : public chi::Task {
-  IN u64 count_ = 0;     ///< FanOut: subtasks to spawn; Work: its index
-  IN u64 spin_ns_ = 0;   ///< how long each Work spins without yielding
-  OUT u32 worker_ = 0;   ///< the worker it ran on
-  OUT u32 answered_ = 0;  ///< FanOut: subtasks that completed without error
-  OUT u32 elsewhere_ = 0;  ///< FanOut: subtasks that ran on another worker than the parent
+  CHI_IN u64 count_ = 0;     ///< FanOut: subtasks to spawn; Work: its index
+  CHI_IN u64 spin_ns_ = 0;   ///< how long each Work spins without yielding
+  CHI_OUT u32 worker_ = 0;   ///< the worker it ran on
+  CHI_OUT u32 answered_ = 0;  ///< FanOut: subtasks that completed without error
+  CHI_OUT u32 elsewhere_ = 0;  ///< FanOut: subtasks that ran on another worker than the parent
 
   template <typename Ar>
   void SerializeIn(Ar &ar) {

@@ -83,6 +83,18 @@ add_test(NAME sleep_for_result_must_be_used
 set_tests_properties(sleep_for_result_must_be_used PROPERTIES
   PASS_REGULAR_EXPRESSION "ignoring return value of [^\n]*SleepFor")
 
+# A task whose Aggregate has another signature than `void Aggregate(const T &, u32)` fails
+# to compile, naming the signature (it would be skipped for the default fold otherwise).
+set(_chi_aggregate_tests)
+foreach(_case 1 2 3)
+  add_test(NAME aggregate_signature_must_match_${_case}
+    COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -DAGGREGATE_CASE=${_case}
+            -I${_chi_root}/include ${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/aggregate_wrong_signature.cc)
+  set_tests_properties(aggregate_signature_must_match_${_case} PROPERTIES
+    PASS_REGULAR_EXPRESSION "a task's Aggregate must be")
+  list(APPEND _chi_aggregate_tests aggregate_signature_must_match_${_case})
+endforeach()
+
 # ---- Device-side compile checks -----------------------------------------------
 
 set(_chi_device_src ${CMAKE_CURRENT_SOURCE_DIR}/gpu_compile/device_check.cu)
@@ -148,6 +160,7 @@ file(MAKE_DIRECTORY ${_chi_pkg_bin})
 set_tests_properties(
   single_include_check single_include_compiles cmake_consumer_build_tree
   cmake_consumer_install cmake_consumer_install_tree sleep_for_result_must_be_used
+  ${_chi_aggregate_tests}
   nvcc_compile_check nvcc_compile_check_single_include
   hip_compile_check hip_compile_check_single_include
   nvcc_compile_check_gpu hip_compile_check_gpu hip_compile_check_ipc

@@ -13,9 +13,9 @@ namespace spin_probe {
 
 /** Spins for spin_ns; reports when it let go and the role of the worker it held. */
 struct SpinTask : public chi::Task {
-  IN chi::u64 spin_ns_ = 0;
-  OUT chi::u64 end_ns_ = 0;  ///< when it let go of its worker (CLOCK_MONOTONIC)
-  OUT chi::u32 role_ = 0;    ///< the chi::WorkerRole of that worker (see RoleOf)
+  CHI_IN chi::u64 spin_ns_ = 0;
+  CHI_OUT chi::u64 end_ns_ = 0;  ///< when it let go of its worker (CLOCK_MONOTONIC)
+  CHI_OUT chi::u32 role_ = 0;    ///< the chi::WorkerRole of that worker (see RoleOf)
 
   SpinTask() = default;
   CHI_CROSS_FUN explicit SpinTask(chi::u64 spin_ns) : spin_ns_(spin_ns) {}

@@ -23,11 +23,11 @@ constexpr u64 kMs = 1000000ull;
 
 /** Spins its worker without yielding for spin_ns (a task that should be TASK_HIGH_LATENCY). */
 struct SpinTask : public chi::Task {
-  IN u64 spin_ns_ = 0;
-  OUT u32 worker_ = 0;  ///< the worker it ran on
-  OUT u64 end_ns_ = 0;  ///< when it let go (MonotonicNs)
-  OUT u32 sub_worker_ = ~0u;  ///< SpawnSpin: where its subtask ran
-  OUT u64 sub_wait_ns_ = 0;   ///< SpawnSpin: how long it spun until its subtask was done
+  CHI_IN u64 spin_ns_ = 0;
+  CHI_OUT u32 worker_ = 0;  ///< the worker it ran on
+  CHI_OUT u64 end_ns_ = 0;  ///< when it let go (MonotonicNs)
+  CHI_OUT u32 sub_worker_ = ~0u;  ///< SpawnSpin: where its subtask ran
+  CHI_OUT u64 sub_wait_ns_ = 0;   ///< SpawnSpin: how long it spun until its subtask was done
 
   template <typename Ar>
   void SerializeIn(Ar &ar) {

@@ -60,8 +60,8 @@ chi_test::ChildRoutine kLoadClientRoutine("shm_load_client", LoadClientMain);
  * workers) when the task started.
  */
 struct ObserveTask : public chi::Task {
-  OUT u64 served_at_start_ = 0;
-  OUT u64 worker_taken_at_start_ = 0;
+  CHI_OUT u64 served_at_start_ = 0;
+  CHI_OUT u64 worker_taken_at_start_ = 0;
 
   template <typename Ar>
   void SerializeIn(Ar &) {}
@@ -74,8 +74,8 @@ struct ObserveTask : public chi::Task {
 /** Keeps its worker busy for spin_ns without yielding (a task that should have been
  * TASK_HIGH_LATENCY); end_ns_ is when it let go (CLOCK_MONOTONIC). */
 struct HogTask : public chi::Task {
-  IN u64 spin_ns_ = 0;
-  OUT u64 end_ns_ = 0;
+  CHI_IN u64 spin_ns_ = 0;
+  CHI_OUT u64 end_ns_ = 0;
 
   template <typename Ar>
   void SerializeIn(Ar &ar) {

@@ -377,9 +377,9 @@ struct Method {
 
 /** A task whose handler throws: kind 0 a std::runtime_error, 1 an int, 2 nothing. */
 struct ThrowTask : public chi::Task {
-  IN chi::u32 kind_ = 0;
-  IN chi::u32 sleep_first_ = 0;  ///< suspend the fiber once before throwing
-  OUT chi::u32 ran_ = 0;
+  CHI_IN chi::u32 kind_ = 0;
+  CHI_IN chi::u32 sleep_first_ = 0;  ///< suspend the fiber once before throwing
+  CHI_OUT chi::u32 ran_ = 0;
 
   template <typename Ar> void SerializeIn(Ar &ar) { ar(kind_, sleep_first_); }
   template <typename Ar> void SerializeOut(Ar &ar) { ar(ran_); }

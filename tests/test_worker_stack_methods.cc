@@ -38,10 +38,10 @@ enum WaitKind : chi::u32 {
 
 /** Adds two numbers; says whether it ran on a fiber. */
 struct AddTask : public chi::Task {
-  IN chi::u32 a_ = 0;
-  IN chi::u32 b_ = 0;
-  OUT chi::u32 sum_ = 0;
-  OUT chi::u32 on_fiber_ = 2;
+  CHI_IN chi::u32 a_ = 0;
+  CHI_IN chi::u32 b_ = 0;
+  CHI_OUT chi::u32 sum_ = 0;
+  CHI_OUT chi::u32 on_fiber_ = 2;
 
   template <typename Ar> void SerializeIn(Ar &ar) { ar(a_, b_); }
   template <typename Ar> void SerializeOut(Ar &ar) { ar(sum_, on_fiber_); }
@@ -49,8 +49,8 @@ struct AddTask : public chi::Task {
 
 /** Tries one kind of wait; `reached_` counts the steps the handler got through. */
 struct WaitTask : public chi::Task {
-  IN chi::u32 kind_ = 0;
-  OUT chi::u32 reached_ = 0;
+  CHI_IN chi::u32 kind_ = 0;
+  CHI_OUT chi::u32 reached_ = 0;
 
   template <typename Ar> void SerializeIn(Ar &ar) { ar(kind_); }
   template <typename Ar> void SerializeOut(Ar &ar) { ar(reached_); }

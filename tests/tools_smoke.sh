@@ -9,16 +9,7 @@
 #   tools_smoke.sh <dir with chimaera, chimaera_start_runtime, chimaera_stop_runtime>
 set -euo pipefail
 bin="$1"
-# A port below the ephemeral ones, claimed as tests/test_ports.h claims its blocks: the first
-# free one from 30000 + $$ % 2768, held with an flock for as long as this script (and the
-# runtime it starts, which inherits the descriptor) runs.
-for ((k = 0; k < 2768; ++k)); do
-  CHI_PORT=$((30000 + ($$ + k) % 2768))
-  exec {port_lock}>"/tmp/chi_test_ports_$(id -u)_${CHI_PORT}.lock"
-  flock -n "$port_lock" && break
-  exec {port_lock}>&-
-done
-export CHI_PORT
+source "$(dirname "${BASH_SOURCE[0]}")/claim_port.sh"  # CHI_PORT, held for the run
 log="/tmp/chi_tools_smoke_$$.log"
 cleanup() {
   if "$bin/chimaera" runtime status >/dev/null 2>&1; then "$bin/chimaera_stop_runtime" >/dev/null 2>&1 || true; fi

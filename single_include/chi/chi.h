@@ -77,11 +77,14 @@
 #define CHI_LIKELY(x) __builtin_expect(!!(x), 1)
 #define CHI_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
-// Documentation markers for task fields (seed 004): who writes the field.
-#define IN
-#define OUT
-#define INOUT
-#define TEMP
+// Markers for task fields, for readers only: CHI_IN is set by the caller and travels to the
+// runtime, CHI_OUT is set by the handler and travels back, CHI_INOUT both, CHI_TEMP stays in
+// the process that holds the task. Prefixed, so they never collide with user code or
+// platform headers.
+#define CHI_IN
+#define CHI_OUT
+#define CHI_INOUT
+#define CHI_TEMP
 
 namespace chi {
 /** Cache line size used to keep producer and consumer indices apart. */
@@ -2775,25 +2778,25 @@ struct Task {
   static constexpr u32 kWireHeadWords = 7;
   static constexpr u64 kWireHeadBytes = kWireHeadWords * sizeof(u32) + sizeof(u64);
 
-  IN PoolId pool_id_;          ///< the pool that runs the task
-  IN TaskNode task_node_;      ///< place in the task graph (subtasks share major)
-  IN PoolQuery pool_query_;    ///< which container(s)
-  IN MethodId method_ = 0;     ///< container method
-  IN IntFlag task_flags_;      ///< TASK_* flags
-  IN double period_ns_ = 0;    ///< period of a TASK_PERIODIC task
-  IN TaskId task_id_;          ///< unique id of this submission
-  OUT u32 rc_ = 0;             ///< ErrorCode; 0 = success
-  TEMP Atomic<u32> state_;     ///< task_state bits: complete, parked, waiter, orphaned
-  TEMP RunContext *waiter_ = nullptr;  ///< fiber waiting on this task (same process)
-  TEMP const TaskOps *ops_ = nullptr;  ///< set by the allocator that made the task
-  TEMP Task *parent_ = nullptr;        ///< the original task of a replica
-  TEMP TaskCompleter *completer_ = nullptr;  ///< set by transports for remote callers
-  TEMP u64 transport_cookie_ = 0;            ///< the transport's note of where to answer
-  TEMP u64 request_id_ = 0;                  ///< the remote caller's id for this task
+  CHI_IN PoolId pool_id_;          ///< the pool that runs the task
+  CHI_IN TaskNode task_node_;      ///< place in the task graph (subtasks share major)
+  CHI_IN PoolQuery pool_query_;    ///< which container(s)
+  CHI_IN MethodId method_ = 0;     ///< container method
+  CHI_IN IntFlag task_flags_;      ///< TASK_* flags
+  CHI_IN double period_ns_ = 0;    ///< period of a TASK_PERIODIC task
+  CHI_IN TaskId task_id_;          ///< unique id of this submission
+  CHI_OUT u32 rc_ = 0;             ///< ErrorCode; 0 = success
+  CHI_TEMP Atomic<u32> state_;     ///< task_state bits: complete, parked, waiter, orphaned
+  CHI_TEMP RunContext *waiter_ = nullptr;  ///< fiber waiting on this task (same process)
+  CHI_TEMP const TaskOps *ops_ = nullptr;  ///< set by the allocator that made the task
+  CHI_TEMP Task *parent_ = nullptr;        ///< the original task of a replica
+  CHI_TEMP TaskCompleter *completer_ = nullptr;  ///< set by transports for remote callers
+  CHI_TEMP u64 transport_cookie_ = 0;            ///< the transport's note of where to answer
+  CHI_TEMP u64 request_id_ = 0;                  ///< the remote caller's id for this task
   /// Why it failed (empty on success). Last: the fields above fill the task's first two
   /// cache lines, and a task handed between threads moves only those and the line of its
   /// own fields, not the message's, which a success never touches after construction.
-  OUT FixedString<kTaskMessageSize> msg_;
+  CHI_OUT FixedString<kTaskMessageSize> msg_;
 
   /** Why the task failed (0 = success). */
   CHI_CROSS_FUN u32 GetReturnCode() const { return rc_; }
@@ -2905,7 +2908,7 @@ struct Task {
     task_id_ = o.task_id_;
   }
 
-  /** Copies the routing header and the result (not the TEMP state) from another task. */
+  /** Copies the routing header and the result (not the CHI_TEMP state) from another task. */
   CHI_CROSS_FUN void CopyBase(const Task &o) {
     CopyRouting(o);
     rc_ = o.rc_;
@@ -6079,10 +6082,11 @@ inline u64 NowNs() {
 // can handle any task type-erased; CompleteTask publishes the outputs and wakes
 // whoever waits: a suspended fiber, a parked thread, or nobody (fire-and-forget).
 
-#include <climits>  // INT_MAX for waking every parked waiter
-#include <new>      // placement new
-#include <utility>  // std::forward
-#include <vector>   // clone buffer
+#include <climits>   // INT_MAX for waking every parked waiter
+#include <concepts>  // same_as: a task's Aggregate returns void
+#include <new>       // placement new
+#include <utility>   // std::forward
+#include <vector>    // clone buffer
 
 // ---- begin chi/task/task_memory.h ----
 #ifndef CHI_SINGLE_INCLUDE_CHI_TASK_TASK_MEMORY_H
@@ -6316,7 +6320,13 @@ namespace detail {
 
 /** Detects an optional `void Aggregate(const T &replica, u32 index)` on a task. */
 template <typename T>
-concept HasAggregate = requires(T &t, const T &o) { t.Aggregate(o, 0u); };
+concept HasAggregate = requires(T &t, const T &o, u32 index) {
+  { t.Aggregate(o, index) } -> std::same_as<void>;
+};
+
+/** True when T declares a member named Aggregate, whatever its signature. */
+template <typename T>
+concept NamesAggregate = requires { &T::Aggregate; };
 
 /** The type-erased operations for task type T. */
 template <typename T>
@@ -6329,6 +6339,10 @@ struct TaskOpsFor {
   static Task *Clone(const Task &src);
   /** Default fold: the first failure wins; outputs come from replica 0 (lowest container). */
   static void Aggregate(Task &into, const Task &replica, u32 index) {
+    // A fold with another signature would be skipped for the default: refuse it instead.
+    static_assert(!NamesAggregate<T> || HasAggregate<T>,
+                  "a task's Aggregate must be `void Aggregate(const TaskT &replica, chi::u32 "
+                  "index)`: the runtime calls it once per replica to fold it into the task");
     T &dst = static_cast<T &>(into);
     const T &rep = static_cast<const T &>(replica);
     if constexpr (HasAggregate<T>) {
@@ -8594,12 +8608,12 @@ inline constexpr chi::u32 kNameBytes = 64;
  * module's kCreate handler receives, once per container, to set itself up.
  */
 struct CreatePoolTask : public chi::Task {
-  IN chi::FixedString<kNameBytes> module_name_;
-  IN chi::FixedString<kNameBytes> pool_name_;
-  INOUT chi::PoolId new_pool_id_;   ///< requested id (null = pick one); the pool's id on return
-  IN chi::u32 num_containers_ = 1;
-  IN chi::u32 get_or_create_ = 1;   ///< 1: an existing pool of that name is returned
-  IN chi::TaskBuffer params_;       ///< module-specific creation parameters
+  CHI_IN chi::FixedString<kNameBytes> module_name_;
+  CHI_IN chi::FixedString<kNameBytes> pool_name_;
+  CHI_INOUT chi::PoolId new_pool_id_;   ///< requested id (null = pick one); the pool's id on return
+  CHI_IN chi::u32 num_containers_ = 1;
+  CHI_IN chi::u32 get_or_create_ = 1;   ///< 1: an existing pool of that name is returned
+  CHI_IN chi::TaskBuffer params_;       ///< module-specific creation parameters
 
   CreatePoolTask() = default;
   CreatePoolTask(std::string_view module_name, std::string_view pool_name, chi::PoolId id,
@@ -8619,7 +8633,7 @@ struct CreatePoolTask : public chi::Task {
 
 /** Destroys a pool after its in-flight tasks finish. */
 struct DestroyPoolTask : public chi::Task {
-  IN chi::PoolId target_;
+  CHI_IN chi::PoolId target_;
 
   DestroyPoolTask() = default;
   explicit DestroyPoolTask(chi::PoolId target) : target_(target) {}
@@ -8644,7 +8658,7 @@ struct StopRuntimeTask : public chi::Task {
  * memory carries its allocation's IPC handle; the runtime opens it on first use.
  */
 struct RegisterMemoryTask : public chi::Task {
-  IN chi::gpu::MemoryRegistration reg_;
+  CHI_IN chi::gpu::MemoryRegistration reg_;
 
   RegisterMemoryTask() = default;
   explicit RegisterMemoryTask(const chi::gpu::MemoryRegistration &reg) : reg_(reg) {}
@@ -8661,8 +8675,8 @@ struct RegisterMemoryTask : public chi::Task {
  * submits straight into the GPU's queue asks once per pool; the runtime's GpuManager builds it).
  */
 struct GpuAttachPoolTask : public chi::Task {
-  IN chi::u32 gpu_id_ = 0;
-  IN chi::PoolId target_;
+  CHI_IN chi::u32 gpu_id_ = 0;
+  CHI_IN chi::PoolId target_;
 
   GpuAttachPoolTask() = default;
   GpuAttachPoolTask(chi::u32 gpu_id, chi::PoolId target) : gpu_id_(gpu_id), target_(target) {}
@@ -8730,7 +8744,7 @@ struct MonitorReport {
 
 /** Collects worker and pool statistics (encoded in report_). */
 struct MonitorTask : public chi::Task {
-  OUT chi::TaskBuffer report_;
+  CHI_OUT chi::TaskBuffer report_;
 
   template <typename Ar>
   void SerializeIn(Ar &) {}
@@ -20766,6 +20780,13 @@ struct GpuQueueSet {
 };
 
 }  // namespace chi::gpu
+
+namespace chi {
+
+/** What a kernel needs to call clients (CHIMAERA_GPU_INIT), by its name in the GPU API. */
+using IpcManagerGpuInfo = gpu::GpuInfo;
+
+}  // namespace chi
 #endif  // CHI_SINGLE_INCLUDE_CHI_GPU_QUEUE_SET_H
 // ---- end chi/gpu/queue_set.h ----
 

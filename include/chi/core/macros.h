@@ -67,11 +67,14 @@
 #define CHI_LIKELY(x) __builtin_expect(!!(x), 1)
 #define CHI_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
-// Documentation markers for task fields (seed 004): who writes the field.
-#define IN
-#define OUT
-#define INOUT
-#define TEMP
+// Markers for task fields, for readers only: CHI_IN is set by the caller and travels to the
+// runtime, CHI_OUT is set by the handler and travels back, CHI_INOUT both, CHI_TEMP stays in
+// the process that holds the task. Prefixed, so they never collide with user code or
+// platform headers.
+#define CHI_IN
+#define CHI_OUT
+#define CHI_INOUT
+#define CHI_TEMP
 
 namespace chi {
 /** Cache line size used to keep producer and consumer indices apart. */

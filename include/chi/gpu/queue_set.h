@@ -179,3 +179,10 @@ struct GpuQueueSet {
 };
 
 }  // namespace chi::gpu
+
+namespace chi {
+
+/** What a kernel needs to call clients (CHIMAERA_GPU_INIT), by its name in the GPU API. */
+using IpcManagerGpuInfo = gpu::GpuInfo;
+
+}  // namespace chi

@@ -12,7 +12,7 @@
 #include "chi/core/caller.h"        // Caller: who a transport's task came from
 #include "chi/core/fixed_string.h"  // inline error message
 #include "chi/core/ids.h"           // PoolId, TaskNode, TaskId, MethodId
-#include "chi/core/macros.h"        // IN/OUT/TEMP, CHI_CROSS_FUN
+#include "chi/core/macros.h"        // CHI_IN/CHI_OUT/CHI_TEMP, CHI_CROSS_FUN
 #include "chi/core/pool_query.h"    // PoolQuery
 #include "chi/core/status.h"        // ErrorCode
 #include "chi/task/task_flags.h"    // TASK_* flags, task_state bits
@@ -74,25 +74,25 @@ struct Task {
   static constexpr u32 kWireHeadWords = 7;
   static constexpr u64 kWireHeadBytes = kWireHeadWords * sizeof(u32) + sizeof(u64);
 
-  IN PoolId pool_id_;          ///< the pool that runs the task
-  IN TaskNode task_node_;      ///< place in the task graph (subtasks share major)
-  IN PoolQuery pool_query_;    ///< which container(s)
-  IN MethodId method_ = 0;     ///< container method
-  IN IntFlag task_flags_;      ///< TASK_* flags
-  IN double period_ns_ = 0;    ///< period of a TASK_PERIODIC task
-  IN TaskId task_id_;          ///< unique id of this submission
-  OUT u32 rc_ = 0;             ///< ErrorCode; 0 = success
-  TEMP Atomic<u32> state_;     ///< task_state bits: complete, parked, waiter, orphaned
-  TEMP RunContext *waiter_ = nullptr;  ///< fiber waiting on this task (same process)
-  TEMP const TaskOps *ops_ = nullptr;  ///< set by the allocator that made the task
-  TEMP Task *parent_ = nullptr;        ///< the original task of a replica
-  TEMP TaskCompleter *completer_ = nullptr;  ///< set by transports for remote callers
-  TEMP u64 transport_cookie_ = 0;            ///< the transport's note of where to answer
-  TEMP u64 request_id_ = 0;                  ///< the remote caller's id for this task
+  CHI_IN PoolId pool_id_;          ///< the pool that runs the task
+  CHI_IN TaskNode task_node_;      ///< place in the task graph (subtasks share major)
+  CHI_IN PoolQuery pool_query_;    ///< which container(s)
+  CHI_IN MethodId method_ = 0;     ///< container method
+  CHI_IN IntFlag task_flags_;      ///< TASK_* flags
+  CHI_IN double period_ns_ = 0;    ///< period of a TASK_PERIODIC task
+  CHI_IN TaskId task_id_;          ///< unique id of this submission
+  CHI_OUT u32 rc_ = 0;             ///< ErrorCode; 0 = success
+  CHI_TEMP Atomic<u32> state_;     ///< task_state bits: complete, parked, waiter, orphaned
+  CHI_TEMP RunContext *waiter_ = nullptr;  ///< fiber waiting on this task (same process)
+  CHI_TEMP const TaskOps *ops_ = nullptr;  ///< set by the allocator that made the task
+  CHI_TEMP Task *parent_ = nullptr;        ///< the original task of a replica
+  CHI_TEMP TaskCompleter *completer_ = nullptr;  ///< set by transports for remote callers
+  CHI_TEMP u64 transport_cookie_ = 0;            ///< the transport's note of where to answer
+  CHI_TEMP u64 request_id_ = 0;                  ///< the remote caller's id for this task
   /// Why it failed (empty on success). Last: the fields above fill the task's first two
   /// cache lines, and a task handed between threads moves only those and the line of its
   /// own fields, not the message's, which a success never touches after construction.
-  OUT FixedString<kTaskMessageSize> msg_;
+  CHI_OUT FixedString<kTaskMessageSize> msg_;
 
   /** Why the task failed (0 = success). */
   CHI_CROSS_FUN u32 GetReturnCode() const { return rc_; }
@@ -204,7 +204,7 @@ struct Task {
     task_id_ = o.task_id_;
   }
 
-  /** Copies the routing header and the result (not the TEMP state) from another task. */
+  /** Copies the routing header and the result (not the CHI_TEMP state) from another task. */
   CHI_CROSS_FUN void CopyBase(const Task &o) {
     CopyRouting(o);
     rc_ = o.rc_;

@@ -4,10 +4,11 @@
 // whoever waits: a suspended fiber, a parked thread, or nobody (fire-and-forget).
 #pragma once
 
-#include <climits>  // INT_MAX for waking every parked waiter
-#include <new>      // placement new
-#include <utility>  // std::forward
-#include <vector>   // clone buffer
+#include <climits>   // INT_MAX for waking every parked waiter
+#include <concepts>  // same_as: a task's Aggregate returns void
+#include <new>       // placement new
+#include <utility>   // std::forward
+#include <vector>    // clone buffer
 
 #include "chi/core/futex.h"           // waking parked threads
 #include "chi/serialize/archive.h"    // clone/aggregate through the one wire format
@@ -24,7 +25,13 @@ namespace detail {
 
 /** Detects an optional `void Aggregate(const T &replica, u32 index)` on a task. */
 template <typename T>
-concept HasAggregate = requires(T &t, const T &o) { t.Aggregate(o, 0u); };
+concept HasAggregate = requires(T &t, const T &o, u32 index) {
+  { t.Aggregate(o, index) } -> std::same_as<void>;
+};
+
+/** True when T declares a member named Aggregate, whatever its signature. */
+template <typename T>
+concept NamesAggregate = requires { &T::Aggregate; };
 
 /** The type-erased operations for task type T. */
 template <typename T>
@@ -37,6 +44,10 @@ struct TaskOpsFor {
   static Task *Clone(const Task &src);
   /** Default fold: the first failure wins; outputs come from replica 0 (lowest container). */
   static void Aggregate(Task &into, const Task &replica, u32 index) {
+    // A fold with another signature would be skipped for the default: refuse it instead.
+    static_assert(!NamesAggregate<T> || HasAggregate<T>,
+                  "a task's Aggregate must be `void Aggregate(const TaskT &replica, chi::u32 "
+                  "index)`: the runtime calls it once per replica to fold it into the task");
     T &dst = static_cast<T &>(into);
     const T &rep = static_cast<const T &>(replica);
     if constexpr (HasAggregate<T>) {

@@ -38,12 +38,12 @@ inline constexpr chi::u32 kNameBytes = 64;
  * module's kCreate handler receives, once per container, to set itself up.
  */
 struct CreatePoolTask : public chi::Task {
-  IN chi::FixedString<kNameBytes> module_name_;
-  IN chi::FixedString<kNameBytes> pool_name_;
-  INOUT chi::PoolId new_pool_id_;   ///< requested id (null = pick one); the pool's id on return
-  IN chi::u32 num_containers_ = 1;
-  IN chi::u32 get_or_create_ = 1;   ///< 1: an existing pool of that name is returned
-  IN chi::TaskBuffer params_;       ///< module-specific creation parameters
+  CHI_IN chi::FixedString<kNameBytes> module_name_;
+  CHI_IN chi::FixedString<kNameBytes> pool_name_;
+  CHI_INOUT chi::PoolId new_pool_id_;   ///< requested id (null = pick one); the pool's id on return
+  CHI_IN chi::u32 num_containers_ = 1;
+  CHI_IN chi::u32 get_or_create_ = 1;   ///< 1: an existing pool of that name is returned
+  CHI_IN chi::TaskBuffer params_;       ///< module-specific creation parameters
 
   CreatePoolTask() = default;
   CreatePoolTask(std::string_view module_name, std::string_view pool_name, chi::PoolId id,
@@ -63,7 +63,7 @@ struct CreatePoolTask : public chi::Task {
 
 /** Destroys a pool after its in-flight tasks finish. */
 struct DestroyPoolTask : public chi::Task {
-  IN chi::PoolId target_;
+  CHI_IN chi::PoolId target_;
 
   DestroyPoolTask() = default;
   explicit DestroyPoolTask(chi::PoolId target) : target_(target) {}
@@ -88,7 +88,7 @@ struct StopRuntimeTask : public chi::Task {
  * memory carries its allocation's IPC handle; the runtime opens it on first use.
  */
 struct RegisterMemoryTask : public chi::Task {
-  IN chi::gpu::MemoryRegistration reg_;
+  CHI_IN chi::gpu::MemoryRegistration reg_;
 
   RegisterMemoryTask() = default;
   explicit RegisterMemoryTask(const chi::gpu::MemoryRegistration &reg) : reg_(reg) {}
@@ -105,8 +105,8 @@ struct RegisterMemoryTask : public chi::Task {
  * submits straight into the GPU's queue asks once per pool; the runtime's GpuManager builds it).
  */
 struct GpuAttachPoolTask : public chi::Task {
-  IN chi::u32 gpu_id_ = 0;
-  IN chi::PoolId target_;
+  CHI_IN chi::u32 gpu_id_ = 0;
+  CHI_IN chi::PoolId target_;
 
   GpuAttachPoolTask() = default;
   GpuAttachPoolTask(chi::u32 gpu_id, chi::PoolId target) : gpu_id_(gpu_id), target_(target) {}
@@ -174,7 +174,7 @@ struct MonitorReport {
 
 /** Collects worker and pool statistics (encoded in report_). */
 struct MonitorTask : public chi::Task {
-  OUT chi::TaskBuffer report_;
+  CHI_OUT chi::TaskBuffer report_;
 
   template <typename Ar>
   void SerializeIn(Ar &) {}

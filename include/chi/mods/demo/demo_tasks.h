@@ -30,10 +30,10 @@ using CreateTask = chimaera::admin::CreatePoolTask;
 
 /** Echoes data_ back; records which containers ran it (a bit per container id < 64). */
 struct CustomTask : public chi::Task {
-  INOUT chi::TaskBuffer data_;
-  OUT chi::u64 visited_mask_ = 0;   ///< containers that ran the task
-  OUT chi::u32 visits_ = 0;         ///< how many containers ran it
-  OUT chi::u32 via_monitor_ = 0;    ///< 1 when Dynamic() was resolved by Monitor
+  CHI_INOUT chi::TaskBuffer data_;
+  CHI_OUT chi::u64 visited_mask_ = 0;   ///< containers that ran the task
+  CHI_OUT chi::u32 visits_ = 0;         ///< how many containers ran it
+  CHI_OUT chi::u32 via_monitor_ = 0;    ///< 1 when Dynamic() was resolved by Monitor
 
   CustomTask() = default;
   explicit CustomTask(chi::TaskBuffer data) : data_(std::move(data)) {}
@@ -57,9 +57,9 @@ struct CustomTask : public chi::Task {
 
 /** result_value_ = test_value_ * 2 + gpu_id_ on the CPU (x3 on the GPU handler). */
 struct GpuSubmitTask : public chi::Task {
-  IN chi::u32 gpu_id_ = 0;
-  IN chi::u32 test_value_ = 0;
-  OUT chi::u32 result_value_ = 0;
+  CHI_IN chi::u32 gpu_id_ = 0;
+  CHI_IN chi::u32 test_value_ = 0;
+  CHI_OUT chi::u32 result_value_ = 0;
 
   GpuSubmitTask() = default;
   CHI_CROSS_FUN GpuSubmitTask(chi::u32 gpu_id, chi::u32 test_value)
@@ -96,8 +96,8 @@ struct GpuRuntime {
 
 /** Spawns a chain of subtasks `depth_` deep and waits on each; current_depth_ == depth_. */
 struct WaitTestTask : public chi::Task {
-  IN chi::u32 depth_ = 1;
-  OUT chi::u32 current_depth_ = 0;
+  CHI_IN chi::u32 depth_ = 1;
+  CHI_OUT chi::u32 current_depth_ = 0;
 
   WaitTestTask() = default;
   explicit WaitTestTask(chi::u32 depth) : depth_(depth) {}
@@ -114,8 +114,8 @@ struct WaitTestTask : public chi::Task {
 
 /** Produces size_ bytes with data_[i] = i % 256. */
 struct LargeOutputTask : public chi::Task {
-  IN chi::u64 size_ = 0;
-  OUT chi::TaskBuffer data_;
+  CHI_IN chi::u64 size_ = 0;
+  CHI_OUT chi::TaskBuffer data_;
 
   LargeOutputTask() = default;
   explicit LargeOutputTask(chi::u64 size) : size_(size) {}
@@ -138,12 +138,12 @@ enum class LockMode : chi::u32 { kMutex = 0, kRead = 1, kWrite = 2 };
  * `nested_` same-group subtasks that take the same lock (re-entry test).
  */
 struct LockHoldTask : public chi::Task {
-  IN LockMode mode_ = LockMode::kMutex;
-  IN chi::u64 hold_ns_ = 0;
-  IN chi::u32 nested_ = 0;
-  OUT chi::u64 start_ns_ = 0;  ///< when the lock was granted (CLOCK_MONOTONIC)
-  OUT chi::u64 end_ns_ = 0;    ///< when it was released
-  OUT chi::u32 max_inside_ = 0;  ///< most holders seen inside at once
+  CHI_IN LockMode mode_ = LockMode::kMutex;
+  CHI_IN chi::u64 hold_ns_ = 0;
+  CHI_IN chi::u32 nested_ = 0;
+  CHI_OUT chi::u64 start_ns_ = 0;  ///< when the lock was granted (CLOCK_MONOTONIC)
+  CHI_OUT chi::u64 end_ns_ = 0;    ///< when it was released
+  CHI_OUT chi::u32 max_inside_ = 0;  ///< most holders seen inside at once
 
   LockHoldTask() = default;
   LockHoldTask(LockMode mode, chi::u64 hold_ns, chi::u32 nested)
@@ -161,7 +161,7 @@ struct LockHoldTask : public chi::Task {
 
 /** Counts its own runs (meant to be TASK_PERIODIC). */
 struct CountTask : public chi::Task {
-  OUT chi::u64 runs_ = 0;
+  CHI_OUT chi::u64 runs_ = 0;
 
   template <typename Ar>
   void SerializeIn(Ar &) {}
@@ -186,10 +186,10 @@ inline chi::u64 Checksum(const char *data, chi::u64 bytes) {
  * the first (up to) 8 of them. Proves the runtime sees the client's data.
  */
 struct ReadRegisteredTask : public chi::Task {
-  IN chi::u64 address_ = 0;
-  IN chi::u64 bytes_ = 0;
-  OUT chi::u64 checksum_ = 0;
-  OUT chi::u64 first_ = 0;
+  CHI_IN chi::u64 address_ = 0;
+  CHI_IN chi::u64 bytes_ = 0;
+  CHI_OUT chi::u64 checksum_ = 0;
+  CHI_OUT chi::u64 first_ = 0;
 
   ReadRegisteredTask() = default;
   ReadRegisteredTask(chi::u64 address, chi::u64 bytes) : address_(address), bytes_(bytes) {}
