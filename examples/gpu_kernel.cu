@@ -7,6 +7,7 @@
 //   ./gpu_kernel [threads=64]
 #include <chi/chi.h>
 #include <chi/gpu/gpu_manager.h>          // CHI_IPC: the GPU set-up
+#include <chi/gpu/orchestrator.h>         // CHI_GPU_MODULES: the orchestrator kernel
 #include <chi/mods/demo/demo_client.h>    // the client, host and device
 #include <chi/mods/demo/demo_runtime.h>   // registers the module's CPU half
 
