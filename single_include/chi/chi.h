@@ -2671,8 +2671,11 @@ struct Caller {
    * True when the caller runs as the runtime's user (or as root, who may stop any process
    * anyway): what StopRuntime and DestroyPool require.
    */
-  bool IsRuntimeUser() const {
-    return IsThisProcess() || (uid != kNoUid && (uid == static_cast<u32>(getuid()) || uid == 0));
+  bool IsRuntimeUser() const { return IsThisProcess() || IsRuntimeUid(uid); }
+
+  /** True for the runtime's own uid and for root (never for kNoUid): who may own it. */
+  static bool IsRuntimeUid(u32 uid) {
+    return uid != kNoUid && (uid == static_cast<u32>(getuid()) || uid == 0);
   }
 
   /** "shm", "ipc", "tcp", ...: for messages. */
@@ -14695,7 +14698,7 @@ class ShmReaper {
                             "not have",
                             owner.pid);
     }
-    if (uid != static_cast<u32>(getuid()) && uid != 0) {
+    if (!Caller::IsRuntimeUid(uid)) {
       return Status::Errorf(ErrorCode::kPermissionDenied,
                             "shm slot claimed for pid %u, which runs as uid %u (the runtime "
                             "serves uid %u)",
@@ -18168,7 +18171,7 @@ class ZmqServerSockets {
       return Status::Error(ErrorCode::kPermissionDenied,
                            "ipc handshake: the socket's peer credentials are unavailable");
     }
-    if (out->uid != static_cast<u32>(getuid()) && out->uid != 0) {
+    if (!Caller::IsRuntimeUid(out->uid)) {
       return Status::Errorf(ErrorCode::kPermissionDenied,
                             "ipc client pid %u runs as uid %u; this runtime serves uid %u",
                             out->pid, out->uid, static_cast<u32>(getuid()));

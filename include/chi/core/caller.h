@@ -40,8 +40,11 @@ struct Caller {
    * True when the caller runs as the runtime's user (or as root, who may stop any process
    * anyway): what StopRuntime and DestroyPool require.
    */
-  bool IsRuntimeUser() const {
-    return IsThisProcess() || (uid != kNoUid && (uid == static_cast<u32>(getuid()) || uid == 0));
+  bool IsRuntimeUser() const { return IsThisProcess() || IsRuntimeUid(uid); }
+
+  /** True for the runtime's own uid and for root (never for kNoUid): who may own it. */
+  static bool IsRuntimeUid(u32 uid) {
+    return uid != kNoUid && (uid == static_cast<u32>(getuid()) || uid == 0);
   }
 
   /** "shm", "ipc", "tcp", ...: for messages. */

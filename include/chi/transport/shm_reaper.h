@@ -274,7 +274,7 @@ class ShmReaper {
                             "not have",
                             owner.pid);
     }
-    if (uid != static_cast<u32>(getuid()) && uid != 0) {
+    if (!Caller::IsRuntimeUid(uid)) {
       return Status::Errorf(ErrorCode::kPermissionDenied,
                             "shm slot claimed for pid %u, which runs as uid %u (the runtime "
                             "serves uid %u)",

@@ -220,7 +220,7 @@ class ZmqServerSockets {
       return Status::Error(ErrorCode::kPermissionDenied,
                            "ipc handshake: the socket's peer credentials are unavailable");
     }
-    if (out->uid != static_cast<u32>(getuid()) && out->uid != 0) {
+    if (!Caller::IsRuntimeUid(out->uid)) {
       return Status::Errorf(ErrorCode::kPermissionDenied,
                             "ipc client pid %u runs as uid %u; this runtime serves uid %u",
                             out->pid, out->uid, static_cast<u32>(getuid()));
